@@ -1,0 +1,84 @@
+"""Reverse-mode differentiation over graphs of graph operations (GTN's ``backward``)."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from .graph import Graph
+from .parallel import parallel_map
+
+
+def _backward_impl(g: Graph, retain_graph: bool) -> None:
+    # Topological order of everything g was computed from (iterative DFS: chains of
+    # operations can be far deeper than Python's recursion limit).
+    seen = set()
+    tape: List[Graph] = []
+    stack = [(g, False)]
+    while stack:
+        node, expanded = stack.pop()
+        key = id(node._g)
+        if expanded:
+            if key not in seen:
+                seen.add(key)
+                tape.append(node)
+            continue
+        if key in seen:
+            continue
+        stack.append((node, True))
+        for inp in reversed(node._g.inputs):
+            if id(inp._g) not in seen:
+                stack.append((inp, False))
+    for node in reversed(tape):
+        state = node._g
+        if state.grad_func is None:
+            continue
+        if not state.inputs:
+            raise ValueError("[autograd::backward] Cannot Backward twice without retaining the graph.")
+        state.grad_func(state.inputs, node.grad())
+        if not retain_graph:
+            state.inputs.clear()
+
+
+def _seed_and_run(g: Graph, grad: Optional[Graph], retain_graph: bool) -> None:
+    if not isinstance(g, Graph):
+        raise TypeError(f"g must be a gtn.Graph, got {type(g).__name__}")
+    if grad is None:
+        g._add_grad(np.ones(g.num_arcs(), dtype=np.float32))
+    else:
+        if not isinstance(grad, Graph):
+            raise TypeError(f"grad must be a gtn.Graph, got {type(grad).__name__}")
+        if g.calc_grad and grad.num_arcs() != g.num_arcs():
+            raise ValueError(f"grad: expected a graph with {g.num_arcs()} arcs (as g), got {grad.num_arcs()}")
+        g._add_grad(grad)
+    _backward_impl(g, bool(retain_graph))
+
+
+def backward(g, grad=None, retain_graph=False, *args, **kwargs) -> None:
+    """Computes gradients of ``g`` with respect to every graph it was computed from.
+
+    Forms (as GTN's):
+        ``backward(g, retain_graph=False)``, ``backward(g, grad, retain_graph=False)``,
+        ``backward([g, ...], retain_graphs=[0])``, ``backward([g, ...], [grad, ...], retain_graphs=[0])``.
+
+    ``grad`` (a graph with ``g``'s arcs) seeds the gradient; by default every arc of ``g``
+    gets 1. Without ``retain_graph`` the record of operations is freed, and a second
+    ``backward`` through it raises ``ValueError``.
+    """
+    g = kwargs.pop("graphs", g)
+    grad = kwargs.pop("grads", grad)
+    retain = kwargs.pop("retain_graphs", kwargs.pop("retain_graph", retain_graph))
+    if kwargs or args:
+        raise TypeError(f"backward() got unexpected arguments {list(kwargs) or args}")
+    if isinstance(grad, (bool, np.bool_)) or (isinstance(grad, int) and not isinstance(grad, Graph)):
+        retain, grad = grad, None
+    if isinstance(g, (list, tuple)):
+        graphs = list(g)
+        retains = list(retain) if isinstance(retain, (list, tuple)) else [retain]
+        if grad is None:
+            parallel_map(lambda x, r: _seed_and_run(x, None, bool(r)), graphs, retains)
+        else:
+            parallel_map(lambda x, d, r: _seed_and_run(x, d, bool(r)), graphs, list(grad), retains)
+        return
+    _seed_and_run(g, grad, bool(retain))

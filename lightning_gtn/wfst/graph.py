@@ -1,0 +1,622 @@
+"""The :class:`Graph` class: a weighted finite-state transducer with autograd.
+
+A ``Graph`` is a light handle on three shared parts, like GTN's C++ object:
+
+* the *structure* (nodes, start/accept flags, arcs with input and output labels),
+* the *weights* (one float32 per arc),
+* the *autograd state* (``calc_grad``, the function that back-propagates into the
+  inputs, the inputs themselves, and the accumulated gradient).
+
+Copying a handle (``Graph._alias``) shares all three, as copying a ``gtn::Graph`` does.
+The gradient of a graph is itself a graph sharing the structure with its own weights.
+
+Arcs are kept in Python lists while a user adds them one by one and in int32 numpy
+arrays once something reads them; operations that build graphs in bulk hand arrays
+over directly (``Graph._from_arrays``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Callable, Iterable, List, Optional, Sequence
+
+import numpy as np
+
+epsilon = -1
+"""The label of an arc that consumes (or emits) nothing."""
+
+_INT = np.int32
+_FLOAT = np.float32
+
+
+class _Structure:
+    """Nodes and arcs of a graph; shared between a graph and its gradient graph."""
+
+    __slots__ = (
+        "num_nodes",
+        "start",
+        "accept",
+        "start_ids",
+        "accept_ids",
+        "_arrays",
+        "_pending",
+        "ilabel_sorted",
+        "olabel_sorted",
+        "_csr",
+        "_order",
+    )
+
+    def __init__(self) -> None:
+        self.num_nodes = 0
+        self.start: List[bool] = []
+        self.accept: List[bool] = []
+        self.start_ids: List[int] = []
+        self.accept_ids: List[int] = []
+        empty = np.zeros(0, dtype=_INT)
+        self._arrays = (empty, empty, empty, empty)  # src, dst, ilabel, olabel
+        self._pending: Optional[tuple] = None  # four lists while arcs are added one by one
+        self.ilabel_sorted = False
+        self.olabel_sorted = False
+        self._csr = None  # (in_offsets, in_arcs, out_offsets, out_arcs)
+        self._order = None  # arc order inside each node after arc_sort: (in_arcs, out_arcs)
+
+    # -- arcs ---------------------------------------------------------------
+    def num_arcs(self) -> int:
+        n = len(self._arrays[0])
+        if self._pending is not None:
+            n += len(self._pending[0])
+        return n
+
+    def arrays(self):
+        """``(src, dst, ilabel, olabel)`` as int32 arrays of length ``num_arcs``."""
+        if self._pending is not None:
+            self._arrays = tuple(
+                np.concatenate([a, np.asarray(p, dtype=_INT)])
+                for a, p in zip(self._arrays, self._pending)
+            )
+            self._pending = None
+        return self._arrays
+
+    def add_arc(self, src: int, dst: int, ilabel: int, olabel: int) -> int:
+        if self._pending is None:
+            self._pending = ([], [], [], [])
+        p = self._pending
+        p[0].append(src)
+        p[1].append(dst)
+        p[2].append(ilabel)
+        p[3].append(olabel)
+        self._changed()
+        return self.num_arcs() - 1
+
+    def add_node(self, start: bool, accept: bool) -> int:
+        idx = self.num_nodes
+        self.start.append(bool(start))
+        self.accept.append(bool(accept))
+        if start:
+            self.start_ids.append(idx)
+        if accept:
+            self.accept_ids.append(idx)
+        self.num_nodes += 1
+        self._changed()
+        return idx
+
+    def _changed(self) -> None:
+        self.ilabel_sorted = False
+        self.olabel_sorted = False
+        self._csr = None
+        self._order = None
+
+    # -- adjacency ----------------------------------------------------------
+    def csr(self):
+        """In and out adjacency: ``(in_offsets, in_arcs, out_offsets, out_arcs)``.
+
+        Arcs of one node keep their insertion order (a stable counting sort), unless
+        :meth:`Graph.arc_sort` reordered them by label.
+        """
+        if self._csr is None:
+            src, dst, _, _ = self.arrays()
+            n = self.num_nodes
+            in_arcs = np.argsort(dst, kind="stable").astype(_INT)
+            out_arcs = np.argsort(src, kind="stable").astype(_INT)
+            in_off = np.zeros(n + 1, dtype=_INT)
+            out_off = np.zeros(n + 1, dtype=_INT)
+            if len(src):
+                np.cumsum(np.bincount(dst, minlength=n)[:n], out=in_off[1:])
+                np.cumsum(np.bincount(src, minlength=n)[:n], out=out_off[1:])
+            if self._order is not None:
+                in_arcs, out_arcs = self._order
+            self._csr = (in_off, in_arcs, out_off, out_arcs)
+        return self._csr
+
+    def copy(self) -> "_Structure":
+        out = _Structure()
+        out.num_nodes = self.num_nodes
+        out.start = list(self.start)
+        out.accept = list(self.accept)
+        out.start_ids = list(self.start_ids)
+        out.accept_ids = list(self.accept_ids)
+        out._arrays = tuple(a.copy() for a in self.arrays())
+        out.ilabel_sorted = self.ilabel_sorted
+        out.olabel_sorted = self.olabel_sorted
+        out._order = self._order
+        out._csr = self._csr
+        return out
+
+
+class _Weights:
+    """The float32 weights of a graph (one per arc)."""
+
+    __slots__ = ("_array", "_pending")
+
+    def __init__(self, array: Optional[np.ndarray] = None) -> None:
+        self._array = np.zeros(0, dtype=_FLOAT) if array is None else array
+        self._pending: Optional[list] = None
+
+    def append(self, w: float) -> None:
+        if self._pending is None:
+            self._pending = []
+        self._pending.append(w)
+
+    def array(self) -> np.ndarray:
+        if self._pending is not None:
+            self._array = np.concatenate([self._array, np.asarray(self._pending, dtype=_FLOAT)])
+            self._pending = None
+        return self._array
+
+    def set(self, array: np.ndarray) -> None:
+        self._array = array
+        self._pending = None
+
+
+class _GradState:
+    """Autograd state shared by all handles of one graph (GTN's ``SharedGrad``)."""
+
+    __slots__ = ("calc_grad", "grad_func", "inputs", "grad", "lock", "__weakref__")
+
+    def __init__(self, calc_grad: bool) -> None:
+        self.calc_grad = bool(calc_grad)
+        self.grad_func: Optional[Callable] = None
+        self.inputs: List["Graph"] = []
+        self.grad: Optional["Graph"] = None
+        self.lock = threading.Lock()
+
+
+def _check_node(g: "Graph", node, name: str) -> int:
+    n = g._s.num_nodes
+    try:
+        idx = int(node)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an integer node id, got {node!r}") from None
+    if idx != node or not 0 <= idx < n:
+        raise ValueError(f"{name}={node!r} is not a node of this graph (it has {n} nodes: 0..{n - 1})")
+    return idx
+
+
+def _check_label(label, name: str) -> int:
+    try:
+        lab = int(label)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an integer label, got {label!r}") from None
+    if lab != label or lab < epsilon:
+        raise ValueError(f"{name}={label!r} must be a label >= 0 or gtn.epsilon (-1)")
+    return lab
+
+
+class Graph:
+    """A weighted finite-state transducer (an acceptor when input and output labels agree).
+
+    Args:
+        calc_grad: whether gradients should be computed for this graph's weights.
+
+    Example:
+        >>> import lightning_gtn.wfst as gtn
+        >>> g = gtn.Graph()
+        >>> g.add_node(start=True)
+        0
+        >>> g.add_node(accept=True)
+        1
+        >>> g.add_arc(0, 1, 0, 0, 1.5)
+        0
+        >>> round(gtn.forward_score(g).item(), 4)
+        1.5
+    """
+
+    __slots__ = ("_s", "_w", "_g", "__weakref__")
+
+    def __init__(self, calc_grad: bool = True) -> None:
+        self._s = _Structure()
+        self._w = _Weights()
+        self._g = _GradState(calc_grad)
+
+    # -- construction helpers used by the operations ---------------------------
+    @classmethod
+    def _from_arrays(
+        cls,
+        num_nodes: int,
+        start_ids: Iterable[int],
+        accept_ids: Iterable[int],
+        src: np.ndarray,
+        dst: np.ndarray,
+        ilabel: np.ndarray,
+        olabel: np.ndarray,
+        weights: np.ndarray,
+        calc_grad: bool = True,
+    ) -> "Graph":
+        """Builds a graph from arrays (no copy when they already are int32/float32)."""
+        g = cls(calc_grad)
+        s = g._s
+        s.num_nodes = int(num_nodes)
+        s.start = [False] * s.num_nodes
+        s.accept = [False] * s.num_nodes
+        s.start_ids = [int(i) for i in start_ids]
+        s.accept_ids = [int(i) for i in accept_ids]
+        for i in s.start_ids:
+            s.start[i] = True
+        for i in s.accept_ids:
+            s.accept[i] = True
+        s._arrays = tuple(np.ascontiguousarray(a, dtype=_INT) for a in (src, dst, ilabel, olabel))
+        g._w.set(np.ascontiguousarray(weights, dtype=_FLOAT))
+        return g
+
+    def _set_grad_func(self, inputs: Sequence["Graph"], grad_func: Callable) -> None:
+        """Records how to back-propagate into ``inputs`` (only when this graph needs it)."""
+        if self._g.calc_grad:
+            self._g.grad_func = grad_func
+            self._g.inputs = list(inputs)
+
+    def _alias(self, weights: bool = True) -> "Graph":
+        """A handle sharing structure, weights (unless ``weights=False``) and grad state."""
+        other = Graph.__new__(Graph)
+        other._s = self._s
+        other._w = self._w if weights else None
+        other._g = self._g
+        return other
+
+    # -- nodes and arcs ---------------------------------------------------------
+    def add_node(self, start: bool = False, accept: bool = False) -> int:
+        """Adds a node and returns its id."""
+        return self._s.add_node(start, accept)
+
+    def add_arc(
+        self,
+        src_node: int,
+        dst_node: int,
+        ilabel: Optional[int] = None,
+        olabel: Optional[int] = None,
+        weight: float = 0.0,
+        *,
+        label: Optional[int] = None,
+    ) -> int:
+        """Adds an arc and returns its id.
+
+        ``add_arc(src, dst, label)`` adds an acceptor arc (``olabel = ilabel``, weight 0),
+        as GTN does; ``add_arc(src, dst, ilabel, olabel, weight=0.0)`` a transducer arc.
+        """
+        if ilabel is None:
+            if label is None:
+                raise TypeError("add_arc() needs a label: add_arc(src_node, dst_node, label)")
+            ilabel = label
+        src = _check_node(self, src_node, "src_node")
+        dst = _check_node(self, dst_node, "dst_node")
+        il = _check_label(ilabel, "ilabel")
+        ol = il if olabel is None else _check_label(olabel, "olabel")
+        self._w.append(float(weight))
+        return self._s.add_arc(src, dst, il, ol)
+
+    def num_nodes(self) -> int:
+        return self._s.num_nodes
+
+    def num_arcs(self) -> int:
+        return self._s.num_arcs()
+
+    def num_start(self) -> int:
+        return len(self._s.start_ids)
+
+    def num_accept(self) -> int:
+        return len(self._s.accept_ids)
+
+    # Accessors of GTN's C++ Graph, handy in Python too.
+    def start(self) -> List[int]:
+        return list(self._s.start_ids)
+
+    def accept(self) -> List[int]:
+        return list(self._s.accept_ids)
+
+    def is_start(self, i: int) -> bool:
+        return self._s.start[_check_node(self, i, "node")]
+
+    def is_accept(self, i: int) -> bool:
+        return self._s.accept[_check_node(self, i, "node")]
+
+    def make_accept(self, i: int) -> None:
+        i = _check_node(self, i, "node")
+        if not self._s.accept[i]:
+            self._s.accept[i] = True
+            self._s.accept_ids.append(i)
+
+    def _arc(self, i: int) -> int:
+        n = self.num_arcs()
+        if not 0 <= int(i) < n:
+            raise ValueError(f"arc={i!r} is not an arc of this graph (it has {n} arcs)")
+        return int(i)
+
+    def srcnode(self, i: int) -> int:
+        return int(self._s.arrays()[0][self._arc(i)])
+
+    def dstnode(self, i: int) -> int:
+        return int(self._s.arrays()[1][self._arc(i)])
+
+    def ilabel(self, i: int) -> int:
+        return int(self._s.arrays()[2][self._arc(i)])
+
+    def olabel(self, i: int) -> int:
+        return int(self._s.arrays()[3][self._arc(i)])
+
+    label = ilabel
+
+    def weight(self, i: int) -> float:
+        return float(self._weights()[self._arc(i)])
+
+    def set_weight(self, i: int, weight: float) -> None:
+        self._weights()[self._arc(i)] = weight
+
+    def in_arcs(self, i: int) -> List[int]:
+        off, arcs, _, _ = self._s.csr()
+        i = _check_node(self, i, "node")
+        return arcs[off[i] : off[i + 1]].tolist()
+
+    def out_arcs(self, i: int) -> List[int]:
+        _, _, off, arcs = self._s.csr()
+        i = _check_node(self, i, "node")
+        return arcs[off[i] : off[i + 1]].tolist()
+
+    def num_in(self, i: int) -> int:
+        off = self._s.csr()[0]
+        i = _check_node(self, i, "node")
+        return int(off[i + 1] - off[i])
+
+    def num_out(self, i: int) -> int:
+        off = self._s.csr()[2]
+        i = _check_node(self, i, "node")
+        return int(off[i + 1] - off[i])
+
+    # -- sorting ------------------------------------------------------------------
+    def arc_sort(self, olabel: bool = False) -> None:
+        """Sorts each node's in and out arcs by input (or output) label.
+
+        Arc ids do not change; only the order in which a node lists its arcs does,
+        which lets compose and intersect match labels by binary search.
+        """
+        s = self._s
+        if (olabel and s.olabel_sorted) or (not olabel and s.ilabel_sorted):
+            return
+        src, dst, il, ol = s.arrays()
+        labels = ol if olabel else il
+        # Sort by (node, label), stable in arc id: the order inside a node follows labels.
+        in_arcs = np.lexsort((np.arange(len(dst)), labels, dst)).astype(_INT)
+        out_arcs = np.lexsort((np.arange(len(src)), labels, src)).astype(_INT)
+        s._csr = None
+        s._order = (in_arcs, out_arcs)
+        s.olabel_sorted = bool(olabel)
+        s.ilabel_sorted = not olabel
+
+    def mark_arc_sorted(self, olabel: bool = False) -> None:
+        """Declares the arcs sorted by input (or output) label without checking."""
+        if olabel:
+            self._s.olabel_sorted = True
+        else:
+            self._s.ilabel_sorted = True
+
+    @property
+    def ilabel_sorted(self) -> bool:
+        return self._s.ilabel_sorted
+
+    @property
+    def olabel_sorted(self) -> bool:
+        return self._s.olabel_sorted
+
+    # -- weights ------------------------------------------------------------------
+    def _weights(self) -> np.ndarray:
+        if self._w is None:
+            raise RuntimeError("this graph handle carries no weights")
+        return self._w.array()
+
+    def weights(self) -> int:
+        """The address of the float32 weights (valid while the graph lives, as in GTN)."""
+        return int(self._weights().ctypes.data)
+
+    def weights_to_list(self) -> List[float]:
+        return self._weights().tolist()
+
+    def weights_to_numpy(self) -> np.ndarray:
+        """A float32 copy of the weights, shape ``(num_arcs,)``."""
+        return self._weights().copy()
+
+    def weights_to_tensor(self, copy: bool = False):
+        """The weights as a float32 torch tensor of shape ``(num_arcs,)``.
+
+        Without ``copy`` the tensor shares memory with the graph (no copy).
+        """
+        import torch
+
+        w = self._weights()
+        return torch.from_numpy(w.copy() if copy else w)
+
+    def set_weights(self, weights) -> None:
+        """Sets all arc weights.
+
+        Args:
+            weights: a list of floats, a numpy array or a CPU torch tensor of
+                ``num_arcs()`` values, or the integer address of ``num_arcs()``
+                contiguous float32 values (``tensor.data_ptr()``; the caller keeps
+                that memory alive during the call).
+        """
+        n = self.num_arcs()
+        if isinstance(weights, (int, np.integer)) and not isinstance(weights, bool):
+            if n == 0:
+                arr = np.zeros(0, dtype=_FLOAT)
+            else:
+                if int(weights) == 0:
+                    raise ValueError("weights: got a null address")
+                buf = (ctypes.c_float * n).from_address(int(weights))
+                arr = np.frombuffer(buf, dtype=_FLOAT, count=n).copy()
+        else:
+            if hasattr(weights, "detach") and hasattr(weights, "device"):  # torch tensor
+                if weights.device.type != "cpu":
+                    raise ValueError(f"weights: expected a CPU tensor, got one on {weights.device}")
+                weights = weights.detach().reshape(-1).float().numpy()
+            arr = np.array(weights, dtype=_FLOAT).reshape(-1)
+            if arr.shape[0] != n:
+                raise ValueError(f"weights: expected {n} values (one per arc, shape ({n},)), got {arr.shape[0]}")
+        if self._w is None:
+            raise RuntimeError("this graph handle carries no weights")
+        self._w.set(arr)
+
+    def labels_to_list(self, ilabel: bool = True) -> List[int]:
+        return self._s.arrays()[2 if ilabel else 3].tolist()
+
+    def labels_to_numpy(self, ilabel: bool = True) -> np.ndarray:
+        return self._s.arrays()[2 if ilabel else 3].copy()
+
+    def item(self) -> float:
+        """The weight of a graph with exactly one arc (a scalar graph)."""
+        n = self.num_arcs()
+        if n > 1:
+            raise ValueError("[Graph::item] Cannot convert Graph with more than 1 arc to a scalar.")
+        if n == 0:
+            raise ValueError("[Graph::item] Cannot convert Graph with no arcs to a scalar.")
+        return float(self._weights()[0])
+
+    # -- autograd -----------------------------------------------------------------
+    @property
+    def calc_grad(self) -> bool:
+        return self._g.calc_grad
+
+    @calc_grad.setter
+    def calc_grad(self, value: bool) -> None:
+        self._g.calc_grad = bool(value)
+        if not value:
+            self._g.grad_func = None
+            self._g.inputs = []
+            self._g.grad = None
+
+    def grad(self) -> "Graph":
+        """The gradient: a graph with this graph's arcs whose weights are d(output)/d(weight)."""
+        if not self._g.calc_grad:
+            raise RuntimeError("[Graph::grad] Gradient calculation disabled.")
+        if self._g.grad is None:
+            raise RuntimeError("[Graph::grad] Gradient not calculated yet.")
+        return self._g.grad
+
+    def is_grad_available(self) -> bool:
+        return self._g.grad is not None
+
+    def zero_grad(self) -> None:
+        self._g.grad = None
+
+    def _add_grad(self, grad) -> None:
+        """Accumulates ``grad`` (an array of ``num_arcs`` values or a Graph) into the gradient."""
+        if not self._g.calc_grad:
+            return
+        if isinstance(grad, Graph):
+            grad = grad._weights()
+        grad = np.asarray(grad, dtype=_FLOAT)
+        if grad.shape != (self.num_arcs(),):
+            raise RuntimeError("[Graph::addGrad] Invalid grad size.")
+        with self._g.lock:
+            if self._g.grad is None:
+                gg = Graph(False)
+                gg._s = self._s
+                gg._w = _Weights(grad.copy())
+                self._g.grad = gg
+            else:
+                w = self._g.grad._w.array()
+                np.add(w, grad, out=w)
+
+    def id(self) -> int:
+        """An identifier shared by all handles of this graph (GTN's ``Graph::id``)."""
+        return id(self._g)
+
+    # -- devices (the engine computes on the CPU; dense scoring runs on GPUs) --------
+    @property
+    def device(self):
+        from .device import Device, CPU
+
+        return Device(CPU)
+
+    def is_cuda(self) -> bool:
+        return False
+
+    def cpu(self) -> "Graph":
+        return self
+
+    def cuda(self, device=None) -> "Graph":
+        raise RuntimeError(
+            "lightning_gtn.wfst graphs live on the CPU (gtn.cuda.is_available() is False); "
+            "score dense emissions on a GPU with lightning_gtn.functional instead"
+        )
+
+    def to(self, device) -> "Graph":
+        from .device import _as_device
+
+        if _as_device(device).is_cuda:
+            return self.cuda(device)
+        return self
+
+    # -- python protocols -------------------------------------------------------------
+    def __getstate__(self):
+        s = self._s
+        src, dst, il, ol = s.arrays()
+        order = s._order
+        return {
+            "num_nodes": s.num_nodes,
+            "start_ids": list(s.start_ids),
+            "accept_ids": list(s.accept_ids),
+            "arcs": (src, dst, il, ol),
+            "weights": self._weights() if self._w is not None else None,
+            "calc_grad": self._g.calc_grad,
+            "sorted": (s.ilabel_sorted, s.olabel_sorted),
+            "order": order,
+        }
+
+    def __setstate__(self, state) -> None:
+        g = Graph._from_arrays(
+            state["num_nodes"],
+            state["start_ids"],
+            state["accept_ids"],
+            *(np.array(a, dtype=_INT) for a in state["arcs"]),
+            weights=np.array(state["weights"], dtype=_FLOAT),
+            calc_grad=state["calc_grad"],
+        )
+        g._s.ilabel_sorted, g._s.olabel_sorted = state["sorted"]
+        g._s._order = state.get("order")
+        self._s, self._w, self._g = g._s, g._w, g._g
+
+    def __reduce_ex__(self, protocol):
+        return (Graph, (), self.__getstate__())
+
+    def __copy__(self) -> "Graph":
+        return self._alias()
+
+    def __deepcopy__(self, memo) -> "Graph":
+        out = Graph.__new__(Graph)
+        out.__setstate__(self.__getstate__())
+        memo[id(self)] = out
+        return out
+
+    def __repr__(self) -> str:
+        from .utils import graph_to_text
+
+        return graph_to_text(self)
+
+    def __str__(self) -> str:
+        return self.__repr__()
+
+
+def _deep_copy(g: Graph, calc_grad: Optional[bool] = None) -> Graph:
+    """A copy with its own structure and weights (GTN's ``Graph::deepCopy``)."""
+    out = Graph(g.calc_grad if calc_grad is None else calc_grad)
+    out._s = g._s.copy()
+    out._w = _Weights(g._weights().copy())
+    return out

@@ -1,0 +1,93 @@
+"""``parallel_for`` and the bounded thread pool behind the engine's list overloads.
+
+GTN starts one thread per core in every process; under DDP that is ranks x cores
+threads fighting for the same cores. Here the pool is bounded (``set_num_threads``, or
+the ``LIGHTNING_GTN_NUM_THREADS`` environment variable; default ``min(4, cores)``), it is
+created lazily in each process (so forked and spawned DDP ranks each get their own), and a
+``parallel_for`` called from inside a worker runs its loop inline instead of deadlocking.
+The compiled kernels release the GIL, so graph operations run truly in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, List, Optional, Sequence
+
+_lock = threading.Lock()
+_pool: Optional[ThreadPoolExecutor] = None
+_pool_pid: Optional[int] = None
+_num_threads: Optional[int] = None
+_local = threading.local()
+
+
+def _default_threads() -> int:
+    env = os.environ.get("LIGHTNING_GTN_NUM_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def get_num_threads() -> int:
+    """The number of worker threads ``parallel_for`` uses in this process."""
+    return _num_threads or _default_threads()
+
+
+def set_num_threads(n: int) -> None:
+    """Bounds the worker threads of ``parallel_for`` in this process (``n >= 1``)."""
+    global _num_threads, _pool
+    if int(n) < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    with _lock:
+        _num_threads = int(n)
+        if _pool is not None:
+            _pool.shutdown(wait=False)
+            _pool = None
+
+
+def _get_pool() -> ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _lock:
+        if _pool is None or _pool_pid != os.getpid():  # a forked child must not reuse the parent's
+            _pool = ThreadPoolExecutor(max_workers=get_num_threads(), thread_name_prefix="gtn", initializer=_mark_worker)
+            _pool_pid = os.getpid()
+        return _pool
+
+
+def _mark_worker() -> None:
+    _local.worker = True
+
+
+def _run_chunk(function: Callable, items: Sequence) -> list:
+    return [function(*it) for it in items]
+
+
+def parallel_map(function: Callable, *arg_lists: Sequence) -> List:
+    """Calls ``function(a[i], b[i], ...)`` for each i on the pool; returns the results in order.
+
+    Lists of length one are broadcast against longer ones (as GTN's ``parallelMap``).
+    The first exception raised by a call is re-raised here.
+    """
+    lists = [list(a) for a in arg_lists]
+    n = max((len(a) for a in lists), default=0)
+    for k, a in enumerate(lists):
+        if len(a) not in (1, n):
+            raise ValueError(f"argument list {k} has {len(a)} items; expected 1 or {n}")
+    items = [tuple(a[i] if len(a) == n else a[0] for a in lists) for i in range(n)]
+    threads = get_num_threads()
+    if n <= 1 or threads == 1 or getattr(_local, "worker", False):
+        return _run_chunk(function, items)
+    pool = _get_pool()
+    chunks = min(threads, n)
+    bounds = [round(i * n / chunks) for i in range(chunks + 1)]
+    futures = [pool.submit(_run_chunk, function, items[bounds[i] : bounds[i + 1]]) for i in range(chunks)]
+    out: List = []
+    for f in futures:
+        out.extend(f.result())
+    return out
+
+
+def parallel_for(function: Callable[[int], None], ints: Iterable[int]) -> None:
+    """Calls ``function(i)`` for every ``i`` in ``ints``, on a bounded pool of threads."""
+    parallel_map(function, list(ints))
