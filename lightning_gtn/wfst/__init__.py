@@ -29,7 +29,19 @@ from .functions import (
 from .graph import Graph, epsilon
 from .parallel import get_num_threads, parallel_for, parallel_map, set_num_threads
 from .rand import rand_equivalent, sample
-from .utils import draw, equal, isomorphic, load, loadtxt, save, savetxt, write_dot
+from .utils import (
+    draw,
+    dot_text,
+    equal,
+    graph_from_text,
+    graph_to_text,
+    isomorphic,
+    load,
+    loadtxt,
+    save,
+    savetxt,
+    write_dot,
+)
 
 __version__ = "0.1.0"
 
@@ -67,7 +79,10 @@ __all__ = [
     "save",
     "load",
     "write_dot",
+    "dot_text",
     "draw",
+    "graph_to_text",
+    "graph_from_text",
     "sample",
     "rand_equivalent",
     "parallel_for",
@@ -75,3 +90,48 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
 ]
+
+
+# -- aliases ------------------------------------------------------------------------------
+# Code written for GTN may alias this package as ``gtn`` (``sys.modules["gtn"] = ...``) and
+# then ``import gtn.criterion``. Python would load a second copy of the submodule under the
+# alias, with its own Graph class; this finder hands out the already loaded submodule.
+
+
+def _install_alias_finder() -> None:
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    package = sys.modules[__name__]
+
+    class _Loader(importlib.abc.Loader):
+        def __init__(self, real: str) -> None:
+            self.real = real
+
+        def create_module(self, spec):
+            return sys.modules[self.real]
+
+        def exec_module(self, module) -> None:
+            module.__spec__ = self.spec  # importlib replaced it with the alias's spec
+
+    class _AliasFinder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path=None, target=None):
+            parent, _, child = fullname.rpartition(".")
+            if not parent or parent == __name__ or sys.modules.get(parent) is not package:
+                return None
+            real = f"{__name__}.{child}"
+            try:
+                module = importlib.import_module(real)
+            except ImportError:
+                return None
+            loader = _Loader(real)
+            loader.spec = module.__spec__
+            return importlib.util.spec_from_loader(fullname, loader)
+
+    if not any(type(f).__name__ == "_AliasFinder" for f in sys.meta_path):
+        sys.meta_path.insert(0, _AliasFinder())
+
+
+_install_alias_finder()
+del _install_alias_finder

@@ -131,10 +131,14 @@ def _clone(g: Graph, projection: str = "none") -> Graph:
     s = out._s
     if projection != "none":
         src, dst, il, ol = s.arrays()
+        # Arcs inside a node stay in the order of the copy; a sorted flag must describe
+        # the new labels (GTN keeps the old flags, which can be wrong after projecting).
         if projection == "output":
             s._arrays = (src, dst, ol.copy(), ol)
+            s.ilabel_sorted = s.olabel_sorted
         else:
             s._arrays = (src, dst, il, il.copy())
+            s.olabel_sorted = s.ilabel_sorted
     out._set_grad_func([g._alias(weights=False)], _identity_grad)
     return out
 
@@ -177,8 +181,9 @@ def _union(graphs: Sequence[Graph]) -> Graph:
     il = cat([p[2] for p in parts])
     ol = cat([p[3] for p in parts])
     w = np.concatenate([g._weights() for g in graphs]) if graphs else np.zeros(0, dtype=_FLOAT)
-    starts = [int(s + node_off[i]) for i, g in enumerate(graphs) for s in g._s.start_ids]
-    accepts = [int(a + node_off[i]) for i, g in enumerate(graphs) for a in g._s.accept_ids]
+    # GTN adds the nodes one by one, so start and accept ids come out in node order.
+    starts = [int(s + node_off[i]) for i, g in enumerate(graphs) for s in sorted(g._s.start_ids)]
+    accepts = [int(a + node_off[i]) for i, g in enumerate(graphs) for a in sorted(g._s.accept_ids)]
     out = _from_op(graphs, int(node_off[-1]), starts, accepts, src, dst, il, ol, w)
     out._set_grad_func([g._alias(weights=False) for g in graphs], lambda inp, d: _gather_grad(inp, d, arc_off))
     return out
@@ -191,7 +196,7 @@ def _concat(graphs: Sequence[Graph]) -> Graph:
     """
     graphs = [_check_graph(g, "graphs[i]") for g in graphs]
     if not graphs:
-        out = Graph()
+        out = Graph(False)  # nothing to differentiate, as in GTN
         out.add_node(True, True)
         return out
     node_off = np.cumsum([0] + [g.num_nodes() for g in graphs])
@@ -219,8 +224,8 @@ def _concat(graphs: Sequence[Graph]) -> Graph:
             ols.append(eps)
             ws.append(np.zeros(len(pairs), dtype=_FLOAT))
             pos += len(pairs)
-    starts = list(graphs[0]._s.start_ids)
-    accepts = [int(a + node_off[-2]) for a in graphs[-1]._s.accept_ids]
+    starts = sorted(graphs[0]._s.start_ids)  # node order, as GTN's
+    accepts = [int(a + node_off[-2]) for a in sorted(graphs[-1]._s.accept_ids)]
     out = _from_op(
         graphs, int(node_off[-1]), starts, accepts,
         *(np.concatenate(x) for x in (srcs, dsts, ils, ols, ws)),
