@@ -41,6 +41,16 @@ def _backward_impl(g: Graph, retain_graph: bool) -> None:
             state.inputs.clear()
 
 
+class GradSizeError(RuntimeError, ValueError):
+    """A seed gradient whose arcs do not match the graph's (GTN raises ``RuntimeError``)."""
+
+
+def _is_retain_list(x) -> bool:
+    return isinstance(x, (list, tuple)) and len(x) > 0 and all(
+        isinstance(r, (bool, int, np.bool_, np.integer)) for r in x
+    )
+
+
 def _seed_and_run(g: Graph, grad: Optional[Graph], retain_graph: bool) -> None:
     if not isinstance(g, Graph):
         raise TypeError(f"g must be a gtn.Graph, got {type(g).__name__}")
@@ -50,7 +60,10 @@ def _seed_and_run(g: Graph, grad: Optional[Graph], retain_graph: bool) -> None:
         if not isinstance(grad, Graph):
             raise TypeError(f"grad must be a gtn.Graph, got {type(grad).__name__}")
         if g.calc_grad and grad.num_arcs() != g.num_arcs():
-            raise ValueError(f"grad: expected a graph with {g.num_arcs()} arcs (as g), got {grad.num_arcs()}")
+            raise GradSizeError(
+                f"[Graph::addGrad] Invalid grad size: grad must have {g.num_arcs()} arcs (as g), "
+                f"got {grad.num_arcs()}"
+            )
         g._add_grad(grad)
     _backward_impl(g, bool(retain_graph))
 
@@ -64,15 +77,27 @@ def backward(g, grad=None, retain_graph=False, *args, **kwargs) -> None:
 
     ``grad`` (a graph with ``g``'s arcs) seeds the gradient; by default every arc of ``g``
     gets 1. Without ``retain_graph`` the record of operations is freed, and a second
-    ``backward`` through it raises ``ValueError``.
+    ``backward`` through it raises ``ValueError``. ``retain_graph`` may also be passed
+    second (``backward(g, True)``, ``backward([g, ...], [1])``). In the list forms, lists
+    of one item are used for every graph; the graphs are processed on the thread pool.
+
+    Gradients accumulate in every graph with ``calc_grad`` that ``g`` was computed from
+    (read them with ``.grad()``; clear them with ``.zero_grad()``).
+
+    Raises:
+        ValueError: on a second backward through a freed record.
+        RuntimeError: (also a ``ValueError``) ``grad`` has a different number of arcs.
+        RuntimeError: an operation has no gradient (``remove``).
     """
     g = kwargs.pop("graphs", g)
     grad = kwargs.pop("grads", grad)
     retain = kwargs.pop("retain_graphs", kwargs.pop("retain_graph", retain_graph))
     if kwargs or args:
         raise TypeError(f"backward() got unexpected arguments {list(kwargs) or args}")
-    if isinstance(grad, (bool, np.bool_)) or (isinstance(grad, int) and not isinstance(grad, Graph)):
-        retain, grad = grad, None
+    if isinstance(grad, (bool, np.bool_, int, np.integer)):
+        retain, grad = grad, None  # backward(g, True)
+    if isinstance(g, (list, tuple)) and _is_retain_list(grad):
+        retain, grad = grad, None  # backward([g, ...], [1, 0, ...])
     if isinstance(g, (list, tuple)):
         graphs = list(g)
         retains = list(retain) if isinstance(retain, (list, tuple)) else [retain]

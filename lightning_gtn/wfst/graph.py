@@ -28,6 +28,7 @@ epsilon = -1
 
 _INT = np.int32
 _FLOAT = np.float32
+_MERGE_LOCK = threading.Lock()  # guards merging arcs added one by one into the arrays
 
 
 class _Structure:
@@ -63,19 +64,24 @@ class _Structure:
 
     # -- arcs ---------------------------------------------------------------
     def num_arcs(self) -> int:
-        n = len(self._arrays[0])
-        if self._pending is not None:
-            n += len(self._pending[0])
-        return n
+        if self._pending is None:
+            return len(self._arrays[0])
+        with _MERGE_LOCK:  # another thread may be merging the pending arcs right now
+            p = self._pending
+            return len(self._arrays[0]) + (len(p[0]) if p is not None else 0)
 
     def arrays(self):
         """``(src, dst, ilabel, olabel)`` as int32 arrays of length ``num_arcs``."""
         if self._pending is not None:
-            self._arrays = tuple(
-                np.concatenate([a, np.asarray(p, dtype=_INT)])
-                for a, p in zip(self._arrays, self._pending)
-            )
-            self._pending = None
+            # Several threads may read a freshly built graph at once (parallel_for over
+            # a batch sharing one criterion graph): merge the pending arcs only once.
+            with _MERGE_LOCK:
+                if self._pending is not None:
+                    self._arrays = tuple(
+                        np.concatenate([a, np.asarray(p, dtype=_INT)])
+                        for a, p in zip(self._arrays, self._pending)
+                    )
+                    self._pending = None
         return self._arrays
 
     def add_arc(self, src: int, dst: int, ilabel: int, olabel: int) -> int:
@@ -160,8 +166,10 @@ class _Weights:
 
     def array(self) -> np.ndarray:
         if self._pending is not None:
-            self._array = np.concatenate([self._array, np.asarray(self._pending, dtype=_FLOAT)])
-            self._pending = None
+            with _MERGE_LOCK:
+                if self._pending is not None:
+                    self._array = np.concatenate([self._array, np.asarray(self._pending, dtype=_FLOAT)])
+                    self._pending = None
         return self._array
 
     def set(self, array: np.ndarray) -> None:
@@ -182,6 +190,10 @@ class _GradState:
         self.lock = threading.Lock()
 
 
+class GraphIndexError(IndexError, ValueError):
+    """A node or arc id that the graph does not have (an ``IndexError`` and a ``ValueError``)."""
+
+
 def _check_node(g: "Graph", node, name: str) -> int:
     n = g._s.num_nodes
     try:
@@ -189,7 +201,8 @@ def _check_node(g: "Graph", node, name: str) -> int:
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be an integer node id, got {node!r}") from None
     if idx != node or not 0 <= idx < n:
-        raise ValueError(f"{name}={node!r} is not a node of this graph (it has {n} nodes: 0..{n - 1})")
+        nodes = f"0..{n - 1}" if n else "none yet"
+        raise GraphIndexError(f"{name}={node!r} is not a node of this graph (it has {n} nodes: {nodes})")
     return idx
 
 
@@ -337,9 +350,13 @@ class Graph:
 
     def _arc(self, i: int) -> int:
         n = self.num_arcs()
-        if not 0 <= int(i) < n:
-            raise ValueError(f"arc={i!r} is not an arc of this graph (it has {n} arcs)")
-        return int(i)
+        try:
+            idx = int(i)
+        except (TypeError, ValueError):
+            raise TypeError(f"arc must be an integer arc id, got {i!r}") from None
+        if idx != i or not 0 <= idx < n:
+            raise GraphIndexError(f"arc={i!r} is not an arc of this graph (it has {n} arcs)")
+        return idx
 
     def srcnode(self, i: int) -> int:
         return int(self._s.arrays()[0][self._arc(i)])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Iterable, List, Optional, Sequence
 
 _lock = threading.Lock()
@@ -59,15 +59,41 @@ def _mark_worker() -> None:
     _local.worker = True
 
 
+def _after_fork_in_child() -> None:
+    # The parent's pool threads do not exist in a forked child, and its lock may have
+    # been held by one of them at the fork: start afresh (the pool is made on first use).
+    global _lock, _pool, _pool_pid, _local
+    _lock = threading.Lock()
+    _pool = None
+    _pool_pid = None
+    _local = threading.local()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _run_chunk(function: Callable, items: Sequence) -> list:
-    return [function(*it) for it in items]
+    # Every item runs even when an earlier one fails; the first failure is raised after.
+    out = []
+    error: Optional[BaseException] = None
+    for it in items:
+        try:
+            out.append(function(*it))
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            if error is None:
+                error = e
+            out.append(None)
+    if error is not None:
+        raise error
+    return out
 
 
 def parallel_map(function: Callable, *arg_lists: Sequence) -> List:
     """Calls ``function(a[i], b[i], ...)`` for each i on the pool; returns the results in order.
 
     Lists of length one are broadcast against longer ones (as GTN's ``parallelMap``).
-    The first exception raised by a call is re-raised here.
+    Every call runs; the first exception raised (in item order) is re-raised here.
     """
     lists = [list(a) for a in arg_lists]
     n = max((len(a) for a in lists), default=0)
@@ -82,6 +108,7 @@ def parallel_map(function: Callable, *arg_lists: Sequence) -> List:
     chunks = min(threads, n)
     bounds = [round(i * n / chunks) for i in range(chunks + 1)]
     futures = [pool.submit(_run_chunk, function, items[bounds[i] : bounds[i + 1]]) for i in range(chunks)]
+    wait(futures)
     out: List = []
     for f in futures:
         out.extend(f.result())
@@ -89,5 +116,12 @@ def parallel_map(function: Callable, *arg_lists: Sequence) -> List:
 
 
 def parallel_for(function: Callable[[int], None], ints: Iterable[int]) -> None:
-    """Calls ``function(i)`` for every ``i`` in ``ints``, on a bounded pool of threads."""
+    """Calls ``function(i)`` for every ``i`` in ``ints``, on a bounded pool of threads.
+
+    At most :func:`get_num_threads` threads run the calls; a ``parallel_for`` inside
+    ``function`` runs its loop in the calling worker (no deadlock). The first exception
+    raised by a call is re-raised here, after all calls have finished.
+    """
+    if not callable(function):
+        raise TypeError(f"function must be callable, got {type(function).__name__}")
     parallel_map(function, list(ints))
