@@ -68,7 +68,7 @@ def _seed_and_run(g: Graph, grad: Optional[Graph], retain_graph: bool) -> None:
     _backward_impl(g, bool(retain_graph))
 
 
-def backward(g, grad=None, retain_graph=False, *args, **kwargs) -> None:
+def backward(g=None, grad=None, retain_graph=False, *args, **kwargs) -> None:
     """Computes gradients of ``g`` with respect to every graph it was computed from.
 
     Forms (as GTN's):
@@ -94,6 +94,8 @@ def backward(g, grad=None, retain_graph=False, *args, **kwargs) -> None:
     retain = kwargs.pop("retain_graphs", kwargs.pop("retain_graph", retain_graph))
     if kwargs or args:
         raise TypeError(f"backward() got unexpected arguments {list(kwargs) or args}")
+    if g is None:
+        raise TypeError("backward() needs the graph (g=...) or a list of graphs (graphs=[...])")
     if isinstance(grad, (bool, np.bool_, int, np.integer)):
         retain, grad = grad, None  # backward(g, True)
     if isinstance(g, (list, tuple)) and _is_retain_list(grad):
