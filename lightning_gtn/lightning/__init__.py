@@ -1,0 +1,49 @@
+"""``lightning_gtn.lightning``: the Lightning layer (layer 4).
+
+- :class:`StructuredLossMixin`: loss, Viterbi decoding, CER/WER and optimizers for your
+  LightningModule whose ``forward`` returns emissions ``(B, T, C)`` and lengths.
+- :class:`SequenceModule`: the mixin plus a network from a config (what the CLI trains).
+- :class:`Vocabulary`: characters to ids with the blank / repeat conventions of each loss.
+- :func:`build_loss` / :class:`LossAdapter`: the thin adapter over :mod:`lightning_gtn.nn` losses.
+- Data: :class:`DigitLinesDataModule` (embedded, no download), :class:`FeatureDataModule`
+  (your own ``.npz`` features and transcripts).
+- :class:`ConvRNNEncoder`: a small convolution + bidirectional GRU/LSTM emission model.
+- :class:`TrainingPlots`: ``curves.png`` and ``alignments.png`` in the run directory.
+"""
+
+from .callbacks import TrainingPlots, class_labels
+from .data import (
+    DigitLinesDataModule,
+    FeatureDataModule,
+    SequenceDataset,
+    collate_sequences,
+    make_digit_lines,
+    read_transcripts,
+)
+from .losses import BUILTIN_LOSSES, LossAdapter, LossConvention, build_loss
+from .mixin import StructuredLossMixin
+from .models import ConvRNNEncoder
+from .module import SequenceModule
+from .plots import plot_alignments, plot_training_curves
+from .vocabulary import Vocabulary
+
+__all__ = [
+    "StructuredLossMixin",
+    "SequenceModule",
+    "Vocabulary",
+    "LossAdapter",
+    "LossConvention",
+    "build_loss",
+    "BUILTIN_LOSSES",
+    "DigitLinesDataModule",
+    "FeatureDataModule",
+    "SequenceDataset",
+    "collate_sequences",
+    "make_digit_lines",
+    "read_transcripts",
+    "ConvRNNEncoder",
+    "TrainingPlots",
+    "class_labels",
+    "plot_training_curves",
+    "plot_alignments",
+]

@@ -1,0 +1,101 @@
+"""Callbacks: training curves and Viterbi alignment figures written into the run directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from .plots import plot_alignments, plot_training_curves
+
+__all__ = ["TrainingPlots", "class_labels"]
+
+
+def class_labels(vocabulary) -> list[str]:
+    """Printable name of each emission class of a vocabulary."""
+    names = []
+    for i in range(vocabulary.num_classes):
+        if vocabulary.blank and i == 0:
+            names.append("<b>")
+        elif vocabulary.repeat_label and i == vocabulary.repeat_id:
+            names.append("<rep>")
+        else:
+            c = vocabulary.chars[i - (1 if vocabulary.blank else 0)]
+            names.append("<sp>" if c == " " else c)
+    return names
+
+
+class TrainingPlots(Callback):
+    """Records ``train/loss`` and the validation metrics, and at the end of fitting writes
+    ``curves.png`` and ``alignments.png`` (Viterbi paths over emissions of a few validation
+    examples) into ``output_dir``. Its history is saved in checkpoints, so a resumed run's curves
+    continue.
+
+    Args:
+        output_dir: where the PNGs go (the Hydra run directory in ``conf/callbacks``).
+        num_alignments: validation examples in ``alignments.png``.
+        every_n_steps: record ``train/loss`` every this many steps.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike = ".", num_alignments: int = 4, every_n_steps: int = 10):
+        self.output_dir = Path(output_dir)
+        self.num_alignments = num_alignments
+        self.every_n_steps = max(1, every_n_steps)
+        self.history: dict[str, list[tuple[int, float]]] = {}
+
+    def _add(self, name: str, step: int, value) -> None:
+        self.history.setdefault(name, []).append((int(step), float(value)))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            if isinstance(loss, torch.Tensor):
+                self._add("train/loss", trainer.global_step, loss.detach().float().item())
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        for key in ("val/loss", "val/cer", "val/wer"):
+            v = trainer.callback_metrics.get(key)
+            if v is not None:
+                self._add(key, trainer.global_step, v)
+
+    def state_dict(self) -> dict:
+        return {"history": {k: list(v) for k, v in self.history.items()}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = {k: [tuple(x) for x in v] for k, v in state_dict.get("history", {}).items()}
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        plot_training_curves(self.history, self.output_dir / "curves.png")
+        if self.num_alignments > 0 and trainer.datamodule is not None:
+            write_alignments(pl_module, trainer.datamodule.val_dataloader(), self.output_dir / "alignments.png",
+                             self.num_alignments)
+
+
+@torch.no_grad()
+def write_alignments(pl_module, dataloader, path, num: int = 4) -> str:
+    """Runs ``pl_module`` on the first ``num`` examples of ``dataloader`` and plots their
+    emissions with the Viterbi paths."""
+    was_training = pl_module.training
+    pl_module.eval()
+    try:
+        batch = next(iter(dataloader))
+        inputs = batch["inputs"][:num].to(pl_module.device)
+        lengths = batch["input_lengths"][:num].to(pl_module.device)
+        emissions, out_lengths = pl_module.emissions(inputs, lengths)
+        paths = pl_module.viterbi_paths(emissions, out_lengths)
+        vocab = pl_module.vocabulary
+        preds = [vocab.decode_path(p) for p in paths]
+        ems = [emissions[b, : int(out_lengths[b])].float().cpu().numpy() for b in range(len(paths))]
+        feats = [inputs[b, : int(lengths[b])].float().cpu().numpy() for b in range(len(paths))]
+        titles = [f"ref {t!r}   hyp {p!r}" for t, p in zip(batch["texts"][:num], preds)]
+        return plot_alignments(ems, paths, class_labels(vocab), titles, path, inputs=feats)
+    finally:
+        pl_module.train(was_training)

@@ -1,0 +1,295 @@
+"""Data: the embedded handwritten-digit-line task and a data module for your own features.
+
+Batches are dicts::
+
+    {"inputs": (B, T, F) float32, padded with zeros,
+     "input_lengths": (B,) int64,
+     "texts": list of B transcripts (str)}
+
+Targets are encoded from ``texts`` by the model's :class:`~lightning_gtn.lightning.Vocabulary`
+inside the step, so a data module does not depend on the loss (blank or repeat conventions).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+__all__ = [
+    "SequenceDataset",
+    "collate_sequences",
+    "make_digit_lines",
+    "DigitLinesDataModule",
+    "FeatureDataModule",
+    "read_transcripts",
+]
+
+DIGIT_CHARS = "0123456789 "
+
+
+class SequenceDataset(Dataset):
+    """A list of feature arrays ``(T_i, F)`` and their transcripts."""
+
+    def __init__(self, features: Sequence[np.ndarray], texts: Sequence[str]):
+        if len(features) != len(texts):
+            raise ValueError(f"{len(features)} feature arrays but {len(texts)} transcripts")
+        self.features = [np.asarray(f, dtype=np.float32) for f in features]
+        self.texts = list(texts)
+        for i, f in enumerate(self.features):
+            if f.ndim != 2:
+                raise ValueError(f"features[{i}] must be (T, F), got shape {f.shape}")
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, i: int):
+        return self.features[i], self.texts[i]
+
+
+def collate_sequences(items) -> dict:
+    """Pads a list of ``(features (T_i, F), text)`` into a batch dict (see module docstring)."""
+    feats = [torch.from_numpy(np.ascontiguousarray(f)) for f, _ in items]
+    lengths = torch.tensor([f.shape[0] for f in feats], dtype=torch.long)
+    inputs = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+    return {"inputs": inputs, "input_lengths": lengths, "texts": [t for _, t in items]}
+
+
+# ----------------------------------------------------------------------------------------------
+# The embedded task: lines of handwritten digits from scikit-learn's 8x8 digit images.
+
+
+def _digit_images() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.images / 16.0).astype(np.float32), d.target.astype(np.int64)
+
+
+def split_digit_images(seed: int = 0, fractions=(0.6, 0.2, 0.2)):
+    """Splits the 1797 source images into disjoint index sets (train, val, test)."""
+    _, labels = _digit_images()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(labels))
+    n_train = int(round(fractions[0] * len(order)))
+    n_val = int(round(fractions[1] * len(order)))
+    return order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]
+
+
+def make_digit_lines(
+    images: np.ndarray,
+    labels: np.ndarray,
+    num_lines: int,
+    seed: int,
+    min_len: int = 3,
+    max_len: int = 8,
+    max_gap: int = 2,
+    space_prob: float = 0.15,
+    space_width: tuple[int, int] = (6, 9),
+    noise: float = 0.05,
+) -> tuple[list[np.ndarray], list[str]]:
+    """Composes lines of digits, each a feature array ``(T, 8)`` (one frame per pixel column).
+
+    Each line is a random digit string of ``min_len..max_len`` digits drawn from ``images``
+    (``(N, 8, 8)`` in [0, 1]) with ``labels`` ``(N,)``; digits are separated by 0..``max_gap``
+    blank columns or, with probability ``space_prob``, by a word space of ``space_width`` columns
+    (transcribed as ``" "``). Intensity is scaled by a random factor in [0.7, 1.2] per digit and
+    Gaussian noise of std ``noise`` is added. Deterministic in ``seed``.
+
+    Returns:
+        features: list of float32 arrays ``(T_i, 8)``; texts: list of transcripts.
+    """
+    rng = np.random.default_rng(seed)
+    by_label = [np.flatnonzero(labels == d) for d in range(10)]
+    feats, texts = [], []
+    for _ in range(num_lines):
+        n = int(rng.integers(min_len, max_len + 1))
+        digits = rng.integers(0, 10, size=n)
+        cols, text = [np.zeros((int(rng.integers(1, 4)), 8), np.float32)], []
+        for k, d in enumerate(digits):
+            if k > 0:
+                if rng.random() < space_prob:
+                    gap = int(rng.integers(space_width[0], space_width[1] + 1))
+                    text.append(" ")
+                else:
+                    gap = int(rng.integers(0, max_gap + 1))
+                if gap:
+                    cols.append(np.zeros((gap, 8), np.float32))
+            img = images[by_label[d][rng.integers(len(by_label[d]))]]
+            cols.append(img.T * rng.uniform(0.7, 1.2))  # (8 columns, 8 rows)
+            text.append(str(int(d)))
+        cols.append(np.zeros((int(rng.integers(1, 4)), 8), np.float32))
+        x = np.concatenate(cols, axis=0)
+        x = x + noise * rng.standard_normal(x.shape).astype(np.float32)
+        feats.append(np.clip(x, -0.5, 1.5).astype(np.float32))
+        texts.append("".join(text))
+    return feats, texts
+
+
+class _BaseDataModule(L.LightningDataModule):
+    def __init__(self, batch_size: int = 32, num_workers: int = 0, eval_batch_size: int | None = None):
+        super().__init__()
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.train_set = self.val_set = self.test_set = None
+
+    def _loader(self, dataset, shuffle: bool, batch_size: int) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            collate_fn=collate_sequences,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self):
+        return self._loader(self.train_set, True, self.batch_size)
+
+    def val_dataloader(self):
+        return self._loader(self.val_set, False, self.eval_batch_size)
+
+    def test_dataloader(self):
+        return self._loader(self.test_set, False, self.eval_batch_size)
+
+    def predict_dataloader(self):
+        return self.test_dataloader()
+
+
+class DigitLinesDataModule(_BaseDataModule):
+    """The embedded default task: lines of handwritten digits (no download).
+
+    Source digit images (scikit-learn's ``load_digits``) are split 60/20/20 into disjoint sets for
+    train, val and test, so validation lines never reuse a training image. Everything is generated
+    from ``seed``. Frames are pixel columns: ``F = 8`` features, ``T`` about 9 per digit.
+
+    Args:
+        num_train, num_val, num_test: number of lines per split.
+        batch_size, eval_batch_size, num_workers: DataLoader settings.
+        seed: the seed of the image split and of the line generator.
+        min_len, max_len, max_gap, space_prob, noise: see :func:`make_digit_lines`.
+    """
+
+    chars = DIGIT_CHARS
+    feature_dim = 8
+
+    def __init__(
+        self,
+        num_train: int = 8000,
+        num_val: int = 500,
+        num_test: int = 500,
+        batch_size: int = 32,
+        eval_batch_size: int | None = 100,
+        num_workers: int = 0,
+        seed: int = 0,
+        min_len: int = 3,
+        max_len: int = 8,
+        max_gap: int = 2,
+        space_prob: float = 0.15,
+        noise: float = 0.05,
+    ):
+        super().__init__(batch_size, num_workers, eval_batch_size)
+        self.save_hyperparameters()
+        self.line_args = dict(
+            min_len=min_len, max_len=max_len, max_gap=max_gap, space_prob=space_prob, noise=noise
+        )
+        self.sizes = (num_train, num_val, num_test)
+        self.seed = seed
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        images, labels = _digit_images()
+        splits = split_digit_images(self.seed)
+        sets = []
+        for k, (idx, n) in enumerate(zip(splits, self.sizes)):
+            feats, texts = make_digit_lines(
+                images[idx], labels[idx], n, seed=self.seed * 1000 + k + 1, **self.line_args
+            )
+            sets.append(SequenceDataset(feats, texts))
+        self.train_set, self.val_set, self.test_set = sets
+
+
+def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
+    """Reads a transcript file: one ``<id> <text>`` per line (split at the first whitespace)."""
+    out: dict[str, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            parts = line.split(maxsplit=1)
+            out[parts[0]] = parts[1] if len(parts) > 1 else ""
+    return out
+
+
+def _load_split(features: str | os.PathLike, transcripts: str | os.PathLike) -> SequenceDataset:
+    feats_path = Path(features)
+    if not feats_path.exists():
+        raise FileNotFoundError(f"data features file not found: {feats_path}")
+    texts = read_transcripts(transcripts)
+    with np.load(feats_path) as arrays:
+        missing = [k for k in texts if k not in arrays.files]
+        if missing:
+            raise ValueError(
+                f"{len(missing)} transcript ids have no array in {feats_path}, e.g. {missing[:3]}"
+            )
+        ids = list(texts)
+        feats = [arrays[k] for k in ids]
+    return SequenceDataset(feats, [texts[k] for k in ids])
+
+
+class FeatureDataModule(_BaseDataModule):
+    """Your own data: feature arrays in ``.npz`` files plus transcript files.
+
+    Each split is a pair: an ``.npz`` file holding one float array ``(T_i, F)`` per utterance,
+    keyed by utterance id (``np.savez(path, **{id: array})``), and a text file with one
+    ``<id> <transcript>`` line per utterance. The character set is given as ``chars`` or collected
+    from the training transcripts (sorted).
+
+    Args:
+        train_features, train_transcripts, val_features, val_transcripts: paths.
+        test_features, test_transcripts: optional; default to the validation split.
+        chars: the characters of the vocabulary (a string), or ``None`` to collect them.
+    """
+
+    def __init__(
+        self,
+        train_features: str,
+        train_transcripts: str,
+        val_features: str,
+        val_transcripts: str,
+        test_features: str | None = None,
+        test_transcripts: str | None = None,
+        chars: str | None = None,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+    ):
+        super().__init__(batch_size, num_workers, eval_batch_size)
+        self.save_hyperparameters()
+        self.paths = dict(
+            train=(train_features, train_transcripts),
+            val=(val_features, val_transcripts),
+            test=(test_features or val_features, test_transcripts or val_transcripts),
+        )
+        self._chars = chars
+        self.train_set = _load_split(*self.paths["train"])
+        self.feature_dim = int(self.train_set.features[0].shape[1])
+
+    @property
+    def chars(self) -> str:
+        if self._chars is None:
+            self._chars = "".join(sorted(set("".join(self.train_set.texts))))
+        return self._chars
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.val_set is None:
+            self.val_set = _load_split(*self.paths["val"])
+            self.test_set = _load_split(*self.paths["test"])

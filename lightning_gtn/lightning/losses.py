@@ -1,0 +1,183 @@
+"""The thin adapter between the Lightning layer and the loss modules of :mod:`lightning_gtn.nn`.
+
+The Lightning layer never touches graphs. It needs three things from a loss, which
+:class:`LossAdapter` provides: the loss value for a padded batch, the vocabulary convention
+(blank or not, repeat token or not), and Viterbi decoding of emissions into label paths.
+
+A loss is given as
+
+* a name of a built-in loss (``"ctc"``, ``"asg"``, ``"seq"``),
+* a config mapping with ``_target_`` naming an ``nn.Module`` class (what ``conf/loss/*.yaml``
+  holds); the optional key ``vocabulary`` (``{blank: bool, repeat_label: bool}``) states the
+  convention for classes the adapter does not know and is not passed to the class; ``num_classes``
+  is filled in when the class accepts it;
+* or an ``nn.Module`` instance (then pass ``blank`` / ``repeat_label`` to :func:`build_loss`).
+
+Every loss module is called as ``module(emissions (B, T, C), targets (B, S), input_lengths (B,),
+target_lengths (B,))`` and returns a scalar.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lightning_gtn import functional as LF
+
+from .vocabulary import Vocabulary
+
+__all__ = ["LossAdapter", "LossConvention", "build_loss", "BUILTIN_LOSSES"]
+
+#: Built-in loss names and their module classes.
+BUILTIN_LOSSES = {
+    "ctc": "lightning_gtn.nn.CTCLoss",
+    "asg": "lightning_gtn.nn.ASGLoss",
+    "seq": "lightning_gtn.nn.SequenceLoss",
+}
+
+
+@dataclass(frozen=True)
+class LossConvention:
+    """How targets are encoded for a loss: a blank at id 0, or a repeat token."""
+
+    blank: bool
+    repeat_label: bool = False
+
+
+# Known classes by name (so that user subclasses inherit the convention through the MRO).
+_CONVENTIONS = {
+    "CTCLoss": LossConvention(blank=True),
+    "ASGLoss": LossConvention(blank=False, repeat_label=True),
+    "SequenceLoss": LossConvention(blank=False, repeat_label=True),
+}
+
+
+def _convention_of(cls: type, override: Mapping | None) -> LossConvention:
+    if override is not None:
+        return LossConvention(bool(override.get("blank", False)), bool(override.get("repeat_label", False)))
+    conv = getattr(cls, "token_convention", None)
+    if isinstance(conv, LossConvention):
+        return conv
+    for klass in cls.__mro__:
+        if klass.__name__ in _CONVENTIONS:
+            return _CONVENTIONS[klass.__name__]
+    raise ValueError(
+        f"loss: do not know whether {cls.__module__}.{cls.__qualname__} uses a blank; add "
+        "'vocabulary: {blank: true|false, repeat_label: true|false}' to the loss config"
+    )
+
+
+def _import(path: str) -> type:
+    from hydra.utils import get_class
+
+    try:
+        return get_class(path)
+    except Exception as e:  # hydra raises ImportError / ValueError variants
+        raise ValueError(f"loss._target_: cannot import {path!r} ({e})") from e
+
+
+class LossAdapter(nn.Module):
+    """Wraps a loss module; its parameters (e.g. ASG transitions) become the model's parameters.
+
+    Args:
+        module: the loss ``nn.Module`` (called as described in the module docstring).
+        convention: the target convention of that loss.
+    """
+
+    def __init__(self, module: nn.Module, convention: LossConvention):
+        super().__init__()
+        self.module = module
+        self.convention = convention
+
+    def forward(self, emissions, input_lengths, targets, target_lengths) -> torch.Tensor:
+        """Loss of a padded batch.
+
+        Args:
+            emissions: ``(B, T, C)`` on any device; low-precision inputs are scored in float32.
+            input_lengths: ``(B,)`` int64 valid frames per example.
+            targets: ``(B, S)`` int64 padded target ids; target_lengths ``(B,)`` int64.
+        """
+        if emissions.dtype in (torch.float16, torch.bfloat16):
+            emissions = emissions.float()
+        return self.module(emissions, targets, input_lengths, target_lengths)
+
+    def transitions(self) -> torch.Tensor | None:
+        """The loss's transition scores if it has any (used by Viterbi decoding)."""
+        t = getattr(self.module, "transitions", None)
+        return t if isinstance(t, torch.Tensor) else None
+
+    @torch.no_grad()
+    def viterbi_paths(self, emissions: torch.Tensor, input_lengths: torch.Tensor) -> list[list[int]]:
+        """Best frame-level label path per example (lists of length ``input_lengths[b]``)."""
+        emissions = emissions.detach().float()
+        paths = LF.viterbi(emissions, input_lengths, transitions=self.transitions())
+        return [[int(x) for x in p] for p in paths]
+
+
+def build_loss(
+    loss,
+    chars: str | Vocabulary,
+    blank: bool | None = None,
+    repeat_label: bool | None = None,
+) -> tuple[LossAdapter, Vocabulary]:
+    """Builds the loss adapter and the vocabulary that matches the loss's convention.
+
+    Args:
+        loss: a built-in name, a config mapping with ``_target_``, or an ``nn.Module``.
+        chars: the characters (a string), or a ready :class:`Vocabulary` (used as is).
+        blank, repeat_label: the convention of an ``nn.Module`` instance the adapter does not know.
+
+    Returns:
+        ``(adapter, vocabulary)``.
+    """
+    from hydra.utils import instantiate
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(loss, str):
+        if loss not in BUILTIN_LOSSES:
+            raise ValueError(f"loss: unknown name {loss!r}; choose from {sorted(BUILTIN_LOSSES)}")
+        loss = {"_target_": BUILTIN_LOSSES[loss]}
+    if isinstance(loss, DictConfig):
+        loss = OmegaConf.to_container(loss, resolve=True)
+    override = {"blank": blank, "repeat_label": repeat_label} if blank is not None else None
+
+    if isinstance(loss, nn.Module):
+        conv = _convention_of(type(loss), override)
+        module = loss
+    elif isinstance(loss, Mapping):
+        cfg = dict(loss)
+        if "_target_" not in cfg:
+            raise ValueError(f"loss: config needs a '_target_' naming the loss class, got keys {sorted(cfg)}")
+        cfg_override = cfg.pop("vocabulary", None)
+        cls = _import(cfg["_target_"])
+        conv = _convention_of(cls, cfg_override if cfg_override is not None else override)
+        module = None
+    else:
+        raise TypeError(f"loss must be a name, a config mapping or an nn.Module, got {type(loss)}")
+
+    if isinstance(chars, Vocabulary):
+        vocab = chars
+        if vocab.blank != conv.blank or vocab.repeat_label != conv.repeat_label:
+            raise ValueError(
+                f"vocabulary {vocab!r} does not match the loss convention {conv} "
+                "(pass the characters instead and let build_loss make the vocabulary)"
+            )
+    else:
+        vocab = Vocabulary(chars, blank=conv.blank, repeat_label=conv.repeat_label)
+
+    if module is None:
+        try:
+            params = inspect.signature(cls).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if "num_classes" in params and "num_classes" not in cfg:
+            cfg["num_classes"] = vocab.num_classes
+        try:
+            module = instantiate(cfg)
+        except Exception as e:
+            raise ValueError(f"loss: cannot build {cfg['_target_']} from {cfg}: {e}") from e
+    return LossAdapter(module, conv), vocab

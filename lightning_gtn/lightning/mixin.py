@@ -1,0 +1,217 @@
+"""``StructuredLossMixin``: training, evaluation and decoding steps for LightningModules whose
+``forward`` returns emissions.
+
+Usage::
+
+    class MyModel(StructuredLossMixin, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = ...
+            self.configure_structured_loss("ctc", chars="0123456789 ")
+
+        def forward(self, inputs, input_lengths):
+            return emissions, output_lengths   # (B, T, C), (B,)
+
+Batches are dicts with ``inputs`` ``(B, T, F)``, ``input_lengths`` ``(B,)`` and either ``texts``
+(list of B strings, encoded by the vocabulary) or ``targets`` ``(B, S)`` and ``target_lengths``
+``(B,)`` (plus optional ``texts`` for the metrics). Override :meth:`unpack_batch` for other
+layouts, or any ``*_step``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.text import CharErrorRate, WordErrorRate
+
+from .losses import LossAdapter, build_loss
+from .vocabulary import Vocabulary
+
+__all__ = ["StructuredLossMixin"]
+
+
+def _as_factory(spec, what: str) -> Callable | None:
+    """A Hydra config with ``_partial_: true`` or a callable -> callable; ``None`` -> ``None``."""
+    if spec is None or callable(spec):
+        return spec
+    from hydra.utils import instantiate
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(spec, DictConfig):
+        spec = OmegaConf.to_container(spec, resolve=True)
+    if not isinstance(spec, Mapping) or "_target_" not in spec:
+        raise ValueError(f"{what}: expected a config with '_target_' and '_partial_: true', got {spec!r}")
+    spec = dict(spec)
+    spec.setdefault("_partial_", True)
+    try:
+        return instantiate(spec)
+    except Exception as e:
+        raise ValueError(f"{what}: cannot build {spec.get('_target_')}: {e}") from e
+
+
+class StructuredLossMixin:
+    """Adds a structured loss, Viterbi decoding, CER/WER and default optimizers to a
+    ``LightningModule``. Put it first in the bases: ``class M(StructuredLossMixin, L.LightningModule)``.
+
+    Call :meth:`configure_structured_loss` in ``__init__`` after ``super().__init__()``.
+
+    Logged: ``train/loss`` (per step and epoch), ``val/loss``, ``val/cer``, ``val/wer`` and the
+    same under ``test/``. Metrics are torchmetrics states reduced by sum across processes, so
+    multi-process validation gives the single-process figures.
+    """
+
+    structured_loss: LossAdapter
+    vocabulary: Vocabulary
+
+    def configure_structured_loss(
+        self,
+        loss,
+        chars: str | Vocabulary,
+        optimizer=None,
+        scheduler=None,
+        scheduler_interval: str = "epoch",
+        blank: bool | None = None,
+        repeat_label: bool | None = None,
+    ) -> None:
+        """Sets up the loss, the vocabulary, the metrics and the optimizer factory.
+
+        Args:
+            loss: a built-in name (``"ctc"``, ``"asg"``, ``"seq"``), a config mapping with
+                ``_target_`` (as in ``conf/loss``), or an ``nn.Module`` loss.
+            chars: characters of the vocabulary (a string) or a :class:`Vocabulary` matching
+                the loss's convention.
+            optimizer: a callable ``params -> Optimizer`` or a config with ``_target_``
+                (``_partial_`` is implied); default Adam with lr 3e-3.
+            scheduler: a callable ``optimizer -> LRScheduler`` or such a config; optional.
+            scheduler_interval: ``"epoch"`` or ``"step"``.
+            blank, repeat_label: the convention of a loss module the adapter does not know.
+        """
+        self.structured_loss, self.vocabulary = build_loss(loss, chars, blank, repeat_label)
+        self._optimizer_factory = _as_factory(optimizer, "optim.optimizer")
+        self._scheduler_factory = _as_factory(scheduler, "optim.scheduler")
+        self._scheduler_interval = scheduler_interval
+        self.val_cer, self.val_wer = CharErrorRate(), WordErrorRate()
+        self.test_cer, self.test_wer = CharErrorRate(), WordErrorRate()
+        self.val_loss_mean, self.test_loss_mean = MeanMetric(), MeanMetric()
+
+    @property
+    def num_classes(self) -> int:
+        """``C``, the emission classes the model must output."""
+        return self.vocabulary.num_classes
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, stage: str) -> None:
+        # Fresh metric states in every process: with ddp_spawn on a CPU the spawned copies would
+        # otherwise start from the parent's (shared-memory) states.
+        for m in self._metrics():
+            m.reset()
+        parent = getattr(super(), "setup", None)
+        if parent is not None:
+            parent(stage)
+
+    def _metrics(self):
+        return [self.val_cer, self.val_wer, self.test_cer, self.test_wer, self.val_loss_mean, self.test_loss_mean]
+
+    # ------------------------------------------------------------------ building blocks
+    def unpack_batch(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list | None]:
+        """Batch -> ``(inputs, input_lengths, targets, target_lengths, texts)``."""
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                "StructuredLossMixin expects dict batches with 'inputs', 'input_lengths' and "
+                "'texts' or 'targets'/'target_lengths'; override unpack_batch for other layouts"
+            )
+        inputs, input_lengths = batch["inputs"], batch["input_lengths"]
+        texts = batch.get("texts")
+        if "targets" in batch:
+            targets, target_lengths = batch["targets"], batch["target_lengths"]
+        elif texts is not None:
+            targets, target_lengths = self.vocabulary.batch_encode(texts)
+        else:
+            raise KeyError("batch has neither 'targets' nor 'texts'")
+        return inputs, input_lengths, targets, target_lengths, texts
+
+    def emissions(self, inputs: torch.Tensor, input_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Calls ``self(inputs, input_lengths)``; a bare tensor output means all frames are valid."""
+        out = self(inputs, input_lengths)
+        if isinstance(out, torch.Tensor):
+            B, T = out.shape[:2]
+            return out, torch.full((B,), T, dtype=torch.long, device=out.device)
+        emissions, lengths = out
+        if emissions.ndim != 3:
+            raise ValueError(f"forward must return emissions (B, T, C), got shape {tuple(emissions.shape)}")
+        if emissions.shape[-1] != self.num_classes:
+            raise ValueError(
+                f"forward returned {emissions.shape[-1]} classes but the vocabulary has "
+                f"{self.num_classes} ({self.vocabulary!r})"
+            )
+        return emissions, lengths.to(device=emissions.device, dtype=torch.long)
+
+    def compute_loss(self, emissions, emission_lengths, targets, target_lengths) -> torch.Tensor:
+        """The configured structured loss of a batch (a scalar)."""
+        dev = emissions.device
+        return self.structured_loss(
+            emissions, emission_lengths, targets.to(dev, torch.long), target_lengths.to(dev, torch.long)
+        )
+
+    def viterbi_paths(self, emissions, emission_lengths) -> list[list[int]]:
+        """Best frame-level label path of each example."""
+        return self.structured_loss.viterbi_paths(emissions, emission_lengths)
+
+    def decode(self, emissions, emission_lengths) -> list[str]:
+        """Viterbi decoding to strings."""
+        return [self.vocabulary.decode_path(p) for p in self.viterbi_paths(emissions, emission_lengths)]
+
+    # ------------------------------------------------------------------ steps
+    def training_step(self, batch, batch_idx):
+        inputs, input_lengths, targets, target_lengths, _ = self.unpack_batch(batch)
+        emissions, lengths = self.emissions(inputs, input_lengths)
+        loss = self.compute_loss(emissions, lengths, targets, target_lengths)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True,
+                 batch_size=inputs.shape[0], sync_dist=True)
+        return loss
+
+    def _eval_step(self, batch, prefix: str):
+        inputs, input_lengths, targets, target_lengths, texts = self.unpack_batch(batch)
+        emissions, lengths = self.emissions(inputs, input_lengths)
+        loss = self.compute_loss(emissions, lengths, targets, target_lengths)
+        if texts is None:
+            texts = [self.vocabulary.decode_tokens(t[: int(n)].tolist()) for t, n in zip(targets, target_lengths)]
+        preds = self.decode(emissions, lengths)
+        cer, wer, mean = (
+            (self.val_cer, self.val_wer, self.val_loss_mean) if prefix == "val"
+            else (self.test_cer, self.test_wer, self.test_loss_mean)
+        )
+        cer.update(preds, texts)
+        wer.update(preds, texts)
+        mean.update(loss.detach().float(), weight=inputs.shape[0])
+        bs = inputs.shape[0]
+        self.log(f"{prefix}/loss", mean, on_step=False, on_epoch=True, prog_bar=True, batch_size=bs)
+        self.log(f"{prefix}/cer", cer, on_step=False, on_epoch=True, prog_bar=True, batch_size=bs)
+        self.log(f"{prefix}/wer", wer, on_step=False, on_epoch=True, batch_size=bs)
+        return {"loss": loss.detach(), "preds": preds, "texts": texts}
+
+    def validation_step(self, batch, batch_idx):
+        return self._eval_step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        return self._eval_step(batch, "test")
+
+    def predict_step(self, batch, batch_idx, dataloader_idx: int = 0) -> list[str]:
+        inputs, input_lengths = batch["inputs"], batch["input_lengths"]
+        emissions, lengths = self.emissions(inputs, input_lengths)
+        return self.decode(emissions, lengths)
+
+    # ------------------------------------------------------------------ optimizers
+    def configure_optimizers(self):
+        factory = self._optimizer_factory or (lambda params: torch.optim.Adam(params, lr=3e-3))
+        optimizer = factory(self.parameters())
+        if self._scheduler_factory is None:
+            return optimizer
+        scheduler = self._scheduler_factory(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": self._scheduler_interval, "monitor": "val/loss"},
+        }
