@@ -1,0 +1,897 @@
+"""The batched forward-backward dynamic programme over criterion graphs and dense emissions.
+
+For example ``e`` with graph ``g``, emission row ``b`` and length ``T``::
+
+    alpha_0[n]     = 0 for the start nodes of g, -inf elsewhere, then the epsilon closure
+    alpha_{t+1}[d] = logsumexp over emitting arcs a = (s -> d, label l, weight w) of
+                     alpha_t[s] + w + emissions[b, t, l], then the epsilon closure
+    log Z          = logsumexp over accept nodes n of alpha_T[n]
+
+The epsilon closure of a frame visits the nodes with incoming epsilon arcs in a topological
+order of the epsilon subgraph. The backward pass runs the same recursion from the accept nodes
+(``beta``) and turns each arc's occupancy ``exp(alpha_t[s] + w + emissions[b, t, l] +
+beta_{t+1}[d] - log Z)`` into the gradient of ``log Z`` with respect to the emissions (summed per
+``(t, l)``) and the arc weights (summed over ``t``). In the max semiring (``use_max``) the same
+code gives Viterbi scores.
+
+Two implementations share one interface:
+
+* ``"numba"`` (CPU tensors): compiled kernels, one example at a time, each node grouping its
+  incoming arcs so that it costs one max, one exp per arc and one log; batch chunks run on the
+  engine's bounded thread pool (the kernels release the GIL).
+* ``"torch"`` (any device; the default off the CPU): padded ``(E, S, K)`` incoming-arc tables,
+  one gather + logsumexp per frame for all examples at once; occupancies in bulk at the end.
+
+Only the forward stores state (the alphas); the backward is written by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+from numba import njit
+
+from ..wfst.parallel import get_num_threads, parallel_map
+from ._graphs import GraphBatch
+
+NEG_INF = -math.inf
+
+
+# ---------------------------------------------------------------------------
+# numba kernels
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _eps_forward(alpha, r, g, w, src, eps_node_off, eps_nodes, eps_off, eps_arc, buf, use_max):
+    for i in range(eps_node_off[g], eps_node_off[g + 1]):
+        n = eps_nodes[i]
+        cur = alpha[r + n]
+        m = cur
+        k0 = eps_off[i]
+        k1 = eps_off[i + 1]
+        for k in range(k0, k1):
+            a = eps_arc[k]
+            v = alpha[r + src[a]] + w[a]
+            buf[k - k0] = v
+            if not v <= m:
+                m = v
+        if m == NEG_INF or use_max:
+            alpha[r + n] = m
+            continue
+        s = math.exp(cur - m)
+        for k in range(k1 - k0):
+            s += math.exp(buf[k] - m)
+        alpha[r + n] = m + math.log(s)
+
+
+@njit(cache=True, nogil=True)
+def _forward_kernel(
+    e0, e1, ex_graph, ex_row, ex_len, alpha_off, E, w, src, label,
+    node_off, in_off, in_arc, start_off, start, accept_off, accept,
+    eps_node_off, eps_nodes, eps_off, eps_arc, alpha, logz, max_in, use_max,
+):
+    buf = np.empty(max(max_in, 1), dtype=alpha.dtype)
+    for e in range(e0, e1):
+        g = ex_graph[e]
+        b = ex_row[e]
+        T = ex_len[e]
+        n0 = node_off[g]
+        S = node_off[g + 1] - n0
+        base = alpha_off[e]
+        for n in range(S):
+            alpha[base + n] = NEG_INF
+        for k in range(start_off[g], start_off[g + 1]):
+            alpha[base + start[k]] = 0.0
+        _eps_forward(alpha, base, g, w, src, eps_node_off, eps_nodes, eps_off, eps_arc, buf, use_max)
+        for t in range(T):
+            prev = base + t * S
+            cur = prev + S
+            for n in range(S):
+                k0 = in_off[n0 + n]
+                k1 = in_off[n0 + n + 1]
+                m = NEG_INF
+                for k in range(k0, k1):
+                    a = in_arc[k]
+                    v = alpha[prev + src[a]] + w[a] + E[b, t, label[a]]
+                    buf[k - k0] = v
+                    if not v <= m:  # NaN-propagating max
+                        m = v
+                if m == NEG_INF or use_max:
+                    alpha[cur + n] = m
+                    continue
+                s = 0.0
+                for k in range(k1 - k0):
+                    s += math.exp(buf[k] - m)
+                alpha[cur + n] = m + math.log(s)
+            _eps_forward(alpha, cur, g, w, src, eps_node_off, eps_nodes, eps_off, eps_arc, buf, use_max)
+        last = base + T * S
+        m = NEG_INF
+        for k in range(accept_off[g], accept_off[g + 1]):
+            v = alpha[last + accept[k]]
+            if not v <= m:
+                m = v
+        if m == NEG_INF or use_max:
+            logz[e] = m
+        else:
+            s = 0.0
+            for k in range(accept_off[g], accept_off[g + 1]):
+                s += math.exp(alpha[last + accept[k]] - m)
+            logz[e] = m + math.log(s)
+
+
+@njit(cache=True, nogil=True)
+def _eps_backward(beta, alpha, ar, g, w, dst, eps_node_off, eps_nodes, eps_off, eps_arc,
+                  buf, lz, coef, gw, need_w):
+    for i in range(eps_node_off[g], eps_node_off[g + 1]):
+        n = eps_nodes[i]
+        cur = beta[n]
+        m = cur
+        k0 = eps_off[i]
+        k1 = eps_off[i + 1]
+        for k in range(k0, k1):
+            a = eps_arc[k]
+            v = w[a] + beta[dst[a]]
+            buf[k - k0] = v
+            if not v <= m:
+                m = v
+        if m == NEG_INF:
+            continue
+        s = math.exp(cur - m)
+        for k in range(k1 - k0):
+            ev = math.exp(buf[k] - m)
+            buf[k] = ev
+            s += ev
+        beta[n] = m + math.log(s)
+        if need_w:
+            f = math.exp(alpha[ar + n] + m - lz) * coef
+            if f != 0.0:
+                for k in range(k0, k1):
+                    gw[eps_arc[k]] += f * buf[k - k0]
+
+
+@njit(cache=True, nogil=True)
+def _backward_kernel(
+    e0, e1, ex_graph, ex_row, ex_len, ex_coef, alpha_off, E, w, dst, label,
+    node_off, out_off, out_arc, accept_off, accept,
+    eps_node_off, eps_nodes, eps_off, eps_arc, alpha, logz, max_nodes, max_out,
+    gE, gw, need_e, need_w,
+):
+    buf = np.empty(max(max_out, 1), dtype=alpha.dtype)
+    beta_a = np.empty(max(max_nodes, 1), dtype=alpha.dtype)
+    beta_b = np.empty(max(max_nodes, 1), dtype=alpha.dtype)
+    for e in range(e0, e1):
+        coef = ex_coef[e]
+        lz = logz[e]
+        if coef == 0.0 or lz == NEG_INF:
+            continue
+        g = ex_graph[e]
+        b = ex_row[e]
+        T = ex_len[e]
+        n0 = node_off[g]
+        S = node_off[g + 1] - n0
+        base = alpha_off[e]
+        nxt = beta_a
+        cur = beta_b
+        for n in range(S):
+            nxt[n] = NEG_INF
+        for k in range(accept_off[g], accept_off[g + 1]):
+            nxt[accept[k]] = 0.0
+        _eps_backward(nxt, alpha, base + T * S, g, w, dst, eps_node_off, eps_nodes, eps_off,
+                      eps_arc, buf, lz, coef, gw, need_w)
+        for t in range(T - 1, -1, -1):
+            ar = base + t * S
+            for n in range(S):
+                k0 = out_off[n0 + n]
+                k1 = out_off[n0 + n + 1]
+                m = NEG_INF
+                for k in range(k0, k1):
+                    a = out_arc[k]
+                    v = w[a] + E[b, t, label[a]] + nxt[dst[a]]
+                    buf[k - k0] = v
+                    if not v <= m:
+                        m = v
+                if m == NEG_INF:
+                    cur[n] = m
+                    continue
+                s = 0.0
+                for k in range(k1 - k0):
+                    ev = math.exp(buf[k] - m)
+                    buf[k] = ev
+                    s += ev
+                cur[n] = m + math.log(s)
+                f = math.exp(alpha[ar + n] + m - lz) * coef
+                if f != 0.0:
+                    for k in range(k0, k1):
+                        a = out_arc[k]
+                        o = f * buf[k - k0]
+                        if need_e:
+                            gE[b, t, label[a]] += o
+                        if need_w:
+                            gw[a] += o
+            _eps_backward(cur, alpha, ar, g, w, dst, eps_node_off, eps_nodes, eps_off,
+                          eps_arc, buf, lz, coef, gw, need_w)
+            tmp = nxt
+            nxt = cur
+            cur = tmp
+
+
+@njit(cache=True, nogil=True)
+def _viterbi_backtrack(e, ex_graph, ex_row, ex_len, alpha_off, E, w, src, label,
+                       node_off, in_off, in_arc, accept_off, accept,
+                       eps_node_off, eps_nodes, eps_off, eps_arc, alpha, out_labels):
+    """Frame labels of the best path of example ``e`` (after a max-semiring forward)."""
+    g = ex_graph[e]
+    b = ex_row[e]
+    T = ex_len[e]
+    n0 = node_off[g]
+    S = node_off[g + 1] - n0
+    base = alpha_off[e]
+    last = base + T * S
+    best = -1
+    m = NEG_INF
+    for k in range(accept_off[g], accept_off[g + 1]):
+        v = alpha[last + accept[k]]
+        if best < 0 or v > m:
+            m = v
+            best = accept[k]
+    if best < 0 or m == NEG_INF:
+        return False
+    n = best
+    t = T
+    while True:
+        r = base + t * S
+        # follow epsilon arcs backwards while one of them explains the score
+        moved = True
+        while moved:
+            moved = False
+            for i in range(eps_node_off[g], eps_node_off[g + 1]):
+                if eps_nodes[i] != n:
+                    continue
+                for k in range(eps_off[i], eps_off[i + 1]):
+                    a = eps_arc[k]
+                    if alpha[r + src[a]] + w[a] == alpha[r + n] and alpha[r + n] != NEG_INF:
+                        n = src[a]
+                        moved = True
+                        break
+                break
+        if t == 0:
+            return True
+        prev = r - S
+        bestv = NEG_INF
+        besta = -1
+        for k in range(in_off[n0 + n], in_off[n0 + n + 1]):
+            a = in_arc[k]
+            v = alpha[prev + src[a]] + w[a] + E[b, t - 1, label[a]]
+            if besta < 0 or v > bestv:
+                bestv = v
+                besta = a
+        if besta < 0:
+            return False
+        out_labels[t - 1] = label[besta]
+        n = src[besta]
+        t -= 1
+
+
+@njit(cache=True, nogil=True)
+def _fused_kernel(
+    e0, e1, ex_graph, ex_row, ex_len, ex_sign, E, w, src, dst,
+    node_off, arc_off, in_off, in_arc, in_src, in_lp, out_off, out_arc, out_dst, out_lp,
+    start_off, start, accept_off, accept,
+    ein_node_off, ein_nodes, ein_off, ein_arc, eout_node_off, eout_nodes, eout_off, eout_arc,
+    lab_off, labs, logz, flag, gE, need_e, tol,
+):
+    """Scaled linear-domain forward-backward with the emission gradient, per example.
+
+    alpha and beta are float64 vectors normalised to max 1 per frame plus a log scale, so
+    nothing is exponentiated per arc: only each used label once per frame. Underflow can
+    silently drop paths, so the result is verified: at every frame the occupancies of the
+    emitting arcs must sum to 1 (every path crosses a frame on exactly one emitting arc).
+    Examples that fail (or meet -inf/NaN emissions, large weights, no path) keep
+    ``flag = 1`` and get nothing written; the caller scores them with the log-domain kernels.
+    """
+    for e in range(e0, e1):
+        g = ex_graph[e]
+        b = ex_row[e]
+        T = ex_len[e]
+        sign = ex_sign[e]
+        n0 = node_off[g]
+        S = node_off[g + 1] - n0
+        a0 = arc_off[g]
+        k0 = in_off[n0]
+        nk = in_off[n0 + S] - k0
+        flag[e] = 1
+        if T == 0:
+            continue
+        ok = True
+        ew_all = np.empty(arc_off[g + 1] - a0)
+        for a in range(a0, arc_off[g + 1]):
+            if not abs(w[a]) <= 30.0:
+                ok = False
+            ew_all[a - a0] = math.exp(w[a])
+        if not ok:
+            continue
+        ew_in = np.empty(nk)
+        ew_out = np.empty(nk)
+        for k in range(nk):
+            ew_in[k] = ew_all[in_arc[k0 + k] - a0]
+            ew_out[k] = ew_all[out_arc[k0 + k] - a0]
+        l0 = lab_off[g]
+        nl = lab_off[g + 1] - l0
+        P = np.empty((T, nl))  # exp(emission - frame max) of the used labels
+        mxs = np.empty(T)
+        A = np.zeros((T + 1) * S)
+        ls = np.empty(T + 1)
+        for k in range(start_off[g], start_off[g + 1]):
+            A[start[k]] = 1.0
+        for i in range(ein_node_off[g], ein_node_off[g + 1]):
+            n = ein_nodes[i]
+            for k in range(ein_off[i], ein_off[i + 1]):
+                a = ein_arc[k]
+                A[n] += A[src[a]] * ew_all[a - a0]
+        m = 0.0
+        for n in range(S):
+            if A[n] > m:
+                m = A[n]
+        if not m > 0.0:
+            continue
+        for n in range(S):
+            A[n] /= m
+        ls[0] = math.log(m)
+        for t in range(T):
+            mx = -math.inf
+            for i in range(nl):
+                v = E[b, t, labs[l0 + i]]
+                if v > mx:
+                    mx = v
+            if not (mx > -math.inf and mx < math.inf):
+                ok = False
+                break
+            for i in range(nl):
+                P[t, i] = math.exp(E[b, t, labs[l0 + i]] - mx)
+            mxs[t] = mx
+            prev = t * S
+            cur = prev + S
+            for n in range(S):
+                acc = 0.0
+                for k in range(in_off[n0 + n] - k0, in_off[n0 + n + 1] - k0):
+                    acc += A[prev + in_src[k0 + k]] * ew_in[k] * P[t, in_lp[k0 + k]]
+                A[cur + n] = acc
+            for i in range(ein_node_off[g], ein_node_off[g + 1]):
+                n = ein_nodes[i]
+                for k in range(ein_off[i], ein_off[i + 1]):
+                    a = ein_arc[k]
+                    A[cur + n] += A[cur + src[a]] * ew_all[a - a0]
+            m = 0.0
+            for n in range(S):
+                if A[cur + n] > m:
+                    m = A[cur + n]
+            if not (m > 0.0 and m < math.inf):
+                ok = False
+                break
+            inv = 1.0 / m
+            for n in range(S):
+                A[cur + n] *= inv
+            ls[t + 1] = ls[t] + math.log(m) + mx
+        if not ok:
+            continue
+        z = 0.0
+        last = T * S
+        for k in range(accept_off[g], accept_off[g + 1]):
+            z += A[last + accept[k]]
+        if not z > 0.0:
+            continue
+        lz = ls[T] + math.log(z)
+        # backward, with the occupancies of the emitting arcs (G: per frame and used label)
+        G = np.zeros((T, nl))
+        nxt = np.zeros(S)
+        cur_b = np.empty(S)
+        for k in range(accept_off[g], accept_off[g + 1]):
+            nxt[accept[k]] = 1.0
+        for i in range(eout_node_off[g], eout_node_off[g + 1]):
+            n = eout_nodes[i]
+            for k in range(eout_off[i], eout_off[i + 1]):
+                a = eout_arc[k]
+                nxt[n] += ew_all[a - a0] * nxt[dst[a]]
+        m = 0.0
+        for n in range(S):
+            if nxt[n] > m:
+                m = nxt[n]
+        for n in range(S):
+            nxt[n] /= m
+        lb = math.log(m)
+        for t in range(T - 1, -1, -1):
+            mx = mxs[t]
+            F = math.exp(ls[t] + mx + lb - lz)
+            total = 0.0
+            prev = t * S
+            for n in range(S):
+                acc = 0.0
+                an = A[prev + n] * F
+                for k in range(out_off[n0 + n] - k0, out_off[n0 + n + 1] - k0):
+                    j = out_lp[k0 + k]
+                    v = ew_out[k] * P[t, j] * nxt[out_dst[k0 + k]]
+                    acc += v
+                    G[t, j] += an * v
+                cur_b[n] = acc
+                total += an * acc
+            if not abs(total - 1.0) <= tol:
+                ok = False
+                break
+            for i in range(eout_node_off[g], eout_node_off[g + 1]):
+                n = eout_nodes[i]
+                for k in range(eout_off[i], eout_off[i + 1]):
+                    a = eout_arc[k]
+                    cur_b[n] += ew_all[a - a0] * cur_b[dst[a]]
+            m = 0.0
+            for n in range(S):
+                if cur_b[n] > m:
+                    m = cur_b[n]
+            if not (m > 0.0 and m < math.inf):
+                ok = False
+                break
+            inv = 1.0 / m
+            for n in range(S):
+                nxt[n] = cur_b[n] * inv
+            lb = lb + math.log(m) + mx
+        if not ok:
+            continue
+        flag[e] = 0
+        logz[e] = lz
+        if need_e:
+            for t in range(T):
+                for i in range(nl):
+                    gE[b, t, labs[l0 + i]] += sign * G[t, i]
+
+
+# ---------------------------------------------------------------------------
+# Problem set-up
+# ---------------------------------------------------------------------------
+
+
+class Problem:
+    """A batch of (graph, emission row, length) examples and what the passes need.
+
+    Args:
+        batch: the concatenated criterion graphs.
+        ex_graph: ``(N,)`` graph index of each example.
+        ex_row: ``(N,)`` emission row (batch index ``b``) of each example, non-decreasing.
+        ex_len: ``(N,)`` number of frames of each example.
+    """
+
+    def __init__(self, batch: GraphBatch, ex_graph, ex_row, ex_len) -> None:
+        self.batch = batch
+        self.ex_graph = np.ascontiguousarray(ex_graph, dtype=np.int64)
+        self.ex_row = np.ascontiguousarray(ex_row, dtype=np.int64)
+        self.ex_len = np.ascontiguousarray(ex_len, dtype=np.int64)
+        self.num_examples = len(self.ex_graph)
+        sizes = np.asarray(batch.num_nodes, dtype=np.int64)[self.ex_graph] if self.num_examples else np.zeros(0, np.int64)
+        self.ex_nodes = sizes
+        self.alpha_off = np.zeros(self.num_examples + 1, dtype=np.int64)
+        np.cumsum((self.ex_len + 1) * sizes, out=self.alpha_off[1:])
+
+    def chunks(self, threads: int):
+        """Example ranges of similar work, never splitting one emission row across chunks."""
+        N = self.num_examples
+        if N == 0:
+            return []
+        arcs = np.diff(self.batch.arc_off)[self.ex_graph] + 1
+        cost = (self.ex_len + 1) * (arcs + self.ex_nodes)
+        total = int(cost.sum())
+        if threads <= 1 or total < 200_000 or N == 1:
+            return [(0, N)]
+        cum = np.cumsum(cost)
+        row_end = np.nonzero(np.append(self.ex_row[1:] != self.ex_row[:-1], True))[0] + 1  # valid cut points
+        cuts = [0]
+        for i in range(1, threads):
+            target = total * i / threads
+            j = int(np.searchsorted(cum[row_end - 1], target))
+            if j < len(row_end):
+                c = int(row_end[j])
+                if c > cuts[-1] and c < N:
+                    cuts.append(c)
+        cuts.append(N)
+        return [(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().numpy()
+
+
+class State:
+    """What the forward keeps for the backward."""
+
+    __slots__ = ("problem", "alpha", "logz", "E", "w", "impl", "extra")
+
+
+def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, use_max: bool = False) -> State:
+    """Runs the alpha pass; returns a :class:`State` whose ``logz`` is ``(N,)`` on E's device.
+
+    Args:
+        problem: the examples.
+        E: ``(B, T, C)`` float32/float64 emissions (contiguous).
+        w: ``(num_arcs,)`` arc weights, E's dtype and device.
+        impl: ``"numba"`` (CPU only) or ``"torch"``.
+        use_max: the max (Viterbi) semiring instead of the log semiring.
+    """
+    st = State()
+    st.problem, st.E, st.w, st.impl, st.extra = problem, E, w, impl, None
+    if impl == "numba":
+        _numba_forward(st, use_max)
+    elif impl == "torch":
+        _torch_forward(st, use_max)
+    else:
+        raise ValueError(f"_impl must be 'numba' or 'torch', got {impl!r}")
+    return st
+
+
+def backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
+    """Gradient of ``sum_e coef[e] * logz[e]``: ``(grad_E (B, T, C) or None, grad_w (num_arcs,) or None)``."""
+    if st.impl == "numba":
+        return _numba_backward(st, coef, need_e, need_w)
+    return _torch_backward(st, coef, need_e, need_w)
+
+
+def _run_chunks(fn, chunks):
+    if len(chunks) <= 1:
+        for c in chunks:
+            fn(*c)
+        return
+    parallel_map(fn, [c[0] for c in chunks], [c[1] for c in chunks])
+
+
+def _numba_forward(st: State, use_max: bool) -> None:
+    p, bt = st.problem, st.problem.batch
+    E = st.E
+    dtype = E.dtype
+    alpha = torch.empty(int(p.alpha_off[-1]), dtype=dtype)
+    logz = torch.empty(p.num_examples, dtype=dtype)
+    En, wn, an, ln = _np(E), _np(st.w), _np(alpha), _np(logz)
+
+    def run(e0, e1):
+        _forward_kernel(
+            e0, e1, p.ex_graph, p.ex_row, p.ex_len, p.alpha_off, En, wn, bt.src, bt.label,
+            bt.node_off, bt.in_off, bt.in_arc, bt.start_off, bt.start, bt.accept_off, bt.accept,
+            bt.eps_in_node_off, bt.eps_in_nodes, bt.eps_in_off, bt.eps_in_arc, an, ln,
+            max(bt.max_in, bt.max_eps), use_max,
+        )
+
+    _run_chunks(run, p.chunks(get_num_threads()))
+    st.alpha = alpha
+    st.logz = logz
+
+
+def _numba_backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
+    p, bt = st.problem, st.problem.batch
+    E = st.E
+    gE = torch.zeros_like(E) if need_e else torch.zeros((1, 1, 1), dtype=E.dtype)
+    chunks = p.chunks(get_num_threads())
+    nw = bt.num_arcs if need_w else 1
+    gw = torch.zeros((max(len(chunks), 1), nw), dtype=E.dtype)
+    coefn = np.ascontiguousarray(coef.detach().cpu().numpy().astype(_np(E).dtype, copy=False))
+    En, wn, an, ln, gEn, gwn = _np(E), _np(st.w), _np(st.alpha), _np(st.logz), _np(gE), _np(gw)
+
+    def run(i, e0, e1):
+        _backward_kernel(
+            e0, e1, p.ex_graph, p.ex_row, p.ex_len, coefn, p.alpha_off, En, wn, bt.dst, bt.label,
+            bt.node_off, bt.out_off, bt.out_arc, bt.accept_off, bt.accept,
+            bt.eps_out_node_off, bt.eps_out_nodes, bt.eps_out_off, bt.eps_out_arc, an, ln,
+            bt.max_nodes, max(bt.max_out, bt.max_eps), gEn, gwn[i], need_e, need_w,
+        )
+
+    if len(chunks) <= 1:
+        for c in chunks:
+            run(0, *c)
+    else:
+        parallel_map(run, list(range(len(chunks))), [c[0] for c in chunks], [c[1] for c in chunks])
+    return (gE if need_e else None), (gw.sum(0) if need_w else None)
+
+
+class Subset(Problem):
+    """A view of some examples of a :class:`Problem` (same graphs, same alpha layout rules)."""
+
+    def __init__(self, problem: "Problem", idx: np.ndarray) -> None:
+        self.batch = problem.batch
+        self.ex_graph = problem.ex_graph[idx]
+        self.ex_row = problem.ex_row[idx]
+        self.ex_len = problem.ex_len[idx]
+        self.num_examples = len(idx)
+        self.ex_nodes = problem.ex_nodes[idx]
+        self.alpha_off = np.zeros(self.num_examples + 1, dtype=np.int64)
+        np.cumsum((self.ex_len + 1) * self.ex_nodes, out=self.alpha_off[1:])
+
+
+FUSED_TOL = 1e-6
+
+
+def fused(problem: "Problem", E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: bool):
+    """Scores and differentiates all examples at once (CPU, emission gradients only).
+
+    Returns ``(logz (N,), grad_E (B, T, C) or None)`` where ``grad_E`` holds
+    ``sum_e sign[e] * d logZ_e / dE``. Examples the scaled kernel cannot vouch for are redone
+    with the log-domain kernels.
+    """
+    p, bt = problem, problem.batch
+    dtype = E.dtype
+    N = p.num_examples
+    logz = np.zeros(N, dtype=np.float64)
+    flag = np.ones(N, dtype=np.int64)
+    gE = torch.zeros_like(E) if need_e else torch.zeros((1, 1, 1), dtype=dtype)
+    En, wn, gEn = _np(E), _np(w).astype(np.float64), _np(gE)
+    signn = np.ascontiguousarray(sign, dtype=np.float64)
+
+    def run(e0, e1):
+        _fused_kernel(
+            e0, e1, p.ex_graph, p.ex_row, p.ex_len, signn, En, wn, bt.src, bt.dst,
+            bt.node_off, bt.arc_off, bt.in_off, bt.in_arc, bt.in_src, bt.in_lp,
+            bt.out_off, bt.out_arc, bt.out_dst, bt.out_lp, bt.start_off, bt.start, bt.accept_off, bt.accept,
+            bt.eps_in_node_off, bt.eps_in_nodes, bt.eps_in_off, bt.eps_in_arc,
+            bt.eps_out_node_off, bt.eps_out_nodes, bt.eps_out_off, bt.eps_out_arc,
+            bt.lab_off, bt.labels, logz, flag, gEn, need_e, FUSED_TOL,
+        )
+
+    _run_chunks(run, p.chunks(get_num_threads()))
+    out = torch.from_numpy(logz).to(dtype)
+    bad = np.nonzero(flag)[0]
+    if len(bad):
+        sub = Subset(p, bad)
+        st = forward(sub, E, w, "numba")
+        out[torch.from_numpy(bad)] = st.logz
+        if need_e:
+            g, _ = backward(st, torch.from_numpy(signn[bad]), True, False)
+            gE += g
+    return out, (gE if need_e else None)
+
+
+def viterbi_labels(st: State) -> list:
+    """Frame labels of the best path of each example (numba state, max semiring), or None if none."""
+    p, bt = st.problem, st.problem.batch
+    if st.impl != "numba":
+        raise RuntimeError("viterbi_labels needs the numba state")
+    En, wn, an = _np(st.E), _np(st.w), _np(st.alpha)
+    out = []
+    for e in range(p.num_examples):
+        labels = np.full(int(p.ex_len[e]), -1, dtype=np.int64)
+        ok = _viterbi_backtrack(
+            e, p.ex_graph, p.ex_row, p.ex_len, p.alpha_off, En, wn, bt.src, bt.label,
+            bt.node_off, bt.in_off, bt.in_arc, bt.accept_off, bt.accept,
+            bt.eps_in_node_off, bt.eps_in_nodes, bt.eps_in_off, bt.eps_in_arc, an, labels,
+        )
+        out.append(labels if ok else None)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# torch implementation (any device)
+# ---------------------------------------------------------------------------
+
+
+class _Tables:
+    """Padded per-example tables on a device (built from a :class:`Problem`)."""
+
+    pass
+
+
+def _pad_table(node_of_entry: np.ndarray, entries: np.ndarray, cnt: np.ndarray, num_rows: int, K: int):
+    """``(num_rows + 1, K)`` table whose row r lists the entries of row r (-1 padded)."""
+    tab = np.full((num_rows + 1, max(K, 1)), -1, dtype=np.int64)
+    if len(entries):
+        starts = np.zeros(len(cnt), dtype=np.int64)
+        np.cumsum(cnt[:-1], out=starts[1:])
+        pos = np.arange(len(entries)) - np.repeat(starts, cnt)
+        tab[node_of_entry, pos] = entries
+    return tab
+
+
+def _build_tables(st: State) -> _Tables:
+    p, bt = st.problem, st.problem.batch
+    dev = st.E.device
+    N = int(bt.node_off[-1])
+    tb = _Tables()
+    Smax = max(int(p.ex_nodes.max(initial=0)), 1)
+    tb.Smax = Smax
+    # node index of each (example, local node) into the global node space; N = padding row
+    loc = np.arange(Smax)
+    gnode = bt.node_off[p.ex_graph][:, None] + loc[None, :]
+    gnode = np.where(loc[None, :] < p.ex_nodes[:, None], gnode, N)
+    node_graph = np.repeat(np.arange(len(bt.graphs)), np.diff(bt.node_off))
+
+    def table(off, arcs, K):
+        cnt = np.diff(off)
+        owner = np.repeat(np.arange(N), cnt)
+        return _pad_table(owner, arcs.astype(np.int64), cnt, N, K)[gnode]  # (Ne, Smax, K)
+
+    in_tab = table(bt.in_off, bt.in_arc, bt.max_in)
+    out_tab = table(bt.out_off, bt.out_arc, bt.max_out)
+    tb.in_arc = torch.from_numpy(np.maximum(in_tab, 0)).to(dev)
+    tb.in_mask = torch.from_numpy(in_tab >= 0).to(dev)
+    tb.in_src = torch.from_numpy(np.where(in_tab >= 0, bt.src[np.maximum(in_tab, 0)], 0).astype(np.int64)).to(dev)
+    tb.in_lab = torch.from_numpy(np.where(in_tab >= 0, bt.label[np.maximum(in_tab, 0)], 0).astype(np.int64)).to(dev)
+    tb.out_arc = torch.from_numpy(np.maximum(out_tab, 0)).to(dev)
+    tb.out_mask = torch.from_numpy(out_tab >= 0).to(dev)
+    tb.out_dst = torch.from_numpy(np.where(out_tab >= 0, bt.dst[np.maximum(out_tab, 0)], 0).astype(np.int64)).to(dev)
+    tb.out_lab = torch.from_numpy(np.where(out_tab >= 0, bt.label[np.maximum(out_tab, 0)], 0).astype(np.int64)).to(dev)
+    start = np.zeros(N + 1, dtype=bool)
+    accept = np.zeros(N + 1, dtype=bool)
+    gs = np.repeat(np.arange(len(bt.graphs)), np.diff(bt.start_off))
+    start[bt.node_off[gs] + bt.start] = True
+    ga = np.repeat(np.arange(len(bt.graphs)), np.diff(bt.accept_off))
+    accept[bt.node_off[ga] + bt.accept] = True
+    tb.start = torch.from_numpy(start[gnode]).to(dev)
+    tb.accept = torch.from_numpy(accept[gnode]).to(dev)
+    tb.has_eps = bt.has_eps
+    if bt.has_eps:
+        ein_cnt = np.zeros(N, dtype=np.int64)
+        eout_cnt = np.zeros(N, dtype=np.int64)
+        # global node of each eps-in / eps-out group
+        gin = node_graph_nodes(bt, "eps_in")
+        gout = node_graph_nodes(bt, "eps_out")
+        ein_cnt[gin] = np.diff(bt.eps_in_off)
+        eout_cnt[gout] = np.diff(bt.eps_out_off)
+        # reorder arc groups by global node id
+        order_in = np.argsort(gin, kind="stable")
+        order_out = np.argsort(gout, kind="stable")
+        ein_arcs = np.concatenate([bt.eps_in_arc[bt.eps_in_off[i] : bt.eps_in_off[i + 1]] for i in order_in]).astype(np.int64)
+        eout_arcs = np.concatenate([bt.eps_out_arc[bt.eps_out_off[i] : bt.eps_out_off[i + 1]] for i in order_out]).astype(np.int64)
+        ein_off = np.zeros(N + 1, dtype=np.int64)
+        np.cumsum(ein_cnt, out=ein_off[1:])
+        eout_off = np.zeros(N + 1, dtype=np.int64)
+        np.cumsum(eout_cnt, out=eout_off[1:])
+        etab_in = table(ein_off, ein_arcs, bt.max_eps)
+        etab_out = table(eout_off, eout_arcs, bt.max_eps)
+        # levels: forward (longest eps path into the node), backward (longest eps path out)
+        lin = np.zeros(N + 1, dtype=np.int64)
+        for i in range(len(gin)):  # groups are in topological order within each graph
+            n = gin[i]
+            a = bt.eps_in_arc[bt.eps_in_off[i] : bt.eps_in_off[i + 1]]
+            lin[n] = 1 + lin[bt.node_off[node_graph[n]] + bt.src[a]].max()
+        lout = np.zeros(N + 1, dtype=np.int64)
+        for i in range(len(gout)):
+            n = gout[i]
+            a = bt.eps_out_arc[bt.eps_out_off[i] : bt.eps_out_off[i + 1]]
+            lout[n] = 1 + lout[bt.node_off[node_graph[n]] + bt.dst[a]].max()
+        tb.eps_levels_in = int(lin.max())
+        tb.eps_levels_out = int(lout.max())
+        tb.lin = torch.from_numpy(lin[gnode]).to(dev)
+        tb.lout = torch.from_numpy(lout[gnode]).to(dev)
+        tb.ein_arc = torch.from_numpy(np.maximum(etab_in, 0)).to(dev)
+        tb.ein_mask = torch.from_numpy(etab_in >= 0).to(dev)
+        tb.ein_src = torch.from_numpy(np.where(etab_in >= 0, bt.src[np.maximum(etab_in, 0)], 0).astype(np.int64)).to(dev)
+        tb.eout_arc = torch.from_numpy(np.maximum(etab_out, 0)).to(dev)
+        tb.eout_mask = torch.from_numpy(etab_out >= 0).to(dev)
+        tb.eout_dst = torch.from_numpy(np.where(etab_out >= 0, bt.dst[np.maximum(etab_out, 0)], 0).astype(np.int64)).to(dev)
+    tb.rows = torch.from_numpy(p.ex_row).to(dev)
+    tb.lens = torch.from_numpy(p.ex_len).to(dev)
+    return tb
+
+
+def node_graph_nodes(bt: GraphBatch, kind: str) -> np.ndarray:
+    """Global node id of each epsilon group (``kind`` = ``"eps_in"`` or ``"eps_out"``)."""
+    node_off = getattr(bt, kind + "_node_off")
+    nodes = getattr(bt, kind + "_nodes").astype(np.int64)
+    g = np.repeat(np.arange(len(bt.graphs)), np.diff(node_off))
+    return bt.node_off[g] + nodes
+
+
+def _lse_last(x: torch.Tensor, use_max: bool) -> torch.Tensor:
+    if use_max:
+        return x.max(-1).values
+    return torch.logsumexp(x, -1)
+
+
+def _gather_nodes(vec: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``vec`` (Ne, S), ``idx`` (Ne, S, K) -> (Ne, S, K)."""
+    Ne, S, K = idx.shape
+    return vec.gather(1, idx.reshape(Ne, S * K)).reshape(Ne, S, K)
+
+
+def _eps_step_forward(alpha, tb, w, use_max):
+    ninf = torch.tensor(NEG_INF, dtype=alpha.dtype, device=alpha.device)
+    for lev in range(1, tb.eps_levels_in + 1):
+        cand = _gather_nodes(alpha, tb.ein_src) + w[tb.ein_arc]
+        cand = torch.where(tb.ein_mask, cand, ninf)
+        new = _lse_last(torch.cat([alpha.unsqueeze(-1), cand], -1), use_max)
+        alpha = torch.where(tb.lin == lev, new, alpha)
+    return alpha
+
+
+def _torch_forward(st: State, use_max: bool) -> None:
+    p = st.problem
+    tb = _build_tables(st)
+    st.extra = tb
+    E, w = st.E, st.w
+    dev, dtype = E.device, E.dtype
+    Ne = p.num_examples
+    T = int(p.ex_len.max(initial=0))
+    ninf = torch.tensor(NEG_INF, dtype=dtype, device=dev)
+    alpha = torch.where(tb.start, torch.zeros((), dtype=dtype, device=dev), ninf)
+    if tb.has_eps:
+        alpha = _eps_step_forward(alpha, tb, w, use_max)
+    alphas = torch.empty((Ne, T + 1, tb.Smax), dtype=dtype, device=dev)
+    alphas[:, 0] = alpha
+    Er = E[tb.rows] if Ne else E[:0]
+    Ne_, S, K = tb.in_src.shape
+    w_in = torch.where(tb.in_mask, w[tb.in_arc], ninf)
+    lab = tb.in_lab.reshape(Ne, S * K)
+    for t in range(T):
+        em = Er[:, t].gather(1, lab).reshape(Ne, S, K)
+        cand = torch.where(tb.in_mask, _gather_nodes(alpha, tb.in_src) + w_in + em, ninf)
+        new = _lse_last(cand, use_max)
+        if tb.has_eps:
+            new = _eps_step_forward(new, tb, w, use_max)
+        alpha = torch.where((t < tb.lens).unsqueeze(1), new, alpha)
+        alphas[:, t + 1] = alpha
+    final = torch.where(tb.accept, alpha, ninf)
+    st.logz = _lse_last(final, use_max) if Ne else torch.zeros(0, dtype=dtype, device=dev)
+    st.alpha = alphas
+
+
+def _torch_backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
+    p, tb = st.problem, st.extra
+    E, w, alphas, logz = st.E, st.w, st.alpha, st.logz
+    dev, dtype = E.device, E.dtype
+    Ne = p.num_examples
+    T = alphas.shape[1] - 1
+    ninf = torch.tensor(NEG_INF, dtype=dtype, device=dev)
+    coef = coef.to(device=dev, dtype=dtype)
+    valid = (logz != NEG_INF) & (coef != 0)
+    lz = torch.where(valid, logz, torch.zeros((), dtype=dtype, device=dev))
+    scale = torch.where(valid, coef, torch.zeros((), dtype=dtype, device=dev))
+
+    def eps_back(beta):
+        for lev in range(1, tb.eps_levels_out + 1):
+            cand = _gather_nodes(beta, tb.eout_dst) + w[tb.eout_arc]
+            cand = torch.where(tb.eout_mask, cand, ninf)
+            new = torch.logsumexp(torch.cat([beta.unsqueeze(-1), cand], -1), -1)
+            beta = torch.where(tb.lout == lev, new, beta)
+        return beta
+
+    beta_init = torch.where(tb.accept, torch.zeros((), dtype=dtype, device=dev), ninf)
+    if tb.has_eps:
+        beta_init = eps_back(beta_init)
+    betas = torch.empty_like(alphas)
+    betas[:, T] = beta_init
+    Er = E[tb.rows]
+    _, S, Ko = tb.out_dst.shape
+    w_out = torch.where(tb.out_mask, w[tb.out_arc], ninf)
+    lab_out = tb.out_lab.reshape(Ne, S * Ko)
+    beta = beta_init
+    for t in range(T - 1, -1, -1):
+        em = Er[:, t].gather(1, lab_out).reshape(Ne, S, Ko)
+        cand = torch.where(tb.out_mask, _gather_nodes(beta, tb.out_dst) + w_out + em, ninf)
+        new = torch.logsumexp(cand, -1)
+        if tb.has_eps:
+            new = eps_back(new)
+        beta = torch.where((t < tb.lens).unsqueeze(1), new, beta_init)
+        betas[:, t] = beta
+    # occupancies of emitting arcs, grouped by destination: (Ne, T, S, K)
+    _, S, K = tb.in_src.shape
+    w_in = torch.where(tb.in_mask, w[tb.in_arc], ninf)
+    a_src = alphas[:, :T].gather(2, tb.in_src.reshape(Ne, 1, S * K).expand(Ne, T, S * K)).reshape(Ne, T, S, K)
+    em = Er[:, :T].gather(2, tb.in_lab.reshape(Ne, 1, S * K).expand(Ne, T, S * K)).reshape(Ne, T, S, K)
+    tmask = (torch.arange(T, device=dev).unsqueeze(0) < tb.lens.unsqueeze(1)).reshape(Ne, T, 1, 1)
+    occ = torch.exp(a_src + w_in.unsqueeze(1) + em + betas[:, 1:].unsqueeze(-1) - lz.reshape(Ne, 1, 1, 1))
+    occ = torch.where(tmask & tb.in_mask.unsqueeze(1), occ, torch.zeros((), dtype=dtype, device=dev))
+    occ = occ * scale.reshape(Ne, 1, 1, 1)
+    gE = gw = None
+    if need_e:
+        gEe = torch.zeros((Ne, T, E.shape[2]), dtype=dtype, device=dev)
+        gEe.scatter_add_(2, tb.in_lab.reshape(Ne, 1, S * K).expand(Ne, T, S * K), occ.reshape(Ne, T, S * K))
+        gE = torch.zeros_like(E)
+        gE[:, :T].index_add_(0, tb.rows, gEe)
+    if need_w:
+        gw = torch.zeros(st.w.shape[0], dtype=dtype, device=dev)
+        gw.index_add_(0, tb.in_arc.reshape(-1), occ.sum(1).reshape(-1))
+        if tb.has_eps:
+            _, _, Ke = tb.ein_src.shape
+            a_e = alphas.gather(2, tb.ein_src.reshape(Ne, 1, S * Ke).expand(Ne, T + 1, S * Ke)).reshape(Ne, T + 1, S, Ke)
+            we = torch.where(tb.ein_mask, w[tb.ein_arc], ninf)
+            occe = torch.exp(a_e + we.unsqueeze(1) + betas.unsqueeze(-1) - lz.reshape(Ne, 1, 1, 1))
+            tm = (torch.arange(T + 1, device=dev).unsqueeze(0) <= tb.lens.unsqueeze(1)).reshape(Ne, T + 1, 1, 1)
+            occe = torch.where(tm & tb.ein_mask.unsqueeze(1), occe, torch.zeros((), dtype=dtype, device=dev))
+            occe = occe * scale.reshape(Ne, 1, 1, 1)
+            gw.index_add_(0, tb.ein_arc.reshape(-1), occe.sum(1).reshape(-1))
+    return gE, gw
