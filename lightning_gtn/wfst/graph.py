@@ -64,6 +64,7 @@ class _Structure:
 
     # -- arcs ---------------------------------------------------------------
     def num_arcs(self) -> int:
+        """The number of arcs."""
         if self._pending is None:
             return len(self._arrays[0])
         with _MERGE_LOCK:  # another thread may be merging the pending arcs right now
@@ -318,31 +319,40 @@ class Graph:
         return self._s.add_arc(src, dst, il, ol)
 
     def num_nodes(self) -> int:
+        """The number of nodes."""
         return self._s.num_nodes
 
     def num_arcs(self) -> int:
+        """The number of arcs."""
         return self._s.num_arcs()
 
     def num_start(self) -> int:
+        """The number of start nodes."""
         return len(self._s.start_ids)
 
     def num_accept(self) -> int:
+        """The number of accept nodes."""
         return len(self._s.accept_ids)
 
     # Accessors of GTN's C++ Graph, handy in Python too.
     def start(self) -> List[int]:
+        """The ids of the start nodes, in the order they became start nodes."""
         return list(self._s.start_ids)
 
     def accept(self) -> List[int]:
+        """The ids of the accept nodes, in the order they became accept nodes."""
         return list(self._s.accept_ids)
 
     def is_start(self, i: int) -> bool:
+        """Whether node ``i`` is a start node."""
         return self._s.start[_check_node(self, i, "node")]
 
     def is_accept(self, i: int) -> bool:
+        """Whether node ``i`` is an accept node."""
         return self._s.accept[_check_node(self, i, "node")]
 
     def make_accept(self, i: int) -> None:
+        """Makes node ``i`` an accept node (no-op if it already is)."""
         i = _check_node(self, i, "node")
         if not self._s.accept[i]:
             self._s.accept[i] = True
@@ -359,41 +369,51 @@ class Graph:
         return idx
 
     def srcnode(self, i: int) -> int:
+        """The source node of arc ``i``."""
         return int(self._s.arrays()[0][self._arc(i)])
 
     def dstnode(self, i: int) -> int:
+        """The destination node of arc ``i``."""
         return int(self._s.arrays()[1][self._arc(i)])
 
     def ilabel(self, i: int) -> int:
+        """The input label of arc ``i`` (``label`` is the same, for acceptors)."""
         return int(self._s.arrays()[2][self._arc(i)])
 
     def olabel(self, i: int) -> int:
+        """The output label of arc ``i``."""
         return int(self._s.arrays()[3][self._arc(i)])
 
     label = ilabel
 
     def weight(self, i: int) -> float:
+        """The weight of arc ``i``."""
         return float(self._weights()[self._arc(i)])
 
     def set_weight(self, i: int, weight: float) -> None:
+        """Sets the weight of arc ``i``."""
         self._weights()[self._arc(i)] = weight
 
     def in_arcs(self, i: int) -> List[int]:
+        """The ids of the arcs into node ``i`` (insertion order, or label order after ``arc_sort``)."""
         off, arcs, _, _ = self._s.csr()
         i = _check_node(self, i, "node")
         return arcs[off[i] : off[i + 1]].tolist()
 
     def out_arcs(self, i: int) -> List[int]:
+        """The ids of the arcs out of node ``i`` (insertion order, or label order after ``arc_sort``)."""
         _, _, off, arcs = self._s.csr()
         i = _check_node(self, i, "node")
         return arcs[off[i] : off[i + 1]].tolist()
 
     def num_in(self, i: int) -> int:
+        """The number of arcs into node ``i``."""
         off = self._s.csr()[0]
         i = _check_node(self, i, "node")
         return int(off[i + 1] - off[i])
 
     def num_out(self, i: int) -> int:
+        """The number of arcs out of node ``i``."""
         off = self._s.csr()[2]
         i = _check_node(self, i, "node")
         return int(off[i + 1] - off[i])
@@ -427,10 +447,12 @@ class Graph:
 
     @property
     def ilabel_sorted(self) -> bool:
+        """Whether each node's arcs are ordered by input label."""
         return self._s.ilabel_sorted
 
     @property
     def olabel_sorted(self) -> bool:
+        """Whether each node's arcs are ordered by output label."""
         return self._s.olabel_sorted
 
     # -- weights ------------------------------------------------------------------
@@ -444,6 +466,7 @@ class Graph:
         return int(self._weights().ctypes.data)
 
     def weights_to_list(self) -> List[float]:
+        """The weights as a list of ``num_arcs()`` floats."""
         return self._weights().tolist()
 
     def weights_to_numpy(self) -> np.ndarray:
@@ -491,9 +514,11 @@ class Graph:
         self._w.set(arr)
 
     def labels_to_list(self, ilabel: bool = True) -> List[int]:
+        """The input (or, with ``ilabel=False``, output) label of every arc, in arc order."""
         return self._s.arrays()[2 if ilabel else 3].tolist()
 
     def labels_to_numpy(self, ilabel: bool = True) -> np.ndarray:
+        """Like ``labels_to_list``, as an int32 array of shape ``(num_arcs,)`` (a copy)."""
         return self._s.arrays()[2 if ilabel else 3].copy()
 
     def item(self) -> float:
@@ -508,6 +533,8 @@ class Graph:
     # -- autograd -----------------------------------------------------------------
     @property
     def calc_grad(self) -> bool:
+        """Whether gradients are computed for this graph. Turning it off drops the
+        gradient and the record of the operation that made the graph (as GTN)."""
         return self._g.calc_grad
 
     @calc_grad.setter
@@ -527,9 +554,11 @@ class Graph:
         return self._g.grad
 
     def is_grad_available(self) -> bool:
+        """Whether a gradient has been computed (and not cleared)."""
         return self._g.grad is not None
 
     def zero_grad(self) -> None:
+        """Clears the gradient (the next ``backward`` starts from zero)."""
         self._g.grad = None
 
     def _add_grad(self, grad) -> None:
@@ -558,23 +587,29 @@ class Graph:
     # -- devices (the engine computes on the CPU; dense scoring runs on GPUs) --------
     @property
     def device(self):
+        """The graph's device: always the CPU (``gtn.Device(gtn.CPU)``)."""
         from .device import Device, CPU
 
         return Device(CPU)
 
     def is_cuda(self) -> bool:
+        """Always ``False``: the engine's graphs live on the CPU."""
         return False
 
     def cpu(self) -> "Graph":
+        """The graph itself (it already lives on the CPU)."""
         return self
 
     def cuda(self, device=None) -> "Graph":
+        """Raises ``RuntimeError``: there are no CUDA graphs (score dense emissions on a
+        GPU with ``lightning_gtn.functional``)."""
         raise RuntimeError(
             "lightning_gtn.wfst graphs live on the CPU (gtn.cuda.is_available() is False); "
             "score dense emissions on a GPU with lightning_gtn.functional instead"
         )
 
     def to(self, device) -> "Graph":
+        """The graph itself for a CPU device; ``RuntimeError`` for a CUDA one."""
         from .device import _as_device
 
         if _as_device(device).is_cuda:
