@@ -1,6 +1,33 @@
-"""``lightning_gtn.functional``: batched structured losses on dense ``(B, T, C)`` emissions."""
+"""``lightning_gtn.functional``: batched structured losses on dense ``(B, T, C)`` emissions.
 
-from ._graphs import clear_cache
+Every loss builds (and caches) one small criterion graph per target with
+:mod:`lightning_gtn.wfst` and scores all examples in one batched forward-backward pass on
+the emissions' device. See ``docs/losses.md`` for shapes, reductions and examples.
+"""
+
+from ._graphs import (
+    all_paths_graph,
+    asg_full_graph,
+    asg_target_graph,
+    clear_cache,
+    force_align_graph,
+)
+from .asg import asg_loss
 from .ctc import ctc_loss
+from .graph_loss import graph_loss
+from .seq import sequence_loss
+from .viterbi import collapse, viterbi
 
-__all__ = ["ctc_loss", "clear_cache"]
+__all__ = [
+    "ctc_loss",
+    "asg_loss",
+    "sequence_loss",
+    "graph_loss",
+    "viterbi",
+    "collapse",
+    "force_align_graph",
+    "all_paths_graph",
+    "asg_full_graph",
+    "asg_target_graph",
+    "clear_cache",
+]
