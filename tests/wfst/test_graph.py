@@ -300,3 +300,13 @@ def _concurrent_reads():
             t.join()
         assert seen == [(20000, 20000, 20000)] * 4
         assert g.num_arcs() == 20000 and g.weight(19999) == 19999.0
+
+
+def test_cuda_module_reports_no_cuda_like_a_cpu_only_gtn():
+    assert not gtn.cuda.is_available()
+    for fn, args in ((gtn.cuda.device_count, ()), (gtn.cuda.get_device, ()), (gtn.cuda.set_device, (0,)),
+                     (gtn.cuda.synchronize, ())):
+        with pytest.raises(RuntimeError, match="CUDA not available"):
+            fn(*args)
+        with pytest.raises(ValueError):
+            fn(*args)
