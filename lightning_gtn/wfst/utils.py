@@ -8,7 +8,10 @@ Text format (GTN's ``savetxt``/``loadtxt``)::
     0 1 0 0 2.5    <- then one arc a line: src dst ilabel [olabel [weight]]
 
 ``olabel`` defaults to ``ilabel`` and ``weight`` to 0. The graph gets as many nodes as
-the largest node id named anywhere (plus one). ``savetxt`` writes weights with six
+the largest node id named anywhere (plus one). Fields may be separated by any
+whitespace and blank arc lines are skipped (GTN needs single spaces). As in GTN, the
+first two lines must name at least one node each, so a graph without start or accept
+nodes can be written but not read back: use ``save``/``load`` or pickle for those. ``savetxt`` writes weights with six
 significant digits, as GTN does, so a text round trip is exact only for such weights;
 ``save``/``load`` (binary) round-trip exactly.
 """
