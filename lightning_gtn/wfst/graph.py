@@ -18,6 +18,7 @@ over directly (``Graph._from_arrays``).
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Callable, Iterable, List, Optional, Sequence
 
@@ -29,6 +30,16 @@ epsilon = -1
 _INT = np.int32
 _FLOAT = np.float32
 _MERGE_LOCK = threading.Lock()  # guards merging arcs added one by one into the arrays
+
+
+def _new_merge_lock_in_child() -> None:
+    # A forked child (a DataLoader worker, say) must not inherit a lock held by a parent thread.
+    global _MERGE_LOCK
+    _MERGE_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_merge_lock_in_child)
 
 
 class _Structure:
