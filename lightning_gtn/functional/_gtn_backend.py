@@ -1,0 +1,171 @@
+"""``backend="gtn"``: the same losses computed by the real ``gtn`` package, GTN's way.
+
+The pattern of GTN's PyTorch documentation: copy the emissions to the host, make one linear
+graph per example whose weights are set from the tensor's memory (``set_weights(data_ptr)``,
+keeping a reference to that memory), build the criterion graph, ``intersect`` and
+``forward_score``, all under ``gtn.parallel_for`` over the batch; the backward calls
+``gtn.backward`` per example and copies the gradients back to the input's device.
+
+This path is a cross-check and a bridge for code that already depends on ``gtn``; the native
+backend is the fast one. Only ``import gtn`` is used here, so anything that provides GTN's
+API under that name (including ``lightning_gtn.wfst``) can stand in for it.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["gtn_ctc_losses", "gtn_asg_losses", "gtn_sequence_losses", "import_gtn"]
+
+
+def import_gtn():
+    """``import gtn``, or an ImportError that says what to do instead."""
+    try:
+        import gtn  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            "backend='gtn' needs the `gtn` package (GTN's Python bindings), which is not "
+            "installed; use backend='native' (the default), which computes the same losses"
+        ) from err
+    return gtn
+
+
+def _ctc_graph(gtn, target: Sequence[int], blank: int):
+    L = len(target)
+    S = 2 * L + 1
+    g = gtn.Graph(False)
+    for s in range(S):
+        g.add_node(s == 0, s == S - 1 or s == S - 2)
+        label = target[(s - 1) // 2] if s % 2 else blank
+        g.add_arc(s, s, label)
+        if s > 0:
+            g.add_arc(s - 1, s, label)
+        if s % 2 and s > 1 and label != target[(s - 1) // 2 - 1]:
+            g.add_arc(s - 2, s, label)
+    return g
+
+
+def _force_align_graph(gtn, target: Sequence[int]):
+    L = len(target)
+    g = gtn.Graph(False)
+    g.add_node(True, L == 0)
+    for i, tok in enumerate(target):
+        g.add_node(False, i == L - 1)
+        g.add_arc(i, i + 1, tok)
+        g.add_arc(i + 1, i + 1, tok)
+    return g
+
+
+def _transitions_graph(gtn, C: int, data: torch.Tensor, calc_grad: bool):
+    g = gtn.Graph(calc_grad)
+    g.add_node(True)
+    for i in range(C):
+        g.add_node(False, True)
+        g.add_arc(0, i + 1, i)
+    for i in range(C):
+        for j in range(C):
+            g.add_arc(j + 1, i + 1, i)
+    g.set_weights(data.data_ptr())  # row-major (C + 1, C): the arc order above
+    return g
+
+
+class _GTNFunction(torch.autograd.Function):
+    """Per-example losses ``(B,)`` from one GTN loss graph per example."""
+
+    @staticmethod
+    def forward(ctx, emissions, transitions, kind, seqs, lengths, blank, zero_infinity):
+        gtn = import_gtn()
+        device, dtype = emissions.device, emissions.dtype
+        B, T, C = emissions.shape
+        host = emissions.detach().to("cpu", torch.float32).contiguous()
+        calc_e = bool(ctx.needs_input_grad[0])
+        calc_t = bool(transitions is not None and ctx.needs_input_grad[1])
+        tr_host = None if transitions is None else transitions.detach().to("cpu", torch.float32).contiguous()
+        losses = [None] * B
+        emission_graphs = [None] * B
+        transition_graphs = [None] * B
+        keep = [None] * B  # the memory whose address set_weights read
+
+        def process(b):
+            Tb = int(lengths[b])
+            data = host[b, :Tb].contiguous()
+            keep[b] = data
+            em = gtn.linear_graph(Tb, C, calc_grad=calc_e)
+            em.set_weights(data.data_ptr())
+            target = list(seqs[b])
+            if kind == "ctc":
+                loss = gtn.negate(gtn.forward_score(gtn.intersect(_ctc_graph(gtn, target, blank), em)))
+            elif kind == "sequence":
+                target_score = gtn.forward_score(gtn.intersect(_force_align_graph(gtn, target), em))
+                loss = gtn.subtract(gtn.forward_score(em), target_score)
+            elif kind == "asg":
+                trg = _transitions_graph(gtn, C, tr_host, calc_t)
+                transition_graphs[b] = trg
+                full = gtn.forward_score(gtn.intersect(em, trg))
+                fal = gtn.intersect(_force_align_graph(gtn, target), trg)
+                loss = gtn.subtract(full, gtn.forward_score(gtn.intersect(fal, em)))
+            else:  # pragma: no cover - internal
+                raise ValueError(kind)
+            losses[b] = loss
+            emission_graphs[b] = em
+
+        gtn.parallel_for(process, range(B))
+        values = torch.tensor([l.item() for l in losses], dtype=torch.float64)
+        bad = torch.isinf(values)
+        if zero_infinity:
+            values = torch.where(bad, torch.zeros_like(values), values)
+        ctx.saved = (losses, emission_graphs, transition_graphs, keep, bad, lengths, (B, T, C), device, dtype)
+        return values.to(device=device, dtype=dtype)
+
+    @staticmethod
+    def backward(ctx, grad_losses):
+        gtn = import_gtn()
+        losses, emission_graphs, transition_graphs, keep, bad, lengths, shape, device, dtype = ctx.saved
+        B, T, C = shape
+        g = torch.where(bad.to(grad_losses.device), torch.zeros_like(grad_losses), grad_losses).detach().cpu().double()
+        need_e = ctx.needs_input_grad[0]
+        need_t = ctx.needs_input_grad[1]
+        grad_e = torch.zeros((B, T, C), dtype=torch.float32) if need_e else None
+        grad_t = torch.zeros((B, C + 1, C), dtype=torch.float32) if need_t else None
+
+        def process(b):
+            if float(g[b]) == 0.0:
+                return
+            gtn.backward(losses[b], False)
+            scale = float(g[b])
+            if grad_e is not None:
+                Tb = int(lengths[b])
+                ge = emission_graphs[b].grad().weights_to_numpy().reshape(Tb, C)
+                grad_e[b, :Tb] = torch.from_numpy(ge) * scale
+            if grad_t is not None and transition_graphs[b] is not None:
+                gt = transition_graphs[b].grad().weights_to_numpy().reshape(C + 1, C)
+                grad_t[b] = torch.from_numpy(gt) * scale
+
+        gtn.parallel_for(process, range(B))
+        out_e = None if grad_e is None else grad_e.to(device=device, dtype=dtype)
+        out_t = None if grad_t is None else grad_t.sum(0).to(device=device, dtype=dtype)
+        return out_e, out_t, None, None, None, None, None
+
+
+def _run(kind, emissions, transitions, seqs, lengths, blank, zero_infinity) -> torch.Tensor:
+    import_gtn()  # fail early with the clear message
+    return _GTNFunction.apply(emissions, transitions, kind, [list(s) for s in seqs],
+                              np.asarray(lengths), blank, bool(zero_infinity))
+
+
+def gtn_ctc_losses(log_probs, seqs: List[List[int]], lengths, blank: int, zero_infinity: bool) -> torch.Tensor:
+    """``(B,)`` CTC losses through ``gtn``."""
+    return _run("ctc", log_probs, None, seqs, lengths, blank, zero_infinity)
+
+
+def gtn_asg_losses(emissions, transitions, seqs, lengths, zero_infinity: bool) -> torch.Tensor:
+    """``(B,)`` ASG losses through ``gtn`` (transitions laid out as :func:`asg_loss` says)."""
+    return _run("asg", emissions, transitions, seqs, lengths, None, zero_infinity)
+
+
+def gtn_sequence_losses(emissions, seqs, lengths, zero_infinity: bool) -> torch.Tensor:
+    """``(B,)`` sequence-criterion losses through ``gtn``."""
+    return _run("sequence", emissions, None, seqs, lengths, None, zero_infinity)

@@ -1,0 +1,73 @@
+"""A linear layer whose autograd Function has a hand-written backward."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+__all__ = ["Linear"]
+
+
+class _LinearFunction(torch.autograd.Function):
+    """``y = x @ W^T + b`` over any leading dims; backward computes only what is needed."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = grad_out.matmul(weight)
+        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+            g2 = grad_out.reshape(-1, grad_out.shape[-1])
+            if ctx.needs_input_grad[1]:
+                gw = g2.t().matmul(x.reshape(-1, x.shape[-1]))
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                gb = g2.sum(0)
+        return gx, gw, gb
+
+
+class Linear(nn.Module):
+    """``torch.nn.Linear``'s layer (same parameters, initialisation and results), own backward.
+
+    Args:
+        in_features, out_features: sizes.
+        bias: whether to add a learned bias.
+        device, dtype: of the parameters.
+
+    Shape:
+        ``(*, in_features)`` -> ``(*, out_features)``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty((out_features, in_features), **kw))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, **kw))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """torch.nn.Linear's initialisation: kaiming-uniform weights, uniform(+-1/sqrt(fan_in)) bias."""
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _LinearFunction.apply(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
