@@ -92,7 +92,8 @@ def make_digit_lines(
     space_prob: float = 0.15,
     space_width: tuple[int, int] = (6, 9),
     noise: float = 0.05,
-) -> tuple[list[np.ndarray], list[str]]:
+    return_sources: bool = False,
+):
     """Composes lines of digits, each a feature array ``(T, 8)`` (one frame per pixel column).
 
     Each line is a random digit string of ``min_len..max_len`` digits drawn from ``images``
@@ -102,15 +103,16 @@ def make_digit_lines(
     Gaussian noise of std ``noise`` is added. Deterministic in ``seed``.
 
     Returns:
-        features: list of float32 arrays ``(T_i, 8)``; texts: list of transcripts.
+        features: list of float32 arrays ``(T_i, 8)``; texts: list of transcripts; with
+        ``return_sources``, also per line the indices into ``images`` it was drawn from.
     """
     rng = np.random.default_rng(seed)
     by_label = [np.flatnonzero(labels == d) for d in range(10)]
-    feats, texts = [], []
+    feats, texts, sources = [], [], []
     for _ in range(num_lines):
         n = int(rng.integers(min_len, max_len + 1))
         digits = rng.integers(0, 10, size=n)
-        cols, text = [np.zeros((int(rng.integers(1, 4)), 8), np.float32)], []
+        cols, text, src = [np.zeros((int(rng.integers(1, 4)), 8), np.float32)], [], []
         for k, d in enumerate(digits):
             if k > 0:
                 if rng.random() < space_prob:
@@ -120,7 +122,9 @@ def make_digit_lines(
                     gap = int(rng.integers(0, max_gap + 1))
                 if gap:
                     cols.append(np.zeros((gap, 8), np.float32))
-            img = images[by_label[d][rng.integers(len(by_label[d]))]]
+            k_img = int(by_label[d][rng.integers(len(by_label[d]))])
+            src.append(k_img)
+            img = images[k_img]
             cols.append(img.T * rng.uniform(0.7, 1.2))  # (8 columns, 8 rows)
             text.append(str(int(d)))
         cols.append(np.zeros((int(rng.integers(1, 4)), 8), np.float32))
@@ -128,6 +132,9 @@ def make_digit_lines(
         x = x + noise * rng.standard_normal(x.shape).astype(np.float32)
         feats.append(np.clip(x, -0.5, 1.5).astype(np.float32))
         texts.append("".join(text))
+        sources.append(src)
+    if return_sources:
+        return feats, texts, sources
     return feats, texts
 
 
@@ -208,10 +215,14 @@ class DigitLinesDataModule(_BaseDataModule):
         images, labels = _digit_images()
         splits = split_digit_images(self.seed)
         sets = []
-        for k, (idx, n) in enumerate(zip(splits, self.sizes)):
-            feats, texts = make_digit_lines(
-                images[idx], labels[idx], n, seed=self.seed * 1000 + k + 1, **self.line_args
+        #: per split, the indices (into load_digits()) of the source images its lines use
+        self.source_images = {}
+        for k, (name, idx, n) in enumerate(zip(("train", "val", "test"), splits, self.sizes)):
+            feats, texts, src = make_digit_lines(
+                images[idx], labels[idx], n, seed=self.seed * 1000 + k + 1, return_sources=True,
+                **self.line_args,
             )
+            self.source_images[name] = np.unique(idx[np.concatenate(src)]) if n else idx[:0]
             sets.append(SequenceDataset(feats, texts))
         self.train_set, self.val_set, self.test_set = sets
 

@@ -113,8 +113,9 @@ class LossAdapter(nn.Module):
     @torch.no_grad()
     def viterbi_paths(self, emissions: torch.Tensor, input_lengths: torch.Tensor) -> list[list[int]]:
         """Best frame-level label path per example (lists of length ``input_lengths[b]``)."""
-        emissions = emissions.detach().float()
-        paths = LF.viterbi(emissions, input_lengths, transitions=self.transitions())
+        blank = 0 if self.convention.blank else None
+        _, paths = LF.viterbi(emissions.detach(), input_lengths, blank=blank,
+                              transitions=self.transitions(), return_paths=True)
         return [[int(x) for x in p] for p in paths]
 
 

@@ -80,8 +80,19 @@ class ConvRNNEncoder(nn.Module):
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
         if inputs.ndim != 3:
             raise ValueError(f"inputs must be (B, T, F), got shape {tuple(inputs.shape)}")
-        h = self.conv(inputs.transpose(1, 2)).transpose(1, 2)  # (B, T', H)
-        lengths = self.output_lengths(input_lengths).clamp(min=1, max=h.shape[1])
+        h = inputs.transpose(1, 2)  # (B, F, T)
+        lengths = input_lengths.to(inputs.device)
+        for layer in self.conv:
+            h = layer(h)
+            if isinstance(layer, nn.ReLU):
+                # Zero the padding after each layer, so padded frames never leak into valid ones
+                # (a padded batch gives each example the outputs it gets alone).
+                lengths = self.output_lengths(input_lengths.to(h.device)) if self.stride > 1 else lengths
+                lengths = lengths.clamp(min=1, max=h.shape[-1])
+                mask = torch.arange(h.shape[-1], device=h.device)[None, :] < lengths[:, None]
+                h = h * mask[:, None, :].to(h.dtype)
+        h = h.transpose(1, 2)  # (B, T', H)
+        lengths = self.output_lengths(input_lengths.to(h.device)).clamp(min=1, max=h.shape[1])
         packed = nn.utils.rnn.pack_padded_sequence(
             h, lengths.cpu(), batch_first=True, enforce_sorted=False
         )

@@ -1,0 +1,95 @@
+"""``lightning-gtn-eval``: loads a checkpoint, prints CER/WER and decoded samples.
+
+Uses ``conf/eval.yaml`` (the training config plus ``ckpt_path``, ``split`` and ``num_samples``),
+so data and trainer overrides work as in training::
+
+    lightning-gtn-eval ckpt_path=outputs/2024-01-01/12-00-00/checkpoints/best.ckpt
+    lightning-gtn-eval ckpt_path=... split=test trainer=ddp_cpu
+
+The last line printed is one JSON object: ``{"val/cer": ..., "val/wer": ..., "val/loss": ...}``
+(``test/...`` with ``split=test``).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from lightning_gtn.train import CONF_DIR, ConfigError, build  # noqa: E402
+
+__all__ = ["main", "evaluate", "decode_samples"]
+
+
+def decode_samples(model, dataloader, num: int) -> list[tuple[str, str]]:
+    """``(reference, hypothesis)`` for the first ``num`` examples of ``dataloader``."""
+    import torch
+
+    out: list[tuple[str, str]] = []
+    model.eval()
+    with torch.no_grad():
+        for batch in dataloader:
+            inputs = batch["inputs"].to(model.device)
+            lengths = batch["input_lengths"].to(model.device)
+            emissions, out_lengths = model.emissions(inputs, lengths)
+            out += list(zip(batch["texts"], model.decode(emissions, out_lengths)))
+            if len(out) >= num:
+                break
+    return out[:num]
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    """Validates or tests ``cfg.ckpt_path`` on ``cfg.split``; returns the metrics."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from lightning_gtn.lightning import SequenceModule
+
+    ckpt = Path(str(cfg.ckpt_path))
+    if not ckpt.is_file():
+        raise ConfigError(f"ckpt_path: no such checkpoint file: {ckpt}")
+    if cfg.split not in ("val", "test"):
+        raise ConfigError(f"split: must be 'val' or 'test', got {cfg.split!r}")
+    model = SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
+    datamodule = build(cfg.data, "data")
+    if datamodule.chars != model.hparams.chars:
+        raise ConfigError(
+            f"data: characters {datamodule.chars!r} differ from the checkpoint's {model.hparams.chars!r}"
+        )
+    trainer = build(cfg.trainer, "trainer", callbacks=[], logger=False, enable_checkpointing=False)
+    run = trainer.validate if cfg.split == "val" else trainer.test
+    results = run(model, datamodule=datamodule, verbose=False)
+    metrics = {k: float(v) for k, v in sorted(results[0].items())}
+    if rank_zero_only.rank == 0 and cfg.num_samples > 0:
+        datamodule.setup("validate" if cfg.split == "val" else "test")
+        loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
+        print(f"decoded {cfg.split} samples (reference -> hypothesis):")
+        for ref, hyp in decode_samples(model, loader, int(cfg.num_samples)):
+            mark = "  " if ref == hyp else "x "
+            print(f"{mark}{ref!r:>14} -> {hyp!r}")
+        print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
+def _hydra_main(cfg: DictConfig) -> dict:
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    metrics = evaluate(cfg)
+    if rank_zero_only.rank == 0:
+        print(json.dumps(metrics), flush=True)
+    return metrics
+
+
+def main() -> None:
+    """Console script entry point (``lightning-gtn-eval``)."""
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+import numpy as np
+import pytest
+import torch
+
+from lightning_gtn.lightning import DigitLinesDataModule, FeatureDataModule, collate_sequences
+from lightning_gtn.lightning.data import split_digit_images
+
+
+def test_digit_splits_disjoint_and_deterministic():
+    dm = DigitLinesDataModule(num_train=200, num_val=50, num_test=50, seed=3)
+    dm.setup()
+    src = dm.source_images
+    assert len(src["train"]) > 100 and len(src["val"]) > 50
+    assert not set(src["train"]) & set(src["val"])
+    assert not set(src["train"]) & set(src["test"])
+    assert not set(src["val"]) & set(src["test"])
+    tr, va, te = split_digit_images(3)
+    assert set(src["val"]) <= set(va)
+
+    again = DigitLinesDataModule(num_train=200, num_val=50, num_test=50, seed=3)
+    again.setup()
+    assert again.train_set.texts == dm.train_set.texts
+    assert all(np.array_equal(a, b) for a, b in zip(again.val_set.features, dm.val_set.features))
+    other = DigitLinesDataModule(num_train=200, num_val=50, num_test=50, seed=4)
+    other.setup()
+    assert other.train_set.texts != dm.train_set.texts
+
+
+def test_digit_lines_shape_and_text():
+    dm = DigitLinesDataModule(num_train=100, num_val=10, num_test=10, min_len=3, max_len=8)
+    dm.setup()
+    for f, t in zip(dm.train_set.features, dm.train_set.texts):
+        digits = t.replace(" ", "")
+        assert 3 <= len(digits) <= 8 and digits.isdigit()
+        assert "  " not in t and not t.startswith(" ") and not t.endswith(" ")
+        assert f.shape[1] == 8 and f.shape[0] >= 8 * len(digits)
+    assert any(" " in t for t in dm.train_set.texts)
+
+
+def test_collate_pads_and_keeps_lengths():
+    items = [(np.ones((3, 2), np.float32), "a"), (2 * np.ones((5, 2), np.float32), "bc")]
+    b = collate_sequences(items)
+    assert b["inputs"].shape == (2, 5, 2) and b["input_lengths"].tolist() == [3, 5]
+    assert torch.all(b["inputs"][0, 3:] == 0) and b["texts"] == ["a", "bc"]
+
+
+def test_loader_batches():
+    dm = DigitLinesDataModule(num_train=20, num_val=10, num_test=10, batch_size=8)
+    dm.setup()
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["inputs"].shape[0] == 8 and batch["inputs"].shape[2] == 8
+    assert int(batch["input_lengths"].max()) == batch["inputs"].shape[1]
+
+
+def _write_split(tmp_path, name, rng, n=6):
+    arrays = {f"{name}{i}": rng.standard_normal((4 + i, 3)).astype(np.float32) for i in range(n)}
+    np.savez(tmp_path / f"{name}.npz", **arrays)
+    lines = [f"{k} hello world {i}" if i % 2 else f"{k} ab" for i, k in enumerate(arrays)]
+    (tmp_path / f"{name}.txt").write_text("\n".join(lines) + "\n")
+    return arrays
+
+
+def test_feature_data_module(tmp_path, rng):
+    arrays = _write_split(tmp_path, "train", rng)
+    _write_split(tmp_path, "val", rng, n=3)
+    dm = FeatureDataModule(
+        str(tmp_path / "train.npz"), str(tmp_path / "train.txt"),
+        str(tmp_path / "val.npz"), str(tmp_path / "val.txt"), batch_size=4,
+    )
+    assert dm.feature_dim == 3
+    assert dm.chars == "".join(sorted(set(" abdehlorw135")))
+    dm.setup("fit")
+    assert len(dm.val_set) == 3 and len(dm.test_set) == 3
+    assert dm.train_set.texts[1] == "hello world 1"
+    assert np.array_equal(dm.train_set.features[2], arrays["train2"])
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["inputs"].shape[0] == 4 and batch["inputs"].shape[2] == 3
+
+
+def test_feature_data_module_errors(tmp_path, rng):
+    _write_split(tmp_path, "train", rng)
+    (tmp_path / "bad.txt").write_text("train0 ab\nnope xy\n")
+    with pytest.raises(ValueError, match="no array"):
+        FeatureDataModule(str(tmp_path / "train.npz"), str(tmp_path / "bad.txt"), "v", "v")
+    with pytest.raises(FileNotFoundError, match="missing.npz"):
+        FeatureDataModule(str(tmp_path / "missing.npz"), str(tmp_path / "bad.txt"), "v", "v")
