@@ -1,0 +1,203 @@
+"""ctc_loss against torch's ctc_loss, brute force, the engine, and itself batched."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+from hypothesis import given, settings, strategies as st
+
+import lightning_gtn.wfst as gtn
+from lightning_gtn.functional import ctc_loss
+
+from ._brute import ctc_ref
+
+IMPLS = ["numba", "numba_log", "torch"]
+
+
+def _batch(seed, B, T, C, S, dtype=torch.float64, min_len=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g, dtype=dtype)
+    il = torch.randint(max(min_len, 0), T + 1, (B,), generator=g)
+    il[0] = T
+    tl = torch.randint(0, S + 1, (B,), generator=g)
+    tg = torch.randint(1, C, (B, S), generator=g)
+    return x, tg, il, tl
+
+
+def _torch_ctc(x, tg, il, tl, reduction="none", zero_infinity=False):
+    return TF.ctc_loss(x.log_softmax(-1).transpose(0, 1), tg, il, tl, reduction=reduction,
+                       zero_infinity=zero_infinity)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_values_and_grads_match_torch(impl, reduction):
+    x, tg, il, tl = _batch(0, 6, 30, 7, 10)
+    x.requires_grad_(True)
+    ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction=reduction, zero_infinity=True, _impl=impl)
+    ref = _torch_ctc(x, tg, il, tl, reduction, zero_infinity=True)
+    torch.testing.assert_close(ours, ref)
+    g1, = torch.autograd.grad(ours.sum(), x)
+    g2, = torch.autograd.grad(ref.sum(), x)
+    torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_random_shapes_repeats_empty_and_concatenated_targets(impl):
+    for seed in range(4):
+        g = torch.Generator().manual_seed(100 + seed)
+        B, T, C = 1 + seed * 2, 5 + 7 * seed, 2 + seed
+        x = torch.randn(B, T, C, generator=g, dtype=torch.float64, requires_grad=True)
+        il = torch.randint(0, T + 1, (B,), generator=g)
+        tl = torch.minimum(torch.randint(0, 6, (B,), generator=g), il // 2)
+        tg = torch.randint(1, C, (B, 6), generator=g)  # C=2: every token repeats
+        tl[0] = 0  # an empty target
+        flat = torch.cat([tg[b, : tl[b]] for b in range(B)])
+        ours = ctc_loss(x.log_softmax(-1), flat, il, tl, reduction="none", _impl=impl)
+        ref = _torch_ctc(x, tg, il, tl)
+        torch.testing.assert_close(ours, ref)
+        g1, = torch.autograd.grad(ours.sum(), x)
+        g2, = torch.autograd.grad(ref.sum(), x)
+        torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_infeasible_targets(impl):
+    x = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    tg = torch.tensor([[1, 1, 1], [1, 2, 3], [2, 2, 0]])  # 1,1,1 needs 5 frames; 1,2,3 fits in 3
+    il = torch.tensor([4, 3, 2])
+    tl = torch.tensor([3, 3, 2])  # 2,2 needs 3 frames, has 2
+    loss = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none", _impl=impl)
+    assert math.isinf(loss[0].item()) and math.isinf(loss[2].item()) and math.isfinite(loss[1].item())
+    torch.testing.assert_close(loss[1], _torch_ctc(x, tg, il, tl)[1])
+    z = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none", zero_infinity=True, _impl=impl)
+    assert z[0].item() == 0.0 and z[2].item() == 0.0
+    g, = torch.autograd.grad(z.sum(), x)
+    assert torch.all(g[0] == 0) and torch.all(g[2] == 0) and torch.any(g[1] != 0)
+    # mean over a batch with an infinite member is infinite, as torch's
+    assert math.isinf(ctc_loss(x.log_softmax(-1), tg, il, tl, _impl=impl).item())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_brute_force_on_raw_scores(impl):
+    # not log-probabilities: the loss is -logsumexp over alignments of any scores
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = [[1, 2], [2, 2], []]
+    il = [5, 5, 3]
+    ours = ctc_loss(x, torch.tensor([1, 2, 2, 2]), il, [2, 2, 0], reduction="none", _impl=impl)
+    ref = torch.stack([ctc_ref(x[b, : il[b]], targets[b]) for b in range(3)])
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(torch.autograd.grad(ours.sum(), x)[0], torch.autograd.grad(ref.sum(), x)[0])
+
+
+def test_blank_not_zero():
+    x = torch.randn(2, 8, 4, dtype=torch.float64, requires_grad=True)
+    tg = torch.tensor([[0, 1], [2, 2]])
+    ours = ctc_loss(x.log_softmax(-1), tg, [8, 7], [2, 2], blank=3, reduction="none")
+    ref = TF.ctc_loss(x.log_softmax(-1).transpose(0, 1), tg, torch.tensor([8, 7]), torch.tensor([2, 2]),
+                      blank=3, reduction="none")
+    torch.testing.assert_close(ours, ref)
+
+
+def test_matches_engine_intersect_forward_score():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 9, 4, generator=g).log_softmax(-1)
+    target = [1, 3, 3]
+    ours = ctc_loss(x, torch.tensor([target]), [9], [3], reduction="none")
+    em = gtn.linear_graph(9, 4, calc_grad=False)
+    em.set_weights(x[0].contiguous().numpy())
+    ref = -gtn.forward_score(gtn.intersect(gtn.criterion.ctc_graph(target, 0), em)).item()
+    assert abs(ours.item() - ref) < 1e-4
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 12), st.integers(2, 5), st.integers(0, 10_000))
+def test_batched_equals_one_by_one(B, T, C, seed):
+    x, tg, il, tl = _batch(seed, B, T, C, 4)
+    tl = torch.minimum(tl, il)
+    full = ctc_loss(x, tg, il, tl, reduction="none")
+    for b in range(B):
+        one = ctc_loss(x[b : b + 1, : max(int(il[b]), 0)], tg[b : b + 1], il[b : b + 1], tl[b : b + 1], reduction="none")
+        torch.testing.assert_close(full[b : b + 1], one)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradcheck_float64(impl):
+    x = torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True)
+    tg = torch.tensor([[1, 2], [3, 3]])
+
+    def f(inp):
+        return ctc_loss(inp, tg, [6, 5], [2, 2], reduction="none", _impl=impl)
+
+    assert torch.autograd.gradcheck(f, (x,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_scored_in_float32(dtype):
+    x = torch.randn(3, 20, 6)
+    tg = torch.randint(1, 6, (3, 5))
+    lp = x.log_softmax(-1).to(dtype).requires_grad_(True)
+    loss = ctc_loss(lp, tg, [20, 18, 15], [5, 4, 3])
+    assert loss.dtype == dtype
+    loss.backward()
+    assert lp.grad.dtype == dtype
+    ref = ctc_loss(lp.detach().float(), tg, [20, 18, 15], [5, 4, 3])
+    assert abs(loss.float().item() - ref.item()) < 2e-2 * abs(ref.item())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_nan_emissions_give_nan(impl):
+    x = torch.randn(2, 6, 4, requires_grad=True)
+    lp = x.log_softmax(-1)
+    lp = torch.where(torch.arange(2).reshape(2, 1, 1) == 0, lp, torch.full_like(lp, float("nan")))
+    loss = ctc_loss(lp, torch.tensor([[1, 2], [1, 2]]), [6, 6], [2, 2], reduction="none", _impl=impl)
+    assert math.isfinite(loss[0].item()) and math.isnan(loss[1].item())
+    loss.sum().backward()  # no crash
+    assert torch.isfinite(x.grad[0]).all()
+
+
+def test_peaky_emissions_fall_back_correctly(monkeypatch):
+    # a confident "all blank" model: the scaled kernel underflows and must hand over to the
+    # log-domain kernel; values must still match torch's
+    T, C, L = 120, 6, 40
+    x = torch.full((2, T, C), -300.0, dtype=torch.float64)
+    x[:, :, 0] = 0.0
+    x = (x + 0.1 * torch.randn(2, T, C, dtype=torch.float64)).requires_grad_(True)
+    tg = torch.randint(1, C, (2, L))
+    il, tl = torch.tensor([T, T]), torch.tensor([L, L])
+    from lightning_gtn.functional import _dense
+
+    calls = []
+    original = _dense.forward
+    monkeypatch.setattr(_dense, "forward", lambda *a, **k: (calls.append(a[0].num_examples), original(*a, **k))[1])
+    ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none")
+    assert calls == [2]  # both examples were redone in the log domain
+    ref = _torch_ctc(x, tg, il, tl)
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(torch.autograd.grad(ours.sum(), x)[0], torch.autograd.grad(ref.sum(), x)[0])
+
+
+def test_cache_reuses_graphs():
+    from lightning_gtn.functional import _graphs
+
+    a = _graphs.compiled_ctc((1, 2, 3), 0)
+    b = _graphs.compiled_ctc([1, 2, 3], 0)
+    assert a is b
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    x, tg, il, tl = _batch(1, 4, 40, 8, 10, dtype=torch.float32)
+    xc = x.cuda().requires_grad_(True)
+    x.requires_grad_(True)
+    a = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none")
+    b = ctc_loss(xc.log_softmax(-1), tg.cuda(), il.cuda(), tl.cuda(), reduction="none")
+    assert b.device.type == "cuda"
+    torch.testing.assert_close(a, b.cpu(), rtol=1e-4, atol=1e-4)
+    ga, = torch.autograd.grad(a.sum(), x)
+    gb, = torch.autograd.grad(b.sum(), xc)
+    torch.testing.assert_close(ga, gb.cpu(), rtol=1e-4, atol=1e-4)
