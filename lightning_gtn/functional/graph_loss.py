@@ -132,5 +132,8 @@ def graph_loss(
     else:
         w = torch.from_numpy(plan.batch.weights()).to(device=x.device, dtype=dtype)
     need_w = bool(torch.is_grad_enabled() and (w.requires_grad or any(g.calc_grad for g in order)))
+    if need_w and not w.requires_grad:
+        # only graphs with calc_grad want the gradient: a private leaf makes autograd call backward
+        w = w.detach().requires_grad_(True)
     losses = _GraphLossFunction.apply(x, w, plan, impl, bool(zero_infinity), need_w, order)
     return _common.reduce_losses(losses, reduction, None).to(emissions.dtype)
