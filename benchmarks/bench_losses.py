@@ -1,0 +1,229 @@
+"""Loss benchmarks: lightning_gtn against torch on the same inputs, forward + backward.
+
+Tables (markdown):
+
+1. CTC on the CPU against ``torch.nn.functional.ctc_loss``: runs interleaved in one process
+   (ours, torch, ours, torch, ...), median wall time of forward + backward, and peak memory.
+2. ASG and the alignment-free sequence criterion against a plain torch-autograd version of the
+   same dynamic programme (written below; the real ``gtn`` package is not installable here).
+3. CTC on the GPU against torch's CUDA ctc_loss, when a GPU is present.
+
+Memory method: each (loss, shape) runs once more in a fresh subprocess with glibc's mmap
+threshold pinned (``MALLOC_MMAP_THRESHOLD_``), so that every large buffer (torch's, numpy's or
+numba's) gets fresh pages and gives them back when freed; after a warm-up the peak resident
+size is reset (``/proc/self/clear_refs``) and the reported figure is ``VmHWM - VmRSS`` across
+one forward + backward: the extra resident memory at the peak, inputs excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as TF
+
+from lightning_gtn.functional import asg_loss, ctc_loss, sequence_loss
+
+SHAPES = [(32, 250, 30, 50), (32, 1000, 30, 200), (8, 250, 1000, 50)]
+
+
+# ---------------------------------------------------------------------------
+# plain torch-autograd references of the same dynamic programmes
+# ---------------------------------------------------------------------------
+
+
+def _chain_score(x, enter, stay, targets, input_lengths, target_lengths):
+    """log-sum over alignments where token l covers >= 1 frames (autograd through torch ops).
+
+    ``enter[b, l]`` / ``stay[b, l]``: transition scores into / staying on token l.
+    """
+    B, T, C = x.shape
+    L = targets.shape[1]
+    em = x.gather(2, targets.unsqueeze(1).expand(B, T, L)).unbind(1)  # T x (B, L); one backward
+    ninf = torch.tensor(float("-inf"), dtype=x.dtype)
+    alpha = torch.where(torch.arange(L) == 0, em[0] + enter[:, 0:1].expand(B, L), ninf)
+    pad = torch.full((B, 1), float("-inf"), dtype=x.dtype)
+    for t in range(1, T):
+        prev = torch.cat([pad, alpha[:, :-1]], 1)
+        new = torch.logaddexp(alpha + stay, prev + enter) + em[t]
+        alpha = torch.where((t < input_lengths).unsqueeze(1), new, alpha)
+    last = alpha.gather(1, (target_lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    return last
+
+
+def torch_sequence_loss(x, targets, input_lengths, target_lengths):
+    B, T, C = x.shape
+    mask = (torch.arange(T).unsqueeze(0) < input_lengths.unsqueeze(1)).to(x.dtype)
+    full = (torch.logsumexp(x, -1) * mask).sum(1)
+    z = torch.zeros(B, targets.shape[1], dtype=x.dtype)
+    return (full - _chain_score(x, z, z, targets, input_lengths, target_lengths)).mean()
+
+
+def torch_asg_loss(x, tr, targets, input_lengths, target_lengths):
+    B, T, C = x.shape
+    xs = x.unbind(1)
+    alpha = tr[0].unsqueeze(0) + xs[0]
+    trans = tr[1:].unsqueeze(0)  # (1, C, C): [i, j] = i after j
+    for t in range(1, T):
+        new = torch.logsumexp(alpha.unsqueeze(1) + trans, -1) + xs[t]
+        alpha = torch.where((t < input_lengths).unsqueeze(1), new, alpha)
+    full = torch.logsumexp(alpha, -1)
+    prev = torch.cat([targets[:, :1], targets[:, :-1]], 1)
+    enter = tr[targets + 1, prev]
+    enter = torch.cat([tr[0, targets[:, 0]].unsqueeze(1), enter[:, 1:]], 1)
+    stay = tr[targets + 1, targets]
+    return (full - _chain_score(x, enter, stay, targets, input_lengths, target_lengths)).mean()
+
+
+# ---------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------
+
+
+def _inputs(B, T, C, L, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g).log_softmax(-1).to(device)
+    tg = torch.randint(1, C, (B, L), generator=g).to(device)
+    il = torch.full((B,), T, dtype=torch.long, device=device)
+    tl = torch.full((B,), L, dtype=torch.long, device=device)
+    return x, tg, il, tl
+
+
+def _make(kind, impl, B, T, C, L, device="cpu"):
+    x, tg, il, tl = _inputs(B, T, C, L, device=device)
+    x = x.requires_grad_(True)
+    tr = torch.zeros(C + 1, C, device=device, requires_grad=True)
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    if kind == "ctc":
+        if impl == "ours":
+            f = lambda: ctc_loss(x, tg, il, tl)
+        else:
+            xt = x.detach().transpose(0, 1).requires_grad_(True)
+            f = lambda: TF.ctc_loss(xt, tg, il, tl)
+    elif kind == "asg":
+        f = (lambda: asg_loss(x, tr, tg, il, tl)) if impl == "ours" else (lambda: torch_asg_loss(x, tr, tg, il, tl))
+    else:
+        f = (lambda: sequence_loss(x, tg, il, tl)) if impl == "ours" else (lambda: torch_sequence_loss(x, tg, il, tl))
+
+    def step():
+        x.grad = None
+        tr.grad = None
+        f().backward()
+        sync()
+
+    return step
+
+
+def _time_interleaved(step_a, step_b, reps):
+    step_a(), step_b()  # warm-up (compilation, caches)
+    ta, tb = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step_a()
+        ta.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        step_b()
+        tb.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def _status_kb(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _memory_worker(kind, impl, shape) -> None:
+    import gc
+
+    step = _make(kind, impl, *shape)
+    step()
+    gc.collect()
+    base = _status_kb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    step()
+    peak = _status_kb("VmHWM")
+    print(json.dumps({"extra_mb": max(peak - base, 0) / 1024}))
+
+
+def _memory(kind, impl, shape):
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+    cmd = [sys.executable, __file__, "--memory-worker", kind, impl, ",".join(map(str, shape))]
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])["extra_mb"]
+    except Exception:  # pragma: no cover - reported as unknown
+        return float("nan")
+
+
+def _table(title, rows, ref_name):
+    head = (f"### {title}\n\n| B, T, C, L | lightning_gtn (ms) | {ref_name} (ms) | time ratio | "
+            f"lightning_gtn peak extra (MB) | {ref_name} peak extra (MB) | memory ratio |\n"
+            "|---|---|---|---|---|---|---|\n")
+    body = ""
+    for shape, a, b, ma, mb in rows:
+        mem = f"{ma:.1f} | {mb:.1f} | {ma / mb:.2f}" if mb == mb and mb > 0 else f"{ma:.1f} | {mb:.1f} | n/a"
+        body += f"| {', '.join(map(str, shape))} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f} | {mem} |\n"
+    return head + body
+
+
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true", help="fewer repetitions")
+    p.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    p.add_argument("--asg-large", action="store_true",
+                   help="also run ASG on C=1000 (a dense 1000x1000 transition graph: minutes)")
+    p.add_argument("--memory-worker", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_worker:
+        kind, impl, shape = args.memory_worker
+        _memory_worker(kind, impl, tuple(int(s) for s in shape.split(",")))
+        return ""
+    reps = 3 if args.quick else 7
+    out = [f"CPU threads: torch {torch.get_num_threads()}, lightning_gtn pool "
+           f"{__import__('lightning_gtn.wfst', fromlist=['x']).get_num_threads()}; forward + backward, "
+           f"median of {reps} interleaved runs.\n"]
+    for kind, ref, title in [("ctc", "torch ctc_loss", "CTC, CPU"),
+                             ("seq", "torch autograd DP", "Sequence criterion, CPU"),
+                             ("asg", "torch autograd DP", "ASG, CPU")]:
+        rows = []
+        for shape in SHAPES:
+            if kind == "asg" and shape[2] > 100 and not args.asg_large:
+                continue
+            r = reps if kind == "ctc" else max(1, reps // 2)
+            a, b = _time_interleaved(_make(kind, "ours", *shape), _make(kind, "ref", *shape), r)
+            ma = mb = float("nan")
+            if not args.no_memory:
+                ma, mb = _memory(kind, "ours", shape), _memory(kind, "ref", shape)
+            rows.append((shape, a, b, ma, mb))
+            print(f"  {kind} {shape}: {a * 1e3:.1f} ms vs {b * 1e3:.1f} ms", flush=True)
+        table = _table(title, rows, ref)
+        if kind == "asg" and not args.asg_large:
+            table += ("\n(8, 250, 1000, 50) left out: ASG's transition graph on C=1000 has a million "
+                      "arcs per frame; run with --asg-large.)\n")
+        out.append(table)
+    if torch.cuda.is_available():
+        rows = []
+        for shape in SHAPES:
+            a, b = _time_interleaved(_make("ctc", "ours", *shape, device="cuda"),
+                                     _make("ctc", "ref", *shape, device="cuda"), reps)
+            rows.append((shape, a, b, float("nan"), float("nan")))
+        out.append(_table(f"CTC, GPU ({torch.cuda.get_device_name(0)})", rows, "torch ctc_loss (CUDA)"))
+    else:
+        out.append("### CTC, GPU\n\nNo GPU on this machine: not measured.\n")
+    text = "\n".join(out)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
