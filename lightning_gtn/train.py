@@ -54,9 +54,9 @@ def build(node, key: str, **kwargs):
     except ConfigError:
         raise
     except Exception as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         cause = e.__cause__ if e.__cause__ is not None else e
-        raise ConfigError(f"{key}: cannot build {node.get('_target_')}: {msg} ({type(cause).__name__}: {cause})") from e
+        msg = " ".join(f"{type(cause).__name__}: {cause}".split())
+        raise ConfigError(f"{key}: cannot build {node.get('_target_')}: {msg}") from e
 
 
 def _check_keys(cfg: DictConfig) -> None:

@@ -77,7 +77,8 @@ def _import(path: str) -> type:
     try:
         return get_class(path)
     except Exception as e:  # hydra raises ImportError / ValueError variants
-        raise ValueError(f"loss._target_: cannot import {path!r} ({e})") from e
+        msg = " ".join(str(e).split())
+        raise ValueError(f"loss._target_: cannot import {path!r} ({msg})") from e
 
 
 class LossAdapter(nn.Module):
@@ -180,5 +181,7 @@ def build_loss(
         try:
             module = instantiate(cfg)
         except Exception as e:
-            raise ValueError(f"loss: cannot build {cfg['_target_']} from {cfg}: {e}") from e
+            root = e.__cause__ if e.__cause__ is not None else e
+            msg = " ".join(str(root).split())
+            raise ValueError(f"loss: cannot build {cfg['_target_']} from {cfg}: {msg}") from e
     return LossAdapter(module, conv), vocab

@@ -98,7 +98,11 @@ class ConvRNNEncoder(nn.Module):
         )
         out, _ = self.rnn(packed)
         out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=h.shape[1])
-        scores = self.output(self.dropout(out))
-        if self.log_softmax:
-            scores = scores.float().log_softmax(-1)
+        # The output layer and log-softmax run in float32 even under autocast (bf16-mixed): the
+        # structured losses need precise scores, and it keeps the custom Linear's backward in
+        # one dtype.
+        with torch.autocast(device_type=out.device.type, enabled=False):
+            scores = self.output(self.dropout(out.float()))
+            if self.log_softmax:
+                scores = scores.log_softmax(-1)
         return scores, lengths.to(inputs.device)

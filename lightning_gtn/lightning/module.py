@@ -66,7 +66,9 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
                 dict(network), feature_dim=feature_dim, num_classes=self.num_classes
             )
         except Exception as e:
-            raise ValueError(f"model: cannot build {network.get('_target_')}: {e}") from e
+            root = e.__cause__ if e.__cause__ is not None else e
+            msg = " ".join(str(root).split())
+            raise ValueError(f"model: cannot build {network.get('_target_')}: {msg}") from e
 
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
         return self.net(inputs, input_lengths)

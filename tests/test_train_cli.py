@@ -1,0 +1,188 @@
+"""The Hydra configs and the console scripts: compose every config, a shrunk run of every loss,
+and (slow) end-to-end subprocess runs: CLI output, resume, evaluation, DDP on CPU, multirun."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
+from hydra.utils import instantiate
+from omegaconf import OmegaConf, open_dict
+
+from lightning_gtn.lightning import build_loss
+from lightning_gtn.train import CONF_DIR, ConfigError, run
+
+GROUPS = ["loss", "model", "data", "optim", "trainer", "callbacks", "logger", "experiment"]
+LOSSES = sorted(p.stem for p in (CONF_DIR / "loss").glob("*.yaml"))
+SMOKE = ["experiment=smoke", "trainer.enable_progress_bar=false"]
+
+
+def _compose(overrides, output_dir=None, config_name="train"):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(output_dir or Path.cwd())
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def _options(group):
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def test_conf_ships_inside_the_package():
+    # The console script reads lightning_gtn/conf; in a checkout it is the top-level conf/.
+    assert (CONF_DIR / "train.yaml").is_file()
+    for g in GROUPS:
+        assert _options(g), g
+    assert set(LOSSES) >= {"ctc", "asg", "seq"}
+    assert set(_options("trainer")) >= {"cpu", "gpu", "ddp", "ddp_cpu"}
+    assert set(_options("logger")) >= {"csv", "tensorboard"}
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_compose_every_config(group, option, tmp_path):
+    cfg = _compose([f"{group}={option}"], tmp_path)
+    assert OmegaConf.select(cfg, "hydra.runtime.output_dir") == str(tmp_path)
+    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    for key in ("data", "model", "loss", "optim", "trainer"):
+        assert "_target_" in plain[key] or key == "optim", key
+    assert "_target_" in plain["optim"]["optimizer"]
+    if group == "model":
+        net = instantiate(cfg.model, feature_dim=8, num_classes=12)
+        out, lengths = net(torch.zeros(2, 20, 8), torch.tensor([20, 11]))
+        assert out.shape[0] == 2 and out.shape[2] == 12 and lengths.tolist()[1] <= 11
+    elif group == "loss":
+        adapter, vocab = build_loss(cfg.loss, "0123456789 ")
+        assert vocab.num_classes in (11, 12)
+    elif group == "optim":
+        opt = instantiate(cfg.optim.optimizer)([torch.nn.Parameter(torch.zeros(2))])
+        assert isinstance(opt, torch.optim.Optimizer)
+        if cfg.optim.scheduler is not None:
+            instantiate(cfg.optim.scheduler)(opt)
+    elif group == "trainer" and option in ("cpu", "ddp_cpu"):
+        trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+        assert trainer.num_devices == (2 if option == "ddp_cpu" else 1)
+    elif group in ("callbacks", "logger"):
+        for k, node in cfg[group].items():
+            obj = instantiate(node)
+            assert obj is not None, k
+    elif group == "data" and option != "features":
+        dm = instantiate(cfg.data)
+        assert dm.chars == "0123456789 "
+
+
+def test_compose_slurm_launcher(tmp_path):
+    cfg = _compose(["hydra/launcher=slurm", "trainer=ddp", "trainer.devices=4"], tmp_path)
+    assert "submitit" in cfg.hydra.launcher._target_.lower()
+    assert cfg.hydra.launcher.tasks_per_node == 4 and cfg.hydra.launcher.gpus_per_node == 4
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_fast_dev_run_every_loss(loss, tmp_path):
+    cfg = _compose([f"loss={loss}", "trainer.fast_dev_run=true", *SMOKE], tmp_path)
+    metrics = run(cfg, output_dir=tmp_path)
+    assert metrics["global_step"] == 1
+    for key in ("train/loss", "val/loss", "val/cer", "val/wer"):
+        assert key in metrics and metrics[key] >= 0, key
+    assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    assert (tmp_path / "alignments.png").stat().st_size > 1000
+
+
+def test_bad_configs_name_the_key(tmp_path):
+    with pytest.raises(ConfigCompositionException, match="nonexistent"):
+        _compose(["trainer.nonexistent=1"], tmp_path)
+    with pytest.raises(ConfigCompositionException, match="loss"):
+        _compose(["loss=does_not_exist"], tmp_path)
+    cfg = _compose(["model.rnn=transformer", *SMOKE], tmp_path)
+    with pytest.raises(ConfigError, match=r"model.*model\.rnn"):
+        run(cfg, output_dir=tmp_path)
+    cfg = _compose(["ckpt_path=/no/such.ckpt", *SMOKE], tmp_path)
+    with pytest.raises(ConfigError, match="ckpt_path"):
+        run(cfg, output_dir=tmp_path)
+    cfg = _compose(["data=features"], tmp_path)
+    with pytest.raises(ConfigError, match=r"data\.train_features"):
+        run(cfg, output_dir=tmp_path)
+    cfg = _compose(["optim.optimizer._target_=torch.optim.NoSuchOpt", *SMOKE], tmp_path)
+    with pytest.raises(ConfigError, match="optim.optimizer"):
+        run(cfg, output_dir=tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# End-to-end runs in subprocesses (Lightning's DDP must not relaunch pytest).
+
+
+def _cli(module, args, cwd, timeout=420):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    return json.loads(last), proc.stdout
+
+
+@pytest.mark.slow
+def test_cli_train_resume_evaluate_and_ddp_metrics_match(tmp_path):
+    run1 = tmp_path / "run1"
+    m1, _ = _cli("lightning_gtn.train", [*SMOKE, f"hydra.run.dir={run1}"], tmp_path)
+    assert {"train/loss", "val/loss", "val/cer", "val/wer"} <= set(m1)
+    assert json.loads((run1 / "metrics.json").read_text()) == m1
+    for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "curves.png", "alignments.png"):
+        assert (run1 / name).is_file(), name
+    steps = m1["global_step"]
+    assert steps > 0
+
+    # resume: continues from the checkpoint's step instead of starting over
+    run2 = tmp_path / "run2"
+    m2, _ = _cli("lightning_gtn.train", [*SMOKE, "trainer.max_epochs=2", f"hydra.run.dir={run2}",
+                                         f"ckpt_path={run1 / 'checkpoints' / 'last.ckpt'}"], tmp_path)
+    assert m2["global_step"] == 2 * steps and m2["epoch"] == 2
+
+    best = run2 / "checkpoints" / "last.ckpt"
+    e1, out = _cli("lightning_gtn.evaluate", [f"ckpt_path={best}", "data=digits_small",
+                                             "trainer.enable_progress_bar=false",
+                                             f"hydra.run.dir={tmp_path / 'ev1'}"], tmp_path)
+    assert "->" in out and {"val/cer", "val/wer", "val/loss"} <= set(e1)
+    e2, _ = _cli("lightning_gtn.evaluate", [f"ckpt_path={best}", "data=digits_small", "trainer=ddp_cpu",
+                                           "trainer.enable_progress_bar=false",
+                                           f"hydra.run.dir={tmp_path / 'ev2'}"], tmp_path)
+    # sum-reduced metric states: two processes give the single-process figures
+    assert e2["val/cer"] == pytest.approx(e1["val/cer"], abs=1e-6)
+    assert e2["val/wer"] == pytest.approx(e1["val/wer"], abs=1e-6)
+    assert e2["val/loss"] == pytest.approx(e1["val/loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_cli_ddp_cpu_training(tmp_path):
+    out = tmp_path / "ddp"
+    m, _ = _cli("lightning_gtn.train", [*SMOKE, "trainer=ddp_cpu", "loss=asg", f"hydra.run.dir={out}"], tmp_path)
+    assert {"train/loss", "val/cer", "val/wer"} <= set(m)
+    # 64 training lines, batch 8, 2 processes -> 4 steps per epoch
+    assert m["global_step"] == 4
+    assert (out / "checkpoints" / "last.ckpt").is_file() and (out / "curves.png").is_file()
+
+
+@pytest.mark.slow
+def test_cli_multirun_over_two_losses(tmp_path):
+    sweep = tmp_path / "sweep"
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_gtn.train", "-m", "loss=ctc,seq", *SMOKE, f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = sorted(sweep.glob("*/metrics.json"))
+    assert len(results) == 2, list(sweep.iterdir())
+    assert {p.parent.name.split("_", 1)[1] for p in results} == {"loss=ctc", "loss=seq"}
+    for p in results:
+        assert "val/cer" in json.loads(p.read_text())
