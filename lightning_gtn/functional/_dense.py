@@ -38,6 +38,7 @@ from ..wfst.parallel import get_num_threads, parallel_map
 from ._graphs import GraphBatch
 
 NEG_INF = -math.inf
+OCC_BLOCK_ELEMENTS = 1 << 24  # torch path: occupancies are formed this many entries at a time
 
 
 # ---------------------------------------------------------------------------
@@ -867,24 +868,35 @@ def _torch_backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
             new = eps_back(new)
         beta = torch.where((t < tb.lens).unsqueeze(1), new, beta_init)
         betas[:, t] = beta
-    # occupancies of emitting arcs, grouped by destination: (Ne, T, S, K)
+    # occupancies of emitting arcs, grouped by destination: (Ne, tb, S, K) per block of frames
     _, S, K = tb.in_src.shape
     w_in = torch.where(tb.in_mask, w[tb.in_arc], ninf)
-    a_src = alphas[:, :T].gather(2, tb.in_src.reshape(Ne, 1, S * K).expand(Ne, T, S * K)).reshape(Ne, T, S, K)
-    em = Er[:, :T].gather(2, tb.in_lab.reshape(Ne, 1, S * K).expand(Ne, T, S * K)).reshape(Ne, T, S, K)
-    tmask = (torch.arange(T, device=dev).unsqueeze(0) < tb.lens.unsqueeze(1)).reshape(Ne, T, 1, 1)
-    occ = torch.exp(a_src + w_in.unsqueeze(1) + em + betas[:, 1:].unsqueeze(-1) - lz.reshape(Ne, 1, 1, 1))
-    occ = torch.where(tmask & tb.in_mask.unsqueeze(1), occ, torch.zeros((), dtype=dtype, device=dev))
-    occ = occ * scale.reshape(Ne, 1, 1, 1)
+    zero = torch.zeros((), dtype=dtype, device=dev)
     gE = gw = None
     if need_e:
-        gEe = torch.zeros((Ne, T, E.shape[2]), dtype=dtype, device=dev)
-        gEe.scatter_add_(2, tb.in_lab.reshape(Ne, 1, S * K).expand(Ne, T, S * K), occ.reshape(Ne, T, S * K))
         gE = torch.zeros_like(E)
-        gE[:, :T].index_add_(0, tb.rows, gEe)
+    occ_w = torch.zeros((Ne, S, K), dtype=dtype, device=dev) if need_w else None
+    block = max(1, min(T, OCC_BLOCK_ELEMENTS // max(Ne * S * K, 1)))
+    src_idx = tb.in_src.reshape(Ne, 1, S * K)
+    lab_idx = tb.in_lab.reshape(Ne, 1, S * K)
+    for t0 in range(0, T, block):
+        t1 = min(T, t0 + block)
+        n = t1 - t0
+        a_src = alphas[:, t0:t1].gather(2, src_idx.expand(Ne, n, S * K)).reshape(Ne, n, S, K)
+        em = Er[:, t0:t1].gather(2, lab_idx.expand(Ne, n, S * K)).reshape(Ne, n, S, K)
+        tmask = (torch.arange(t0, t1, device=dev).unsqueeze(0) < tb.lens.unsqueeze(1)).reshape(Ne, n, 1, 1)
+        occ = torch.exp(a_src + w_in.unsqueeze(1) + em + betas[:, t0 + 1 : t1 + 1].unsqueeze(-1)
+                        - lz.reshape(Ne, 1, 1, 1))
+        occ = torch.where(tmask & tb.in_mask.unsqueeze(1), occ, zero) * scale.reshape(Ne, 1, 1, 1)
+        if need_e:
+            gEe = torch.zeros((Ne, n, E.shape[2]), dtype=dtype, device=dev)
+            gEe.scatter_add_(2, lab_idx.expand(Ne, n, S * K), occ.reshape(Ne, n, S * K))
+            gE[:, t0:t1].index_add_(0, tb.rows, gEe)
+        if need_w:
+            occ_w += occ.sum(1)
     if need_w:
         gw = torch.zeros(st.w.shape[0], dtype=dtype, device=dev)
-        gw.index_add_(0, tb.in_arc.reshape(-1), occ.sum(1).reshape(-1))
+        gw.index_add_(0, tb.in_arc.reshape(-1), occ_w.reshape(-1))
         if tb.has_eps:
             _, _, Ke = tb.ein_src.shape
             a_e = alphas.gather(2, tb.ein_src.reshape(Ne, 1, S * Ke).expand(Ne, T + 1, S * Ke)).reshape(Ne, T + 1, S, Ke)

@@ -201,3 +201,15 @@ def test_cuda_matches_cpu():
     ga, = torch.autograd.grad(a.sum(), x)
     gb, = torch.autograd.grad(b.sum(), xc)
     torch.testing.assert_close(ga, gb.cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_torch_path_in_small_frame_blocks(monkeypatch):
+    from lightning_gtn.functional import _dense
+
+    monkeypatch.setattr(_dense, "OCC_BLOCK_ELEMENTS", 50)  # forces many blocks of frames
+    x, tg, il, tl = _batch(9, 3, 17, 5, 4)
+    x.requires_grad_(True)
+    ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="sum", zero_infinity=True, _impl="torch")
+    ref = _torch_ctc(x, tg, il, tl, "sum", zero_infinity=True)
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(torch.autograd.grad(ours, x)[0], torch.autograd.grad(ref, x)[0])
