@@ -1,0 +1,844 @@
+"""Compiled inner loops of the engine's heavy operations (numba).
+
+Everything that touches each node or arc of a graph lives here: adjacency lists, the
+composition of two graphs (GTN's algorithm, with its three arc matchers), ``remove``,
+and the forward / Viterbi dynamic programmes with their backward passes.
+
+Conventions: node and arc ids are int32; product states of a composition are int64
+(``3 * (n1 + N1 * n2) + follow``, where ``follow`` is 0 for a plain state, 1 while
+following epsilon arcs of the first graph, 2 while following those of the second);
+scores of the dynamic programmes are float64, weights and gradients float32. All
+kernels use ``cache=True`` (compiled once per machine, then loaded from the cache) and
+``nogil=True`` (so ``parallel_for`` threads run them concurrently).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, types
+from numba.typed import Dict
+
+EPS = -1  # gtn.epsilon
+
+# Matchers (how a composition pairs the arcs of two nodes with equal labels).
+UNSORTED = 0  # nested loops
+SEARCH_FIRST = 1  # only the first graph's arcs are sorted: binary search in them
+SEARCH_SECOND = 2  # only the second graph's arcs are sorted: binary search in them
+DOUBLY = 3  # both sorted: search the longer list, the lower bound only moves forward
+
+# A composition indexes its product states densely (an int32 per state, as GTN does)
+# while there are at most this many of them, and with a hash map beyond.
+DENSE_STATES = 1 << 25
+
+_NOT_REACHABLE = -2  # state store values: -2 unseen, -1 co-accessible without a node yet
+_REACHABLE = -1
+
+
+# -- adjacency -------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def csr(num_nodes, src, dst):
+    """In and out arc lists per node, each in arc-id order (a counting sort).
+
+    Returns ``(in_offsets, in_arcs, out_offsets, out_arcs)``: int32 arrays of sizes
+    ``N + 1``, ``E``, ``N + 1``, ``E``.
+    """
+    n_arcs = src.shape[0]
+    in_off = np.zeros(num_nodes + 1, dtype=np.int32)
+    out_off = np.zeros(num_nodes + 1, dtype=np.int32)
+    for a in range(n_arcs):
+        in_off[dst[a] + 1] += 1
+        out_off[src[a] + 1] += 1
+    for n in range(num_nodes):
+        in_off[n + 1] += in_off[n]
+        out_off[n + 1] += out_off[n]
+    in_arcs = np.empty(n_arcs, dtype=np.int32)
+    out_arcs = np.empty(n_arcs, dtype=np.int32)
+    in_fill = in_off[:num_nodes].copy()
+    out_fill = out_off[:num_nodes].copy()
+    for a in range(n_arcs):
+        d = dst[a]
+        in_arcs[in_fill[d]] = a
+        in_fill[d] += 1
+        s = src[a]
+        out_arcs[out_fill[s]] = a
+        out_fill[s] += 1
+    return in_off, in_arcs, out_off, out_arcs
+
+
+# -- small helpers ------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _grow2(buf):
+    """Doubles the capacity (second axis) of a 2-D buffer, keeping its contents."""
+    out = np.empty((buf.shape[0], max(16, 2 * buf.shape[1])), dtype=buf.dtype)
+    out[:, : buf.shape[1]] = buf
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _grow1(buf):
+    out = np.empty(max(16, 2 * buf.shape[0]), dtype=buf.dtype)
+    out[: buf.shape[0]] = buf
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lower_bound(arcs, first, last, labels, value):
+    """``std::lower_bound`` over ``arcs[first:last]`` keyed by ``labels`` (same probe
+    sequence as libstdc++, so even arcs wrongly marked sorted match as in GTN)."""
+    count = last - first
+    while count > 0:
+        half = count >> 1
+        mid = first + half
+        if labels[arcs[mid]] < value:
+            first = mid + 1
+            count -= half + 1
+        else:
+            count = half
+    return first
+
+
+@njit(cache=True, nogil=True)
+def lower_bound_table(num_nodes, off, arcs, lab):
+    """Lower bounds by label for each node's arc list, when the lists really are sorted.
+
+    Entry ``node * width + label + 1`` (labels ``-1..max``) is the position of the first
+    arc of ``node`` whose label is not below ``label``: what ``std::lower_bound`` finds,
+    in one load. Returns ``(table, width)``; ``width`` is 0 (no table: use binary search)
+    when a list is out of order or the table would be much larger than the graph.
+    """
+    lo_all = off[0]
+    hi_all = off[num_nodes]
+    lmax = -1
+    for p in range(lo_all, hi_all):
+        if lab[arcs[p]] > lmax:
+            lmax = lab[arcs[p]]
+    width = lmax + 2
+    empty = np.zeros(0, dtype=np.int32)
+    if np.int64(num_nodes) * width > 4 * np.int64(hi_all - lo_all) + 4096:
+        return empty, 0
+    for v in range(num_nodes):
+        for p in range(off[v] + 1, off[v + 1]):
+            if lab[arcs[p]] < lab[arcs[p - 1]]:
+                return empty, 0
+    table = np.empty(num_nodes * width, dtype=np.int32)
+    for v in range(num_nodes):
+        p = off[v]
+        hi = off[v + 1]
+        base = v * width
+        for k in range(width):
+            while p < hi and lab[arcs[p]] < k - 1:
+                p += 1
+            table[base + k] = p
+    return table, width
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lb(arcs, lab, first, last, value, table, width, node):
+    """Lower bound of ``value`` in ``arcs[first:last]`` (a sorted list of ``node``)."""
+    if width > 0:
+        if value + 1 >= width:
+            return last
+        p = table[node * width + value + 1]
+        return p if p > first else first
+    return _lower_bound(arcs, first, last, lab, value)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _match(kind, arcs, lab, a, b, off1, off2, shift, tab1, w1, tab2, w2, buf):
+    """All pairs ``(i, j)`` of the arc lists of node ``a`` (first graph) and node ``b``
+    (second graph) with equal labels, in the order GTN's matcher of this ``kind`` yields
+    them.
+
+    ``arcs`` holds the arc lists of both graphs (the second graph's arc ids shifted by
+    ``shift``, its offsets ``off2`` too) and ``lab`` their labels (the first graph's
+    output labels, then the second graph's input labels), so one pair of arrays serves
+    both sides. ``tab1``/``tab2`` are :func:`lower_bound_table` results for sorted sides
+    (width 0: binary search).
+
+    Returns ``(buf, count)``; pairs are ``buf[0, :count]`` (first graph's arcs) and
+    ``buf[1, :count]`` (second graph's arcs, unshifted).
+    """
+    lo1 = off1[a]
+    hi1 = off1[a + 1]
+    lo2 = off2[b]
+    hi2 = off2[b + 1]
+    n = 0
+    if kind == UNSORTED:
+        for p in range(lo1, hi1):
+            i = arcs[p]
+            li = lab[i]
+            for q in range(lo2, hi2):
+                j = arcs[q]
+                if lab[j] == li:
+                    if n == buf.shape[1]:
+                        buf = _grow2(buf)
+                    buf[0, n] = i
+                    buf[1, n] = j - shift
+                    n += 1
+        return buf, n
+
+    doubly = kind == DOUBLY
+    if doubly:
+        search_first = (hi1 - lo1) > (hi2 - lo2)
+    else:
+        search_first = kind == SEARCH_FIRST
+    if search_first:
+        s_lo, s_hi, q_lo, q_hi = lo1, hi1, lo2, hi2
+        s_node, s_w = a, w1
+    else:
+        s_lo, s_hi, q_lo, q_hi = lo2, hi2, lo1, hi1
+        s_node, s_w = b, w2
+    s_tab = tab1 if search_first else tab2
+    s_it = s_lo
+    s_begin = s_lo  # DoublySorted: the lower bound only moves forward
+    q_it = q_lo
+    while q_it != q_hi:
+        # hasNext()
+        found = False
+        if s_it != s_hi and lab[arcs[q_it]] == lab[arcs[s_it]]:
+            found = True
+        else:
+            if s_it != s_begin:
+                q_it += 1
+            while q_it < q_hi:
+                ql = lab[arcs[q_it]]
+                if doubly:
+                    s_begin = _lb(arcs, lab, s_begin, s_hi, ql, s_tab, s_w, s_node)
+                    if s_begin == s_hi:
+                        q_it = q_hi  # no later query can match either
+                        break
+                    if lab[arcs[s_begin]] == ql:
+                        s_it = s_begin
+                        found = True
+                        break
+                else:
+                    s_it = _lb(arcs, lab, s_lo, s_hi, ql, s_tab, s_w, s_node)
+                    if s_it != s_hi and lab[arcs[s_it]] == ql:
+                        found = True
+                        break
+                q_it += 1
+        if not found:
+            break
+        # next()
+        if n == buf.shape[1]:
+            buf = _grow2(buf)
+        if search_first:
+            buf[0, n] = arcs[s_it]
+            buf[1, n] = arcs[q_it] - shift
+        else:
+            buf[0, n] = arcs[q_it]
+            buf[1, n] = arcs[s_it] - shift
+        n += 1
+        s_it += 1
+    return buf, n
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _get(dense, table, hashed, key):
+    if dense:
+        return table[key]
+    return hashed.get(key, np.int32(_NOT_REACHABLE))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _put(dense, table, hashed, key, value):
+    if dense:
+        table[key] = value
+    else:
+        hashed[key] = np.int32(value)
+
+
+# -- composition --------------------------------------------------------------------
+#
+# The kernels see both graphs through combined arrays: arc ``i`` of the first graph is
+# ``i`` and arc ``j`` of the second is ``E1 + j``; ``src``/``dst`` hold both graphs' ends,
+# ``lab`` the first graph's output labels then the second's input labels (the labels a
+# composition matches), and the in/out arc lists of the second graph follow the
+# first's, with offsets shifted to match.
+
+
+@njit(cache=True, nogil=True)
+def compose(
+    n1, src1, dst1, il1, ol1, in_off1, in_arcs1, out_off1, out_arcs1, start1, accept1, sorted1,
+    n2, src2, dst2, il2, ol2, in_off2, in_arcs2, out_off2, out_arcs2, start2, accept2, sorted2,
+    kind,
+):
+    """GTN's composition of two graphs, producing the same nodes and arcs in the same order.
+
+    ``sorted1`` says the first graph's arcs are sorted by output label and ``sorted2``
+    that the second's are sorted by input label (epsilon arcs then come first, so the
+    epsilon scans stop at the first other label).
+
+    Two passes, as GTN:
+
+    1. Co-accessibility: from every pair of accept nodes, walk arcs backwards (matched
+       pairs, or epsilon arcs of one graph while following that graph) and mark each
+       product state that can reach a pair of accept nodes.
+    2. A breadth-first walk from the pairs of start nodes that creates output nodes in
+       discovery order. For each state: matched arc pairs in the matcher's order
+       (epsilon-epsilon pairs only from plain states), then the first graph's epsilon
+       arcs (unless following the second), then the second's (unless following the
+       first). Only co-accessible states become nodes.
+
+    Returns ``(num_nodes, num_start, node_accept, src, dst, arc1, arc2)``: output nodes
+    ``0..num_start-1`` are its start nodes; ``node_accept`` (uint8) flags accept nodes;
+    output arc ``k`` came from arc ``arc1[k]`` of the first graph and ``arc2[k]`` of the
+    second (-1 for none: an epsilon arc of the other graph).
+    """
+    e1 = src1.shape[0]
+    src = np.concatenate((src1, src2))
+    dst = np.concatenate((dst1, dst2))
+    lab = np.concatenate((ol1, il2))
+    in_arcs = np.concatenate((in_arcs1, in_arcs2 + e1))
+    out_arcs = np.concatenate((out_arcs1, out_arcs2 + e1))
+    in_off2s = in_off2 + e1
+    out_off2s = out_off2 + e1
+    empty = np.zeros(0, dtype=np.int32)
+    search1 = kind == SEARCH_FIRST or kind == DOUBLY
+    search2 = kind == SEARCH_SECOND or kind == DOUBLY
+    itab1, iw1 = lower_bound_table(n1, in_off1, in_arcs, lab) if search1 else (empty, 0)
+    itab2, iw2 = lower_bound_table(n2, in_off2s, in_arcs, lab) if search2 else (empty, 0)
+    table, hashed = coaccessible(
+        n1, n2, e1, src, lab, in_off1, in_off2s, in_arcs, accept1, accept2, sorted1, sorted2, kind,
+        itab1, iw1, itab2, iw2,
+    )
+    otab1, ow1 = lower_bound_table(n1, out_off1, out_arcs, lab) if search1 else (empty, 0)
+    otab2, ow2 = lower_bound_table(n2, out_off2s, out_arcs, lab) if search2 else (empty, 0)
+    return build(
+        table, hashed, n1, n2, e1, dst, lab, out_off1, out_off2s, out_arcs,
+        start1, start2, accept1, accept2, sorted1, sorted2, kind, otab1, ow1, otab2, ow2,
+    )
+
+
+@njit(cache=True, nogil=True)
+def coaccessible(
+    n1, n2, e1, src, lab, off1, off2, arcs, accept1, accept2, sorted1, sorted2, kind, tab1, w1, tab2, w2
+):
+    """Pass 1 of :func:`compose` (over in-arcs): a state store (dense int32 array, or a
+    hash map when there are more than ``DENSE_STATES`` states) holding -1 for every
+    co-accessible state."""
+    N1 = np.int64(n1)
+    total = 3 * N1 * np.int64(n2)
+    dense = total <= DENSE_STATES
+    table = np.full(total if dense else 0, _NOT_REACHABLE, dtype=np.int32)
+    hashed = Dict.empty(key_type=types.int64, value_type=types.int32)
+    pairs = np.empty((2, 64), dtype=np.int32)
+    # States that follow epsilon arcs of a graph without such arcs lead nowhere, and
+    # pass 2 never asks for them: skip them (same result, a third of the work).
+    follow1 = False
+    for p in range(off1[n1]):
+        if lab[arcs[p]] == EPS:
+            follow1 = True
+            break
+    follow2 = False
+    for p in range(off2[0], off2[n2]):
+        if lab[arcs[p]] == EPS:
+            follow2 = True
+            break
+    queue = np.empty(64, dtype=np.int64)
+    qt = 0
+    for f in accept1:
+        for s in accept2:
+            idx = 3 * (f + N1 * s)
+            for o in range(3):
+                if (o == 1 and not follow1) or (o == 2 and not follow2):
+                    continue
+                _put(dense, table, hashed, idx + o, _REACHABLE)
+                if qt == queue.shape[0]:
+                    queue = _grow1(queue)
+                queue[qt] = idx + o
+                qt += 1
+    qh = 0
+    while qh < qt:
+        state = queue[qh]
+        qh += 1
+        base = state // 3
+        follow = state - 3 * base
+        b = base // N1
+        a = base - N1 * b
+        if follow == 0:
+            pairs, npairs = _match(kind, arcs, lab, a, b, off1, off2, e1, tab1, w1, tab2, w2, pairs)
+            for k in range(npairs):
+                i = pairs[0, k]
+                idx = 3 * (src[i] + N1 * src[e1 + pairs[1, k]])
+                last = 2 if lab[i] != EPS else 0
+                for o in range(last + 1):
+                    if (o == 1 and not follow1) or (o == 2 and not follow2):
+                        continue
+                    if _get(dense, table, hashed, idx + o) == _NOT_REACHABLE:
+                        _put(dense, table, hashed, idx + o, _REACHABLE)
+                        if qt == queue.shape[0]:
+                            queue = _grow1(queue)
+                        queue[qt] = idx + o
+                        qt += 1
+        else:
+            second = follow == 2
+            if second:
+                lo, hi, stop = off2[b], off2[b + 1], sorted2
+            else:
+                lo, hi, stop = off1[a], off1[a + 1], sorted1
+            for p in range(lo, hi):
+                arc = arcs[p]
+                if lab[arc] != EPS:
+                    if stop:
+                        break
+                    continue
+                if second:
+                    idx = 3 * (a + N1 * src[arc])
+                else:
+                    idx = 3 * (src[arc] + N1 * b)
+                for t in range(2):
+                    o = follow if t == 1 else 0
+                    if _get(dense, table, hashed, idx + o) == _NOT_REACHABLE:
+                        _put(dense, table, hashed, idx + o, _REACHABLE)
+                        if qt == queue.shape[0]:
+                            queue = _grow1(queue)
+                        queue[qt] = idx + o
+                        qt += 1
+    return table, hashed
+
+
+@njit(cache=True, nogil=True)
+def build(
+    table, hashed, n1, n2, e1, dst, lab, off1, off2, arcs,
+    start1, start2, accept1, accept2, sorted1, sorted2, kind, tab1, w1, tab2, w2,
+):
+    """Pass 2 of :func:`compose` (over out-arcs): nodes and arcs, breadth-first from the
+    pairs of start nodes. The store maps each state given a node to its id."""
+    N1 = np.int64(n1)
+    dense = 3 * N1 * np.int64(n2) <= DENSE_STATES
+    acc1 = np.zeros(n1, dtype=np.uint8)
+    acc2 = np.zeros(n2, dtype=np.uint8)
+    for a in accept1:
+        acc1[a] = 1
+    for a in accept2:
+        acc2[a] = 1
+    pairs = np.empty((2, 64), dtype=np.int32)
+    node_state = np.empty(64, dtype=np.int64)  # output node -> product state (the queue)
+    node_acc = np.empty(64, dtype=np.uint8)
+    num_nodes = 0
+    for s1 in start1:
+        for s2 in start2:
+            idx = 3 * (s1 + N1 * s2)
+            if _get(dense, table, hashed, idx) != _NOT_REACHABLE:
+                _put(dense, table, hashed, idx, num_nodes)
+                if num_nodes == node_state.shape[0]:
+                    node_state = _grow1(node_state)
+                    node_acc = _grow1(node_acc)
+                node_state[num_nodes] = idx
+                node_acc[num_nodes] = acc1[s1] & acc2[s2]
+                num_nodes += 1
+    num_start = num_nodes
+
+    out = np.empty((4, max(64, arcs.shape[0])), dtype=np.int32)
+    num_arcs = 0
+    cand = np.empty((3, 64), dtype=np.int64)  # (next state, arc1, arc2) of one node
+    head = 0
+    while head < num_nodes:
+        cur = head
+        state = node_state[head]
+        head += 1
+        base = state // 3
+        follow = state - 3 * base
+        b = base // N1
+        a = base - N1 * b
+        nc = 0
+        pairs, npairs = _match(kind, arcs, lab, a, b, off1, off2, e1, tab1, w1, tab2, w2, pairs)
+        for k in range(npairs):
+            i = pairs[0, k]
+            if follow != 0 and lab[i] == EPS:
+                continue
+            j = pairs[1, k]
+            if nc == cand.shape[1]:
+                cand = _grow2(cand)
+            cand[0, nc] = 3 * (dst[i] + N1 * dst[e1 + j])
+            cand[1, nc] = i
+            cand[2, nc] = j
+            nc += 1
+        if follow != 2:  # epsilon arcs of the first graph
+            for p in range(off1[a], off1[a + 1]):
+                i = arcs[p]
+                if lab[i] != EPS:
+                    if sorted1:
+                        break
+                    continue
+                if nc == cand.shape[1]:
+                    cand = _grow2(cand)
+                cand[0, nc] = 3 * (dst[i] + N1 * b) + 1
+                cand[1, nc] = i
+                cand[2, nc] = -1
+                nc += 1
+        if follow != 1:  # epsilon arcs of the second graph
+            for p in range(off2[b], off2[b + 1]):
+                j = arcs[p]
+                if lab[j] != EPS:
+                    if sorted2:
+                        break
+                    continue
+                if nc == cand.shape[1]:
+                    cand = _grow2(cand)
+                cand[0, nc] = 3 * (a + N1 * dst[j]) + 2
+                cand[1, nc] = -1
+                cand[2, nc] = j - e1
+                nc += 1
+        for k in range(nc):
+            nxt = cand[0, k]
+            node = _get(dense, table, hashed, nxt)
+            if node == _NOT_REACHABLE:
+                continue
+            if node < 0:
+                node = num_nodes
+                _put(dense, table, hashed, nxt, node)
+                if num_nodes == node_state.shape[0]:
+                    node_state = _grow1(node_state)
+                    node_acc = _grow1(node_acc)
+                nb = nxt // 3
+                nb2 = nb // N1
+                node_state[num_nodes] = nxt
+                node_acc[num_nodes] = acc1[nb - N1 * nb2] & acc2[nb2]
+                num_nodes += 1
+            if num_arcs == out.shape[1]:
+                out = _grow2(out)
+            out[0, num_arcs] = cur
+            out[1, num_arcs] = node
+            out[2, num_arcs] = cand[1, k]
+            out[3, num_arcs] = cand[2, k]
+            num_arcs += 1
+    return (
+        num_nodes,
+        num_start,
+        node_acc[:num_nodes].copy(),
+        out[0, :num_arcs].copy(),
+        out[1, :num_arcs].copy(),
+        out[2, :num_arcs].copy(),
+        out[3, :num_arcs].copy(),
+    )
+
+
+@njit(cache=True, nogil=True)
+def compose_arcs(arc1, arc2, il1, w1, ol2, w2):
+    """Labels and weights of composed arcs from their arc map.
+
+    An arc from a matched pair reads ``il1[i]``, writes ``ol2[j]`` and weighs
+    ``w1[i] + w2[j]``; an epsilon arc of one graph takes that arc's weight alone.
+    """
+    n = arc1.shape[0]
+    il = np.empty(n, dtype=np.int32)
+    ol = np.empty(n, dtype=np.int32)
+    w = np.empty(n, dtype=np.float32)
+    for k in range(n):
+        i = arc1[k]
+        j = arc2[k]
+        if i >= 0 and j >= 0:
+            il[k] = il1[i]
+            ol[k] = ol2[j]
+            w[k] = w1[i] + w2[j]
+        elif i >= 0:
+            il[k] = il1[i]
+            ol[k] = EPS
+            w[k] = w1[i]
+        else:
+            il[k] = EPS
+            ol[k] = ol2[j]
+            w[k] = w2[j]
+    return il, ol, w
+
+
+@njit(cache=True, nogil=True)
+def scatter_add(index, values, size):
+    """``out[index[k]] += values[k]`` for ``index[k] >= 0``, in order (float32)."""
+    out = np.zeros(size, dtype=np.float32)
+    for k in range(index.shape[0]):
+        i = index[k]
+        if i >= 0:
+            out[i] += values[k]
+    return out
+
+
+# -- remove ----------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def remove(num_nodes, src, dst, il, ol, in_off, in_arcs, out_off, out_arcs, start, accept, ilabel, olabel):
+    """GTN's ``remove``: drops arcs labelled ``ilabel:olabel``, joining their ends.
+
+    A node survives if it is a start node or has an in-arc with another label. From each
+    surviving node, a breadth-first walk over removed arcs reaches nodes whose other
+    out-arcs the survivor then gets (and their accept flag).
+
+    Returns ``(new_id, num_out_nodes, accept_order, src, dst, arc)``: ``new_id`` maps
+    input nodes to output nodes (-1 when dropped), ``accept_order`` lists output accept
+    nodes in the order GTN marks them, ``arc`` is the input arc each output arc copies.
+    """
+    is_start = np.zeros(num_nodes, dtype=np.uint8)
+    is_acc = np.zeros(num_nodes, dtype=np.uint8)
+    for n in start:
+        is_start[n] = 1
+    for n in accept:
+        is_acc[n] = 1
+    new_id = np.full(num_nodes, -1, dtype=np.int32)
+    count = 0
+    for n in range(num_nodes):
+        keep = is_start[n] == 1
+        if not keep:
+            for p in range(in_off[n], in_off[n + 1]):
+                e = in_arcs[p]
+                if not (il[e] == ilabel and ol[e] == olabel):
+                    keep = True
+                    break
+        if keep:
+            new_id[n] = count
+            count += 1
+    seen = np.full(num_nodes, -1, dtype=np.int32)  # stamp: the node whose walk saw it
+    queue = np.empty(max(num_nodes, 1), dtype=np.int32)
+    accept_order = np.empty(count, dtype=np.int32)
+    n_acc = 0
+    out = np.empty((3, max(16, src.shape[0])), dtype=np.int32)
+    n_out = 0
+    for n in range(num_nodes):
+        cur = new_id[n]
+        if cur < 0:
+            continue
+        qh = 0
+        qt = 1
+        queue[0] = n
+        seen[n] = n
+        marked = False
+        while qh < qt:
+            nxt = queue[qh]
+            qh += 1
+            if is_acc[nxt] and not marked:
+                marked = True
+                accept_order[n_acc] = cur
+                n_acc += 1
+            for p in range(out_off[nxt], out_off[nxt + 1]):
+                e = out_arcs[p]
+                d = dst[e]
+                if il[e] == ilabel and ol[e] == olabel:
+                    if seen[d] != n:
+                        seen[d] = n
+                        queue[qt] = d
+                        qt += 1
+                else:
+                    if n_out == out.shape[1]:
+                        out = _grow2(out)
+                    out[0, n_out] = cur
+                    out[1, n_out] = new_id[d]
+                    out[2, n_out] = e
+                    n_out += 1
+    return (
+        new_id,
+        count,
+        accept_order[:n_acc].copy(),
+        out[0, :n_out].copy(),
+        out[1, :n_out].copy(),
+        out[2, :n_out].copy(),
+    )
+
+
+# -- shortest distance / path ----------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def topological_order(num_nodes, src, dst, in_off, out_off, out_arcs, accept):
+    """Kahn's order of the nodes not on or after a cycle.
+
+    Returns ``(order, count, ok)``: ``order[:count]`` is a topological order of every
+    node that no cycle leads to; ``ok`` is False when a cycle (a self-loop included)
+    leads to an accept node, which makes the sum over paths infinite. When every arc
+    goes to a larger node id (compositions of acyclic graphs usually do), the order is
+    the node ids themselves.
+    """
+    order = np.empty(num_nodes, dtype=np.int32)
+    increasing = True
+    for a in range(src.shape[0]):
+        if src[a] >= dst[a]:
+            increasing = False
+            break
+    if increasing:
+        for n in range(num_nodes):
+            order[n] = n
+        return order, num_nodes, True
+    indeg = np.empty(num_nodes, dtype=np.int32)
+    count = 0
+    for n in range(num_nodes):
+        indeg[n] = in_off[n + 1] - in_off[n]
+        if indeg[n] == 0:
+            order[count] = n
+            count += 1
+    head = 0
+    while head < count:
+        n = order[head]
+        head += 1
+        for p in range(out_off[n], out_off[n + 1]):
+            d = dst[out_arcs[p]]
+            indeg[d] -= 1
+            if indeg[d] == 0:
+                order[count] = d
+                count += 1
+    ok = True
+    for n in accept:
+        if indeg[n] > 0:
+            ok = False
+    return order, count, ok
+
+
+@njit(cache=True, nogil=True)
+def forward(num_nodes, src, w, in_off, in_arcs, order, count, start, accept, tropical):
+    """Forward scores (log semiring, or max when ``tropical``) of nodes in ``order``.
+
+    Like GTN: a node's score combines its in-arcs' ``score[src] + weight`` and, for a
+    start node, 0 (the empty path); a node with neither scores -inf, and so does the
+    graph without an accepting path. For the max semiring ``best_arc[n]`` is the first
+    in-arc with the strictly best score (-1 when the empty path wins or nothing reaches
+    ``n``) and ``best_accept`` the first accept node with the strictly best score.
+
+    Returns ``(score, node_scores, best_arc, best_accept)`` (float64 scores).
+    """
+    ninf = -np.inf
+    scores = np.full(num_nodes, ninf)
+    best_arc = np.full(num_nodes if tropical else 0, -1, dtype=np.int32)
+    is_start = np.zeros(num_nodes, dtype=np.uint8)
+    for n in start:
+        is_start[n] = 1
+    for k in range(count):
+        n = order[k]
+        lo = in_off[n]
+        hi = in_off[n + 1]
+        mx = ninf
+        arg = -1
+        for p in range(lo, hi):
+            a = in_arcs[p]
+            s = scores[src[a]] + w[a]
+            if s > mx:
+                mx = s
+                arg = a
+        if is_start[n]:
+            if 0.0 > mx:
+                mx = 0.0
+                arg = -1
+        if tropical:
+            best_arc[n] = arg
+            scores[n] = mx
+        elif hi == lo and not is_start[n]:
+            scores[n] = ninf
+        elif mx == np.inf or mx == ninf:
+            scores[n] = mx
+        else:
+            acc = -1.0
+            for p in range(lo, hi):
+                a = in_arcs[p]
+                acc += math.exp(scores[src[a]] + w[a] - mx)
+            if is_start[n]:
+                acc += math.exp(-mx)
+            scores[n] = mx + math.log1p(acc)
+    mx = ninf
+    best = -1
+    for n in accept:
+        if scores[n] > mx:
+            mx = scores[n]
+            best = n
+    if tropical or mx == np.inf or mx == ninf or accept.shape[0] == 0:
+        total = mx
+    else:
+        acc = -1.0
+        for n in accept:
+            acc += math.exp(scores[n] - mx)
+        total = mx + math.log1p(acc)
+    return total, scores, best_arc, best
+
+
+@njit(cache=True, nogil=True)
+def forward_grad(num_nodes, n_arcs, dst, w, out_off, out_arcs, order, count, accept, scores, total, delta):
+    """Gradient of the log-semiring forward score: arc posteriors times ``delta``.
+
+    ``grad[a] = delta * exp(alpha[src] + w[a] + beta[dst] - total)``, accumulated
+    backwards through ``order`` as GTN does. Arcs into nodes that score -inf, and every
+    arc when there is no accepting path, get 0.
+    """
+    ninf = -np.inf
+    is_acc = np.zeros(num_nodes, dtype=np.uint8)
+    for n in accept:
+        is_acc[n] = 1
+    node_grad = np.zeros(num_nodes)
+    grad = np.zeros(n_arcs, dtype=np.float32)
+    for k in range(count - 1, -1, -1):
+        n = order[k]
+        g = 0.0
+        sn = scores[n]
+        for p in range(out_off[n], out_off[n + 1]):
+            a = out_arcs[p]
+            d = dst[a]
+            if scores[d] == ninf:
+                cur = 0.0
+            else:
+                cur = node_grad[d] * math.exp(sn + w[a] - scores[d])
+            g += cur
+            grad[a] = cur
+        if is_acc[n] and total != ninf:
+            g += math.exp(sn - total) * delta
+        node_grad[n] = g
+    return grad
+
+
+@njit(cache=True, nogil=True)
+def viterbi_grad(n_arcs, src, best_arc, best_accept, delta):
+    """Gradient of the Viterbi score: ``delta`` on each arc of the best path."""
+    grad = np.zeros(n_arcs, dtype=np.float32)
+    n = best_accept
+    while n >= 0:
+        a = best_arc[n]
+        if a < 0:
+            break
+        grad[a] += delta
+        n = src[a]
+    return grad
+
+
+@njit(cache=True, nogil=True)
+def best_path(num_nodes, src, w, in_off, in_arcs, order, count, start, accept):
+    """GTN's ``viterbiPath``: arcs of the best path, first arc first.
+
+    Start nodes begin at 0; an in-arc replaces a node's back-pointer only when strictly
+    better (so on ties the empty path at a start node and the earliest in-arc win); the
+    first accept node with the strictly best score ends the path. Returns
+    ``(found, arcs)``; ``found`` is False when no accepting path exists.
+    """
+    ninf = -np.inf
+    scores = np.full(num_nodes, ninf)
+    back = np.full(num_nodes, -1, dtype=np.int32)
+    for n in start:
+        scores[n] = 0.0
+    for k in range(count):
+        n = order[k]
+        for p in range(in_off[n], in_off[n + 1]):
+            a = in_arcs[p]
+            s = scores[src[a]] + w[a]
+            if s > scores[n]:
+                scores[n] = s
+                back[n] = a
+    mx = ninf
+    best = -1
+    for n in accept:
+        if scores[n] > mx:
+            mx = scores[n]
+            best = n
+    if best < 0:
+        return False, np.zeros(0, dtype=np.int32)
+    length = 0
+    n = best
+    while back[n] >= 0:
+        length += 1
+        n = src[back[n]]
+    arcs = np.empty(length, dtype=np.int32)
+    n = best
+    for k in range(length - 1, -1, -1):
+        arcs[k] = back[n]
+        n = src[back[n]]
+    return True, arcs
