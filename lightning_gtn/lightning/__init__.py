@@ -20,7 +20,7 @@ from .data import (
     make_digit_lines,
     read_transcripts,
 )
-from .losses import BUILTIN_LOSSES, LossAdapter, LossConvention, build_loss
+from .losses import BUILTIN_LOSSES, LossAdapter, LossConvention, TargetGraphLoss, build_loss
 from .mixin import StructuredLossMixin
 from .models import ConvRNNEncoder
 from .module import SequenceModule
@@ -34,6 +34,7 @@ __all__ = [
     "LossAdapter",
     "LossConvention",
     "build_loss",
+    "TargetGraphLoss",
     "BUILTIN_LOSSES",
     "DigitLinesDataModule",
     "FeatureDataModule",

@@ -30,13 +30,14 @@ from lightning_gtn import functional as LF
 
 from .vocabulary import Vocabulary
 
-__all__ = ["LossAdapter", "LossConvention", "build_loss", "BUILTIN_LOSSES"]
+__all__ = ["LossAdapter", "LossConvention", "TargetGraphLoss", "build_loss", "BUILTIN_LOSSES"]
 
 #: Built-in loss names and their module classes.
 BUILTIN_LOSSES = {
     "ctc": "lightning_gtn.nn.CTCLoss",
     "asg": "lightning_gtn.nn.ASGLoss",
     "seq": "lightning_gtn.nn.SequenceLoss",
+    "graph": "lightning_gtn.lightning.losses.TargetGraphLoss",
 }
 
 
@@ -185,3 +186,95 @@ def build_loss(
             msg = " ".join(str(root).split())
             raise ValueError(f"loss: cannot build {cfg['_target_']} from {cfg}: {msg}") from e
     return LossAdapter(module, conv), vocab
+
+
+class TargetGraphLoss(nn.Module):
+    """A criterion graph per target from a builder function, scored by
+    :class:`lightning_gtn.nn.GraphLoss`: the way to train with your own criterion graphs.
+
+    ``builder(target_ids, **builder_kwargs)`` returns a :class:`lightning_gtn.wfst.Graph`
+    acceptor over the emission classes (e.g. :func:`lightning_gtn.wfst.criterion.ctc_graph`);
+    graphs are cached per target. The loss of example ``b`` is ``-forward_score(graph_b o E_b)``,
+    plus the forward score of all label paths when ``normalize=True`` (for unnormalised emissions
+    or criteria that are not distributions), divided by the target length for ``"mean"``.
+
+    Args:
+        builder: the function, or its dotted import path (what a config gives).
+        builder_kwargs: extra keyword arguments of the builder.
+        normalize: add the all-paths forward score (needs ``num_classes``).
+        num_classes: ``C`` (filled in by :func:`build_loss`).
+        reduction: ``"mean"`` (per-token, then batch average), ``"sum"`` or ``"none"``.
+        zero_infinity: targets with no path give 0.
+        cache_size: at most this many cached graphs.
+
+    Shapes:
+        emissions ``(B, T, C)``, targets ``(B, S)`` padded, input_lengths and target_lengths ``(B,)``.
+    """
+
+    def __init__(
+        self,
+        builder,
+        builder_kwargs: Mapping | None = None,
+        normalize: bool = False,
+        num_classes: int | None = None,
+        reduction: str = "mean",
+        zero_infinity: bool = True,
+        cache_size: int = 100_000,
+    ):
+        super().__init__()
+        from lightning_gtn.nn import GraphLoss
+
+        if isinstance(builder, str):
+            from hydra.utils import get_method
+
+            try:
+                builder = get_method(builder)
+            except Exception as e:
+                raise ValueError(f"loss.builder: cannot import {builder!r}: {' '.join(str(e).split())}") from e
+        if not callable(builder):
+            raise ValueError(f"loss.builder must be callable, got {builder!r}")
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"loss.reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        if normalize and num_classes is None:
+            raise ValueError("loss.normalize needs num_classes")
+        self.builder = builder
+        self.builder_kwargs = dict(builder_kwargs or {})
+        self.normalize = normalize
+        self.num_classes = num_classes
+        self.reduction = reduction
+        self.cache_size = cache_size
+        self._graphs: dict = {}
+        self._denominator = None
+        self.graph_loss = GraphLoss(reduction="none", zero_infinity=zero_infinity)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_graphs"] = {}  # rebuilt on demand (keeps checkpoints and spawned copies small)
+        state["_denominator"] = None
+        return state
+
+    def graph(self, target: tuple):
+        g = self._graphs.get(target)
+        if g is None:
+            if len(self._graphs) >= self.cache_size:
+                self._graphs.clear()
+            g = self._graphs[target] = self.builder(list(target), **self.builder_kwargs)
+        return g
+
+    def forward(self, emissions, targets, input_lengths, target_lengths):
+        tl = target_lengths.tolist()
+        rows = targets.tolist()
+        graphs = [self.graph(tuple(rows[b][: tl[b]])) for b in range(len(tl))]
+        dens = None
+        if self.normalize:
+            if self._denominator is None:
+                from lightning_gtn.functional import all_paths_graph
+
+                self._denominator = all_paths_graph(self.num_classes)
+            dens = [self._denominator] * len(graphs)
+        losses = self.graph_loss(emissions, graphs, input_lengths, denominators=dens)
+        if self.reduction == "none":
+            return losses
+        if self.reduction == "sum":
+            return losses.sum()
+        return (losses / target_lengths.to(losses.device, losses.dtype).clamp(min=1)).mean()
