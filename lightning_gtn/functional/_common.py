@@ -177,8 +177,8 @@ def score_forward(ctx, E: torch.Tensor, w: torch.Tensor, plan: Plan, impl: str, 
                   need_w: bool = False):
     """Shared forward: returns per-row losses ``(B,)``; stores what backward needs on ``ctx``.
 
-    On the CPU, when no weight gradient is needed, the fused scaled kernel computes the
-    emission gradient right away (``impl="numba"``); ``impl="numba_log"`` forces the log-domain
+    On the CPU (``impl="numba"``) the fused scaled kernel computes the emission gradient and,
+    when ``need_w``, the arc occupancies right away; ``impl="numba_log"`` forces the log-domain
     kernels (alphas stored, betas in backward).
     """
     E = E.contiguous()
@@ -186,11 +186,14 @@ def score_forward(ctx, E: torch.Tensor, w: torch.Tensor, plan: Plan, impl: str, 
     p = plan.problem
     ctx.fused_grad = None
     ctx.state = None
-    if impl == "numba" and not need_w:
-        logz, ctx.fused_grad = _dense.fused(p, E, w, plan.sign, bool(ctx.needs_input_grad[0]))
+    ctx.arc_occ = None
+    if impl == "numba":
+        logz, ctx.fused_grad, ctx.arc_occ = _dense.fused(p, E, w, plan.sign, bool(ctx.needs_input_grad[0]), need_w)
+        ctx.fused = True
     else:
         st = _dense.forward(p, E, w, "numba" if impl == "numba_log" else impl)
         ctx.state = st
+        ctx.fused = False
         logz = st.logz
     rows = torch.from_numpy(p.ex_row).to(E.device)
     sign = torch.from_numpy(plan.sign).to(device=E.device, dtype=E.dtype)
@@ -210,11 +213,15 @@ def score_backward(ctx, grad_losses: torch.Tensor, need_e: bool, need_w: bool):
     st, plan = ctx.state, ctx.plan
     p = plan.problem
     g = torch.where(ctx.bad, torch.zeros_like(grad_losses), grad_losses)
-    if st is None:  # fused: the emission gradient is ready, scale its rows
-        gE = ctx.fused_grad
-        if gE is None or not need_e:
-            return None, None
-        return gE * g.to(gE.dtype).reshape(-1, 1, 1), None
+    if ctx.fused:  # the gradients are ready: scale them by the incoming gradient
+        gE = gw = None
+        if need_e and ctx.fused_grad is not None:
+            gE = ctx.fused_grad * g.to(ctx.fused_grad.dtype).reshape(-1, 1, 1)
+        if need_w and ctx.arc_occ is not None:
+            values, arc_ids, ex = ctx.arc_occ
+            coef = g.to(values.dtype)[torch.from_numpy(p.ex_row)] * torch.from_numpy(plan.sign).to(values.dtype)
+            gw = torch.zeros(plan.batch.num_arcs, dtype=values.dtype).index_add_(0, arc_ids, values * coef[ex])
+        return gE, gw
     dev = st.E.device
     g = g.to(st.E.dtype)
     rows = torch.from_numpy(p.ex_row).to(dev)

@@ -283,9 +283,12 @@ def _fused_kernel(
     node_off, arc_off, in_off, in_arc, in_src, in_lp, out_off, out_arc, out_dst, out_lp,
     start_off, start, accept_off, accept,
     ein_node_off, ein_nodes, ein_off, ein_arc, eout_node_off, eout_nodes, eout_off, eout_arc,
-    lab_off, labs, logz, flag, gE, need_e, tol,
+    lab_off, labs, logz, flag, gE, need_e, tol, gw_ex, gw_off, need_w,
 ):
     """Scaled linear-domain forward-backward with the emission gradient, per example.
+
+    With ``need_w``, the occupancy of every arc of example ``e`` (summed over frames, no sign)
+    goes to ``gw_ex[gw_off[e] + local arc id]``.
 
     alpha and beta are float64 vectors normalised to max 1 per frame plus a log scale, so
     nothing is exponentiated per arc: only each used label once per frame. Underflow can
@@ -392,11 +395,16 @@ def _fused_kernel(
         cur_b = np.empty(S)
         for k in range(accept_off[g], accept_off[g + 1]):
             nxt[accept[k]] = 1.0
+        FT = math.exp(ls[T] - lz)
+        wo = gw_off[e]
         for i in range(eout_node_off[g], eout_node_off[g + 1]):
             n = eout_nodes[i]
             for k in range(eout_off[i], eout_off[i + 1]):
                 a = eout_arc[k]
-                nxt[n] += ew_all[a - a0] * nxt[dst[a]]
+                v = ew_all[a - a0] * nxt[dst[a]]
+                nxt[n] += v
+                if need_w:
+                    gw_ex[wo + a - a0] += A[last + n] * v * FT
         m = 0.0
         for n in range(S):
             if nxt[n] > m:
@@ -417,6 +425,8 @@ def _fused_kernel(
                     v = ew_out[k] * P[t, j] * nxt[out_dst[k0 + k]]
                     acc += v
                     G[t, j] += an * v
+                    if need_w:
+                        gw_ex[wo + out_arc[k0 + k] - a0] += an * v
                 cur_b[n] = acc
                 total += an * acc
             if not abs(total - 1.0) <= tol:
@@ -426,7 +436,10 @@ def _fused_kernel(
                 n = eout_nodes[i]
                 for k in range(eout_off[i], eout_off[i + 1]):
                     a = eout_arc[k]
-                    cur_b[n] += ew_all[a - a0] * cur_b[dst[a]]
+                    v = ew_all[a - a0] * cur_b[dst[a]]
+                    cur_b[n] += v
+                    if need_w:
+                        gw_ex[wo + a - a0] += A[prev + n] * v * F
             m = 0.0
             for n in range(S):
                 if cur_b[n] > m:
@@ -608,12 +621,15 @@ class Subset(Problem):
 FUSED_TOL = 1e-6
 
 
-def fused(problem: "Problem", E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: bool):
-    """Scores and differentiates all examples at once (CPU, emission gradients only).
+def fused(problem: "Problem", E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: bool,
+          need_w: bool = False):
+    """Scores and differentiates all examples at once (CPU).
 
-    Returns ``(logz (N,), grad_E (B, T, C) or None)`` where ``grad_E`` holds
-    ``sum_e sign[e] * d logZ_e / dE``. Examples the scaled kernel cannot vouch for are redone
-    with the log-domain kernels.
+    Returns ``(logz (N,), grad_E, arc_occ)``: ``grad_E`` ``(B, T, C)`` (or None) holds
+    ``sum_e sign[e] * d logZ_e / dE``; ``arc_occ`` (or None) is ``(values, arc_ids, example)``,
+    the per-example arc occupancies ``d logZ_e / d w`` flattened, with the global arc id and the
+    example of each entry. Examples the scaled kernel cannot vouch for are redone with the
+    log-domain kernels.
     """
     p, bt = problem, problem.batch
     dtype = E.dtype
@@ -623,6 +639,11 @@ def fused(problem: "Problem", E: torch.Tensor, w: torch.Tensor, sign: np.ndarray
     gE = torch.zeros_like(E) if need_e else torch.zeros((1, 1, 1), dtype=dtype)
     En, wn, gEn = _np(E), _np(w).astype(np.float64), _np(gE)
     signn = np.ascontiguousarray(sign, dtype=np.float64)
+    arcs = np.diff(bt.arc_off)[p.ex_graph] if N else np.zeros(0, np.int64)
+    gw_off = np.zeros(N + 1, dtype=np.int64)
+    if need_w:
+        np.cumsum(arcs, out=gw_off[1:])
+    gw_ex = np.zeros(max(int(gw_off[-1]), 1), dtype=np.float64)
 
     def run(e0, e1):
         _fused_kernel(
@@ -631,7 +652,7 @@ def fused(problem: "Problem", E: torch.Tensor, w: torch.Tensor, sign: np.ndarray
             bt.out_off, bt.out_arc, bt.out_dst, bt.out_lp, bt.start_off, bt.start, bt.accept_off, bt.accept,
             bt.eps_in_node_off, bt.eps_in_nodes, bt.eps_in_off, bt.eps_in_arc,
             bt.eps_out_node_off, bt.eps_out_nodes, bt.eps_out_off, bt.eps_out_arc,
-            bt.lab_off, bt.labels, logz, flag, gEn, need_e, FUSED_TOL,
+            bt.lab_off, bt.labels, logz, flag, gEn, need_e, FUSED_TOL, gw_ex, gw_off, need_w,
         )
 
     _run_chunks(run, p.chunks(get_num_threads()))
@@ -644,7 +665,21 @@ def fused(problem: "Problem", E: torch.Tensor, w: torch.Tensor, sign: np.ndarray
         if need_e:
             g, _ = backward(st, torch.from_numpy(signn[bad]), True, False)
             gE += g
-    return out, (gE if need_e else None)
+        if need_w:
+            for i, e in enumerate(bad):  # one at a time: each needs its own arc occupancies
+                coef = torch.zeros(len(bad), dtype=torch.float64)
+                coef[i] = 1.0
+                _, gw = backward(st, coef, False, True)
+                g0 = p.ex_graph[e]
+                gw_ex[gw_off[e] : gw_off[e + 1]] = _np(gw)[bt.arc_off[g0] : bt.arc_off[g0 + 1]]
+    occ = None
+    if need_w:
+        ex = np.repeat(np.arange(N), arcs)
+        local = np.arange(int(gw_off[-1])) - np.repeat(gw_off[:-1], arcs)
+        arc_ids = bt.arc_off[p.ex_graph][ex] + local
+        occ = (torch.from_numpy(gw_ex[: int(gw_off[-1])]).to(dtype), torch.from_numpy(arc_ids),
+               torch.from_numpy(ex))
+    return out, (gE if need_e else None), occ
 
 
 def viterbi_labels(st: State) -> list:
