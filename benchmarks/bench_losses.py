@@ -8,11 +8,14 @@ Tables (markdown):
    same dynamic programme (written below; the real ``gtn`` package is not installable here).
 3. CTC on the GPU against torch's CUDA ctc_loss, when a GPU is present.
 
-Memory method: each (loss, shape) runs once more in a fresh subprocess with glibc's mmap
-threshold pinned (``MALLOC_MMAP_THRESHOLD_``), so that every large buffer (torch's, numpy's or
-numba's) gets fresh pages and gives them back when freed; after a warm-up the peak resident
-size is reset (``/proc/self/clear_refs``) and the reported figure is ``VmHWM - VmRSS`` across
-one forward + backward: the extra resident memory at the peak, inputs excluded.
+Memory method: each (loss, shape) runs once more in a fresh subprocess with glibc's malloc
+told to mmap every buffer of 4 KiB or more and to trim freed heap at once
+(``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``), so that the
+buffers of torch, numpy and numba get fresh pages and give them back when freed; after a
+warm-up the peak resident size is reset (``/proc/self/clear_refs``) and the reported figure is
+``VmHWM - VmRSS`` across one forward + backward: the extra resident memory at the peak, inputs
+excluded. Page-granular, and blind to small allocations served from memory the process already
+holds, so tiny figures are lower bounds.
 """
 
 from __future__ import annotations
@@ -156,7 +159,9 @@ def _memory_worker(kind, impl, shape) -> None:
 
 
 def _memory(kind, impl, shape):
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+    # small mmap threshold and no trim/top padding: buffers freed by the warm-up go back to
+    # the system, so what the measured step needs shows up as new resident pages
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="4096", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
     cmd = [sys.executable, __file__, "--memory-worker", kind, impl, ",".join(map(str, shape))]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=True).stdout

@@ -11,6 +11,7 @@ from ._graphs import (
     asg_target_graph,
     clear_cache,
     force_align_graph,
+    set_cache_size,
 )
 from .asg import asg_loss
 from .ctc import ctc_loss
@@ -30,4 +31,5 @@ __all__ = [
     "asg_full_graph",
     "asg_target_graph",
     "clear_cache",
+    "set_cache_size",
 ]

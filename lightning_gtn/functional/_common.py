@@ -68,6 +68,15 @@ def split_targets(targets, target_lengths, B: int, device: torch.device, num_cla
 
     A list of B sequences is accepted too (then ``target_lengths`` may be None).
     """
+    if (target_lengths is not None and not isinstance(targets, (torch.Tensor, np.ndarray)) and len(targets)
+            and not np.isscalar(targets[0])):
+        # a list of B sequences with lengths: check they agree, then use the sequences
+        seqs = [list(map(int, t)) for t in targets]
+        lengths = as_lengths(target_lengths, B, "target_lengths", device)
+        if len(seqs) != B or any(len(s) != n for s, n in zip(seqs, lengths)):
+            raise ValueError(f"{name}: a list of B={B} sequences whose lengths equal target_lengths is expected")
+        target_lengths = None
+        targets = seqs
     if target_lengths is None:
         if isinstance(targets, torch.Tensor):
             if targets.dim() == 2:

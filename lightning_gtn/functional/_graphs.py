@@ -282,7 +282,20 @@ class _LRU:
 
 
 _CACHES: Dict[str, _LRU] = {}
-CACHE_SIZE = 100_000
+CACHE_SIZE = 4096  # compiled graphs per kind; a CTC graph of 50 tokens takes about 12 kB
+
+
+def set_cache_size(n: int) -> None:
+    """Bounds each criterion-graph cache to ``n`` compiled graphs (``n >= 1``)."""
+    global CACHE_SIZE
+    if int(n) < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    CACHE_SIZE = int(n)
+    for c in _CACHES.values():
+        with c.lock:
+            c.maxsize = CACHE_SIZE
+            while len(c.data) > CACHE_SIZE:
+                c.data.popitem(last=False)
 
 
 def cached(kind: str, key: Hashable, make: Callable[[], CompiledGraph]) -> CompiledGraph:

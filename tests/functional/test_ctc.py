@@ -213,3 +213,21 @@ def test_torch_path_in_small_frame_blocks(monkeypatch):
     ref = _torch_ctc(x, tg, il, tl, "sum", zero_infinity=True)
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(torch.autograd.grad(ours, x)[0], torch.autograd.grad(ref, x)[0])
+
+
+def test_list_targets_and_cache_size():
+    from lightning_gtn.functional import _graphs, set_cache_size
+
+    x = torch.randn(2, 6, 4).log_softmax(-1)
+    a = ctc_loss(x, [[1, 2], [3]], [6, 5], [2, 1], reduction="none")
+    b = ctc_loss(x, torch.tensor([[1, 2], [3, 0]]), [6, 5], [2, 1], reduction="none")
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="lengths equal target_lengths"):
+        ctc_loss(x, [[1, 2], [3]], [6, 5], [2, 2])
+    old = _graphs.CACHE_SIZE
+    try:
+        set_cache_size(1)
+        ctc_loss(x, [[1, 2], [3]], [6, 5], [2, 1])
+        assert len(_graphs._CACHES["ctc"].data) == 1
+    finally:
+        set_cache_size(old)
