@@ -28,7 +28,6 @@ Only the forward stores state (the alphas); the backward is written by hand.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import torch

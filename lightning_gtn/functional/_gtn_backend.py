@@ -13,7 +13,7 @@ API under that name (including ``lightning_gtn.wfst``) can stand in for it.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import numpy as np
 import torch

@@ -2,7 +2,6 @@
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
