@@ -92,6 +92,7 @@ def make_digit_lines(
     space_prob: float = 0.15,
     space_width: tuple[int, int] = (6, 9),
     noise: float = 0.05,
+    augment: bool = False,
     return_sources: bool = False,
 ):
     """Composes lines of digits, each a feature array ``(T, 8)`` (one frame per pixel column).
@@ -100,7 +101,9 @@ def make_digit_lines(
     (``(N, 8, 8)`` in [0, 1]) with ``labels`` ``(N,)``; digits are separated by 0..``max_gap``
     blank columns or, with probability ``space_prob``, by a word space of ``space_width`` columns
     (transcribed as ``" "``). Intensity is scaled by a random factor in [0.7, 1.2] per digit and
-    Gaussian noise of std ``noise`` is added. Deterministic in ``seed``.
+    Gaussian noise of std ``noise`` is added. With ``augment``, each digit is also stretched to
+    a random width of 6 to 10 columns and shifted up or down by up to one pixel. Deterministic in
+    ``seed``.
 
     Returns:
         features: list of float32 arrays ``(T_i, 8)``; texts: list of transcripts; with
@@ -124,8 +127,10 @@ def make_digit_lines(
                     cols.append(np.zeros((gap, 8), np.float32))
             k_img = int(by_label[d][rng.integers(len(by_label[d]))])
             src.append(k_img)
-            img = images[k_img]
-            cols.append(img.T * rng.uniform(0.7, 1.2))  # (8 columns, 8 rows)
+            img = images[k_img].T  # (8 columns, 8 rows)
+            if augment:
+                img = _augment(img, rng)
+            cols.append(img * rng.uniform(0.7, 1.2))
             text.append(str(int(d)))
         cols.append(np.zeros((int(rng.integers(1, 4)), 8), np.float32))
         x = np.concatenate(cols, axis=0)
@@ -136,6 +141,22 @@ def make_digit_lines(
     if return_sources:
         return feats, texts, sources
     return feats, texts
+
+
+def _augment(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Random width (6..10 columns, linear interpolation) and vertical shift (-1..1) of a digit
+    given as ``(columns, rows)``."""
+    width = int(rng.integers(6, 11))
+    pos = np.linspace(0, img.shape[0] - 1, width)
+    lo = np.floor(pos).astype(int)
+    hi = np.minimum(lo + 1, img.shape[0] - 1)
+    frac = (pos - lo)[:, None]
+    out = (1 - frac) * img[lo] + frac * img[hi]
+    shift = int(rng.integers(-1, 2))
+    if shift:
+        out = np.roll(out, shift, axis=1)
+        out[:, 0 if shift > 0 else -1] = 0.0
+    return out.astype(np.float32)
 
 
 class _BaseDataModule(L.LightningDataModule):
@@ -181,6 +202,7 @@ class DigitLinesDataModule(_BaseDataModule):
         batch_size, eval_batch_size, num_workers: DataLoader settings.
         seed: the seed of the image split and of the line generator.
         min_len, max_len, max_gap, space_prob, noise: see :func:`make_digit_lines`.
+        augment_train: stretch and shift the training digits (never validation or test).
     """
 
     chars = DIGIT_CHARS
@@ -200,12 +222,14 @@ class DigitLinesDataModule(_BaseDataModule):
         max_gap: int = 2,
         space_prob: float = 0.15,
         noise: float = 0.05,
+        augment_train: bool = True,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size)
         self.save_hyperparameters()
         self.line_args = dict(
             min_len=min_len, max_len=max_len, max_gap=max_gap, space_prob=space_prob, noise=noise
         )
+        self.augment_train = augment_train
         self.sizes = (num_train, num_val, num_test)
         self.seed = seed
 
@@ -220,7 +244,7 @@ class DigitLinesDataModule(_BaseDataModule):
         for k, (name, idx, n) in enumerate(zip(("train", "val", "test"), splits, self.sizes)):
             feats, texts, src = make_digit_lines(
                 images[idx], labels[idx], n, seed=self.seed * 1000 + k + 1, return_sources=True,
-                **self.line_args,
+                augment=self.augment_train and name == "train", **self.line_args,
             )
             self.source_images[name] = np.unique(idx[np.concatenate(src)]) if n else idx[:0]
             sets.append(SequenceDataset(feats, texts))

@@ -33,7 +33,7 @@ def test_digit_lines_shape_and_text():
         digits = t.replace(" ", "")
         assert 3 <= len(digits) <= 8 and digits.isdigit()
         assert "  " not in t and not t.startswith(" ") and not t.endswith(" ")
-        assert f.shape[1] == 8 and f.shape[0] >= 8 * len(digits)
+        assert f.shape[1] == 8 and f.shape[0] >= 6 * len(digits)  # augmented widths 6..10
     assert any(" " in t for t in dm.train_set.texts)
 
 
