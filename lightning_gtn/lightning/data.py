@@ -222,7 +222,7 @@ class DigitLinesDataModule(_BaseDataModule):
         max_gap: int = 2,
         space_prob: float = 0.15,
         noise: float = 0.05,
-        augment_train: bool = True,
+        augment_train: bool = False,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size)
         self.save_hyperparameters()
