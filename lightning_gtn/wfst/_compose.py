@@ -38,10 +38,12 @@ def _compose(g1: Graph, g2: Graph, kind: int) -> Graph:
     s1, s2 = g1._s, g2._s
     src1, dst1, il1, ol1 = s1.arrays()
     src2, dst2, il2, ol2 = s2.arrays()
+    out_off1, out_arcs1 = adjacency(g1)[2:]
+    out_off2, out_arcs2 = adjacency(g2)[2:]
     num_nodes, num_start, node_acc, src, dst, arc1, arc2 = K.compose(
-        s1.num_nodes, src1, dst1, il1, ol1, *adjacency(g1), _ids(s1.start_ids), _ids(s1.accept_ids),
+        s1.num_nodes, dst1, ol1, out_off1, out_arcs1, _ids(s1.start_ids), _ids(s1.accept_ids),
         bool(s1.olabel_sorted),
-        s2.num_nodes, src2, dst2, il2, ol2, *adjacency(g2), _ids(s2.start_ids), _ids(s2.accept_ids),
+        s2.num_nodes, dst2, il2, out_off2, out_arcs2, _ids(s2.start_ids), _ids(s2.accept_ids),
         bool(s2.ilabel_sorted),
         kind,
     )

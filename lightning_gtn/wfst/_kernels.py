@@ -257,16 +257,16 @@ def _put(dense, table, hashed, key, value):
 # -- composition --------------------------------------------------------------------
 #
 # The kernels see both graphs through combined arrays: arc ``i`` of the first graph is
-# ``i`` and arc ``j`` of the second is ``E1 + j``; ``src``/``dst`` hold both graphs' ends,
-# ``lab`` the first graph's output labels then the second's input labels (the labels a
-# composition matches), and the in/out arc lists of the second graph follow the
-# first's, with offsets shifted to match.
+# ``i`` and arc ``j`` of the second is ``E1 + j``; ``dst`` holds both graphs' ends, ``lab``
+# the first graph's output labels then the second's input labels (the labels a
+# composition matches), and the out-arc lists of the second graph follow the first's,
+# with offsets shifted to match.
 
 
 @njit(cache=True, nogil=True)
 def compose(
-    n1, src1, dst1, il1, ol1, in_off1, in_arcs1, out_off1, out_arcs1, start1, accept1, sorted1,
-    n2, src2, dst2, il2, ol2, in_off2, in_arcs2, out_off2, out_arcs2, start2, accept2, sorted2,
+    n1, dst1, ol1, out_off1, out_arcs1, start1, accept1, sorted1,
+    n2, dst2, il2, out_off2, out_arcs2, start2, accept2, sorted2,
     kind,
 ):
     """GTN's composition of two graphs, producing the same nodes and arcs in the same order.
@@ -275,144 +275,62 @@ def compose(
     that the second's are sorted by input label (epsilon arcs then come first, so the
     epsilon scans stop at the first other label).
 
-    Two passes, as GTN:
+    GTN first marks the product states that can reach a pair of accept nodes, then walks
+    breadth-first from the pairs of start nodes creating a node for each such state in
+    discovery order. For each state it takes the matched arc pairs in its matcher's order
+    (epsilon-epsilon pairs only from plain states), then the first graph's epsilon arcs
+    (unless following the second graph's), then the second's (unless following the
+    first's): the three-state epsilon filter, which keeps one path per pair of paths.
 
-    1. Co-accessibility: from every pair of accept nodes, walk arcs backwards (matched
-       pairs, or epsilon arcs of one graph while following that graph) and mark each
-       product state that can reach a pair of accept nodes.
-    2. A breadth-first walk from the pairs of start nodes that creates output nodes in
-       discovery order. For each state: matched arc pairs in the matcher's order
-       (epsilon-epsilon pairs only from plain states), then the first graph's epsilon
-       arcs (unless following the second), then the second's (unless following the
-       first). Only co-accessible states become nodes.
+    Here the breadth-first walk runs first, over every state it reaches (:func:`explore`),
+    and :func:`trim` then drops the states that reach no accept pair. A dropped state never
+    leads to a kept one, so the kept states keep GTN's discovery order and the kept arcs
+    GTN's order: the result is GTN's, without a backward pass that matches arcs again.
 
     Returns ``(num_nodes, num_start, node_accept, src, dst, arc1, arc2)``: output nodes
     ``0..num_start-1`` are its start nodes; ``node_accept`` (uint8) flags accept nodes;
     output arc ``k`` came from arc ``arc1[k]`` of the first graph and ``arc2[k]`` of the
     second (-1 for none: an epsilon arc of the other graph).
     """
-    e1 = src1.shape[0]
-    src = np.concatenate((src1, src2))
+    e1 = dst1.shape[0]
     dst = np.concatenate((dst1, dst2))
     lab = np.concatenate((ol1, il2))
-    in_arcs = np.concatenate((in_arcs1, in_arcs2 + e1))
-    out_arcs = np.concatenate((out_arcs1, out_arcs2 + e1))
-    in_off2s = in_off2 + e1
-    out_off2s = out_off2 + e1
+    arcs = np.concatenate((out_arcs1, out_arcs2 + e1))
+    off2 = out_off2 + e1
     empty = np.zeros(0, dtype=np.int32)
     search1 = kind == SEARCH_FIRST or kind == DOUBLY
     search2 = kind == SEARCH_SECOND or kind == DOUBLY
-    itab1, iw1 = lower_bound_table(n1, in_off1, in_arcs, lab) if search1 else (empty, 0)
-    itab2, iw2 = lower_bound_table(n2, in_off2s, in_arcs, lab) if search2 else (empty, 0)
-    table, hashed = coaccessible(
-        n1, n2, e1, src, lab, in_off1, in_off2s, in_arcs, accept1, accept2, sorted1, sorted2, kind,
-        itab1, iw1, itab2, iw2,
+    tab1, w1 = lower_bound_table(n1, out_off1, arcs, lab) if search1 else (empty, 0)
+    tab2, w2 = lower_bound_table(n2, off2, arcs, lab) if search2 else (empty, 0)
+    num_nodes, num_start, node_acc, src, dst_, arc1, arc2 = explore(
+        n1, n2, e1, dst, lab, out_off1, off2, arcs, start1, start2, accept1, accept2,
+        sorted1, sorted2, kind, tab1, w1, tab2, w2,
     )
-    otab1, ow1 = lower_bound_table(n1, out_off1, out_arcs, lab) if search1 else (empty, 0)
-    otab2, ow2 = lower_bound_table(n2, out_off2s, out_arcs, lab) if search2 else (empty, 0)
-    return build(
-        table, hashed, n1, n2, e1, dst, lab, out_off1, out_off2s, out_arcs,
-        start1, start2, accept1, accept2, sorted1, sorted2, kind, otab1, ow1, otab2, ow2,
-    )
+    return trim(num_nodes, num_start, node_acc, src, dst_, arc1, arc2)
 
 
 @njit(cache=True, nogil=True)
-def coaccessible(
-    n1, n2, e1, src, lab, off1, off2, arcs, accept1, accept2, sorted1, sorted2, kind, tab1, w1, tab2, w2
+def explore(
+    n1, n2, e1, dst, lab, off1, off2, arcs, start1, start2, accept1, accept2,
+    sorted1, sorted2, kind, tab1, w1, tab2, w2,
 ):
-    """Pass 1 of :func:`compose` (over in-arcs): a state store (dense int32 array, or a
-    hash map when there are more than ``DENSE_STATES`` states) holding -1 for every
-    co-accessible state."""
+    """Breadth-first walk of the product from the pairs of start nodes (see :func:`compose`).
+
+    Product states ``(a, b, follow)`` map to node ids through a dense int32 array while
+    there are at most ``DENSE_STATES`` states, through a hash map beyond. The smaller
+    graph's node varies fastest in the state index, so the states of one breadth-first
+    wave sit close together in memory.
+    """
     N1 = np.int64(n1)
-    total = 3 * N1 * np.int64(n2)
+    N2 = np.int64(n2)
+    total = 3 * N1 * N2
     dense = total <= DENSE_STATES
-    table = np.full(total if dense else 0, _NOT_REACHABLE, dtype=np.int32)
+    if n2 <= n1:
+        stride_a, stride_b = 3 * N2, np.int64(3)
+    else:
+        stride_a, stride_b = np.int64(3), 3 * N1
+    table = np.full(total if dense else 0, -1, dtype=np.int32)
     hashed = Dict.empty(key_type=types.int64, value_type=types.int32)
-    pairs = np.empty((2, 64), dtype=np.int32)
-    # States that follow epsilon arcs of a graph without such arcs lead nowhere, and
-    # pass 2 never asks for them: skip them (same result, a third of the work).
-    follow1 = False
-    for p in range(off1[n1]):
-        if lab[arcs[p]] == EPS:
-            follow1 = True
-            break
-    follow2 = False
-    for p in range(off2[0], off2[n2]):
-        if lab[arcs[p]] == EPS:
-            follow2 = True
-            break
-    queue = np.empty(64, dtype=np.int64)
-    qt = 0
-    for f in accept1:
-        for s in accept2:
-            idx = 3 * (f + N1 * s)
-            for o in range(3):
-                if (o == 1 and not follow1) or (o == 2 and not follow2):
-                    continue
-                _put(dense, table, hashed, idx + o, _REACHABLE)
-                if qt == queue.shape[0]:
-                    queue = _grow1(queue)
-                queue[qt] = idx + o
-                qt += 1
-    qh = 0
-    while qh < qt:
-        state = queue[qh]
-        qh += 1
-        base = state // 3
-        follow = state - 3 * base
-        b = base // N1
-        a = base - N1 * b
-        if follow == 0:
-            pairs, npairs = _match(kind, arcs, lab, a, b, off1, off2, e1, tab1, w1, tab2, w2, pairs)
-            for k in range(npairs):
-                i = pairs[0, k]
-                idx = 3 * (src[i] + N1 * src[e1 + pairs[1, k]])
-                last = 2 if lab[i] != EPS else 0
-                for o in range(last + 1):
-                    if (o == 1 and not follow1) or (o == 2 and not follow2):
-                        continue
-                    if _get(dense, table, hashed, idx + o) == _NOT_REACHABLE:
-                        _put(dense, table, hashed, idx + o, _REACHABLE)
-                        if qt == queue.shape[0]:
-                            queue = _grow1(queue)
-                        queue[qt] = idx + o
-                        qt += 1
-        else:
-            second = follow == 2
-            if second:
-                lo, hi, stop = off2[b], off2[b + 1], sorted2
-            else:
-                lo, hi, stop = off1[a], off1[a + 1], sorted1
-            for p in range(lo, hi):
-                arc = arcs[p]
-                if lab[arc] != EPS:
-                    if stop:
-                        break
-                    continue
-                if second:
-                    idx = 3 * (a + N1 * src[arc])
-                else:
-                    idx = 3 * (src[arc] + N1 * b)
-                for t in range(2):
-                    o = follow if t == 1 else 0
-                    if _get(dense, table, hashed, idx + o) == _NOT_REACHABLE:
-                        _put(dense, table, hashed, idx + o, _REACHABLE)
-                        if qt == queue.shape[0]:
-                            queue = _grow1(queue)
-                        queue[qt] = idx + o
-                        qt += 1
-    return table, hashed
-
-
-@njit(cache=True, nogil=True)
-def build(
-    table, hashed, n1, n2, e1, dst, lab, off1, off2, arcs,
-    start1, start2, accept1, accept2, sorted1, sorted2, kind, tab1, w1, tab2, w2,
-):
-    """Pass 2 of :func:`compose` (over out-arcs): nodes and arcs, breadth-first from the
-    pairs of start nodes. The store maps each state given a node to its id."""
-    N1 = np.int64(n1)
-    dense = 3 * N1 * np.int64(n2) <= DENSE_STATES
     acc1 = np.zeros(n1, dtype=np.uint8)
     acc2 = np.zeros(n2, dtype=np.uint8)
     for a in accept1:
@@ -420,105 +338,168 @@ def build(
     for a in accept2:
         acc2[a] = 1
     pairs = np.empty((2, 64), dtype=np.int32)
-    node_state = np.empty(64, dtype=np.int64)  # output node -> product state (the queue)
+    # Output nodes, in creation order (which is also the queue): product state and accept.
+    nodes = np.empty((3, 64), dtype=np.int32)
     node_acc = np.empty(64, dtype=np.uint8)
     num_nodes = 0
     for s1 in start1:
         for s2 in start2:
-            idx = 3 * (s1 + N1 * s2)
-            if _get(dense, table, hashed, idx) != _NOT_REACHABLE:
-                _put(dense, table, hashed, idx, num_nodes)
-                if num_nodes == node_state.shape[0]:
-                    node_state = _grow1(node_state)
-                    node_acc = _grow1(node_acc)
-                node_state[num_nodes] = idx
-                node_acc[num_nodes] = acc1[s1] & acc2[s2]
-                num_nodes += 1
+            _put(dense, table, hashed, s1 * stride_a + s2 * stride_b, num_nodes)
+            if num_nodes == nodes.shape[1]:
+                nodes = _grow2(nodes)
+                node_acc = _grow1(node_acc)
+            nodes[0, num_nodes] = s1
+            nodes[1, num_nodes] = s2
+            nodes[2, num_nodes] = 0
+            node_acc[num_nodes] = acc1[s1] & acc2[s2]
+            num_nodes += 1
     num_start = num_nodes
 
-    out = np.empty((4, max(64, arcs.shape[0])), dtype=np.int32)
+    out = np.empty((4, max(64, 2 * arcs.shape[0])), dtype=np.int32)
     num_arcs = 0
-    cand = np.empty((3, 64), dtype=np.int64)  # (next state, arc1, arc2) of one node
     head = 0
     while head < num_nodes:
         cur = head
-        state = node_state[head]
+        a = nodes[0, head]
+        b = nodes[1, head]
+        follow = nodes[2, head]
         head += 1
-        base = state // 3
-        follow = state - 3 * base
-        b = base // N1
-        a = base - N1 * b
-        nc = 0
         pairs, npairs = _match(kind, arcs, lab, a, b, off1, off2, e1, tab1, w1, tab2, w2, pairs)
-        for k in range(npairs):
-            i = pairs[0, k]
-            if follow != 0 and lab[i] == EPS:
-                continue
-            j = pairs[1, k]
-            if nc == cand.shape[1]:
-                cand = _grow2(cand)
-            cand[0, nc] = 3 * (dst[i] + N1 * dst[e1 + j])
-            cand[1, nc] = i
-            cand[2, nc] = j
-            nc += 1
-        if follow != 2:  # epsilon arcs of the first graph
-            for p in range(off1[a], off1[a + 1]):
-                i = arcs[p]
+        # Candidates in GTN's order: matched pairs, epsilons of the first graph, then of
+        # the second; ``i``/``j`` are the arcs (-1: none). With a sorted flag GTN stops an
+        # epsilon scan at the first other label (epsilons sort first); ``stop1``/``stop2``
+        # do that, also when the flag is wrong.
+        n_eps1 = off1[a + 1] - off1[a] if follow != 2 else 0
+        n_eps2 = off2[b + 1] - off2[b] if follow != 1 else 0
+        stop1 = False
+        stop2 = False
+        for c in range(npairs + n_eps1 + n_eps2):
+            if c < npairs:
+                i = pairs[0, c]
+                if follow != 0 and lab[i] == EPS:
+                    continue
+                j = pairs[1, c]
+                na = dst[i]
+                nb = dst[e1 + j]
+                nf = 0
+            elif c < npairs + n_eps1:
+                if stop1:
+                    continue
+                i = arcs[off1[a] + c - npairs]
                 if lab[i] != EPS:
-                    if sorted1:
-                        break
+                    stop1 = sorted1
                     continue
-                if nc == cand.shape[1]:
-                    cand = _grow2(cand)
-                cand[0, nc] = 3 * (dst[i] + N1 * b) + 1
-                cand[1, nc] = i
-                cand[2, nc] = -1
-                nc += 1
-        if follow != 1:  # epsilon arcs of the second graph
-            for p in range(off2[b], off2[b + 1]):
-                j = arcs[p]
-                if lab[j] != EPS:
-                    if sorted2:
-                        break
+                j = -1
+                na = dst[i]
+                nb = b
+                nf = 1
+            else:
+                if stop2:
+                    break
+                jj = arcs[off2[b] + c - npairs - n_eps1]
+                if lab[jj] != EPS:
+                    stop2 = sorted2
                     continue
-                if nc == cand.shape[1]:
-                    cand = _grow2(cand)
-                cand[0, nc] = 3 * (a + N1 * dst[j]) + 2
-                cand[1, nc] = -1
-                cand[2, nc] = j - e1
-                nc += 1
-        for k in range(nc):
-            nxt = cand[0, k]
-            node = _get(dense, table, hashed, nxt)
-            if node == _NOT_REACHABLE:
-                continue
+                i = -1
+                j = jj - e1
+                na = a
+                nb = dst[jj]
+                nf = 2
+            key = na * stride_a + nb * stride_b + nf
+            node = _get(dense, table, hashed, key)
             if node < 0:
                 node = num_nodes
-                _put(dense, table, hashed, nxt, node)
-                if num_nodes == node_state.shape[0]:
-                    node_state = _grow1(node_state)
+                _put(dense, table, hashed, key, node)
+                if num_nodes == nodes.shape[1]:
+                    nodes = _grow2(nodes)
                     node_acc = _grow1(node_acc)
-                nb = nxt // 3
-                nb2 = nb // N1
-                node_state[num_nodes] = nxt
-                node_acc[num_nodes] = acc1[nb - N1 * nb2] & acc2[nb2]
+                nodes[0, num_nodes] = na
+                nodes[1, num_nodes] = nb
+                nodes[2, num_nodes] = nf
+                node_acc[num_nodes] = acc1[na] & acc2[nb]
                 num_nodes += 1
             if num_arcs == out.shape[1]:
                 out = _grow2(out)
             out[0, num_arcs] = cur
             out[1, num_arcs] = node
-            out[2, num_arcs] = cand[1, k]
-            out[3, num_arcs] = cand[2, k]
+            out[2, num_arcs] = i
+            out[3, num_arcs] = j
             num_arcs += 1
     return (
         num_nodes,
         num_start,
-        node_acc[:num_nodes].copy(),
-        out[0, :num_arcs].copy(),
-        out[1, :num_arcs].copy(),
-        out[2, :num_arcs].copy(),
-        out[3, :num_arcs].copy(),
+        node_acc[:num_nodes],
+        out[0, :num_arcs],
+        out[1, :num_arcs],
+        out[2, :num_arcs],
+        out[3, :num_arcs],
     )
+
+
+@njit(cache=True, nogil=True)
+def trim(num_nodes, num_start, node_acc, src, dst, arc1, arc2):
+    """Keeps the nodes that reach an accept node (and the arcs into them), in order."""
+    in_off = np.zeros(num_nodes + 1, dtype=np.int32)
+    for k in range(dst.shape[0]):
+        in_off[dst[k] + 1] += 1
+    for n in range(num_nodes):
+        in_off[n + 1] += in_off[n]
+    fill = in_off[:num_nodes].copy()
+    in_src = np.empty(dst.shape[0], dtype=np.int32)
+    for k in range(dst.shape[0]):
+        d = dst[k]
+        in_src[fill[d]] = src[k]
+        fill[d] += 1
+    keep = np.zeros(num_nodes, dtype=np.uint8)
+    queue = np.empty(num_nodes, dtype=np.int32)
+    qt = 0
+    for n in range(num_nodes):
+        if node_acc[n]:
+            keep[n] = 1
+            queue[qt] = n
+            qt += 1
+    qh = 0
+    while qh < qt:
+        n = queue[qh]
+        qh += 1
+        for p in range(in_off[n], in_off[n + 1]):
+            u = in_src[p]
+            if not keep[u]:
+                keep[u] = 1
+                queue[qt] = u
+                qt += 1
+    new_id = np.empty(num_nodes, dtype=np.int32)
+    count = 0
+    kept_start = 0
+    for n in range(num_nodes):
+        if keep[n]:
+            new_id[n] = count
+            count += 1
+            if n < num_start:
+                kept_start += 1
+        else:
+            new_id[n] = -1
+    n_arcs = 0
+    for k in range(dst.shape[0]):
+        if keep[dst[k]]:
+            n_arcs += 1
+    o_src = np.empty(n_arcs, dtype=np.int32)
+    o_dst = np.empty(n_arcs, dtype=np.int32)
+    o_a1 = np.empty(n_arcs, dtype=np.int32)
+    o_a2 = np.empty(n_arcs, dtype=np.int32)
+    m = 0
+    for k in range(dst.shape[0]):
+        if keep[dst[k]]:
+            o_src[m] = new_id[src[k]]
+            o_dst[m] = new_id[dst[k]]
+            o_a1[m] = arc1[k]
+            o_a2[m] = arc2[k]
+            m += 1
+    o_acc = np.empty(count, dtype=np.uint8)
+    for n in range(num_nodes):
+        if keep[n]:
+            o_acc[new_id[n]] = node_acc[n]
+    return count, kept_start, o_acc, o_src, o_dst, o_a1, o_a2
 
 
 @njit(cache=True, nogil=True)
