@@ -165,6 +165,8 @@ class Plan:
                                       np.asarray(ex_len)[order])
         self.sign = np.asarray(ex_sign, dtype=np.float64)[order]
         self.B = B
+        # read where the loss is called (inside Function.forward grad mode is always off)
+        self.grad_enabled = torch.is_grad_enabled()
 
 
 def unique_graphs(per_example: Sequence[CompiledGraph]):
@@ -197,7 +199,8 @@ def score_forward(ctx, E: torch.Tensor, w: torch.Tensor, plan: Plan, impl: str, 
     ctx.state = None
     ctx.arc_occ = None
     if impl == "numba":
-        logz, ctx.fused_grad, ctx.arc_occ = _dense.fused(p, E, w, plan.sign, bool(ctx.needs_input_grad[0]), need_w)
+        need_e = bool(ctx.needs_input_grad[0]) and plan.grad_enabled
+        logz, ctx.fused_grad, ctx.arc_occ = _dense.fused(p, E, w, plan.sign, need_e, need_w)
         ctx.fused = True
     else:
         st = _dense.forward(p, E, w, "numba" if impl == "numba_log" else impl)

@@ -230,3 +230,13 @@ def test_list_targets_and_cache_size():
         assert len(_graphs._CACHES["ctc"].data) == 1
     finally:
         set_cache_size(old)
+
+
+def test_no_grad_mode_gives_same_values():
+    x, tg, il, tl = _batch(4, 3, 10, 5, 3, dtype=torch.float32)
+    x.requires_grad_(True)
+    with torch.no_grad():
+        a = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none", zero_infinity=True)
+    b = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none", zero_infinity=True)
+    assert a.grad_fn is None and b.grad_fn is not None
+    torch.testing.assert_close(a, b.detach())
