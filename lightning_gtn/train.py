@@ -150,7 +150,6 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def _hydra_main(cfg: DictConfig) -> dict:
     metrics = run(cfg)
-    import lightning as L  # noqa: F401  (already imported by run)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     if rank_zero_only.rank == 0:

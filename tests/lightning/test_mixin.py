@@ -167,3 +167,27 @@ def test_targets_in_batch_are_used():
     assert texts is None and t is targets
     with pytest.raises(TypeError, match="dict batches"):
         model.unpack_batch((batch["inputs"], batch["input_lengths"]))
+
+
+def test_target_graph_loss_config_matches_ctc_and_pickles():
+    import pickle
+
+    from omegaconf import OmegaConf
+
+    from lightning_gtn.train import CONF_DIR
+
+    graph, v = build_loss(OmegaConf.load(CONF_DIR / "loss" / "graph.yaml"), CHARS)
+    ctc, _ = build_loss(OmegaConf.load(CONF_DIR / "loss" / "ctc.yaml"), CHARS)
+    assert v.blank
+    torch.manual_seed(0)
+    em = torch.randn(3, 20, v.num_classes).log_softmax(-1).requires_grad_()
+    targets, target_lengths = v.batch_encode(["12", "3 45", "77"])
+    lengths = torch.tensor([20, 15, 9])
+    a = graph(em, lengths, targets, target_lengths)
+    (ga,) = torch.autograd.grad(a, em)
+    b = ctc(em, lengths, targets, target_lengths)
+    (gb,) = torch.autograd.grad(b, em)
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ga, gb, atol=1e-4, rtol=1e-4)
+    clone = pickle.loads(pickle.dumps(graph))
+    torch.testing.assert_close(clone(em, lengths, targets, target_lengths), a)
