@@ -741,14 +741,15 @@ def _build_tables(st: State) -> _Tables:
 
     in_tab = table(bt.in_off, bt.in_arc, bt.max_in)
     out_tab = table(bt.out_off, bt.out_arc, bt.max_out)
+    src_p, dst_p, lab_p = (np.append(v, 0) for v in (bt.src, bt.dst, bt.label))  # arc 0 valid if none
     tb.in_arc = torch.from_numpy(np.maximum(in_tab, 0)).to(dev)
     tb.in_mask = torch.from_numpy(in_tab >= 0).to(dev)
-    tb.in_src = torch.from_numpy(np.where(in_tab >= 0, bt.src[np.maximum(in_tab, 0)], 0).astype(np.int64)).to(dev)
-    tb.in_lab = torch.from_numpy(np.where(in_tab >= 0, bt.label[np.maximum(in_tab, 0)], 0).astype(np.int64)).to(dev)
+    tb.in_src = torch.from_numpy(np.where(in_tab >= 0, src_p[np.maximum(in_tab, 0)], 0).astype(np.int64)).to(dev)
+    tb.in_lab = torch.from_numpy(np.where(in_tab >= 0, lab_p[np.maximum(in_tab, 0)], 0).astype(np.int64)).to(dev)
     tb.out_arc = torch.from_numpy(np.maximum(out_tab, 0)).to(dev)
     tb.out_mask = torch.from_numpy(out_tab >= 0).to(dev)
-    tb.out_dst = torch.from_numpy(np.where(out_tab >= 0, bt.dst[np.maximum(out_tab, 0)], 0).astype(np.int64)).to(dev)
-    tb.out_lab = torch.from_numpy(np.where(out_tab >= 0, bt.label[np.maximum(out_tab, 0)], 0).astype(np.int64)).to(dev)
+    tb.out_dst = torch.from_numpy(np.where(out_tab >= 0, dst_p[np.maximum(out_tab, 0)], 0).astype(np.int64)).to(dev)
+    tb.out_lab = torch.from_numpy(np.where(out_tab >= 0, lab_p[np.maximum(out_tab, 0)], 0).astype(np.int64)).to(dev)
     start = np.zeros(N + 1, dtype=bool)
     accept = np.zeros(N + 1, dtype=bool)
     gs = np.repeat(np.arange(len(bt.graphs)), np.diff(bt.start_off))
@@ -794,10 +795,10 @@ def _build_tables(st: State) -> _Tables:
         tb.lout = torch.from_numpy(lout[gnode]).to(dev)
         tb.ein_arc = torch.from_numpy(np.maximum(etab_in, 0)).to(dev)
         tb.ein_mask = torch.from_numpy(etab_in >= 0).to(dev)
-        tb.ein_src = torch.from_numpy(np.where(etab_in >= 0, bt.src[np.maximum(etab_in, 0)], 0).astype(np.int64)).to(dev)
+        tb.ein_src = torch.from_numpy(np.where(etab_in >= 0, src_p[np.maximum(etab_in, 0)], 0).astype(np.int64)).to(dev)
         tb.eout_arc = torch.from_numpy(np.maximum(etab_out, 0)).to(dev)
         tb.eout_mask = torch.from_numpy(etab_out >= 0).to(dev)
-        tb.eout_dst = torch.from_numpy(np.where(etab_out >= 0, bt.dst[np.maximum(etab_out, 0)], 0).astype(np.int64)).to(dev)
+        tb.eout_dst = torch.from_numpy(np.where(etab_out >= 0, dst_p[np.maximum(etab_out, 0)], 0).astype(np.int64)).to(dev)
     tb.rows = torch.from_numpy(p.ex_row).to(dev)
     tb.lens = torch.from_numpy(p.ex_len).to(dev)
     return tb
@@ -837,7 +838,8 @@ def _torch_forward(st: State, use_max: bool) -> None:
     p = st.problem
     tb = _build_tables(st)
     st.extra = tb
-    E, w = st.E, st.w
+    E = st.E
+    w = torch.cat([st.w, st.w.new_zeros(1)])  # padded table entries point at arc 0: keep it valid
     dev, dtype = E.device, E.dtype
     Ne = p.num_examples
     T = int(p.ex_len.max(initial=0))
@@ -866,7 +868,8 @@ def _torch_forward(st: State, use_max: bool) -> None:
 
 def _torch_backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
     p, tb = st.problem, st.extra
-    E, w, alphas, logz = st.E, st.w, st.alpha, st.logz
+    E, alphas, logz = st.E, st.alpha, st.logz
+    w = torch.cat([st.w, st.w.new_zeros(1)])
     dev, dtype = E.device, E.dtype
     Ne = p.num_examples
     T = alphas.shape[1] - 1
@@ -929,7 +932,7 @@ def _torch_backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
         if need_w:
             occ_w += occ.sum(1)
     if need_w:
-        gw = torch.zeros(st.w.shape[0], dtype=dtype, device=dev)
+        gw = torch.zeros(st.w.shape[0] + 1, dtype=dtype, device=dev)
         gw.index_add_(0, tb.in_arc.reshape(-1), occ_w.reshape(-1))
         if tb.has_eps:
             _, _, Ke = tb.ein_src.shape
@@ -940,4 +943,4 @@ def _torch_backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
             occe = torch.where(tm & tb.ein_mask.unsqueeze(1), occe, torch.zeros((), dtype=dtype, device=dev))
             occe = occe * scale.reshape(Ne, 1, 1, 1)
             gw.index_add_(0, tb.ein_arc.reshape(-1), occe.sum(1).reshape(-1))
-    return gE, gw
+    return gE, (None if gw is None else gw[:-1])

@@ -137,3 +137,45 @@ def test_label_out_of_range():
     g.add_arc(0, 0, 5)
     with pytest.raises(ValueError, match="C=3"):
         graph_loss(torch.randn(1, 2, 3), g, [2])
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def _random_graph(draw):
+    n = draw(st.integers(1, 4))
+    g = gtn.Graph(False)
+    starts = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    accepts = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    starts[0] = True
+    for i in range(n):
+        g.add_node(starts[i], accepts[i])
+    for _ in range(draw(st.integers(0, 8))):
+        s, d = draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1))
+        label = draw(st.integers(-1, 2))
+        if label == -1 and s >= d:  # epsilon arcs only forward: no epsilon cycles
+            continue
+        g.add_arc(s, d, label, label, draw(st.floats(-1, 1)))
+    return g
+
+
+@settings(max_examples=25, deadline=None)
+@given(_random_graph(), st.integers(0, 3), st.integers(0, 1000))
+def test_random_graphs_count_paths_and_agree_across_impls(g, T, seed):
+    # zero emissions and zero weights: exp(-loss) counts the accepting paths of T frames
+    w0 = torch.zeros(g.num_arcs(), dtype=torch.float64)
+    zero = torch.zeros(1, T, 3, dtype=torch.float64)
+    count = len(_paths(g, T))
+    loss = graph_loss(zero, g, [T], weights=[w0])
+    assert (math.isinf(loss.item()) and count == 0) or abs(math.exp(-loss.item()) - count) < 1e-9 * max(count, 1)
+    # random emissions and the graph's weights: every implementation gives the brute force
+    x = torch.randn(1, T, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    w = torch.tensor(g.weights_to_list(), dtype=torch.float64)
+    ref = _brute(g, x[0], w)
+    for impl in IMPLS:
+        out = graph_loss(x, g, [T], weights=[w], _impl=impl)
+        if math.isinf(ref.item()):
+            assert math.isinf(out.item())
+        else:
+            assert abs(out.item() - ref.item()) < 1e-9
