@@ -173,9 +173,17 @@ def test_random_graphs_count_paths_and_agree_across_impls(g, T, seed):
     x = torch.randn(1, T, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     w = torch.tensor(g.weights_to_list(), dtype=torch.float64)
     ref = _brute(g, x[0], w)
+    xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    ref = _brute(g, xr[0], wr)
+    ref_grads = torch.autograd.grad(ref, (xr, wr), allow_unused=True) if ref.requires_grad else None
     for impl in IMPLS:
-        out = graph_loss(x, g, [T], weights=[w], _impl=impl)
+        xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        out = graph_loss(xi, g, [T], weights=[wi], zero_infinity=True, _impl=impl)
         if math.isinf(ref.item()):
-            assert math.isinf(out.item())
-        else:
-            assert abs(out.item() - ref.item()) < 1e-9
+            assert out.item() == 0.0
+            continue
+        assert abs(out.item() - ref.item()) < 1e-9
+        if ref_grads is not None and out.requires_grad:
+            for ours, theirs in zip(torch.autograd.grad(out, (xi, wi)), ref_grads):
+                expected = torch.zeros_like(ours) if theirs is None else theirs
+                torch.testing.assert_close(ours, expected)
