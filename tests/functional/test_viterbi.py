@@ -34,3 +34,25 @@ def test_transitions_decoding_is_the_brute_force_best_path():
             best = max(itertools.product(range(3), repeat=T), key=lambda p: asg_path_score(x[b], tr, list(p)).item())
             assert paths[b] == list(best)
             assert tokens[b] == collapse(best)
+
+
+def test_graph_decoding_force_aligns_through_epsilon_arcs():
+    import lightning_gtn.wfst as gtn
+
+    from ._brute import ctc_paths, emission_score
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 6, 3, generator=g, dtype=torch.float64)
+    target = [1, 2]
+    crit = gtn.criterion.ctc_graph(target, 0)
+    # an epsilon detour in front: a new start node that reaches the old start for free
+    pre = gtn.Graph(False)
+    pre.add_node(True)
+    for i in range(crit.num_nodes()):
+        pre.add_node(False, crit.is_accept(i))
+    pre.add_arc(0, 1, gtn.epsilon)
+    for a in range(crit.num_arcs()):
+        pre.add_arc(crit.srcnode(a) + 1, crit.dstnode(a) + 1, crit.ilabel(a))
+    tokens, paths = viterbi(x, [6], blank=0, graphs=pre, return_paths=True)
+    best = max(ctc_paths(target, 6, 0), key=lambda p: emission_score(x[0], p).item())
+    assert paths[0] == best and tokens[0] == target
