@@ -54,7 +54,7 @@ def _compose(g1: Graph, g2: Graph, kind: int) -> Graph:
     )
     # Output arcs are grouped by source node in node order; store the adjacency now so
     # forward_score does not need to sort half a million arcs again.
-    out._s._csr = K.csr(num_nodes, src, dst)
+    out._s._csr = K.csr_grouped(num_nodes, src, dst)
 
     def grad(inputs, deltas):
         d = deltas._weights()

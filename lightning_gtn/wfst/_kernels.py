@@ -69,6 +69,29 @@ def csr(num_nodes, src, dst):
     return in_off, in_arcs, out_off, out_arcs
 
 
+@njit(cache=True, nogil=True)
+def csr_grouped(num_nodes, src, dst):
+    """:func:`csr` for arcs already grouped by source node in node order (out-lists are
+    then consecutive arc ids)."""
+    n_arcs = src.shape[0]
+    in_off = np.zeros(num_nodes + 1, dtype=np.int32)
+    out_off = np.zeros(num_nodes + 1, dtype=np.int32)
+    for a in range(n_arcs):
+        in_off[dst[a] + 1] += 1
+        out_off[src[a] + 1] += 1
+    for n in range(num_nodes):
+        in_off[n + 1] += in_off[n]
+        out_off[n + 1] += out_off[n]
+    in_arcs = np.empty(n_arcs, dtype=np.int32)
+    in_fill = in_off[:num_nodes].copy()
+    for a in range(n_arcs):
+        d = dst[a]
+        in_arcs[in_fill[d]] = a
+        in_fill[d] += 1
+    out_arcs = np.arange(n_arcs).astype(np.int32)
+    return in_off, in_arcs, out_off, out_arcs
+
+
 # -- small helpers ------------------------------------------------------------------
 
 
@@ -161,8 +184,10 @@ def _match(kind, arcs, lab, a, b, off1, off2, shift, tab1, w1, tab2, w2, buf):
     both sides. ``tab1``/``tab2`` are :func:`lower_bound_table` results for sorted sides
     (width 0: binary search).
 
-    Returns ``(buf, count)``; pairs are ``buf[0, :count]`` (first graph's arcs) and
-    ``buf[1, :count]`` (second graph's arcs, unshifted).
+    Returns the number of pairs, written to ``buf[0, :count]`` (first graph's arcs) and
+    ``buf[1, :count]`` (second graph's arcs, unshifted), or -1 when ``buf`` is too small.
+    (It never reallocates: arrays reassigned inside numba loops cost reference counting
+    on every iteration.)
     """
     lo1 = off1[a]
     hi1 = off1[a + 1]
@@ -177,11 +202,11 @@ def _match(kind, arcs, lab, a, b, off1, off2, shift, tab1, w1, tab2, w2, buf):
                 j = arcs[q]
                 if lab[j] == li:
                     if n == buf.shape[1]:
-                        buf = _grow2(buf)
+                        return -1
                     buf[0, n] = i
                     buf[1, n] = j - shift
                     n += 1
-        return buf, n
+        return n
 
     doubly = kind == DOUBLY
     if doubly:
@@ -227,7 +252,7 @@ def _match(kind, arcs, lab, a, b, off1, off2, shift, tab1, w1, tab2, w2, buf):
             break
         # next()
         if n == buf.shape[1]:
-            buf = _grow2(buf)
+            return -1
         if search_first:
             buf[0, n] = arcs[s_it]
             buf[1, n] = arcs[q_it] - shift
@@ -236,7 +261,7 @@ def _match(kind, arcs, lab, a, b, off1, off2, shift, tab1, w1, tab2, w2, buf):
             buf[1, n] = arcs[s_it] - shift
         n += 1
         s_it += 1
-    return buf, n
+    return n
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -319,7 +344,8 @@ def explore(
     Product states ``(a, b, follow)`` map to node ids through a dense int32 array while
     there are at most ``DENSE_STATES`` states, through a hash map beyond. The smaller
     graph's node varies fastest in the state index, so the states of one breadth-first
-    wave sit close together in memory.
+    wave sit close together in memory. The walk itself runs in :func:`_explore_batch`,
+    which returns whenever a buffer must grow.
     """
     N1 = np.int64(n1)
     N2 = np.int64(n2)
@@ -337,94 +363,40 @@ def explore(
         acc1[a] = 1
     for a in accept2:
         acc2[a] = 1
-    pairs = np.empty((2, 64), dtype=np.int32)
-    # Output nodes, in creation order (which is also the queue): product state and accept.
-    nodes = np.empty((3, 64), dtype=np.int32)
-    node_acc = np.empty(64, dtype=np.uint8)
+    # Output nodes in creation order (also the queue): product state, accept flag.
+    n_start = start1.shape[0] * start2.shape[0]
+    nodes = np.empty((3, max(256, n_start, 2 * arcs.shape[0])), dtype=np.int32)
+    node_acc = np.empty(nodes.shape[1], dtype=np.uint8)
     num_nodes = 0
     for s1 in start1:
         for s2 in start2:
             _put(dense, table, hashed, s1 * stride_a + s2 * stride_b, num_nodes)
-            if num_nodes == nodes.shape[1]:
-                nodes = _grow2(nodes)
-                node_acc = _grow1(node_acc)
             nodes[0, num_nodes] = s1
             nodes[1, num_nodes] = s2
             nodes[2, num_nodes] = 0
             node_acc[num_nodes] = acc1[s1] & acc2[s2]
             num_nodes += 1
     num_start = num_nodes
-
-    out = np.empty((4, max(64, 2 * arcs.shape[0])), dtype=np.int32)
-    num_arcs = 0
+    pairs = np.empty((2, 256), dtype=np.int32)
+    out = np.empty((4, max(256, 2 * arcs.shape[0])), dtype=np.int32)
     head = 0
-    while head < num_nodes:
-        cur = head
-        a = nodes[0, head]
-        b = nodes[1, head]
-        follow = nodes[2, head]
-        head += 1
-        pairs, npairs = _match(kind, arcs, lab, a, b, off1, off2, e1, tab1, w1, tab2, w2, pairs)
-        # Candidates in GTN's order: matched pairs, epsilons of the first graph, then of
-        # the second; ``i``/``j`` are the arcs (-1: none). With a sorted flag GTN stops an
-        # epsilon scan at the first other label (epsilons sort first); ``stop1``/``stop2``
-        # do that, also when the flag is wrong.
-        n_eps1 = off1[a + 1] - off1[a] if follow != 2 else 0
-        n_eps2 = off2[b + 1] - off2[b] if follow != 1 else 0
-        stop1 = False
-        stop2 = False
-        for c in range(npairs + n_eps1 + n_eps2):
-            if c < npairs:
-                i = pairs[0, c]
-                if follow != 0 and lab[i] == EPS:
-                    continue
-                j = pairs[1, c]
-                na = dst[i]
-                nb = dst[e1 + j]
-                nf = 0
-            elif c < npairs + n_eps1:
-                if stop1:
-                    continue
-                i = arcs[off1[a] + c - npairs]
-                if lab[i] != EPS:
-                    stop1 = sorted1
-                    continue
-                j = -1
-                na = dst[i]
-                nb = b
-                nf = 1
-            else:
-                if stop2:
-                    break
-                jj = arcs[off2[b] + c - npairs - n_eps1]
-                if lab[jj] != EPS:
-                    stop2 = sorted2
-                    continue
-                i = -1
-                j = jj - e1
-                na = a
-                nb = dst[jj]
-                nf = 2
-            key = na * stride_a + nb * stride_b + nf
-            node = _get(dense, table, hashed, key)
-            if node < 0:
-                node = num_nodes
-                _put(dense, table, hashed, key, node)
-                if num_nodes == nodes.shape[1]:
-                    nodes = _grow2(nodes)
-                    node_acc = _grow1(node_acc)
-                nodes[0, num_nodes] = na
-                nodes[1, num_nodes] = nb
-                nodes[2, num_nodes] = nf
-                node_acc[num_nodes] = acc1[na] & acc2[nb]
-                num_nodes += 1
-            if num_arcs == out.shape[1]:
+    num_arcs = 0
+    while True:
+        head, num_nodes, num_arcs, need_pairs, need = _explore_batch(
+            dst, lab, off1, off2, arcs, e1, kind, tab1, w1, tab2, w2, sorted1, sorted2,
+            dense, table, hashed, stride_a, stride_b, acc1, acc2,
+            pairs, nodes, node_acc, out, head, num_nodes, num_arcs,
+        )
+        if need_pairs:
+            pairs = _grow2(pairs)
+        elif need > 0:
+            if num_nodes + need > nodes.shape[1]:
+                nodes = _grow2(nodes)
+                node_acc = _grow1(node_acc)
+            if num_arcs + need > out.shape[1]:
                 out = _grow2(out)
-            out[0, num_arcs] = cur
-            out[1, num_arcs] = node
-            out[2, num_arcs] = i
-            out[3, num_arcs] = j
-            num_arcs += 1
+        else:
+            break
     return (
         num_nodes,
         num_start,
@@ -437,8 +409,110 @@ def explore(
 
 
 @njit(cache=True, nogil=True)
+def _explore_batch(
+    dst, lab, off1, off2, arcs, e1, kind, tab1, w1, tab2, w2, sorted1, sorted2,
+    dense, table, hashed, stride_a, stride_b, acc1, acc2,
+    pairs, nodes, node_acc, out, head, num_nodes, num_arcs,
+):
+    """Expands queued nodes from ``head`` until the queue is empty or a buffer is full.
+
+    Returns ``(head, num_nodes, num_arcs, need_pairs, need)``: ``need_pairs`` asks for a
+    bigger pair buffer, ``need > 0`` for room for ``need`` more nodes and arcs; the node
+    at ``head`` is then expanded again by the next call.
+    """
+    while head < num_nodes:
+        cur = head
+        a = nodes[0, cur]
+        b = nodes[1, cur]
+        follow = nodes[2, cur]
+        npairs = _match(kind, arcs, lab, a, b, off1, off2, e1, tab1, w1, tab2, w2, pairs)
+        if npairs < 0:
+            return head, num_nodes, num_arcs, True, 0
+        # Candidates in GTN's order: matched pairs, epsilons of the first graph, then of
+        # the second; ``i``/``j`` are the arcs (-1: none). With a sorted flag GTN stops an
+        # epsilon scan at the first other label (epsilons sort first), also when the flag
+        # is wrong.
+        end1 = npairs + (off1[a + 1] - off1[a] if follow != 2 else 0)
+        end = end1 + (off2[b + 1] - off2[b] if follow != 1 else 0)
+        if num_nodes + end > nodes.shape[1] or num_arcs + end > out.shape[1]:
+            return head, num_nodes, num_arcs, False, end
+        head += 1
+        c = -1
+        while c + 1 < end:
+            c += 1
+            if c < npairs:
+                i = pairs[0, c]
+                if follow != 0 and lab[i] == EPS:
+                    continue
+                j = pairs[1, c]
+                na = dst[i]
+                nb = dst[e1 + j]
+                nf = 0
+            elif c < end1:
+                i = arcs[off1[a] + c - npairs]
+                if lab[i] != EPS:
+                    if sorted1:
+                        c = end1 - 1  # no epsilon after this one: go on with the second graph
+                    continue
+                j = -1
+                na = dst[i]
+                nb = b
+                nf = 1
+            else:
+                jj = arcs[off2[b] + c - end1]
+                if lab[jj] != EPS:
+                    if sorted2:
+                        break
+                    continue
+                i = -1
+                j = jj - e1
+                na = a
+                nb = dst[jj]
+                nf = 2
+            key = na * stride_a + nb * stride_b + nf
+            node = _get(dense, table, hashed, key)
+            if node < 0:
+                node = num_nodes
+                _put(dense, table, hashed, key, node)
+                nodes[0, num_nodes] = na
+                nodes[1, num_nodes] = nb
+                nodes[2, num_nodes] = nf
+                node_acc[num_nodes] = acc1[na] & acc2[nb]
+                num_nodes += 1
+            out[0, num_arcs] = cur
+            out[1, num_arcs] = node
+            out[2, num_arcs] = i
+            out[3, num_arcs] = j
+            num_arcs += 1
+    return head, num_nodes, num_arcs, False, 0
+
+
+@njit(cache=True, nogil=True)
 def trim(num_nodes, num_start, node_acc, src, dst, arc1, arc2):
-    """Keeps the nodes that reach an accept node (and the arcs into them), in order."""
+    """Keeps the nodes that reach an accept node (and the arcs into them), in order.
+
+    Arcs come grouped by source node in node order (as :func:`explore` makes them). When
+    every arc also goes to a later node, one backward sweep over the arcs settles which
+    nodes reach an accept node; otherwise a breadth-first walk over in-arcs does.
+    """
+    keep = node_acc.copy()
+    forward_only = True
+    for k in range(dst.shape[0]):
+        if dst[k] <= src[k]:
+            forward_only = False
+            break
+    if forward_only:
+        for k in range(dst.shape[0] - 1, -1, -1):
+            if keep[dst[k]]:
+                keep[src[k]] = 1
+    else:
+        _coaccessible(num_nodes, src, dst, keep)
+    return _compact(num_nodes, num_start, node_acc, src, dst, arc1, arc2, keep)
+
+
+@njit(cache=True, nogil=True)
+def _coaccessible(num_nodes, src, dst, keep):
+    """Marks in ``keep`` every node from which a node already marked can be reached."""
     in_off = np.zeros(num_nodes + 1, dtype=np.int32)
     for k in range(dst.shape[0]):
         in_off[dst[k] + 1] += 1
@@ -450,12 +524,10 @@ def trim(num_nodes, num_start, node_acc, src, dst, arc1, arc2):
         d = dst[k]
         in_src[fill[d]] = src[k]
         fill[d] += 1
-    keep = np.zeros(num_nodes, dtype=np.uint8)
     queue = np.empty(num_nodes, dtype=np.int32)
     qt = 0
     for n in range(num_nodes):
-        if node_acc[n]:
-            keep[n] = 1
+        if keep[n]:
             queue[qt] = n
             qt += 1
     qh = 0
@@ -468,6 +540,10 @@ def trim(num_nodes, num_start, node_acc, src, dst, arc1, arc2):
                 keep[u] = 1
                 queue[qt] = u
                 qt += 1
+
+
+@njit(cache=True, nogil=True)
+def _compact(num_nodes, num_start, node_acc, src, dst, arc1, arc2, keep):
     new_id = np.empty(num_nodes, dtype=np.int32)
     count = 0
     kept_start = 0
@@ -680,11 +756,18 @@ def forward(num_nodes, src, w, in_off, in_arcs, order, count, start, accept, tro
     in-arc with the strictly best score (-1 when the empty path wins or nothing reaches
     ``n``) and ``best_accept`` the first accept node with the strictly best score.
 
-    Returns ``(score, node_scores, best_arc, best_accept)`` (float64 scores).
+    For the log semiring the backward pass needs ``exp(score[src] + w - score[dst])`` of
+    every arc; the forward pass already computes ``exp(score[src] + w - max)`` and the
+    node's sum of those, so it keeps them (``ratio`` per arc, ``node_sum`` per node) and
+    the backward pass needs no ``exp`` per arc.
+
+    Returns ``(score, node_scores, best_arc, best_accept, ratio, node_sum)`` (float64).
     """
     ninf = -np.inf
     scores = np.full(num_nodes, ninf)
     best_arc = np.full(num_nodes if tropical else 0, -1, dtype=np.int32)
+    ratio = np.zeros(0 if tropical else src.shape[0])
+    node_sum = np.ones(0 if tropical else num_nodes)
     is_start = np.zeros(num_nodes, dtype=np.uint8)
     for n in start:
         is_start[n] = 1
@@ -711,14 +794,20 @@ def forward(num_nodes, src, w, in_off, in_arcs, order, count, start, accept, tro
             scores[n] = ninf
         elif mx == np.inf or mx == ninf:
             scores[n] = mx
+            for p in range(lo, hi):  # GTN's exp(score[src] + w - score[dst]) (0 or nan)
+                a = in_arcs[p]
+                ratio[a] = math.exp(scores[src[a]] + w[a] - mx)
         else:
-            acc = -1.0
+            acc = 0.0
             for p in range(lo, hi):
                 a = in_arcs[p]
-                acc += math.exp(scores[src[a]] + w[a] - mx)
+                e = math.exp(scores[src[a]] + w[a] - mx)
+                ratio[a] = e
+                acc += e
             if is_start[n]:
                 acc += math.exp(-mx)
-            scores[n] = mx + math.log1p(acc)
+            node_sum[n] = acc
+            scores[n] = mx + math.log1p(acc - 1.0)
     mx = ninf
     best = -1
     for n in accept:
@@ -732,11 +821,12 @@ def forward(num_nodes, src, w, in_off, in_arcs, order, count, start, accept, tro
         for n in accept:
             acc += math.exp(scores[n] - mx)
         total = mx + math.log1p(acc)
-    return total, scores, best_arc, best
+    return total, scores, best_arc, best, ratio, node_sum
 
 
 @njit(cache=True, nogil=True)
-def forward_grad(num_nodes, n_arcs, dst, w, out_off, out_arcs, order, count, accept, scores, total, delta):
+def forward_grad(num_nodes, dst, out_off, out_arcs, order, count, accept, scores, ratio, node_sum,
+                 total, delta):
     """Gradient of the log-semiring forward score: arc posteriors times ``delta``.
 
     ``grad[a] = delta * exp(alpha[src] + w[a] + beta[dst] - total)``, accumulated
@@ -747,24 +837,24 @@ def forward_grad(num_nodes, n_arcs, dst, w, out_off, out_arcs, order, count, acc
     is_acc = np.zeros(num_nodes, dtype=np.uint8)
     for n in accept:
         is_acc[n] = 1
-    node_grad = np.zeros(num_nodes)
-    grad = np.zeros(n_arcs, dtype=np.float32)
+    # per_arc[d] = node_grad[d] / node_sum[d]: what each in-arc of d gets per unit ratio
+    per_arc = np.zeros(num_nodes)
+    grad = np.zeros(ratio.shape[0], dtype=np.float32)
     for k in range(count - 1, -1, -1):
         n = order[k]
         g = 0.0
-        sn = scores[n]
         for p in range(out_off[n], out_off[n + 1]):
             a = out_arcs[p]
             d = dst[a]
             if scores[d] == ninf:
                 cur = 0.0
             else:
-                cur = node_grad[d] * math.exp(sn + w[a] - scores[d])
+                cur = per_arc[d] * ratio[a]
             g += cur
             grad[a] = cur
         if is_acc[n] and total != ninf:
-            g += math.exp(sn - total) * delta
-        node_grad[n] = g
+            g += math.exp(scores[n] - total) * delta
+        per_arc[n] = g / node_sum[n]
     return grad
 
 

@@ -37,7 +37,7 @@ def _scalar(value: float, calc_grad: bool) -> Graph:
 
 def _shortest_distance(g: Graph, tropical: bool, name: str) -> Graph:
     s, src, dst, in_off, in_arcs, out_off, out_arcs, start, accept, order, count = _prepare(g, name)
-    total, scores, best_arc, best_accept = K.forward(
+    total, scores, best_arc, best_accept, ratio, node_sum = K.forward(
         s.num_nodes, src, g._weights(), in_off, in_arcs, order, count, start, accept, tropical
     )
     out = _scalar(total, g.calc_grad)
@@ -49,13 +49,12 @@ def _shortest_distance(g: Graph, tropical: bool, name: str) -> Graph:
     else:
 
         def grad(inputs, deltas):
-            inp = inputs[0]
             inputs[0]._add_grad(K.forward_grad(
-                s.num_nodes, len(src), dst, inp._weights(), out_off, out_arcs, order, count,
-                accept, scores, total, float(deltas._weights()[0]),
+                s.num_nodes, dst, out_off, out_arcs, order, count, accept, scores, ratio, node_sum,
+                total, float(deltas._weights()[0]),
             ))
 
-    out._set_grad_func([g], grad)
+    out._set_grad_func([g._alias(weights=False)], grad)
     return out
 
 
@@ -65,7 +64,9 @@ def forward_score(g: Graph) -> Graph:
     Computed in float64 with a max-shifted log-sum-exp at every node (stable for long
     graphs), returned as float32. A graph without an accepting path scores ``-inf`` and
     then gives every arc a zero gradient. The gradient of an arc is its posterior
-    probability (times the incoming gradient).
+    probability (times the incoming gradient). The backward pass reuses quantities of the
+    forward pass, so it differentiates the weights as they were when the score was taken
+    (GTN re-reads them, which only differs if they were changed in between).
 
     Raises:
         ValueError: when a cycle (a self-loop included) leads to an accept node. GTN's
