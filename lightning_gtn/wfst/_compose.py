@@ -34,7 +34,7 @@ def _ids(ids) -> np.ndarray:
     return np.asarray(ids, dtype=_INT).reshape(-1)
 
 
-def _compose(g1: Graph, g2: Graph, kind: int) -> Graph:
+def _compose(g1: Graph, g2: Graph, kind: int, dense_limit: int = K.DENSE_STATES) -> Graph:
     s1, s2 = g1._s, g2._s
     src1, dst1, il1, ol1 = s1.arrays()
     src2, dst2, il2, ol2 = s2.arrays()
@@ -45,7 +45,7 @@ def _compose(g1: Graph, g2: Graph, kind: int) -> Graph:
         bool(s1.olabel_sorted),
         s2.num_nodes, dst2, il2, out_off2, out_arcs2, _ids(s2.start_ids), _ids(s2.accept_ids),
         bool(s2.ilabel_sorted),
-        kind,
+        kind, dense_limit,
     )
     il, ol, w = K.compose_arcs(arc1, arc2, il1, g1._weights(), ol2, g2._weights())
     out = Graph._from_arrays(

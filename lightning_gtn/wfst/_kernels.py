@@ -292,7 +292,7 @@ def _put(dense, table, hashed, key, value):
 def compose(
     n1, dst1, ol1, out_off1, out_arcs1, start1, accept1, sorted1,
     n2, dst2, il2, out_off2, out_arcs2, start2, accept2, sorted2,
-    kind,
+    kind, dense_limit,
 ):
     """GTN's composition of two graphs, producing the same nodes and arcs in the same order.
 
@@ -312,6 +312,9 @@ def compose(
     leads to a kept one, so the kept states keep GTN's discovery order and the kept arcs
     GTN's order: the result is GTN's, without a backward pass that matches arcs again.
 
+    Product states are indexed densely up to ``dense_limit`` states (``DENSE_STATES``),
+    through a hash map beyond.
+
     Returns ``(num_nodes, num_start, node_accept, src, dst, arc1, arc2)``: output nodes
     ``0..num_start-1`` are its start nodes; ``node_accept`` (uint8) flags accept nodes;
     output arc ``k`` came from arc ``arc1[k]`` of the first graph and ``arc2[k]`` of the
@@ -329,7 +332,7 @@ def compose(
     tab2, w2 = lower_bound_table(n2, off2, arcs, lab) if search2 else (empty, 0)
     num_nodes, num_start, node_acc, src, dst_, arc1, arc2 = explore(
         n1, n2, e1, dst, lab, out_off1, off2, arcs, start1, start2, accept1, accept2,
-        sorted1, sorted2, kind, tab1, w1, tab2, w2,
+        sorted1, sorted2, kind, tab1, w1, tab2, w2, dense_limit,
     )
     return trim(num_nodes, num_start, node_acc, src, dst_, arc1, arc2)
 
@@ -337,12 +340,12 @@ def compose(
 @njit(cache=True, nogil=True)
 def explore(
     n1, n2, e1, dst, lab, off1, off2, arcs, start1, start2, accept1, accept2,
-    sorted1, sorted2, kind, tab1, w1, tab2, w2,
+    sorted1, sorted2, kind, tab1, w1, tab2, w2, dense_limit,
 ):
     """Breadth-first walk of the product from the pairs of start nodes (see :func:`compose`).
 
     Product states ``(a, b, follow)`` map to node ids through a dense int32 array while
-    there are at most ``DENSE_STATES`` states, through a hash map beyond. The smaller
+    there are at most ``dense_limit`` states, through a hash map beyond. The smaller
     graph's node varies fastest in the state index, so the states of one breadth-first
     wave sit close together in memory. The walk itself runs in :func:`_explore_batch`,
     which returns whenever a buffer must grow.
@@ -350,7 +353,7 @@ def explore(
     N1 = np.int64(n1)
     N2 = np.int64(n2)
     total = 3 * N1 * N2
-    dense = total <= DENSE_STATES
+    dense = total <= dense_limit
     if n2 <= n1:
         stride_a, stride_b = 3 * N2, np.int64(3)
     else:

@@ -286,6 +286,19 @@ def test_compose_relation_matches_pairs_of_paths(g1, g2, sort1, sort2):
 
 
 @SETTINGS
+@given(small_graphs(labels=(EPS, 0, 1)), small_graphs(labels=(EPS, 0, 1)), st.sampled_from([0, 1, 2, 3]))
+def test_hash_map_state_store_gives_the_same_graph(g1, g2, kind):
+    # Above DENSE_STATES product states the kernel indexes states through a hash map;
+    # force that path on small graphs and compare with the dense one, arc for arc.
+    from lightning_gtn.wfst import _compose
+
+    dense = _compose._compose(g1, g2, kind)
+    hashed = _compose._compose(g1, g2, kind, dense_limit=0)
+    assert gtn.equal(dense, hashed)
+    assert dense.weights_to_list() == hashed.weights_to_list()
+
+
+@SETTINGS
 @given(small_graphs(acceptor=True, labels=(0, 1, 2)), small_graphs(acceptor=True, labels=(0, 1, 2)))
 def test_all_matchers_give_the_same_graph_up_to_order(g1, g2):
     plain = gtn.intersect(g1, g2)
