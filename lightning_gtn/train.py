@@ -30,6 +30,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
+from lightning.pytorch.callbacks import Callback  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 __all__ = ["main", "run", "build", "ConfigError", "CONF_DIR", "final_metrics"]
@@ -82,13 +83,24 @@ def final_metrics(trainer) -> dict:
     """The final metrics from ``trainer.callback_metrics`` (epoch values, plain floats)."""
     out = {}
     for k, v in trainer.callback_metrics.items():
-        if k.endswith("_step"):
+        if k.endswith("_step") and k != "global_step":  # per-step values of on_step+on_epoch logs
             continue
         name = k[: -len("_epoch")] if k.endswith("_epoch") else k
         f = _number(v)
         if f is not None:
             out[name] = f
     return dict(sorted(out.items()))
+
+
+class _FinalProgress(Callback):
+    """Copies epoch and step into ``callback_metrics`` at the end of fitting: with spawned
+    processes (``trainer=ddp_cpu``) only the metrics come back to the launching process."""
+
+    def on_fit_end(self, trainer, pl_module):
+        import torch
+
+        trainer.callback_metrics["epoch"] = torch.tensor(float(trainer.current_epoch))
+        trainer.callback_metrics["global_step"] = torch.tensor(float(trainer.global_step))
 
 
 def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
@@ -129,6 +141,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         raise ConfigError(str(e)) from e
     callbacks = [build(c, f"callbacks.{k}") for k, c in (cfg.get("callbacks") or {}).items() if c is not None]
     loggers = [build(c, f"logger.{k}") for k, c in (cfg.get("logger") or {}).items() if c is not None]
+    callbacks.append(_FinalProgress())
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
     start = time.perf_counter()
@@ -139,8 +152,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
         trainer.test(model, datamodule=datamodule, ckpt_path=best or None)
         metrics.update({k: v for k, v in final_metrics(trainer).items() if k.startswith("test/")})
-    metrics["epoch"] = int(trainer.current_epoch)
-    metrics["global_step"] = int(trainer.global_step)
+    metrics["epoch"] = int(metrics.get("epoch", trainer.current_epoch))
+    metrics["global_step"] = int(metrics.get("global_step", trainer.global_step))
     metrics["fit_seconds"] = round(fit_seconds, 2)
     if trainer.is_global_zero:
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
