@@ -4,8 +4,8 @@ Everything that touches each node or arc of a graph lives here: adjacency lists,
 composition of two graphs (GTN's algorithm, with its three arc matchers), ``remove``,
 and the forward / Viterbi dynamic programmes with their backward passes.
 
-Conventions: node and arc ids are int32; product states of a composition are int64
-(``3 * (n1 + N1 * n2) + follow``, where ``follow`` is 0 for a plain state, 1 while
+Conventions: node and arc ids are int32; product states of a composition
+``(n1, n2, follow)`` are indexed by int64 (``follow`` is 0 for a plain state, 1 while
 following epsilon arcs of the first graph, 2 while following those of the second);
 scores of the dynamic programmes are float64, weights and gradients float32. All
 kernels use ``cache=True`` (compiled once per machine, then loaded from the cache) and
@@ -32,8 +32,7 @@ DOUBLY = 3  # both sorted: search the longer list, the lower bound only moves fo
 # while there are at most this many of them, and with a hash map beyond.
 DENSE_STATES = 1 << 25
 
-_NOT_REACHABLE = -2  # state store values: -2 unseen, -1 co-accessible without a node yet
-_REACHABLE = -1
+_UNSEEN = -1  # state store value of a state without a node yet
 
 
 # -- adjacency -------------------------------------------------------------------
@@ -268,7 +267,7 @@ def _match(kind, arcs, lab, a, b, off1, off2, shift, tab1, w1, tab2, w2, buf):
 def _get(dense, table, hashed, key):
     if dense:
         return table[key]
-    return hashed.get(key, np.int32(_NOT_REACHABLE))
+    return hashed.get(key, np.int32(_UNSEEN))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -358,7 +357,7 @@ def explore(
         stride_a, stride_b = 3 * N2, np.int64(3)
     else:
         stride_a, stride_b = np.int64(3), 3 * N1
-    table = np.full(total if dense else 0, -1, dtype=np.int32)
+    table = np.full(total if dense else 0, _UNSEEN, dtype=np.int32)
     hashed = Dict.empty(key_type=types.int64, value_type=types.int32)
     acc1 = np.zeros(n1, dtype=np.uint8)
     acc2 = np.zeros(n2, dtype=np.uint8)
