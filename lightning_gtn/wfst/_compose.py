@@ -5,6 +5,8 @@ The list overloads live in :mod:`lightning_gtn.wfst.functions`.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from . import _kernels as K
@@ -34,10 +36,22 @@ def _ids(ids) -> np.ndarray:
     return np.asarray(ids, dtype=_INT).reshape(-1)
 
 
-def _compose(g1: Graph, g2: Graph, kind: int, dense_limit: int = K.DENSE_STATES) -> Graph:
+def _dense_limit(s1, s2) -> int:
+    """How many product states may be indexed densely (an int32 each, as GTN does).
+
+    GTN always allocates ``3 * N1 * N2`` entries; past a few million that is mostly empty
+    space, so large products whose graphs are comparatively small use a hash map.
+    """
+    size = s1.num_nodes + s2.num_nodes + s1.num_arcs() + s2.num_arcs()
+    return min(K.DENSE_STATES, max(1 << 22, 64 * size))
+
+
+def _compose(g1: Graph, g2: Graph, kind: int, dense_limit: Optional[int] = None) -> Graph:
     s1, s2 = g1._s, g2._s
     src1, dst1, il1, ol1 = s1.arrays()
     src2, dst2, il2, ol2 = s2.arrays()
+    if dense_limit is None:
+        dense_limit = _dense_limit(s1, s2)
     out_off1, out_arcs1 = adjacency(g1)[2:]
     out_off2, out_arcs2 = adjacency(g2)[2:]
     num_nodes, num_start, node_acc, src, dst, arc1, arc2 = K.compose(

@@ -29,7 +29,8 @@ SEARCH_SECOND = 2  # only the second graph's arcs are sorted: binary search in t
 DOUBLY = 3  # both sorted: search the longer list, the lower bound only moves forward
 
 # A composition indexes its product states densely (an int32 per state, as GTN does)
-# while there are at most this many of them, and with a hash map beyond.
+# while there are at most this many of them (fewer for small graphs, see
+# ``_compose._dense_limit``), and with a hash map beyond.
 DENSE_STATES = 1 << 25
 
 _UNSEEN = -1  # state store value of a state without a node yet
@@ -367,7 +368,7 @@ def explore(
         acc2[a] = 1
     # Output nodes in creation order (also the queue): product state, accept flag.
     n_start = start1.shape[0] * start2.shape[0]
-    nodes = np.empty((3, max(256, n_start, 2 * arcs.shape[0])), dtype=np.int32)
+    nodes = np.empty((3, max(1024, n_start, arcs.shape[0])), dtype=np.int32)
     node_acc = np.empty(nodes.shape[1], dtype=np.uint8)
     num_nodes = 0
     for s1 in start1:
@@ -380,7 +381,7 @@ def explore(
             num_nodes += 1
     num_start = num_nodes
     pairs = np.empty((2, 256), dtype=np.int32)
-    out = np.empty((4, max(256, 2 * arcs.shape[0])), dtype=np.int32)
+    out = np.empty((4, max(1024, arcs.shape[0])), dtype=np.int32)
     head = 0
     num_arcs = 0
     while True:

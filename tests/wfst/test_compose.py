@@ -412,10 +412,12 @@ def test_large_products_use_a_hash_map_with_the_same_result():
     # More than DENSE_STATES product states: the state store switches to a hash map.
     from lightning_gtn.wfst import _kernels
 
+    from lightning_gtn.wfst import _compose
+
     n = int(math.isqrt(_kernels.DENSE_STATES // 3)) + 2
     g1 = gtn.linear_graph(n - 1, 1)
     g2 = gtn.linear_graph(n - 1, 1)
-    assert 3 * g1.num_nodes() * g2.num_nodes() > _kernels.DENSE_STATES
+    assert 3 * g1.num_nodes() * g2.num_nodes() > _compose._dense_limit(g1._s, g2._s)
     out = gtn.intersect(g1, g2)
     assert (out.num_nodes(), out.num_arcs()) == (n, n - 1)
     assert out.accept() == [n - 1]
