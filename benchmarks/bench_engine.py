@@ -143,6 +143,29 @@ def main(argv=None) -> str:
         f"{big.num_arcs()} arcs -> {out.num_nodes()} nodes, {out.num_arcs()} arcs",
         _time(lambda: gtn.intersect(big, ctc100), max(3, reps // 3)))
 
+    # GTN's n-gram CTC benchmark shape: CTC graph x bigram transitions x emissions, and the
+    # normaliser emissions x transitions, forward scores and backward.
+    M = 30
+    trans = gtn.Graph()
+    for _ in range(M):
+        trans.add_node(True, True)
+    for i in range(M):
+        for m in range(M):
+            trans.add_arc(i, m, m)
+    trans.arc_sort()
+    em200 = gtn.linear_graph(200, M)
+    em200.set_weights(rng.standard_normal(200 * M).astype(np.float32))
+    ctc10 = ctc_graph(rng.integers(1, M, size=10).tolist(), 0)
+    ctc10.arc_sort()
+
+    def ngram():
+        num = gtn.forward_score(gtn.intersect(gtn.intersect(ctc10, trans), em200))
+        den = gtn.forward_score(gtn.intersect(em200, trans))
+        gtn.backward(gtn.subtract(den, num))
+
+    row("n-gram CTC: intersect(intersect(ctc, bigram), emissions) and normaliser, + backward",
+        f"T=200, C={M}, 10 tokens, {trans.num_arcs()} bigram arcs", _time(ngram, reps))
+
     # First calls in a fresh process.
     warm = _first_call_ms(cold=False)
     if warm is not None:
