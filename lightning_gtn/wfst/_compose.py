@@ -101,8 +101,12 @@ def compose(g1: Graph, g2: Graph) -> Graph:
     accept nodes become nodes. Nodes are numbered in breadth-first order from the pairs
     of start nodes and arcs follow GTN's order, so results equal GTN's node for node.
 
-    Arcs sorted with ``g1.arc_sort(True)`` and ``g2.arc_sort()`` are matched by binary
-    search (faster; same result up to the order in which a node lists its arcs).
+    Arcs sorted with ``g1.arc_sort(True)`` and ``g2.arc_sort()`` are matched by label
+    lookups instead of nested loops (faster; the same graph up to node and arc order, which
+    then follows GTN's sorted matchers). ``mark_arc_sorted`` on arcs that are not in order
+    makes GTN's binary searches miss matches; the engine misses them the same way while
+    expanding nodes, but GTN's separate co-accessibility pass can miss others, so for such
+    graphs the two may differ.
 
     Gradients flow to ``g1`` and ``g2`` (to those with ``calc_grad``); the result needs a
     gradient when either does.

@@ -310,7 +310,10 @@ def compose(
     Here the breadth-first walk runs first, over every state it reaches (:func:`explore`),
     and :func:`trim` then drops the states that reach no accept pair. A dropped state never
     leads to a kept one, so the kept states keep GTN's discovery order and the kept arcs
-    GTN's order: the result is GTN's, without a backward pass that matches arcs again.
+    GTN's order: the result is GTN's, without a backward pass that matches arcs again. (This
+    holds when the sorted flags are true; with arcs wrongly marked sorted, GTN's binary
+    searches over in-arc lists in its first pass can miss other matches than over out-arc
+    lists.)
 
     Product states are indexed densely up to ``dense_limit`` states (``DENSE_STATES``),
     through a hash map beyond.

@@ -239,7 +239,7 @@ def test_start_pair_that_accepts_is_an_accept_node():
 
 def test_sorted_flags_that_lie_give_gtns_binary_search_result():
     # mark_arc_sorted without sorting: GTN's matchers then binary-search an unsorted list
-    # (std::lower_bound) and may miss matches; the engine reproduces that exactly.
+    # (std::lower_bound) and may miss matches; the engine probes the same way.
     g1 = graph_from_text("""
         0
         1
