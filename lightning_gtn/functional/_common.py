@@ -33,6 +33,22 @@ def check_reduction(reduction: str) -> None:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
 
+def check_call(x, name: str, reduction: str) -> Tuple[int, int, int]:
+    """:func:`check_emissions` then :func:`check_reduction`; returns ``(B, T, C)``."""
+    shape = check_emissions(x, name)
+    check_reduction(reduction)
+    return shape
+
+
+def use_gtn(backend: str) -> bool:
+    """True for ``backend="gtn"``, False for ``"native"``; ValueError otherwise."""
+    if backend == "gtn":
+        return True
+    if backend != "native":
+        raise ValueError(f"backend must be 'native' or 'gtn', got {backend!r}")
+    return False
+
+
 def _host_device_ok(t: torch.Tensor, device: torch.device) -> bool:
     return t.device.type == "cpu" or t.device == device
 
@@ -133,6 +149,19 @@ def split_targets(targets, target_lengths, B: int, device: torch.device, num_cla
     return seqs
 
 
+def lengths_and_targets(input_lengths, targets, target_lengths, shape: Tuple[int, int, int],
+                        device: torch.device, blank: Optional[int] = None):
+    """Checked ``(lengths (B,), target sequences, target lengths (B,))`` of a loss call.
+
+    ``shape`` is the emissions' ``(B, T, C)``: lengths must be ``<= T``, labels in ``[0, C)``.
+    """
+    B, T, C = shape
+    lengths = as_lengths(input_lengths, B, "input_lengths", device, max_value=T)
+    seqs = split_targets(targets, target_lengths, B, device, C, blank=blank)
+    tlen = np.asarray([len(s) for s in seqs], dtype=np.int64)
+    return lengths, seqs, tlen
+
+
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -167,6 +196,20 @@ class Plan:
         self.B = B
         # read where the loss is called (inside Function.forward grad mode is always off)
         self.grad_enabled = torch.is_grad_enabled()
+
+
+def normalised_plan(full: CompiledGraph, targets: Sequence[CompiledGraph], lengths: np.ndarray) -> Plan:
+    """Row ``b`` scores ``log Z(full) - log Z(targets[b])`` over ``lengths[b]`` frames."""
+    B = len(targets)
+    graphs, ids = unique_graphs([full] * B + list(targets))
+    rows = np.concatenate([np.arange(B), np.arange(B)])
+    sign = np.concatenate([np.ones(B), -np.ones(B)])
+    return Plan(graphs, ids, rows, np.concatenate([lengths, lengths]), sign, B)
+
+
+def graph_weights(plan: Plan, x: torch.Tensor) -> torch.Tensor:
+    """The plan's own arc weights ``(num_arcs,)`` in ``x``'s dtype and on its device."""
+    return torch.from_numpy(plan.batch.weights()).to(device=x.device, dtype=x.dtype)
 
 
 def unique_graphs(per_example: Sequence[CompiledGraph]):
@@ -240,6 +283,23 @@ def score_backward(ctx, grad_losses: torch.Tensor, need_e: bool, need_w: bool):
     coef = g[rows] * torch.from_numpy(plan.sign).to(device=dev, dtype=st.E.dtype)
     gE, gw = _dense.backward(st, coef, need_e, need_w)
     return gE, gw
+
+
+class ScoreFunction(torch.autograd.Function):
+    """Per-row losses ``(B,)`` of a :class:`Plan`: ``sum over the row's examples of sign * log Z``.
+
+    ``apply(emissions (B, T, C), arc_weights (num_arcs,), plan, impl, zero_infinity, need_w)``;
+    ``need_w`` asks the forward to keep what the arc weights' gradient needs.
+    """
+
+    @staticmethod
+    def forward(ctx, emissions, arc_weights, plan, impl, zero_infinity, need_w):
+        return score_forward(ctx, emissions, arc_weights, plan, impl, zero_infinity, need_w=need_w)
+
+    @staticmethod
+    def backward(ctx, grad_losses):
+        gE, gw = score_backward(ctx, grad_losses, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        return gE, gw, None, None, None, None
 
 
 def reduce_losses(losses: torch.Tensor, reduction: str, divisors: Optional[np.ndarray]) -> torch.Tensor:

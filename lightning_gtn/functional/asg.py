@@ -13,28 +13,14 @@ from ._graphs import compiled_asg_full, compiled_asg_target
 __all__ = ["asg_loss"]
 
 
-class _ASGFunction(torch.autograd.Function):
+class _ASGFunction(_common.ScoreFunction):
     """Per-example ASG losses ``(B,)``: ``log Z(full graph) - log Z(target graph)``."""
-
-    @staticmethod
-    def forward(ctx, emissions, arc_weights, plan, impl, zero_infinity, need_w):
-        return _common.score_forward(ctx, emissions, arc_weights, plan, impl, zero_infinity, need_w=need_w)
-
-    @staticmethod
-    def backward(ctx, grad_losses):
-        gE, gw = _common.score_backward(ctx, grad_losses, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        return gE, gw, None, None, None, None
 
 
 def asg_plan(seqs, lengths: np.ndarray, C: int) -> _common.Plan:
     """Examples: the shared fully connected graph (+) and each target's graph (-) per row."""
-    B = len(seqs)
     full = compiled_asg_full(C)
-    per = [full] * B + [compiled_asg_target(t, C) for t in seqs]
-    graphs, ids = _common.unique_graphs(per)
-    rows = np.concatenate([np.arange(B), np.arange(B)])
-    sign = np.concatenate([np.ones(B), -np.ones(B)])
-    return _common.Plan(graphs, ids, rows, np.concatenate([lengths, lengths]), sign, B)
+    return _common.normalised_plan(full, [compiled_asg_target(t, C) for t in seqs], lengths)
 
 
 def asg_loss(
@@ -75,27 +61,23 @@ def asg_loss(
     Returns:
         Loss in the emissions' dtype and device (scalar, or ``(B,)`` for ``"none"``).
     """
-    B, T, C = _common.check_emissions(emissions, "emissions")
-    _common.check_reduction(reduction)
+    B, T, C = _common.check_call(emissions, "emissions", reduction)
     if not isinstance(transitions, torch.Tensor) or tuple(transitions.shape) != (C + 1, C):
         shape = tuple(transitions.shape) if isinstance(transitions, torch.Tensor) else type(transitions).__name__
         raise ValueError(f"transitions must be a tensor of shape (C + 1, C) = ({C + 1}, {C}), got {shape}")
     if transitions.device != emissions.device:
         raise ValueError(f"transitions is on {transitions.device} but emissions is on {emissions.device}")
-    lengths = _common.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-    seqs = _common.split_targets(targets, target_lengths, B, emissions.device, C)
-    tlen = np.asarray([len(s) for s in seqs], dtype=np.int64)
-    if backend == "gtn":
+    lengths, seqs, tlen = _common.lengths_and_targets(input_lengths, targets, target_lengths, (B, T, C),
+                                                      emissions.device)
+    if _common.use_gtn(backend):
         from ._gtn_backend import gtn_asg_losses
 
         losses = gtn_asg_losses(emissions, transitions, seqs, lengths, zero_infinity)
         return _common.reduce_losses(losses, reduction, tlen)
-    if backend != "native":
-        raise ValueError(f"backend must be 'native' or 'gtn', got {backend!r}")
     impl = _common.pick_impl(emissions, _impl)
     dtype = _common.compute_dtype(emissions)
-    plan = asg_plan(seqs, lengths, C)
     x = emissions.to(dtype)
+    plan = asg_plan(seqs, lengths, C)
     tr = transitions.to(dtype)
     widx = torch.from_numpy(plan.batch.weight_index()).to(x.device)
     w = tr.reshape(-1)[widx]  # one differentiable gather: arc weights follow the transitions

@@ -13,17 +13,8 @@ from ._graphs import compiled_ctc
 __all__ = ["ctc_loss"]
 
 
-class _CTCFunction(torch.autograd.Function):
+class _CTCFunction(_common.ScoreFunction):
     """Per-example CTC losses ``(B,)`` = ``-log Z`` of each target's CTC graph."""
-
-    @staticmethod
-    def forward(ctx, log_probs, weights, plan, impl, zero_infinity):
-        return _common.score_forward(ctx, log_probs, weights, plan, impl, zero_infinity)
-
-    @staticmethod
-    def backward(ctx, grad_losses):
-        gE, _ = _common.score_backward(ctx, grad_losses, ctx.needs_input_grad[0], False)
-        return gE, None, None, None, None
 
 
 def ctc_plan(targets_list, lengths: np.ndarray, blank: int, B: int) -> _common.Plan:
@@ -80,26 +71,19 @@ def ctc_loss(
         >>> loss.shape
         torch.Size([])
     """
-    B, T, C = _common.check_emissions(log_probs, "log_probs")
-    _common.check_reduction(reduction)
+    B, T, C = _common.check_call(log_probs, "log_probs", reduction)
     if not isinstance(blank, (int, np.integer)) or not 0 <= int(blank) < C:
         raise ValueError(f"blank must be an integer label in [0, C) with C={C}, got {blank!r}")
     blank = int(blank)
-    lengths = _common.as_lengths(input_lengths, B, "input_lengths", log_probs.device, max_value=T)
-    seqs = _common.split_targets(targets, target_lengths, B, log_probs.device, C, blank=blank)
-    tlen = np.asarray([len(s) for s in seqs], dtype=np.int64)
-    if backend == "gtn":
+    lengths, seqs, tlen = _common.lengths_and_targets(input_lengths, targets, target_lengths, (B, T, C),
+                                                      log_probs.device, blank=blank)
+    if _common.use_gtn(backend):
         from ._gtn_backend import gtn_ctc_losses
 
         losses = gtn_ctc_losses(log_probs, seqs, lengths, blank, zero_infinity)
         return _common.reduce_losses(losses, reduction, tlen)
-    if backend != "native":
-        raise ValueError(f"backend must be 'native' or 'gtn', got {backend!r}")
     impl = _common.pick_impl(log_probs, _impl)
-    dtype = _common.compute_dtype(log_probs)
+    x = log_probs.to(_common.compute_dtype(log_probs))
     plan = ctc_plan(seqs, lengths, blank, B)
-    x = log_probs.to(dtype)
-    w = torch.from_numpy(plan.batch.weights()).to(device=x.device, dtype=dtype)
-    losses = _CTCFunction.apply(x, w, plan, impl, bool(zero_infinity))
-    out = _common.reduce_losses(losses, reduction, tlen)
-    return out.to(log_probs.dtype)
+    losses = _CTCFunction.apply(x, _common.graph_weights(plan, x), plan, impl, bool(zero_infinity), False)
+    return _common.reduce_losses(losses, reduction, tlen).to(log_probs.dtype)

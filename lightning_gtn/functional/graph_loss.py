@@ -86,8 +86,7 @@ def graph_loss(
     Returns:
         Loss in the emissions' dtype and device.
     """
-    B, T, C = _common.check_emissions(emissions, "emissions")
-    _common.check_reduction(reduction)
+    B, T, C = _common.check_call(emissions, "emissions", reduction)
     lengths = _common.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
     nums = _as_graph_list(graphs, B, "graphs")
     dens = None if denominators is None else _as_graph_list(denominators, B, "denominators")

@@ -13,27 +13,13 @@ from ._graphs import compiled_all_paths, compiled_force_align
 __all__ = ["sequence_loss"]
 
 
-class _SequenceFunction(torch.autograd.Function):
+class _SequenceFunction(_common.ScoreFunction):
     """Per-example losses ``(B,)``: ``log Z(all paths) - log Z(target paths)``."""
-
-    @staticmethod
-    def forward(ctx, emissions, arc_weights, plan, impl, zero_infinity):
-        return _common.score_forward(ctx, emissions, arc_weights, plan, impl, zero_infinity)
-
-    @staticmethod
-    def backward(ctx, grad_losses):
-        gE, _ = _common.score_backward(ctx, grad_losses, ctx.needs_input_grad[0], False)
-        return gE, None, None, None, None
 
 
 def sequence_plan(seqs, lengths: np.ndarray, C: int) -> _common.Plan:
-    B = len(seqs)
     full = compiled_all_paths(C)
-    per = [full] * B + [compiled_force_align(t) for t in seqs]
-    graphs, ids = _common.unique_graphs(per)
-    rows = np.concatenate([np.arange(B), np.arange(B)])
-    sign = np.concatenate([np.ones(B), -np.ones(B)])
-    return _common.Plan(graphs, ids, rows, np.concatenate([lengths, lengths]), sign, B)
+    return _common.normalised_plan(full, [compiled_force_align(t) for t in seqs], lengths)
 
 
 def sequence_loss(
@@ -68,22 +54,16 @@ def sequence_loss(
     Returns:
         Loss in the emissions' dtype and device.
     """
-    B, T, C = _common.check_emissions(emissions, "emissions")
-    _common.check_reduction(reduction)
-    lengths = _common.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-    seqs = _common.split_targets(targets, target_lengths, B, emissions.device, C)
-    tlen = np.asarray([len(s) for s in seqs], dtype=np.int64)
-    if backend == "gtn":
+    B, T, C = _common.check_call(emissions, "emissions", reduction)
+    lengths, seqs, tlen = _common.lengths_and_targets(input_lengths, targets, target_lengths, (B, T, C),
+                                                      emissions.device)
+    if _common.use_gtn(backend):
         from ._gtn_backend import gtn_sequence_losses
 
         losses = gtn_sequence_losses(emissions, seqs, lengths, zero_infinity)
         return _common.reduce_losses(losses, reduction, tlen)
-    if backend != "native":
-        raise ValueError(f"backend must be 'native' or 'gtn', got {backend!r}")
     impl = _common.pick_impl(emissions, _impl)
-    dtype = _common.compute_dtype(emissions)
+    x = emissions.to(_common.compute_dtype(emissions))
     plan = sequence_plan(seqs, lengths, C)
-    x = emissions.to(dtype)
-    w = torch.from_numpy(plan.batch.weights()).to(device=x.device, dtype=dtype)
-    losses = _SequenceFunction.apply(x, w, plan, impl, bool(zero_infinity))
+    losses = _SequenceFunction.apply(x, _common.graph_weights(plan, x), plan, impl, bool(zero_infinity), False)
     return _common.reduce_losses(losses, reduction, tlen).to(emissions.dtype)
