@@ -19,6 +19,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
 import numpy as np
 
+from .. import wfst as _wfst
 from ..wfst import Graph
 from ..wfst.criterion import ctc_graph
 
@@ -325,9 +326,15 @@ def force_align_graph(target: Sequence[int]) -> Graph:
     reads ``target[l]`` and node ``l + 1`` loops on ``target[l]``. An empty target accepts only
     the empty input.
     """
+    return build_force_align(_wfst, target)
+
+
+def build_force_align(gtn, target: Sequence[int]):
+    """:func:`force_align_graph` built with ``gtn.Graph`` of the given module (the engine, or
+    the real ``gtn`` package for ``backend="gtn"``)."""
     target = [int(t) for t in target]
     L = len(target)
-    g = Graph(False)
+    g = gtn.Graph(False)
     g.add_node(True, L == 0)
     for i, tok in enumerate(target):
         g.add_node(False, i == L - 1)

@@ -3,7 +3,8 @@
 The pattern of GTN's PyTorch documentation: copy the emissions to the host, make one linear
 graph per example whose weights are set from the tensor's memory (``set_weights(data_ptr)``,
 keeping a reference to that memory), build the criterion graph, ``intersect`` and
-``forward_score``, all under ``gtn.parallel_for`` over the batch; the backward calls
+``forward_score`` (for CTC, ``gtn.criterion.ctc_loss`` does all three), all under
+``gtn.parallel_for`` over the batch; the backward calls
 ``gtn.backward`` per example and copies the gradients back to the input's device.
 
 This path is a cross-check and a bridge for code that already depends on ``gtn``; the native
@@ -13,10 +14,13 @@ API under that name (including ``lightning_gtn.wfst``) can stand in for it.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+import importlib
+from typing import List
 
 import numpy as np
 import torch
+
+from ._graphs import build_force_align
 
 __all__ = ["gtn_ctc_losses", "gtn_asg_losses", "gtn_sequence_losses", "import_gtn"]
 
@@ -31,32 +35,6 @@ def import_gtn():
             "installed; use backend='native' (the default), which computes the same losses"
         ) from err
     return gtn
-
-
-def _ctc_graph(gtn, target: Sequence[int], blank: int):
-    L = len(target)
-    S = 2 * L + 1
-    g = gtn.Graph(False)
-    for s in range(S):
-        g.add_node(s == 0, s == S - 1 or s == S - 2)
-        label = target[(s - 1) // 2] if s % 2 else blank
-        g.add_arc(s, s, label)
-        if s > 0:
-            g.add_arc(s - 1, s, label)
-        if s % 2 and s > 1 and label != target[(s - 1) // 2 - 1]:
-            g.add_arc(s - 2, s, label)
-    return g
-
-
-def _force_align_graph(gtn, target: Sequence[int]):
-    L = len(target)
-    g = gtn.Graph(False)
-    g.add_node(True, L == 0)
-    for i, tok in enumerate(target):
-        g.add_node(False, i == L - 1)
-        g.add_arc(i, i + 1, tok)
-        g.add_arc(i + 1, i + 1, tok)
-    return g
 
 
 def _transitions_graph(gtn, C: int, data: torch.Tensor, calc_grad: bool):
@@ -88,6 +66,7 @@ class _GTNFunction(torch.autograd.Function):
         emission_graphs = [None] * B
         transition_graphs = [None] * B
         keep = [None] * B  # the memory whose address set_weights read
+        criterion = importlib.import_module(gtn.__name__ + ".criterion") if kind == "ctc" else None
 
         def process(b):
             Tb = int(lengths[b])
@@ -97,15 +76,15 @@ class _GTNFunction(torch.autograd.Function):
             em.set_weights(data.data_ptr())
             target = list(seqs[b])
             if kind == "ctc":
-                loss = gtn.negate(gtn.forward_score(gtn.intersect(_ctc_graph(gtn, target, blank), em)))
+                loss = criterion.ctc_loss(em, target, blank)
             elif kind == "sequence":
-                target_score = gtn.forward_score(gtn.intersect(_force_align_graph(gtn, target), em))
+                target_score = gtn.forward_score(gtn.intersect(build_force_align(gtn, target), em))
                 loss = gtn.subtract(gtn.forward_score(em), target_score)
             elif kind == "asg":
                 trg = _transitions_graph(gtn, C, tr_host, calc_t)
                 transition_graphs[b] = trg
                 full = gtn.forward_score(gtn.intersect(em, trg))
-                fal = gtn.intersect(_force_align_graph(gtn, target), trg)
+                fal = gtn.intersect(build_force_align(gtn, target), trg)
                 loss = gtn.subtract(full, gtn.forward_score(gtn.intersect(fal, em)))
             else:  # pragma: no cover - internal
                 raise ValueError(kind)
