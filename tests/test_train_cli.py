@@ -173,6 +173,18 @@ def test_cli_ddp_cpu_training(tmp_path):
 
 
 @pytest.mark.slow
+def test_cli_ddp_relaunch_strategy_prints_one_result(tmp_path):
+    # strategy=ddp re-runs the command in a subprocess per extra rank (what trainer=ddp does on
+    # GPUs); only rank 0 reports.
+    out = tmp_path / "ddp_sub"
+    m, stdout = _cli("lightning_gtn.train", [*SMOKE, "trainer=ddp_cpu", "trainer.strategy=ddp",
+                                            f"hydra.run.dir={out}"], tmp_path)
+    assert m["global_step"] == 4 and "val/cer" in m
+    assert sum(line.startswith("{") for line in stdout.splitlines()) == 1
+    assert json.loads((out / "metrics.json").read_text()) == m
+
+
+@pytest.mark.slow
 def test_cli_multirun_over_two_losses(tmp_path):
     sweep = tmp_path / "sweep"
     env = dict(os.environ, PYTHONWARNINGS="ignore")
