@@ -276,6 +276,41 @@ def _viterbi_backtrack(e, ex_graph, ex_row, ex_len, alpha_off, E, w, src, label,
         t -= 1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _vmax(v, r, S):
+    """``max(0, v[r], ..., v[r + S - 1])`` (NaN entries are skipped)."""
+    m = 0.0
+    for n in range(S):
+        if v[r + n] > m:
+            m = v[r + n]
+    return m
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scaled_eps_in(A, r, g, ew_all, a0, src, ein_node_off, ein_nodes, ein_off, ein_arc):
+    """Linear-domain epsilon closure of the frame vector ``A[r : r + S]`` (forward)."""
+    for i in range(ein_node_off[g], ein_node_off[g + 1]):
+        n = ein_nodes[i]
+        for k in range(ein_off[i], ein_off[i + 1]):
+            a = ein_arc[k]
+            A[r + n] += A[r + src[a]] * ew_all[a - a0]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scaled_eps_out(beta, A, r, F, g, ew_all, a0, dst, eout_node_off, eout_nodes, eout_off, eout_arc,
+                    gw_ex, wo, need_w):
+    """Linear-domain epsilon closure of ``beta`` (backward); with ``need_w`` each epsilon arc's
+    occupancy ``A[r + n] * v * F`` goes to ``gw_ex[wo + local arc id]``."""
+    for i in range(eout_node_off[g], eout_node_off[g + 1]):
+        n = eout_nodes[i]
+        for k in range(eout_off[i], eout_off[i + 1]):
+            a = eout_arc[k]
+            v = ew_all[a - a0] * beta[dst[a]]
+            beta[n] += v
+            if need_w:
+                gw_ex[wo + a - a0] += A[r + n] * v * F
+
+
 @njit(cache=True, nogil=True)
 def _fused_kernel(
     e0, e1, ex_graph, ex_row, ex_len, ex_sign, E, w, src, dst,
@@ -330,15 +365,8 @@ def _fused_kernel(
         ls = np.empty(T + 1)
         for k in range(start_off[g], start_off[g + 1]):
             A[start[k]] = 1.0
-        for i in range(ein_node_off[g], ein_node_off[g + 1]):
-            n = ein_nodes[i]
-            for k in range(ein_off[i], ein_off[i + 1]):
-                a = ein_arc[k]
-                A[n] += A[src[a]] * ew_all[a - a0]
-        m = 0.0
-        for n in range(S):
-            if A[n] > m:
-                m = A[n]
+        _scaled_eps_in(A, 0, g, ew_all, a0, src, ein_node_off, ein_nodes, ein_off, ein_arc)
+        m = _vmax(A, 0, S)
         if not m > 0.0:
             continue
         for n in range(S):
@@ -363,15 +391,8 @@ def _fused_kernel(
                 for k in range(in_off[n0 + n] - k0, in_off[n0 + n + 1] - k0):
                     acc += A[prev + in_src[k0 + k]] * ew_in[k] * P[t, in_lp[k0 + k]]
                 A[cur + n] = acc
-            for i in range(ein_node_off[g], ein_node_off[g + 1]):
-                n = ein_nodes[i]
-                for k in range(ein_off[i], ein_off[i + 1]):
-                    a = ein_arc[k]
-                    A[cur + n] += A[cur + src[a]] * ew_all[a - a0]
-            m = 0.0
-            for n in range(S):
-                if A[cur + n] > m:
-                    m = A[cur + n]
+            _scaled_eps_in(A, cur, g, ew_all, a0, src, ein_node_off, ein_nodes, ein_off, ein_arc)
+            m = _vmax(A, cur, S)
             if not (m > 0.0 and m < math.inf):
                 ok = False
                 break
@@ -396,18 +417,9 @@ def _fused_kernel(
             nxt[accept[k]] = 1.0
         FT = math.exp(ls[T] - lz)
         wo = gw_off[e]
-        for i in range(eout_node_off[g], eout_node_off[g + 1]):
-            n = eout_nodes[i]
-            for k in range(eout_off[i], eout_off[i + 1]):
-                a = eout_arc[k]
-                v = ew_all[a - a0] * nxt[dst[a]]
-                nxt[n] += v
-                if need_w:
-                    gw_ex[wo + a - a0] += A[last + n] * v * FT
-        m = 0.0
-        for n in range(S):
-            if nxt[n] > m:
-                m = nxt[n]
+        _scaled_eps_out(nxt, A, last, FT, g, ew_all, a0, dst, eout_node_off, eout_nodes, eout_off, eout_arc,
+                        gw_ex, wo, need_w)
+        m = _vmax(nxt, 0, S)
         for n in range(S):
             nxt[n] /= m
         lb = math.log(m)
@@ -431,18 +443,9 @@ def _fused_kernel(
             if not abs(total - 1.0) <= tol:
                 ok = False
                 break
-            for i in range(eout_node_off[g], eout_node_off[g + 1]):
-                n = eout_nodes[i]
-                for k in range(eout_off[i], eout_off[i + 1]):
-                    a = eout_arc[k]
-                    v = ew_all[a - a0] * cur_b[dst[a]]
-                    cur_b[n] += v
-                    if need_w:
-                        gw_ex[wo + a - a0] += A[prev + n] * v * F
-            m = 0.0
-            for n in range(S):
-                if cur_b[n] > m:
-                    m = cur_b[n]
+            _scaled_eps_out(cur_b, A, prev, F, g, ew_all, a0, dst, eout_node_off, eout_nodes, eout_off, eout_arc,
+                            gw_ex, wo, need_w)
+            m = _vmax(cur_b, 0, S)
             if not (m > 0.0 and m < math.inf):
                 ok = False
                 break
@@ -483,8 +486,12 @@ class Problem:
         self.num_examples = len(self.ex_graph)
         sizes = np.asarray(batch.num_nodes, dtype=np.int64)[self.ex_graph] if self.num_examples else np.zeros(0, np.int64)
         self.ex_nodes = sizes
+        self._set_alpha_off()
+
+    def _set_alpha_off(self) -> None:
+        """``alpha_off`` ``(N + 1,)``: where each example's ``(T_e + 1) * S_e`` alphas start."""
         self.alpha_off = np.zeros(self.num_examples + 1, dtype=np.int64)
-        np.cumsum((self.ex_len + 1) * sizes, out=self.alpha_off[1:])
+        np.cumsum((self.ex_len + 1) * self.ex_nodes, out=self.alpha_off[1:])
 
     def chunks(self, threads: int):
         """Example ranges of similar work, never splitting one emission row across chunks."""
@@ -613,8 +620,7 @@ class Subset(Problem):
         self.ex_len = problem.ex_len[idx]
         self.num_examples = len(idx)
         self.ex_nodes = problem.ex_nodes[idx]
-        self.alpha_off = np.zeros(self.num_examples + 1, dtype=np.int64)
-        np.cumsum((self.ex_len + 1) * self.ex_nodes, out=self.alpha_off[1:])
+        self._set_alpha_off()
 
 
 FUSED_TOL = 1e-6
@@ -739,17 +745,23 @@ def _build_tables(st: State) -> _Tables:
         owner = np.repeat(np.arange(N), cnt)
         return _pad_table(owner, arcs.astype(np.int64), cnt, N, K)[gnode]  # (Ne, Smax, K)
 
+    def arcs_and_mask(tab):
+        """Arc ids (padding -> arc 0) and the mask of real entries, on the device."""
+        return torch.from_numpy(np.maximum(tab, 0)).to(dev), torch.from_numpy(tab >= 0).to(dev)
+
+    def per_entry(tab, per_arc):
+        """``per_arc`` of each table entry (0 for padding) as int64, on the device."""
+        return torch.from_numpy(np.where(tab >= 0, per_arc[np.maximum(tab, 0)], 0).astype(np.int64)).to(dev)
+
     in_tab = table(bt.in_off, bt.in_arc, bt.max_in)
     out_tab = table(bt.out_off, bt.out_arc, bt.max_out)
     src_p, dst_p, lab_p = (np.append(v, 0) for v in (bt.src, bt.dst, bt.label))  # arc 0 valid if none
-    tb.in_arc = torch.from_numpy(np.maximum(in_tab, 0)).to(dev)
-    tb.in_mask = torch.from_numpy(in_tab >= 0).to(dev)
-    tb.in_src = torch.from_numpy(np.where(in_tab >= 0, src_p[np.maximum(in_tab, 0)], 0).astype(np.int64)).to(dev)
-    tb.in_lab = torch.from_numpy(np.where(in_tab >= 0, lab_p[np.maximum(in_tab, 0)], 0).astype(np.int64)).to(dev)
-    tb.out_arc = torch.from_numpy(np.maximum(out_tab, 0)).to(dev)
-    tb.out_mask = torch.from_numpy(out_tab >= 0).to(dev)
-    tb.out_dst = torch.from_numpy(np.where(out_tab >= 0, dst_p[np.maximum(out_tab, 0)], 0).astype(np.int64)).to(dev)
-    tb.out_lab = torch.from_numpy(np.where(out_tab >= 0, lab_p[np.maximum(out_tab, 0)], 0).astype(np.int64)).to(dev)
+    tb.in_arc, tb.in_mask = arcs_and_mask(in_tab)
+    tb.in_src = per_entry(in_tab, src_p)
+    tb.in_lab = per_entry(in_tab, lab_p)
+    tb.out_arc, tb.out_mask = arcs_and_mask(out_tab)
+    tb.out_dst = per_entry(out_tab, dst_p)
+    tb.out_lab = per_entry(out_tab, lab_p)
     start = np.zeros(N + 1, dtype=bool)
     accept = np.zeros(N + 1, dtype=bool)
     gs = np.repeat(np.arange(len(bt.graphs)), np.diff(bt.start_off))
@@ -793,12 +805,10 @@ def _build_tables(st: State) -> _Tables:
         tb.eps_levels_out = int(lout.max())
         tb.lin = torch.from_numpy(lin[gnode]).to(dev)
         tb.lout = torch.from_numpy(lout[gnode]).to(dev)
-        tb.ein_arc = torch.from_numpy(np.maximum(etab_in, 0)).to(dev)
-        tb.ein_mask = torch.from_numpy(etab_in >= 0).to(dev)
-        tb.ein_src = torch.from_numpy(np.where(etab_in >= 0, src_p[np.maximum(etab_in, 0)], 0).astype(np.int64)).to(dev)
-        tb.eout_arc = torch.from_numpy(np.maximum(etab_out, 0)).to(dev)
-        tb.eout_mask = torch.from_numpy(etab_out >= 0).to(dev)
-        tb.eout_dst = torch.from_numpy(np.where(etab_out >= 0, dst_p[np.maximum(etab_out, 0)], 0).astype(np.int64)).to(dev)
+        tb.ein_arc, tb.ein_mask = arcs_and_mask(etab_in)
+        tb.ein_src = per_entry(etab_in, src_p)
+        tb.eout_arc, tb.eout_mask = arcs_and_mask(etab_out)
+        tb.eout_dst = per_entry(etab_out, dst_p)
     tb.rows = torch.from_numpy(p.ex_row).to(dev)
     tb.lens = torch.from_numpy(p.ex_len).to(dev)
     return tb
@@ -824,14 +834,20 @@ def _gather_nodes(vec: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return vec.gather(1, idx.reshape(Ne, S * K)).reshape(Ne, S, K)
 
 
+def _eps_closure(vec, levels, level, other, arc, mask, w, use_max):
+    """Epsilon closure of ``vec`` ``(Ne, S)`` one level at a time: nodes of level ``lev`` combine
+    their value with ``vec[other] + w[arc]`` over their (masked) epsilon arcs ``(Ne, S, K)``."""
+    ninf = torch.tensor(NEG_INF, dtype=vec.dtype, device=vec.device)
+    for lev in range(1, levels + 1):
+        cand = _gather_nodes(vec, other) + w[arc]
+        cand = torch.where(mask, cand, ninf)
+        new = _lse_last(torch.cat([vec.unsqueeze(-1), cand], -1), use_max)
+        vec = torch.where(level == lev, new, vec)
+    return vec
+
+
 def _eps_step_forward(alpha, tb, w, use_max):
-    ninf = torch.tensor(NEG_INF, dtype=alpha.dtype, device=alpha.device)
-    for lev in range(1, tb.eps_levels_in + 1):
-        cand = _gather_nodes(alpha, tb.ein_src) + w[tb.ein_arc]
-        cand = torch.where(tb.ein_mask, cand, ninf)
-        new = _lse_last(torch.cat([alpha.unsqueeze(-1), cand], -1), use_max)
-        alpha = torch.where(tb.lin == lev, new, alpha)
-    return alpha
+    return _eps_closure(alpha, tb.eps_levels_in, tb.lin, tb.ein_src, tb.ein_arc, tb.ein_mask, w, use_max)
 
 
 def _torch_forward(st: State, use_max: bool) -> None:
@@ -880,12 +896,7 @@ def _torch_backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
     scale = torch.where(valid, coef, torch.zeros((), dtype=dtype, device=dev))
 
     def eps_back(beta):
-        for lev in range(1, tb.eps_levels_out + 1):
-            cand = _gather_nodes(beta, tb.eout_dst) + w[tb.eout_arc]
-            cand = torch.where(tb.eout_mask, cand, ninf)
-            new = torch.logsumexp(torch.cat([beta.unsqueeze(-1), cand], -1), -1)
-            beta = torch.where(tb.lout == lev, new, beta)
-        return beta
+        return _eps_closure(beta, tb.eps_levels_out, tb.lout, tb.eout_dst, tb.eout_arc, tb.eout_mask, w, False)
 
     beta_init = torch.where(tb.accept, torch.zeros((), dtype=dtype, device=dev), ninf)
     if tb.has_eps:
