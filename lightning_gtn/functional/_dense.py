@@ -45,6 +45,23 @@ OCC_BLOCK_ELEMENTS = 1 << 24  # torch path: occupancies are formed this many ent
 # ---------------------------------------------------------------------------
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _example(e, ex_graph, ex_row, ex_len, node_off):
+    """``(graph g, emission row b, frames T, first node n0, nodes S)`` of example ``e``."""
+    g = ex_graph[e]
+    n0 = node_off[g]
+    return g, ex_row[e], ex_len[e], n0, node_off[g + 1] - n0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _init_frame(vec, r, S, ids, k0, k1):
+    """``vec[r : r + S]`` = -inf, except 0 at the nodes ``ids[k0:k1]`` (start or accept)."""
+    for n in range(S):
+        vec[r + n] = NEG_INF
+    for k in range(k0, k1):
+        vec[r + ids[k]] = 0.0
+
+
 @njit(cache=True, nogil=True)
 def _eps_forward(alpha, r, g, w, src, eps_node_off, eps_nodes, eps_off, eps_arc, buf, use_max):
     for i in range(eps_node_off[g], eps_node_off[g + 1]):
@@ -76,16 +93,9 @@ def _forward_kernel(
 ):
     buf = np.empty(max(max_in, 1), dtype=alpha.dtype)
     for e in range(e0, e1):
-        g = ex_graph[e]
-        b = ex_row[e]
-        T = ex_len[e]
-        n0 = node_off[g]
-        S = node_off[g + 1] - n0
+        g, b, T, n0, S = _example(e, ex_graph, ex_row, ex_len, node_off)
         base = alpha_off[e]
-        for n in range(S):
-            alpha[base + n] = NEG_INF
-        for k in range(start_off[g], start_off[g + 1]):
-            alpha[base + start[k]] = 0.0
+        _init_frame(alpha, base, S, start, start_off[g], start_off[g + 1])
         _eps_forward(alpha, base, g, w, src, eps_node_off, eps_nodes, eps_off, eps_arc, buf, use_max)
         for t in range(T):
             prev = base + t * S
@@ -168,18 +178,11 @@ def _backward_kernel(
         lz = logz[e]
         if coef == 0.0 or lz == NEG_INF:
             continue
-        g = ex_graph[e]
-        b = ex_row[e]
-        T = ex_len[e]
-        n0 = node_off[g]
-        S = node_off[g + 1] - n0
+        g, b, T, n0, S = _example(e, ex_graph, ex_row, ex_len, node_off)
         base = alpha_off[e]
         nxt = beta_a
         cur = beta_b
-        for n in range(S):
-            nxt[n] = NEG_INF
-        for k in range(accept_off[g], accept_off[g + 1]):
-            nxt[accept[k]] = 0.0
+        _init_frame(nxt, 0, S, accept, accept_off[g], accept_off[g + 1])
         _eps_backward(nxt, alpha, base + T * S, g, w, dst, eps_node_off, eps_nodes, eps_off,
                       eps_arc, buf, lz, coef, gw, need_w)
         for t in range(T - 1, -1, -1):
@@ -224,11 +227,7 @@ def _viterbi_backtrack(e, ex_graph, ex_row, ex_len, alpha_off, E, w, src, label,
                        node_off, in_off, in_arc, accept_off, accept,
                        eps_node_off, eps_nodes, eps_off, eps_arc, alpha, out_labels):
     """Frame labels of the best path of example ``e`` (after a max-semiring forward)."""
-    g = ex_graph[e]
-    b = ex_row[e]
-    T = ex_len[e]
-    n0 = node_off[g]
-    S = node_off[g + 1] - n0
+    g, b, T, n0, S = _example(e, ex_graph, ex_row, ex_len, node_off)
     base = alpha_off[e]
     last = base + T * S
     best = -1
@@ -332,12 +331,8 @@ def _fused_kernel(
     ``flag = 1`` and get nothing written; the caller scores them with the log-domain kernels.
     """
     for e in range(e0, e1):
-        g = ex_graph[e]
-        b = ex_row[e]
-        T = ex_len[e]
+        g, b, T, n0, S = _example(e, ex_graph, ex_row, ex_len, node_off)
         sign = ex_sign[e]
-        n0 = node_off[g]
-        S = node_off[g + 1] - n0
         a0 = arc_off[g]
         k0 = in_off[n0]
         nk = in_off[n0 + S] - k0
