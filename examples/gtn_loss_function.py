@@ -47,8 +47,8 @@ class SequenceCriterion(torch.autograd.Function):
         losses, graphs = [None] * B, [None] * B
 
         def one(b):
-            # (GTN releases differ in the third positional argument, so name calc_grad)
-            em = gtn.linear_graph(T, C, calc_grad=emissions.requires_grad)
+            # GTN's docs: linear_graph(T, C, calc_grad); newer GTN also takes a device third
+            em = gtn.linear_graph(T, C, emissions.requires_grad)
             em.set_weights(host[b].data_ptr())  # host[b] stays referenced until set_weights copies
             target_score = gtn.forward_score(gtn.intersect(target_graph(tokens[b]), em))
             partition = gtn.forward_score(em)

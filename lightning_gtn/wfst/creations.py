@@ -8,8 +8,22 @@ from .device import _check_cpu, CPU
 from .graph import Graph, _INT, _FLOAT, epsilon
 
 
+def _device_and_grad(device, calc_grad: bool):
+    # GTN releases before its device API took ``calc_grad`` as the third positional argument
+    # (``linear_graph(T, C, inputs.requires_grad)`` in GTN's PyTorch example); a bool there
+    # can only mean that, since no device is a bool.
+    if isinstance(device, bool):
+        return CPU, device
+    return device, calc_grad
+
+
 def scalar_graph(weight: float, device=CPU, calc_grad: bool = True) -> Graph:
-    """A two-node graph with one epsilon arc of the given weight."""
+    """A two-node graph with one epsilon arc of the given weight.
+
+    ``scalar_graph(w, calc_grad)`` with a bool second (the signature of GTN releases before
+    devices) is accepted too.
+    """
+    device, calc_grad = _device_and_grad(device, calc_grad)
     _check_cpu(device)
     g = Graph(calc_grad)
     g.add_node(True)
@@ -24,7 +38,10 @@ def linear_graph(M: int, N: int, device=CPU, calc_grad: bool = True) -> Graph:
     Arc ``t * N + c`` goes from node ``t`` to ``t + 1`` with label ``c``, so setting the
     weights from a row-major ``(M, N)`` array of emissions (``tensor.data_ptr()``) puts
     frame ``t``'s score for label ``c`` on that arc. The graph is marked sorted on both labels.
+    ``linear_graph(M, N, calc_grad)`` with a bool third (the signature of GTN releases before
+    devices, used by GTN's PyTorch loss example) is accepted too.
     """
+    device, calc_grad = _device_and_grad(device, calc_grad)
     _check_cpu(device)
     M, N = int(M), int(N)
     if M < 0 or N < 0:

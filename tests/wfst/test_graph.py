@@ -265,6 +265,19 @@ def test_graphs_live_on_the_cpu():
     assert not gtn.cuda.is_available()
 
 
+def test_creations_take_the_old_positional_calc_grad():
+    # GTN's PyTorch loss example calls linear_graph(T, C, requires_grad), the signature of
+    # releases before devices; current GTN has the device third. Both run here.
+    for flag in (False, True):
+        assert gtn.linear_graph(2, 3, flag).calc_grad is flag
+        assert gtn.linear_graph(2, 3, gtn.Device(gtn.CPU), flag).calc_grad is flag
+        assert gtn.scalar_graph(1.5, flag).calc_grad is flag
+        assert gtn.scalar_graph(1.5, gtn.CPU, flag).calc_grad is flag
+    assert gtn.linear_graph(2, 3, gtn.CPU).calc_grad is True
+    with pytest.raises(RuntimeError, match="CPU"):
+        gtn.linear_graph(2, 3, gtn.Device(gtn.CUDA, 0), False)
+
+
 # -- threads ---------------------------------------------------------------------------------------
 
 
