@@ -5,8 +5,13 @@ Tables (markdown):
 1. CTC on the CPU against ``torch.nn.functional.ctc_loss``: runs interleaved in one process
    (ours, torch, ours, torch, ...), median wall time of forward + backward, and peak memory.
 2. ASG and the alignment-free sequence criterion against a plain torch-autograd version of the
-   same dynamic programme (written below; the real ``gtn`` package is not installable here).
+   same dynamic programme (written below).
 3. CTC on the GPU against torch's CUDA ctc_loss, when a GPU is present.
+
+Where the real ``gtn`` package is importable (it is not on PyPI in an installable form; put a
+build of it on ``PYTHONPATH``), every CPU table gains a column for the GTN pattern: the same
+loss with ``backend="gtn"`` (host copy, one graph per example, ``gtn.parallel_for``,
+``gtn.backward``), timed interleaved with the others.
 
 Memory method: each (loss, shape) runs once more in a fresh subprocess with glibc's malloc
 told to mmap every buffer of 4 KiB or more and to trim freed heap at once
@@ -103,7 +108,13 @@ def _make(kind, impl, B, T, C, L, device="cpu"):
     x = x.requires_grad_(True)
     tr = torch.zeros(C + 1, C, device=device, requires_grad=True)
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
-    if kind == "ctc":
+    if impl == "gtn":
+        fn = {"ctc": ctc_loss, "seq": sequence_loss}.get(kind)
+        if fn is None:
+            f = lambda: asg_loss(x, tr, tg, il, tl, backend="gtn")
+        else:
+            f = lambda: fn(x, tg, il, tl, backend="gtn")
+    elif kind == "ctc":
         if impl == "ours":
             f = lambda: ctc_loss(x, tg, il, tl)
         else:
@@ -123,17 +134,25 @@ def _make(kind, impl, B, T, C, L, device="cpu"):
     return step
 
 
-def _time_interleaved(step_a, step_b, reps):
-    step_a(), step_b()  # warm-up (compilation, caches)
-    ta, tb = [], []
+def _time_interleaved(steps, reps):
+    """Median seconds of each step, run in turn (a, b, a, b, ...) after a warm-up."""
+    for step in steps:
+        step()  # warm-up (compilation, caches)
+    times = [[] for _ in steps]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        step_a()
-        ta.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        step_b()
-        tb.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb)
+        for k, step in enumerate(steps):
+            t0 = time.perf_counter()
+            step()
+            times[k].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
+def _gtn_available() -> bool:
+    try:
+        import gtn  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
 
 
 def _status_kb(key):
@@ -170,14 +189,17 @@ def _memory(kind, impl, shape):
         return float("nan")
 
 
-def _table(title, rows, ref_name):
-    head = (f"### {title}\n\n| B, T, C, L | lightning_gtn (ms) | {ref_name} (ms) | time ratio | "
+def _table(title, rows, ref_name, with_gtn):
+    gcols = " GTN pattern (ms) | time ratio to GTN |" if with_gtn else ""
+    head = (f"### {title}\n\n| B, T, C, L | lightning_gtn (ms) | {ref_name} (ms) | time ratio |{gcols} "
             f"lightning_gtn peak extra (MB) | {ref_name} peak extra (MB) | memory ratio |\n"
-            "|---|---|---|---|---|---|---|\n")
+            "|---|---|---|---|" + ("---|---|" if with_gtn else "") + "---|---|---|\n")
     body = ""
-    for shape, a, b, ma, mb in rows:
+    for shape, times, ma, mb in rows:
+        a, b = times[0], times[1]
         mem = f"{ma:.1f} | {mb:.1f} | {ma / mb:.2f}" if mb == mb and mb > 0 else f"{ma:.1f} | {mb:.1f} | n/a"
-        body += f"| {', '.join(map(str, shape))} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f} | {mem} |\n"
+        g = f" {times[2] * 1e3:.1f} | {a / times[2]:.2f} |" if with_gtn else ""
+        body += f"| {', '.join(map(str, shape))} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f} |{g} {mem} |\n"
     return head + body
 
 
@@ -194,9 +216,12 @@ def main(argv=None) -> str:
         _memory_worker(kind, impl, tuple(int(s) for s in shape.split(",")))
         return ""
     reps = 3 if args.quick else 7
+    with_gtn = _gtn_available()
     out = [f"CPU threads: torch {torch.get_num_threads()}, lightning_gtn pool "
            f"{__import__('lightning_gtn.wfst', fromlist=['x']).get_num_threads()}; forward + backward, "
-           f"median of {reps} interleaved runs.\n"]
+           f"median of {reps} interleaved runs"
+           + ("; the real gtn package is importable, so the GTN pattern is timed too" if with_gtn else "")
+           + ".\n"]
     for kind, ref, title in [("ctc", "torch ctc_loss", "CTC, CPU"),
                              ("seq", "torch autograd DP", "Sequence criterion, CPU"),
                              ("asg", "torch autograd DP", "ASG, CPU")]:
@@ -205,13 +230,15 @@ def main(argv=None) -> str:
             if kind == "asg" and shape[2] > 100 and not args.asg_large:
                 continue
             r = reps if kind == "ctc" else max(1, reps // 2)
-            a, b = _time_interleaved(_make(kind, "ours", *shape), _make(kind, "ref", *shape), r)
+            impls = ["ours", "ref"] + (["gtn"] if with_gtn else [])
+            times = _time_interleaved([_make(kind, impl, *shape) for impl in impls], r)
             ma = mb = float("nan")
             if not args.no_memory:
                 ma, mb = _memory(kind, "ours", shape), _memory(kind, "ref", shape)
-            rows.append((shape, a, b, ma, mb))
-            print(f"  {kind} {shape}: {a * 1e3:.1f} ms vs {b * 1e3:.1f} ms", flush=True)
-        table = _table(title, rows, ref)
+            rows.append((shape, times, ma, mb))
+            print(f"  {kind} {shape}: " + " vs ".join(f"{t * 1e3:.1f} ms ({i})" for i, t in zip(impls, times)),
+                  flush=True)
+        table = _table(title, rows, ref, with_gtn)
         if kind == "asg" and not args.asg_large:
             table += ("\n(8, 250, 1000, 50) left out: ASG's transition graph on C=1000 has a million "
                       "arcs per frame; run with --asg-large.)\n")
@@ -219,10 +246,10 @@ def main(argv=None) -> str:
     if torch.cuda.is_available():
         rows = []
         for shape in SHAPES:
-            a, b = _time_interleaved(_make("ctc", "ours", *shape, device="cuda"),
-                                     _make("ctc", "ref", *shape, device="cuda"), reps)
-            rows.append((shape, a, b, float("nan"), float("nan")))
-        out.append(_table(f"CTC, GPU ({torch.cuda.get_device_name(0)})", rows, "torch ctc_loss (CUDA)"))
+            times = _time_interleaved([_make("ctc", "ours", *shape, device="cuda"),
+                                       _make("ctc", "ref", *shape, device="cuda")], reps)
+            rows.append((shape, times, float("nan"), float("nan")))
+        out.append(_table(f"CTC, GPU ({torch.cuda.get_device_name(0)})", rows, "torch ctc_loss (CUDA)", False))
     else:
         out.append("### CTC, GPU\n\nNo GPU on this machine: not measured.\n")
     text = "\n".join(out)
