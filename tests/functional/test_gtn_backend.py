@@ -1,8 +1,9 @@
 """backend="gtn": the GTN pattern, checked against the native backend.
 
-The real ``gtn`` package is not installable here; the engine speaks its API, so it stands in
-for it through ``sys.modules["gtn"]``. Where the real ``gtn`` is installed, the second test
-runs the same comparison against it.
+The real ``gtn`` package does not install from PyPI (its sdist has no C++ sources), so CI does
+not have it; the engine speaks its API, so it stands in for it through ``sys.modules["gtn"]``.
+Where the real ``gtn`` is importable (a build of it on ``PYTHONPATH``), the second test runs
+the same comparison against it.
 """
 
 import importlib.util
