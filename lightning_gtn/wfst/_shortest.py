@@ -66,7 +66,10 @@ def forward_score(g: Graph) -> Graph:
     then gives every arc a zero gradient. The gradient of an arc is its posterior
     probability (times the incoming gradient). The backward pass reuses quantities of the
     forward pass, so it differentiates the weights as they were when the score was taken
-    (GTN re-reads them, which only differs if they were changed in between).
+    (GTN re-reads them, which only differs if they were changed in between). GTN's C++
+    also zeroes every gradient when the graph's highest-numbered node is unreachable from a
+    start node (its backward tests that node's score where it means the total); this
+    engine gives the true gradient there.
 
     Raises:
         ValueError: when a cycle (a self-loop included) leads to an accept node. GTN's
