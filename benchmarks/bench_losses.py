@@ -8,6 +8,11 @@ Tables (markdown):
    same dynamic programme (written below).
 3. CTC on the GPU against torch's CUDA ctc_loss, when a GPU is present.
 
+Thread contention: on a machine with no spare core, torch's OpenMP workers keep spinning for
+a while after each parallel torch op and take a core from lightning_gtn's pool, which can
+double the small shapes' times; ``OMP_WAIT_POLICY=PASSIVE`` in the environment (read when
+torch is imported) lets them sleep. The header line says which policy a run used.
+
 Where the real ``gtn`` package is importable (it is not on PyPI in an installable form; put a
 build of it on ``PYTHONPATH``), every CPU table gains a column for the GTN pattern: the same
 loss with ``backend="gtn"`` (host copy, one graph per example, ``gtn.parallel_for``,
@@ -219,7 +224,7 @@ def main(argv=None) -> str:
     with_gtn = _gtn_available()
     out = [f"CPU threads: torch {torch.get_num_threads()}, lightning_gtn pool "
            f"{__import__('lightning_gtn.wfst', fromlist=['x']).get_num_threads()}; forward + backward, "
-           f"median of {reps} interleaved runs"
+           f"median of {reps} interleaved runs; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
            + ("; the real gtn package is importable, so the GTN pattern is timed too" if with_gtn else "")
            + ".\n"]
     for kind, ref, title in [("ctc", "torch ctc_loss", "CTC, CPU"),
