@@ -46,6 +46,28 @@ def _dense_limit(s1, s2) -> int:
     return min(K.DENSE_STATES, max(1 << 22, 64 * size))
 
 
+def _lower_bounds(g: Graph, labels: np.ndarray, side: str):
+    """``lower_bound_table`` of ``g``'s out-arc lists by ``labels``, cached on the graph.
+
+    A large graph composed with many small ones (a token or lexicon graph with each
+    example's path) would otherwise pay a pass over all its arcs on every call. The entry
+    is only reused while the graph keeps the same adjacency and label arrays.
+    """
+    s = g._s
+    csr = adjacency(g)
+    cache = s._lbt if s._lbt is not None else {}
+    hit = cache.get(side)
+    if hit is not None and hit[0] is csr and hit[1] is labels:
+        return hit[2], hit[3]
+    table, width = K.lower_bound_table(s.num_nodes, csr[2], csr[3], labels)
+    cache[side] = (csr, labels, table, width)
+    s._lbt = cache
+    return table, width
+
+
+_NO_TABLE = (np.zeros(0, dtype=_INT), 0)
+
+
 def _compose(g1: Graph, g2: Graph, kind: int, dense_limit: Optional[int] = None) -> Graph:
     s1, s2 = g1._s, g2._s
     src1, dst1, il1, ol1 = s1.arrays()
@@ -54,11 +76,13 @@ def _compose(g1: Graph, g2: Graph, kind: int, dense_limit: Optional[int] = None)
         dense_limit = _dense_limit(s1, s2)
     out_off1, out_arcs1 = adjacency(g1)[2:]
     out_off2, out_arcs2 = adjacency(g2)[2:]
+    tab1, w1 = _lower_bounds(g1, ol1, "o") if kind in (K.SEARCH_FIRST, K.DOUBLY) else _NO_TABLE
+    tab2, w2 = _lower_bounds(g2, il2, "i") if kind in (K.SEARCH_SECOND, K.DOUBLY) else _NO_TABLE
     num_nodes, num_start, node_acc, src, dst, arc1, arc2 = K.compose(
         s1.num_nodes, dst1, ol1, out_off1, out_arcs1, _ids(s1.start_ids), _ids(s1.accept_ids),
-        bool(s1.olabel_sorted),
+        bool(s1.olabel_sorted), tab1, w1,
         s2.num_nodes, dst2, il2, out_off2, out_arcs2, _ids(s2.start_ids), _ids(s2.accept_ids),
-        bool(s2.ilabel_sorted),
+        bool(s2.ilabel_sorted), tab2, w2,
         kind, dense_limit,
     )
     il, ol, w = K.compose_arcs(arc1, arc2, il1, g1._weights(), ol2, g2._weights())

@@ -160,15 +160,17 @@ def lower_bound_table(num_nodes, off, arcs, lab):
 
 @njit(cache=True, nogil=True)
 def compose(
-    n1, dst1, ol1, out_off1, out_arcs1, start1, accept1, sorted1,
-    n2, dst2, il2, out_off2, out_arcs2, start2, accept2, sorted2,
+    n1, dst1, ol1, out_off1, out_arcs1, start1, accept1, sorted1, tab1, w1,
+    n2, dst2, il2, out_off2, out_arcs2, start2, accept2, sorted2, tab2, w2,
     kind, dense_limit,
 ):
     """GTN's composition of two graphs, producing the same nodes and arcs in the same order.
 
     ``sorted1`` says the first graph's arcs are sorted by output label and ``sorted2``
     that the second's are sorted by input label (epsilon arcs then come first, so the
-    epsilon scans stop at the first other label).
+    epsilon scans stop at the first other label). ``tab1``/``tab2`` are the
+    :func:`lower_bound_table` of the side(s) the matcher searches (width ``w`` 0: binary
+    search), made by the caller so that it can keep them with the graph.
 
     GTN first marks the product states that can reach a pair of accept nodes, then walks
     breadth-first from the pairs of start nodes creating a node for each such state in
@@ -193,26 +195,16 @@ def compose(
     output arc ``k`` came from arc ``arc1[k]`` of the first graph and ``arc2[k]`` of the
     second (-1 for none: an epsilon arc of the other graph).
     """
-    e1 = dst1.shape[0]
-    dst = np.concatenate((dst1, dst2))
-    lab = np.concatenate((ol1, il2))
-    arcs = np.concatenate((out_arcs1, out_arcs2 + e1))
-    off2 = out_off2 + e1
-    empty = np.zeros(0, dtype=np.int32)
-    search1 = kind == SEARCH_FIRST or kind == DOUBLY
-    search2 = kind == SEARCH_SECOND or kind == DOUBLY
-    tab1, w1 = lower_bound_table(n1, out_off1, arcs, lab) if search1 else (empty, 0)
-    tab2, w2 = lower_bound_table(n2, off2, arcs, lab) if search2 else (empty, 0)
-    num_nodes, num_start, node_acc, src, dst_, arc1, arc2 = explore(
-        n1, n2, e1, dst, lab, out_off1, off2, arcs, start1, start2, accept1, accept2,
-        sorted1, sorted2, kind, tab1, w1, tab2, w2, dense_limit,
+    num_nodes, num_start, node_acc, src, dst, arc1, arc2 = explore(
+        n1, n2, dst1, ol1, out_off1, out_arcs1, dst2, il2, out_off2, out_arcs2,
+        start1, start2, accept1, accept2, sorted1, sorted2, kind, tab1, w1, tab2, w2, dense_limit,
     )
-    return trim(num_nodes, num_start, node_acc, src, dst_, arc1, arc2)
+    return trim(num_nodes, num_start, node_acc, src, dst, arc1, arc2)
 
 
 @njit(cache=True, nogil=True)
 def explore(
-    n1, n2, e1, dst, lab, off1, off2, arcs, start1, start2, accept1, accept2,
+    n1, n2, dst1, lab1, off1, arcs1, dst2, lab2, off2, arcs2, start1, start2, accept1, accept2,
     sorted1, sorted2, kind, tab1, w1, tab2, w2, dense_limit,
 ):
     """Breadth-first walk of the product from the pairs of start nodes (see :func:`compose`).
@@ -245,8 +237,9 @@ def explore(
     # they fill, so room that stays unused costs nothing, while growing (copying and
     # faulting in fresh pages) cost more than the walk itself. With a dense store there is
     # at most one node per state, so the node buffer never grows.
-    node_cap = max(1024, n_start, arcs.shape[0])
-    arc_cap = max(1024, arcs.shape[0])
+    e = arcs1.shape[0] + arcs2.shape[0]
+    node_cap = max(1024, n_start, e)
+    arc_cap = max(1024, e)
     if dense:
         node_cap = max(node_cap, total)
         arc_cap = max(arc_cap, min(4 * node_cap, ARC_RESERVE))
@@ -271,7 +264,7 @@ def explore(
     num_arcs = 0
     while True:
         head, num_nodes, num_arcs, need_pairs, need = _explore_batch(
-            dst, lab, off1, off2, arcs, e1, kind, tab1, w1, tab2, w2, sorted1, sorted2,
+            dst1, lab1, off1, arcs1, dst2, lab2, off2, arcs2, kind, tab1, w1, tab2, w2, sorted1, sorted2,
             dense, table, hashed, stride_a, stride_b, acc1, acc2,
             pairs, nodes, node_acc, out, head, num_nodes, num_arcs,
         )
@@ -298,7 +291,7 @@ def explore(
 
 @njit(cache=True, nogil=True)
 def _explore_batch(
-    dst, lab, off1, off2, arcs, e1, kind, tab1, w1, tab2, w2, sorted1, sorted2,
+    dst1, lab1, off1, arcs1, dst2, lab2, off2, arcs2, kind, tab1, w1, tab2, w2, sorted1, sorted2,
     dense, table, hashed, stride_a, stride_b, acc1, acc2,
     pairs, nodes, node_acc, out, head, num_nodes, num_arcs,
 ):
@@ -313,13 +306,12 @@ def _explore_batch(
     which made this loop several times slower than its own work (measured 25 ms against
     5 ms for the CTC benchmark's intersection).
 
-    ``arcs`` holds the out-arc lists of both graphs (the second graph's arc ids shifted by
-    ``e1``, its offsets ``off2`` too) and ``lab`` their labels (the first graph's output
-    labels, then the second graph's input labels), so one pair of arrays serves both
-    sides. ``tab1``/``tab2`` are :func:`lower_bound_table` results for sorted sides
+    Each graph comes as ``dst``, ``lab`` (the labels a composition matches: the first
+    graph's output labels, the second's input labels), and its out-arc lists ``off``,
+    ``arcs``. ``tab1``/``tab2`` are :func:`lower_bound_table` results for sorted sides
     (width 0: binary search). The matcher of each ``kind`` yields the pairs of equal labels
     in the order of GTN's matcher of that kind, into ``pairs[0]`` (first graph's arcs) and
-    ``pairs[1]`` (second graph's arcs, unshifted).
+    ``pairs[1]`` (second graph's arcs).
     """
     cap = pairs.shape[1]
     doubly = kind == DOUBLY
@@ -337,45 +329,48 @@ def _explore_batch(
         full = False
         if kind == UNSORTED:  # nested loops
             for p in range(lo1, hi1):
-                i = arcs[p]
-                li = lab[i]
+                i = arcs1[p]
+                li = lab1[i]
                 for q in range(lo2, hi2):
-                    j = arcs[q]
-                    if lab[j] == li:
+                    j = arcs2[q]
+                    if lab2[j] == li:
                         if npairs == cap:
                             full = True
                             break
                         pairs[0, npairs] = i
-                        pairs[1, npairs] = j - e1
+                        pairs[1, npairs] = j
                         npairs += 1
                 if full:
                     break
         else:
             # Search one list for each label of the other (GTN's SinglySorted matcher;
             # DoublySorted searches the longer list and its lower bound only moves on).
+            # (Each array access below names its graph's array in both arms of a scalar
+            # select: an array picked into a variable costs reference counting per use.)
             if doubly:
                 search_first = (hi1 - lo1) > (hi2 - lo2)
             else:
                 search_first = kind == SEARCH_FIRST
             if search_first:
-                s_lo, s_hi, q_lo, q_hi = lo1, hi1, lo2, hi2
-                s_node, s_w, s_tab = a, w1, tab1
+                s_lo, s_hi, q_lo, q_hi, s_node, s_w = lo1, hi1, lo2, hi2, a, w1
             else:
-                s_lo, s_hi, q_lo, q_hi = lo2, hi2, lo1, hi1
-                s_node, s_w, s_tab = b, w2, tab2
+                s_lo, s_hi, q_lo, q_hi, s_node, s_w = lo2, hi2, lo1, hi1, b, w2
             s_it = s_lo
             s_begin = s_lo
             q_it = q_lo
             while q_it != q_hi:
                 # hasNext()
                 found = False
-                if s_it != s_hi and lab[arcs[q_it]] == lab[arcs[s_it]]:
+                if s_it != s_hi and (
+                    (lab2[arcs2[q_it]] == lab1[arcs1[s_it]]) if search_first
+                    else (lab1[arcs1[q_it]] == lab2[arcs2[s_it]])
+                ):
                     found = True
                 else:
                     if s_it != s_begin:
                         q_it += 1
                     while q_it < q_hi:
-                        ql = lab[arcs[q_it]]
+                        ql = lab2[arcs2[q_it]] if search_first else lab1[arcs1[q_it]]
                         first = s_begin if doubly else s_lo
                         # lower bound of ql in arcs[first:s_hi]: one table load, or
                         # libstdc++'s binary search (same probes, so arcs wrongly
@@ -384,7 +379,8 @@ def _explore_batch(
                             if ql + 1 >= s_w:
                                 r = s_hi
                             else:
-                                r = s_tab[s_node * s_w + ql + 1]
+                                k = s_node * s_w + ql + 1
+                                r = tab1[k] if search_first else tab2[k]
                                 if r < first:
                                     r = first
                         else:
@@ -393,7 +389,8 @@ def _explore_batch(
                             while count > 0:
                                 half = count >> 1
                                 mid = r + half
-                                if lab[arcs[mid]] < ql:
+                                lm = lab1[arcs1[mid]] if search_first else lab2[arcs2[mid]]
+                                if lm < ql:
                                     r = mid + 1
                                     count -= half + 1
                                 else:
@@ -404,7 +401,7 @@ def _explore_batch(
                                 q_it = q_hi  # no later query can match either
                                 break
                         s_it = r
-                        if r != s_hi and lab[arcs[r]] == ql:
+                        if r != s_hi and (lab1[arcs1[r]] if search_first else lab2[arcs2[r]]) == ql:
                             found = True
                             break
                         q_it += 1
@@ -415,11 +412,11 @@ def _explore_batch(
                     full = True
                     break
                 if search_first:
-                    pairs[0, npairs] = arcs[s_it]
-                    pairs[1, npairs] = arcs[q_it] - e1
+                    pairs[0, npairs] = arcs1[s_it]
+                    pairs[1, npairs] = arcs2[q_it]
                 else:
-                    pairs[0, npairs] = arcs[q_it]
-                    pairs[1, npairs] = arcs[s_it] - e1
+                    pairs[0, npairs] = arcs1[q_it]
+                    pairs[1, npairs] = arcs2[s_it]
                 npairs += 1
                 s_it += 1
         if full:
@@ -438,32 +435,31 @@ def _explore_batch(
             c += 1
             if c < npairs:
                 i = pairs[0, c]
-                if follow != 0 and lab[i] == EPS:
+                if follow != 0 and lab1[i] == EPS:
                     continue
                 j = pairs[1, c]
-                na = dst[i]
-                nb = dst[e1 + j]
+                na = dst1[i]
+                nb = dst2[j]
                 nf = 0
             elif c < end1:
-                i = arcs[lo1 + c - npairs]
-                if lab[i] != EPS:
+                i = arcs1[lo1 + c - npairs]
+                if lab1[i] != EPS:
                     if sorted1:
                         c = end1 - 1  # no epsilon after this one: go on with the second graph
                     continue
                 j = -1
-                na = dst[i]
+                na = dst1[i]
                 nb = b
                 nf = 1
             else:
-                jj = arcs[lo2 + c - end1]
-                if lab[jj] != EPS:
+                j = arcs2[lo2 + c - end1]
+                if lab2[j] != EPS:
                     if sorted2:
                         break
                     continue
                 i = -1
-                j = jj - e1
                 na = a
-                nb = dst[jj]
+                nb = dst2[j]
                 nf = 2
             key = na * stride_a + nb * stride_b + nf
             if dense:

@@ -57,6 +57,7 @@ class _Structure:
         "olabel_sorted",
         "_csr",
         "_order",
+        "_lbt",
     )
 
     def __init__(self) -> None:
@@ -72,6 +73,7 @@ class _Structure:
         self.olabel_sorted = False
         self._csr = None  # (in_offsets, in_arcs, out_offsets, out_arcs)
         self._order = None  # arc order inside each node after arc_sort: (in_arcs, out_arcs)
+        self._lbt = None  # compose's lower-bound tables, checked against _csr and the labels
 
     # -- arcs ---------------------------------------------------------------
     def num_arcs(self) -> int:

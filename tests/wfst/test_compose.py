@@ -298,6 +298,43 @@ def test_hash_map_state_store_gives_the_same_graph(g1, g2, kind):
     assert dense.weights_to_list() == hashed.weights_to_list()
 
 
+def test_cached_lower_bounds_follow_changes_to_the_graph():
+    # compose keeps each sorted graph's lower-bound table; adding arcs or re-sorting must
+    # not reuse a stale one. Compare every step with a fresh copy of the graph.
+    big = graph_from_text("""
+        0
+        0 1
+        0 1 1 1 0.5
+        0 1 2 2 1.0
+        1 1 1 1 -0.5
+    """)
+    path = graph_from_text("""
+        0
+        2
+        0 1 1 1 0
+        1 2 1 1 0
+    """)
+
+    def check():
+        fresh = gtn.loadtxt(__import__("io").StringIO(gtn.graph_to_text(big, summary=False)))
+        if big.ilabel_sorted:
+            fresh.arc_sort()
+        got, want = gtn.compose(path, big), gtn.compose(path, fresh)
+        assert gtn.equal(got, want) and got.weights_to_list() == want.weights_to_list()
+        return got
+
+    big.arc_sort()
+    assert check().num_arcs() == 2
+    big.add_arc(0, 1, 0, 0, 2.0)  # label 0 now sorts first: every position of node 0 moves
+    assert not big.ilabel_sorted
+    check()
+    big.arc_sort()
+    assert check().num_arcs() == 2  # a stale table would look for label 1 at label 0's place
+    big.add_arc(1, 0, 3, 3, 0.0)
+    big.arc_sort(True)
+    check()
+
+
 @SETTINGS
 @given(small_graphs(acceptor=True, labels=(0, 1, 2)), small_graphs(acceptor=True, labels=(0, 1, 2)))
 def test_all_matchers_give_the_same_graph_up_to_order(g1, g2):
