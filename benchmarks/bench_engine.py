@@ -25,6 +25,8 @@ import numpy as np
 import lightning_gtn.wfst as gtn
 from lightning_gtn.wfst.criterion import ctc_graph
 
+EPS = gtn.epsilon
+
 GTN_CTC_MS = 130.0  # C++ GTN, same machine class (from the issue)
 
 
@@ -173,6 +175,30 @@ def _cases(lib, tmp: str, rng_seed: int = 0):
     cases.append(("intersect(linear_graph(1000, 100), ctc_graph)",
                   f"100000 arcs -> {n_out.num_nodes()} nodes, {n_out.num_arcs()} arcs",
                   lambda: lib.intersect(big, ctc100), "large"))
+
+    # A word-piece decoder's step (gtn_applications' transducer): a short best path composed
+    # with a token graph of 1000 tokens where every token may follow every other one
+    # (10^6 arcs), the big graph reused by every call.
+    K = 1000
+    tok = lib.Graph(False)
+    tok.add_node(True, True)
+    for i in range(K):
+        tok.add_node(False, True)
+    for i in range(K):
+        tok.add_arc(0, i + 1, i)
+        tok.add_arc(i + 1, i + 1, i, EPS)
+    arcs = np.array([(i + 1, j + 1, j) for i in range(K) for j in range(K) if i != j], dtype=np.int64)
+    for a, b, lab in arcs.tolist():
+        tok.add_arc(a, b, lab)
+    tok.arc_sort()
+    path = lib.Graph(False)
+    labels = rng.integers(0, K, size=100).tolist()
+    path.add_node(True)
+    for t, lab in enumerate(labels):
+        path.add_node(False, t == len(labels) - 1)
+        path.add_arc(t, t + 1, lab)
+    cases.append(("compose(path of 100 labels, token graph)",
+                  f"token graph {tok.num_arcs()} arcs", lambda: lib.compose(path, tok), None))
 
     # GTN's n-gram CTC benchmark shape: CTC graph x bigram transitions x emissions, and the
     # normaliser emissions x transitions, forward scores and backward.
