@@ -320,6 +320,14 @@ class Graph:
         ``add_arc(src, dst, label)`` adds an acceptor arc (``olabel = ilabel``, weight 0),
         as GTN does; ``add_arc(src, dst, ilabel, olabel, weight=0.0)`` a transducer arc.
         """
+        s = self._s
+        n = s.num_nodes
+        # Plain ints in range (the common case) skip the checks' conversions.
+        if (type(src_node) is int and type(dst_node) is int and type(ilabel) is int
+                and 0 <= src_node < n and 0 <= dst_node < n and ilabel >= epsilon
+                and (olabel is None or (type(olabel) is int and olabel >= epsilon))):
+            self._w.append(float(weight))
+            return s.add_arc(src_node, dst_node, ilabel, ilabel if olabel is None else olabel)
         if ilabel is None:
             if label is None:
                 raise TypeError("add_arc() needs a label: add_arc(src_node, dst_node, label)")
