@@ -6,7 +6,8 @@ Tables (markdown):
    (ours, torch, ours, torch, ...), median wall time of forward + backward, and peak memory.
 2. ASG and the alignment-free sequence criterion against a plain torch-autograd version of the
    same dynamic programme (written below).
-3. CTC on the GPU against torch's CUDA ctc_loss, when a GPU is present.
+3. On a GPU, when present: CTC against torch's CUDA ctc_loss, ASG and the sequence criterion
+   against the torch DP, with peak GPU memory (``torch.cuda.max_memory_allocated``).
 
 Thread contention: on a machine with no spare core, torch's OpenMP workers keep spinning for
 a while after each parallel torch op and take a core from lightning_gtn's pool, which can
@@ -60,8 +61,8 @@ def _chain_score(x, enter, stay, targets, input_lengths, target_lengths):
     L = targets.shape[1]
     em = x.gather(2, targets.unsqueeze(1).expand(B, T, L)).unbind(1)  # T x (B, L); one backward
     ninf = torch.tensor(float("-inf"), dtype=x.dtype)
-    alpha = torch.where(torch.arange(L) == 0, em[0] + enter[:, 0:1].expand(B, L), ninf)
-    pad = torch.full((B, 1), float("-inf"), dtype=x.dtype)
+    alpha = torch.where(torch.arange(L, device=x.device) == 0, em[0] + enter[:, 0:1].expand(B, L), ninf)
+    pad = torch.full((B, 1), float("-inf"), dtype=x.dtype, device=x.device)
     for t in range(1, T):
         prev = torch.cat([pad, alpha[:, :-1]], 1)
         new = torch.logaddexp(alpha + stay, prev + enter) + em[t]
@@ -72,9 +73,9 @@ def _chain_score(x, enter, stay, targets, input_lengths, target_lengths):
 
 def torch_sequence_loss(x, targets, input_lengths, target_lengths):
     B, T, C = x.shape
-    mask = (torch.arange(T).unsqueeze(0) < input_lengths.unsqueeze(1)).to(x.dtype)
+    mask = (torch.arange(T, device=x.device).unsqueeze(0) < input_lengths.unsqueeze(1)).to(x.dtype)
     full = (torch.logsumexp(x, -1) * mask).sum(1)
-    z = torch.zeros(B, targets.shape[1], dtype=x.dtype)
+    z = torch.zeros(B, targets.shape[1], dtype=x.dtype, device=x.device)
     return (full - _chain_score(x, z, z, targets, input_lengths, target_lengths)).mean()
 
 
@@ -119,6 +120,12 @@ def _make(kind, impl, B, T, C, L, device="cpu"):
             f = lambda: asg_loss(x, tr, tg, il, tl, backend="gtn")
         else:
             f = lambda: fn(x, tg, il, tl, backend="gtn")
+    elif impl == "ours_torch":  # the loss through the per-frame torch implementation
+        fn = {"ctc": ctc_loss, "seq": sequence_loss}.get(kind)
+        if fn is None:
+            f = lambda: asg_loss(x, tr, tg, il, tl, _impl="torch")
+        else:
+            f = lambda: fn(x, tg, il, tl, _impl="torch")
     elif kind == "ctc":
         if impl == "ours":
             f = lambda: ctc_loss(x, tg, il, tl)
@@ -208,6 +215,45 @@ def _table(title, rows, ref_name, with_gtn):
     return head + body
 
 
+def _gpu_peak_mb(step) -> float:
+    """Extra GPU memory at the peak of one forward + backward (inputs excluded), in MB."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def _gpu_tables(reps: int, asg_large: bool) -> str:
+    """CTC against torch's CUDA ctc_loss; ASG and the sequence criterion against the torch DP.
+
+    Each row also times lightning_gtn's per-frame torch implementation (``_impl="torch"``, the
+    path taken without Triton or for graphs with epsilon arcs).
+    """
+    if not torch.cuda.is_available():
+        return "### GPU\n\nNo GPU on this machine: not measured.\n"
+    from lightning_gtn.functional import _triton
+
+    name = torch.cuda.get_device_name(0)
+    head = (f"### GPU ({name}; Triton kernels {'available' if _triton.available() else 'NOT available'})\n\n"
+            "| loss | B, T, C, L | lightning_gtn (ms) | per-frame torch impl (ms) | reference (ms) | "
+            "time ratio | lightning_gtn peak (MB) | reference peak (MB) | memory ratio |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+    body = ""
+    for kind, ref in (("ctc", "torch ctc_loss"), ("seq", "torch DP"), ("asg", "torch DP")):
+        for shape in SHAPES:
+            if kind == "asg" and shape[2] > 100 and not asg_large:
+                continue
+            steps = [_make(kind, impl, *shape, device="cuda") for impl in ("ours", "ours_torch", "ref")]
+            times = _time_interleaved(steps, reps if kind == "ctc" else max(3, reps // 2))
+            ma, mb = _gpu_peak_mb(steps[0]), _gpu_peak_mb(steps[2])
+            print(f"  gpu {kind} {shape}: " + " / ".join(f"{t * 1e3:.2f} ms" for t in times), flush=True)
+            body += (f"| {kind} ({ref}) | {', '.join(map(str, shape))} | {times[0] * 1e3:.2f} | "
+                     f"{times[1] * 1e3:.2f} | {times[2] * 1e3:.2f} | {times[0] / times[2]:.2f} | "
+                     f"{ma:.1f} | {mb:.1f} | {ma / mb:.2f} |\n")
+    return head + body
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -215,12 +261,17 @@ def main(argv=None) -> str:
     p.add_argument("--asg-large", action="store_true",
                    help="also run ASG on C=1000 (a dense 1000x1000 transition graph: minutes)")
     p.add_argument("--memory-worker", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--gpu-only", action="store_true", help="only the GPU table")
     args = p.parse_args(argv)
     if args.memory_worker:
         kind, impl, shape = args.memory_worker
         _memory_worker(kind, impl, tuple(int(s) for s in shape.split(",")))
         return ""
     reps = 3 if args.quick else 7
+    if args.gpu_only:
+        text = _gpu_tables(reps, args.asg_large)
+        print(text)
+        return text
     with_gtn = _gtn_available()
     out = [f"CPU threads: torch {torch.get_num_threads()}, lightning_gtn pool "
            f"{__import__('lightning_gtn.wfst', fromlist=['x']).get_num_threads()}; forward + backward, "
@@ -248,15 +299,7 @@ def main(argv=None) -> str:
             table += ("\n(8, 250, 1000, 50) left out: ASG's transition graph on C=1000 has a million "
                       "arcs per frame; run with --asg-large.)\n")
         out.append(table)
-    if torch.cuda.is_available():
-        rows = []
-        for shape in SHAPES:
-            times = _time_interleaved([_make("ctc", "ours", *shape, device="cuda"),
-                                       _make("ctc", "ref", *shape, device="cuda")], reps)
-            rows.append((shape, times, float("nan"), float("nan")))
-        out.append(_table(f"CTC, GPU ({torch.cuda.get_device_name(0)})", rows, "torch ctc_loss (CUDA)", False))
-    else:
-        out.append("### CTC, GPU\n\nNo GPU on this machine: not measured.\n")
+    out.append(_gpu_tables(reps, args.asg_large))
     text = "\n".join(out)
     print(text)
     return text

@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from . import _dense
+from . import _dense, _triton
 from ._graphs import CompiledGraph, GraphBatch
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -167,12 +167,18 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def pick_impl(x: torch.Tensor, impl: Optional[str]) -> str:
+    """The scoring implementation: numba on the CPU; elsewhere :func:`._dense.device_impl`
+    (Triton on CUDA when installed and self-checked, else torch)."""
     if impl is None:
-        return "numba" if x.device.type == "cpu" else "torch"
-    if impl not in ("numba", "numba_log", "torch"):
-        raise ValueError(f"_impl must be 'numba', 'numba_log' or 'torch', got {impl!r}")
-    if impl != "torch" and x.device.type != "cpu":
-        raise ValueError("_impl='numba' needs CPU tensors")
+        if x.device.type == "cpu":
+            return "numba"
+        return _dense.device_impl(x.device)
+    if impl not in ("numba", "numba_log", "torch", "triton"):
+        raise ValueError(f"_impl must be 'numba', 'numba_log', 'torch' or 'triton', got {impl!r}")
+    if impl.startswith("numba") and x.device.type != "cpu":
+        raise ValueError(f"_impl={impl!r} needs CPU tensors")
+    if impl == "triton" and not _triton.available():
+        raise ValueError("_impl='triton' needs the triton package")
     return impl
 
 

@@ -14,13 +14,16 @@ beta_{t+1}[d] - log Z)`` into the gradient of ``log Z`` with respect to the emis
 ``(t, l)``) and the arc weights (summed over ``t``). In the max semiring (``use_max``) the same
 code gives Viterbi scores.
 
-Two implementations share one interface:
+Three implementations share one interface:
 
 * ``"numba"`` (CPU tensors): compiled kernels, one example at a time, each node grouping its
   incoming arcs so that it costs one max, one exp per arc and one log; batch chunks run on the
   engine's bounded thread pool (the kernels release the GIL).
-* ``"torch"`` (any device; the default off the CPU): padded ``(E, S, K)`` incoming-arc tables,
-  one gather + logsumexp per frame for all examples at once; occupancies in bulk at the end.
+* ``"triton"`` (CUDA tensors when Triton is installed, as it is with CUDA builds of torch; the
+  default there): one kernel walks all frames of each example, see :mod:`._triton`.
+* ``"torch"`` (any device; the default off the CPU without Triton, and for graphs with epsilon
+  arcs): padded ``(E, S, K)`` incoming-arc tables, one gather + logsumexp per frame for all
+  examples at once; occupancies in bulk at the end.
 
 Only the forward stores state (the alphas); the backward is written by hand.
 """
@@ -34,6 +37,7 @@ import torch
 from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
+from . import _triton
 from ._graphs import GraphBatch
 
 NEG_INF = -math.inf
@@ -553,24 +557,94 @@ def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, use_m
         problem: the examples.
         E: ``(B, T, C)`` float32/float64 emissions (contiguous).
         w: ``(num_arcs,)`` arc weights, E's dtype and device.
-        impl: ``"numba"`` (CPU only) or ``"torch"``.
+        impl: ``"numba"`` (CPU only), ``"torch"`` (any device) or ``"triton"`` (CUDA; graphs
+            with epsilon arcs go to ``"torch"``).
         use_max: the max (Viterbi) semiring instead of the log semiring.
     """
     st = State()
+    if impl == "triton" and not _triton.supports(problem.batch):
+        impl = "torch"  # epsilon arcs: the torch implementation handles their closures
     st.problem, st.E, st.w, st.impl, st.extra = problem, E, w, impl, None
     if impl == "numba":
         _numba_forward(st, use_max)
     elif impl == "torch":
         _torch_forward(st, use_max)
+    elif impl == "triton":
+        st.extra = _triton.build_tables(problem, E.device)
+        st.alpha, st.logz = _triton.forward(problem, st.extra, E, w, use_max)
     else:
-        raise ValueError(f"_impl must be 'numba' or 'torch', got {impl!r}")
+        raise ValueError(f"_impl must be 'numba', 'torch' or 'triton', got {impl!r}")
     return st
+
+
+_device_impl: dict = {}
+
+
+def device_impl(device: torch.device) -> str:
+    """The default implementation for tensors on a non-CPU ``device``: ``"triton"`` or ``"torch"``.
+
+    Triton is used on CUDA devices once it has passed a self-check on that device: the first
+    call scores a small batch (CTC graphs and ASG's transition graph, read in chunks) with both
+    implementations and compares scores and gradients. A failure to compile or launch, or a
+    disagreement, gives a warning and the torch implementation for the rest of the process.
+    """
+    device = torch.device(device)
+    key = str(device)
+    impl = _device_impl.get(key)
+    if impl is None:
+        impl = "torch"
+        if device.type == "cuda" and _triton.available():
+            problem = _self_check()
+            try:
+                err = _self_check_error(problem, device)
+            except Exception as e:  # noqa: BLE001 - any failure means: do not use the kernels here
+                err = f"{type(e).__name__}: {e}"
+            if err is None:
+                impl = "triton"
+            else:
+                import warnings
+
+                warnings.warn(f"lightning_gtn: the Triton kernels failed their self-check on {device} ({err}); "
+                              "scoring with the torch implementation instead", RuntimeWarning, stacklevel=3)
+        _device_impl[key] = impl
+    return impl
+
+
+def _self_check():
+    from ._graphs import compiled_asg_full, compiled_ctc
+
+    graphs = [compiled_ctc((1, 2, 2), 0), compiled_ctc((3,), 0), compiled_asg_full(5)]
+    return Problem(GraphBatch(graphs), [0, 1, 2, 2], [0, 1, 2, 3], [9, 4, 7, 0])
+
+
+def _self_check_error(problem: Problem, device: torch.device):
+    """None if Triton and torch agree on ``problem`` on ``device``, else what differed."""
+    g = torch.Generator().manual_seed(0)
+    E = torch.randn(4, 9, 5, generator=g, dtype=torch.float64).to(device)
+    w = torch.randn(problem.batch.num_arcs, generator=g, dtype=torch.float64).to(device)
+    coef = torch.tensor([1.0, -0.5, 2.0, 1.0], dtype=torch.float64)
+    saved = _triton.MAX_TILE
+    _triton.MAX_TILE = 8  # ASG's 5 arcs per node in chunks of 1: the chunked code path too
+    try:
+        a = forward(problem, E, w, "triton")
+        ga = backward(a, coef, True, True)
+    finally:
+        _triton.MAX_TILE = saved
+    b = forward(problem, E, w, "torch")
+    gb = backward(b, coef, True, True)
+    for name, x, y in (("scores", a.logz, b.logz), ("emission gradient", ga[0], gb[0]),
+                       ("weight gradient", ga[1], gb[1])):
+        if not torch.allclose(x, y, rtol=1e-6, atol=1e-8):
+            return f"{name} differ by up to {(x - y).abs().nan_to_num(0.0).max().item():.3g}"
+    return None
 
 
 def backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
     """Gradient of ``sum_e coef[e] * logz[e]``: ``(grad_E (B, T, C) or None, grad_w (num_arcs,) or None)``."""
     if st.impl == "numba":
         return _numba_backward(st, coef, need_e, need_w)
+    if st.impl == "triton":
+        return _triton.backward(st.problem, st.extra, st.E, st.w, st.alpha, st.logz, coef, need_e, need_w)
     return _torch_backward(st, coef, need_e, need_w)
 
 

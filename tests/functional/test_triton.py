@@ -1,0 +1,289 @@
+"""The Triton kernels against the numba kernels on the CPU (values and gradients).
+
+They run on a CUDA device when there is one. Without one they run on the CPU under Triton's
+interpreter (``TRITON_INTERPRET=1``, which must be set before triton is imported): the test
+:func:`test_kernels_under_the_interpreter` re-runs this file that way in a subprocess, so CI
+(no GPU) checks the kernels' logic too. Skipped where triton is not installed.
+"""
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import lightning_gtn.wfst as gtn
+from lightning_gtn.functional._triton import triton
+from lightning_gtn.functional import _common, _dense, _triton, asg_loss, ctc_loss, graph_loss, sequence_loss
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if torch.cuda.is_available() else ("cpu" if INTERPRETED else None)
+needs_kernels = pytest.mark.skipif(not _triton.available() or DEVICE is None,
+                                   reason="needs triton and a CUDA device (or TRITON_INTERPRET=1)")
+
+TARGETS = [[1, 2, 2], [3, 1], [5, 4, 3, 2], []]
+LENS = [12, 9, 11, 5]
+
+
+def _emissions(dtype, B=4, T=12, C=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, C, generator=g, dtype=dtype).log_softmax(-1)
+
+
+def _both(fn, x, *params):
+    """``fn(x, *params, impl)`` with numba on the CPU and triton on DEVICE: losses and gradients."""
+    out = []
+    for impl, dev in (("numba", "cpu"), ("triton", DEVICE)):
+        xi = x.detach().to(dev).requires_grad_(True)
+        ps = [p.detach().to(dev).requires_grad_(True) for p in params]
+        loss = fn(xi, *ps, impl)
+        weights = torch.linspace(0.5, 1.5, loss.numel(), dtype=loss.dtype, device=dev)
+        grads = torch.autograd.grad((loss * weights).sum(), [xi, *ps])
+        out.append([loss.detach().cpu()] + [g.cpu() for g in grads])
+    return out
+
+
+def _close(a, b, dtype):
+    tol = 1e-9 if dtype == torch.float64 else 2e-5
+    for u, v in zip(a, b):
+        torch.testing.assert_close(v, u, rtol=tol, atol=tol, equal_nan=True)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ctc(dtype):
+    x = _emissions(dtype)
+    tg = torch.tensor([t + [0] * (4 - len(t)) for t in TARGETS])
+    tl = torch.tensor([len(t) for t in TARGETS])
+
+    def fn(x, impl):
+        dev = x.device
+        return ctc_loss(x, tg.to(dev), torch.tensor(LENS, device=dev), tl.to(dev), reduction="none", _impl=impl)
+
+    a, b = _both(fn, x)
+    assert torch.isfinite(a[0]).all()
+    _close(a, b, dtype)
+
+
+@needs_kernels
+def test_ctc_infeasible_and_zero_infinity():
+    x = _emissions(torch.float64)
+    tg = torch.tensor([[1, 1, 1, 1]] * 4)
+    il = torch.tensor([12, 6, 3, 7])  # repeats need blanks between them: 7 frames at least
+    for zi in (False, True):
+        def fn(x, impl):
+            dev = x.device
+            return ctc_loss(x, tg.to(dev), il.to(dev), torch.full((4,), 4, device=dev), reduction="none",
+                            zero_infinity=zi, _impl=impl)
+
+        a, b = _both(fn, x)
+        assert torch.isinf(a[0][1:3]).all() != zi
+        _close(a, b, torch.float64)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_asg_with_transition_gradient(dtype):
+    x = _emissions(dtype)
+    tr = torch.randn(7, 6, generator=torch.Generator().manual_seed(3), dtype=dtype) * 0.5
+
+    def fn(x, tr, impl):
+        return asg_loss(x, tr, TARGETS[:3] + [[2]], torch.tensor(LENS, device=x.device), reduction="none",
+                        _impl=impl)
+
+    a, b = _both(fn, x, tr)
+    assert a[2].abs().sum() > 0
+    _close(a, b, dtype)
+
+
+@needs_kernels
+def test_asg_in_chunks(monkeypatch):
+    # a tile smaller than a node's arcs: the kernels read the arc tables in chunks
+    monkeypatch.setattr(_triton, "MAX_TILE", 8)
+    assert _triton._blocks(7, 7)[1] < 7
+    test_asg_with_transition_gradient(torch.float64)
+
+
+@needs_kernels
+def test_sequence_criterion():
+    x = _emissions(torch.float64)
+
+    def fn(x, impl):
+        return sequence_loss(x, TARGETS[:3] + [[4]], torch.tensor(LENS, device=x.device), reduction="none",
+                             _impl=impl)
+
+    _close(*_both(fn, x), torch.float64)
+
+
+def _mixed_label_graph():
+    # arcs into node 1 carry different labels (0 and 2): the per-arc emission gradient path
+    g = gtn.Graph(False)
+    g.add_node(True)
+    g.add_node(False, True)
+    g.add_node(False, True)
+    g.add_arc(0, 1, 0, 0, 0.2)
+    g.add_arc(0, 1, 2, 2, -0.3)
+    g.add_arc(1, 1, 1, 1, 0.1)
+    g.add_arc(1, 2, 3, 3, 0.0)
+    g.add_arc(2, 1, 0, 0, 0.4)
+    g.add_arc(2, 2, 2, 2, -0.1)
+    g.add_arc(0, 0, 1, 1, 0.0)
+    return g
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_graph_loss_arc_labels_and_weight_gradient(dtype):
+    g = _mixed_label_graph()
+    tables = _triton.build_tables(_common.Plan([_compile(g)], [0], [0], [3], [1.0], 1).problem, "cpu")
+    assert tables.node_lab is None
+    x = _emissions(dtype, C=4)
+    w0 = torch.tensor(g.weights_to_list(), dtype=dtype)
+
+    def fn(x, w, impl):
+        return graph_loss(x, [g] * 4, torch.tensor(LENS, device=x.device), weights=[w], _impl=impl)
+
+    a, b = _both(fn, x, w0)
+    assert a[2].abs().sum() > 0
+    _close(a, b, dtype)
+
+
+def _compile(g):
+    from lightning_gtn.functional._graphs import compile_graph
+
+    return compile_graph(g)
+
+
+@needs_kernels
+def test_epsilon_graphs_fall_back_to_torch():
+    g = gtn.Graph(False)
+    g.add_node(True)
+    g.add_node(False, True)
+    g.add_arc(0, 1, gtn.epsilon, gtn.epsilon, 0.5)
+    g.add_arc(0, 0, 1, 1, 0.0)
+    g.add_arc(1, 1, 2, 2, 0.0)
+    plan = _common.Plan([_compile(g)], [0], [0], [5], [1.0], 1)
+    x = _emissions(torch.float64, B=1, T=5, C=3).to(DEVICE)
+    st = _dense.forward(plan.problem, x, torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64, device=DEVICE),
+                        "triton")
+    assert st.impl == "torch"
+    ref = _dense.forward(plan.problem, x.cpu(), torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64), "numba")
+    torch.testing.assert_close(st.logz.cpu(), ref.logz)
+
+
+@needs_kernels
+def test_max_semiring_matches_numba():
+    from lightning_gtn.functional._graphs import compiled_asg_full
+
+    cg = compiled_asg_full(5)
+    x = _emissions(torch.float64, B=3, T=9, C=5)
+    w = torch.randn(cg.num_arcs, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    plan = _common.Plan([cg], [0, 0, 0], [0, 1, 2], [9, 4, 0], [1.0] * 3, 3)
+    a = _dense.forward(plan.problem, x, w, "numba", use_max=True).logz
+    b = _dense.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
+    torch.testing.assert_close(b.cpu(), a)
+
+
+@needs_kernels
+def test_nan_emissions_give_nan():
+    x = _emissions(torch.float32)
+    x[1, 3, 3] = math.nan  # a label of example 1's target
+    tg = torch.tensor([[1, 2], [3, 1], [5, 4], [2, 2]])
+    loss = ctc_loss(x.to(DEVICE), tg.to(DEVICE), torch.tensor(LENS, device=DEVICE), torch.full((4,), 2, device=DEVICE),
+                    reduction="none", _impl="triton").cpu()
+    assert math.isnan(loss[1]) and torch.isfinite(loss[[0, 2, 3]]).all()
+
+
+@needs_kernels
+def test_default_impl_on_cuda_is_triton():
+    x = torch.zeros(1, 1, 1, device=DEVICE)
+    assert _common.pick_impl(x, None) == ("triton" if DEVICE == "cuda" else "numba")
+
+
+@pytest.mark.skipif(not _triton.available(), reason="needs triton")
+@pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="runs the kernels directly here")
+def test_kernels_under_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", last)
+    assert passed and int(passed.group(1)) >= 13 and "failed" not in last, proc.stdout[-2000:]
+
+
+def _pointer_and_scalar_types(fn, dtype):
+    fp = "*fp64" if dtype == torch.float64 else "*fp32"
+    ints = {"sEb", "sEt", "S", "K", "T1"}
+    int_ptrs = {"ex_graph", "ex_row", "ex_len", "in_src", "in_lab", "out_dst", "out_lab", "start", "accept",
+                "node_lab"}
+    return {a: "i32" if a in ints else "*i32" if a in int_ptrs else fp for a in fn.arg_names}
+
+
+def _variants():
+    for dtype in (torch.float32, torch.float64):
+        for one_k in (True, False):
+            for use_max in (False, True):
+                yield "_forward_kernel", dtype, dict(BLOCK_S=512, BLOCK_K=4 if one_k else 8, ONE_K=one_k,
+                                                     USE_MAX=use_max)
+            for node_e, arc_e, need_w in ((True, False, False), (False, True, False), (True, False, True),
+                                          (False, True, True), (False, False, True)):
+                yield "_backward_kernel", dtype, dict(BLOCK_S=1024, BLOCK_K=4 if one_k else 2, ONE_K=one_k,
+                                                      NODE_E=node_e, ARC_E=arc_e, NEED_W=need_w)
+
+
+VARIANTS = list(_variants())
+
+
+@pytest.mark.skipif(not _triton.available() or INTERPRETED, reason="needs triton's compiler")
+@pytest.mark.parametrize("name, dtype, consts, capability",
+                         [(*v, 90) for v in VARIANTS] + [(*v, 80) for v in VARIANTS[:6:2]],
+                         ids=lambda v: str(v) if not isinstance(v, dict) else "-".join(
+                             f"{k}={int(x) if isinstance(x, bool) else x}" for k, x in v.items() if k != "BLOCK_S"))
+def test_kernel_variant_compiles_for_the_gpu(name, dtype, consts, capability):
+    """The real compiler path (Triton IR -> PTX -> cubin with ptxas) for every specialisation the
+    loss functions can ask for (28), on Hopper and a few on Ampere. Compiling needs no GPU, so CI
+    checks this too."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(_triton, name)
+    sig = {a: ("constexpr" if a in consts else t) for a, t in _pointer_and_scalar_types(fn, dtype).items()}
+    cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", capability, 32))
+    assert len(kernel.asm["cubin"]) > 0
+    ptx = kernel.asm["ptx"]
+    assert "bar.sync" in ptx or "barrier.sync" in ptx  # frames are separated by block barriers
+
+
+@needs_kernels
+def test_self_check_passes_and_catches_a_wrong_kernel(monkeypatch):
+    problem = _dense._self_check()
+    assert _dense._self_check_error(problem, torch.device(DEVICE)) is None
+    real = _triton.forward
+
+    def off_by_a_little(*args, **kwargs):
+        alpha, logz = real(*args, **kwargs)
+        return alpha, logz + 1e-4
+
+    monkeypatch.setattr(_triton, "forward", off_by_a_little)
+    assert "scores differ" in _dense._self_check_error(problem, torch.device(DEVICE))
+
+
+@pytest.mark.skipif(not _triton.available(), reason="needs triton")
+def test_failed_self_check_warns_and_uses_torch(monkeypatch):
+    def broken(problem, device):
+        raise RuntimeError("no kernel image is available")
+
+    monkeypatch.setattr(_dense, "_self_check_error", broken)
+    monkeypatch.setattr(_dense, "_device_impl", {})
+    with pytest.warns(RuntimeWarning, match="self-check on cuda:7.*no kernel image"):
+        assert _dense.device_impl(torch.device("cuda:7")) == "torch"
+    assert _dense.device_impl(torch.device("cuda:7")) == "torch"  # decided once per device
+    monkeypatch.setattr(_dense, "_self_check_error", lambda problem, device: None)
+    monkeypatch.setattr(_dense, "_device_impl", {})
+    assert _dense.device_impl(torch.device("cuda:7")) == "triton"
