@@ -113,7 +113,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     import lightning as L
     import torch
 
-    from lightning_gtn.lightning import SequenceModule
+    from lightning_gtn.lightning import SequenceModule, SpawnedProcessGroupCleanup
 
     if output_dir is None:
         from hydra.core.hydra_config import HydraConfig
@@ -141,7 +141,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         raise ConfigError(str(e)) from e
     callbacks = [build(c, f"callbacks.{k}") for k, c in (cfg.get("callbacks") or {}).items() if c is not None]
     loggers = [build(c, f"logger.{k}") for k, c in (cfg.get("logger") or {}).items() if c is not None]
-    callbacks.append(_FinalProgress())
+    callbacks += [_FinalProgress(), SpawnedProcessGroupCleanup()]
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
     start = time.perf_counter()

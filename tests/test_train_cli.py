@@ -2,9 +2,12 @@
 and (slow) end-to-end subprocess runs: CLI output, resume, evaluation, DDP on CPU, multirun."""
 
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,6 +163,36 @@ def test_cli_train_resume_evaluate_and_ddp_metrics_match(tmp_path):
     assert e2["val/cer"] == pytest.approx(e1["val/cer"], abs=1e-6)
     assert e2["val/wer"] == pytest.approx(e1["val/wer"], abs=1e-6)
     assert e2["val/loss"] == pytest.approx(e1["val/loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_cli_killed_run_resumes_from_its_step_checkpoint(tmp_path):
+    # a long run killed with SIGKILL right after its first mid-epoch checkpoint (every 3 steps;
+    # an epoch of the smoke data is 8 steps) resumes from that step, not from the start
+    run1 = tmp_path / "killed"
+    last = run1 / "checkpoints" / "last.ckpt"
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen([sys.executable, "-m", "lightning_gtn.train", *SMOKE, "trainer.max_epochs=100",
+                             "callbacks.step_checkpoint.every_n_train_steps=3", f"hydra.run.dir={run1}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not last.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # let the checkpoint file be written completely
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    ckpt = torch.load(last, map_location="cpu", weights_only=False)
+    step, epoch = ckpt["global_step"], ckpt["epoch"]
+    assert step > 0 and epoch < 100
+
+    m, _ = _cli("lightning_gtn.train", [*SMOKE, f"trainer.max_epochs={epoch + 1}", f"ckpt_path={last}",
+                                        f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path)
+    assert m["epoch"] == epoch + 1
+    assert step < m["global_step"] <= step + 8  # continued from the checkpoint's step
+    assert math.isfinite(m["train/loss"])
 
 
 @pytest.mark.slow

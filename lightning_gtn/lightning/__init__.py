@@ -11,7 +11,7 @@
 - :class:`TrainingPlots`: ``curves.png`` and ``alignments.png`` in the run directory.
 """
 
-from .callbacks import TrainingPlots, class_labels
+from .callbacks import SpawnedProcessGroupCleanup, TrainingPlots, class_labels
 from .data import (
     DigitLinesDataModule,
     FeatureDataModule,
@@ -44,6 +44,7 @@ __all__ = [
     "read_transcripts",
     "ConvRNNEncoder",
     "TrainingPlots",
+    "SpawnedProcessGroupCleanup",
     "class_labels",
     "plot_training_curves",
     "plot_alignments",

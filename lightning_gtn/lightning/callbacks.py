@@ -1,4 +1,5 @@
-"""Callbacks: training curves and Viterbi alignment figures written into the run directory."""
+"""Callbacks: training curves and Viterbi alignment figures written into the run directory, and
+the orderly end of spawned DDP processes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 
 from .plots import plot_alignments, plot_training_curves
 
-__all__ = ["TrainingPlots", "class_labels"]
+__all__ = ["TrainingPlots", "SpawnedProcessGroupCleanup", "class_labels"]
 
 
 def class_labels(vocabulary) -> list[str]:
@@ -99,3 +100,24 @@ def write_alignments(pl_module, dataloader, path, num: int = 4) -> str:
         return plot_alignments(ems, paths, class_labels(vocab), titles, path, inputs=feats)
     finally:
         pl_module.train(was_training)
+
+
+class SpawnedProcessGroupCleanup(Callback):
+    """Destroys the process group at the end of each spawned DDP process (``ddp_spawn``).
+
+    A spawned rank that returns with its gloo process group still alive leaves the group's
+    threads to the interpreter's shutdown, where they can be torn down in the wrong order:
+    the process then aborts ("terminate called without an active exception") although
+    training finished. Destroying the group in ``teardown`` ends them in order. Only the
+    spawn launcher is touched: with ``strategy=ddp`` rank 0 is the launching process itself,
+    which may go on (``trainer.test``) with the same group.
+    """
+
+    def teardown(self, trainer: "L.Trainer", pl_module: "L.LightningModule", stage: str) -> None:
+        from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+        launcher = getattr(trainer.strategy, "launcher", None)
+        if not isinstance(launcher, _MultiProcessingLauncher):
+            return
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
