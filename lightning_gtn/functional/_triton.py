@@ -192,6 +192,32 @@ if triton is not None:
         return tl.where((m == -float("inf")) & (s == s), -float("inf"), m + tl.log(s))
 
     @triton.jit
+    def _table_tile(node_tab, lab_tab, w_tab, tbase, ns, nmask, kk, K):
+        """Arcs ``kk`` of nodes ``ns`` from a ``(G, S, K)`` table: (real?, other node, label, weight)."""
+        idx = tbase + ns[:, None] * K + kk[None, :]
+        tm = nmask[:, None] & (kk[None, :] < K)
+        other = tl.load(node_tab + idx, mask=tm, other=-1)
+        ok = other >= 0
+        lab = tl.load(lab_tab + idx, mask=ok, other=0)
+        wt = tl.load(w_tab + idx, mask=ok, other=-float("inf"))
+        return ok, other, lab, wt
+
+    @triton.jit
+    def _candidates(ok, other, lab, wt, vec, erow):
+        """``vec[other] + weight + erow[label]`` per arc, -inf at padding."""
+        v = tl.load(vec + other, mask=ok, other=-float("inf")) + wt + tl.load(erow + lab, mask=ok, other=0.0)
+        return tl.where(ok, v, -float("inf"))
+
+    @triton.jit
+    def _occupancies(ok, lab, v, an, c, grow, ARC_E: tl.constexpr):
+        """``exp(alpha - log Z + v) * coef`` per arc; with ``ARC_E`` also added to the gradient
+        row ``grow`` at each arc's label."""
+        o = tl.where(ok, tl.exp(an[:, None] + v) * c, 0.0)
+        if ARC_E:
+            tl.atomic_add(grow + lab, o, mask=ok & (o != 0))
+        return o
+
+    @triton.jit
     def _forward_kernel(
         E, sEb, sEt, ex_graph, ex_row, ex_len, in_src, in_lab, in_w, start, accept,
         alpha, logz, S, K, T1,
@@ -212,34 +238,17 @@ if triton is not None:
         tl.store(abase + ns, a, mask=nmask)
         tl.debug_barrier()
         if ONE_K:  # the whole table fits: read it once
-            idx = tbase + ns[:, None] * K + ks[None, :]
-            tm = nmask[:, None] & (ks[None, :] < K)
-            src = tl.load(in_src + idx, mask=tm, other=-1)
-            lab = tl.load(in_lab + idx, mask=tm, other=0)
-            wt = tl.load(in_w + idx, mask=tm, other=-float("inf"))
-            ok = src >= 0
+            ok, src, lab, wt = _table_tile(in_src, in_lab, in_w, tbase, ns, nmask, ks, K)
         for t in range(0, L):
             prev = abase + t * S
             m = tl.full((BLOCK_S,), -float("inf"), alpha.dtype.element_ty)
             s = tl.zeros((BLOCK_S,), alpha.dtype.element_ty)
             if ONE_K:
-                ap = tl.load(prev + src, mask=ok, other=-float("inf"))
-                em = tl.load(ebase + t * sEt + lab, mask=ok, other=0.0)
-                v = tl.where(ok, ap + wt + em, -float("inf"))
-                m, s = _lse_step(m, s, v, USE_MAX)
+                m, s = _lse_step(m, s, _candidates(ok, src, lab, wt, prev, ebase + t * sEt), USE_MAX)
             else:
                 for k0 in range(0, K, BLOCK_K):
-                    kk = k0 + ks
-                    idx = tbase + ns[:, None] * K + kk[None, :]
-                    tm = nmask[:, None] & (kk[None, :] < K)
-                    src = tl.load(in_src + idx, mask=tm, other=-1)
-                    ok = src >= 0
-                    lab = tl.load(in_lab + idx, mask=ok, other=0)
-                    wt = tl.load(in_w + idx, mask=ok, other=-float("inf"))
-                    ap = tl.load(prev + src, mask=ok, other=-float("inf"))
-                    em = tl.load(ebase + t * sEt + lab, mask=ok, other=0.0)
-                    v = tl.where(ok, ap + wt + em, -float("inf"))
-                    m, s = _lse_step(m, s, v, USE_MAX)
+                    ok, src, lab, wt = _table_tile(in_src, in_lab, in_w, tbase, ns, nmask, k0 + ks, K)
+                    m, s = _lse_step(m, s, _candidates(ok, src, lab, wt, prev, ebase + t * sEt), USE_MAX)
             tl.store(prev + S + ns, _lse_value(m, s, USE_MAX), mask=nmask)
             tl.debug_barrier()
         last = tl.load(abase + L * S + ns, mask=nmask, other=-float("inf"))
@@ -283,12 +292,7 @@ if triton is not None:
         if NODE_E:
             nl = tl.load(node_lab + g * S + ns, mask=nmask, other=-1)
         if ONE_K:
-            idx = tbase + ns[:, None] * K + ks[None, :]
-            tm = nmask[:, None] & (ks[None, :] < K)
-            dst = tl.load(out_dst + idx, mask=tm, other=-1)
-            lab = tl.load(out_lab + idx, mask=tm, other=0)
-            wt = tl.load(out_w + idx, mask=tm, other=-float("inf"))
-            ok = dst >= 0
+            ok, dst, lab, wt = _table_tile(out_dst, out_lab, out_w, tbase, ns, nmask, ks, K)
             wacc = tl.zeros((BLOCK_S, BLOCK_K), alpha.dtype.element_ty)
         for i in range(0, L):
             t = L - 1 - i
@@ -302,35 +306,23 @@ if triton is not None:
             m = tl.full((BLOCK_S,), -float("inf"), alpha.dtype.element_ty)
             s = tl.zeros((BLOCK_S,), alpha.dtype.element_ty)
             if ONE_K:
-                bn = tl.load(nxt + dst, mask=ok, other=-float("inf"))
-                em = tl.load(ebase + t * sEt + lab, mask=ok, other=0.0)
-                v = tl.where(ok, wt + em + bn, -float("inf"))
+                v = _candidates(ok, dst, lab, wt, nxt, ebase + t * sEt)
                 m, s = _lse_step(m, s, v, False)
                 if NEED_W or ARC_E:
-                    o = tl.where(ok, tl.exp(an[:, None] + v) * c, 0.0)
-                    if ARC_E:
-                        tl.atomic_add(gbase + t * sEt + lab, o, mask=ok & (o != 0))
+                    o = _occupancies(ok, lab, v, an, c, gbase + t * sEt, ARC_E)
                     if NEED_W:
                         wacc += o
             else:
                 for k0 in range(0, K, BLOCK_K):
                     kk = k0 + ks
-                    idx = tbase + ns[:, None] * K + kk[None, :]
-                    tm = nmask[:, None] & (kk[None, :] < K)
-                    dst = tl.load(out_dst + idx, mask=tm, other=-1)
-                    ok = dst >= 0
-                    lab = tl.load(out_lab + idx, mask=ok, other=0)
-                    wt = tl.load(out_w + idx, mask=ok, other=-float("inf"))
-                    bn = tl.load(nxt + dst, mask=ok, other=-float("inf"))
-                    em = tl.load(ebase + t * sEt + lab, mask=ok, other=0.0)
-                    v = tl.where(ok, wt + em + bn, -float("inf"))
+                    ok, dst, lab, wt = _table_tile(out_dst, out_lab, out_w, tbase, ns, nmask, kk, K)
+                    v = _candidates(ok, dst, lab, wt, nxt, ebase + t * sEt)
                     m, s = _lse_step(m, s, v, False)
                     if NEED_W or ARC_E:
-                        o = tl.where(ok, tl.exp(an[:, None] + v) * c, 0.0)
-                        if ARC_E:
-                            tl.atomic_add(gbase + t * sEt + lab, o, mask=ok & (o != 0))
+                        o = _occupancies(ok, lab, v, an, c, gbase + t * sEt, ARC_E)
                         if NEED_W:  # each program owns its slice: a plain read-modify-write
                             op = obase + ns[:, None] * K + kk[None, :]
+                            tm = nmask[:, None] & (kk[None, :] < K)
                             tl.store(op, tl.load(op, mask=tm, other=0.0) + o, mask=tm)
             b = _lse_value(m, s, False)
             tl.store(bbase + (t % 2) * S + ns, b, mask=nmask)
