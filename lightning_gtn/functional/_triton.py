@@ -214,7 +214,7 @@ if triton is not None:
         row ``grow`` at each arc's label."""
         o = tl.where(ok, tl.exp(an[:, None] + v) * c, 0.0)
         if ARC_E:
-            tl.atomic_add(grow + lab, o, mask=ok & (o != 0))
+            tl.atomic_add(grow + lab, o, mask=ok & (o != 0), sem="relaxed")
         return o
 
     @triton.jit
@@ -300,7 +300,7 @@ if triton is not None:
             if NODE_E:  # posteriors of the nodes reached at frame t
                 post = tl.exp(tl.load(abase + (t + 1) * S + ns, mask=nmask, other=-float("inf")) + b - lz) * c
                 pm = nmask & (nl >= 0) & (post != 0)
-                tl.atomic_add(gbase + t * sEt + nl, post, mask=pm)
+                tl.atomic_add(gbase + t * sEt + nl, post, mask=pm, sem="relaxed")
             if NEED_W or ARC_E:
                 an = tl.load(abase + t * S + ns, mask=nmask, other=-float("inf")) - lz
             m = tl.full((BLOCK_S,), -float("inf"), alpha.dtype.element_ty)

@@ -258,6 +258,10 @@ def test_kernel_variant_compiles_for_the_gpu(name, dtype, consts, capability):
     assert len(kernel.asm["cubin"]) > 0
     ptx = kernel.asm["ptx"]
     assert "bar.sync" in ptx or "barrier.sync" in ptx  # frames are separated by block barriers
+    # gradient sums need no ordering: fire-and-forget reductions, no fences
+    atomics = set(re.findall(r"\b(?:red|atom)\.[\w.]+", ptx))
+    assert all(a.startswith("red.") and ".relaxed." in a for a in atomics), atomics
+    assert bool(atomics) == (name == "_backward_kernel" and (consts["NODE_E"] or consts["ARC_E"]))
 
 
 @needs_kernels
