@@ -48,7 +48,7 @@ def evaluate(cfg: DictConfig) -> dict:
     """Validates or tests ``cfg.ckpt_path`` on ``cfg.split``; returns the metrics."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    from lightning_gtn.lightning import SequenceModule
+    from lightning_gtn.lightning import SequenceModule, SpawnedProcessGroupCleanup
 
     ckpt = Path(str(cfg.ckpt_path))
     if not ckpt.is_file():
@@ -61,7 +61,8 @@ def evaluate(cfg: DictConfig) -> dict:
         raise ConfigError(
             f"data: characters {datamodule.chars!r} differ from the checkpoint's {model.hparams.chars!r}"
         )
-    trainer = build(cfg.trainer, "trainer", callbacks=[], logger=False, enable_checkpointing=False)
+    trainer = build(cfg.trainer, "trainer", callbacks=[SpawnedProcessGroupCleanup()], logger=False,
+                    enable_checkpointing=False)
     run = trainer.validate if cfg.split == "val" else trainer.test
     results = run(model, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in sorted(results[0].items())}
