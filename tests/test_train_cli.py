@@ -188,11 +188,17 @@ def test_cli_killed_run_resumes_from_its_step_checkpoint(tmp_path):
     step, epoch = ckpt["global_step"], ckpt["epoch"]
     assert step > 0 and epoch < 100
 
+    run2 = tmp_path / "resumed"
     m, _ = _cli("lightning_gtn.train", [*SMOKE, f"trainer.max_epochs={epoch + 1}", f"ckpt_path={last}",
-                                        f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path)
+                                        "callbacks.step_checkpoint.every_n_train_steps=3",
+                                        f"hydra.run.dir={run2}"], tmp_path)
     assert m["epoch"] == epoch + 1
     assert step < m["global_step"] <= step + 8  # continued from the checkpoint's step
     assert math.isfinite(m["train/loss"])
+    # the step and the validation checkpoints share one last.ckpt (no last-v1.ckpt beside it)
+    assert sorted(p.name for p in (run2 / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert torch.load(run2 / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)[
+        "global_step"] == m["global_step"]
 
 
 @pytest.mark.slow
