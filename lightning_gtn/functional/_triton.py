@@ -19,7 +19,8 @@ label. Arc-weight gradients are summed per example and table entry, then gathere
 Float atomics make the emission gradient's last bits depend on the order of additions, as with
 torch's own CUDA ``ctc_loss``.
 
-Graphs with epsilon arcs are scored by the torch implementation instead.
+Graphs with epsilon arcs, or with more than ``MAX_NODES`` nodes, are scored by the torch
+implementation instead.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
 __all__ = ["available", "supports", "Tables", "build_tables", "forward", "backward"]
 
 MAX_TILE = 4096  # node x arc entries one program holds per step
+MAX_NODES = 4096  # one program holds a graph's whole node vector: larger graphs go to torch
 
 
 def available() -> bool:
@@ -48,8 +50,9 @@ def available() -> bool:
 
 
 def supports(batch) -> bool:
-    """Whether these kernels can score a :class:`~._graphs.GraphBatch` (no epsilon arcs)."""
-    return available() and not batch.has_eps
+    """Whether these kernels can score a :class:`~._graphs.GraphBatch`: no epsilon arcs, and at
+    most ``MAX_NODES`` nodes per graph (a CTC target of up to 2047 tokens)."""
+    return available() and not batch.has_eps and batch.max_nodes <= MAX_NODES
 
 
 class Tables:
@@ -110,10 +113,11 @@ def build_tables(problem, device: torch.device) -> Tables:
     return t
 
 
-def _blocks(S: int, K: int) -> Tuple[int, int, int]:
-    """``(BLOCK_S, BLOCK_K, num_warps)`` for nodes of up to ``K`` arcs."""
+def _blocks(S: int, K: int, tile: Optional[int] = None) -> Tuple[int, int, int]:
+    """``(BLOCK_S, BLOCK_K, num_warps)`` for nodes of up to ``K`` arcs, at most ``tile``
+    (default ``MAX_TILE``) entries per step."""
     bs = triton.next_power_of_2(S)
-    bk = max(1, min(triton.next_power_of_2(K), MAX_TILE // bs))
+    bk = max(1, min(triton.next_power_of_2(K), (tile or MAX_TILE) // bs))
     tile = bs * bk
     return bs, bk, 4 if tile <= 1024 else 8
 
@@ -125,14 +129,18 @@ def _weights(w: torch.Tensor, arc_tab: torch.Tensor) -> torch.Tensor:
     return wp[idx].contiguous()
 
 
-def forward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, use_max: bool = False):
-    """Alpha pass: ``(alpha (N, T + 1, S), logz (N,))`` in ``E``'s dtype and device."""
+def forward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, use_max: bool = False,
+            tile: Optional[int] = None):
+    """Alpha pass: ``(alpha (N, T + 1, S), logz (N,))`` in ``E``'s dtype and device.
+
+    ``E`` is ``(B, T, C)`` and contiguous, ``w`` the ``(num_arcs,)`` arc weights (same dtype and
+    device); ``tile`` overrides ``MAX_TILE``."""
     N, T1 = problem.num_examples, int(problem.ex_len.max(initial=0)) + 1
     alpha = torch.empty((max(N, 1), T1, tables.S), dtype=E.dtype, device=E.device)
     logz = torch.empty(N, dtype=E.dtype, device=E.device)
     if N == 0:
         return alpha[:0], logz
-    bs, bk, nw = _blocks(tables.S, tables.K_in)
+    bs, bk, nw = _blocks(tables.S, tables.K_in, tile)
     _forward_kernel[(N,)](
         E, E.stride(0), E.stride(1), tables.ex_graph, tables.ex_row, tables.ex_len,
         tables.in_src, tables.in_lab, _weights(w, tables.in_arc), tables.start, tables.accept,
@@ -143,8 +151,9 @@ def forward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, use_max: 
 
 
 def backward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, alpha: torch.Tensor,
-             logz: torch.Tensor, coef: torch.Tensor, need_e: bool, need_w: bool):
-    """Gradient of ``sum_e coef[e] * logz[e]``: ``(grad_E (B, T, C) or None, grad_w (num_arcs,) or None)``."""
+             logz: torch.Tensor, coef: torch.Tensor, need_e: bool, need_w: bool, tile: Optional[int] = None):
+    """Gradient of ``sum_e coef[e] * logz[e]`` (``coef`` ``(N,)``) after :func:`forward`:
+    ``(grad_E (B, T, C) or None, grad_w (num_arcs,) or None)``; ``tile`` overrides ``MAX_TILE``."""
     N = problem.num_examples
     dev, dtype = E.device, E.dtype
     gE = torch.zeros_like(E) if need_e else None
@@ -156,7 +165,7 @@ def backward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, alpha: t
     beta = torch.empty((N, 2, S), dtype=dtype, device=dev)
     occ = torch.zeros((N, S, K), dtype=dtype, device=dev) if need_w else beta
     node_lab = tables.node_lab
-    bs, bk, nw = _blocks(S, K)
+    bs, bk, nw = _blocks(S, K, tile)
     _backward_kernel[(N,)](
         E, gE if need_e else E, E.stride(0), E.stride(1), tables.ex_graph, tables.ex_row, tables.ex_len,
         coef, logz, tables.out_dst, tables.out_lab, _weights(w, tables.out_arc), tables.accept,

@@ -176,6 +176,19 @@ def test_epsilon_graphs_fall_back_to_torch():
 
 
 @needs_kernels
+def test_graphs_too_large_for_one_program_fall_back_to_torch(monkeypatch):
+    plan = _common.Plan([_compile(_mixed_label_graph())], [0], [0], [4], [1.0], 1)
+    x = _emissions(torch.float64, B=1, T=4, C=4).to(DEVICE)
+    w = torch.zeros(plan.batch.num_arcs, dtype=torch.float64, device=DEVICE)
+    assert _dense.forward(plan.problem, x, w, "triton").impl == "triton"
+    monkeypatch.setattr(_triton, "MAX_NODES", 2)  # the graph has 3 nodes
+    st = _dense.forward(plan.problem, x, w, "triton")
+    assert st.impl == "torch"
+    ref = _dense.forward(plan.problem, x.cpu(), w.cpu(), "numba")
+    torch.testing.assert_close(st.logz.cpu(), ref.logz)
+
+
+@needs_kernels
 def test_max_semiring_matches_numba():
     from lightning_gtn.functional._graphs import compiled_asg_full
 
