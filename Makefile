@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # numba's OpenMP layer kills forked DataLoader workers; workqueue is fork-safe.
 export NUMBA_THREADING_LAYER ?= workqueue
 
-.PHONY: venv train test test-fast bench clean
+.PHONY: venv train test test-fast bench gpu-check clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,13 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py $(ARGS)
+
+# On a machine with a CUDA GPU: the GPU tests, the GPU benchmark table and a short GPU run.
+gpu-check: $(STAMP)
+	$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device here')"
+	$(PY) -m pytest -q -p no:cacheprovider -k "cuda or triton" tests/functional
+	$(PY) benchmarks/bench_losses.py --gpu-only
+	$(VENV)/bin/lightning-gtn-train experiment=smoke trainer=gpu trainer.enable_progress_bar=false
 
 clean:
 	rm -rf $(VENV) outputs multirun lightning_logs .pytest_cache .hypothesis
