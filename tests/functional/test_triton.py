@@ -188,6 +188,46 @@ def test_graphs_too_large_for_one_program_fall_back_to_torch(monkeypatch):
     torch.testing.assert_close(st.logz.cpu(), ref.logz)
 
 
+def _random_graph(rng, num_nodes, num_arcs, C):
+    """An epsilon-free acceptor with random arcs, one or two start and accept nodes (some nodes
+    may be unreachable or dead ends), and random weights."""
+    g = gtn.Graph(False)
+    starts = set(rng.choice(num_nodes, size=rng.integers(1, 3), replace=False).tolist())
+    accepts = set(rng.choice(num_nodes, size=rng.integers(1, 3), replace=False).tolist())
+    for n in range(num_nodes):
+        g.add_node(n in starts, n in accepts)
+    for _ in range(num_arcs):
+        lab = int(rng.integers(C))
+        g.add_arc(int(rng.integers(num_nodes)), int(rng.integers(num_nodes)), lab, lab, float(rng.normal()))
+    return g
+
+
+@needs_kernels
+@pytest.mark.parametrize("seed", range(4))
+def test_random_graphs_scores_and_gradients(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    C, B = 4, 3
+    graphs = [_random_graph(rng, int(rng.integers(2, 7)), int(rng.integers(3, 14)), C) for _ in range(B)]
+    weights = [torch.tensor(g.weights_to_list(), dtype=torch.float64) for g in graphs]
+    lengths = torch.tensor(rng.integers(0, 7, size=B))
+    x = _emissions(torch.float64, B=B, T=6, C=C, seed=seed)
+    if seed % 2:
+        monkeypatch.setattr(_triton, "MAX_TILE", 8)  # the chunked path
+
+    def fn(x, *w, impl):
+        return graph_loss(x, graphs, lengths.to(x.device), weights=list(w), zero_infinity=True, _impl=impl)
+
+    a, b = _both(lambda x, *rest: fn(x, *rest[:-1], impl=rest[-1]), x, *weights)
+    assert (a[0] != 0).any() and a[1].abs().sum() > 0  # some example has paths
+    _close(a, b, torch.float64)
+    # the max semiring too
+    plan = _common.Plan([_compile(g) for g in graphs], range(B), range(B), lengths.numpy(), [1.0] * B, B)
+    w = torch.cat(weights)
+    ref = _dense.forward(plan.problem, x, w, "numba", use_max=True).logz
+    got = _dense.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
+    torch.testing.assert_close(got.cpu(), ref)
+
+
 @needs_kernels
 def test_max_semiring_matches_numba():
     from lightning_gtn.functional._graphs import compiled_asg_full
