@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# CUDA builds of torch bring the Triton they need; with a CPU build, this one is installed so the
+# tests run the GPU kernels under Triton's interpreter and compile them for the GPU.
+TRITON := triton==3.9.0
 # numba's OpenMP layer kills forked DataLoader workers; workqueue is fork-safe.
 export NUMBA_THREADING_LAYER ?= workqueue
 
@@ -14,6 +17,7 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install -q $(TRITON)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
