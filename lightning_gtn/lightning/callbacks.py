@@ -106,9 +106,10 @@ class SpawnedProcessGroupCleanup(Callback):
     """Destroys the process group at the end of each spawned DDP process (``ddp_spawn``).
 
     A spawned rank that returns with its gloo process group still alive leaves the group's
-    threads to the interpreter's shutdown, where they can be torn down in the wrong order:
-    the process then aborts ("terminate called without an active exception") although
-    training finished. Destroying the group in ``teardown`` ends them in order. Only the
+    native threads (``gloo_tcp_loop``, ``pt_gloo_runloop``, rank 0's ``pt_tcpstore_uv``, all
+    still running at exit) to the interpreter's shutdown, where they can be torn down in the
+    wrong order: the process then aborts ("terminate called without an active exception")
+    although training finished. Destroying the group in ``teardown`` shuts them down first. Only the
     spawn launcher is touched: with ``strategy=ddp`` rank 0 is the launching process itself,
     which may go on (``trainer.test``) with the same group.
     """
