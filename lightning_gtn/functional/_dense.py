@@ -558,12 +558,12 @@ def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, use_m
         E: ``(B, T, C)`` float32/float64 emissions (contiguous).
         w: ``(num_arcs,)`` arc weights, E's dtype and device.
         impl: ``"numba"`` (CPU only), ``"torch"`` (any device) or ``"triton"`` (CUDA; graphs
-            with epsilon arcs go to ``"torch"``).
+            with epsilon arcs or over ``_triton.MAX_NODES`` nodes go to ``"torch"``).
         use_max: the max (Viterbi) semiring instead of the log semiring.
     """
     st = State()
     if impl == "triton" and not _triton.supports(problem.batch):
-        impl = "torch"  # epsilon arcs: the torch implementation handles their closures
+        impl = "torch"  # epsilon arcs (closures) or graphs too large for one Triton program
     st.problem, st.E, st.w, st.impl, st.extra = problem, E, w, impl, None
     if impl == "numba":
         _numba_forward(st, use_max)
@@ -624,7 +624,7 @@ def _self_check_error(problem: Problem, device: torch.device):
     w = torch.randn(problem.batch.num_arcs, generator=g, dtype=torch.float64).to(device)
     coef = torch.tensor([1.0, -0.5, 2.0, 1.0], dtype=torch.float64)
     tables = _triton.build_tables(problem, device)
-    tile = 8  # ASG's 5 arcs per node in chunks of one (8 nodes): the chunked code path too
+    tile = 8  # 8 padded nodes x 1 arc per step: the chunked code path (CTC's 3, ASG's 6 arcs per node)
     alpha, logz = _triton.forward(problem, tables, E, w, tile=tile)
     ga = _triton.backward(problem, tables, E, w, alpha, logz, coef, True, True, tile=tile)
     b = forward(problem, E, w, "torch")
