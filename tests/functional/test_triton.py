@@ -3,7 +3,9 @@
 They run on a CUDA device when there is one. Without one they run on the CPU under Triton's
 interpreter (``TRITON_INTERPRET=1``, which must be set before triton is imported): the test
 :func:`test_kernels_under_the_interpreter` re-runs this file that way in a subprocess, so CI
-(no GPU) checks the kernels' logic too. Skipped where triton is not installed.
+(no GPU) checks the kernels' logic too. Every specialisation of the kernels is also compiled
+for sm_80/sm_90 by Triton's real compiler, which needs no GPU. Skipped where triton is not
+installed.
 """
 
 import math
@@ -17,8 +19,8 @@ import pytest
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.functional._triton import triton
 from lightning_gtn.functional import _common, _dense, _triton, asg_loss, ctc_loss, graph_loss, sequence_loss
+from lightning_gtn.functional._triton import triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else ("cpu" if INTERPRETED else None)
