@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import functional as F
+from .. import functional as lgf  # not torch.nn.functional: the engine computes every loss
 
 __all__ = ["CTCLoss", "ASGLoss", "SequenceLoss", "GraphLoss"]
 
@@ -34,7 +34,7 @@ class CTCLoss(nn.Module):
         self.backend = backend
 
     def forward(self, log_probs, targets, input_lengths, target_lengths):
-        return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=self.blank,
+        return lgf.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=self.blank,
                           reduction=self.reduction, zero_infinity=self.zero_infinity, backend=self.backend)
 
     def extra_repr(self) -> str:
@@ -71,12 +71,12 @@ class ASGLoss(nn.Module):
         if tr.device != emissions.device:
             raise ValueError(f"ASGLoss: transitions are on {tr.device} but emissions on {emissions.device}; "
                              "move the module with .to(device)")
-        return F.asg_loss(emissions, tr, targets, input_lengths, target_lengths, reduction=self.reduction,
+        return lgf.asg_loss(emissions, tr, targets, input_lengths, target_lengths, reduction=self.reduction,
                           zero_infinity=self.zero_infinity, backend=self.backend)
 
     def viterbi(self, emissions, input_lengths=None, return_paths: bool = False):
         """Best paths through emissions plus these transitions, repeats collapsed."""
-        return F.viterbi(emissions, input_lengths, blank=None, transitions=self.transitions,
+        return lgf.viterbi(emissions, input_lengths, blank=None, transitions=self.transitions,
                          return_paths=return_paths)
 
     def extra_repr(self) -> str:
@@ -93,7 +93,7 @@ class SequenceLoss(nn.Module):
         self.backend = backend
 
     def forward(self, emissions, targets, input_lengths, target_lengths=None):
-        return F.sequence_loss(emissions, targets, input_lengths, target_lengths, reduction=self.reduction,
+        return lgf.sequence_loss(emissions, targets, input_lengths, target_lengths, reduction=self.reduction,
                                zero_infinity=self.zero_infinity, backend=self.backend)
 
 
@@ -114,5 +114,5 @@ class GraphLoss(nn.Module):
         self.zero_infinity = zero_infinity
 
     def forward(self, emissions, graphs, input_lengths, denominators=None, weights=None):
-        return F.graph_loss(emissions, graphs, input_lengths, reduction=self.reduction,
+        return lgf.graph_loss(emissions, graphs, input_lengths, reduction=self.reduction,
                             denominators=denominators, weights=weights, zero_infinity=self.zero_infinity)
