@@ -86,6 +86,7 @@ class CompiledGraph:
         "in_lp",
         "out_dst",
         "out_lp",
+        "device_tables",  # the Triton kernels' padded tables, made on first use (see _triton)
     )
 
 

@@ -4,18 +4,21 @@ The torch implementation in :mod:`._dense` launches a handful of kernels per fra
 a 1000-frame batch costs tens of thousands of launches. Here one program per example walks all
 its frames inside a single kernel: the frame's node vector ``(S,)`` is spread over the program's
 threads, the previous frame is read back from global memory through the arc tables (a gather),
-and a block barrier separates the frames. Examples run side by side, one per streaming
-multiprocessor at a time.
+and a block barrier separates the frames. Examples run side by side as separate programs.
 
-Tables are per graph, not per example (``(G, S, K)``: ``K`` incoming or outgoing arcs per node,
-padded with -1), so a graph shared by every example (ASG's transition graph) is stored once.
-Nodes with more than ``BLOCK_K`` arcs are read in chunks with an online logsumexp.
+Tables are per graph, not per example: each graph's ``(S_g, K_g)`` table lists the incoming
+(or outgoing) arcs of each node, -1 padded to the graph's own largest degree, and is built once
+per compiled graph (criterion graphs are cached per target), so a batch only concatenates them;
+a graph shared by every example (ASG's transition graph) is stored once. Nodes with more than
+``BLOCK_K`` arcs are read in chunks with an online logsumexp.
 
 Gradients: the backward pass computes ``beta`` frame by frame in the same way. When every
 emitting arc into a node carries the same label (CTC, ASG, the sequence criterion), the emission
 gradient of a frame is the node posteriors ``exp(alpha + beta - log Z)`` added at the nodes'
 labels (one atomic add per node and frame); otherwise each arc's occupancy is added at its own
-label. Arc-weight gradients are summed per example and table entry, then gathered per arc.
+label. Arc-weight gradients are summed over frames per example and table entry (in registers, or
+in the example's own slice of a buffer when the table is read in chunks), then added at each
+arc's global id at the end of the kernel.
 Float atomics make the emission gradient's last bits depend on the order of additions, as with
 torch's own CUDA ``ctc_loss``.
 
@@ -56,60 +59,91 @@ def supports(batch) -> bool:
 
 
 class Tables:
-    """Per-graph padded arc tables on a device (see :func:`build_tables`)."""
+    """Arc tables of a batch's graphs on a device (see :func:`build_tables`)."""
 
-    __slots__ = ("S", "K_in", "K_out", "in_src", "in_lab", "in_arc", "out_dst", "out_lab", "out_arc",
-                 "start", "accept", "node_lab", "ex_graph", "ex_row", "ex_len")
+    __slots__ = ("S", "K_in", "K_out", "g_nodes", "g_kin", "g_kout", "g_tin", "g_tout", "g_node",
+                 "in_src", "in_lab", "in_arc", "out_dst", "out_lab", "out_arc", "start", "accept",
+                 "node_lab", "ex_graph", "ex_row", "ex_len", "ex_occ_size")
 
 
-def _padded(off: np.ndarray, entries: np.ndarray, gnode: np.ndarray, K: int) -> np.ndarray:
-    """``(G, S, K)`` table of ``entries`` grouped by global node (CSR ``off``), -1 padded."""
-    n = len(off) - 1
-    cnt = np.diff(off)
-    tab = np.full((n + 1, max(K, 1)), -1, dtype=np.int64)
-    if len(entries):
-        pos = np.arange(len(entries)) - np.repeat(off[:-1], cnt)
-        tab[np.repeat(np.arange(n), cnt), pos] = entries
-    return tab[gnode]
+def _graph_tables(cg) -> dict:
+    """One compiled graph's padded tables (local ids, numpy), cached on the graph.
+
+    ``in_*``/``out_*``: ``(S, K)`` emitting arcs into / out of each node, -1 padded (``K`` the
+    graph's own largest in-/out-degree); ``node_lab``: the label shared by every arc into a node
+    (-1 where there are none), or None when some node's arcs differ.
+    """
+    t = getattr(cg, "device_tables", None)
+    if t is not None:
+        return t
+    S = cg.num_nodes
+    lab = np.append(cg.label, 0).astype(np.int64)
+
+    def padded(cnt, arcs):
+        cnt = np.asarray(cnt, dtype=np.int64)
+        tab = np.full((S, max(int(cnt.max(initial=0)), 1)), -1, dtype=np.int64)
+        if len(arcs):
+            pos = np.arange(len(arcs)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            tab[np.repeat(np.arange(S), cnt), pos] = arcs
+        return tab
+
+    t = {"S": S}
+    for side, cnt, arcs, other in (("in", cg.in_cnt, cg.in_arc, cg.src), ("out", cg.out_cnt, cg.out_arc, cg.dst)):
+        tab = padded(cnt, arcs)
+        t[side + "_arc"] = tab.astype(np.int32)
+        t[side + "_node"] = np.where(tab >= 0, np.append(other, 0)[tab], -1).astype(np.int32)
+        t[side + "_lab"] = np.where(tab >= 0, lab[tab], 0).astype(np.int32)
+    for name, ids in (("start", cg.start), ("accept", cg.accept)):
+        mark = np.zeros(S, dtype=np.int32)
+        mark[ids] = 1
+        t[name] = mark
+    in_tab = t["in_arc"].astype(np.int64)
+    in_lab = np.where(in_tab >= 0, lab[in_tab], -1)
+    lo = np.where(in_tab >= 0, in_lab, np.iinfo(np.int64).max).min(-1, initial=np.iinfo(np.int64).max)
+    hi = in_lab.max(-1, initial=-1)
+    t["node_lab"] = None if bool(((lo != hi) & (hi >= 0)).any()) else hi.astype(np.int32)
+    cg.device_tables = t
+    return t
 
 
 def build_tables(problem, device: torch.device) -> Tables:
-    """Arc tables of ``problem``'s graphs and its example arrays, as int32 tensors on ``device``."""
+    """Arc tables of ``problem``'s graphs, concatenated, and its example arrays, on ``device``.
+
+    Each graph keeps its own table width (ASG's transition graph is 1000 arcs wide on C=1000,
+    its target graphs 2), located through the per-graph offsets ``g_tin``/``g_tout`` (tables)
+    and ``g_node`` (node arrays); arc ids are global (the batch's ``arc_off`` added).
+    """
     bt = problem.batch
-    G = len(bt.graphs)
-    N = int(bt.node_off[-1])
-    S = max(int(bt.max_nodes), 1)
-    loc = np.arange(S)
-    sizes = np.diff(bt.node_off)
-    gnode = np.where(loc[None, :] < sizes[:, None], bt.node_off[:-1, None] + loc[None, :], N)  # (G, S)
-    in_tab = _padded(bt.in_off, bt.in_arc.astype(np.int64), gnode, bt.max_in)
-    out_tab = _padded(bt.out_off, bt.out_arc.astype(np.int64), gnode, bt.max_out)
-    src = np.append(bt.src, 0).astype(np.int64)
-    dst = np.append(bt.dst, 0).astype(np.int64)
-    lab = np.append(bt.label, 0).astype(np.int64)
+    parts = [_graph_tables(cg) for cg in bt.graphs]
+    sizes = np.array([p["S"] for p in parts], dtype=np.int64)
+    kin = np.array([p["in_arc"].shape[1] for p in parts], dtype=np.int64)
+    kout = np.array([p["out_arc"].shape[1] for p in parts], dtype=np.int64)
+
+    def starts(counts):
+        return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if len(counts) else counts
+
+    def cat(key, global_arcs=False):
+        arrays = [p[key].ravel() for p in parts]
+        if global_arcs:
+            arrays = [np.where(a >= 0, a + int(bt.arc_off[g]), -1) for g, a in enumerate(arrays)]
+        return torch.from_numpy(np.ascontiguousarray(np.concatenate(arrays) if arrays else np.zeros(0),
+                                                     dtype=np.int32)).to(device)
+
+    def dev(a, dtype=np.int32):
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).to(device)
+
     t = Tables()
-    t.S, t.K_in, t.K_out = S, in_tab.shape[2], out_tab.shape[2]
-
-    def dev(a):
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)
-
-    t.in_arc = dev(in_tab)
-    t.in_src = dev(np.where(in_tab >= 0, src[in_tab], -1))
-    t.in_lab = dev(np.where(in_tab >= 0, lab[in_tab], 0))
-    t.out_arc = dev(out_tab)
-    t.out_dst = dev(np.where(out_tab >= 0, dst[out_tab], -1))
-    t.out_lab = dev(np.where(out_tab >= 0, lab[out_tab], 0))
-    start = np.zeros(N + 1, dtype=np.int32)
-    accept = np.zeros(N + 1, dtype=np.int32)
-    start[bt.node_off[np.repeat(np.arange(G), np.diff(bt.start_off))] + bt.start] = 1
-    accept[bt.node_off[np.repeat(np.arange(G), np.diff(bt.accept_off))] + bt.accept] = 1
-    t.start, t.accept = dev(start[gnode]), dev(accept[gnode])
-    # the label shared by all emitting arcs into a node, -1 where they differ or there are none
-    in_lab = np.where(in_tab >= 0, lab[in_tab], -1)
-    lo = np.where(in_tab >= 0, in_lab, np.iinfo(np.int64).max).min(-1)
-    hi = in_lab.max(-1)
-    t.node_lab = None if bool(((lo != hi) & (hi >= 0)).any()) else dev(hi)
+    t.S = max(int(sizes.max(initial=0)), 1)
+    t.K_in, t.K_out = int(kin.max(initial=1)), int(kout.max(initial=1))
+    t.g_nodes, t.g_kin, t.g_kout = dev(sizes), dev(kin), dev(kout)
+    t.g_tin, t.g_tout, t.g_node = dev(starts(sizes * kin), np.int64), dev(starts(sizes * kout), np.int64), \
+        dev(starts(sizes), np.int64)
+    t.in_src, t.in_lab, t.in_arc = cat("in_node"), cat("in_lab"), cat("in_arc", True)
+    t.out_dst, t.out_lab, t.out_arc = cat("out_node"), cat("out_lab"), cat("out_arc", True)
+    t.start, t.accept = cat("start"), cat("accept")
+    t.node_lab = None if any(p["node_lab"] is None for p in parts) else cat("node_lab")
     t.ex_graph, t.ex_row, t.ex_len = dev(problem.ex_graph), dev(problem.ex_row), dev(problem.ex_len)
+    t.ex_occ_size = (sizes * kout)[problem.ex_graph] if problem.num_examples else np.zeros(0, np.int64)
     return t
 
 
@@ -143,8 +177,9 @@ def forward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, use_max: 
     bs, bk, nw = _blocks(tables.S, tables.K_in, tile)
     _forward_kernel[(N,)](
         E, E.stride(0), E.stride(1), tables.ex_graph, tables.ex_row, tables.ex_len,
+        tables.g_nodes, tables.g_kin, tables.g_tin, tables.g_node,
         tables.in_src, tables.in_lab, _weights(w, tables.in_arc), tables.start, tables.accept,
-        alpha, logz, tables.S, tables.K_in, T1,
+        alpha, logz, tables.S, T1,
         BLOCK_S=bs, BLOCK_K=bk, ONE_K=bk >= tables.K_in, USE_MAX=use_max, num_warps=nw,
     )
     return alpha, logz
@@ -157,27 +192,30 @@ def backward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, alpha: t
     N = problem.num_examples
     dev, dtype = E.device, E.dtype
     gE = torch.zeros_like(E) if need_e else None
-    gw = torch.zeros(w.shape[0], dtype=dtype, device=dev) if need_w else None
+    gw = torch.zeros(max(w.shape[0], 1), dtype=dtype, device=dev) if need_w else None
     if N == 0 or not (need_e or need_w):
-        return gE, gw
+        return gE, (gw[: w.shape[0]] if need_w else None)
     S, K = tables.S, tables.K_out
     coef = coef.to(device=dev, dtype=dtype).contiguous()
     beta = torch.empty((N, 2, S), dtype=dtype, device=dev)
-    occ = torch.zeros((N, S, K), dtype=dtype, device=dev) if need_w else beta
-    node_lab = tables.node_lab
     bs, bk, nw = _blocks(S, K, tile)
+    one_k = bk >= K
+    # arcs too many for one tile: each example sums its arc occupancies over frames in its own
+    # slice of ``occ`` (laid out as its graph's out-table) before they go to ``gw``
+    sizes = tables.ex_occ_size
+    ex_occ = torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)).to(dev)
+    occ = torch.zeros(int(sizes.sum()), dtype=dtype, device=dev) if need_w and not one_k else beta
+    node_lab = tables.node_lab
     _backward_kernel[(N,)](
         E, gE if need_e else E, E.stride(0), E.stride(1), tables.ex_graph, tables.ex_row, tables.ex_len,
-        coef, logz, tables.out_dst, tables.out_lab, _weights(w, tables.out_arc), tables.accept,
-        node_lab if node_lab is not None else tables.accept, alpha, beta, occ, S, K, alpha.shape[1],
-        BLOCK_S=bs, BLOCK_K=bk, ONE_K=bk >= K, NODE_E=need_e and node_lab is not None,
+        coef, logz, tables.g_nodes, tables.g_kout, tables.g_tout, tables.g_node,
+        tables.out_dst, tables.out_lab, _weights(w, tables.out_arc), tables.out_arc, tables.accept,
+        node_lab if node_lab is not None else tables.accept, alpha, beta, occ, ex_occ,
+        gw if need_w else beta, S, alpha.shape[1],
+        BLOCK_S=bs, BLOCK_K=bk, ONE_K=one_k, NODE_E=need_e and node_lab is not None,
         ARC_E=need_e and node_lab is None, NEED_W=need_w, num_warps=nw,
     )
-    if need_w:
-        arcs = tables.out_arc.long()[tables.ex_graph.long()]  # (N, S, K)
-        keep = arcs >= 0
-        gw.index_add_(0, arcs[keep], occ[keep])
-    return gE, gw
+    return gE, (gw[: w.shape[0]] if need_w else None)
 
 
 if triton is not None:
@@ -202,7 +240,8 @@ if triton is not None:
 
     @triton.jit
     def _table_tile(node_tab, lab_tab, w_tab, tbase, ns, nmask, kk, K):
-        """Arcs ``kk`` of nodes ``ns`` from a ``(G, S, K)`` table: (real?, other node, label, weight)."""
+        """Arcs ``kk`` of nodes ``ns`` from a graph's ``(S, K)`` table starting at ``tbase``:
+        (real?, other node, label, weight)."""
         idx = tbase + ns[:, None] * K + kk[None, :]
         tm = nmask[:, None] & (kk[None, :] < K)
         other = tl.load(node_tab + idx, mask=tm, other=-1)
@@ -227,22 +266,27 @@ if triton is not None:
         return o
 
     @triton.jit
+    def _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node):
+        """Example ``e``'s graph: (node count, table width, table offset, node offset)."""
+        g = tl.load(ex_graph + e)
+        return tl.load(g_nodes + g), tl.load(g_k + g), tl.load(g_tab + g), tl.load(g_node + g)
+
+    @triton.jit
     def _forward_kernel(
-        E, sEb, sEt, ex_graph, ex_row, ex_len, in_src, in_lab, in_w, start, accept,
-        alpha, logz, S, K, T1,
+        E, sEb, sEt, ex_graph, ex_row, ex_len, g_nodes, g_k, g_tab, g_node, in_src, in_lab, in_w, start,
+        accept, alpha, logz, S, T1,
         BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, USE_MAX: tl.constexpr,
     ):
         e = tl.program_id(0)
-        g = tl.load(ex_graph + e).to(tl.int64)
+        Sg, K, tbase, nbase = _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node)
         row = tl.load(ex_row + e).to(tl.int64)
         L = tl.load(ex_len + e)
         ns = tl.arange(0, BLOCK_S)
-        nmask = ns < S
+        nmask = ns < Sg
         ks = tl.arange(0, BLOCK_K)
-        abase = alpha + e.to(tl.int64) * T1 * S
+        abase = alpha + e.to(tl.int64) * T1 * S  # frames of S (the batch's largest graph) values
         ebase = E + row * sEb
-        tbase = g * S * K
-        st = tl.load(start + g * S + ns, mask=nmask, other=0)
+        st = tl.load(start + nbase + ns, mask=nmask, other=0)
         a = tl.where(st != 0, 0.0, -float("inf")).to(alpha.dtype.element_ty)
         tl.store(abase + ns, a, mask=nmask)
         tl.debug_barrier()
@@ -261,7 +305,7 @@ if triton is not None:
             tl.store(prev + S + ns, _lse_value(m, s, USE_MAX), mask=nmask)
             tl.debug_barrier()
         last = tl.load(abase + L * S + ns, mask=nmask, other=-float("inf"))
-        acc = tl.load(accept + g * S + ns, mask=nmask, other=0)
+        acc = tl.load(accept + nbase + ns, mask=nmask, other=0)
         v = tl.where(acc != 0, last, -float("inf"))
         m = tl.max(v, 0)
         if USE_MAX:
@@ -273,36 +317,36 @@ if triton is not None:
 
     @triton.jit
     def _backward_kernel(
-        E, gE, sEb, sEt, ex_graph, ex_row, ex_len, coef, logz, out_dst, out_lab, out_w, accept,
-        node_lab, alpha, beta, occ, S, K, T1,
+        E, gE, sEb, sEt, ex_graph, ex_row, ex_len, coef, logz, g_nodes, g_k, g_tab, g_node,
+        out_dst, out_lab, out_w, out_arc, accept, node_lab, alpha, beta, occ, ex_occ, gw, S, T1,
         BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, NODE_E: tl.constexpr,
         ARC_E: tl.constexpr, NEED_W: tl.constexpr,
     ):
         e = tl.program_id(0)
-        g = tl.load(ex_graph + e).to(tl.int64)
+        Sg, K, tbase, nbase = _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node)
         row = tl.load(ex_row + e).to(tl.int64)
         c = tl.load(coef + e)
         lz = tl.load(logz + e)
         L = tl.load(ex_len + e)
         L = tl.where((c == 0) | (lz == -float("inf")), 0, L)  # nothing flows back
         ns = tl.arange(0, BLOCK_S)
-        nmask = ns < S
+        nmask = ns < Sg
         ks = tl.arange(0, BLOCK_K)
         abase = alpha + e.to(tl.int64) * T1 * S
         bbase = beta + e.to(tl.int64) * 2 * S
-        obase = occ + e.to(tl.int64) * S * K
         ebase = E + row * sEb
         gbase = gE + row * sEb
-        tbase = g * S * K
-        acc = tl.load(accept + g * S + ns, mask=nmask, other=0)
+        acc = tl.load(accept + nbase + ns, mask=nmask, other=0)
         b = tl.where(acc != 0, 0.0, -float("inf")).to(alpha.dtype.element_ty)
         tl.store(bbase + (L % 2) * S + ns, b, mask=nmask)
         tl.debug_barrier()
         if NODE_E:
-            nl = tl.load(node_lab + g * S + ns, mask=nmask, other=-1)
+            nl = tl.load(node_lab + nbase + ns, mask=nmask, other=-1)
         if ONE_K:
             ok, dst, lab, wt = _table_tile(out_dst, out_lab, out_w, tbase, ns, nmask, ks, K)
             wacc = tl.zeros((BLOCK_S, BLOCK_K), alpha.dtype.element_ty)
+        else:
+            obase = occ + tl.load(ex_occ + e)  # this example's (Sg, K) occupancy sums
         for i in range(0, L):
             t = L - 1 - i
             nxt = bbase + ((t + 1) % 2) * S
@@ -336,6 +380,15 @@ if triton is not None:
             b = _lse_value(m, s, False)
             tl.store(bbase + (t % 2) * S + ns, b, mask=nmask)
             tl.debug_barrier()
-        if ONE_K and NEED_W:
-            tm = nmask[:, None] & (ks[None, :] < K)
-            tl.store(obase + ns[:, None] * K + ks[None, :], wacc, mask=tm)
+        if NEED_W:  # the arc weights' gradient: each arc's summed occupancy, at its global id
+            if ONE_K:
+                tm = nmask[:, None] & (ks[None, :] < K)
+                arc = tl.load(out_arc + tbase + ns[:, None] * K + ks[None, :], mask=tm, other=-1)
+                tl.atomic_add(gw + arc, wacc, mask=(arc >= 0) & (wacc != 0), sem="relaxed")
+            else:
+                for k0 in range(0, K, BLOCK_K):
+                    kk = k0 + ks
+                    tm = nmask[:, None] & (kk[None, :] < K)
+                    arc = tl.load(out_arc + tbase + ns[:, None] * K + kk[None, :], mask=tm, other=-1)
+                    o = tl.load(obase + ns[:, None] * K + kk[None, :], mask=tm, other=0.0)
+                    tl.atomic_add(gw + arc, o, mask=(arc >= 0) & (o != 0), sem="relaxed")
