@@ -89,6 +89,14 @@ class CompiledGraph:
         "device_tables",  # the Triton kernels' padded tables, made on first use (see _triton)
     )
 
+    def __getstate__(self):
+        # the Triton tables (and their copies on devices) are a cache: not pickled
+        return {k: getattr(self, k) for k in self.__slots__ if k != "device_tables" and hasattr(self, k)}
+
+    def __setstate__(self, state):
+        for k, v in state.items():
+            setattr(self, k, v)
+
 
 def _topological_rank(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Rank of each node in a topological order of the (epsilon) arcs; ValueError on a cycle."""

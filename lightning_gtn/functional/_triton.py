@@ -28,7 +28,6 @@ implementation instead.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import numpy as np
@@ -61,7 +60,7 @@ def supports(batch) -> bool:
 class Tables:
     """Arc tables of a batch's graphs on a device (see :func:`build_tables`)."""
 
-    __slots__ = ("S", "K_in", "K_out", "g_nodes", "g_kin", "g_kout", "g_tin", "g_tout", "g_node",
+    __slots__ = ("S", "K_in", "K_out", "g_nodes", "g_kin", "g_kout", "g_tin", "g_tout", "g_node", "g_arc",
                  "in_src", "in_lab", "in_arc", "out_dst", "out_lab", "out_arc", "start", "accept",
                  "node_lab", "ex_graph", "ex_row", "ex_len", "ex_occ_size")
 
@@ -106,15 +105,35 @@ def _graph_tables(cg) -> dict:
     return t
 
 
+_TABLE_KEYS = ("in_node", "in_lab", "in_arc", "out_node", "out_lab", "out_arc", "start", "accept", "node_lab")
+
+
+def _device_tables(cg, device: torch.device) -> dict:
+    """The graph's tables (:func:`_graph_tables`) flattened into int32 tensors on ``device``,
+    cached per device (a batch then only concatenates them there)."""
+    t = _graph_tables(cg)
+    cache = t.setdefault("on_device", {})
+    key = str(device)
+    d = cache.get(key)
+    if d is None:
+        d = {k: torch.from_numpy(np.ascontiguousarray(t[k].ravel())).to(device)
+             for k in _TABLE_KEYS if t[k] is not None}
+        cache[key] = d
+    return d
+
+
 def build_tables(problem, device: torch.device) -> Tables:
     """Arc tables of ``problem``'s graphs, concatenated, and its example arrays, on ``device``.
 
     Each graph keeps its own table width (ASG's transition graph is 1000 arcs wide on C=1000,
-    its target graphs 2), located through the per-graph offsets ``g_tin``/``g_tout`` (tables)
-    and ``g_node`` (node arrays); arc ids are global (the batch's ``arc_off`` added).
+    its target graphs 2), located through the per-graph offsets ``g_tin``/``g_tout`` (tables),
+    ``g_node`` (node arrays) and ``g_arc`` (its first arc in the batch's arc order: tables hold
+    the graph's own arc ids).
     """
     bt = problem.batch
+    device = torch.device(device)
     parts = [_graph_tables(cg) for cg in bt.graphs]
+    on_dev = [_device_tables(cg, device) for cg in bt.graphs]
     sizes = np.array([p["S"] for p in parts], dtype=np.int64)
     kin = np.array([p["in_arc"].shape[1] for p in parts], dtype=np.int64)
     kout = np.array([p["out_arc"].shape[1] for p in parts], dtype=np.int64)
@@ -122,12 +141,10 @@ def build_tables(problem, device: torch.device) -> Tables:
     def starts(counts):
         return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if len(counts) else counts
 
-    def cat(key, global_arcs=False):
-        arrays = [p[key].ravel() for p in parts]
-        if global_arcs:
-            arrays = [np.where(a >= 0, a + int(bt.arc_off[g]), -1) for g, a in enumerate(arrays)]
-        return torch.from_numpy(np.ascontiguousarray(np.concatenate(arrays) if arrays else np.zeros(0),
-                                                     dtype=np.int32)).to(device)
+    def cat(key):
+        if not on_dev:
+            return torch.zeros(0, dtype=torch.int32, device=device)
+        return torch.cat([d[key] for d in on_dev])
 
     def dev(a, dtype=np.int32):
         return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).to(device)
@@ -138,8 +155,9 @@ def build_tables(problem, device: torch.device) -> Tables:
     t.g_nodes, t.g_kin, t.g_kout = dev(sizes), dev(kin), dev(kout)
     t.g_tin, t.g_tout, t.g_node = dev(starts(sizes * kin), np.int64), dev(starts(sizes * kout), np.int64), \
         dev(starts(sizes), np.int64)
-    t.in_src, t.in_lab, t.in_arc = cat("in_node"), cat("in_lab"), cat("in_arc", True)
-    t.out_dst, t.out_lab, t.out_arc = cat("out_node"), cat("out_lab"), cat("out_arc", True)
+    t.g_arc = dev(bt.arc_off[:-1], np.int64)
+    t.in_src, t.in_lab, t.in_arc = cat("in_node"), cat("in_lab"), cat("in_arc")
+    t.out_dst, t.out_lab, t.out_arc = cat("out_node"), cat("out_lab"), cat("out_arc")
     t.start, t.accept = cat("start"), cat("accept")
     t.node_lab = None if any(p["node_lab"] is None for p in parts) else cat("node_lab")
     t.ex_graph, t.ex_row, t.ex_len = dev(problem.ex_graph), dev(problem.ex_row), dev(problem.ex_len)
@@ -156,13 +174,6 @@ def _blocks(S: int, K: int, tile: Optional[int] = None) -> Tuple[int, int, int]:
     return bs, bk, 4 if tile <= 1024 else 8
 
 
-def _weights(w: torch.Tensor, arc_tab: torch.Tensor) -> torch.Tensor:
-    """Arc weights in table layout, -inf at padding."""
-    wp = torch.cat([w, w.new_full((1,), -math.inf)])
-    idx = torch.where(arc_tab >= 0, arc_tab.long(), w.shape[0])
-    return wp[idx].contiguous()
-
-
 def forward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, use_max: bool = False,
             tile: Optional[int] = None):
     """Alpha pass: ``(alpha (N, T + 1, S), logz (N,))`` in ``E``'s dtype and device.
@@ -177,8 +188,8 @@ def forward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, use_max: 
     bs, bk, nw = _blocks(tables.S, tables.K_in, tile)
     _forward_kernel[(N,)](
         E, E.stride(0), E.stride(1), tables.ex_graph, tables.ex_row, tables.ex_len,
-        tables.g_nodes, tables.g_kin, tables.g_tin, tables.g_node,
-        tables.in_src, tables.in_lab, _weights(w, tables.in_arc), tables.start, tables.accept,
+        tables.g_nodes, tables.g_kin, tables.g_tin, tables.g_node, tables.g_arc,
+        tables.in_src, tables.in_lab, tables.in_arc, w.contiguous(), tables.start, tables.accept,
         alpha, logz, tables.S, T1,
         BLOCK_S=bs, BLOCK_K=bk, ONE_K=bk >= tables.K_in, USE_MAX=use_max, num_warps=nw,
     )
@@ -208,8 +219,8 @@ def backward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, alpha: t
     node_lab = tables.node_lab
     _backward_kernel[(N,)](
         E, gE if need_e else E, E.stride(0), E.stride(1), tables.ex_graph, tables.ex_row, tables.ex_len,
-        coef, logz, tables.g_nodes, tables.g_kout, tables.g_tout, tables.g_node,
-        tables.out_dst, tables.out_lab, _weights(w, tables.out_arc), tables.out_arc, tables.accept,
+        coef, logz, tables.g_nodes, tables.g_kout, tables.g_tout, tables.g_node, tables.g_arc,
+        tables.out_dst, tables.out_lab, tables.out_arc, w.contiguous(), tables.accept,
         node_lab if node_lab is not None else tables.accept, alpha, beta, occ, ex_occ,
         gw if need_w else beta, S, alpha.shape[1],
         BLOCK_S=bs, BLOCK_K=bk, ONE_K=one_k, NODE_E=need_e and node_lab is not None,
@@ -239,15 +250,16 @@ if triton is not None:
         return tl.where((m == -float("inf")) & (s == s), -float("inf"), m + tl.log(s))
 
     @triton.jit
-    def _table_tile(node_tab, lab_tab, w_tab, tbase, ns, nmask, kk, K):
+    def _table_tile(node_tab, lab_tab, arc_tab, w, tbase, arc0, ns, nmask, kk, K):
         """Arcs ``kk`` of nodes ``ns`` from a graph's ``(S, K)`` table starting at ``tbase``:
-        (real?, other node, label, weight)."""
+        (real?, other node, label, weight); the graph's arc ``a`` weighs ``w[arc0 + a]``."""
         idx = tbase + ns[:, None] * K + kk[None, :]
         tm = nmask[:, None] & (kk[None, :] < K)
         other = tl.load(node_tab + idx, mask=tm, other=-1)
         ok = other >= 0
         lab = tl.load(lab_tab + idx, mask=ok, other=0)
-        wt = tl.load(w_tab + idx, mask=ok, other=-float("inf"))
+        arc = tl.load(arc_tab + idx, mask=ok, other=0)
+        wt = tl.load(w + arc0 + arc, mask=ok, other=-float("inf"))
         return ok, other, lab, wt
 
     @triton.jit
@@ -266,19 +278,19 @@ if triton is not None:
         return o
 
     @triton.jit
-    def _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node):
-        """Example ``e``'s graph: (node count, table width, table offset, node offset)."""
+    def _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node, g_arc):
+        """Example ``e``'s graph: (node count, table width, table offset, node offset, arc offset)."""
         g = tl.load(ex_graph + e)
-        return tl.load(g_nodes + g), tl.load(g_k + g), tl.load(g_tab + g), tl.load(g_node + g)
+        return tl.load(g_nodes + g), tl.load(g_k + g), tl.load(g_tab + g), tl.load(g_node + g), tl.load(g_arc + g)
 
     @triton.jit
     def _forward_kernel(
-        E, sEb, sEt, ex_graph, ex_row, ex_len, g_nodes, g_k, g_tab, g_node, in_src, in_lab, in_w, start,
-        accept, alpha, logz, S, T1,
+        E, sEb, sEt, ex_graph, ex_row, ex_len, g_nodes, g_k, g_tab, g_node, g_arc, in_src, in_lab, in_arc, w,
+        start, accept, alpha, logz, S, T1,
         BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, USE_MAX: tl.constexpr,
     ):
         e = tl.program_id(0)
-        Sg, K, tbase, nbase = _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node)
+        Sg, K, tbase, nbase, arc0 = _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node, g_arc)
         row = tl.load(ex_row + e).to(tl.int64)
         L = tl.load(ex_len + e)
         ns = tl.arange(0, BLOCK_S)
@@ -291,7 +303,7 @@ if triton is not None:
         tl.store(abase + ns, a, mask=nmask)
         tl.debug_barrier()
         if ONE_K:  # the whole table fits: read it once
-            ok, src, lab, wt = _table_tile(in_src, in_lab, in_w, tbase, ns, nmask, ks, K)
+            ok, src, lab, wt = _table_tile(in_src, in_lab, in_arc, w, tbase, arc0, ns, nmask, ks, K)
         for t in range(0, L):
             prev = abase + t * S
             m = tl.full((BLOCK_S,), -float("inf"), alpha.dtype.element_ty)
@@ -300,7 +312,7 @@ if triton is not None:
                 m, s = _lse_step(m, s, _candidates(ok, src, lab, wt, prev, ebase + t * sEt), USE_MAX)
             else:
                 for k0 in range(0, K, BLOCK_K):
-                    ok, src, lab, wt = _table_tile(in_src, in_lab, in_w, tbase, ns, nmask, k0 + ks, K)
+                    ok, src, lab, wt = _table_tile(in_src, in_lab, in_arc, w, tbase, arc0, ns, nmask, k0 + ks, K)
                     m, s = _lse_step(m, s, _candidates(ok, src, lab, wt, prev, ebase + t * sEt), USE_MAX)
             tl.store(prev + S + ns, _lse_value(m, s, USE_MAX), mask=nmask)
             tl.debug_barrier()
@@ -317,13 +329,13 @@ if triton is not None:
 
     @triton.jit
     def _backward_kernel(
-        E, gE, sEb, sEt, ex_graph, ex_row, ex_len, coef, logz, g_nodes, g_k, g_tab, g_node,
-        out_dst, out_lab, out_w, out_arc, accept, node_lab, alpha, beta, occ, ex_occ, gw, S, T1,
+        E, gE, sEb, sEt, ex_graph, ex_row, ex_len, coef, logz, g_nodes, g_k, g_tab, g_node, g_arc,
+        out_dst, out_lab, out_arc, w, accept, node_lab, alpha, beta, occ, ex_occ, gw, S, T1,
         BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, NODE_E: tl.constexpr,
         ARC_E: tl.constexpr, NEED_W: tl.constexpr,
     ):
         e = tl.program_id(0)
-        Sg, K, tbase, nbase = _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node)
+        Sg, K, tbase, nbase, arc0 = _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node, g_arc)
         row = tl.load(ex_row + e).to(tl.int64)
         c = tl.load(coef + e)
         lz = tl.load(logz + e)
@@ -343,7 +355,7 @@ if triton is not None:
         if NODE_E:
             nl = tl.load(node_lab + nbase + ns, mask=nmask, other=-1)
         if ONE_K:
-            ok, dst, lab, wt = _table_tile(out_dst, out_lab, out_w, tbase, ns, nmask, ks, K)
+            ok, dst, lab, wt = _table_tile(out_dst, out_lab, out_arc, w, tbase, arc0, ns, nmask, ks, K)
             wacc = tl.zeros((BLOCK_S, BLOCK_K), alpha.dtype.element_ty)
         else:
             obase = occ + tl.load(ex_occ + e)  # this example's (Sg, K) occupancy sums
@@ -368,7 +380,7 @@ if triton is not None:
             else:
                 for k0 in range(0, K, BLOCK_K):
                     kk = k0 + ks
-                    ok, dst, lab, wt = _table_tile(out_dst, out_lab, out_w, tbase, ns, nmask, kk, K)
+                    ok, dst, lab, wt = _table_tile(out_dst, out_lab, out_arc, w, tbase, arc0, ns, nmask, kk, K)
                     v = _candidates(ok, dst, lab, wt, nxt, ebase + t * sEt)
                     m, s = _lse_step(m, s, v, False)
                     if NEED_W or ARC_E:
@@ -384,11 +396,11 @@ if triton is not None:
             if ONE_K:
                 tm = nmask[:, None] & (ks[None, :] < K)
                 arc = tl.load(out_arc + tbase + ns[:, None] * K + ks[None, :], mask=tm, other=-1)
-                tl.atomic_add(gw + arc, wacc, mask=(arc >= 0) & (wacc != 0), sem="relaxed")
+                tl.atomic_add(gw + arc0 + arc, wacc, mask=(arc >= 0) & (wacc != 0), sem="relaxed")
             else:
                 for k0 in range(0, K, BLOCK_K):
                     kk = k0 + ks
                     tm = nmask[:, None] & (kk[None, :] < K)
                     arc = tl.load(out_arc + tbase + ns[:, None] * K + kk[None, :], mask=tm, other=-1)
                     o = tl.load(obase + ns[:, None] * K + kk[None, :], mask=tm, other=0.0)
-                    tl.atomic_add(gw + arc, o, mask=(arc >= 0) & (o != 0), sem="relaxed")
+                    tl.atomic_add(gw + arc0 + arc, o, mask=(arc >= 0) & (o != 0), sem="relaxed")

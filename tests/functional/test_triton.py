@@ -274,9 +274,9 @@ def test_kernels_under_the_interpreter():
 def _pointer_and_scalar_types(fn, dtype):
     fp = "*fp64" if dtype == torch.float64 else "*fp32"
     ints = {"sEb", "sEt", "S", "T1"}
-    int_ptrs = {"ex_graph", "ex_row", "ex_len", "in_src", "in_lab", "out_dst", "out_lab", "out_arc", "start",
-                "accept", "node_lab", "g_nodes", "g_k"}
-    long_ptrs = {"g_tab", "g_node", "ex_occ"}
+    int_ptrs = {"ex_graph", "ex_row", "ex_len", "in_src", "in_lab", "in_arc", "out_dst", "out_lab", "out_arc",
+                "start", "accept", "node_lab", "g_nodes", "g_k"}
+    long_ptrs = {"g_tab", "g_node", "g_arc", "ex_occ"}
     return {a: "i32" if a in ints else "*i32" if a in int_ptrs else "*i64" if a in long_ptrs else fp
             for a in fn.arg_names}
 
@@ -348,3 +348,21 @@ def test_failed_self_check_warns_and_uses_torch(monkeypatch):
     monkeypatch.setattr(_dense, "_self_check_error", lambda problem, device: None)
     monkeypatch.setattr(_dense, "_device_impl", {})
     assert _dense.device_impl(torch.device("cuda:7")) == "triton"
+
+
+@pytest.mark.skipif(not _triton.available(), reason="needs triton")
+def test_tables_are_cached_per_graph_and_not_pickled():
+    import pickle
+
+    from lightning_gtn.functional._graphs import compiled_ctc
+
+    cg = compiled_ctc((1, 2, 2), 0)
+    plan = _common.Plan([cg, compiled_ctc((3,), 0)], [0, 1], [0, 1], [5, 5], [1.0, 1.0], 2)
+    a = _triton.build_tables(plan.problem, "cpu")
+    assert cg.device_tables["on_device"]["cpu"]["in_node"].numel() == 7 * a.g_kin[0]
+    b = _triton.build_tables(plan.problem, "cpu")
+    for name in ("in_src", "in_lab", "in_arc", "out_dst", "out_lab", "out_arc", "start", "accept", "node_lab"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+    assert a.g_arc.tolist() == [0, cg.num_arcs]  # the second graph's arcs follow the first's
+    copy = pickle.loads(pickle.dumps(cg))
+    assert getattr(copy, "device_tables", None) is None and copy.num_arcs == cg.num_arcs
