@@ -114,18 +114,13 @@ def _make(kind, impl, B, T, C, L, device="cpu"):
     x = x.requires_grad_(True)
     tr = torch.zeros(C + 1, C, device=device, requires_grad=True)
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
-    if impl == "gtn":
+    if impl in ("gtn", "ours_torch"):  # the GTN pattern, or the per-frame torch implementation
+        opt = {"backend": "gtn"} if impl == "gtn" else {"_impl": "torch"}
         fn = {"ctc": ctc_loss, "seq": sequence_loss}.get(kind)
         if fn is None:
-            f = lambda: asg_loss(x, tr, tg, il, tl, backend="gtn")
+            f = lambda: asg_loss(x, tr, tg, il, tl, **opt)
         else:
-            f = lambda: fn(x, tg, il, tl, backend="gtn")
-    elif impl == "ours_torch":  # the loss through the per-frame torch implementation
-        fn = {"ctc": ctc_loss, "seq": sequence_loss}.get(kind)
-        if fn is None:
-            f = lambda: asg_loss(x, tr, tg, il, tl, _impl="torch")
-        else:
-            f = lambda: fn(x, tg, il, tl, _impl="torch")
+            f = lambda: fn(x, tg, il, tl, **opt)
     elif kind == "ctc":
         if impl == "ours":
             f = lambda: ctc_loss(x, tg, il, tl)
