@@ -2,7 +2,15 @@
 
 Every loss builds (and caches) one small criterion graph per target with
 :mod:`lightning_gtn.wfst` and scores all examples in one batched forward-backward pass on
-the emissions' device. See ``docs/losses.md`` for shapes, reductions and examples.
+the emissions' device. Every loss is called the same way::
+
+    loss(emissions (B, T, C), targets, input_lengths, target_lengths, *, <options>,
+         reduction="mean", zero_infinity=False, impl=None)
+
+(``ctc_loss`` keeps torch's positional ``blank, reduction, zero_infinity``). The losses and
+:func:`best_paths` are ``torch.library`` custom ops, so they work inside
+``torch.compile(..., fullgraph=True)``. See ``docs/losses.md`` for shapes, reductions and
+examples.
 """
 
 from ._graphs import (
@@ -17,7 +25,7 @@ from .asg import asg_loss
 from .ctc import ctc_loss
 from .graph_loss import graph_loss
 from .seq import sequence_loss
-from .viterbi import collapse, viterbi
+from .viterbi import best_paths, collapse, viterbi
 
 __all__ = [
     "ctc_loss",
@@ -25,6 +33,7 @@ __all__ = [
     "sequence_loss",
     "graph_loss",
     "viterbi",
+    "best_paths",
     "collapse",
     "force_align_graph",
     "all_paths_graph",

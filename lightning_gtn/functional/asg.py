@@ -7,32 +7,47 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import _common
+from . import _ops, _validate
 from ._graphs import compiled_asg_full, compiled_asg_target
+from ._score import normalised_plan, reduce_losses
 
 __all__ = ["asg_loss"]
 
 
-class _ASGFunction(_common.ScoreFunction):
-    """Per-example ASG losses ``(B,)``: ``log Z(full graph) - log Z(target graph)``."""
+class _ASG(_ops.Criterion):
+    """Row ``b``: ``log Z(full transition graph) - log Z(target graph)``; arc weights are
+    gathered from the transitions."""
+
+    def plan(self, seqs, lengths, C, blank):
+        full = compiled_asg_full(C)
+        plan = normalised_plan(full, [compiled_asg_target(t, C) for t in seqs], lengths)
+        return plan, plan.batch.weight_index()
 
 
-def asg_plan(seqs, lengths: np.ndarray, C: int) -> _common.Plan:
-    """Examples: the shared fully connected graph (+) and each target's graph (-) per row."""
-    full = compiled_asg_full(C)
-    return _common.normalised_plan(full, [compiled_asg_target(t, C) for t in seqs], lengths)
+_ops.CRITERIA["asg"] = _ASG()
+
+
+def check_transitions(transitions, C: int, device: torch.device, name: str = "transitions") -> None:
+    """``transitions`` must be a float ``(C + 1, C)`` tensor on the emissions' device."""
+    if not isinstance(transitions, torch.Tensor) or tuple(transitions.shape) != (C + 1, C):
+        got = tuple(transitions.shape) if isinstance(transitions, torch.Tensor) else type(transitions).__name__
+        raise ValueError(f"{name} must be a tensor of shape (C + 1, C) = ({C + 1}, {C}), got {got}")
+    if not transitions.is_floating_point():
+        raise ValueError(f"{name} must be a floating point tensor, got {transitions.dtype}")
+    if transitions.device != device:
+        raise ValueError(f"{name} is on {transitions.device} but the emissions are on {device}")
 
 
 def asg_loss(
     emissions: torch.Tensor,
-    transitions: torch.Tensor,
     targets,
     input_lengths,
     target_lengths=None,
+    *,
+    transitions: torch.Tensor,
     reduction: str = "mean",
     zero_infinity: bool = False,
-    backend: str = "native",
-    _impl: Optional[str] = None,
+    impl: Optional[str] = None,
 ) -> torch.Tensor:
     """The ASG loss (Collobert et al., 2016): full-graph score minus target score.
 
@@ -46,41 +61,33 @@ def asg_loss(
     Args:
         emissions: ``(B, T, C)`` frame scores (unnormalised is fine). float32/float64;
             float16/bfloat16 are scored in float32.
-        transitions: ``(C + 1, C)`` scores on the emissions' device; row 0 holds the start
-            scores. Receives a gradient when it requires one.
         targets: padded ``(B, S)``, concatenated 1-D (with ``target_lengths``), or a list of
             B label sequences. Labels in ``[0, C)``.
-        input_lengths: ``(B,)`` frames per example, ``<= T``.
+        input_lengths: ``(B,)`` integer frames per example, ``<= T``.
         target_lengths: ``(B,)``; needed with tensor targets.
+        transitions: keyword-only, ``(C + 1, C)`` scores on the emissions' device; row 0 holds
+            the start scores. Receives a gradient when it requires one.
         reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: each loss divided by its
             target length (at least 1), then averaged.
         zero_infinity: a target longer than its input has no path (infinite loss); with
             ``zero_infinity=True`` its loss is 0. Its gradient is zero either way.
-        backend: ``"native"`` or ``"gtn"`` (the real ``gtn`` package, when installed).
+        impl: as :func:`~lightning_gtn.functional.ctc_loss`.
 
     Returns:
         Loss in the emissions' dtype and device (scalar, or ``(B,)`` for ``"none"``).
     """
-    B, T, C = _common.check_call(emissions, "emissions", reduction)
-    if not isinstance(transitions, torch.Tensor) or tuple(transitions.shape) != (C + 1, C):
-        shape = tuple(transitions.shape) if isinstance(transitions, torch.Tensor) else type(transitions).__name__
-        raise ValueError(f"transitions must be a tensor of shape (C + 1, C) = ({C + 1}, {C}), got {shape}")
-    if transitions.device != emissions.device:
-        raise ValueError(f"transitions is on {transitions.device} but emissions is on {emissions.device}")
-    lengths, seqs, tlen = _common.lengths_and_targets(input_lengths, targets, target_lengths, (B, T, C),
-                                                      emissions.device)
-    if _common.use_gtn(backend):
+    B, T, C = _validate.check_emissions(emissions, "emissions")
+    _validate.check_reduction(reduction)
+    _validate.check_impl(impl)
+    check_transitions(transitions, C, emissions.device)
+    if impl == "gtn":
         from ._gtn_backend import gtn_asg_losses
 
+        lengths = _validate.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
+        seqs = _validate.split_targets(targets, target_lengths, B, emissions.device, C)
         losses = gtn_asg_losses(emissions, transitions, seqs, lengths, zero_infinity)
-        return _common.reduce_losses(losses, reduction, tlen)
-    impl = _common.pick_impl(emissions, _impl)
-    dtype = _common.compute_dtype(emissions)
-    x = emissions.to(dtype)
-    plan = asg_plan(seqs, lengths, C)
-    tr = transitions.to(dtype)
-    widx = torch.from_numpy(plan.batch.weight_index()).to(x.device)
-    w = tr.reshape(-1)[widx]  # one differentiable gather: arc weights follow the transitions
-    need_w = bool(tr.requires_grad and torch.is_grad_enabled())
-    losses = _ASGFunction.apply(x, w, plan, impl, bool(zero_infinity), need_w)
-    return _common.reduce_losses(losses, reduction, tlen).to(emissions.dtype)
+        return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
+    tg, tl = _validate.targets_tensors(targets, target_lengths, B, emissions.device)
+    il = _validate.int_tensor(input_lengths, "input_lengths")
+    return _ops.structured_loss(emissions, transitions, tg, il, tl, kind="asg", reduction=reduction,
+                                zero_infinity=zero_infinity, impl=impl)

@@ -7,19 +7,21 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import _common
+from . import _ops, _validate
 from ._graphs import compiled_all_paths, compiled_force_align
+from ._score import normalised_plan, reduce_losses
 
 __all__ = ["sequence_loss"]
 
 
-class _SequenceFunction(_common.ScoreFunction):
-    """Per-example losses ``(B,)``: ``log Z(all paths) - log Z(target paths)``."""
+class _Sequence(_ops.Criterion):
+    """Row ``b``: ``log Z(all paths) - log Z(target paths)``."""
+
+    def plan(self, seqs, lengths, C, blank):
+        return normalised_plan(compiled_all_paths(C), [compiled_force_align(t) for t in seqs], lengths), None
 
 
-def sequence_plan(seqs, lengths: np.ndarray, C: int) -> _common.Plan:
-    full = compiled_all_paths(C)
-    return _common.normalised_plan(full, [compiled_force_align(t) for t in seqs], lengths)
+_ops.CRITERIA["seq"] = _Sequence()
 
 
 def sequence_loss(
@@ -27,10 +29,10 @@ def sequence_loss(
     targets,
     input_lengths,
     target_lengths=None,
+    *,
     reduction: str = "mean",
     zero_infinity: bool = False,
-    backend: str = "native",
-    _impl: Optional[str] = None,
+    impl: Optional[str] = None,
 ) -> torch.Tensor:
     """The alignment-free sequence criterion: each target token covers one or more frames.
 
@@ -44,26 +46,27 @@ def sequence_loss(
     Args:
         emissions: ``(B, T, C)`` frame scores. float32/float64; float16/bfloat16 in float32.
         targets: padded ``(B, S)``, concatenated 1-D, or a list of B sequences; labels in ``[0, C)``.
-        input_lengths: ``(B,)`` frames per example, ``<= T``.
+        input_lengths: ``(B,)`` integer frames per example, ``<= T``.
         target_lengths: ``(B,)``; needed with tensor targets.
         reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: each loss divided by its
             target length (at least 1), then averaged.
         zero_infinity: targets longer than their input give 0 instead of ``inf``.
-        backend: ``"native"`` or ``"gtn"``.
+        impl: as :func:`~lightning_gtn.functional.ctc_loss`.
 
     Returns:
         Loss in the emissions' dtype and device.
     """
-    B, T, C = _common.check_call(emissions, "emissions", reduction)
-    lengths, seqs, tlen = _common.lengths_and_targets(input_lengths, targets, target_lengths, (B, T, C),
-                                                      emissions.device)
-    if _common.use_gtn(backend):
+    B, T, C = _validate.check_emissions(emissions, "emissions")
+    _validate.check_reduction(reduction)
+    _validate.check_impl(impl)
+    if impl == "gtn":
         from ._gtn_backend import gtn_sequence_losses
 
+        lengths = _validate.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
+        seqs = _validate.split_targets(targets, target_lengths, B, emissions.device, C)
         losses = gtn_sequence_losses(emissions, seqs, lengths, zero_infinity)
-        return _common.reduce_losses(losses, reduction, tlen)
-    impl = _common.pick_impl(emissions, _impl)
-    x = emissions.to(_common.compute_dtype(emissions))
-    plan = sequence_plan(seqs, lengths, C)
-    losses = _SequenceFunction.apply(x, _common.graph_weights(plan, x), plan, impl, bool(zero_infinity), False)
-    return _common.reduce_losses(losses, reduction, tlen).to(emissions.dtype)
+        return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
+    tg, tl = _validate.targets_tensors(targets, target_lengths, B, emissions.device)
+    il = _validate.int_tensor(input_lengths, "input_lengths")
+    return _ops.structured_loss(emissions, None, tg, il, tl, kind="seq", reduction=reduction,
+                                zero_infinity=zero_infinity, impl=impl)

@@ -8,46 +8,137 @@ import numpy as np
 import torch
 
 from ..wfst import Graph
-from . import _common, _dense
-from ._graphs import compile_graph, compiled_asg_full
+from . import _dense, _ops, _validate
+from ._graphs import compiled_asg_full
+from ._score import Plan
 
-__all__ = ["viterbi", "collapse"]
+__all__ = ["viterbi", "best_paths", "collapse"]
 
 
 def collapse(path: Sequence[int], blank: Optional[int] = None) -> List[int]:
-    """Merges repeated labels, then drops ``blank`` (when not None): CTC's and ASG's rule."""
+    """Merges repeated labels, then drops ``blank`` (when not None): CTC's and ASG's rule.
+
+    ``path`` holds integer labels; -1 entries (the padding of :func:`best_paths`) are dropped.
+    """
     out: List[int] = []
     prev = None
     for lab in path:
         lab = int(lab)
+        if lab < 0:
+            break
         if lab != prev and lab != blank:
             out.append(lab)
         prev = lab
     return out
 
 
+def _max_semiring_paths(x: torch.Tensor, plan: Plan, w: torch.Tensor, T: int):
+    st = _dense.forward(plan.problem, x, w.contiguous(), "numba", use_max=True)
+    B = plan.B
+    paths = torch.full((B, T), -1, dtype=torch.int64)
+    for b, lab in enumerate(_dense.viterbi_labels(st)):
+        if lab is not None and len(lab):
+            paths[b, : len(lab)] = torch.from_numpy(lab)
+    scores = st.logz.to(x.dtype)
+    return paths, scores
+
+
+def _best_paths_impl(emissions: torch.Tensor, transitions: Optional[torch.Tensor], input_lengths: torch.Tensor):
+    """The real implementation of :func:`._ops.best_paths_op`."""
+    B, T, C = emissions.shape
+    lengths = _validate.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
+    dev = emissions.device
+    with torch.no_grad():
+        if transitions is None:
+            best, idx = emissions.max(-1)
+            valid = torch.arange(T, device=dev)[None, :] < torch.from_numpy(lengths).to(dev)[:, None]
+            paths = torch.where(valid, idx, torch.full_like(idx, -1))
+            scores = torch.where(valid, best, torch.zeros_like(best)).sum(1)
+            return paths, scores
+        x = emissions.detach().to("cpu", _validate.compute_dtype(emissions)).contiguous()
+        cg = compiled_asg_full(C)
+        plan = Plan([cg], np.zeros(B, dtype=np.int64), np.arange(B), lengths, np.ones(B), B)
+        w = transitions.detach().to("cpu", x.dtype).reshape(-1)[torch.from_numpy(cg.weight_index)]
+        paths, scores = _max_semiring_paths(x, plan, w, T)
+        return paths.to(dev), scores.to(device=dev, dtype=emissions.dtype)
+
+
+def _graph_paths(emissions: torch.Tensor, lengths: np.ndarray, graphs) -> Tuple[torch.Tensor, torch.Tensor]:
+    from .graph_loss import _as_graph_list, compile_criteria
+
+    B, T, C = emissions.shape
+    glist = _as_graph_list(graphs, B, "graphs")
+    _, compiled, ids = compile_criteria(glist, C)
+    x = emissions.detach().to("cpu", _validate.compute_dtype(emissions)).contiguous()
+    plan = Plan(compiled, ids, np.arange(B), lengths, np.ones(B), B)
+    w = torch.from_numpy(plan.batch.weights()).to(x.dtype)
+    paths, scores = _max_semiring_paths(x, plan, w, T)
+    return paths.to(emissions.device), scores.to(device=emissions.device, dtype=emissions.dtype)
+
+
+def best_paths(
+    emissions: torch.Tensor,
+    input_lengths=None,
+    *,
+    transitions: Optional[torch.Tensor] = None,
+    graphs: Union[None, Graph, Sequence[Graph]] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The best frame-level label path of each example, as tensors.
+
+    Without ``transitions`` or ``graphs`` the best path is the per-frame argmax. With
+    ``transitions`` (ASG's ``(C + 1, C)`` scores, see :func:`~lightning_gtn.functional.asg_loss`)
+    it is the max-scoring path of emissions plus transitions. With ``graphs`` it is the best path
+    through each criterion graph (eager only: graphs are Python objects). The first two are a
+    custom op, usable under ``torch.compile(fullgraph=True)``.
+
+    Args:
+        emissions: ``(B, T, C)`` scores (any float dtype, any device; the transition and graph
+            searches run on the host).
+        input_lengths: ``(B,)`` integer frames per example (default: all ``T``).
+        transitions: optional ``(C + 1, C)`` ASG transition scores.
+        graphs: optional acceptor per example (or one for all), labels in ``[0, C)`` or -1.
+
+    Returns:
+        ``paths`` ``(B, T)`` int64 labels, -1 past each example's length (and for all frames of
+        an example whose graph has no path of its length), and ``scores`` ``(B,)``: the best
+        path's score (``-inf`` where there is none), in the emissions' dtype.
+    """
+    B, T, C = _validate.check_emissions(emissions, "emissions")
+    if transitions is not None and graphs is not None:
+        raise ValueError("pass transitions or graphs, not both")
+    if input_lengths is None:
+        il = torch.full((B,), T, dtype=torch.int64, device=emissions.device)
+    else:
+        il = _validate.int_tensor(input_lengths, "input_lengths")
+    if graphs is not None:
+        lengths = _validate.as_lengths(il, B, "input_lengths", emissions.device, max_value=T)
+        return _graph_paths(emissions, lengths, graphs)
+    if transitions is not None:
+        from .asg import check_transitions
+
+        check_transitions(transitions, C, emissions.device)
+        transitions = transitions.detach()
+    return _ops.best_paths_op(emissions.detach(), transitions, il)
+
+
 def viterbi(
     emissions: torch.Tensor,
     input_lengths=None,
+    *,
     blank: Optional[int] = 0,
     transitions: Optional[torch.Tensor] = None,
     graphs: Union[None, Graph, Sequence[Graph]] = None,
     return_paths: bool = False,
 ) -> Union[List[List[int]], Tuple[List[List[int]], List[List[int]]]]:
-    """The best label path of each example, collapsed into tokens.
-
-    Without ``transitions`` or ``graphs`` the best path is the per-frame argmax (CTC's best
-    path decoding). With ``transitions`` (ASG's ``(C + 1, C)`` scores, see
-    :func:`~lightning_gtn.functional.asg_loss`) it is the max-scoring path of emissions plus
-    transitions. With ``graphs`` it is the best path through each criterion graph. The
-    frame labels are then collapsed: repeats merged and ``blank`` dropped (pass
-    ``blank=None`` for criteria without a blank, such as ASG).
+    """The best label path of each example (see :func:`best_paths`), collapsed into tokens:
+    repeats merged and ``blank`` dropped (``blank=None`` for criteria without a blank, such as
+    ASG).
 
     Args:
-        emissions: ``(B, T, C)`` scores (any float dtype, any device; graph-based decoding
-            runs on the host).
-        input_lengths: ``(B,)`` frames per example (default: all ``T``).
-        blank: label removed after collapsing repeats, or None.
+        emissions: ``(B, T, C)`` scores.
+        input_lengths: ``(B,)`` integer frames per example (default: all ``T``).
+        blank: keyword-only; an integer label in ``[0, C)`` removed after collapsing repeats,
+            or None.
         transitions: optional ``(C + 1, C)`` ASG transition scores.
         graphs: optional acceptor per example (or one for all).
         return_paths: also return the frame-level label paths.
@@ -56,38 +147,9 @@ def viterbi(
         ``tokens`` (a list of B lists of ints), or ``(tokens, paths)``. An example whose graph
         has no path of its length gets empty lists.
     """
-    B, T, C = _common.check_emissions(emissions, "emissions")
-    if input_lengths is None:
-        lengths = np.full(B, T, dtype=np.int64)
-    else:
-        lengths = _common.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-    if blank is not None and not 0 <= int(blank) < C:
-        raise ValueError(f"blank must be in [0, C) with C={C} or None, got {blank!r}")
-    if transitions is not None and graphs is not None:
-        raise ValueError("pass transitions or graphs, not both")
-    with torch.no_grad():
-        if transitions is None and graphs is None:
-            best = emissions.argmax(-1).cpu().tolist()
-            paths = [best[b][: lengths[b]] for b in range(B)]
-        else:
-            x = emissions.detach().to("cpu", _common.compute_dtype(emissions)).contiguous()
-            if transitions is not None:
-                if tuple(transitions.shape) != (C + 1, C):
-                    raise ValueError(f"transitions must have shape (C + 1, C) = ({C + 1}, {C}), "
-                                     f"got {tuple(transitions.shape)}")
-                cg = compiled_asg_full(C)
-                compiled, ex_graph = [cg], np.zeros(B, dtype=np.int64)
-                w = transitions.detach().to("cpu", x.dtype).reshape(-1)[torch.from_numpy(cg.weight_index)]
-            else:
-                glist = [graphs] * B if isinstance(graphs, Graph) else list(graphs)
-                if len(glist) != B:
-                    raise ValueError(f"graphs must be one Graph or B={B} graphs, got {len(glist)}")
-                compiled = [compile_graph(g) for g in glist]
-                ex_graph = np.arange(B)
-                w = torch.from_numpy(np.concatenate([c.weights for c in compiled])).to(x.dtype)
-            plan = _common.Plan(compiled, ex_graph, np.arange(B), lengths, np.ones(B), B)
-            st = _dense.forward(plan.problem, x, w.contiguous(), "numba", use_max=True)
-            labels = _dense.viterbi_labels(st)
-            paths = [[] if lab is None else lab.tolist() for lab in labels]
+    B, T, C = _validate.check_emissions(emissions, "emissions")
+    blank = _validate.check_label(blank, "blank", C, allow_none=True)
+    paths_t, _ = best_paths(emissions, input_lengths, transitions=transitions, graphs=graphs)
+    paths = [[v for v in row if v >= 0] for row in paths_t.cpu().tolist()]
     tokens = [collapse(p, blank) for p in paths]
     return (tokens, paths) if return_paths else tokens

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.functional import _common, _dense, _triton, asg_loss, ctc_loss, graph_loss, sequence_loss
+from lightning_gtn.functional import _dense, _score, _triton, asg_loss, ctc_loss, graph_loss, sequence_loss
 from lightning_gtn.functional._triton import triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -141,7 +141,7 @@ def _mixed_label_graph():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_graph_loss_arc_labels_and_weight_gradient(dtype):
     g = _mixed_label_graph()
-    tables = _triton.build_tables(_common.Plan([_compile(g)], [0], [0], [3], [1.0], 1).problem, "cpu")
+    tables = _triton.build_tables(_score.Plan([_compile(g)], [0], [0], [3], [1.0], 1).problem, "cpu")
     assert tables.node_lab is None
     x = _emissions(dtype, C=4)
     w0 = torch.tensor(g.weights_to_list(), dtype=dtype)
@@ -168,7 +168,7 @@ def test_epsilon_graphs_fall_back_to_torch():
     g.add_arc(0, 1, gtn.epsilon, gtn.epsilon, 0.5)
     g.add_arc(0, 0, 1, 1, 0.0)
     g.add_arc(1, 1, 2, 2, 0.0)
-    plan = _common.Plan([_compile(g)], [0], [0], [5], [1.0], 1)
+    plan = _score.Plan([_compile(g)], [0], [0], [5], [1.0], 1)
     x = _emissions(torch.float64, B=1, T=5, C=3).to(DEVICE)
     st = _dense.forward(plan.problem, x, torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64, device=DEVICE),
                         "triton")
@@ -179,7 +179,7 @@ def test_epsilon_graphs_fall_back_to_torch():
 
 @needs_kernels
 def test_graphs_too_large_for_one_program_fall_back_to_torch(monkeypatch):
-    plan = _common.Plan([_compile(_mixed_label_graph())], [0], [0], [4], [1.0], 1)
+    plan = _score.Plan([_compile(_mixed_label_graph())], [0], [0], [4], [1.0], 1)
     x = _emissions(torch.float64, B=1, T=4, C=4).to(DEVICE)
     w = torch.zeros(plan.batch.num_arcs, dtype=torch.float64, device=DEVICE)
     assert _dense.forward(plan.problem, x, w, "triton").impl == "triton"
@@ -223,7 +223,7 @@ def test_random_graphs_scores_and_gradients(seed, monkeypatch):
     assert (a[0] != 0).any() and a[1].abs().sum() > 0  # some example has paths
     _close(a, b, torch.float64)
     # the max semiring too
-    plan = _common.Plan([_compile(g) for g in graphs], range(B), range(B), lengths.numpy(), [1.0] * B, B)
+    plan = _score.Plan([_compile(g) for g in graphs], range(B), range(B), lengths.numpy(), [1.0] * B, B)
     w = torch.cat(weights)
     ref = _dense.forward(plan.problem, x, w, "numba", use_max=True).logz
     got = _dense.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
@@ -237,7 +237,7 @@ def test_max_semiring_matches_numba():
     cg = compiled_asg_full(5)
     x = _emissions(torch.float64, B=3, T=9, C=5)
     w = torch.randn(cg.num_arcs, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    plan = _common.Plan([cg], [0, 0, 0], [0, 1, 2], [9, 4, 0], [1.0] * 3, 3)
+    plan = _score.Plan([cg], [0, 0, 0], [0, 1, 2], [9, 4, 0], [1.0] * 3, 3)
     a = _dense.forward(plan.problem, x, w, "numba", use_max=True).logz
     b = _dense.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
     torch.testing.assert_close(b.cpu(), a)
@@ -256,7 +256,7 @@ def test_nan_emissions_give_nan():
 @needs_kernels
 def test_default_impl_on_cuda_is_triton():
     x = torch.zeros(1, 1, 1, device=DEVICE)
-    assert _common.pick_impl(x, None) == ("triton" if DEVICE == "cuda" else "numba")
+    assert _score.pick_impl(x, None) == ("triton" if DEVICE == "cuda" else "numba")
 
 
 @pytest.mark.skipif(not _triton.available(), reason="needs triton")
@@ -357,7 +357,7 @@ def test_tables_are_cached_per_graph_and_not_pickled():
     from lightning_gtn.functional._graphs import compiled_ctc
 
     cg = compiled_ctc((1, 2, 2), 0)
-    plan = _common.Plan([cg, compiled_ctc((3,), 0)], [0, 1], [0, 1], [5, 5], [1.0, 1.0], 2)
+    plan = _score.Plan([cg, compiled_ctc((3,), 0)], [0, 1], [0, 1], [5, 5], [1.0, 1.0], 2)
     a = _triton.build_tables(plan.problem, "cpu")
     assert cg.device_tables["on_device"]["cpu"]["in_node"].numel() == 7 * a.g_kin[0]
     b = _triton.build_tables(plan.problem, "cpu")

@@ -1,0 +1,253 @@
+"""The losses and the best-path search as ``torch.library`` custom ops.
+
+Dynamo does not look inside a custom op: it sees one call with a fake implementation that
+only gives output shapes, so a model step with a loss of this library compiles with
+``torch.compile(..., fullgraph=True)``. Everything data-dependent (reading the targets,
+building and caching criterion graphs, the range checks, the dynamic programme) happens in
+the real implementation, which runs eagerly.
+
+The loss op computes the gradients in its forward (the fused CPU kernel gets them in the
+same pass): ``d out / d emissions`` and, for learned arc weights (ASG's transitions),
+``d out / d weights``, with the reduction applied inside the op. Its registered backward only
+scales them by the incoming gradient. With ``reduction="none"`` and learned weights the
+weight gradient depends on the incoming per-example gradient, so the backward calls a second
+op that recomputes it.
+
+A criterion is named by ``kind`` (``"ctc"``, ``"asg"``, ``"seq"``) or, for criteria held by
+an object (a user's graph builder), by ``kind="handle"`` and the integer ``handle`` of
+:func:`register_criterion`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._score import Plan, graph_weights, pick_impl, reduction_coefficients, score
+from ._validate import as_lengths, split_targets
+
+__all__ = ["Criterion", "register_criterion", "loss_op", "best_paths_op", "CRITERIA"]
+
+
+class Criterion:
+    """How a loss turns targets into a :class:`~._score.Plan` and scores it.
+
+    Subclasses implement :meth:`plan`; criteria with learned arc weights (``transitions``) also
+    return the index of each arc's weight in the flattened weight tensor.
+    """
+
+    #: labels the targets must not contain (CTC's blank), or None
+    def forbidden_label(self, blank: int) -> Optional[int]:
+        return None
+
+    def plan(self, seqs: List[List[int]], lengths: np.ndarray, C: int, blank: int) -> Tuple[Plan, Optional[np.ndarray]]:
+        raise NotImplementedError
+
+    def score(self, E: Tensor, weights: Optional[Tensor], seqs, lengths, blank: int, impl: str,
+              zero_infinity: bool, need_e: bool, w_coef: Optional[Tensor]):
+        """``(losses (B,), grad_E (B, T, C) or None, grad_weights or None)``, see
+        :func:`~._score.score` for the meaning of ``need_e`` and ``w_coef``."""
+        C = E.shape[2]
+        plan, widx = self.plan(seqs, lengths, C, blank)
+        if widx is None:
+            w = graph_weights(plan, E)
+        else:
+            if weights is None:
+                raise ValueError("this criterion needs its weights (transitions)")
+            w = weights.reshape(-1)[torch.from_numpy(widx).to(E.device)]
+        losses, gE, gw = score(plan, E, w, impl, zero_infinity, need_e, w_coef)
+        gW = None
+        if gw is not None and widx is not None:
+            gW = torch.zeros(weights.numel(), dtype=E.dtype, device=E.device)
+            gW = gW.index_add_(0, torch.from_numpy(widx).to(E.device), gw).reshape(weights.shape)
+        return losses, gE, gW
+
+
+# the built-in criteria fill this in (ctc.py, asg.py, seq.py)
+CRITERIA: Dict[str, Criterion] = {}
+
+_REGISTRY: Dict[int, "weakref.ref[Criterion]"] = {}
+_REGISTRY_LOCK = threading.Lock()
+_NEXT = itertools.count(1)
+
+
+def register_criterion(obj: Criterion) -> int:
+    """An integer handle for a criterion object (held weakly), to pass to :func:`loss_op`."""
+    with _REGISTRY_LOCK:
+        for h, ref in list(_REGISTRY.items()):
+            if ref() is None:
+                del _REGISTRY[h]
+        h = next(_NEXT)
+        _REGISTRY[h] = weakref.ref(obj)
+    return h
+
+
+def _criterion(kind: str, handle: int) -> Criterion:
+    if kind == "handle":
+        ref = _REGISTRY.get(int(handle))
+        obj = ref() if ref is not None else None
+        if obj is None:
+            raise RuntimeError(f"no live criterion is registered under handle {handle}")
+        return obj
+    crit = CRITERIA.get(kind)
+    if crit is None:
+        raise ValueError(f"unknown criterion kind {kind!r}")
+    return crit
+
+
+def _empty(like: Tensor) -> Tensor:
+    return like.new_empty(0)
+
+
+@torch.library.custom_op("lightning_gtn::structured_loss", mutates_args=())
+def loss_op(emissions: Tensor, weights: Optional[Tensor], targets: Tensor, input_lengths: Tensor,
+            target_lengths: Tensor, kind: str, blank: int, handle: int, reduction: str, zero_infinity: bool,
+            impl: str, need_e: bool, need_w: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(out, d out / d emissions, d out / d weights)``; ``out`` is ``(B,)`` for
+    ``reduction="none"`` (then the emission gradient is per row and no weight gradient is
+    returned), else a scalar. Unrequested gradients are empty tensors."""
+    B, T, C = emissions.shape
+    crit = _criterion(kind, handle)
+    lengths = as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
+    seqs = split_targets(targets, target_lengths, B, emissions.device, C, blank=crit.forbidden_label(blank))
+    tlen = np.asarray([len(s) for s in seqs], dtype=np.int64)
+    out, gE, gW = run_loss(crit, emissions, weights, seqs, lengths, tlen, blank, reduction, zero_infinity,
+                           pick_impl(emissions, impl or None), need_e, need_w)
+    return (out, gE if gE is not None else _empty(emissions), gW if gW is not None else _empty(emissions))
+
+
+def run_loss(crit: Criterion, E: Tensor, weights: Optional[Tensor], seqs, lengths: np.ndarray,
+             divisors: Optional[np.ndarray], blank: int, reduction: str, zero_infinity: bool, impl: str,
+             need_e: bool, need_w: bool):
+    """``(out, d out / d E, d out / d weights)`` with the reduction applied inside.
+
+    ``divisors`` are the per-example target lengths that ``"mean"`` divides by (None: plain
+    batch mean). For ``"none"`` the emission gradient is per row and no weight gradient is
+    formed (it depends on the incoming per-row gradient: see :func:`weight_grad_op`).
+    """
+    B = E.shape[0]
+    r = None
+    if reduction != "none":
+        d = None if divisors is None else torch.from_numpy(np.asarray(divisors, dtype=np.int64))
+        r = reduction_coefficients(reduction, d, B, E)
+    w_coef = r if (need_w and r is not None) else None
+    losses, gE, gW = crit.score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
+    if r is None:
+        return losses, gE, None
+    if gE is not None:
+        gE = gE * r.reshape(-1, 1, 1)
+    return (losses * r).sum(), gE, gW
+
+
+@loss_op.register_fake
+def _loss_fake(emissions, weights, targets, input_lengths, target_lengths, kind, blank, handle, reduction,
+               zero_infinity, impl, need_e, need_w):
+    B = emissions.shape[0]
+    out = emissions.new_empty((B,) if reduction == "none" else ())
+    gE = torch.empty_like(emissions) if need_e else emissions.new_empty(0)
+    gW = weights.new_empty(weights.shape) if (need_w and weights is not None and reduction != "none") \
+        else emissions.new_empty(0)
+    return out, gE, gW
+
+
+@torch.library.custom_op("lightning_gtn::structured_loss_weight_grad", mutates_args=())
+def weight_grad_op(emissions: Tensor, weights: Tensor, targets: Tensor, input_lengths: Tensor,
+                   target_lengths: Tensor, kind: str, blank: int, handle: int, zero_infinity: bool, impl: str,
+                   coef: Tensor) -> Tensor:
+    """``sum_b coef[b] * d loss[b] / d weights`` (recomputed; the backward of
+    ``reduction="none"`` losses with learned weights)."""
+    B, T, C = emissions.shape
+    crit = _criterion(kind, handle)
+    lengths = as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
+    seqs = split_targets(targets, target_lengths, B, emissions.device, C, blank=crit.forbidden_label(blank))
+    impl = pick_impl(emissions, impl or None)
+    _, _, gW = crit.score(emissions, weights, seqs, lengths, blank, impl, zero_infinity, False,
+                          coef.to(device=emissions.device, dtype=emissions.dtype))
+    return gW
+
+
+@weight_grad_op.register_fake
+def _weight_grad_fake(emissions, weights, targets, input_lengths, target_lengths, kind, blank, handle,
+                      zero_infinity, impl, coef):
+    return weights.new_empty(weights.shape)
+
+
+def _loss_setup(ctx, inputs, output):
+    (emissions, weights, targets, input_lengths, target_lengths, kind, blank, handle, reduction,
+     zero_infinity, impl, need_e, need_w) = inputs
+    ctx.reduction = reduction
+    ctx.need_e, ctx.need_w = need_e, need_w
+    ctx.args = (kind, blank, handle, zero_infinity, impl)
+    ctx.mark_non_differentiable(output[1], output[2])
+    if reduction == "none" and need_w:
+        ctx.save_for_backward(output[1], output[2], emissions, weights, targets, input_lengths, target_lengths)
+    else:
+        ctx.save_for_backward(output[1], output[2])
+
+
+def _loss_backward(ctx, g_out, _g_ge, _g_gw):
+    saved = ctx.saved_tensors
+    gE_s, gW_s = saved[0], saved[1]
+    gE = gW = None
+    if ctx.reduction == "none":
+        if ctx.need_e:
+            gE = gE_s * g_out.reshape(-1, 1, 1).to(gE_s.dtype)
+        if ctx.need_w:
+            emissions, weights, targets, input_lengths, target_lengths = saved[2:]
+            kind, blank, handle, zero_infinity, impl = ctx.args
+            gW = weight_grad_op(emissions, weights, targets, input_lengths, target_lengths, kind, blank, handle,
+                                zero_infinity, impl, g_out)
+    else:
+        if ctx.need_e:
+            gE = gE_s * g_out.to(gE_s.dtype)
+        if ctx.need_w:
+            gW = gW_s * g_out.to(gW_s.dtype)
+    return gE, gW, None, None, None, None, None, None, None, None, None, None, None
+
+
+loss_op.register_autograd(_loss_backward, setup_context=_loss_setup)
+
+
+def structured_loss(emissions: Tensor, weights: Optional[Tensor], targets: Tensor, input_lengths: Tensor,
+                    target_lengths: Tensor, *, kind: str, blank: int = 0, handle: int = 0,
+                    reduction: str = "mean", zero_infinity: bool = False, impl: Optional[str] = None) -> Tensor:
+    """Calls :func:`loss_op` with the emissions in their compute dtype; returns the loss in
+    the emissions' dtype. Arguments are checked by the public functions."""
+    dtype = torch.float64 if emissions.dtype == torch.float64 else torch.float32
+    x = emissions.to(dtype)
+    grad = torch.is_grad_enabled()
+    need_e = bool(grad and emissions.requires_grad)
+    w = None
+    need_w = False
+    if weights is not None:
+        w = weights.to(dtype)
+        need_w = bool(grad and weights.requires_grad)
+    out, _, _ = loss_op(x, w, targets, input_lengths, target_lengths, kind, int(blank), int(handle), reduction,
+                        bool(zero_infinity), impl or "", need_e, need_w)
+    return out.to(emissions.dtype)
+
+
+# ---------------------------------------------------------------------------
+# best paths
+# ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op("lightning_gtn::best_paths", mutates_args=())
+def best_paths_op(emissions: Tensor, transitions: Optional[Tensor], input_lengths: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(paths (B, T) int64, scores (B,))``: the best label path of each example's first
+    ``input_lengths[b]`` frames (per-frame argmax, or through ASG's transitions), padded with -1."""
+    from .viterbi import _best_paths_impl
+
+    return _best_paths_impl(emissions, transitions, input_lengths)
+
+
+@best_paths_op.register_fake
+def _best_paths_fake(emissions, transitions, input_lengths):
+    B, T = emissions.shape[:2]
+    return emissions.new_empty((B, T), dtype=torch.int64), emissions.new_empty((B,))

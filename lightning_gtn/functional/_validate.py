@@ -1,0 +1,219 @@
+"""Argument checks shared by the losses and decoders: shapes, integers, lengths, targets.
+
+Every message names the argument and the expected shape. Integers must be integers: float
+lengths, labels or blanks (``8.5``, ``True``, a float tensor) are errors, never truncated.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+__all__ = [
+    "REDUCTIONS",
+    "IMPLS",
+    "check_emissions",
+    "check_reduction",
+    "check_impl",
+    "check_label",
+    "int_tensor",
+    "as_lengths",
+    "split_targets",
+    "targets_tensors",
+    "compute_dtype",
+]
+
+REDUCTIONS = ("none", "mean", "sum")
+#: ``impl=`` choices: None (the default for the device), the native implementations, or the
+#: real ``gtn`` package (eager only, one graph per example on the host).
+IMPLS = (None, "numba", "numba_log", "torch", "triton", "gtn")
+
+
+def check_emissions(x, name: str = "log_probs") -> Tuple[int, int, int]:
+    """``(B, T, C)`` of a float tensor of 3 dims, else ValueError naming ``name``."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape (B, T, C), got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"{name} must have shape (B, T, C) (batch first), got {x.dim()} dims: {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating point tensor, got {x.dtype}")
+    return tuple(x.shape)
+
+
+def check_reduction(reduction) -> str:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    return reduction
+
+
+def check_impl(impl) -> Optional[str]:
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    return impl
+
+
+def check_label(value, name: str, num_classes: int, allow_none: bool = False) -> Optional[int]:
+    """An integer label in ``[0, num_classes)`` (bool and float values are errors)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point() \
+            and value.dtype != torch.bool:
+        value = int(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        also = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an integer label in [0, C) with C={num_classes}{also}, got {value!r}")
+    if not 0 <= int(value) < num_classes:
+        raise ValueError(f"{name} must be an integer label in [0, C) with C={num_classes}, got {int(value)}")
+    return int(value)
+
+
+def int_tensor(x, name: str, device: Optional[torch.device] = None) -> torch.Tensor:
+    """``x`` (a tensor, numpy array or nested sequence of integers) as an int64 tensor.
+
+    Float and bool data are errors (``[10, 8.5]`` is not silently truncated). Tensors already
+    on a device stay there; other inputs go to ``device`` (default CPU).
+    """
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integers, got a {x.dtype} tensor")
+        return x if x.dtype == torch.int64 else x.long()
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a tensor or a sequence of integers, got {type(x).__name__}") from None
+    if arr.dtype == object:
+        raise ValueError(f"{name} must be a rectangular tensor or sequence of integers (ragged or mixed types)")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integers, got values of dtype {arr.dtype} "
+                         f"(e.g. {arr.reshape(-1)[0]!r})")
+    return torch.as_tensor(arr.astype(np.int64, copy=False), device=device)
+
+
+def _host_device_ok(t: torch.Tensor, device: torch.device) -> bool:
+    return t.device.type == "cpu" or t.device == device
+
+
+def as_lengths(x, B: int, name: str, device: torch.device, max_value: Optional[int] = None) -> np.ndarray:
+    """Lengths ``(B,)`` as int64 numpy (a tensor on the emissions' device or the CPU, or a
+    sequence of integers), each in ``[0, max_value]``."""
+    if isinstance(x, torch.Tensor) and not _host_device_ok(x, device):
+        raise ValueError(f"{name} is on {x.device} but the emissions are on {device}; "
+                         f"put {name} on {device} or the CPU")
+    t = int_tensor(x, name)
+    if t.dim() != 1 or t.shape[0] != B:
+        raise ValueError(f"{name} must have shape (B,) = ({B},), got {tuple(t.shape)}")
+    arr = t.detach().cpu().numpy().astype(np.int64, copy=False)
+    if len(arr) and arr.min() < 0:
+        raise ValueError(f"{name} must be >= 0, got {int(arr.min())}")
+    if max_value is not None and len(arr) and arr.max() > max_value:
+        raise ValueError(f"{name} must be <= T={max_value} (the emissions' time dimension), got {int(arr.max())}")
+    return arr
+
+
+def _check_seq_labels(seqs: Sequence[Sequence[int]], num_classes: int, blank: Optional[int], name: str) -> None:
+    flat = np.fromiter((v for s in seqs for v in s), dtype=np.int64)
+    _check_flat_labels(flat, num_classes, blank, name)
+
+
+def _check_flat_labels(flat: np.ndarray, num_classes: int, blank: Optional[int], name: str) -> None:
+    if not len(flat):
+        return
+    lo, hi = int(flat.min()), int(flat.max())
+    if lo < 0 or hi >= num_classes:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name}: label {bad} out of range [0, C) with C={num_classes}")
+    if blank is not None and (flat == blank).any():
+        raise ValueError(f"{name}: label equal to blank={blank} found; targets must not contain the blank")
+
+
+def _as_sequences(targets, name: str) -> Optional[List[List[int]]]:
+    """A list of B label sequences (lists/tuples/1-D tensors of integers), or None for the
+    tensor layouts."""
+    if isinstance(targets, (torch.Tensor, np.ndarray)):
+        return None
+    targets = list(targets)
+    if not targets or np.isscalar(targets[0]) or (isinstance(targets[0], torch.Tensor) and targets[0].dim() == 0):
+        return None
+    return [int_tensor(t, name).reshape(-1).tolist() for t in targets]
+
+
+def split_targets(targets, target_lengths, B: int, device: torch.device, num_classes: int,
+                  blank: Optional[int] = None, name: str = "targets") -> List[List[int]]:
+    """Targets as B lists of ints, checked: padded ``(B, S)`` or concatenated 1-D with
+    ``target_lengths`` (torch's two layouts), or a list of B sequences (then ``target_lengths``
+    may be None; when given it must agree)."""
+    seqs = _as_sequences(targets, name)
+    if seqs is not None:
+        if len(seqs) != B:
+            raise ValueError(f"{name}: expected B={B} sequences, got {len(seqs)}")
+        if target_lengths is not None:
+            lengths = as_lengths(target_lengths, B, "target_lengths", device)
+            if any(len(s) != n for s, n in zip(seqs, lengths)):
+                raise ValueError(f"{name}: a list of B={B} sequences whose lengths equal target_lengths is expected")
+        _check_seq_labels(seqs, num_classes, blank, name)
+        return seqs
+    if target_lengths is None:
+        if isinstance(targets, torch.Tensor) and targets.dim() == 2:
+            raise ValueError("target_lengths is required with padded targets of shape (B, S)")
+        raise ValueError("target_lengths is required with concatenated 1-D targets")
+    lengths = as_lengths(target_lengths, B, "target_lengths", device)
+    if isinstance(targets, torch.Tensor) and not _host_device_ok(targets, device):
+        raise ValueError(f"{name} is on {targets.device} but the emissions are on {device}")
+    arr = int_tensor(targets, name).detach().cpu().numpy()
+    if arr.ndim == 2:
+        if arr.shape[0] != B:
+            raise ValueError(f"{name} must have shape (B, S) with B={B}, got {arr.shape}")
+        if len(lengths) and lengths.max() > arr.shape[1]:
+            raise ValueError(f"target_lengths must be <= S={arr.shape[1]} (targets of shape (B, S)), "
+                             f"got {int(lengths.max())}")
+        flat = arr[np.arange(arr.shape[1])[None, :] < lengths[:, None]]
+        rows = arr.tolist()
+        seqs = [rows[b][: lengths[b]] for b in range(B)]
+    elif arr.ndim == 1:
+        total = int(lengths.sum())
+        if arr.shape[0] != total:
+            raise ValueError(f"concatenated 1-D {name} must have sum(target_lengths)={total} labels, "
+                             f"got shape {arr.shape}")
+        flat = arr
+        lst = arr.tolist()
+        off = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        seqs = [lst[off[b] : off[b + 1]] for b in range(B)]
+    else:
+        raise ValueError(f"{name} must have shape (B, S) or (sum(target_lengths),), got {arr.shape}")
+    _check_flat_labels(flat, num_classes, blank, name)
+    return seqs
+
+
+def targets_tensors(targets, target_lengths, B: int, device: torch.device, name: str = "targets"):
+    """``(targets, target_lengths)`` as int64 tensors for the custom ops.
+
+    Lists of B sequences become a padded ``(B, S)`` tensor with their lengths; tensors and
+    arrays are checked for integer dtype only (values are checked inside the op).
+    """
+    seqs = _as_sequences(targets, name)
+    if seqs is not None:
+        if len(seqs) != B:
+            raise ValueError(f"{name}: expected B={B} sequences, got {len(seqs)}")
+        lens = [len(s) for s in seqs]
+        if target_lengths is not None:
+            given = as_lengths(target_lengths, B, "target_lengths", device)
+            if list(given) != lens:
+                raise ValueError(f"{name}: a list of B={B} sequences whose lengths equal target_lengths is expected")
+        S = max(lens, default=0)
+        padded = torch.zeros((B, S), dtype=torch.int64)
+        for b, s in enumerate(seqs):
+            if s:
+                padded[b, : len(s)] = torch.tensor(s, dtype=torch.int64)
+        return padded, torch.tensor(lens, dtype=torch.int64)
+    if target_lengths is None:
+        if isinstance(targets, torch.Tensor) and targets.dim() == 2:
+            raise ValueError("target_lengths is required with padded targets of shape (B, S)")
+        raise ValueError("target_lengths is required with tensor targets (padded (B, S) or concatenated 1-D)")
+    return int_tensor(targets, name), int_tensor(target_lengths, "target_lengths")
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """float64 stays float64; every other float dtype is scored in float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
