@@ -4,7 +4,7 @@
   LightningModule whose ``forward`` returns emissions ``(B, T, C)`` and lengths.
 - :class:`SequenceModule`: the mixin plus a network from a config (what the CLI trains).
 - :class:`Vocabulary`: characters to ids with the blank / repeat conventions of each loss.
-- :func:`build_loss` / :class:`LossAdapter`: the thin adapter over :mod:`lightning_gtn.nn` losses.
+- :func:`build_loss`: a :mod:`lightning_gtn.nn` loss and its vocabulary from a name, config or module.
 - Data: :class:`DigitLinesDataModule` (embedded, no download), :class:`FeatureDataModule`
   (your own ``.npz`` features and transcripts).
 - :class:`ConvRNNEncoder`: a small convolution + bidirectional GRU/LSTM emission model.
@@ -20,7 +20,7 @@ from .data import (
     make_digit_lines,
     read_transcripts,
 )
-from .losses import BUILTIN_LOSSES, LossAdapter, LossConvention, TargetGraphLoss, build_loss
+from .losses import BUILTIN_LOSSES, TargetGraphLoss, build_loss
 from .mixin import StructuredLossMixin
 from .models import ConvRNNEncoder
 from .module import SequenceModule
@@ -31,8 +31,6 @@ __all__ = [
     "StructuredLossMixin",
     "SequenceModule",
     "Vocabulary",
-    "LossAdapter",
-    "LossConvention",
     "build_loss",
     "TargetGraphLoss",
     "BUILTIN_LOSSES",

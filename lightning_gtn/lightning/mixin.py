@@ -27,7 +27,9 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, WordErrorRate
 
-from .losses import LossAdapter, build_loss
+from lightning_gtn.nn import StructuredLoss
+
+from .losses import build_loss
 from .vocabulary import Vocabulary
 
 __all__ = ["StructuredLossMixin"]
@@ -63,7 +65,7 @@ class StructuredLossMixin:
     multi-process validation gives the single-process figures.
     """
 
-    structured_loss: LossAdapter
+    structured_loss: StructuredLoss
     vocabulary: Vocabulary
 
     def configure_structured_loss(
@@ -153,12 +155,15 @@ class StructuredLossMixin:
         """The configured structured loss of a batch (a scalar)."""
         dev = emissions.device
         return self.structured_loss(
-            emissions, emission_lengths, targets.to(dev, torch.long), target_lengths.to(dev, torch.long)
+            emissions, targets.to(dev, torch.long), emission_lengths, target_lengths.to(dev, torch.long)
         )
 
     def viterbi_paths(self, emissions, emission_lengths) -> list[list[int]]:
-        """Best frame-level label path of each example."""
-        return self.structured_loss.viterbi_paths(emissions, emission_lengths)
+        """Best frame-level label path of each example (lists of length ``emission_lengths[b]``),
+        as the loss decodes it."""
+        with torch.no_grad():
+            paths, _ = self.structured_loss.best_paths(emissions.detach(), emission_lengths)
+        return [[v for v in row if v >= 0] for row in paths.cpu().tolist()]
 
     def decode(self, emissions, emission_lengths) -> list[str]:
         """Viterbi decoding to strings."""

@@ -1,6 +1,7 @@
 """``lightning_gtn.nn``: thin ``nn.Module`` wrappers over :mod:`lightning_gtn.functional`."""
 
 from .linear import Linear
-from .losses import ASGLoss, CTCLoss, GraphLoss, SequenceLoss
+from .losses import ASGLoss, CTCLoss, GraphLoss, ModuleLoss, SequenceLoss, StructuredLoss, TargetGraphLoss
 
-__all__ = ["CTCLoss", "ASGLoss", "SequenceLoss", "GraphLoss", "Linear"]
+__all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "GraphLoss", "TargetGraphLoss", "ModuleLoss",
+           "Linear"]

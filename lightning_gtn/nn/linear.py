@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -10,28 +11,40 @@ from torch import nn
 __all__ = ["Linear"]
 
 
-class _LinearFunction(torch.autograd.Function):
-    """``y = x @ W^T + b`` over any leading dims; backward computes only what is needed."""
+@torch.library.custom_op("lightning_gtn::linear", mutates_args=())
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``y = x @ W^T + b`` over any leading dims (a custom op: opaque to ``torch.compile``)."""
+    y = x.matmul(weight.t())
+    return y + bias if bias is not None else y
 
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return torch.nn.functional.linear(x, weight, bias)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = grad_out.matmul(weight)
-        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            g2 = grad_out.reshape(-1, grad_out.shape[-1])
-            if ctx.needs_input_grad[1]:
-                gw = g2.t().matmul(x.reshape(-1, x.shape[-1]))
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                gb = g2.sum(0)
-        return gx, gw, gb
+@_linear.register_fake
+def _linear_fake(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _linear_backward(ctx, grad_out):
+    """The hand-written backward: only the gradients autograd asks for."""
+    x, weight = ctx.saved_tensors
+    gx = gw = gb = None
+    if ctx.needs_input_grad[0]:
+        gx = grad_out.matmul(weight)
+    if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])
+        if ctx.needs_input_grad[1]:
+            gw = g2.t().matmul(x.reshape(-1, x.shape[-1]))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+    return gx, gw, gb
+
+
+_linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
 class Linear(nn.Module):
@@ -66,7 +79,7 @@ class Linear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _LinearFunction.apply(x, self.weight, self.bias)
+        return _linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -1,118 +1,355 @@
-"""Loss modules: each holds its options (and ASG its transitions) and calls the functional loss."""
+"""Loss modules: each holds its options (and ASG its transitions), declares its token
+convention, computes the loss through :mod:`lightning_gtn.functional` and decodes emissions.
+
+Every loss is called the same way::
+
+    loss = module(emissions (B, T, C), targets, input_lengths (B,), target_lengths (B,))
+
+and says how targets are written: ``blank`` (the blank's id, or None for losses without one)
+and ``repeat_label`` (True when two equal neighbouring tokens need a repeat token, because the
+loss merges consecutive equal labels: ASG and the sequence criterion). ``best_paths`` and
+``decode`` give the best frame-level paths and the token sequences they spell.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Callable, List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
 from .. import functional as lgf  # not torch.nn.functional: the engine computes every loss
+from ..functional import _ops
+from ..functional._graphs import compile_graph, compiled_all_paths
+from ..functional._score import Plan, unique_graphs
+from ..functional._validate import check_label, check_reduction
 
-__all__ = ["CTCLoss", "ASGLoss", "SequenceLoss", "GraphLoss"]
+__all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "GraphLoss", "TargetGraphLoss", "ModuleLoss"]
 
 
-class CTCLoss(nn.Module):
+class StructuredLoss(nn.Module):
+    """Base class of the loss modules: the calling convention, the token convention, decoding.
+
+    Attributes:
+        blank: the blank's label id, or None when the loss has no blank.
+        repeat_label: whether targets mark a repeated token with a repeat label (losses that
+            merge consecutive equal labels and have no blank to separate them).
+    """
+
+    blank: Optional[int] = None
+    repeat_label: bool = False
+
+    def forward(self, emissions, targets, input_lengths, target_lengths):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def best_paths(self, emissions: torch.Tensor, input_lengths=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(paths (B, T) int64 padded with -1, scores (B,))``: the best frame-level label
+        paths for this loss (per-frame argmax unless the loss has transitions)."""
+        return lgf.best_paths(emissions, input_lengths)
+
+    def decode(self, emissions: torch.Tensor, input_lengths=None) -> List[List[int]]:
+        """Token ids of each example: the best path with repeats merged and blanks dropped."""
+        paths, _ = self.best_paths(emissions, input_lengths)
+        return [lgf.collapse(p, self.blank) for p in paths.cpu().tolist()]
+
+
+def _check_common(reduction: str, impl) -> None:
+    check_reduction(reduction)
+    lgf._validate.check_impl(impl)
+
+
+class CTCLoss(StructuredLoss):
     """:func:`lightning_gtn.functional.ctc_loss` as a module (batch-first ``(B, T, C)``).
 
     Args:
-        blank: the blank label.
+        blank: the blank label (an integer).
         reduction: ``"none"`` | ``"mean"`` | ``"sum"`` (torch's meanings).
         zero_infinity: infeasible examples give 0 instead of ``inf``.
-        backend: ``"native"`` or ``"gtn"``.
+        impl: None (the device's default), ``"numba"``, ``"numba_log"``, ``"torch"``,
+            ``"triton"`` or ``"gtn"``.
 
     Shape:
         ``forward(log_probs (B, T, C), targets (B, S) or (sum(target_lengths),),
         input_lengths (B,), target_lengths (B,))`` -> scalar, or ``(B,)`` with ``"none"``.
     """
 
+    blank = 0
+
     def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False,
-                 backend: str = "native") -> None:
+                 impl: Optional[str] = None) -> None:
         super().__init__()
-        self.blank = blank
+        _check_common(reduction, impl)
+        self.blank = check_label(blank, "blank", 2**62)
         self.reduction = reduction
-        self.zero_infinity = zero_infinity
-        self.backend = backend
+        self.zero_infinity = bool(zero_infinity)
+        self.impl = impl
 
     def forward(self, log_probs, targets, input_lengths, target_lengths):
-        return lgf.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=self.blank,
-                          reduction=self.reduction, zero_infinity=self.zero_infinity, backend=self.backend)
+        return lgf.ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction,
+                            self.zero_infinity, impl=self.impl)
 
     def extra_repr(self) -> str:
         return f"blank={self.blank}, reduction={self.reduction!r}, zero_infinity={self.zero_infinity}"
 
 
-class ASGLoss(nn.Module):
-    """:func:`lightning_gtn.functional.asg_loss` with its transitions as an ``nn.Parameter``.
+class ASGLoss(StructuredLoss):
+    """:func:`lightning_gtn.functional.asg_loss` with its transitions as an ``nn.Parameter``
+    (so DDP syncs them). No blank; targets use a repeat label for doubled tokens.
 
     Args:
         num_classes: ``C``; the transitions have shape ``(C + 1, C)`` (row 0: start scores,
             ``transitions[i + 1, j]``: label ``i`` after label ``j``), initialised to zeros.
         reduction: ``"none"`` | ``"mean"`` (per target length, then batch) | ``"sum"``.
         zero_infinity: infeasible examples give 0.
-        backend: ``"native"`` or ``"gtn"``.
+        impl: as :class:`CTCLoss`.
 
     Shape:
         ``forward(emissions (B, T, C), targets, input_lengths (B,), target_lengths (B,))``.
     """
 
+    repeat_label = True
+
     def __init__(self, num_classes: int, reduction: str = "mean", zero_infinity: bool = False,
-                 backend: str = "native") -> None:
+                 impl: Optional[str] = None) -> None:
         super().__init__()
-        if int(num_classes) < 1:
-            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        _check_common(reduction, impl)
+        if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+            raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}")
         self.num_classes = int(num_classes)
         self.transitions = nn.Parameter(torch.zeros(self.num_classes + 1, self.num_classes))
         self.reduction = reduction
-        self.zero_infinity = zero_infinity
-        self.backend = backend
+        self.zero_infinity = bool(zero_infinity)
+        self.impl = impl
 
     def forward(self, emissions, targets, input_lengths, target_lengths=None):
-        tr = self.transitions
-        if tr.device != emissions.device:
-            raise ValueError(f"ASGLoss: transitions are on {tr.device} but emissions on {emissions.device}; "
-                             "move the module with .to(device)")
-        return lgf.asg_loss(emissions, tr, targets, input_lengths, target_lengths, reduction=self.reduction,
-                          zero_infinity=self.zero_infinity, backend=self.backend)
+        return lgf.asg_loss(emissions, targets, input_lengths, target_lengths, transitions=self.transitions,
+                            reduction=self.reduction, zero_infinity=self.zero_infinity, impl=self.impl)
 
-    def viterbi(self, emissions, input_lengths=None, return_paths: bool = False):
-        """Best paths through emissions plus these transitions, repeats collapsed."""
-        return lgf.viterbi(emissions, input_lengths, blank=None, transitions=self.transitions,
-                         return_paths=return_paths)
+    def best_paths(self, emissions, input_lengths=None):
+        """Best paths through emissions plus these transitions."""
+        return lgf.best_paths(emissions, input_lengths, transitions=self.transitions)
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, reduction={self.reduction!r}"
 
 
-class SequenceLoss(nn.Module):
-    """:func:`lightning_gtn.functional.sequence_loss` (GTN's alignment-free criterion) as a module."""
+class SequenceLoss(StructuredLoss):
+    """:func:`lightning_gtn.functional.sequence_loss` (GTN's alignment-free criterion) as a
+    module. No blank; targets use a repeat label for doubled tokens.
 
-    def __init__(self, reduction: str = "mean", zero_infinity: bool = False, backend: str = "native") -> None:
+    Args:
+        reduction, zero_infinity, impl: as :class:`CTCLoss`.
+    """
+
+    repeat_label = True
+
+    def __init__(self, reduction: str = "mean", zero_infinity: bool = False, impl: Optional[str] = None) -> None:
         super().__init__()
+        _check_common(reduction, impl)
         self.reduction = reduction
-        self.zero_infinity = zero_infinity
-        self.backend = backend
+        self.zero_infinity = bool(zero_infinity)
+        self.impl = impl
 
     def forward(self, emissions, targets, input_lengths, target_lengths=None):
         return lgf.sequence_loss(emissions, targets, input_lengths, target_lengths, reduction=self.reduction,
-                               zero_infinity=self.zero_infinity, backend=self.backend)
+                                 zero_infinity=self.zero_infinity, impl=self.impl)
 
 
-class GraphLoss(nn.Module):
-    """:func:`lightning_gtn.functional.graph_loss` as a module.
+class GraphLoss(StructuredLoss):
+    """:func:`lightning_gtn.functional.graph_loss` as a module: the criterion graphs are
+    passed per call (keyword-only). Eager only (graph objects); for graphs built from the
+    targets, and for ``torch.compile``, use :class:`TargetGraphLoss`.
 
     Args:
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
         zero_infinity: examples without a path give 0.
+        impl: None, ``"numba"``, ``"numba_log"``, ``"torch"`` or ``"triton"``.
+        blank, repeat_label: the token convention of the graphs (for decoding and the
+            Lightning layer).
 
     Shape:
-        ``forward(emissions (B, T, C), graphs, input_lengths (B,), denominators=None)``.
+        ``forward(emissions (B, T, C), targets=None, input_lengths=None, target_lengths=None, *,
+        graphs, denominators=None, weights=None)``.
     """
 
-    def __init__(self, reduction: str = "mean", zero_infinity: bool = False) -> None:
+    def __init__(self, reduction: str = "mean", zero_infinity: bool = False, impl: Optional[str] = None,
+                 blank: Optional[int] = None, repeat_label: bool = False) -> None:
         super().__init__()
+        _check_common(reduction, impl)
         self.reduction = reduction
-        self.zero_infinity = zero_infinity
+        self.zero_infinity = bool(zero_infinity)
+        self.impl = impl
+        self.blank = check_label(blank, "blank", 2**62, allow_none=True)
+        self.repeat_label = bool(repeat_label)
 
-    def forward(self, emissions, graphs, input_lengths, denominators=None, weights=None):
-        return lgf.graph_loss(emissions, graphs, input_lengths, reduction=self.reduction,
-                            denominators=denominators, weights=weights, zero_infinity=self.zero_infinity)
+    def forward(self, emissions, targets=None, input_lengths=None, target_lengths=None, *, graphs,
+                denominators=None, weights=None):
+        return lgf.graph_loss(emissions, targets, input_lengths, target_lengths, graphs=graphs,
+                              denominators=denominators, weights=weights, reduction=self.reduction,
+                              zero_infinity=self.zero_infinity, impl=self.impl)
+
+
+class _TargetGraphs(_ops.Criterion):
+    """The criterion behind :class:`TargetGraphLoss`: compiled graphs cached per target."""
+
+    def __init__(self, builder: Callable, builder_kwargs: dict, normalize: bool, cache_size: int) -> None:
+        self.builder = builder
+        self.builder_kwargs = builder_kwargs
+        self.normalize = normalize
+        self.cache_size = cache_size
+        self.cache: "OrderedDict[tuple, object]" = OrderedDict()
+        self.lock = threading.Lock()
+
+    def compiled(self, target: tuple, C: int):
+        with self.lock:
+            cg = self.cache.get(target)
+            if cg is not None:
+                self.cache.move_to_end(target)
+                return cg
+        g = self.builder(list(target), **self.builder_kwargs)
+        from ..wfst import Graph
+
+        if not isinstance(g, Graph):
+            raise ValueError(f"loss.builder must return a lightning_gtn.wfst.Graph, got {type(g).__name__}")
+        cg = compile_graph(g)
+        if cg.max_label >= C or (cg.num_arcs and cg.label.min() < -1):
+            bad = cg.max_label if cg.max_label >= C else int(cg.label.min())
+            raise ValueError(f"loss.builder: the graph of target {list(target)} has arc label {bad}; labels "
+                             f"must lie in [0, C) with C={C} (or be -1 for epsilon)")
+        with self.lock:
+            self.cache[target] = cg
+            while len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+        return cg
+
+    def forbidden_label(self, blank: int) -> Optional[int]:
+        return blank if blank >= 0 else None
+
+    def plan(self, seqs, lengths, C, blank):
+        B = len(seqs)
+        per = [self.compiled(tuple(s), C) for s in seqs]
+        rows, sign, ex_len = np.arange(B), -np.ones(B), lengths
+        if self.normalize:
+            per = per + [compiled_all_paths(C)] * B
+            rows, sign, ex_len = np.tile(rows, 2), np.concatenate([sign, np.ones(B)]), np.tile(lengths, 2)
+        graphs, ids = unique_graphs(per)
+        return Plan(graphs, ids, rows, ex_len, sign, B), None
+
+
+class TargetGraphLoss(StructuredLoss):
+    """A criterion graph per target from a builder function: the way to train with your own
+    criterion graphs.
+
+    ``builder(target_ids, **builder_kwargs)`` returns a :class:`lightning_gtn.wfst.Graph`
+    acceptor over the emission classes (e.g. :func:`lightning_gtn.wfst.criterion.ctc_graph`);
+    compiled graphs are cached per target. The loss of example ``b`` is
+    ``-forward_score(graph_b o E_b)``, plus the forward score of all label paths when
+    ``normalize=True`` (for unnormalised emissions or criteria that are not distributions).
+    Graphs are built inside a custom op, so a model step with this loss compiles with
+    ``torch.compile(fullgraph=True)``.
+
+    Args:
+        builder: the function, or its dotted import path (what a config gives; checked
+            against the trusted module prefixes of :mod:`lightning_gtn._trust`).
+        builder_kwargs: extra keyword arguments of the builder.
+        normalize: add the all-paths forward score.
+        blank: the blank label id of the graphs (None: no blank), for targets and decoding.
+        repeat_label: whether targets need a repeat label for doubled tokens.
+        reduction: ``"mean"`` (per-token, then batch average), ``"sum"`` or ``"none"``.
+        zero_infinity: targets with no path give 0.
+        cache_size: at most this many cached graphs.
+        impl: None, ``"numba"``, ``"numba_log"``, ``"torch"`` or ``"triton"``.
+        num_classes: accepted for configs that name it; the graphs are checked against the
+            emissions' ``C`` at each call.
+
+    Shape:
+        ``forward(emissions (B, T, C), targets (B, S) padded or concatenated 1-D,
+        input_lengths (B,), target_lengths (B,))``.
+    """
+
+    def __init__(
+        self,
+        builder,
+        builder_kwargs: Optional[Mapping] = None,
+        normalize: bool = False,
+        blank: Optional[int] = None,
+        repeat_label: bool = False,
+        reduction: str = "mean",
+        zero_infinity: bool = False,
+        cache_size: int = 100_000,
+        impl: Optional[str] = None,
+        num_classes: Optional[int] = None,
+    ):
+        super().__init__()
+        _check_common(reduction, impl)
+        if impl == "gtn":
+            raise ValueError("loss.impl: 'gtn' is not available for TargetGraphLoss")
+        if isinstance(builder, str):
+            from .._trust import resolve
+
+            builder = resolve(builder, "loss.builder")
+        if not callable(builder):
+            raise ValueError(f"loss.builder must be callable, got {builder!r}")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, (int, np.integer)) or cache_size < 1:
+            raise ValueError(f"loss.cache_size must be an integer >= 1, got {cache_size!r}")
+        self.blank = check_label(blank, "loss.blank", 2**62, allow_none=True)
+        self.repeat_label = bool(repeat_label)
+        self.normalize = bool(normalize)
+        self.reduction = reduction
+        self.zero_infinity = bool(zero_infinity)
+        self.impl = impl
+        self.num_classes = num_classes
+        self._criterion = _TargetGraphs(builder, dict(builder_kwargs or {}), self.normalize, int(cache_size))
+        self._handle = _ops.register_criterion(self._criterion)
+
+    @property
+    def builder(self) -> Callable:
+        return self._criterion.builder
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        c = self._criterion
+        state["_criterion"] = (c.builder, c.builder_kwargs, c.normalize, c.cache_size)  # no cache, no lock
+        state["_handle"] = None
+        return state
+
+    def __setstate__(self, state):
+        crit = _TargetGraphs(*state.pop("_criterion"))
+        self.__dict__.update(state)
+        self._criterion = crit
+        self._handle = _ops.register_criterion(crit)
+
+    def forward(self, emissions, targets, input_lengths, target_lengths):
+        B, T, C = lgf._validate.check_emissions(emissions, "emissions")
+        tg, tl = lgf._validate.targets_tensors(targets, target_lengths, B, emissions.device)
+        il = lgf._validate.int_tensor(input_lengths, "input_lengths")
+        return _ops.structured_loss(emissions, None, tg, il, tl, kind="handle",
+                                    blank=-1 if self.blank is None else self.blank, handle=self._handle,
+                                    reduction=self.reduction, zero_infinity=self.zero_infinity, impl=self.impl)
+
+    def extra_repr(self) -> str:
+        name = getattr(self.builder, "__qualname__", repr(self.builder))
+        return f"builder={name}, normalize={self.normalize}, blank={self.blank}, reduction={self.reduction!r}"
+
+
+class ModuleLoss(StructuredLoss):
+    """Any loss module with the calling convention, with its token convention stated.
+
+    Args:
+        module: called as ``module(emissions, targets, input_lengths, target_lengths)``.
+        blank: the blank's id, or None.
+        repeat_label: whether targets need a repeat label for doubled tokens.
+    """
+
+    def __init__(self, module: nn.Module, blank: Optional[int] = None, repeat_label: bool = False) -> None:
+        super().__init__()
+        self.module = module
+        self.blank = check_label(blank, "blank", 2**62, allow_none=True)
+        self.repeat_label = bool(repeat_label)
+
+    def forward(self, emissions, targets, input_lengths, target_lengths):
+        return self.module(emissions, targets, input_lengths, target_lengths)

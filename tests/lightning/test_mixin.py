@@ -7,7 +7,6 @@ import lightning_gtn.nn as lnn
 from lightning_gtn.lightning import (
     ConvRNNEncoder,
     DigitLinesDataModule,
-    LossAdapter,
     SequenceModule,
     StructuredLossMixin,
     Vocabulary,
@@ -34,11 +33,11 @@ def _trainer(**kw):
 
 def test_build_loss_conventions():
     ctc, v = build_loss({"_target_": "lightning_gtn.nn.CTCLoss"}, CHARS)
-    assert isinstance(ctc, LossAdapter) and isinstance(ctc.module, lnn.CTCLoss)
+    assert isinstance(ctc, lnn.CTCLoss) and ctc.blank == 0
     assert v.blank and not v.repeat_label and v.num_classes == 12
     asg, w = build_loss("asg", CHARS)
     assert not w.blank and w.repeat_label and w.num_classes == 12
-    # ASG's transitions are parameters of the adapter, hence of any model holding it
+    # ASG's transitions are parameters of the loss, hence of any model holding it
     assert sum(p.numel() for p in asg.parameters()) > 0
     _, s = build_loss("seq", CHARS)
     assert not s.blank and s.repeat_label
@@ -51,8 +50,13 @@ def test_build_loss_errors():
 
     with pytest.raises(ValueError, match="blank"):
         build_loss(Mystery(), CHARS)
-    adapter, v = build_loss(Mystery(), CHARS, blank=False, repeat_label=False)
+    wrapped, v = build_loss(Mystery(), CHARS, blank=False, repeat_label=False)
+    assert isinstance(wrapped, lnn.ModuleLoss) and wrapped.blank is None
     assert not v.blank and v.num_classes == len(CHARS)
+    with pytest.raises(ValueError, match="loss.blank"):  # the vocabulary puts the blank at id 0
+        build_loss({"_target_": "lightning_gtn.nn.CTCLoss", "blank": 3}, CHARS)
+    with pytest.raises(ValueError, match="StructuredLoss"):
+        build_loss({"_target_": "torch.nn.CTCLoss"}, CHARS)
     with pytest.raises(ValueError, match="_target_"):
         build_loss({"blank": 0}, CHARS)
     with pytest.raises(ValueError, match="loss._target_"):
@@ -183,11 +187,11 @@ def test_target_graph_loss_config_matches_ctc_and_pickles():
     em = torch.randn(3, 20, v.num_classes).log_softmax(-1).requires_grad_()
     targets, target_lengths = v.batch_encode(["12", "3 45", "77"])
     lengths = torch.tensor([20, 15, 9])
-    a = graph(em, lengths, targets, target_lengths)
+    a = graph(em, targets, lengths, target_lengths)
     (ga,) = torch.autograd.grad(a, em)
-    b = ctc(em, lengths, targets, target_lengths)
+    b = ctc(em, targets, lengths, target_lengths)
     (gb,) = torch.autograd.grad(b, em)
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ga, gb, atol=1e-4, rtol=1e-4)
     clone = pickle.loads(pickle.dumps(graph))
-    torch.testing.assert_close(clone(em, lengths, targets, target_lengths), a)
+    torch.testing.assert_close(clone(em, targets, lengths, target_lengths), a)
