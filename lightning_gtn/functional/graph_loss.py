@@ -12,7 +12,7 @@ from . import _ops, _validate
 from ._graphs import compile_graph
 from ._score import Plan, pick_impl
 
-__all__ = ["graph_loss", "compile_criteria"]
+__all__ = ["graph_loss", "compile_criteria", "check_labels"]
 
 
 class _FixedPlan(_ops.Criterion):
@@ -89,15 +89,18 @@ def compile_criteria(graphs: Sequence[Graph], C: int, name: str = "graphs"):
             index[id(g)] = len(order)
             order.append(g)
         ids.append(index[id(g)])
-    compiled = []
-    for g in order:
-        cg = compile_graph(g)
-        if cg.max_label >= C or (cg.num_arcs and cg.label.min() < -1):
-            bad = cg.max_label if cg.max_label >= C else int(cg.label.min())
-            raise ValueError(f"{name}: arc label {bad} out of range; labels must lie in [0, C) with C={C} "
-                             "(or be -1 for epsilon)")
-        compiled.append(cg)
+    compiled = [check_labels(compile_graph(g), C, name) for g in order]
     return order, compiled, np.asarray(ids, dtype=np.int64)
+
+
+def check_labels(cg, C: int, name: str):
+    """``cg`` (a compiled graph) when its labels lie in ``[0, C)`` or are -1 (epsilon); else
+    ValueError naming ``name``. The kernels index emissions with these labels."""
+    if cg.max_label >= C or (cg.num_arcs and cg.label.min() < -1):
+        bad = cg.max_label if cg.max_label >= C else int(cg.label.min())
+        raise ValueError(f"{name}: arc label {bad} out of range; labels must lie in [0, C) with C={C} "
+                         "(or be -1 for epsilon)")
+    return cg
 
 
 def graph_loss(

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from lightning_gtn.functional import collapse
+
 __all__ = ["Vocabulary"]
 
 
@@ -118,14 +120,7 @@ class Vocabulary:
 
     def collapse(self, path: Iterable[int]) -> list[int]:
         """Frame-level label path to tokens: merge consecutive equal labels, drop blanks."""
-        tokens: list[int] = []
-        prev = None
-        for i in path:
-            i = int(i)
-            if i != prev and not (self.blank and i == 0):
-                tokens.append(i)
-            prev = i
-        return tokens
+        return collapse(path, self.blank_id)
 
     def decode_path(self, path: Iterable[int]) -> str:
         """Frame-level label path (e.g. a Viterbi path) to text."""

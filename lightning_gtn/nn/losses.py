@@ -26,6 +26,7 @@ from .. import functional as lgf  # not torch.nn.functional: the engine computes
 from ..functional import _ops
 from ..functional._graphs import compile_graph, compiled_all_paths
 from ..functional._score import Plan, unique_graphs
+from ..functional.graph_loss import check_labels
 from ..functional._validate import check_label, check_reduction
 
 __all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "GraphLoss", "TargetGraphLoss", "ModuleLoss"]
@@ -215,11 +216,7 @@ class _TargetGraphs(_ops.Criterion):
 
         if not isinstance(g, Graph):
             raise ValueError(f"loss.builder must return a lightning_gtn.wfst.Graph, got {type(g).__name__}")
-        cg = compile_graph(g)
-        if cg.max_label >= C or (cg.num_arcs and cg.label.min() < -1):
-            bad = cg.max_label if cg.max_label >= C else int(cg.label.min())
-            raise ValueError(f"loss.builder: the graph of target {list(target)} has arc label {bad}; labels "
-                             f"must lie in [0, C) with C={C} (or be -1 for epsilon)")
+        cg = check_labels(compile_graph(g), C, f"loss.builder: the graph of target {list(target)}")
         with self.lock:
             self.cache[target] = cg
             while len(self.cache) > self.cache_size:
