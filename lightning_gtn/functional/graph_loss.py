@@ -9,7 +9,7 @@ import torch
 
 from ..wfst import Graph
 from . import _common
-from ._graphs import compile_graph
+from ._graphs import compiled_user_graph
 
 __all__ = ["graph_loss"]
 
@@ -31,7 +31,7 @@ class _GraphLossFunction(torch.autograd.Function):
             host = gw.detach().to("cpu", torch.float32).numpy()
             for j, g in enumerate(ctx.graphs):
                 if g.calc_grad:  # GTN's convention: the graph's own gradient, see Graph.grad()
-                    g._add_grad(host[off[j] : off[j + 1]])
+                    g.add_grad(host[off[j] : off[j + 1]])
         return gE, (gw if ctx.needs_input_grad[1] else None), None, None, None, None, None
 
 
@@ -93,7 +93,7 @@ def graph_loss(
     impl = _common.pick_impl(emissions, _impl)
     dtype = _common.compute_dtype(emissions)
     x = emissions.to(dtype)
-    # distinct graph objects, compiled once per call
+    # distinct graph objects, compiled once (cached while unchanged)
     order: List[Graph] = []
     index = {}
     for g in nums + (dens or []):
@@ -102,7 +102,7 @@ def graph_loss(
             order.append(g)
     compiled = []
     for g in order:
-        cg = compile_graph(g)
+        cg = compiled_user_graph(g)
         if cg.max_label >= C or (cg.num_arcs and cg.label.min() < -1):
             raise ValueError(f"graphs: arc label {cg.max_label} out of range; labels must lie in [0, C) "
                              f"with C={C} (or be -1 for epsilon)")

@@ -9,7 +9,7 @@ import torch
 
 from ..wfst import Graph
 from . import _common, _dense
-from ._graphs import compile_graph, compiled_asg_full
+from ._graphs import compiled_asg_full, compiled_user_graph
 
 __all__ = ["viterbi", "collapse"]
 
@@ -82,7 +82,11 @@ def viterbi(
                 glist = [graphs] * B if isinstance(graphs, Graph) else list(graphs)
                 if len(glist) != B:
                     raise ValueError(f"graphs must be one Graph or B={B} graphs, got {len(glist)}")
-                compiled = [compile_graph(g) for g in glist]
+                compiled = [compiled_user_graph(g) for g in glist]
+                for cg in compiled:  # the kernels index emissions by label: check the range
+                    if cg.num_arcs and (cg.max_label >= C or int(cg.label.min()) < -1):
+                        raise ValueError(f"graphs: arc label {cg.max_label} out of range; labels must lie "
+                                         f"in [0, C) with C={C} (or be -1 for epsilon)")
                 ex_graph = np.arange(B)
                 w = torch.from_numpy(np.concatenate([c.weights for c in compiled])).to(x.dtype)
             plan = _common.Plan(compiled, ex_graph, np.arange(B), lengths, np.ones(B), B)
