@@ -253,8 +253,8 @@ def _check_label(label, name: str) -> int:
         lab = int(label)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be an integer label, got {label!r}") from None
-    if lab != label or lab < epsilon:
-        raise ValueError(f"{name}={label!r} must be a label >= 0 or gtn.epsilon (-1)")
+    if lab != label or not epsilon <= lab <= MAX_NODES:
+        raise ValueError(f"{name}={label!r} must be a label in [0, {MAX_NODES}] or gtn.epsilon (-1)")
     return lab
 
 
@@ -580,8 +580,8 @@ class Graph:
         n = s.num_nodes
         # Plain ints in range (the common case) skip the checks' conversions.
         if (type(src_node) is int and type(dst_node) is int and type(ilabel) is int
-                and 0 <= src_node < n and 0 <= dst_node < n and ilabel >= epsilon
-                and (olabel is None or (type(olabel) is int and olabel >= epsilon))):
+                and 0 <= src_node < n and 0 <= dst_node < n and epsilon <= ilabel <= MAX_NODES
+                and (olabel is None or (type(olabel) is int and epsilon <= olabel <= MAX_NODES))):
             self._w.append(float(weight))
             return s.add_arc(src_node, dst_node, ilabel, ilabel if olabel is None else olabel)
         if ilabel is None:

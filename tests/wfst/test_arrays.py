@@ -294,3 +294,13 @@ def test_graph_module_does_not_import_utils():
     )
     res = subprocess.run([sys.executable, "-c", stub + code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+def test_add_arc_refuses_labels_beyond_int32():
+    g = small_graph()
+    for bad in (2**31, -2):
+        with pytest.raises(ValueError, match="label"):
+            g.add_arc(0, 1, bad)
+        with pytest.raises(ValueError, match="label"):
+            g.add_arc(0, 1, 0, bad)
+    assert g.num_arcs() == 3 and g.labels_to_list() == [0, -1, 3]  # the graph still works
