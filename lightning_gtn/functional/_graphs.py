@@ -8,12 +8,15 @@ topological order). :func:`batch_graphs` concatenates the compiled graphs of a b
 :class:`GraphBatch`, which is what the kernels in :mod:`._dense` consume.
 
 Compiled graphs of targets are cached in small LRU dictionaries keyed by the target tuple, so a
-training loop that sees the same transcripts again pays only for the concatenation.
+training loop that sees the same transcripts again pays only for the concatenation. A user's own
+graphs are cached by identity and :attr:`Graph.version` (:func:`compiled_user_graph`), so
+passing the same, unchanged graphs again compiles nothing.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
@@ -29,6 +32,7 @@ __all__ = [
     "CompiledGraph",
     "GraphBatch",
     "compile_graph",
+    "compiled_user_graph",
     "batch_graphs",
     "ctc_graph",
     "force_align_graph",
@@ -129,18 +133,18 @@ def _topological_rank(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.nd
 
 def compile_graph(g: Graph, weight_index: Optional[np.ndarray] = None) -> CompiledGraph:
     """Turns an engine graph into a :class:`CompiledGraph` (input labels are what is scored)."""
-    s = g._s
-    src, dst, il, _ = s.arrays()
-    n = s.num_nodes
+    a = g.arrays()
+    src, dst, il = a.src, a.dst, a.ilabel
+    n = a.num_nodes
     cg = CompiledGraph()
     cg.num_nodes = n
     cg.num_arcs = len(src)
     cg.src = np.ascontiguousarray(src, dtype=_INT)
     cg.dst = np.ascontiguousarray(dst, dtype=_INT)
     cg.label = np.ascontiguousarray(il, dtype=_INT)
-    cg.weights = np.ascontiguousarray(g._weights(), dtype=np.float32)
-    cg.start = np.asarray(s.start_ids, dtype=_INT)
-    cg.accept = np.asarray(s.accept_ids, dtype=_INT)
+    cg.weights = np.array(a.weights, dtype=np.float32)  # a snapshot: set_weight writes in place
+    cg.start = np.array(a.start, dtype=_INT)
+    cg.accept = np.array(a.accept, dtype=_INT)
     cg.max_label = int(il.max()) if len(il) else -1
     cg.labels = np.unique(il[il >= 0]).astype(_INT)  # distinct emitting labels
     em = np.nonzero(il >= 0)[0]
@@ -317,10 +321,54 @@ def cached(kind: str, key: Hashable, make: Callable[[], CompiledGraph]) -> Compi
 
 
 def clear_cache() -> None:
-    """Empties every criterion-graph cache."""
+    """Empties every criterion-graph cache (user graphs' included)."""
     for c in _CACHES.values():
         with c.lock:
             c.data.clear()
+    with _USER_LOCK:
+        _USER_GRAPHS.clear()
+
+
+USER_CACHE_SIZE = 1024  # compiled user graphs kept (least recently used dropped first)
+_USER_GRAPHS: "OrderedDict[int, tuple]" = OrderedDict()  # id(g) -> (weakref to g, version, compiled)
+_USER_LOCK = threading.RLock()  # re-entrant: a weakref callback may run while it is held
+
+
+def compiled_user_graph(g: Graph) -> CompiledGraph:
+    """The compiled form of a user's graph, compiled again only when the graph changed.
+
+    Entries are keyed by ``id(g)``, hold a weak reference to ``g`` (an entry goes when its
+    graph does) and the :attr:`Graph.version` it was compiled at; a later call with the
+    same live graph at the same version returns the same :class:`CompiledGraph` object
+    (so caches keyed on it, like the GPU arc tables, stay warm). At most
+    ``USER_CACHE_SIZE`` graphs are kept.
+
+    Raises:
+        TypeError: if ``g`` is not a :class:`lightning_gtn.wfst.Graph`.
+        ValueError: as :func:`compile_graph` (an epsilon cycle).
+    """
+    if not isinstance(g, Graph):
+        raise TypeError(f"graphs must hold lightning_gtn.wfst.Graph objects, got {type(g).__name__}")
+    key, version = id(g), g.version  # the version before compiling: a change meanwhile misses next time
+    with _USER_LOCK:
+        hit = _USER_GRAPHS.get(key)
+        if hit is not None and hit[0]() is g and hit[1] == version:
+            _USER_GRAPHS.move_to_end(key)
+            return hit[2]
+    cg = compile_graph(g)
+
+    def forget(ref: weakref.ref, key: int = key) -> None:
+        with _USER_LOCK:
+            entry = _USER_GRAPHS.get(key)
+            if entry is not None and entry[0] is ref:
+                del _USER_GRAPHS[key]
+
+    with _USER_LOCK:
+        _USER_GRAPHS[key] = (weakref.ref(g, forget), version, cg)
+        _USER_GRAPHS.move_to_end(key)
+        while len(_USER_GRAPHS) > USER_CACHE_SIZE:
+            _USER_GRAPHS.popitem(last=False)
+    return cg
 
 
 # ---------------------------------------------------------------------------
@@ -375,8 +423,7 @@ def asg_full_graph(num_classes: int) -> tuple:
     src = np.concatenate([np.zeros(C, _INT), np.tile(i + 1, C)])
     dst = np.concatenate([i + 1, np.repeat(i + 1, C)])
     lab = np.concatenate([i, np.repeat(i, C)])
-    g = Graph._from_arrays(C + 1, [0], list(range(1, C + 1)), src, dst, lab, lab.copy(),
-                           np.zeros(len(src), np.float32), calc_grad=False)
+    g = Graph.from_arrays(C + 1, [0], np.arange(1, C + 1), src, dst, lab, calc_grad=False)
     widx = np.arange(len(src), dtype=np.int64)  # arc order matches the row-major layout
     return g, widx
 

@@ -9,7 +9,7 @@ import torch
 
 from ..wfst import Graph
 from . import _ops, _validate
-from ._graphs import compile_graph
+from ._graphs import compiled_user_graph
 from ._score import Plan, pick_impl
 
 __all__ = ["graph_loss", "compile_criteria", "check_labels"]
@@ -60,7 +60,7 @@ class _GraphLossFunction(torch.autograd.Function):
             host = gw.detach().to("cpu", torch.float32).numpy()
             for j, g in enumerate(graphs):
                 if g.calc_grad:  # GTN's convention: the graph's own gradient, see Graph.grad()
-                    g._add_grad(host[arc_off[j] : arc_off[j + 1]])
+                    g.add_grad(host[arc_off[j] : arc_off[j + 1]])
         return (gE, gw if ctx.needs_input_grad[1] else None) + (None,) * 9
 
 
@@ -89,7 +89,7 @@ def compile_criteria(graphs: Sequence[Graph], C: int, name: str = "graphs"):
             index[id(g)] = len(order)
             order.append(g)
         ids.append(index[id(g)])
-    compiled = [check_labels(compile_graph(g), C, name) for g in order]
+    compiled = [check_labels(compiled_user_graph(g), C, name) for g in order]
     return order, compiled, np.asarray(ids, dtype=np.int64)
 
 

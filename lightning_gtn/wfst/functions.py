@@ -15,7 +15,7 @@ from typing import List, Sequence
 import numpy as np
 
 from . import _compose, _shortest
-from .graph import Graph, _deep_copy, _INT, _FLOAT, epsilon
+from .graph import MAX_NODES, Graph, _deep_copy, _INT, _FLOAT, epsilon
 from .parallel import parallel_map
 
 __all__ = [
@@ -166,6 +166,8 @@ def _gather_grad(inputs: List[Graph], d: Graph, offsets: Sequence[int]) -> None:
 
 def _from_op(inputs: Sequence[Graph], num_nodes, start_ids, accept_ids, src, dst, il, ol, w) -> Graph:
     calc = any(x.calc_grad for x in inputs)
+    if num_nodes > MAX_NODES:  # node ids are int32
+        raise ValueError(f"the result would have {num_nodes} nodes, more than int32 ids allow ({MAX_NODES})")
     return Graph._from_arrays(num_nodes, start_ids, accept_ids, src, dst, il, ol, w, calc_grad=calc)
 
 

@@ -12,17 +12,26 @@ The gradient of a graph is itself a graph sharing the structure with its own wei
 
 Arcs are kept in Python lists while a user adds them one by one and in int32 numpy
 arrays once something reads them; operations that build graphs in bulk hand arrays
-over directly (``Graph._from_arrays``).
+over directly (``Graph._from_arrays``, unchecked, for the engine's own results).
+
+Everything that builds a graph from outside data (``Graph.from_arrays``, unpickling,
+``load``/``loadtxt``) goes through :func:`_validate_arrays` first: the compiled kernels
+index arrays by node id and label without bounds checks, so a node id out of range or a
+label below -1 must never reach them.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
+import platform
 import threading
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Callable, Iterable, List, NamedTuple, Optional, Sequence
 
 import numpy as np
+
+from ._text import format_graph
 
 epsilon = -1
 """The label of an arc that consumes (or emits) nothing."""
@@ -30,6 +39,19 @@ epsilon = -1
 _INT = np.int32
 _FLOAT = np.float32
 _MERGE_LOCK = threading.Lock()  # guards merging arcs added one by one into the arrays
+
+MAX_NODES = 2**31 - 1
+"""Node ids and labels are int32: a graph has at most this many nodes."""
+
+MAX_UNREFERENCED_NODES = 1 << 20
+"""How many nodes that no arc, start id or accept id names a graph read from outside data
+(pickle state, ``load``, ``loadtxt``) may have. Each node costs memory whether used or not,
+so a few bytes declaring two billion nodes must not make the engine allocate tens of GB."""
+
+# Every change of a graph's structure or weights stamps the changed part with the next
+# value of one process-wide counter, so ``Graph.version`` grows on every change, also
+# when a part is replaced by a fresh one (``__setstate__``).
+_next_version = itertools.count(1).__next__
 
 
 def _new_merge_lock_in_child() -> None:
@@ -58,9 +80,11 @@ class _Structure:
         "_csr",
         "_order",
         "_lbt",
+        "version",
     )
 
     def __init__(self) -> None:
+        self.version = _next_version()
         self.num_nodes = 0
         self.start: List[bool] = []
         self.accept: List[bool] = []
@@ -122,6 +146,7 @@ class _Structure:
         return idx
 
     def _changed(self) -> None:
+        self.version = _next_version()
         self.ilabel_sorted = False
         self.olabel_sorted = False
         self._csr = None
@@ -167,13 +192,15 @@ class _Structure:
 class _Weights:
     """The float32 weights of a graph (one per arc)."""
 
-    __slots__ = ("_array", "_pending")
+    __slots__ = ("_array", "_pending", "version")
 
     def __init__(self, array: Optional[np.ndarray] = None) -> None:
         self._array = np.zeros(0, dtype=_FLOAT) if array is None else array
         self._pending: Optional[list] = None
+        self.version = _next_version()
 
     def append(self, w: float) -> None:
+        self.version = _next_version()
         if self._pending is None:
             self._pending = []
         self._pending.append(w)
@@ -189,6 +216,7 @@ class _Weights:
     def set(self, array: np.ndarray) -> None:
         self._array = array
         self._pending = None
+        self.version = _next_version()
 
 
 class _GradState:
@@ -225,9 +253,144 @@ def _check_label(label, name: str) -> int:
         lab = int(label)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be an integer label, got {label!r}") from None
-    if lab != label or lab < epsilon:
-        raise ValueError(f"{name}={label!r} must be a label >= 0 or gtn.epsilon (-1)")
+    if lab != label or not epsilon <= lab <= MAX_NODES:
+        raise ValueError(f"{name}={label!r} must be a label in [0, {MAX_NODES}] or gtn.epsilon (-1)")
     return lab
+
+
+class GraphArrays(NamedTuple):
+    """A graph as arrays (see :meth:`Graph.arrays` and :meth:`Graph.from_arrays`).
+
+    Attributes:
+        num_nodes: the number of nodes ``N``.
+        start: ``(num_start,)`` int32 ids of the start nodes, in the order they became so.
+        accept: ``(num_accept,)`` int32 ids of the accept nodes, in the order they became so.
+        src: ``(E,)`` int32 source node of each arc, in ``[0, N)``.
+        dst: ``(E,)`` int32 destination node of each arc, in ``[0, N)``.
+        ilabel: ``(E,)`` int32 input label of each arc, ``>= 0`` or ``epsilon`` (-1).
+        olabel: ``(E,)`` int32 output label of each arc, ``>= 0`` or ``epsilon`` (-1).
+        weights: ``(E,)`` float32 weight of each arc.
+    """
+
+    num_nodes: int
+    start: np.ndarray
+    accept: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    ilabel: np.ndarray
+    olabel: np.ndarray
+    weights: np.ndarray
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _as_count(value, field: str, where: str, upper: int = MAX_NODES) -> int:
+    """A non-negative integer (a node count); ``ValueError`` naming ``field`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{where}: {field} must be an integer, got {type(value).__name__}")
+    value = int(value)
+    if not 0 <= value <= upper:
+        raise ValueError(f"{where}: {field}={value} must lie in [0, {upper}]")
+    return value
+
+
+def _as_int_array(values, field: str, where: str, low: int, high: int, copy: bool) -> np.ndarray:
+    """A 1-D int32 array of integers in ``[low, high)`` (no copy if it already is one)."""
+    if values is None or isinstance(values, (str, bytes, dict, set)):
+        raise ValueError(f"{where}: {field} must be a 1-D sequence of integers, got {type(values).__name__}")
+    try:
+        arr = np.asarray(values)
+    except Exception as err:  # ragged lists, objects numpy cannot convert
+        raise ValueError(f"{where}: {field} must be a 1-D sequence of integers ({err})") from None
+    if arr.ndim != 1:
+        raise ValueError(f"{where}: {field} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=_INT)
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{where}: {field} must hold integers, got dtype {arr.dtype}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < low or hi >= high:
+        bad = lo if lo < low else hi
+        raise ValueError(f"{where}: {field} holds {bad}, outside [{low}, {high - 1}]")
+    if arr.dtype == _INT and arr.flags.c_contiguous:
+        return arr.copy() if copy else arr
+    return arr.astype(_INT)
+
+
+def _check_node_budget(num_nodes: int, ids: Sequence[np.ndarray], where: str) -> None:
+    """``ValueError`` when more than ``MAX_UNREFERENCED_NODES`` nodes are named by no id."""
+    if num_nodes <= MAX_UNREFERENCED_NODES:
+        return
+    used = np.unique(np.concatenate([np.asarray(a, dtype=np.int64).reshape(-1) for a in ids]))
+    if num_nodes - len(used) > MAX_UNREFERENCED_NODES:
+        raise ValueError(
+            f"{where}: num_nodes={num_nodes} but only {len(used)} nodes are named by an arc, start "
+            f"or accept id; at most {MAX_UNREFERENCED_NODES} nodes may be unused"
+        )
+
+
+def _validate_arrays(num_nodes, start, accept, src, dst, ilabel, olabel, weights, where: str,
+                     copy: bool = False, node_budget: bool = False):
+    """Checks a graph given as arrays; returns them as the engine stores them.
+
+    Returns ``(num_nodes, start_ids, accept_ids, src, dst, ilabel, olabel, weights)`` with
+    int32/float32 arrays (the given ones when they already are contiguous int32 and
+    writeable float32, unless ``copy``). ``olabel`` None means ``ilabel``; ``weights`` None
+    means zeros.
+
+    Raises:
+        ValueError: naming the field that is wrong: a count that is not a non-negative
+            integer, a node id outside ``[0, num_nodes)``, a label below -1, a repeated start
+            or accept id, arrays of different lengths, weights that are not ``E`` numbers,
+            or (with ``node_budget``) too many nodes that nothing names.
+    """
+    n = _as_count(num_nodes, "num_nodes", where)
+    start = _as_int_array(start, "start", where, 0, n, False)
+    accept = _as_int_array(accept, "accept", where, 0, n, False)
+    for name, ids in (("start", start), ("accept", accept)):
+        if len(np.unique(ids)) != len(ids):
+            raise ValueError(f"{where}: {name} names a node more than once")
+    src = _as_int_array(src, "src", where, 0, n, copy)
+    dst = _as_int_array(dst, "dst", where, 0, n, copy)
+    il = _as_int_array(ilabel, "ilabel", where, epsilon, MAX_NODES + 1, copy)
+    ol = il if olabel is None else _as_int_array(olabel, "olabel", where, epsilon, MAX_NODES + 1, copy)
+    e = len(src)
+    for name, a in (("dst", dst), ("ilabel", il), ("olabel", ol)):
+        if len(a) != e:
+            raise ValueError(f"{where}: {name} has {len(a)} entries but src has {e} (one per arc)")
+    if weights is None:
+        w = np.zeros(e, dtype=_FLOAT)
+    else:
+        if isinstance(weights, (str, bytes, dict, set)):
+            raise ValueError(f"{where}: weights must be a 1-D sequence of numbers, got {type(weights).__name__}")
+        try:
+            w = np.asarray(weights)
+        except Exception as err:
+            raise ValueError(f"{where}: weights must be a 1-D sequence of numbers ({err})") from None
+        if w.ndim != 1 or len(w) != e:
+            raise ValueError(f"{where}: weights must have shape ({e},) (one per arc), got {w.shape}")
+        if e and w.dtype.kind not in "fiu":
+            raise ValueError(f"{where}: weights must hold real numbers, got dtype {w.dtype}")
+        if not (w.dtype == _FLOAT and w.flags.c_contiguous and w.flags.writeable) or copy:
+            w = w.astype(_FLOAT)  # a copy
+    if node_budget:
+        _check_node_budget(n, (start, accept, src, dst), where)
+    return n, start.tolist(), accept.tolist(), src, dst, il, ol, w
+
+
+def _address_limit() -> int:
+    """One past the highest user-space address of this machine (47-bit on x86-64/aarch64)."""
+    if platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64"):
+        return 1 << 47
+    return 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
+
+
+_ADDRESS_LIMIT = _address_limit()
+_LOWEST_ADDRESS = 1 << 16  # Linux never maps the first 64 KiB (vm.mmap_min_addr)
 
 
 class Graph:
@@ -270,7 +433,8 @@ class Graph:
         weights: np.ndarray,
         calc_grad: bool = True,
     ) -> "Graph":
-        """Builds a graph from arrays (no copy when they already are int32/float32)."""
+        """Builds a graph from arrays without checking them (no copy when they already are
+        int32/float32): only for the engine's own results, see :meth:`from_arrays`."""
         g = cls(calc_grad)
         s = g._s
         s.num_nodes = int(num_nodes)
@@ -285,6 +449,98 @@ class Graph:
         s._arrays = tuple(np.ascontiguousarray(a, dtype=_INT) for a in (src, dst, ilabel, olabel))
         g._w.set(np.ascontiguousarray(weights, dtype=_FLOAT))
         return g
+
+    @classmethod
+    def from_arrays(
+        cls,
+        num_nodes: int,
+        start,
+        accept,
+        src,
+        dst,
+        ilabel,
+        olabel=None,
+        weights=None,
+        calc_grad: bool = True,
+    ) -> "Graph":
+        """Builds a graph from arrays, checked (the inverse of :meth:`arrays`).
+
+        Arc ``a`` goes from node ``src[a]`` to ``dst[a]`` reading ``ilabel[a]``, writing
+        ``olabel[a]``, with weight ``weights[a]``; start and accept ids keep the given order.
+        Contiguous int32 arrays (and a writeable contiguous float32 ``weights``) are used
+        as they are, without a copy: the graph never writes to its label or node arrays,
+        and writes to the weights only through ``set_weight``. Do not change such arrays
+        afterwards (pass copies if you will): the graph trusts them once checked.
+
+        Args:
+            num_nodes: the number of nodes ``N`` (nodes are ``0 .. N-1``).
+            start: ``(num_start,)`` integer ids of the start nodes, distinct.
+            accept: ``(num_accept,)`` integer ids of the accept nodes, distinct.
+            src: ``(E,)`` integer source node of each arc, in ``[0, N)``.
+            dst: ``(E,)`` integer destination node of each arc, in ``[0, N)``.
+            ilabel: ``(E,)`` integer input labels, ``>= 0`` or ``epsilon`` (-1).
+            olabel: ``(E,)`` integer output labels; ``None`` makes an acceptor
+                (``olabel = ilabel``).
+            weights: ``(E,)`` real arc weights (NaN and infinities are kept); ``None``
+                gives zeros.
+            calc_grad: whether gradients are computed for the graph's weights.
+
+        Returns:
+            The graph; ``g.arrays()`` gives the same arrays back.
+
+        Raises:
+            ValueError: naming the field, when a count is not a non-negative integer, a
+                node id is outside ``[0, N)``, a label is below -1 or beyond int32, a start
+                or accept id repeats, or the arrays do not all have ``E`` entries.
+
+        Example:
+            >>> import lightning_gtn.wfst as gtn
+            >>> g = gtn.Graph.from_arrays(2, [0], [1], [0], [1], [3], weights=[0.5])
+            >>> g.labels_to_list(), g.weights_to_list()
+            ([3], [0.5])
+        """
+        n, start, accept, src, dst, il, ol, w = _validate_arrays(
+            num_nodes, start, accept, src, dst, ilabel, olabel, weights, "Graph.from_arrays"
+        )
+        return cls._from_arrays(n, start, accept, src, dst, il, ol, w, calc_grad=bool(calc_grad))
+
+    def arrays(self) -> GraphArrays:
+        """The graph as read-only numpy views (no copy); see :class:`GraphArrays`.
+
+        The views follow the graph only as long as it keeps the same arrays: adding arcs
+        or calling ``set_weights`` replaces them (check :attr:`version`), ``set_weight``
+        writes into the weights in place.
+
+        Returns:
+            ``GraphArrays(num_nodes, start, accept, src, dst, ilabel, olabel, weights)``:
+            start/accept ``(num_start,)``/``(num_accept,)`` int32, the arc arrays ``(E,)``
+            int32 and the weights ``(E,)`` float32, all with ``flags.writeable == False``.
+        """
+        s = self._s
+        src, dst, il, ol = s.arrays()
+        return GraphArrays(
+            s.num_nodes,
+            _read_only(np.asarray(s.start_ids, dtype=_INT)),
+            _read_only(np.asarray(s.accept_ids, dtype=_INT)),
+            _read_only(src),
+            _read_only(dst),
+            _read_only(il),
+            _read_only(ol),
+            _read_only(self._weights()),
+        )
+
+    @property
+    def version(self) -> int:
+        """A number that grows on every change of the graph's structure or weights.
+
+        ``add_node``, ``add_arc``, ``make_accept``, ``arc_sort``, ``mark_arc_sorted``,
+        ``set_weights``, ``set_weight`` and ``__setstate__`` all increase it (writes through
+        a tensor from ``weights_to_tensor()`` or an address from ``weights()`` cannot be
+        seen). ``(id(graph), graph.version)`` therefore tells a cache whether something it
+        computed from the graph is still valid while the graph is alive.
+        """
+        w = self._w
+        return max(self._s.version, w.version if w is not None else 0)
 
     def _set_grad_func(self, inputs: Sequence["Graph"], grad_func: Callable) -> None:
         """Records how to back-propagate into ``inputs`` (only when this graph needs it)."""
@@ -324,8 +580,8 @@ class Graph:
         n = s.num_nodes
         # Plain ints in range (the common case) skip the checks' conversions.
         if (type(src_node) is int and type(dst_node) is int and type(ilabel) is int
-                and 0 <= src_node < n and 0 <= dst_node < n and ilabel >= epsilon
-                and (olabel is None or (type(olabel) is int and olabel >= epsilon))):
+                and 0 <= src_node < n and 0 <= dst_node < n and epsilon <= ilabel <= MAX_NODES
+                and (olabel is None or (type(olabel) is int and epsilon <= olabel <= MAX_NODES))):
             self._w.append(float(weight))
             return s.add_arc(src_node, dst_node, ilabel, ilabel if olabel is None else olabel)
         if ilabel is None:
@@ -378,6 +634,7 @@ class Graph:
         if not self._s.accept[i]:
             self._s.accept[i] = True
             self._s.accept_ids.append(i)
+            self._s.version = _next_version()
 
     def _arc(self, i: int) -> int:
         n = self.num_arcs()
@@ -414,6 +671,7 @@ class Graph:
     def set_weight(self, i: int, weight: float) -> None:
         """Sets the weight of arc ``i``."""
         self._weights()[self._arc(i)] = weight
+        self._w.version = _next_version()
 
     def in_arcs(self, i: int) -> List[int]:
         """The ids of the arcs into node ``i`` (insertion order, or label order after ``arc_sort``)."""
@@ -458,9 +716,15 @@ class Graph:
         s._order = (in_arcs, out_arcs)
         s.olabel_sorted = bool(olabel)
         s.ilabel_sorted = not olabel
+        s.version = _next_version()
 
     def mark_arc_sorted(self, olabel: bool = False) -> None:
-        """Declares the arcs sorted by input (or output) label without checking."""
+        """Declares the arcs sorted by input (or output) label without checking.
+
+        A wrong declaration makes compose and intersect miss matches (as in GTN), never
+        read out of range.
+        """
+        self._s.version = _next_version()
         if olabel:
             self._s.olabel_sorted = True
         else:
@@ -509,25 +773,47 @@ class Graph:
 
         Args:
             weights: a list of floats, a numpy array or a CPU torch tensor of
-                ``num_arcs()`` values, or the integer address of ``num_arcs()``
-                contiguous float32 values (``tensor.data_ptr()``; the caller keeps
-                that memory alive during the call).
+                ``num_arcs()`` values (NaN and infinities are kept), or the integer
+                address of ``num_arcs()`` contiguous float32 values
+                (``tensor.data_ptr()``; the caller keeps that memory alive during the
+                call). As in GTN, an address is trusted: one that points into user space
+                but not at ``num_arcs()`` readable floats crashes the process. Addresses
+                that cannot be valid are refused: negative ones, the first 64 KiB, and
+                ranges reaching past the user address space (``2**47`` on x86-64 and
+                aarch64).
+
+        Raises:
+            ValueError: on a wrong number of values or an impossible address.
+            TypeError: on a bool (not an address).
         """
         n = self.num_arcs()
-        if isinstance(weights, (int, np.integer)) and not isinstance(weights, bool):
+        if isinstance(weights, (bool, np.bool_)):
+            raise TypeError("weights: got a bool; pass a list of floats, an array, a tensor or an address")
+        if isinstance(weights, (int, np.integer)):
+            addr = int(weights)
             if n == 0:
                 arr = np.zeros(0, dtype=_FLOAT)
             else:
-                if int(weights) == 0:
+                if addr == 0:
                     raise ValueError("weights: got a null address")
-                buf = (ctypes.c_float * n).from_address(int(weights))
+                if addr < _LOWEST_ADDRESS or addr + 4 * n > _ADDRESS_LIMIT:
+                    raise ValueError(
+                        f"weights: address {addr:#x} cannot hold {n} float32 values (valid user "
+                        f"addresses lie in [{_LOWEST_ADDRESS:#x}, {_ADDRESS_LIMIT:#x}))"
+                    )
+                buf = (ctypes.c_float * n).from_address(addr)
                 arr = np.frombuffer(buf, dtype=_FLOAT, count=n).copy()
         else:
             if hasattr(weights, "detach") and hasattr(weights, "device"):  # torch tensor
                 if weights.device.type != "cpu":
                     raise ValueError(f"weights: expected a CPU tensor, got one on {weights.device}")
                 weights = weights.detach().reshape(-1).float().numpy()
-            arr = np.array(weights, dtype=_FLOAT).reshape(-1)
+            try:
+                arr = np.array(weights, dtype=_FLOAT).reshape(-1)
+            except TypeError as err:
+                raise TypeError(f"weights: expected {n} numbers, got {type(weights).__name__} ({err})") from None
+            except ValueError as err:
+                raise ValueError(f"weights: expected {n} numbers ({err})") from None
             if arr.shape[0] != n:
                 raise ValueError(f"weights: expected {n} values (one per arc, shape ({n},)), got {arr.shape[0]}")
         if self._w is None:
@@ -582,13 +868,27 @@ class Graph:
         """Clears the gradient (the next ``backward`` starts from zero)."""
         self._g.grad = None
 
-    def _add_grad(self, grad) -> None:
-        """Accumulates ``grad`` (an array of ``num_arcs`` values or a Graph) into the gradient."""
+    def add_grad(self, grad) -> None:
+        """Accumulates ``grad`` into the gradient (GTN's ``Graph::addGrad``).
+
+        Does nothing when ``calc_grad`` is off. The first call makes the gradient graph
+        (``grad()``), later calls add to its weights.
+
+        Args:
+            grad: ``(num_arcs,)`` values (list, numpy array, CPU tensor) or a Graph whose
+                weights are used.
+
+        Raises:
+            RuntimeError: when ``grad`` does not hold ``num_arcs()`` values (as GTN).
+        """
         if not self._g.calc_grad:
             return
         if isinstance(grad, Graph):
             grad = grad._weights()
-        grad = np.asarray(grad, dtype=_FLOAT)
+        try:
+            grad = np.asarray(grad, dtype=_FLOAT)
+        except (TypeError, ValueError):
+            raise RuntimeError("[Graph::addGrad] Invalid grad size.") from None
         if grad.shape != (self.num_arcs(),):
             raise RuntimeError("[Graph::addGrad] Invalid grad size.")
         with self._g.lock:
@@ -598,8 +898,12 @@ class Graph:
                 gg._w = _Weights(grad.copy())
                 self._g.grad = gg
             else:
-                w = self._g.grad._w.array()
+                gw = self._g.grad._w
+                w = gw.array()
                 np.add(w, grad, out=w)
+                gw.version = _next_version()
+
+    _add_grad = add_grad  # the engine's own name for it
 
     def id(self) -> int:
         """An identifier shared by all handles of this graph (GTN's ``Graph::id``)."""
@@ -654,16 +958,52 @@ class Graph:
         }
 
     def __setstate__(self, state) -> None:
-        g = Graph._from_arrays(
-            state["num_nodes"],
-            state["start_ids"],
-            state["accept_ids"],
-            *(np.array(a, dtype=_INT) for a in state["arcs"]),
-            weights=np.array(state["weights"], dtype=_FLOAT),
-            calc_grad=state["calc_grad"],
+        """Restores a graph from :meth:`__getstate__`'s dict, checking every field.
+
+        Raises:
+            ValueError: naming the field that is missing or wrong (see
+                :meth:`from_arrays`; also the sorted flags and the arc order).
+        """
+        where = "Graph.__setstate__"
+        if not isinstance(state, dict):
+            raise ValueError(f"{where}: state must be a dict, got {type(state).__name__}")
+        for key in ("num_nodes", "start_ids", "accept_ids", "arcs", "weights"):
+            if key not in state:
+                raise ValueError(f"{where}: state has no {key!r}")
+        arcs = state["arcs"]
+        if not isinstance(arcs, (tuple, list)) or len(arcs) != 4:
+            raise ValueError(f"{where}: arcs must be (src, dst, ilabel, olabel)")
+        if state["weights"] is None:
+            raise ValueError(f"{where}: weights must be a 1-D sequence of numbers, got None")
+        n, start, accept, src, dst, il, ol, w = _validate_arrays(
+            state["num_nodes"], state["start_ids"], state["accept_ids"], *arcs, state["weights"],
+            where, copy=True, node_budget=True,
         )
-        g._s.ilabel_sorted, g._s.olabel_sorted = state["sorted"]
-        g._s._order = state.get("order")
+        calc_grad = state.get("calc_grad", True)
+        if not isinstance(calc_grad, (bool, np.bool_, int, np.integer)):
+            raise ValueError(f"{where}: calc_grad must be a bool, got {type(calc_grad).__name__}")
+        flags = state.get("sorted", (False, False))
+        if not isinstance(flags, (tuple, list)) or len(flags) != 2 or not all(
+            isinstance(f, (bool, np.bool_)) for f in flags
+        ):
+            raise ValueError(f"{where}: sorted must be a pair of bools")
+        order = state.get("order")
+        if order is not None:
+            if not isinstance(order, (tuple, list)) or len(order) != 2:
+                raise ValueError(f"{where}: order must be None or (in_arcs, out_arcs)")
+            e = len(src)
+            checked = []
+            for name, arcs_of, ends in (("order[0] (in_arcs)", order[0], dst), ("order[1] (out_arcs)", order[1], src)):
+                a = _as_int_array(arcs_of, name, where, 0, max(e, 1), True)
+                if len(a) != e or (e and np.bincount(a, minlength=e).max() != 1):
+                    raise ValueError(f"{where}: {name} must list each of the {e} arcs once")
+                if e and np.any(np.diff(ends[a]) < 0):
+                    raise ValueError(f"{where}: {name} must group arcs by node in node order")
+                checked.append(a)
+            order = tuple(checked)
+        g = Graph._from_arrays(n, start, accept, src, dst, il, ol, w, calc_grad=bool(calc_grad))
+        g._s.ilabel_sorted, g._s.olabel_sorted = (bool(f) for f in flags)
+        g._s._order = order
         self._s, self._w, self._g = g._s, g._w, g._g
 
     def __reduce_ex__(self, protocol):
@@ -679,9 +1019,7 @@ class Graph:
         return out
 
     def __repr__(self) -> str:
-        from .utils import graph_to_text
-
-        return graph_to_text(self)
+        return format_graph(self)
 
     def __str__(self) -> str:
         return self.__repr__()

@@ -8,7 +8,9 @@ Text format (GTN's ``savetxt``/``loadtxt``)::
     0 1 0 0 2.5    <- then one arc a line: src dst ilabel [olabel [weight]]
 
 ``olabel`` defaults to ``ilabel`` and ``weight`` to 0. The graph gets as many nodes as
-the largest node id named anywhere (plus one). Fields may be separated by any
+the largest node id named anywhere (plus one); at most ``MAX_UNREFERENCED_NODES`` (2**20)
+of them may be named nowhere, so a short text naming node 2**31 - 2 is refused rather
+than allocated. Node ids and labels must fit int32. Fields may be separated by any
 whitespace and blank arc lines are skipped (GTN needs single spaces). As in GTN, the
 first two lines must name at least one node each, so a graph without start or accept
 nodes can be written but not read back: use ``save``/``load`` or pickle for those. ``savetxt`` writes weights with six
@@ -27,7 +29,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from .graph import Graph, _FLOAT, _INT, epsilon
+from ._text import fmt_weight, format_graph
+from .graph import MAX_NODES, MAX_UNREFERENCED_NODES, Graph, _FLOAT, _INT, _validate_arrays, epsilon
 
 __all__ = [
     "equal",
@@ -44,8 +47,6 @@ __all__ = [
 ]
 
 _EPSILON_SYMBOL = "\u03b5"  # what GTN's drawings show for epsilon
-_SUMMARY_THRESHOLD = 20  # repr of a graph with more nodes or arcs is shortened ...
-_SUMMARY_ITEMS = 10  # ... to this many start ids, accept ids and arcs
 
 
 class GraphFileNotFoundError(FileNotFoundError, ValueError):
@@ -186,9 +187,7 @@ def _degrees_and_out(s) -> Tuple[List[int], List[List[int]]]:
 # -- text format ----------------------------------------------------------------------------
 
 
-def _fmt_weight(w: float) -> str:
-    # C++ streams print floats with six significant digits, like printf's %g.
-    return "%g" % w
+_fmt_weight = fmt_weight
 
 
 def graph_to_text(g: Graph, summary: Optional[bool] = None) -> str:
@@ -200,26 +199,7 @@ def graph_to_text(g: Graph, summary: Optional[bool] = None) -> str:
             (followed by ``...``). By default, as GTN's ``repr``, only graphs with more
             than 20 nodes or arcs are shortened.
     """
-    _check(g, "g")
-    s = g._s
-    n_arcs = s.num_arcs()
-    if summary is None:
-        summary = max(n_arcs, s.num_nodes) > _SUMMARY_THRESHOLD
-    limit = _SUMMARY_ITEMS if summary else None
-
-    def id_line(ids: List[int]) -> str:
-        if limit is not None and len(ids) > limit:
-            return " ".join(map(str, ids[:limit])) + " ..."
-        return " ".join(map(str, ids))
-
-    lines = [id_line(s.start_ids), id_line(s.accept_ids)]
-    k = n_arcs if limit is None else min(n_arcs, limit)
-    src, dst, il, ol = (a[:k].tolist() for a in s.arrays())
-    w = g._weights()[:k].tolist() if g._w is not None else [0.0] * k
-    lines.extend(f"{a} {b} {c} {d} {_fmt_weight(e)}" for a, b, c, d, e in zip(src, dst, il, ol, w))
-    if k < n_arcs:
-        lines.append("...")
-    return "\n".join(lines) + "\n"
+    return format_graph(_check(g, "g"), summary)
 
 
 def _parse_ids(line: str, what: str, lineno: int, source: str) -> List[int]:
@@ -233,8 +213,8 @@ def _parse_ids(line: str, what: str, lineno: int, source: str) -> List[int]:
         ids = [int(f) for f in fields]
     except ValueError:
         raise ValueError(f"{source}: line {lineno}: {what} node ids must be integers, got {line!r}") from None
-    if any(i < 0 for i in ids):
-        raise ValueError(f"{source}: line {lineno}: {what} node ids must be >= 0, got {line!r}")
+    if any(not 0 <= i < MAX_NODES for i in ids):
+        raise ValueError(f"{source}: line {lineno}: {what} node ids must lie in [0, {MAX_NODES - 1}], got {line!r}")
     if len(set(ids)) != len(ids):
         raise ValueError(f"{source}: line {lineno}: repeat {what} node detected in {line!r}")
     return ids
@@ -275,26 +255,31 @@ def _parse_lines(lines: Iterable[str], source: str) -> Graph:
                 f"{source}: line {lineno}: bad line for loading arc (node ids and labels must be "
                 f"integers, the weight a number), got {line!r}"
             ) from None
-        if a < 0 or b < 0:
-            raise ValueError(f"{source}: line {lineno}: node ids must be >= 0, got {line!r}")
-        if c < epsilon or d < epsilon:
-            raise ValueError(f"{source}: line {lineno}: labels must be >= 0 or -1 (epsilon), got {line!r}")
+        if not (0 <= a < MAX_NODES and 0 <= b < MAX_NODES):
+            raise ValueError(f"{source}: line {lineno}: node ids must lie in [0, {MAX_NODES - 1}], got {line!r}")
+        if not (epsilon <= c <= MAX_NODES and epsilon <= d <= MAX_NODES):
+            raise ValueError(
+                f"{source}: line {lineno}: labels must be -1 (epsilon) or in [0, {MAX_NODES}], got {line!r}"
+            )
         src.append(a)
         dst.append(b)
         il.append(c)
         ol.append(d)
         w.append(e)
         max_node = max(max_node, a, b)
-    return Graph._from_arrays(
-        max_node + 1,
-        start,
-        accept,
-        np.array(src, dtype=_INT),
-        np.array(dst, dtype=_INT),
-        np.array(il, dtype=_INT),
-        np.array(ol, dtype=_INT),
-        np.array(w, dtype=_FLOAT),
+    # Nodes are dense (ids 0..max): refuse to allocate many nodes that nothing names.
+    if max_node + 1 > MAX_UNREFERENCED_NODES:
+        named = len(set(start) | set(accept) | set(src) | set(dst))
+        if max_node + 1 - named > MAX_UNREFERENCED_NODES:
+            raise ValueError(
+                f"{source}: node id {max_node} makes {max_node + 1} nodes of which only {named} are "
+                f"named; at most {MAX_UNREFERENCED_NODES} nodes may be unused"
+            )
+    args = _validate_arrays(
+        max_node + 1, start, accept, np.array(src, dtype=_INT), np.array(dst, dtype=_INT),
+        np.array(il, dtype=_INT), np.array(ol, dtype=_INT), np.array(w, dtype=_FLOAT), source,
     )
+    return Graph._from_arrays(*args)
 
 
 def graph_from_text(text: str) -> Graph:
@@ -384,8 +369,11 @@ def load(file_name) -> Graph:
         file_name: a path, or a file opened in binary mode.
 
     Raises:
-        ValueError: if the file is truncated or inconsistent, and, as in GTN, when it
-            does not exist (then the error is also a ``FileNotFoundError``).
+        ValueError: if the file is truncated or inconsistent (a node id out of range, a
+            label below -1, more than ``MAX_UNREFERENCED_NODES`` nodes that nothing names),
+            and, as in GTN, when it does not exist (then the error is also a
+            ``FileNotFoundError``).
+        TypeError: if ``file_name`` is a file opened in text mode.
     """
     if hasattr(file_name, "read"):
         data, name = file_name.read(), getattr(file_name, "name", "graph file")
@@ -396,6 +384,8 @@ def load(file_name) -> Graph:
                 data = f.read()
         except FileNotFoundError:
             raise GraphFileNotFoundError(f"Couldn't find graph file to load. {name!r}") from None
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{name!r}: expected a file opened in binary mode, read {type(data).__name__}")
     ints = np.frombuffer(data, dtype="<i4", count=min(4, len(data) // 4))
     if len(ints) < 4:
         raise ValueError(f"{name!r}: not a graph file (shorter than its 16-byte header)")
@@ -417,16 +407,11 @@ def load(file_name) -> Graph:
         raise ValueError(f"{name!r}: a label is below -1 (epsilon)")
     if len(set(start.tolist())) != n_start or len(set(accept.tolist())) != n_accept:
         raise ValueError(f"{name!r}: repeated start or accept node ids")
-    return Graph._from_arrays(
-        n_nodes,
-        start.tolist(),
-        accept.tolist(),
-        arcs[:, 0].astype(_INT),
-        arcs[:, 1].astype(_INT),
-        arcs[:, 2].astype(_INT),
-        arcs[:, 3].astype(_INT),
-        weights.astype(_FLOAT),
+    args = _validate_arrays(
+        n_nodes, start, accept, *(arcs[:, k].astype(_INT) for k in range(4)), weights.astype(_FLOAT),
+        repr(name), node_budget=True,
     )
+    return Graph._from_arrays(*args)
 
 
 # -- drawing ------------------------------------------------------------------------------------
