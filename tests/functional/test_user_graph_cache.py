@@ -37,9 +37,9 @@ def test_graph_loss_compiles_each_graph_once(count_compiles):
     torch.manual_seed(0)
     x = torch.randn(2, 4, 3).log_softmax(-1)
     graphs = [chain([0, 1]), chain([2])]
-    first = graph_loss(x, graphs, torch.tensor([4, 3]))
+    first = graph_loss(x, None, torch.tensor([4, 3]), graphs=graphs, reduction="none")
     assert len(count_compiles) == 2
-    second = graph_loss(x, graphs, torch.tensor([4, 3]))
+    second = graph_loss(x, None, torch.tensor([4, 3]), graphs=graphs, reduction="none")
     assert len(count_compiles) == 2  # no compilation on the second call
     assert torch.equal(first, second)
     assert _graphs.compiled_user_graph(graphs[0]) is _graphs.compiled_user_graph(graphs[0])
@@ -52,10 +52,10 @@ def test_graph_loss_compiles_each_graph_once(count_compiles):
 def test_mutating_a_graph_recompiles(count_compiles, mutate):
     x = torch.randn(1, 2, 3).log_softmax(-1)
     g = chain([0, 1])
-    before = graph_loss(x, [g], torch.tensor([2]))
+    before = graph_loss(x, None, torch.tensor([2]), graphs=[g], reduction="none")
     cg = _graphs.compiled_user_graph(g)
     mutate(g)
-    after = graph_loss(x, [g], torch.tensor([2]))
+    after = graph_loss(x, None, torch.tensor([2]), graphs=[g], reduction="none")
     assert len(count_compiles) == 2
     assert _graphs.compiled_user_graph(g) is not cg
     assert torch.isfinite(before) and torch.isfinite(after)
