@@ -16,7 +16,7 @@ torch is imported) lets them sleep. The header line says which policy a run used
 
 Where the real ``gtn`` package is importable (it is not on PyPI in an installable form; put a
 build of it on ``PYTHONPATH``), every CPU table gains a column for the GTN pattern: the same
-loss with ``backend="gtn"`` (host copy, one graph per example, ``gtn.parallel_for``,
+loss with ``impl="gtn"`` (host copy, one graph per example, ``gtn.parallel_for``,
 ``gtn.backward``), timed interleaved with the others.
 
 Memory method: each (loss, shape) runs once more in a fresh subprocess with glibc's malloc
@@ -115,10 +115,10 @@ def _make(kind, impl, B, T, C, L, device="cpu"):
     tr = torch.zeros(C + 1, C, device=device, requires_grad=True)
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     if impl in ("gtn", "ours_torch"):  # the GTN pattern, or the per-frame torch implementation
-        opt = {"backend": "gtn"} if impl == "gtn" else {"_impl": "torch"}
+        opt = {"impl": "gtn" if impl == "gtn" else "torch"}
         fn = {"ctc": ctc_loss, "seq": sequence_loss}.get(kind)
         if fn is None:
-            f = lambda: asg_loss(x, tr, tg, il, tl, **opt)
+            f = lambda: asg_loss(x, tg, il, tl, transitions=tr, **opt)
         else:
             f = lambda: fn(x, tg, il, tl, **opt)
     elif kind == "ctc":
@@ -128,7 +128,10 @@ def _make(kind, impl, B, T, C, L, device="cpu"):
             xt = x.detach().transpose(0, 1).requires_grad_(True)
             f = lambda: TF.ctc_loss(xt, tg, il, tl)
     elif kind == "asg":
-        f = (lambda: asg_loss(x, tr, tg, il, tl)) if impl == "ours" else (lambda: torch_asg_loss(x, tr, tg, il, tl))
+        if impl == "ours":
+            f = lambda: asg_loss(x, tg, il, tl, transitions=tr)
+        else:
+            f = lambda: torch_asg_loss(x, tr, tg, il, tl)
     else:
         f = (lambda: sequence_loss(x, tg, il, tl)) if impl == "ours" else (lambda: torch_sequence_loss(x, tg, il, tl))
 
@@ -222,7 +225,7 @@ def _gpu_peak_mb(step) -> float:
 def _gpu_tables(reps: int, asg_large: bool) -> str:
     """CTC against torch's CUDA ctc_loss; ASG and the sequence criterion against the torch DP.
 
-    Each row also times lightning_gtn's per-frame torch implementation (``_impl="torch"``, the
+    Each row also times lightning_gtn's per-frame torch implementation (``impl="torch"``, the
     path taken without Triton or for graphs with epsilon arcs).
     """
     if not torch.cuda.is_available():

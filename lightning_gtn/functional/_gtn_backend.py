@@ -1,4 +1,4 @@
-"""``backend="gtn"``: the same losses computed by the real ``gtn`` package, GTN's way.
+"""``impl="gtn"``: the same losses computed by the real ``gtn`` package, GTN's way.
 
 The pattern of GTN's PyTorch documentation: copy the emissions to the host, make one linear
 graph per example whose weights are set from the tensor's memory (``set_weights(data_ptr)``,
@@ -31,8 +31,8 @@ def import_gtn():
         import gtn  # noqa: F401
     except ImportError as err:
         raise ImportError(
-            "backend='gtn' needs the `gtn` package (GTN's Python bindings), which is not "
-            "installed; use backend='native' (the default), which computes the same losses"
+            "impl='gtn' needs the `gtn` package (GTN's Python bindings), which is not "
+            "installed; use impl=None (the default), which computes the same losses"
         ) from err
     return gtn
 

@@ -27,7 +27,7 @@ def _inputs(seed=0, B=4, T=4, C=3):
 def test_asg_brute_force_values_and_grads(impl):
     x, tr = _inputs()
     B = 3  # the brute force needs T >= 1 for the full graph
-    ours = asg_loss(x[:B], tr, TARGETS[:B], LENS[:B], reduction="none", _impl=impl)
+    ours = asg_loss(x[:B], TARGETS[:B], LENS[:B], transitions=tr, reduction="none", impl=impl)
     ref = torch.stack([asg_ref(x[b, : LENS[b]], tr, TARGETS[b]) for b in range(B)])
     torch.testing.assert_close(ours, ref)
     g1 = torch.autograd.grad(ours.sum(), (x, tr))
@@ -39,7 +39,7 @@ def test_asg_brute_force_values_and_grads(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_sequence_brute_force_values_and_grads(impl):
     x, _ = _inputs(1)
-    ours = sequence_loss(x, TARGETS, LENS, reduction="none", _impl=impl)
+    ours = sequence_loss(x, TARGETS, LENS, reduction="none", impl=impl)
     ref = torch.stack([seq_ref(x[b, : LENS[b]], TARGETS[b]) for b in range(4)])
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(torch.autograd.grad(ours.sum(), x)[0], torch.autograd.grad(ref.sum(), x)[0])
@@ -55,7 +55,7 @@ def test_sequence_loss_is_nll_under_frame_softmax():
 def test_asg_against_engine_graphs():
     x, tr = _inputs(3, B=1, T=5, C=3)
     target = [2, 0, 0]
-    ours = asg_loss(x, tr, [target], [5], reduction="none").item()
+    ours = asg_loss(x, [target], [5], transitions=tr, reduction="none").item()
     em = gtn.linear_graph(5, 3, calc_grad=False)
     em.set_weights(x[0].detach().float().contiguous().numpy())
     full_g, widx = gtn_full = __import__("lightning_gtn.functional", fromlist=["asg_full_graph"]).asg_full_graph(3)
@@ -79,8 +79,8 @@ def test_sequence_against_engine_graphs():
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_reductions(reduction):
     x, tr = _inputs(5)
-    none = asg_loss(x[:3], tr, TARGETS[:3], LENS[:3], reduction="none")
-    red = asg_loss(x[:3], tr, TARGETS[:3], LENS[:3], reduction=reduction)
+    none = asg_loss(x[:3], TARGETS[:3], LENS[:3], transitions=tr, reduction="none")
+    red = asg_loss(x[:3], TARGETS[:3], LENS[:3], transitions=tr, reduction=reduction)
     lens = torch.tensor([max(len(t), 1) for t in TARGETS[:3]], dtype=torch.float64)
     expected = none.sum() if reduction == "sum" else (none / lens).mean()
     torch.testing.assert_close(red, expected)
@@ -88,7 +88,7 @@ def test_reductions(reduction):
 
 def test_infeasible_and_zero_infinity():
     x, tr = _inputs(6)
-    loss = asg_loss(x[:2], tr, [[0, 1, 2, 0, 1], [1]], [4, 3], reduction="none")
+    loss = asg_loss(x[:2], [[0, 1, 2, 0, 1], [1]], [4, 3], transitions=tr, reduction="none")
     assert math.isinf(loss[0].item()) and math.isfinite(loss[1].item())
     z = sequence_loss(x[:2], [[0, 1, 2, 0, 1], [1]], [4, 3], reduction="none", zero_infinity=True)
     assert z[0].item() == 0.0
@@ -104,10 +104,10 @@ def test_batched_equals_one_by_one(B, T, C, seed):
     tr = torch.randn(C + 1, C, generator=g, dtype=torch.float64)
     lens = torch.randint(1, T + 1, (B,), generator=g).tolist()
     targets = [torch.randint(0, C, (int(torch.randint(0, l + 1, (1,), generator=g)),), generator=g).tolist() for l in lens]
-    full = asg_loss(x, tr, targets, lens, reduction="none")
+    full = asg_loss(x, targets, lens, transitions=tr, reduction="none")
     seq = sequence_loss(x, targets, lens, reduction="none")
     for b in range(B):
-        one = asg_loss(x[b : b + 1], tr, [targets[b]], [lens[b]], reduction="none")
+        one = asg_loss(x[b : b + 1], [targets[b]], [lens[b]], transitions=tr, reduction="none")
         torch.testing.assert_close(full[b : b + 1], one)
         torch.testing.assert_close(seq[b : b + 1], sequence_loss(x[b : b + 1], [targets[b]], [lens[b]], reduction="none"))
 
@@ -116,15 +116,16 @@ def test_batched_equals_one_by_one(B, T, C, seed):
 def test_gradcheck_float64(impl):
     x, tr = _inputs(7, B=2, T=4, C=3)
     tg = [[0, 2], [1]]
-    assert torch.autograd.gradcheck(lambda a, b: asg_loss(a, b, tg, [4, 3], reduction="none", _impl=impl), (x, tr))
-    assert torch.autograd.gradcheck(lambda a: sequence_loss(a, tg, [4, 3], reduction="none", _impl=impl), (x,))
+    assert torch.autograd.gradcheck(
+        lambda a, b: asg_loss(a, tg, [4, 3], transitions=b, reduction="none", impl=impl), (x, tr))
+    assert torch.autograd.gradcheck(lambda a: sequence_loss(a, tg, [4, 3], reduction="none", impl=impl), (x,))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_low_precision(dtype):
     x = torch.randn(2, 6, 3).to(dtype).requires_grad_(True)
     tr = torch.zeros(4, 3, dtype=dtype, requires_grad=True)
-    loss = asg_loss(x, tr, [[0, 1], [2]], [6, 5])
+    loss = asg_loss(x, [[0, 1], [2]], [6, 5], transitions=tr)
     assert loss.dtype == dtype
     loss.backward()
     assert x.grad.dtype == dtype and tr.grad.dtype == dtype
@@ -140,8 +141,8 @@ def test_nan_gives_nan():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
     x, tr = _inputs(8)
-    a = asg_loss(x[:3], tr, TARGETS[:3], LENS[:3], reduction="none")
-    b = asg_loss(x[:3].cuda(), tr.cuda(), TARGETS[:3], LENS[:3], reduction="none")
+    a = asg_loss(x[:3], TARGETS[:3], LENS[:3], transitions=tr, reduction="none")
+    b = asg_loss(x[:3].cuda(), TARGETS[:3], LENS[:3], transitions=tr.cuda(), reduction="none")
     torch.testing.assert_close(a, b.cpu())
 
 
@@ -154,7 +155,7 @@ def test_asg_fallback_keeps_transition_gradients():
     targets = [[0, 1, 2, 3, 0, 1], [2, 2, 1], [3]]
     out = {}
     for impl in ["numba", "numba_log"]:
-        loss = asg_loss(x, tr, targets, [30, 25, 20], reduction="none", _impl=impl)
+        loss = asg_loss(x, targets, [30, 25, 20], transitions=tr, reduction="none", impl=impl)
         out[impl] = (loss, torch.autograd.grad(loss.sum(), (x, tr)))
     torch.testing.assert_close(out["numba"][0], out["numba_log"][0])
     for a, b in zip(out["numba"][1], out["numba_log"][1]):

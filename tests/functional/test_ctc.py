@@ -35,7 +35,7 @@ def _torch_ctc(x, tg, il, tl, reduction="none", zero_infinity=False):
 def test_values_and_grads_match_torch(impl, reduction):
     x, tg, il, tl = _batch(0, 6, 30, 7, 10)
     x.requires_grad_(True)
-    ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction=reduction, zero_infinity=True, _impl=impl)
+    ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction=reduction, zero_infinity=True, impl=impl)
     ref = _torch_ctc(x, tg, il, tl, reduction, zero_infinity=True)
     torch.testing.assert_close(ours, ref)
     g1, = torch.autograd.grad(ours.sum(), x)
@@ -54,7 +54,7 @@ def test_random_shapes_repeats_empty_and_concatenated_targets(impl):
         tg = torch.randint(1, C, (B, 6), generator=g)  # C=2: every token repeats
         tl[0] = 0  # an empty target
         flat = torch.cat([tg[b, : tl[b]] for b in range(B)])
-        ours = ctc_loss(x.log_softmax(-1), flat, il, tl, reduction="none", _impl=impl)
+        ours = ctc_loss(x.log_softmax(-1), flat, il, tl, reduction="none", impl=impl)
         ref = _torch_ctc(x, tg, il, tl)
         torch.testing.assert_close(ours, ref)
         g1, = torch.autograd.grad(ours.sum(), x)
@@ -68,15 +68,15 @@ def test_infeasible_targets(impl):
     tg = torch.tensor([[1, 1, 1], [1, 2, 3], [2, 2, 0]])  # 1,1,1 needs 5 frames; 1,2,3 fits in 3
     il = torch.tensor([4, 3, 2])
     tl = torch.tensor([3, 3, 2])  # 2,2 needs 3 frames, has 2
-    loss = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none", _impl=impl)
+    loss = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none", impl=impl)
     assert math.isinf(loss[0].item()) and math.isinf(loss[2].item()) and math.isfinite(loss[1].item())
     torch.testing.assert_close(loss[1], _torch_ctc(x, tg, il, tl)[1])
-    z = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none", zero_infinity=True, _impl=impl)
+    z = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none", zero_infinity=True, impl=impl)
     assert z[0].item() == 0.0 and z[2].item() == 0.0
     g, = torch.autograd.grad(z.sum(), x)
     assert torch.all(g[0] == 0) and torch.all(g[2] == 0) and torch.any(g[1] != 0)
     # mean over a batch with an infinite member is infinite, as torch's
-    assert math.isinf(ctc_loss(x.log_softmax(-1), tg, il, tl, _impl=impl).item())
+    assert math.isinf(ctc_loss(x.log_softmax(-1), tg, il, tl, impl=impl).item())
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -86,7 +86,7 @@ def test_brute_force_on_raw_scores(impl):
     x = torch.randn(3, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
     targets = [[1, 2], [2, 2], []]
     il = [5, 5, 3]
-    ours = ctc_loss(x, torch.tensor([1, 2, 2, 2]), il, [2, 2, 0], reduction="none", _impl=impl)
+    ours = ctc_loss(x, torch.tensor([1, 2, 2, 2]), il, [2, 2, 0], reduction="none", impl=impl)
     ref = torch.stack([ctc_ref(x[b, : il[b]], targets[b]) for b in range(3)])
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(torch.autograd.grad(ours.sum(), x)[0], torch.autograd.grad(ref.sum(), x)[0])
@@ -129,7 +129,7 @@ def test_gradcheck_float64(impl):
     tg = torch.tensor([[1, 2], [3, 3]])
 
     def f(inp):
-        return ctc_loss(inp, tg, [6, 5], [2, 2], reduction="none", _impl=impl)
+        return ctc_loss(inp, tg, [6, 5], [2, 2], reduction="none", impl=impl)
 
     assert torch.autograd.gradcheck(f, (x,))
 
@@ -152,7 +152,7 @@ def test_nan_emissions_give_nan(impl):
     x = torch.randn(2, 6, 4, requires_grad=True)
     lp = x.log_softmax(-1)
     lp = torch.where(torch.arange(2).reshape(2, 1, 1) == 0, lp, torch.full_like(lp, float("nan")))
-    loss = ctc_loss(lp, torch.tensor([[1, 2], [1, 2]]), [6, 6], [2, 2], reduction="none", _impl=impl)
+    loss = ctc_loss(lp, torch.tensor([[1, 2], [1, 2]]), [6, 6], [2, 2], reduction="none", impl=impl)
     assert math.isfinite(loss[0].item()) and math.isnan(loss[1].item())
     loss.sum().backward()  # no crash
     assert torch.isfinite(x.grad[0]).all()
@@ -208,7 +208,7 @@ def test_torch_path_in_small_frame_blocks(monkeypatch):
     monkeypatch.setattr(_dense, "OCC_BLOCK_ELEMENTS", 50)  # forces many blocks of frames
     x, tg, il, tl = _batch(9, 3, 17, 5, 4)
     x.requires_grad_(True)
-    ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="sum", zero_infinity=True, _impl="torch")
+    ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="sum", zero_infinity=True, impl="torch")
     ref = _torch_ctc(x, tg, il, tl, "sum", zero_infinity=True)
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(torch.autograd.grad(ours, x)[0], torch.autograd.grad(ref, x)[0])

@@ -37,21 +37,21 @@ def test_ctc_errors(kwargs, match):
 
 def test_asg_transitions_shape():
     with pytest.raises(ValueError, match=r"transitions must be a tensor of shape \(C \+ 1, C\) = \(5, 4\)"):
-        asg_loss(X, torch.zeros(4, 4), [[1], [2]], [5, 5])
+        asg_loss(X, [[1], [2]], [5, 5], transitions=torch.zeros(4, 4))
 
 
-def test_backend_name():
-    with pytest.raises(ValueError, match="backend"):
-        sequence_loss(X, [[1], [2]], [5, 5], backend="k2")
+def test_impl_name():
+    with pytest.raises(ValueError, match="impl"):
+        sequence_loss(X, [[1], [2]], [5, 5], impl="k2")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_mismatched_devices():
     with pytest.raises(ValueError, match="transitions is on"):
-        asg_loss(X.cuda(), torch.zeros(5, 4), [[1], [2]], [5, 5])
+        asg_loss(X.cuda(), [[1], [2]], [5, 5], transitions=torch.zeros(5, 4))
 
 
 def test_mismatched_devices_meta():
     # a second device type exists everywhere: "meta"; targets there are rejected by name
     with pytest.raises(ValueError, match="transitions is on meta"):
-        asg_loss(X, torch.zeros(5, 4, device="meta"), [[1], [2]], [5, 5])
+        asg_loss(X, [[1], [2]], [5, 5], transitions=torch.zeros(5, 4, device="meta"))

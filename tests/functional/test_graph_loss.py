@@ -72,7 +72,7 @@ def test_epsilon_graph_against_brute_force_with_weight_grads(impl):
     x = torch.randn(3, 4, 3, dtype=torch.float64, requires_grad=True)
     w = torch.tensor(g.weights_to_list(), dtype=torch.float64, requires_grad=True)
     lens = [4, 2, 0]
-    ours = graph_loss(x, g, lens, weights=[w], _impl=impl)
+    ours = graph_loss(x, input_lengths=lens, graphs=g, weights=[w], reduction="none", impl=impl)
     ref = torch.stack([_brute(g, x[b, : lens[b]], w) for b in range(3)])
     torch.testing.assert_close(ours, ref)
     g1 = torch.autograd.grad(ours.sum(), (x, w))
@@ -84,7 +84,7 @@ def test_epsilon_graph_against_brute_force_with_weight_grads(impl):
 def test_graph_grad_lands_in_graph_like_gtn_backward():
     g = _eps_graph(calc_grad=True)
     x = torch.randn(1, 3, 3)
-    loss = graph_loss(x, [g], [3], reduction="sum")
+    loss = graph_loss(x, input_lengths=[3], graphs=[g], reduction="sum")
     loss.backward()
     # the engine's one-example reference: -forward_score(intersect(g, emissions))
     g2 = _eps_graph(calc_grad=True)
@@ -106,11 +106,11 @@ def test_denominators_and_infeasible():
     for c in range(3):
         den.add_arc(0, 0, c)
     x = torch.randn(2, 2, 3, dtype=torch.float64)
-    loss = graph_loss(x, [num, num], [1, 2], denominators=den)
+    loss = graph_loss(x, input_lengths=[1, 2], graphs=[num, num], denominators=den, reduction="none")
     expected0 = torch.logsumexp(x[0, 0], 0) - x[0, 0, 1]
     torch.testing.assert_close(loss[0], expected0)
     assert math.isinf(loss[1].item())  # num reads exactly one frame
-    assert graph_loss(x, [num, num], [1, 2], zero_infinity=True)[1].item() == 0.0
+    assert graph_loss(x, input_lengths=[1, 2], graphs=[num, num], reduction="none", zero_infinity=True)[1].item() == 0.0
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -118,7 +118,8 @@ def test_gradcheck(impl):
     g = _eps_graph()
     x = torch.randn(2, 3, 3, dtype=torch.float64, requires_grad=True)
     w = torch.tensor(g.weights_to_list(), dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b: graph_loss(a, g, [3, 2], weights=[b], _impl=impl), (x, w))
+    assert torch.autograd.gradcheck(
+        lambda a, b: graph_loss(a, input_lengths=[3, 2], graphs=g, weights=[b], reduction="none", impl=impl), (x, w))
 
 
 def test_epsilon_cycle_is_an_error():
@@ -128,7 +129,7 @@ def test_epsilon_cycle_is_an_error():
     g.add_arc(0, 1, gtn.epsilon)
     g.add_arc(1, 0, gtn.epsilon)
     with pytest.raises(ValueError, match="cycle"):
-        graph_loss(torch.randn(1, 2, 2), g, [2])
+        graph_loss(torch.randn(1, 2, 2), input_lengths=[2], graphs=g, reduction="none")
 
 
 def test_label_out_of_range():
@@ -136,7 +137,7 @@ def test_label_out_of_range():
     g.add_node(True, True)
     g.add_arc(0, 0, 5)
     with pytest.raises(ValueError, match="C=3"):
-        graph_loss(torch.randn(1, 2, 3), g, [2])
+        graph_loss(torch.randn(1, 2, 3), input_lengths=[2], graphs=g, reduction="none")
 
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
@@ -167,7 +168,7 @@ def test_random_graphs_count_paths_and_agree_across_impls(g, T, seed):
     w0 = torch.zeros(g.num_arcs(), dtype=torch.float64)
     zero = torch.zeros(1, T, 3, dtype=torch.float64)
     count = len(_paths(g, T))
-    loss = graph_loss(zero, g, [T], weights=[w0])
+    loss = graph_loss(zero, input_lengths=[T], graphs=g, weights=[w0], reduction="none")
     assert (math.isinf(loss.item()) and count == 0) or abs(math.exp(-loss.item()) - count) < 1e-9 * max(count, 1)
     # random emissions and the graph's weights: every implementation gives the brute force
     x = torch.randn(1, T, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
@@ -178,7 +179,8 @@ def test_random_graphs_count_paths_and_agree_across_impls(g, T, seed):
     ref_grads = torch.autograd.grad(ref, (xr, wr), allow_unused=True) if ref.requires_grad else None
     for impl in IMPLS:
         xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-        out = graph_loss(xi, g, [T], weights=[wi], zero_infinity=True, _impl=impl)
+        out = graph_loss(xi, input_lengths=[T], graphs=g, weights=[wi], reduction="none", zero_infinity=True,
+                         impl=impl)
         if math.isinf(ref.item()):
             assert out.item() == 0.0
             continue

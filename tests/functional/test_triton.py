@@ -64,7 +64,7 @@ def test_ctc(dtype):
 
     def fn(x, impl):
         dev = x.device
-        return ctc_loss(x, tg.to(dev), torch.tensor(LENS, device=dev), tl.to(dev), reduction="none", _impl=impl)
+        return ctc_loss(x, tg.to(dev), torch.tensor(LENS, device=dev), tl.to(dev), reduction="none", impl=impl)
 
     a, b = _both(fn, x)
     assert torch.isfinite(a[0]).all()
@@ -80,7 +80,7 @@ def test_ctc_infeasible_and_zero_infinity():
         def fn(x, impl):
             dev = x.device
             return ctc_loss(x, tg.to(dev), il.to(dev), torch.full((4,), 4, device=dev), reduction="none",
-                            zero_infinity=zi, _impl=impl)
+                            zero_infinity=zi, impl=impl)
 
         a, b = _both(fn, x)
         assert torch.isinf(a[0][1:3]).all() != zi
@@ -94,8 +94,8 @@ def test_asg_with_transition_gradient(dtype):
     tr = torch.randn(7, 6, generator=torch.Generator().manual_seed(3), dtype=dtype) * 0.5
 
     def fn(x, tr, impl):
-        return asg_loss(x, tr, TARGETS[:3] + [[2]], torch.tensor(LENS, device=x.device), reduction="none",
-                        _impl=impl)
+        return asg_loss(x, TARGETS[:3] + [[2]], torch.tensor(LENS, device=x.device), transitions=tr,
+                        reduction="none", impl=impl)
 
     a, b = _both(fn, x, tr)
     assert a[2].abs().sum() > 0
@@ -116,7 +116,7 @@ def test_sequence_criterion():
 
     def fn(x, impl):
         return sequence_loss(x, TARGETS[:3] + [[4]], torch.tensor(LENS, device=x.device), reduction="none",
-                             _impl=impl)
+                             impl=impl)
 
     _close(*_both(fn, x), torch.float64)
 
@@ -147,7 +147,8 @@ def test_graph_loss_arc_labels_and_weight_gradient(dtype):
     w0 = torch.tensor(g.weights_to_list(), dtype=dtype)
 
     def fn(x, w, impl):
-        return graph_loss(x, [g] * 4, torch.tensor(LENS, device=x.device), weights=[w], _impl=impl)
+        return graph_loss(x, input_lengths=torch.tensor(LENS, device=x.device), graphs=[g] * 4, weights=[w],
+                          reduction="none", impl=impl)
 
     a, b = _both(fn, x, w0)
     assert a[2].abs().sum() > 0
@@ -217,7 +218,8 @@ def test_random_graphs_scores_and_gradients(seed, monkeypatch):
         monkeypatch.setattr(_triton, "MAX_TILE", 8)  # the chunked path
 
     def fn(x, *w, impl):
-        return graph_loss(x, graphs, lengths.to(x.device), weights=list(w), zero_infinity=True, _impl=impl)
+        return graph_loss(x, input_lengths=lengths.to(x.device), graphs=graphs, weights=list(w), reduction="none",
+                          zero_infinity=True, impl=impl)
 
     a, b = _both(lambda x, *rest: fn(x, *rest[:-1], impl=rest[-1]), x, *weights)
     assert (a[0] != 0).any() and a[1].abs().sum() > 0  # some example has paths
@@ -249,7 +251,7 @@ def test_nan_emissions_give_nan():
     x[1, 3, 3] = math.nan  # a label of example 1's target
     tg = torch.tensor([[1, 2], [3, 1], [5, 4], [2, 2]])
     loss = ctc_loss(x.to(DEVICE), tg.to(DEVICE), torch.tensor(LENS, device=DEVICE), torch.full((4,), 2, device=DEVICE),
-                    reduction="none", _impl="triton").cpu()
+                    reduction="none", impl="triton").cpu()
     assert math.isnan(loss[1]) and torch.isfinite(loss[[0, 2, 3]]).all()
 
 
