@@ -388,7 +388,7 @@ def force_align_graph(target: Sequence[int]) -> Graph:
 
 def build_force_align(gtn, target: Sequence[int]):
     """:func:`force_align_graph` built with ``gtn.Graph`` of the given module (the engine, or
-    the real ``gtn`` package for ``backend="gtn"``)."""
+    the real ``gtn`` package for ``impl="gtn"``)."""
     target = [int(t) for t in target]
     L = len(target)
     g = gtn.Graph(False)

@@ -79,6 +79,8 @@ def int_tensor(x, name: str, device: Optional[torch.device] = None) -> torch.Ten
         if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
             raise ValueError(f"{name} must hold integers, got a {x.dtype} tensor")
         return x if x.dtype == torch.int64 else x.long()
+    if _holds_bool(x):
+        raise ValueError(f"{name} must hold integers, got a bool among its values")
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError):
@@ -89,6 +91,18 @@ def int_tensor(x, name: str, device: Optional[torch.device] = None) -> torch.Ten
         raise ValueError(f"{name} must hold integers, got values of dtype {arr.dtype} "
                          f"(e.g. {arr.reshape(-1)[0]!r})")
     return torch.as_tensor(arr.astype(np.int64, copy=False), device=device)
+
+
+def _holds_bool(x) -> bool:
+    """Whether a (nested) list or tuple holds a bool (numpy reads ``[True, 8]`` as integers)."""
+    stack = [x]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (bool, np.bool_)):
+            return True
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return False
 
 
 def _host_device_ok(t: torch.Tensor, device: torch.device) -> bool:

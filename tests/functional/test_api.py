@@ -374,3 +374,11 @@ def test_opcheck_best_paths():
     op = torch.ops.lightning_gtn.best_paths.default
     torch.library.opcheck(op, (x, None, torch.tensor([6, 3])))
     torch.library.opcheck(op, (x, torch.randn(5, 4), torch.tensor([6, 3])))
+
+
+def test_a_bool_inside_a_list_is_not_an_integer():
+    x = torch.randn(2, 10, 4).log_softmax(-1)
+    with pytest.raises(ValueError, match="input_lengths"):
+        ctc_loss(x, torch.tensor([[1, 2], [3, 0]]), [True, 8], [2, 1])
+    with pytest.raises(ValueError, match="targets"):
+        sequence_loss(x, [[1, False], [2]], [10, 8])
