@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_gtn.nn import Linear
-from lightning_gtn.nn.linear import _LinearFunction
+from lightning_gtn.nn.linear import _linear
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -31,8 +31,8 @@ def test_gradcheck_float64():
     x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
     b = torch.randn(5, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(_LinearFunction.apply, (x, w, b))
-    assert torch.autograd.gradcheck(_LinearFunction.apply, (x, w, None))
+    assert torch.autograd.gradcheck(_linear, (x, w, b))
+    assert torch.autograd.gradcheck(_linear, (x, w, None))
 
 
 def test_needs_input_grad_is_honoured(monkeypatch):
@@ -59,3 +59,19 @@ def test_needs_input_grad_is_honoured(monkeypatch):
 def test_repr_and_no_bias():
     m = Linear(3, 2, bias=False)
     assert m.bias is None and "bias=False" in repr(m)
+
+
+def test_custom_op_and_fullgraph_compile():
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    w = torch.randn(5, 4, requires_grad=True)
+    torch.library.opcheck(_linear, (x, w, torch.randn(5, requires_grad=True)))
+    torch.library.opcheck(_linear, (x, w, None))
+    torch.manual_seed(0)
+    m = Linear(4, 5)
+    eager = m(x).tanh().sum()
+    ge = torch.autograd.grad(eager, [x, m.weight, m.bias])
+    compiled = torch.compile(lambda t: m(t).tanh().sum(), fullgraph=True)(x)
+    gc = torch.autograd.grad(compiled, [x, m.weight, m.bias])
+    torch.testing.assert_close(compiled, eager)
+    for a, b in zip(gc, ge):
+        torch.testing.assert_close(a, b)
