@@ -202,7 +202,8 @@ def _check(path: str, key: str):
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", getattr(obj, "__name__", ""))
     defined = f"{module}.{qualname}" if module else ""
-    if not defined or not _allowed_name(defined):
+    # a prefix the user added covers its re-exports too; default prefixes only their own code
+    if not _under(path, _explicit_prefixes()) and (not defined or not _allowed_name(defined)):
         raise _refuse(path, key, f"it is defined in {module or 'an unknown module'}")
     return obj
 

@@ -252,15 +252,30 @@ class DigitLinesDataModule(_BaseDataModule):
 
 
 def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
-    """Reads a transcript file: one ``<id> <text>`` per line (split at the first whitespace)."""
+    """Reads a transcript file: one ``<id> <text>`` per line (split at the first whitespace).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file has no transcript, or an id appears twice (naming the id, the file
+            and both line numbers).
+    """
     out: dict[str, str] = {}
+    first_line: dict[str, int] = {}
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"data transcripts file not found: {path}")
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
-            line = line.rstrip("\n")
+            line = line.rstrip("\r\n")
             if not line.strip():
                 continue
             parts = line.split(maxsplit=1)
+            if parts[0] in out:
+                raise ValueError(f"{path}:{n}: duplicate utterance id {parts[0]!r} (first on line "
+                                 f"{first_line[parts[0]]}); ids must be unique")
+            first_line[parts[0]] = n
             out[parts[0]] = parts[1] if len(parts) > 1 else ""
+    if not out:
+        raise ValueError(f"{path}: no transcripts (the file is empty); expected '<id> <text>' lines")
     return out
 
 
@@ -317,6 +332,9 @@ class FeatureDataModule(_BaseDataModule):
         self._chars = chars
         self.train_set = _load_split(*self.paths["train"])
         self.feature_dim = int(self.train_set.features[0].shape[1])
+        # the collected characters, so that loggers merging these hyper-parameters with the
+        # model's (which hold the same chars) see one value
+        self.hparams["chars"] = self.chars
 
     @property
     def chars(self) -> str:
