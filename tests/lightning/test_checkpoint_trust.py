@@ -64,7 +64,7 @@ def test_builder_path_from_a_checkpoint_is_checked(tmp_path):
         SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
 
 
-def make_marker(path, optimizer=None):
+def make_marker(optimizer, path):
     """A user's own scheduler factory (here: it leaves a mark)."""
     open(path, "w").close()
     return None
