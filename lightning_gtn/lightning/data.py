@@ -323,18 +323,19 @@ class FeatureDataModule(_BaseDataModule):
         num_workers: int = 0,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size)
-        self.save_hyperparameters()
         self.paths = dict(
             train=(train_features, train_transcripts),
             val=(val_features, val_transcripts),
             test=(test_features or val_features, test_transcripts or val_transcripts),
         )
-        self._chars = chars
         self.train_set = _load_split(*self.paths["train"])
         self.feature_dim = int(self.train_set.features[0].shape[1])
-        # the collected characters, so that loggers merging these hyper-parameters with the
-        # model's (which hold the same chars) see one value
-        self.hparams["chars"] = self.chars
+        if chars is None:
+            chars = "".join(sorted(set("".join(self.train_set.texts))))
+        self._chars = chars
+        # saved after collecting the characters: loggers merge these hyper-parameters with the
+        # model's, which hold the same chars (a null here made every logged run fail)
+        self.save_hyperparameters()
 
     @property
     def chars(self) -> str:
