@@ -7,7 +7,13 @@ so data and trainer overrides work as in training::
     lightning-gtn-eval ckpt_path=... split=test trainer=ddp_cpu
 
 The last line printed is one JSON object: ``{"val/cer": ..., "val/wer": ..., "val/loss": ...}``
-(``test/...`` with ``split=test``).
+(``test/...`` with ``split=test``); a non-finite metric is written as ``NaN``/``Infinity`` and makes
+the exit status 1.
+
+The checkpoint defines the model: its network, loss and vocabulary are used, and command-line
+overrides of ``model``, ``loss`` or ``optim`` are refused (an error says so) rather than silently
+ignored. Every dotted path in the checkpoint's configs is checked against the allow-list of
+:mod:`lightning_gtn._trust`; ``trust_modules=[mypkg]`` on the command line opts in to more.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import os
 os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 
 import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
@@ -24,7 +32,20 @@ from omegaconf import DictConfig  # noqa: E402
 
 from lightning_gtn.train import CONF_DIR, ConfigError, build  # noqa: E402
 
-__all__ = ["main", "evaluate", "decode_samples"]
+__all__ = ["main", "evaluate", "decode_samples", "MODEL_GROUPS"]
+
+#: Config groups that the checkpoint defines; overriding them for evaluation is an error.
+MODEL_GROUPS = ("model", "loss", "optim")
+
+
+def _check_overrides(overrides) -> None:
+    for o in overrides or ():
+        key = str(o).lstrip("~+").split("=", 1)[0].split("@", 1)[0]
+        if key.split(".", 1)[0].split("/", 1)[0] in MODEL_GROUPS:
+            raise ConfigError(
+                f"{key}: lightning-gtn-eval uses the network, loss and vocabulary stored in the "
+                f"checkpoint; remove the override {o!r} (to evaluate another model or loss, train it)"
+            )
 
 
 def decode_samples(model, dataloader, num: int) -> list[tuple[str, str]]:
@@ -44,18 +65,35 @@ def decode_samples(model, dataloader, num: int) -> list[tuple[str, str]]:
     return out[:num]
 
 
-def evaluate(cfg: DictConfig) -> dict:
-    """Validates or tests ``cfg.ckpt_path`` on ``cfg.split``; returns the metrics."""
+def evaluate(cfg: DictConfig, overrides=None) -> dict:
+    """Validates or tests ``cfg.ckpt_path`` on ``cfg.split``; returns the metrics.
+
+    Args:
+        cfg: the composed ``conf/eval.yaml``.
+        overrides: the command-line overrides (default: Hydra's, when it runs); overrides of
+            ``model``, ``loss`` or ``optim`` raise :class:`ConfigError`.
+    """
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+    from lightning_gtn import _trust
     from lightning_gtn.lightning import SequenceModule, SpawnedProcessGroupCleanup
 
+    if overrides is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            overrides = list(HydraConfig.get().overrides.task)
+    _check_overrides(overrides)
     ckpt = Path(str(cfg.ckpt_path))
     if not ckpt.is_file():
         raise ConfigError(f"ckpt_path: no such checkpoint file: {ckpt}")
     if cfg.split not in ("val", "test"):
         raise ConfigError(f"split: must be 'val' or 'test', got {cfg.split!r}")
-    model = SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
+    try:
+        with _trust.trusted(list(cfg.get("trust_modules") or [])):
+            model = SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
+    except _trust.UntrustedTargetError as e:
+        raise ConfigError(f"ckpt_path: {ckpt} names code outside the allow-list: {e}") from e
     datamodule = build(cfg.data, "data")
     if datamodule.chars != model.hparams.chars:
         raise ConfigError(
@@ -83,7 +121,11 @@ def _hydra_main(cfg: DictConfig) -> dict:
 
     metrics = evaluate(cfg)
     if rank_zero_only.rank == 0:
-        print(json.dumps(metrics), flush=True)
+        print(json.dumps(metrics), flush=True)  # NaN / Infinity as JSON NaN / Infinity
+    bad = [k for k, v in metrics.items() if not math.isfinite(v)]
+    if bad:
+        print(f"non-finite metrics: {', '.join(bad)}", file=sys.stderr, flush=True)
+        sys.exit(1)
     return metrics
 
 

@@ -14,6 +14,17 @@ Examples::
     lightning-gtn-train trainer=ddp_cpu
     lightning-gtn-train ckpt_path=outputs/2024-01-01/12-00-00/checkpoints/last.ckpt
     lightning-gtn-train -m loss=ctc,asg,seq
+    lightning-gtn-train model._target_=mypkg.Net trust_modules=[mypkg]
+
+Trust: the configs given here are the user's own, so their dotted paths are allowed as they are;
+``trust_modules`` (module names) extends the allow-list of :mod:`lightning_gtn._trust` for paths
+that come from elsewhere. Resuming (``ckpt_path``) never instantiates anything from the
+checkpoint; it checks that the checkpoint's loss, model and vocabulary equal this run's.
+
+Failures are loud: a non-finite training loss stops training (``nonfinite.action=skip`` skips such
+batches, at most ``nonfinite.max_consecutive`` in a row); non-finite final metrics are written as
+JSON ``NaN``/``Infinity`` (never dropped) and make the exit status 1, as does a stopped run (its
+``metrics.json`` and final JSON line then carry ``"error"``).
 """
 
 from __future__ import annotations
@@ -23,23 +34,102 @@ import os
 # numba's OpenMP threading layer kills forked DataLoader workers; workqueue is fork-safe.
 os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 
+import inspect  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-__all__ = ["main", "run", "build", "ConfigError", "CONF_DIR", "final_metrics"]
+__all__ = ["main", "run", "build", "ConfigError", "TrainingFailed", "CONF_DIR", "final_metrics",
+           "check_resume", "check_types"]
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 class ConfigError(ValueError):
     """A config value that cannot be used; the message names the key."""
+
+
+class TrainingFailed(RuntimeError):
+    """Training stopped for a non-finite loss, or ended with non-finite final metrics.
+
+    Attributes:
+        metrics: the final metrics (also written to ``metrics.json``), with key ``"error"``.
+    """
+
+    def __init__(self, msg: str, metrics: dict):
+        super().__init__(msg)
+        self.metrics = metrics
+
+
+def _annotation_types(tp) -> set:
+    """The plain classes an annotation admits (``Optional[Union[int, float]]`` -> {int, float,
+    NoneType}); ``object`` for anything it cannot read."""
+    import typing
+
+    if tp is inspect.Parameter.empty or tp is typing.Any:
+        return {object}
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", typing.Union)):
+        out = set()
+        for a in typing.get_args(tp):
+            out |= _annotation_types(a)
+        return out
+    if origin is typing.Literal:
+        return {type(a) for a in typing.get_args(tp)}
+    if origin is not None:
+        return {origin}
+    return {tp} if isinstance(tp, type) else {object}
+
+
+def check_types(node, key: str) -> None:
+    """Raises :class:`ConfigError` naming ``key.<name>`` when a string is given where the target
+    class/function takes only numbers (``trainer.max_epochs=abc``, ``optim.optimizer.lr=abc``).
+
+    Reads the target's type hints, or the type of a parameter's default when it has none."""
+    import typing
+
+    from hydra.utils import get_object
+
+    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
+        return
+    try:
+        target = get_object(node._target_)
+        sig = inspect.signature(target)
+    except Exception:
+        return  # build() reports what cannot be imported
+    try:
+        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+    except Exception:
+        hints = {}
+    for name, p in sig.parameters.items():
+        if name not in node or OmegaConf.is_missing(node, name):
+            continue
+        try:
+            value = node[name]
+        except Exception:
+            continue
+        if not isinstance(value, str):
+            continue
+        if name in hints:
+            types_ = _annotation_types(hints[name])
+        elif p.default is not inspect.Parameter.empty and p.default is not None:
+            types_ = {type(p.default)}
+        else:
+            continue
+        if object in types_ or str in types_ or not (types_ & {int, float}):
+            continue
+        try:
+            float(value)
+        except ValueError:
+            want = "an integer" if float not in types_ else "a number"
+            raise ConfigError(f"{key}.{name}: expected {want}, got {value!r}") from None
 
 
 def build(node, key: str, **kwargs):
@@ -64,23 +154,63 @@ def _check_keys(cfg: DictConfig) -> None:
     for key in ("data", "model", "loss", "optim", "trainer"):
         if cfg.get(key) is None:
             raise ConfigError(f"{key}: the config group is missing; pick one, e.g. {key}=<name>")
-    missing = OmegaConf.missing_keys(cfg.data)
+    missing = sorted(OmegaConf.missing_keys(cfg.data))
     if missing:
-        raise ConfigError(f"data.{sorted(missing)[0]}: mandatory value missing (set it on the command line)")
+        name = missing[0] if missing[0].startswith("data.") else f"data.{missing[0]}"
+        raise ConfigError(f"{name}: mandatory value missing (set it on the command line)")
+    for key in ("data", "model", "trainer"):
+        check_types(cfg[key], key)
+    for key in ("optimizer", "scheduler"):
+        check_types(cfg.optim.get(key), f"optim.{key}")
     if cfg.ckpt_path is not None and not Path(str(cfg.ckpt_path)).is_file():
         raise ConfigError(f"ckpt_path: no such checkpoint file: {cfg.ckpt_path}")
 
 
 def _number(v):
     try:
-        f = float(v)
+        return float(v)
     except (TypeError, ValueError):
         return None
-    return f if math.isfinite(f) else None
+
+
+def _first_difference(old, new, key: str) -> str | None:
+    """``"key.sub: the checkpoint has X, this run has Y"`` for the first difference, or None."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for k in sorted(set(old) | set(new), key=str):
+            d = _first_difference(old.get(k, "<missing>"), new.get(k, "<missing>"), f"{key}.{k}")
+            if d:
+                return d
+        return None
+    if old != new:
+        return f"{key}: the checkpoint has {old!r}, this run has {new!r}"
+    return None
+
+
+def check_resume(ckpt_path, model) -> None:
+    """Raises :class:`ConfigError` unless the checkpoint was trained with this run's loss config,
+    model config, vocabulary (``chars``) and feature dimension; names the first differing key.
+
+    Reads the checkpoint with ``weights_only=True`` and instantiates nothing from it."""
+    import torch
+
+    try:
+        ckpt = torch.load(str(ckpt_path), map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(f"ckpt_path: cannot read {ckpt_path}: {' '.join(str(e).split())[:500]}") from e
+    old = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
+    if not isinstance(old, Mapping):
+        raise ConfigError(f"ckpt_path: {ckpt_path} has no hyper-parameters (not written by lightning-gtn-train)")
+    for name, key in (("loss", "loss"), ("network", "model"), ("chars", "data.chars"),
+                      ("feature_dim", "data (feature_dim)")):
+        d = _first_difference(old.get(name, "<missing>"), model.hparams.get(name), key)
+        if d:
+            raise ConfigError(f"{d.split(':')[0]}: cannot resume from {ckpt_path}: {d.split(': ', 1)[1]} "
+                              "(a checkpoint resumes only the run that wrote it; start a new run instead)")
 
 
 def final_metrics(trainer) -> dict:
-    """The final metrics from ``trainer.callback_metrics`` (epoch values, plain floats)."""
+    """The final metrics from ``trainer.callback_metrics`` (epoch values, plain floats; NaN and
+    infinities are kept)."""
     out = {}
     for k, v in trainer.callback_metrics.items():
         if k.endswith("_step") and k != "global_step":  # per-step values of on_step+on_epoch logs
@@ -113,7 +243,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     import lightning as L
     import torch
 
-    from lightning_gtn.lightning import SequenceModule, SpawnedProcessGroupCleanup
+    from lightning_gtn import _trust
+    from lightning_gtn.lightning import NonFiniteLossError, SequenceModule, SpawnedProcessGroupCleanup
 
     if output_dir is None:
         from hydra.core.hydra_config import HydraConfig
@@ -128,24 +259,37 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
 
     datamodule = build(cfg.data, "data")
     try:
-        model = SequenceModule(
-            network=cfg.model,
-            loss=cfg.loss,
-            chars=datamodule.chars,
-            feature_dim=datamodule.feature_dim,
-            optimizer=cfg.optim.optimizer,
-            scheduler=cfg.optim.get("scheduler"),
-            scheduler_interval=cfg.optim.get("scheduler_interval", "epoch"),
-        )
+        # the user's own config: its dotted paths are trusted as given
+        own = [p for key in ("model", "loss", "optim") for p, _ in _trust.targets_in(cfg.get(key), key)]
+        with _trust.trusted(list(cfg.get("trust_modules") or []), paths=own):
+            model = SequenceModule(
+                network=cfg.model,
+                loss=cfg.loss,
+                chars=datamodule.chars,
+                feature_dim=datamodule.feature_dim,
+                optimizer=cfg.optim.optimizer,
+                scheduler=cfg.optim.get("scheduler"),
+                scheduler_interval=cfg.optim.get("scheduler_interval", "epoch"),
+                nonfinite=cfg.get("nonfinite"),
+            )
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if cfg.ckpt_path is not None:
+        check_resume(cfg.ckpt_path, model)
     callbacks = [build(c, f"callbacks.{k}") for k, c in (cfg.get("callbacks") or {}).items() if c is not None]
     loggers = [build(c, f"logger.{k}") for k, c in (cfg.get("logger") or {}).items() if c is not None]
     callbacks += [_FinalProgress(), SpawnedProcessGroupCleanup()]
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
     start = time.perf_counter()
-    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    except NonFiniteLossError as e:
+        metrics = final_metrics(trainer)
+        metrics.update({"train/loss": float("nan"), "epoch": e.epoch, "global_step": e.global_step,
+                        "fit_seconds": round(time.perf_counter() - start, 2), "error": str(e)})
+        _write_metrics(trainer, output_dir, metrics)
+        raise TrainingFailed(str(e), metrics) from e
     fit_seconds = time.perf_counter() - start
     metrics = final_metrics(trainer)
     if cfg.get("test"):
@@ -155,19 +299,36 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     metrics["epoch"] = int(metrics.get("epoch", trainer.current_epoch))
     metrics["global_step"] = int(metrics.get("global_step", trainer.global_step))
     metrics["fit_seconds"] = round(fit_seconds, 2)
-    if trainer.is_global_zero:
-        (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        metrics["error"] = f"non-finite final metrics: {', '.join(f'{k}={metrics[k]}' for k in bad)}"
+    _write_metrics(trainer, output_dir, metrics)
+    if bad:
+        raise TrainingFailed(metrics["error"], metrics)
     return metrics
+
+
+def _write_metrics(trainer, output_dir: Path, metrics: dict) -> None:
+    if trainer.is_global_zero:
+        # NaN and infinities are written as JSON NaN / Infinity / -Infinity (Python's json reads them)
+        (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def _hydra_main(cfg: DictConfig) -> dict:
-    metrics = run(cfg)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+    failed = None
+    try:
+        metrics = run(cfg)
+    except TrainingFailed as e:
+        failed, metrics = e, e.metrics
     if rank_zero_only.rank == 0:
         sys.stderr.flush()
         print(json.dumps(metrics), flush=True)
+    if failed is not None:
+        print(f"TrainingFailed: {failed}", file=sys.stderr, flush=True)
+        sys.exit(1)
     return metrics
 
 

@@ -114,7 +114,16 @@ def test_bad_configs_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="ckpt_path"):
         run(cfg, output_dir=tmp_path)
     cfg = _compose(["data=features"], tmp_path)
-    with pytest.raises(ConfigError, match=r"data\.train_features"):
+    with pytest.raises(ConfigError, match=r"^data\.train_features: mandatory value missing"):
+        run(cfg, output_dir=tmp_path)
+    for override, key in (("trainer.max_epochs=abc", r"trainer\.max_epochs: expected an integer"),
+                          ("optim.optimizer.lr=abc", r"optim\.optimizer\.lr: expected a number"),
+                          ("model.hidden_size=abc", r"model\.hidden_size: expected an integer")):
+        cfg = _compose([override, *SMOKE], tmp_path)
+        with pytest.raises(ConfigError, match=rf"^{key}, got 'abc'"):
+            run(cfg, output_dir=tmp_path)
+    cfg = _compose(["loss.blank=3", *SMOKE], tmp_path)
+    with pytest.raises(ConfigError, match=r"^loss\.blank: .* blank at id 0"):
         run(cfg, output_dir=tmp_path)
     cfg = _compose(["optim.optimizer._target_=torch.optim.NoSuchOpt", *SMOKE], tmp_path)
     with pytest.raises(ConfigError, match="optim.optimizer"):
@@ -259,3 +268,129 @@ def test_wheel_ships_the_configs(tmp_path):
     expected = {f"lightning_gtn/conf/{p.relative_to(CONF_DIR)}" for p in CONF_DIR.rglob("*.yaml")}
     assert len(expected) > 20 and expected <= names
     assert "lightning_gtn/train.py" in names and "lightning_gtn/lightning/mixin.py" in names
+
+
+# ---------------------------------------------------------------------------------------------
+# Loud failures: resume mismatches, non-finite losses, untrusted checkpoints, own data.
+
+
+def _checkpoint_of(cfg, path):
+    """A checkpoint with the hyper-parameters ``run(cfg)`` would store (no training)."""
+    import lightning as L
+
+    from lightning_gtn.lightning import SequenceModule
+
+    dm = instantiate(cfg.data)
+    model = SequenceModule(cfg.model, cfg.loss, dm.chars, dm.feature_dim, cfg.optim.optimizer)
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "epoch": 0,
+                "global_step": 0, "pytorch-lightning_version": L.__version__}, path)
+    return path
+
+
+@pytest.mark.parametrize("override,key", [("loss=seq", r"loss\._target_"), ("model.hidden_size=32", r"model\.hidden_size"),
+                                          ("loss.zero_infinity=false", r"loss\.zero_infinity")])
+def test_resume_refuses_a_checkpoint_of_another_loss_or_model(override, key, tmp_path):
+    ckpt = _checkpoint_of(_compose(SMOKE, tmp_path), tmp_path / "ctc.ckpt")
+    cfg = _compose([override, f"ckpt_path={ckpt}", *SMOKE], tmp_path)
+    with pytest.raises(ConfigError, match=rf"^{key}: cannot resume from .*the checkpoint has"):
+        run(cfg, output_dir=tmp_path)
+
+
+def test_resume_refuses_another_vocabulary(tmp_path):
+    ckpt = _checkpoint_of(_compose(SMOKE, tmp_path), tmp_path / "ctc.ckpt")
+    hp = torch.load(ckpt, weights_only=True)
+    hp["hyper_parameters"]["chars"] = "0123456789"
+    torch.save(hp, ckpt)
+    with pytest.raises(ConfigError, match=r"^data\.chars: cannot resume"):
+        run(_compose([f"ckpt_path={ckpt}", *SMOKE], tmp_path), output_dir=tmp_path)
+
+
+NAN_RUN = ["optim=sgd", "optim.optimizer.lr=1e30", "trainer.gradient_clip_val=null", "trainer.limit_train_batches=4",
+           "trainer.limit_val_batches=1", "callbacks=none", "logger=none", *SMOKE]
+
+
+def test_nonfinite_loss_stops_the_run_and_is_written(tmp_path):
+    from lightning_gtn.train import TrainingFailed
+
+    with pytest.raises(TrainingFailed, match=r"non-finite training loss nan at global step \d+ \(epoch 0, batch \d+\)") as e:
+        run(_compose(NAN_RUN, tmp_path), output_dir=tmp_path)
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert math.isnan(written["train/loss"]) and "global step" in written["error"]
+    assert written.keys() == e.value.metrics.keys()
+    # with skipping enabled the run goes on, bounded by max_consecutive
+    cfg = _compose([*NAN_RUN, "nonfinite.action=skip", "nonfinite.max_consecutive=1"], tmp_path)
+    with pytest.raises(TrainingFailed, match=r"2 batches in a row \(nonfinite.max_consecutive=1\)"):
+        run(cfg, output_dir=tmp_path)
+
+
+def _cli_fail(module, args, cwd, timeout=300):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_cli_nonfinite_run_exits_nonzero_with_nan_in_the_json(tmp_path):
+    out = tmp_path / "nan"
+    proc = _cli_fail("lightning_gtn.train", [*NAN_RUN, f"hydra.run.dir={out}"], tmp_path)
+    last = json.loads(proc.stdout.strip().splitlines()[-1])  # NaN is written as JSON NaN
+    assert math.isnan(last["train/loss"]) and "global step" in last["error"]
+    assert json.loads((out / "metrics.json").read_text()).keys() == last.keys()
+    assert "non-finite training loss" in proc.stderr
+
+
+def test_cli_eval_refuses_a_crafted_checkpoint_and_model_overrides(tmp_path):
+    good = _checkpoint_of(_compose(SMOKE, tmp_path), tmp_path / "good.ckpt")
+    marker = tmp_path / "marker"
+    ck = torch.load(good, weights_only=True)
+    ck["hyper_parameters"]["loss"] = {"_target_": "pydoc.pipepager", "text": "", "cmd": f"touch {marker}"}
+    torch.save(ck, tmp_path / "evil.ckpt")
+    proc = _cli_fail("lightning_gtn.evaluate", [f"ckpt_path={tmp_path / 'evil.ckpt'}", "data=digits_small",
+                                               f"hydra.run.dir={tmp_path / 'ev'}"], tmp_path)
+    assert "loss._target_: 'pydoc.pipepager' is not trusted" in proc.stderr and "trust_modules" in proc.stderr
+    assert not marker.exists()
+
+    from lightning_gtn.evaluate import evaluate
+
+    cfg = _compose([f"ckpt_path={good}", "data=digits_small", "loss=seq"], tmp_path, config_name="eval")
+    for overrides, key in ((["loss=seq"], "loss"), (["model.hidden_size=8"], "model.hidden_size"),
+                           (["+optim.optimizer.foo=1"], "optim.optimizer.foo")):
+        with pytest.raises(ConfigError, match=rf"^{key}: lightning-gtn-eval uses the network, loss and vocabulary stored"):
+            evaluate(cfg, overrides=overrides)
+
+
+def test_eval_trust_modules_opts_in(tmp_path):
+    from lightning_gtn import _trust
+    from lightning_gtn.evaluate import evaluate
+
+    good = _checkpoint_of(_compose(SMOKE, tmp_path), tmp_path / "good.ckpt")
+    ck = torch.load(good, weights_only=True)
+    ck["hyper_parameters"]["scheduler"] = {"_target_": "json.dumps", "obj": 1}
+    torch.save(ck, tmp_path / "mine.ckpt")
+    base = [f"ckpt_path={tmp_path / 'mine.ckpt'}", "data=digits_small", "data.num_val=10", "num_samples=0",
+            "trainer.enable_progress_bar=false"]
+    with pytest.raises(ConfigError, match=r"optim\.scheduler\._target_: 'json\.dumps' is not trusted"):
+        evaluate(_compose(base, tmp_path, config_name="eval"), overrides=[])
+    metrics = evaluate(_compose([*base, "trust_modules=[json]"], tmp_path, config_name="eval"), overrides=[])
+    assert {"val/cer", "val/wer", "val/loss"} <= set(metrics)
+    assert "json." not in _trust.trusted_prefixes()  # the opt-in ends with the command
+
+
+def test_cli_readme_own_data_command_with_the_default_logger(tmp_path, rng):
+    # the README's command: data=features with the four paths, the default csv logger on
+    import numpy as np
+
+    words = ["ab", "ba", "abc", "cab", "a b", "bca"]
+    for split, n in (("train", 8), ("val", 4)):
+        np.savez(tmp_path / f"{split}.npz", **{f"u{i}": rng.normal(size=(12 + i, 5)).astype("float32") for i in range(n)})
+        (tmp_path / f"{split}.txt").write_text("".join(f"u{i} {words[i % len(words)]}\n" for i in range(n)))
+    out = tmp_path / "run"
+    m, _ = _cli("lightning_gtn.train", [
+        "data=features", f"data.train_features={tmp_path / 'train.npz'}", f"data.train_transcripts={tmp_path / 'train.txt'}",
+        f"data.val_features={tmp_path / 'val.npz'}", f"data.val_transcripts={tmp_path / 'val.txt'}",
+        "data.batch_size=4", "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "model.conv_channels=8",
+        "model.hidden_size=8", f"hydra.run.dir={out}"], tmp_path, timeout=300)
+    assert {"train/loss", "val/loss", "val/cer", "val/wer"} <= set(m) and m["global_step"] == 2
+    assert (out / "csv" / "metrics.csv").is_file() and (out / "csv" / "hparams.yaml").is_file()

@@ -21,7 +21,7 @@ from .data import (
     read_transcripts,
 )
 from .losses import BUILTIN_LOSSES, TargetGraphLoss, build_loss
-from .mixin import StructuredLossMixin
+from .mixin import NonFiniteLossError, StructuredLossMixin
 from .models import ConvRNNEncoder
 from .module import SequenceModule
 from .plots import plot_alignments, plot_training_curves
@@ -29,6 +29,7 @@ from .vocabulary import Vocabulary
 
 __all__ = [
     "StructuredLossMixin",
+    "NonFiniteLossError",
     "SequenceModule",
     "Vocabulary",
     "build_loss",

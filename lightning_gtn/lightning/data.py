@@ -252,15 +252,30 @@ class DigitLinesDataModule(_BaseDataModule):
 
 
 def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
-    """Reads a transcript file: one ``<id> <text>`` per line (split at the first whitespace)."""
+    """Reads a transcript file: one ``<id> <text>`` per line (split at the first whitespace).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file has no transcript, or an id appears twice (naming the id, the file
+            and both line numbers).
+    """
     out: dict[str, str] = {}
+    first_line: dict[str, int] = {}
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"data transcripts file not found: {path}")
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
-            line = line.rstrip("\n")
+            line = line.rstrip("\r\n")
             if not line.strip():
                 continue
             parts = line.split(maxsplit=1)
+            if parts[0] in out:
+                raise ValueError(f"{path}:{n}: duplicate utterance id {parts[0]!r} (first on line "
+                                 f"{first_line[parts[0]]}); ids must be unique")
+            first_line[parts[0]] = n
             out[parts[0]] = parts[1] if len(parts) > 1 else ""
+    if not out:
+        raise ValueError(f"{path}: no transcripts (the file is empty); expected '<id> <text>' lines")
     return out
 
 
@@ -308,15 +323,19 @@ class FeatureDataModule(_BaseDataModule):
         num_workers: int = 0,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size)
-        self.save_hyperparameters()
         self.paths = dict(
             train=(train_features, train_transcripts),
             val=(val_features, val_transcripts),
             test=(test_features or val_features, test_transcripts or val_transcripts),
         )
-        self._chars = chars
         self.train_set = _load_split(*self.paths["train"])
         self.feature_dim = int(self.train_set.features[0].shape[1])
+        if chars is None:
+            chars = "".join(sorted(set("".join(self.train_set.texts))))
+        self._chars = chars
+        # saved after collecting the characters: loggers merge these hyper-parameters with the
+        # model's, which hold the same chars (a null here made every logged run fail)
+        self.save_hyperparameters()
 
     @property
     def chars(self) -> str:

@@ -87,8 +87,8 @@ def _from_config(cfg: dict, num_chars: int) -> StructuredLoss:
 
 def _check_blank(loss: StructuredLoss) -> None:
     if loss.blank is not None and loss.blank != 0:
-        raise ValueError(f"loss.blank: the vocabulary puts the blank at id 0, got {loss.blank}; "
-                         "set loss.blank=0")
+        raise ValueError(f"loss.blank: the loss uses blank id {loss.blank} but the vocabulary puts the blank "
+                         "at id 0; remove the override or set loss.blank=0")
 
 
 def build_loss(

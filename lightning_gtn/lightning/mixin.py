@@ -16,10 +16,17 @@ Batches are dicts with ``inputs`` ``(B, T, F)``, ``input_lengths`` ``(B,)`` and 
 (list of B strings, encoded by the vocabulary) or ``targets`` ``(B, S)`` and ``target_lengths``
 ``(B,)`` (plus optional ``texts`` for the metrics). Override :meth:`unpack_batch` for other
 layouts, or any ``*_step``.
+
+A non-finite training loss stops training with :class:`NonFiniteLossError` (naming the global
+step and the batch) before the optimizer step, or, with ``nonfinite={"action": "skip",
+"max_consecutive": 10}``, skips that batch with a warning and stops after more than
+``max_consecutive`` such batches in a row. Dotted paths in the loss, optimizer and scheduler
+configs are checked by :mod:`lightning_gtn._trust`.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 
 import torch
@@ -27,12 +34,52 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, WordErrorRate
 
+from lightning_gtn import _trust
 from lightning_gtn.nn import StructuredLoss
 
 from .losses import build_loss
 from .vocabulary import Vocabulary
 
-__all__ = ["StructuredLossMixin"]
+__all__ = ["StructuredLossMixin", "NonFiniteLossError", "NONFINITE_ACTIONS"]
+
+#: What a non-finite training loss does: stop with an error, or skip the batch.
+NONFINITE_ACTIONS = ("error", "skip")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss was NaN or infinite; the message names the global step and the batch.
+
+    Attributes:
+        global_step, batch_idx, epoch: where it happened.
+    """
+
+    def __init__(self, msg: str, global_step: int, batch_idx: int, epoch: int):
+        super().__init__(msg)
+        self.global_step, self.batch_idx, self.epoch = global_step, batch_idx, epoch
+
+
+def _nonfinite_policy(spec) -> tuple[str, int]:
+    """``"error"`` / ``"skip"`` / ``{action, max_consecutive}`` / ``None`` -> ``(action, max)``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(spec, DictConfig):
+        spec = OmegaConf.to_container(spec, resolve=True)
+    if spec is None:
+        spec = {}
+    elif isinstance(spec, str):
+        spec = {"action": spec}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"nonfinite: expected {{action: error|skip, max_consecutive: N}}, got {spec!r}")
+    unknown = sorted(set(spec) - {"action", "max_consecutive"})
+    if unknown:
+        raise ValueError(f"nonfinite.{unknown[0]}: unknown key (use action and max_consecutive)")
+    action = spec.get("action") or "error"
+    if action not in NONFINITE_ACTIONS:
+        raise ValueError(f"nonfinite.action: must be one of {NONFINITE_ACTIONS}, got {action!r}")
+    n = spec.get("max_consecutive", 10)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"nonfinite.max_consecutive: must be an integer >= 0, got {n!r}")
+    return action, n
 
 
 def _as_factory(spec, what: str) -> Callable | None:
@@ -46,6 +93,7 @@ def _as_factory(spec, what: str) -> Callable | None:
         spec = OmegaConf.to_container(spec, resolve=True)
     if not isinstance(spec, Mapping) or "_target_" not in spec:
         raise ValueError(f"{what}: expected a config with '_target_' and '_partial_: true', got {spec!r}")
+    _trust.check_config(spec, what)
     spec = dict(spec)
     spec.setdefault("_partial_", True)
     try:
@@ -77,6 +125,7 @@ class StructuredLossMixin:
         scheduler_interval: str = "epoch",
         blank: bool | None = None,
         repeat_label: bool | None = None,
+        nonfinite=None,
     ) -> None:
         """Sets up the loss, the vocabulary, the metrics and the optimizer factory.
 
@@ -89,8 +138,21 @@ class StructuredLossMixin:
                 (``_partial_`` is implied); default Adam with lr 3e-3.
             scheduler: a callable ``optimizer -> LRScheduler`` or such a config; optional.
             scheduler_interval: ``"epoch"`` or ``"step"``.
-            blank, repeat_label: the convention of a loss module the adapter does not know.
+            blank, repeat_label: the convention of a loss module that is not a
+                :class:`lightning_gtn.nn.StructuredLoss` (see :func:`build_loss`).
+            nonfinite: what a NaN/inf training loss does: ``"error"`` (default: raise
+                :class:`NonFiniteLossError`) or ``{"action": "skip", "max_consecutive": 10}``
+                (skip the batch with a warning; more than ``max_consecutive`` in a row raise).
+
+        Raises:
+            lightning_gtn._trust.UntrustedTargetError: a config names a dotted path outside the
+                allow-list (see :mod:`lightning_gtn._trust`).
+            ValueError: ``loss.blank`` disagrees with the vocabulary's blank id.
         """
+        self._nonfinite_action, self._nonfinite_max = _nonfinite_policy(nonfinite)
+        self._nonfinite_run = 0
+        # build_loss checks every dotted path of a loss config against the allow-list and that
+        # the loss's blank is the vocabulary's
         self.structured_loss, self.vocabulary = build_loss(loss, chars, blank, repeat_label)
         self._optimizer_factory = _as_factory(optimizer, "optim.optimizer")
         self._scheduler_factory = _as_factory(scheduler, "optim.scheduler")
@@ -174,9 +236,42 @@ class StructuredLossMixin:
         inputs, input_lengths, targets, target_lengths, _ = self.unpack_batch(batch)
         emissions, lengths = self.emissions(inputs, input_lengths)
         loss = self.compute_loss(emissions, lengths, targets, target_lengths)
+        if self._skip_nonfinite(loss, batch_idx):
+            return None  # Lightning skips backward and the optimizer step
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True,
                  batch_size=inputs.shape[0], sync_dist=True)
         return loss
+
+    def _skip_nonfinite(self, loss: torch.Tensor, batch_idx: int) -> bool:
+        """``False`` for a finite loss; ``True`` to skip the batch; raises to stop training.
+
+        Under DDP the decision is reduced over the processes (any non-finite -> all skip or all
+        raise), so the ranks stay in step."""
+        bad = not bool(torch.isfinite(loss.detach()).all())
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None and trainer.world_size > 1:
+            bad = bool(trainer.strategy.reduce_boolean_decision(bad, all=False))
+        if not bad:
+            self._nonfinite_run = 0
+            return False
+        self._nonfinite_run = getattr(self, "_nonfinite_run", 0) + 1
+        step, epoch = int(self.global_step), int(self.current_epoch)
+        where = f"global step {step} (epoch {epoch}, batch {batch_idx})"
+        action = getattr(self, "_nonfinite_action", "error")
+        limit = getattr(self, "_nonfinite_max", 10)
+        value = float(loss.detach().float().sum()) if loss.numel() else float("nan")
+        if action == "error":
+            raise NonFiniteLossError(
+                f"non-finite training loss {value} at {where}; training stopped before the optimizer "
+                "step (lower optim.optimizer.lr, check the data, or set nonfinite.action=skip)",
+                step, batch_idx, epoch)
+        if self._nonfinite_run > limit:
+            raise NonFiniteLossError(
+                f"non-finite training loss {value} at {where}: {self._nonfinite_run} batches in a row "
+                f"(nonfinite.max_consecutive={limit}); training stopped", step, batch_idx, epoch)
+        warnings.warn(f"non-finite training loss {value} at {where}: batch skipped "
+                      f"({self._nonfinite_run} in a row, at most {limit})", RuntimeWarning, stacklevel=2)
+        return True
 
     def _eval_step(self, batch, prefix: str):
         inputs, input_lengths, targets, target_lengths, texts = self.unpack_batch(batch)

@@ -12,6 +12,8 @@ import lightning as L
 import torch
 from torch import nn
 
+from lightning_gtn import _trust
+
 from .mixin import StructuredLossMixin
 
 __all__ = ["SequenceModule"]
@@ -37,6 +39,13 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
         feature_dim: ``F`` of the inputs.
         optimizer, scheduler: configs with ``_target_`` (``_partial_`` implied) or ``None``.
         scheduler_interval: ``"epoch"`` or ``"step"``.
+        nonfinite: what a NaN/inf training loss does (see
+            :meth:`~lightning_gtn.lightning.StructuredLossMixin.configure_structured_loss`).
+
+    Every dotted path of ``network``, ``loss``, ``optimizer`` and ``scheduler`` is checked by
+    :mod:`lightning_gtn._trust` before anything is imported, so
+    ``SequenceModule.load_from_checkpoint(path)`` never calls a function the file names outside
+    the allow-list; opt in with ``with lightning_gtn._trust.trusted(["mypkg"]): ...``.
     """
 
     def __init__(
@@ -48,19 +57,23 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
         optimizer: Mapping | None = None,
         scheduler: Mapping | None = None,
         scheduler_interval: str = "epoch",
+        nonfinite: Mapping | str | None = None,
     ):
         super().__init__()
-        network, loss, optimizer, scheduler = map(_plain, (network, loss, optimizer, scheduler))
+        network, loss, optimizer, scheduler, nonfinite = map(
+            _plain, (network, loss, optimizer, scheduler, nonfinite))
         self.save_hyperparameters(
             {"network": network, "loss": loss, "chars": chars, "feature_dim": feature_dim,
-             "optimizer": optimizer, "scheduler": scheduler, "scheduler_interval": scheduler_interval}
+             "optimizer": optimizer, "scheduler": scheduler, "scheduler_interval": scheduler_interval,
+             "nonfinite": nonfinite}
         )
-        self.configure_structured_loss(loss, chars, optimizer=optimizer, scheduler=scheduler,
-                                       scheduler_interval=scheduler_interval)
-        from hydra.utils import instantiate
-
         if not isinstance(network, Mapping) or "_target_" not in network:
             raise ValueError(f"model: expected a config with '_target_', got {network!r}")
+        _trust.check_config(network, "model")
+        self.configure_structured_loss(loss, chars, optimizer=optimizer, scheduler=scheduler,
+                                       scheduler_interval=scheduler_interval, nonfinite=nonfinite)
+        from hydra.utils import instantiate
+
         try:
             self.net: nn.Module = instantiate(
                 dict(network), feature_dim=feature_dim, num_classes=self.num_classes

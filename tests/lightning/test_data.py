@@ -84,3 +84,27 @@ def test_feature_data_module_errors(tmp_path, rng):
         FeatureDataModule(str(tmp_path / "train.npz"), str(tmp_path / "bad.txt"), "v", "v")
     with pytest.raises(FileNotFoundError, match="missing.npz"):
         FeatureDataModule(str(tmp_path / "missing.npz"), str(tmp_path / "bad.txt"), "v", "v")
+
+
+def test_transcript_errors_name_the_file_and_id(tmp_path, rng):
+    from lightning_gtn.lightning import read_transcripts
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    with pytest.raises(ValueError, match=rf"{empty}: no transcripts"):
+        read_transcripts(empty)
+    dup = tmp_path / "dup.txt"
+    dup.write_text("a 12\nb 3\na 45\n")
+    with pytest.raises(ValueError, match=rf"{dup}:3: duplicate utterance id 'a' \(first on line 1\)"):
+        read_transcripts(dup)
+    np.savez(tmp_path / "f.npz", a=rng.normal(size=(5, 3)))
+    with pytest.raises(ValueError, match="no transcripts"):
+        FeatureDataModule(str(tmp_path / "f.npz"), str(empty), str(tmp_path / "f.npz"), str(empty))
+
+
+def test_feature_data_module_hparams_hold_the_collected_chars(tmp_path, rng):
+    np.savez(tmp_path / "f.npz", a=rng.normal(size=(5, 3)), b=rng.normal(size=(4, 3)))
+    (tmp_path / "t.txt").write_text("a ba\nb ab c\n")
+    p = [str(tmp_path / "f.npz"), str(tmp_path / "t.txt")]
+    dm = FeatureDataModule(*p, *p)
+    assert dm.chars == " abc" and dm.hparams.chars == " abc"
