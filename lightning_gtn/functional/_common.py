@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from . import _dense, _triton
+from . import _dispatch, _triton
 from ._graphs import CompiledGraph, GraphBatch
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -167,12 +167,12 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def pick_impl(x: torch.Tensor, impl: Optional[str]) -> str:
-    """The scoring implementation: numba on the CPU; elsewhere :func:`._dense.device_impl`
+    """The scoring implementation: numba on the CPU; elsewhere :func:`._dispatch.device_impl`
     (Triton on CUDA when installed and self-checked, else torch)."""
     if impl is None:
         if x.device.type == "cpu":
             return "numba"
-        return _dense.device_impl(x.device)
+        return _dispatch.device_impl(x.device)
     if impl not in ("numba", "numba_log", "torch", "triton"):
         raise ValueError(f"_impl must be 'numba', 'numba_log', 'torch' or 'triton', got {impl!r}")
     if impl.startswith("numba") and x.device.type != "cpu":
@@ -196,7 +196,7 @@ class Plan:
     def __init__(self, graphs: Sequence[CompiledGraph], ex_graph, ex_row, ex_len, ex_sign, B: int) -> None:
         self.batch = GraphBatch(graphs)
         order = np.argsort(np.asarray(ex_row), kind="stable")
-        self.problem = _dense.Problem(self.batch, np.asarray(ex_graph)[order], np.asarray(ex_row)[order],
+        self.problem = _dispatch.Problem(self.batch, np.asarray(ex_graph)[order], np.asarray(ex_row)[order],
                                       np.asarray(ex_len)[order])
         self.sign = np.asarray(ex_sign, dtype=np.float64)[order]
         self.B = B
@@ -249,10 +249,10 @@ def score_forward(ctx, E: torch.Tensor, w: torch.Tensor, plan: Plan, impl: str, 
     ctx.arc_occ = None
     if impl == "numba":
         need_e = bool(ctx.needs_input_grad[0]) and plan.grad_enabled
-        logz, ctx.fused_grad, ctx.arc_occ = _dense.fused(p, E, w, plan.sign, need_e, need_w)
+        logz, ctx.fused_grad, ctx.arc_occ = _dispatch.fused(p, E, w, plan.sign, need_e, need_w)
         ctx.fused = True
     else:
-        st = _dense.forward(p, E, w, "numba" if impl == "numba_log" else impl)
+        st = _dispatch.forward(p, E, w, "numba" if impl == "numba_log" else impl)
         ctx.state = st
         ctx.fused = False
         logz = st.logz
@@ -287,7 +287,7 @@ def score_backward(ctx, grad_losses: torch.Tensor, need_e: bool, need_w: bool):
     g = g.to(st.E.dtype)
     rows = torch.from_numpy(p.ex_row).to(dev)
     coef = g[rows] * torch.from_numpy(plan.sign).to(device=dev, dtype=st.E.dtype)
-    gE, gw = _dense.backward(st, coef, need_e, need_w)
+    gE, gw = _dispatch.backward(st, coef, need_e, need_w)
     return gE, gw
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..wfst import Graph
-from . import _common, _dense
+from . import _common, _dispatch
 from ._graphs import compile_graph, compiled_asg_full
 
 __all__ = ["viterbi", "collapse"]
@@ -86,8 +86,8 @@ def viterbi(
                 ex_graph = np.arange(B)
                 w = torch.from_numpy(np.concatenate([c.weights for c in compiled])).to(x.dtype)
             plan = _common.Plan(compiled, ex_graph, np.arange(B), lengths, np.ones(B), B)
-            st = _dense.forward(plan.problem, x, w.contiguous(), "numba", use_max=True)
-            labels = _dense.viterbi_labels(st)
+            st = _dispatch.forward(plan.problem, x, w.contiguous(), "numba", use_max=True)
+            labels = _dispatch.viterbi_labels(st)
             paths = [[] if lab is None else lab.tolist() for lab in labels]
     tokens = [collapse(p, blank) for p in paths]
     return (tokens, paths) if return_paths else tokens

@@ -167,11 +167,11 @@ def test_peaky_emissions_fall_back_correctly(monkeypatch):
     x = (x + 0.1 * torch.randn(2, T, C, dtype=torch.float64)).requires_grad_(True)
     tg = torch.randint(1, C, (2, L))
     il, tl = torch.tensor([T, T]), torch.tensor([L, L])
-    from lightning_gtn.functional import _dense
+    from lightning_gtn.functional import _dispatch
 
     calls = []
-    original = _dense.forward
-    monkeypatch.setattr(_dense, "forward", lambda *a, **k: (calls.append(a[0].num_examples), original(*a, **k))[1])
+    original = _dispatch.forward
+    monkeypatch.setattr(_dispatch, "forward", lambda *a, **k: (calls.append(a[0].num_examples), original(*a, **k))[1])
     ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none")
     assert calls == [2]  # both examples were redone in the log domain
     ref = _torch_ctc(x, tg, il, tl)
@@ -203,9 +203,9 @@ def test_cuda_matches_cpu():
 
 
 def test_torch_path_in_small_frame_blocks(monkeypatch):
-    from lightning_gtn.functional import _dense
+    from lightning_gtn.functional import _torch_impl
 
-    monkeypatch.setattr(_dense, "OCC_BLOCK_ELEMENTS", 50)  # forces many blocks of frames
+    monkeypatch.setattr(_torch_impl, "OCC_BLOCK_ELEMENTS", 50)  # forces many blocks of frames
     x, tg, il, tl = _batch(9, 3, 17, 5, 4)
     x.requires_grad_(True)
     ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="sum", zero_infinity=True, _impl="torch")
