@@ -296,35 +296,146 @@ def _scaled_eps_out(beta, A, r, F, g, ew_all, a0, dst, eout_node_off, eout_nodes
                 gw_ex[wo + a - a0] += A[r + n] * v * F
 
 
+SEG_WIDTH = 16  # nodes per scale segment of the fused kernel (graphs without epsilon arcs)
+SEG_MIN_FRAMES = 512  # examples this long or shorter first try one scale per frame (faster loops)
+NEG_BIG = -1e300  # log scale of an empty segment: finite, so scale differences never give NaN
+
+
+@njit(cache=True, nogil=True)
+def _segment_table(S, W, nseg, n0, k0, off, other, lp, arc, ew_all, a0):
+    """The arcs of one example grouped by node (``off``: CSR over the graph's nodes; ``other``:
+    the local node at the far end; ``lp``: the label position; ``arc``: the global arc id),
+    copied with each node's arcs inside its own segment first and those from other segments
+    after. Returns ``(loff (S + 1,), lmid (S,), lother, llp, lew, larc, lpair, pair_off,
+    pair_seg)``: node n's arcs are ``loff[n] : loff[n + 1]``, the cross-segment ones from
+    ``lmid[n]``, each with ``lpair`` its (segment, far segment) pair; segment i's pairs are
+    ``pair_off[i] : pair_off[i + 1]``, ``pair_seg`` the far segment of each."""
+    nk = off[n0 + S] - k0
+    loff = np.empty(S + 1, dtype=np.int64)
+    lmid = np.empty(S, dtype=np.int64)
+    lother = np.empty(max(nk, 1), dtype=np.int64)
+    llp = np.empty(max(nk, 1), dtype=np.int64)
+    lew = np.empty(max(nk, 1))
+    larc = np.empty(max(nk, 1), dtype=np.int64)
+    lpair = np.zeros(max(nk, 1), dtype=np.int64)
+    pair_off = np.zeros(nseg + 1, dtype=np.int64)
+    pair_seg = np.empty(max(nk, 1), dtype=np.int64)
+    seen = np.full(nseg, -1, dtype=np.int64)
+    where = np.zeros(nseg, dtype=np.int64)
+    npairs = 0
+    q = 0
+    for i in range(nseg):
+        pair_off[i] = npairs
+        for n in range(i * W, min(S, (i + 1) * W)):
+            loff[n] = q
+            for cross in range(2):
+                if cross == 1:
+                    lmid[n] = q
+                for k in range(off[n0 + n], off[n0 + n + 1]):
+                    j = other[k] // W
+                    if (j != i) != (cross == 1):
+                        continue
+                    lother[q] = other[k]
+                    llp[q] = lp[k]
+                    larc[q] = arc[k] - a0
+                    lew[q] = ew_all[arc[k] - a0]
+                    if cross == 1:
+                        if seen[j] != i:
+                            seen[j] = i
+                            where[j] = npairs
+                            pair_seg[npairs] = j
+                            npairs += 1
+                        lpair[q] = where[j]
+                    q += 1
+    loff[S] = q
+    pair_off[nseg] = npairs
+    return loff, lmid, lother, llp, lew, larc, lpair, pair_off, pair_seg
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pair_factors(scale, pair_off, pair_seg, fac, fself, ref, nseg):
+    """``ref[i]`` = max of ``scale`` over segment i and its far segments; ``fself[i] =
+    exp(scale[i] - ref[i])``, ``fac[p] = exp(scale[far] - ref[i])``."""
+    for i in range(nseg):
+        r = scale[i]
+        for p in range(pair_off[i], pair_off[i + 1]):
+            v = scale[pair_seg[p]]
+            if v > r:
+                r = v
+        ref[i] = r
+        fself[i] = math.exp(scale[i] - r)
+        for p in range(pair_off[i], pair_off[i + 1]):
+            fac[p] = math.exp(scale[pair_seg[p]] - r)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _normalise_segments(vec, r, src, S, W, nseg, ref, add, scale):
+    """``vec[r + n] = src[n] / max over n's segment``; ``scale[i] = ref[i] + log(max) + add``
+    (``NEG_BIG`` for an all-zero segment). Returns False on inf/NaN, or when all are zero."""
+    any_pos = False
+    for i in range(nseg):
+        n1 = min(S, (i + 1) * W)
+        m = 0.0
+        for n in range(i * W, n1):
+            v = src[n]
+            if not v <= m:  # NaN-propagating max
+                m = v
+        if not m < math.inf:
+            return False
+        if m > 0.0:
+            any_pos = True
+            inv = 1.0 / m
+            for n in range(i * W, n1):
+                vec[r + n] = src[n] * inv
+            scale[i] = ref[i] + math.log(m) + add
+        else:
+            for n in range(i * W, n1):
+                vec[r + n] = 0.0
+            scale[i] = NEG_BIG
+    return any_pos
+
+
 @njit(cache=True, nogil=True)
 def _fused_kernel(
     e0, e1, ex_graph, ex_row, ex_len, ex_sign, E, w, src, dst,
     node_off, arc_off, in_off, in_arc, in_src, in_lp, out_off, out_arc, out_dst, out_lp,
     start_off, start, accept_off, accept,
     ein_node_off, ein_nodes, ein_off, ein_arc, eout_node_off, eout_nodes, eout_off, eout_arc,
-    lab_off, labs, logz, flag, gE, need_e, tol, gw_ex, gw_off, need_w,
+    lab_off, labs, logz, flag, gE, need_e, tol, gw_ex, gw_off, need_w, ex_seg,
 ):
     """Scaled linear-domain forward-backward with the emission gradient, per example.
 
     With ``need_w``, the occupancy of every arc of example ``e`` (summed over frames, no sign)
     goes to ``gw_ex[gw_off[e] + local arc id]``.
 
-    alpha and beta are float64 vectors normalised to max 1 per frame plus a log scale, so
-    nothing is exponentiated per arc: only each used label once per frame. Underflow can
-    silently drop paths, so the result is verified: at every frame the occupancies of the
-    emitting arcs must sum to 1 (every path crosses a frame on exactly one emitting arc).
-    Examples that fail (or meet -inf/NaN emissions, large weights, no path) keep
-    ``flag = 1`` and get nothing written; the caller scores them with the log-domain kernels.
-    Graphs whose arcs all weigh 0 (CTC, the sequence criterion) take loops without the arc
-    weight products (20% faster on the CTC benchmark's small shape).
+    ``ex_seg[e]``: -1 skips example e; 0 scores it with one scale per frame; W > 0 cuts alpha
+    and beta into segments of W consecutive nodes (one segment when the graph has epsilon arcs).
+
+    alpha and beta are float64 vectors cut into segments; each segment is normalised to max 1 per frame
+    and carries its own float64 log scale, so nothing is exponentiated per arc: only each used
+    label once per frame, and one factor per pair of connected segments. One scale per frame is
+    not enough on long inputs: at frame t of a CTC graph alpha peaks far ahead of the states
+    that the posterior occupies (more label sequences end there), and with T in the thousands
+    the gap exceeds float64's range (exp(-745)), so the states that matter underflowed to 0.
+    Within a segment of 16 nodes the spread stays small. Underflow can still drop paths on
+    extreme inputs, so the result is verified: at every frame the occupancies of the emitting
+    arcs must sum to 1 (every path crosses a frame on exactly one emitting arc). Examples that
+    fail (or meet -inf/NaN emissions, large weights, no path) keep ``flag = 1`` and get nothing
+    written; the caller scores them with the log-domain kernels. Graphs whose arcs all weigh 0
+    (CTC, the sequence criterion) take loops without the arc weight products.
     """
     for e in range(e0, e1):
+        if ex_seg[e] < 0:  # not asked for
+            continue
         g, b, T, n0, S = _example(e, ex_graph, ex_row, ex_len, node_off)
         sign = ex_sign[e]
         a0 = arc_off[g]
         k0 = in_off[n0]
         nk = in_off[n0 + S] - k0
         flag[e] = 1
+        if need_w:  # a failed earlier attempt may have left partial sums
+            for a in range(gw_off[e], gw_off[e + 1]):
+                gw_ex[a] = 0.0
         if T == 0:
             continue
         ok = True
@@ -338,26 +449,34 @@ def _fused_kernel(
             ew_all[a - a0] = math.exp(w[a])
         if not ok:
             continue
-        ew_in = np.empty(nk)
-        ew_out = np.empty(nk)
-        for k in range(nk):
-            ew_in[k] = ew_all[in_arc[k0 + k] - a0]
-            ew_out[k] = ew_all[out_arc[k0 + k] - a0]
+        has_eps = ein_node_off[g + 1] > ein_node_off[g] or eout_node_off[g + 1] > eout_node_off[g]
+        W = S if has_eps or ex_seg[e] == 0 else max(1, min(ex_seg[e], S))
+        nseg = (S + W - 1) // W
+        (ioff, imid, isrc, ilp, iew, _, ipair, pin_off, pin_seg) = _segment_table(
+            S, W, nseg, n0, k0, in_off, in_src, in_lp, in_arc, ew_all, a0)
+        (ooff, omid, odst, olp, oew, oarc, opair, pout_off, pout_seg) = _segment_table(
+            S, W, nseg, n0, k0, out_off, out_dst, out_lp, out_arc, ew_all, a0)
+        fac_in = np.empty(max(pin_off[nseg], 1))
+        fac_out = np.empty(max(pout_off[nseg], 1))
+        fself = np.empty(nseg)
+        ref = np.empty(nseg)
+        Fseg = np.empty(nseg)
         l0 = lab_off[g]
         nl = lab_off[g + 1] - l0
         P = np.empty((T, nl))  # exp(emission - frame max) of the used labels
         mxs = np.empty(T)
         A = np.zeros((T + 1) * S)
-        ls = np.empty(T + 1)
-        for k in range(start_off[g], start_off[g + 1]):
-            A[start[k]] = 1.0
-        _scaled_eps_in(A, 0, g, ew_all, a0, src, ein_node_off, ein_nodes, ein_off, ein_arc)
-        m = _vmax(A, 0, S)
-        if not m > 0.0:
-            continue
+        cs = np.empty((T + 1, nseg))  # log scale of each segment of alpha, per frame
+        acc_v = np.empty(S)
         for n in range(S):
-            A[n] /= m
-        ls[0] = math.log(m)
+            acc_v[n] = 0.0
+        for k in range(start_off[g], start_off[g + 1]):
+            acc_v[start[k]] = 1.0
+        _scaled_eps_in(acc_v, 0, g, ew_all, a0, src, ein_node_off, ein_nodes, ein_off, ein_arc)
+        for i in range(nseg):
+            ref[i] = 0.0
+        if not _normalise_segments(A, 0, acc_v, S, W, nseg, ref, 0.0, cs[0]):
+            continue
         for t in range(T):
             mx = -math.inf
             for i in range(nl):
@@ -371,60 +490,88 @@ def _fused_kernel(
                 P[t, i] = math.exp(E[b, t, labs[l0 + i]] - mx)
             mxs[t] = mx
             prev = t * S
-            cur = prev + S
-            if unit:
+            _pair_factors(cs[t], pin_off, pin_seg, fac_in, fself, ref, nseg)
+            if nseg == 1 and unit:  # one scale: the plain loops (no factors)
                 for n in range(S):
                     acc = 0.0
                     for k in range(in_off[n0 + n], in_off[n0 + n + 1]):
                         acc += A[prev + in_src[k]] * P[t, in_lp[k]]
-                    A[cur + n] = acc
-            else:
+                    acc_v[n] = acc
+            elif nseg == 1:
                 for n in range(S):
                     acc = 0.0
-                    for k in range(in_off[n0 + n] - k0, in_off[n0 + n + 1] - k0):
-                        acc += A[prev + in_src[k0 + k]] * ew_in[k] * P[t, in_lp[k0 + k]]
-                    A[cur + n] = acc
-            _scaled_eps_in(A, cur, g, ew_all, a0, src, ein_node_off, ein_nodes, ein_off, ein_arc)
-            m = _vmax(A, cur, S)
-            if not (m > 0.0 and m < math.inf):
+                    for k in range(ioff[n], ioff[n + 1]):
+                        acc += A[prev + isrc[k]] * iew[k] * P[t, ilp[k]]
+                    acc_v[n] = acc
+            elif unit:
+                for i in range(nseg):
+                    fs = fself[i]
+                    for n in range(i * W, min(S, (i + 1) * W)):
+                        acc = 0.0
+                        for k in range(ioff[n], imid[n]):
+                            acc += A[prev + isrc[k]] * P[t, ilp[k]]
+                        acc *= fs
+                        for k in range(imid[n], ioff[n + 1]):
+                            acc += A[prev + isrc[k]] * fac_in[ipair[k]] * P[t, ilp[k]]
+                        acc_v[n] = acc
+            else:
+                for i in range(nseg):
+                    fs = fself[i]
+                    for n in range(i * W, min(S, (i + 1) * W)):
+                        acc = 0.0
+                        for k in range(ioff[n], imid[n]):
+                            acc += A[prev + isrc[k]] * iew[k] * P[t, ilp[k]]
+                        acc *= fs
+                        for k in range(imid[n], ioff[n + 1]):
+                            acc += A[prev + isrc[k]] * fac_in[ipair[k]] * iew[k] * P[t, ilp[k]]
+                        acc_v[n] = acc
+            _scaled_eps_in(acc_v, 0, g, ew_all, a0, src, ein_node_off, ein_nodes, ein_off, ein_arc)
+            if not _normalise_segments(A, prev + S, acc_v, S, W, nseg, ref, mx, cs[t + 1]):
                 ok = False
                 break
-            inv = 1.0 / m
-            for n in range(S):
-                A[cur + n] *= inv
-            ls[t + 1] = ls[t] + math.log(m) + mx
         if not ok:
             continue
-        z = 0.0
         last = T * S
+        cm = NEG_BIG
         for k in range(accept_off[g], accept_off[g + 1]):
-            z += A[last + accept[k]]
+            v = cs[T, accept[k] // W]
+            if v > cm:
+                cm = v
+        z = 0.0
+        for k in range(accept_off[g], accept_off[g + 1]):
+            n = accept[k]
+            z += A[last + n] * math.exp(cs[T, n // W] - cm)
         if not z > 0.0:
             continue
-        lz = ls[T] + math.log(z)
+        lz = cm + math.log(z)
         # backward, with the occupancies of the emitting arcs (G: per frame and used label)
         G = np.zeros((T, nl))
         nxt = np.zeros(S)
-        cur_b = np.empty(S)
+        cur_b = np.zeros(S)
+        ds = np.full(nseg, NEG_BIG)  # log scale of each segment of beta
         for k in range(accept_off[g], accept_off[g + 1]):
-            nxt[accept[k]] = 1.0
-        FT = math.exp(ls[T] - lz)
+            cur_b[accept[k]] = 1.0
+            ds[accept[k] // W] = 0.0
         wo = gw_off[e]
-        _scaled_eps_out(nxt, A, last, FT, g, ew_all, a0, dst, eout_node_off, eout_nodes, eout_off, eout_arc,
-                        gw_ex, wo, need_w)
-        m = _vmax(nxt, 0, S)
-        for n in range(S):
-            nxt[n] /= m
-        lb = math.log(m)
+        if has_eps:  # one segment
+            _scaled_eps_out(cur_b, A, last, math.exp(cs[T, 0] + ds[0] - lz), g, ew_all, a0, dst,
+                            eout_node_off, eout_nodes, eout_off, eout_arc, gw_ex, wo, need_w)
+        for i in range(nseg):
+            ref[i] = ds[i]
+        if not _normalise_segments(nxt, 0, cur_b, S, W, nseg, ref, 0.0, ds):
+            continue
         for t in range(T - 1, -1, -1):
             mx = mxs[t]
-            F = math.exp(ls[t] + mx + lb - lz)
+            _pair_factors(ds, pout_off, pout_seg, fac_out, fself, ref, nseg)
+            for i in range(nseg):
+                Fseg[i] = math.exp(cs[t, i] + ref[i] + mx - lz)
             total = 0.0
             prev = t * S
-            if unit and not need_w:
+            if nseg == 1 and unit and not need_w:  # one scale: the plain loop
+                Fi = Fseg[0]
                 for n in range(S):
                     acc = 0.0
-                    an = A[prev + n] * F
+                    an = A[prev + n] * Fi
                     for k in range(out_off[n0 + n], out_off[n0 + n + 1]):
                         j = out_lp[k]
                         v = P[t, j] * nxt[out_dst[k]]
@@ -432,32 +579,61 @@ def _fused_kernel(
                         G[t, j] += an * v
                     cur_b[n] = acc
                     total += an * acc
+            elif unit and not need_w:
+                for i in range(nseg):
+                    fs = fself[i]
+                    Fi = Fseg[i]
+                    for n in range(i * W, min(S, (i + 1) * W)):
+                        an = A[prev + n] * Fi
+                        anf = an * fs
+                        acc = 0.0
+                        for k in range(ooff[n], omid[n]):
+                            j = olp[k]
+                            v = P[t, j] * nxt[odst[k]]
+                            acc += v
+                            G[t, j] += anf * v
+                        acc *= fs
+                        for k in range(omid[n], ooff[n + 1]):
+                            j = olp[k]
+                            v = P[t, j] * nxt[odst[k]] * fac_out[opair[k]]
+                            acc += v
+                            G[t, j] += an * v
+                        cur_b[n] = acc
+                        total += an * acc
             else:
-                for n in range(S):
-                    acc = 0.0
-                    an = A[prev + n] * F
-                    for k in range(out_off[n0 + n] - k0, out_off[n0 + n + 1] - k0):
-                        j = out_lp[k0 + k]
-                        v = ew_out[k] * P[t, j] * nxt[out_dst[k0 + k]]
-                        acc += v
-                        G[t, j] += an * v
-                        if need_w:
-                            gw_ex[wo + out_arc[k0 + k] - a0] += an * v
-                    cur_b[n] = acc
-                    total += an * acc
+                for i in range(nseg):
+                    fs = fself[i]
+                    Fi = Fseg[i]
+                    for n in range(i * W, min(S, (i + 1) * W)):
+                        an = A[prev + n] * Fi
+                        anf = an * fs
+                        acc = 0.0
+                        for k in range(ooff[n], omid[n]):
+                            j = olp[k]
+                            v = oew[k] * P[t, j] * nxt[odst[k]]
+                            acc += v
+                            G[t, j] += anf * v
+                            if need_w:
+                                gw_ex[wo + oarc[k]] += anf * v
+                        acc *= fs
+                        for k in range(omid[n], ooff[n + 1]):
+                            j = olp[k]
+                            v = oew[k] * P[t, j] * nxt[odst[k]] * fac_out[opair[k]]
+                            acc += v
+                            G[t, j] += an * v
+                            if need_w:
+                                gw_ex[wo + oarc[k]] += an * v
+                        cur_b[n] = acc
+                        total += an * acc
             if not abs(total - 1.0) <= tol:
                 ok = False
                 break
-            _scaled_eps_out(cur_b, A, prev, F, g, ew_all, a0, dst, eout_node_off, eout_nodes, eout_off, eout_arc,
-                            gw_ex, wo, need_w)
-            m = _vmax(cur_b, 0, S)
-            if not (m > 0.0 and m < math.inf):
+            if has_eps:
+                _scaled_eps_out(cur_b, A, prev, Fseg[0], g, ew_all, a0, dst, eout_node_off, eout_nodes,
+                                eout_off, eout_arc, gw_ex, wo, need_w)
+            if not _normalise_segments(nxt, 0, cur_b, S, W, nseg, ref, mx, ds):
                 ok = False
                 break
-            inv = 1.0 / m
-            for n in range(S):
-                nxt[n] = cur_b[n] * inv
-            lb = lb + math.log(m) + mx
         if not ok:
             continue
         flag[e] = 0
@@ -534,7 +710,9 @@ FUSED_TOL = 1e-6
 
 
 def fused_scaled(p, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: bool, need_w: bool):
-    """Runs :func:`_fused_kernel` on all examples of ``p`` (a ``Problem``).
+    """Runs :func:`_fused_kernel` on all examples of ``p`` (a ``Problem``): examples of at most
+    ``SEG_MIN_FRAMES`` frames with one scale per frame first, the others (and those that
+    failed) with a scale per segment of ``SEG_WIDTH`` nodes.
 
     Returns ``(logz (N,) float64, flag (N,), gE, gw_ex, gw_off, arcs)``: ``flag[e] = 1`` for the
     examples the kernel could not vouch for (nothing written for them); ``gE`` ``(B, T, C)``
@@ -562,10 +740,18 @@ def fused_scaled(p, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: 
             bt.out_off, bt.out_arc, bt.out_dst, bt.out_lp, bt.start_off, bt.start, bt.accept_off, bt.accept,
             bt.eps_in_node_off, bt.eps_in_nodes, bt.eps_in_off, bt.eps_in_arc,
             bt.eps_out_node_off, bt.eps_out_nodes, bt.eps_out_off, bt.eps_out_arc,
-            bt.lab_off, bt.labels, logz, flag, gEn, need_e, FUSED_TOL, gw_ex, gw_off, need_w,
+            bt.lab_off, bt.labels, logz, flag, gEn, need_e, FUSED_TOL, gw_ex, gw_off, need_w, ex_seg,
         )
 
-    _run_chunks(run, p.chunks(get_num_threads()))
+    # short examples first try one scale per frame; those it cannot vouch for, and all long ones,
+    # are scored with per-segment scales
+    ex_seg = np.where(p.ex_len > SEG_MIN_FRAMES, SEG_WIDTH, 0).astype(np.int64)
+    chunks = p.chunks(get_num_threads())
+    _run_chunks(run, chunks)
+    retry = (flag == 1) & (ex_seg == 0) & (p.ex_len > 0)
+    if retry.any():
+        ex_seg = np.where(retry, SEG_WIDTH, -1).astype(np.int64)
+        _run_chunks(run, chunks)
     return logz, flag, gE, gw_ex, gw_off, arcs
 
 
