@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import _common
+from . import _asg_dense, _common
 from ._graphs import compiled_asg_full, compiled_asg_target
 
 __all__ = ["asg_loss"]
@@ -77,6 +77,12 @@ def asg_loss(
     impl = _common.pick_impl(emissions, _impl)
     dtype = _common.compute_dtype(emissions)
     x = emissions.to(dtype)
+    # --- large alphabets: the normaliser by matrix products (see _asg_dense), targets as below
+    if C >= _asg_dense.DENSE_MIN_CLASSES:
+        losses = _asg_dense.asg_losses(x, transitions.to(dtype), seqs, lengths, impl, bool(zero_infinity),
+                                       _ASGFunction)
+        return _common.reduce_losses(losses, reduction, tlen).to(emissions.dtype)
+    # ---
     plan = asg_plan(seqs, lengths, C)
     tr = transitions.to(dtype)
     widx = torch.from_numpy(plan.batch.weight_index()).to(x.device)
