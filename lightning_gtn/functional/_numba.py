@@ -297,7 +297,7 @@ def _scaled_eps_out(beta, A, r, F, g, ew_all, a0, dst, eout_node_off, eout_nodes
 
 
 SEG_WIDTH = 16  # nodes per scale segment of the fused kernel (graphs without epsilon arcs)
-SEG_MIN_FRAMES = 512  # examples this long or shorter first try one scale per frame (faster loops)
+SEG_MIN_FRAMES = 2000  # examples this long or shorter first try one scale per frame (faster loops)
 NEG_BIG = -1e300  # log scale of an empty segment: finite, so scale differences never give NaN
 
 
