@@ -296,76 +296,74 @@ def _scaled_eps_out(beta, A, r, F, g, ew_all, a0, dst, eout_node_off, eout_nodes
                 gw_ex[wo + a - a0] += A[r + n] * v * F
 
 
-SEG_WIDTH = 16  # nodes per scale segment of the fused kernel (graphs without epsilon arcs)
-SEG_MIN_FRAMES = 2000  # examples this long or shorter first try one scale per frame (faster loops)
+SEG_WIDTH = 32  # nodes per scale segment of the fused kernel (graphs without epsilon arcs)
+SEG_MIN_FRAMES = 2000  # examples this long or shorter first try one scale per frame
 NEG_BIG = -1e300  # log scale of an empty segment: finite, so scale differences never give NaN
+GHOST_RANGE = 600.0  # a ghost's factor stays below exp(600): float64 keeps its products finite
 
 
 @njit(cache=True, nogil=True)
-def _segment_table(S, W, nseg, n0, k0, off, other, lp, arc, ew_all, a0):
+def _ghost_table(S, W, n0, k0, off, other, lp, arc, ew_all, a0):
     """The arcs of one example grouped by node (``off``: CSR over the graph's nodes; ``other``:
-    the local node at the far end; ``lp``: the label position; ``arc``: the global arc id),
-    copied with each node's arcs inside its own segment first and those from other segments
-    after. Returns ``(loff (S + 1,), lmid (S,), lother, llp, lew, larc, lpair, pair_off,
-    pair_seg)``: node n's arcs are ``loff[n] : loff[n + 1]``, the cross-segment ones from
-    ``lmid[n]``, each with ``lpair`` its (segment, far segment) pair; segment i's pairs are
-    ``pair_off[i] : pair_off[i + 1]``, ``pair_seg`` the far segment of each."""
+    the local node at the far end; ``lp``: label position; ``arc``: global arc id), with each
+    far node outside the node's segment replaced by a ghost slot ``S + g``: one per (segment,
+    far node), holding that node's value rescaled to the segment's scale.
+
+    Returns ``(loff (S + 1,), lother, llp, lew, larc, ghost_node (G,), ghost_seg (G,))``.
+    """
     nk = off[n0 + S] - k0
     loff = np.empty(S + 1, dtype=np.int64)
-    lmid = np.empty(S, dtype=np.int64)
     lother = np.empty(max(nk, 1), dtype=np.int64)
     llp = np.empty(max(nk, 1), dtype=np.int64)
     lew = np.empty(max(nk, 1))
     larc = np.empty(max(nk, 1), dtype=np.int64)
-    lpair = np.zeros(max(nk, 1), dtype=np.int64)
-    pair_off = np.zeros(nseg + 1, dtype=np.int64)
-    pair_seg = np.empty(max(nk, 1), dtype=np.int64)
-    seen = np.full(nseg, -1, dtype=np.int64)
-    where = np.zeros(nseg, dtype=np.int64)
-    npairs = 0
-    q = 0
-    for i in range(nseg):
-        pair_off[i] = npairs
-        for n in range(i * W, min(S, (i + 1) * W)):
-            loff[n] = q
-            for cross in range(2):
-                if cross == 1:
-                    lmid[n] = q
-                for k in range(off[n0 + n], off[n0 + n + 1]):
-                    j = other[k] // W
-                    if (j != i) != (cross == 1):
-                        continue
-                    lother[q] = other[k]
-                    llp[q] = lp[k]
-                    larc[q] = arc[k] - a0
-                    lew[q] = ew_all[arc[k] - a0]
-                    if cross == 1:
-                        if seen[j] != i:
-                            seen[j] = i
-                            where[j] = npairs
-                            pair_seg[npairs] = j
-                            npairs += 1
-                        lpair[q] = where[j]
-                    q += 1
-    loff[S] = q
-    pair_off[nseg] = npairs
-    return loff, lmid, lother, llp, lew, larc, lpair, pair_off, pair_seg
+    ghost_node = np.empty(max(nk, 1), dtype=np.int64)
+    ghost_seg = np.empty(max(nk, 1), dtype=np.int64)
+    slot = np.full(S, -1, dtype=np.int64)  # ghost of each far node for the current segment
+    owner = np.full(S, -1, dtype=np.int64)
+    G = 0
+    for n in range(S):
+        i = n // W
+        loff[n] = off[n0 + n] - k0
+        for k in range(off[n0 + n], off[n0 + n + 1]):
+            q = k - k0
+            o = other[k]
+            if o // W == i:
+                lother[q] = o
+            else:
+                if owner[o] != i:
+                    owner[o] = i
+                    slot[o] = G
+                    ghost_node[G] = o
+                    ghost_seg[G] = i
+                    G += 1
+                lother[q] = S + slot[o]
+            llp[q] = lp[k]
+            larc[q] = arc[k] - a0
+            lew[q] = ew_all[arc[k] - a0]
+    loff[S] = nk
+    return loff, lother, llp, lew, larc, ghost_node[:G], ghost_seg[:G]
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _pair_factors(scale, pair_off, pair_seg, fac, fself, ref, nseg):
-    """``ref[i]`` = max of ``scale`` over segment i and its far segments; ``fself[i] =
-    exp(scale[i] - ref[i])``, ``fac[p] = exp(scale[far] - ref[i])``."""
-    for i in range(nseg):
-        r = scale[i]
-        for p in range(pair_off[i], pair_off[i + 1]):
-            v = scale[pair_seg[p]]
-            if v > r:
-                r = v
-        ref[i] = r
-        fself[i] = math.exp(scale[i] - r)
-        for p in range(pair_off[i], pair_off[i + 1]):
-            fac[p] = math.exp(scale[pair_seg[p]] - r)
+def _fill_ghosts(vec, r, S, W, nseg, scale, ghost_node, ghost_seg):
+    """Puts each segment on a common scale with the far nodes it reads: the segment's scale is
+    raised to ``max far scale - GHOST_RANGE`` where needed (its values rescaled in place), then
+    ghost g = ``vec[r + node] * exp(scale[node's segment] - scale[g's segment])``."""
+    changed = True
+    while changed:  # a raised segment can raise the segments that read it: to a fixed point
+        changed = False
+        for g in range(len(ghost_node)):
+            i = ghost_seg[g]
+            v = scale[ghost_node[g] // W] - GHOST_RANGE
+            if v > scale[i]:
+                f = math.exp(scale[i] - v)
+                for n in range(i * W, min(S, (i + 1) * W)):
+                    vec[r + n] *= f
+                scale[i] = v
+                changed = True
+    for g in range(len(ghost_node)):
+        vec[r + S + g] = vec[r + ghost_node[g]] * math.exp(scale[ghost_node[g] // W] - scale[ghost_seg[g]])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -406,23 +404,24 @@ def _fused_kernel(
     """Scaled linear-domain forward-backward with the emission gradient, per example.
 
     With ``need_w``, the occupancy of every arc of example ``e`` (summed over frames, no sign)
-    goes to ``gw_ex[gw_off[e] + local arc id]``.
+    goes to ``gw_ex[gw_off[e] + local arc id]``. ``ex_seg[e]``: -1 skips example e; 0 scores
+    it with one scale per frame; W > 0 cuts alpha and beta into segments of W consecutive nodes
+    (one segment when the graph has epsilon arcs).
 
-    ``ex_seg[e]``: -1 skips example e; 0 scores it with one scale per frame; W > 0 cuts alpha
-    and beta into segments of W consecutive nodes (one segment when the graph has epsilon arcs).
-
-    alpha and beta are float64 vectors cut into segments; each segment is normalised to max 1 per frame
-    and carries its own float64 log scale, so nothing is exponentiated per arc: only each used
-    label once per frame, and one factor per pair of connected segments. One scale per frame is
-    not enough on long inputs: at frame t of a CTC graph alpha peaks far ahead of the states
-    that the posterior occupies (more label sequences end there), and with T in the thousands
-    the gap exceeds float64's range (exp(-745)), so the states that matter underflowed to 0.
-    Within a segment of 16 nodes the spread stays small. Underflow can still drop paths on
-    extreme inputs, so the result is verified: at every frame the occupancies of the emitting
-    arcs must sum to 1 (every path crosses a frame on exactly one emitting arc). Examples that
-    fail (or meet -inf/NaN emissions, large weights, no path) keep ``flag = 1`` and get nothing
-    written; the caller scores them with the log-domain kernels. Graphs whose arcs all weigh 0
-    (CTC, the sequence criterion) take loops without the arc weight products.
+    alpha and beta are float64 vectors; each segment is normalised to max 1 per frame and
+    carries its own float64 log scale, so nothing is exponentiated per arc: only each used label
+    once per frame, and one factor per ghost (below). One scale per frame is not enough on long
+    inputs: at frame t of a CTC graph alpha peaks far ahead of the states that the posterior
+    occupies (more label sequences end there), and with T in the thousands the gap exceeds
+    float64's range (exp(-745)), so the states that matter underflowed to 0. Within a segment
+    the spread stays small. An arc between two segments reads a ghost: a slot after the
+    segment's nodes holding the far node's value on the segment's scale, filled once per frame,
+    so every arc loop is the plain one-scale loop. Underflow can still drop paths on extreme
+    inputs, so the result is verified: at every frame the occupancies of the emitting arcs must
+    sum to 1 (every path crosses a frame on exactly one emitting arc). Examples that fail (or
+    meet -inf/NaN emissions, large weights, no path) keep ``flag = 1`` and get nothing written;
+    the caller scores them otherwise. Graphs whose arcs all weigh 0 (CTC, the sequence
+    criterion) take loops without the arc weight products.
     """
     for e in range(e0, e1):
         if ex_seg[e] < 0:  # not asked for
@@ -431,7 +430,6 @@ def _fused_kernel(
         sign = ex_sign[e]
         a0 = arc_off[g]
         k0 = in_off[n0]
-        nk = in_off[n0 + S] - k0
         flag[e] = 1
         if need_w:  # a failed earlier attempt may have left partial sums
             for a in range(gw_off[e], gw_off[e + 1]):
@@ -452,30 +450,24 @@ def _fused_kernel(
         has_eps = ein_node_off[g + 1] > ein_node_off[g] or eout_node_off[g + 1] > eout_node_off[g]
         W = S if has_eps or ex_seg[e] == 0 else max(1, min(ex_seg[e], S))
         nseg = (S + W - 1) // W
-        (ioff, imid, isrc, ilp, iew, _, ipair, pin_off, pin_seg) = _segment_table(
-            S, W, nseg, n0, k0, in_off, in_src, in_lp, in_arc, ew_all, a0)
-        (ooff, omid, odst, olp, oew, oarc, opair, pout_off, pout_seg) = _segment_table(
-            S, W, nseg, n0, k0, out_off, out_dst, out_lp, out_arc, ew_all, a0)
-        fac_in = np.empty(max(pin_off[nseg], 1))
-        fac_out = np.empty(max(pout_off[nseg], 1))
-        fself = np.empty(nseg)
-        ref = np.empty(nseg)
+        (ioff, isrc, ilp, iew, _, gin_node, gin_seg) = _ghost_table(
+            S, W, n0, k0, in_off, in_src, in_lp, in_arc, ew_all, a0)
+        (ooff, odst, olp, oew, oarc, gout_node, gout_seg) = _ghost_table(
+            S, W, n0, k0, out_off, out_dst, out_lp, out_arc, ew_all, a0)
+        R = S + len(gin_node)  # alpha row: the nodes, then this frame's ghosts
         Fseg = np.empty(nseg)
         l0 = lab_off[g]
         nl = lab_off[g + 1] - l0
         P = np.empty((T, nl))  # exp(emission - frame max) of the used labels
         mxs = np.empty(T)
-        A = np.zeros((T + 1) * S)
+        A = np.zeros((T + 1) * R)
         cs = np.empty((T + 1, nseg))  # log scale of each segment of alpha, per frame
-        acc_v = np.empty(S)
-        for n in range(S):
-            acc_v[n] = 0.0
+        acc_v = np.zeros(S)
         for k in range(start_off[g], start_off[g + 1]):
             acc_v[start[k]] = 1.0
         _scaled_eps_in(acc_v, 0, g, ew_all, a0, src, ein_node_off, ein_nodes, ein_off, ein_arc)
-        for i in range(nseg):
-            ref[i] = 0.0
-        if not _normalise_segments(A, 0, acc_v, S, W, nseg, ref, 0.0, cs[0]):
+        Fseg[:] = 0.0
+        if not _normalise_segments(A, 0, acc_v, S, W, nseg, Fseg, 0.0, cs[0]):
             continue
         for t in range(T):
             mx = -math.inf
@@ -489,49 +481,27 @@ def _fused_kernel(
             for i in range(nl):
                 P[t, i] = math.exp(E[b, t, labs[l0 + i]] - mx)
             mxs[t] = mx
-            prev = t * S
-            _pair_factors(cs[t], pin_off, pin_seg, fac_in, fself, ref, nseg)
-            if nseg == 1 and unit:  # one scale: the plain loops (no factors)
+            prev = t * R
+            _fill_ghosts(A, prev, S, W, nseg, cs[t], gin_node, gin_seg)
+            if unit:
                 for n in range(S):
                     acc = 0.0
-                    for k in range(in_off[n0 + n], in_off[n0 + n + 1]):
-                        acc += A[prev + in_src[k]] * P[t, in_lp[k]]
+                    for k in range(ioff[n], ioff[n + 1]):
+                        acc += A[prev + isrc[k]] * P[t, ilp[k]]
                     acc_v[n] = acc
-            elif nseg == 1:
+            else:
                 for n in range(S):
                     acc = 0.0
                     for k in range(ioff[n], ioff[n + 1]):
                         acc += A[prev + isrc[k]] * iew[k] * P[t, ilp[k]]
                     acc_v[n] = acc
-            elif unit:
-                for i in range(nseg):
-                    fs = fself[i]
-                    for n in range(i * W, min(S, (i + 1) * W)):
-                        acc = 0.0
-                        for k in range(ioff[n], imid[n]):
-                            acc += A[prev + isrc[k]] * P[t, ilp[k]]
-                        acc *= fs
-                        for k in range(imid[n], ioff[n + 1]):
-                            acc += A[prev + isrc[k]] * fac_in[ipair[k]] * P[t, ilp[k]]
-                        acc_v[n] = acc
-            else:
-                for i in range(nseg):
-                    fs = fself[i]
-                    for n in range(i * W, min(S, (i + 1) * W)):
-                        acc = 0.0
-                        for k in range(ioff[n], imid[n]):
-                            acc += A[prev + isrc[k]] * iew[k] * P[t, ilp[k]]
-                        acc *= fs
-                        for k in range(imid[n], ioff[n + 1]):
-                            acc += A[prev + isrc[k]] * fac_in[ipair[k]] * iew[k] * P[t, ilp[k]]
-                        acc_v[n] = acc
             _scaled_eps_in(acc_v, 0, g, ew_all, a0, src, ein_node_off, ein_nodes, ein_off, ein_arc)
-            if not _normalise_segments(A, prev + S, acc_v, S, W, nseg, ref, mx, cs[t + 1]):
+            if not _normalise_segments(A, prev + R, acc_v, S, W, nseg, cs[t], mx, cs[t + 1]):
                 ok = False
                 break
         if not ok:
             continue
-        last = T * S
+        last = T * R
         cm = NEG_BIG
         for k in range(accept_off[g], accept_off[g + 1]):
             v = cs[T, accept[k] // W]
@@ -546,7 +516,7 @@ def _fused_kernel(
         lz = cm + math.log(z)
         # backward, with the occupancies of the emitting arcs (G: per frame and used label)
         G = np.zeros((T, nl))
-        nxt = np.zeros(S)
+        nxt = np.zeros(S + len(gout_node))  # beta_{t+1}: the nodes, then the ghosts
         cur_b = np.zeros(S)
         ds = np.full(nseg, NEG_BIG)  # log scale of each segment of beta
         for k in range(accept_off[g], accept_off[g + 1]):
@@ -556,69 +526,35 @@ def _fused_kernel(
         if has_eps:  # one segment
             _scaled_eps_out(cur_b, A, last, math.exp(cs[T, 0] + ds[0] - lz), g, ew_all, a0, dst,
                             eout_node_off, eout_nodes, eout_off, eout_arc, gw_ex, wo, need_w)
-        for i in range(nseg):
-            ref[i] = ds[i]
-        if not _normalise_segments(nxt, 0, cur_b, S, W, nseg, ref, 0.0, ds):
+        if not _normalise_segments(nxt, 0, cur_b, S, W, nseg, ds, 0.0, ds):
             continue
         for t in range(T - 1, -1, -1):
             mx = mxs[t]
-            _pair_factors(ds, pout_off, pout_seg, fac_out, fself, ref, nseg)
+            _fill_ghosts(nxt, 0, S, W, nseg, ds, gout_node, gout_seg)
             for i in range(nseg):
-                Fseg[i] = math.exp(cs[t, i] + ref[i] + mx - lz)
+                Fseg[i] = math.exp(cs[t, i] + ds[i] + mx - lz)
             total = 0.0
-            prev = t * S
-            if nseg == 1 and unit and not need_w:  # one scale: the plain loop
-                Fi = Fseg[0]
-                for n in range(S):
-                    acc = 0.0
-                    an = A[prev + n] * Fi
-                    for k in range(out_off[n0 + n], out_off[n0 + n + 1]):
-                        j = out_lp[k]
-                        v = P[t, j] * nxt[out_dst[k]]
-                        acc += v
-                        G[t, j] += an * v
-                    cur_b[n] = acc
-                    total += an * acc
-            elif unit and not need_w:
-                for i in range(nseg):
-                    fs = fself[i]
-                    Fi = Fseg[i]
+            prev = t * R
+            for i in range(nseg):
+                Fi = Fseg[i]
+                if unit and not need_w:
                     for n in range(i * W, min(S, (i + 1) * W)):
-                        an = A[prev + n] * Fi
-                        anf = an * fs
                         acc = 0.0
-                        for k in range(ooff[n], omid[n]):
+                        an = A[prev + n] * Fi
+                        for k in range(ooff[n], ooff[n + 1]):
                             j = olp[k]
                             v = P[t, j] * nxt[odst[k]]
-                            acc += v
-                            G[t, j] += anf * v
-                        acc *= fs
-                        for k in range(omid[n], ooff[n + 1]):
-                            j = olp[k]
-                            v = P[t, j] * nxt[odst[k]] * fac_out[opair[k]]
                             acc += v
                             G[t, j] += an * v
                         cur_b[n] = acc
                         total += an * acc
-            else:
-                for i in range(nseg):
-                    fs = fself[i]
-                    Fi = Fseg[i]
+                else:
                     for n in range(i * W, min(S, (i + 1) * W)):
-                        an = A[prev + n] * Fi
-                        anf = an * fs
                         acc = 0.0
-                        for k in range(ooff[n], omid[n]):
+                        an = A[prev + n] * Fi
+                        for k in range(ooff[n], ooff[n + 1]):
                             j = olp[k]
                             v = oew[k] * P[t, j] * nxt[odst[k]]
-                            acc += v
-                            G[t, j] += anf * v
-                            if need_w:
-                                gw_ex[wo + oarc[k]] += anf * v
-                        acc *= fs
-                        for k in range(omid[n], ooff[n + 1]):
-                            j = olp[k]
-                            v = oew[k] * P[t, j] * nxt[odst[k]] * fac_out[opair[k]]
                             acc += v
                             G[t, j] += an * v
                             if need_w:
@@ -631,7 +567,7 @@ def _fused_kernel(
             if has_eps:
                 _scaled_eps_out(cur_b, A, prev, Fseg[0], g, ew_all, a0, dst, eout_node_off, eout_nodes,
                                 eout_off, eout_arc, gw_ex, wo, need_w)
-            if not _normalise_segments(nxt, 0, cur_b, S, W, nseg, ref, mx, ds):
+            if not _normalise_segments(nxt, 0, cur_b, S, W, nseg, ds, mx, ds):
                 ok = False
                 break
         if not ok:
