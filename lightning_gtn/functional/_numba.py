@@ -313,8 +313,8 @@ def _ghost_table(S, W, n0, k0, off, other, lp, arc, ew_all, a0):
     """
     nk = off[n0 + S] - k0
     loff = np.empty(S + 1, dtype=np.int64)
-    lother = np.empty(max(nk, 1), dtype=np.int64)
-    llp = np.empty(max(nk, 1), dtype=np.int64)
+    lother = np.empty(max(nk, 1), dtype=np.int32)  # int32: the arc loops' tables stay small in cache
+    llp = np.empty(max(nk, 1), dtype=np.int32)
     lew = np.empty(max(nk, 1))
     larc = np.empty(max(nk, 1), dtype=np.int64)
     ghost_node = np.empty(max(nk, 1), dtype=np.int64)
@@ -375,9 +375,8 @@ def _normalise_segments(vec, r, src, S, W, nseg, ref, add, scale):
         n1 = min(S, (i + 1) * W)
         m = 0.0
         for n in range(i * W, n1):
-            v = src[n]
-            if not v <= m:  # NaN-propagating max
-                m = v
+            if src[n] > m:  # NaNs are skipped (and fail the occupancy check): the loop vectorises
+                m = src[n]
         if not m < math.inf:
             return False
         if m > 0.0:
