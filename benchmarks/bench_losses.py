@@ -6,7 +6,9 @@ Tables (markdown):
    (ours, torch, ours, torch, ...), median wall time of forward + backward, and peak memory.
 2. ASG and the alignment-free sequence criterion against a plain torch-autograd version of the
    same dynamic programme (written below).
-3. On a GPU, when present: CTC against torch's CUDA ctc_loss, ASG and the sequence criterion
+3. Long CTC inputs against torch's ctc_loss (time, and the float32 gradient error of each
+   against float64), and ASG with C=5000 (time, peak memory): one run each (``--long-only``).
+4. On a GPU, when present: CTC against torch's CUDA ctc_loss, ASG and the sequence criterion
    against the torch DP, with peak GPU memory (``torch.cuda.max_memory_allocated``).
 
 Thread contention: on a machine with no spare core, torch's OpenMP workers keep spinning for
@@ -45,6 +47,8 @@ import torch.nn.functional as TF
 from lightning_gtn.functional import asg_loss, ctc_loss, sequence_loss
 
 SHAPES = [(32, 250, 30, 50), (32, 1000, 30, 200), (8, 250, 1000, 50)]
+LONG_CTC_SHAPES = [(8, 5000, 30, 500), (2, 20000, 30, 2000)]  # one run each ("no cliffs")
+LARGE_ASG_SHAPE = (2, 50, 5000, 10)  # B, T, C, L: a 25-million-arc full graph
 
 
 # ---------------------------------------------------------------------------
@@ -144,9 +148,9 @@ def _make(kind, impl, B, T, C, L, device="cpu"):
     return step
 
 
-def _time_interleaved(steps, reps):
-    """Median seconds of each step, run in turn (a, b, a, b, ...) after a warm-up."""
-    for step in steps:
+def _time_interleaved(steps, reps, warm=True):
+    """Median seconds of each step, run in turn (a, b, a, b, ...) after a warm-up (``warm``)."""
+    for step in steps if warm else ():
         step()  # warm-up (compilation, caches)
     times = [[] for _ in steps]
     for _ in range(reps):
@@ -252,6 +256,59 @@ def _gpu_tables(reps: int, asg_large: bool) -> str:
     return head + body
 
 
+def _ctc_grad_errors(shape):
+    """Max abs error of the float32 gradient w.r.t. the logits (through log_softmax) of ours and
+    of torch's ctc_loss, each against torch's ctc_loss computed in float64 from the same logits."""
+    B, T, C, L = shape
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(B, T, C, generator=g)
+    tg = torch.randint(1, C, (B, L), generator=g)
+    il = torch.full((B,), T, dtype=torch.long)
+    tl = torch.full((B,), L, dtype=torch.long)
+
+    def grad(fn, dtype):
+        x = logits.to(dtype).clone().requires_grad_(True)  # own leaf: no gradient accumulates across calls
+        fn(x.log_softmax(-1)).backward()
+        return x.grad.double()
+
+    theirs = lambda lp: TF.ctc_loss(lp.transpose(0, 1), tg, il, tl, reduction="sum")
+    ours = lambda lp: ctc_loss(lp, tg, il, tl, reduction="sum")
+    ref = grad(theirs, torch.float64)
+    return (grad(ours, torch.float32) - ref).abs().max().item(), (grad(theirs, torch.float32) - ref).abs().max().item()
+
+
+def _long_table(memory: bool) -> str:
+    """Long CTC inputs against torch's ctc_loss, and ASG with a large alphabet: one run each."""
+    _make("ctc", "ours", 2, 600, 30, 60)()  # compiles both kernel paths (one scale, segments)
+    _make("asg", "ours", 2, 5, 200, 2)()
+    head = ("### Long inputs and large alphabets, CPU (one run each after a small warm-up)\n\n"
+            "| loss | B, T, C, L | lightning_gtn (ms) | reference (ms) | time ratio | "
+            "lightning_gtn grad error | reference grad error | lightning_gtn peak extra (MB) | "
+            "reference peak extra (MB) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+    body = ""
+    for shape in LONG_CTC_SHAPES:
+        times = _time_interleaved([_make("ctc", impl, *shape) for impl in ("ours", "ref")], 1, warm=False)
+        ea, eb = _ctc_grad_errors(shape)
+        ma = mb = float("nan")
+        if memory:
+            ma, mb = _memory("ctc", "ours", shape), _memory("ctc", "ref", shape)
+        print(f"  long ctc {shape}: {times[0]:.2f} s vs {times[1]:.2f} s; grad errors {ea:.2g} vs {eb:.2g}", flush=True)
+        body += (f"| CTC (torch ctc_loss) | {', '.join(map(str, shape))} | {times[0] * 1e3:.0f} | "
+                 f"{times[1] * 1e3:.0f} | {times[0] / times[1]:.2f} | {ea:.2g} | {eb:.2g} | {ma:.0f} | {mb:.0f} |\n")
+    B, T, C, L = LARGE_ASG_SHAPE
+    shape = (B, T, C, L)
+    t = _time_interleaved([_make("asg", "ours", *shape)], 1, warm=False)[0]
+    ma = _memory("asg", "ours", shape) if memory else float("nan")
+    print(f"  large asg {shape}: {t:.2f} s, {ma:.0f} MB", flush=True)
+    body += (f"| ASG (no reference run) | {', '.join(map(str, shape))} | {t * 1e3:.0f} | | | | | {ma:.0f} | |\n")
+    note = ("\nGrad error: max abs difference of the float32 gradient w.r.t. the logits (through "
+            "log_softmax) from torch's ctc_loss computed in float64 on the same logits. Peak extra: "
+            "the VmHWM - VmRSS method above (a fresh subprocess, one warm-up step, then one measured "
+            "step; the inputs, including ASG's 100 MB transition matrix, are excluded). The ASG row "
+            "has no reference: the torch DP and the arc-by-arc graph path take tens of seconds here.\n")
+    return head + body + note
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -260,6 +317,7 @@ def main(argv=None) -> str:
                    help="also run ASG on C=1000 (a dense 1000x1000 transition graph: minutes)")
     p.add_argument("--memory-worker", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--gpu-only", action="store_true", help="only the GPU table")
+    p.add_argument("--long-only", action="store_true", help="only the long-input / large-alphabet table")
     args = p.parse_args(argv)
     if args.memory_worker:
         kind, impl, shape = args.memory_worker
@@ -268,6 +326,10 @@ def main(argv=None) -> str:
     reps = 3 if args.quick else 7
     if args.gpu_only:
         text = _gpu_tables(reps, args.asg_large)
+        print(text)
+        return text
+    if args.long_only:
+        text = _long_table(not args.no_memory)
         print(text)
         return text
     with_gtn = _gtn_available()
@@ -297,6 +359,7 @@ def main(argv=None) -> str:
             table += ("\n(8, 250, 1000, 50) left out: ASG's transition graph on C=1000 has a million "
                       "arcs per frame; run with --asg-large.)\n")
         out.append(table)
+    out.append(_long_table(not args.no_memory))
     out.append(_gpu_tables(reps, args.asg_large))
     text = "\n".join(out)
     print(text)

@@ -5,7 +5,7 @@ Every loss in :mod:`lightning_gtn.functional` builds its criterion graphs with t
 int32 arrays grouped the way the dynamic programme reads them (emitting arcs grouped by
 destination node for the alpha pass and by source node for the beta pass, epsilon arcs in a
 topological order). :func:`batch_graphs` concatenates the compiled graphs of a batch into one
-:class:`GraphBatch`, which is what the kernels in :mod:`._dense` consume.
+:class:`GraphBatch`, which is what the kernels in :mod:`._dispatch` consume.
 
 Compiled graphs of targets are cached in small LRU dictionaries keyed by the target tuple, so a
 training loop that sees the same transcripts again pays only for the concatenation. A user's own

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from . import _dense, _triton
+from . import _dispatch, _triton
 from ._graphs import CompiledGraph, GraphBatch
 
 __all__ = ["Plan", "normalised_plan", "unique_graphs", "graph_weights", "pick_impl", "score", "reduce_losses"]
@@ -34,7 +34,7 @@ class Plan:
     def __init__(self, graphs: Sequence[CompiledGraph], ex_graph, ex_row, ex_len, ex_sign, B: int) -> None:
         self.batch = GraphBatch(graphs)
         order = np.argsort(np.asarray(ex_row), kind="stable")
-        self.problem = _dense.Problem(self.batch, np.asarray(ex_graph)[order], np.asarray(ex_row)[order],
+        self.problem = _dispatch.Problem(self.batch, np.asarray(ex_graph)[order], np.asarray(ex_row)[order],
                                       np.asarray(ex_len)[order])
         self.sign = np.asarray(ex_sign, dtype=np.float64)[order]
         self.B = B
@@ -69,10 +69,10 @@ def graph_weights(plan: Plan, x: torch.Tensor) -> torch.Tensor:
 
 
 def pick_impl(x: torch.Tensor, impl: Optional[str]) -> str:
-    """The scoring implementation: numba on the CPU; elsewhere :func:`._dense.device_impl`
+    """The scoring implementation: numba on the CPU; elsewhere :func:`._dispatch.device_impl`
     (Triton on CUDA when installed and self-checked, else torch)."""
     if impl is None:
-        return "numba" if x.device.type == "cpu" else _dense.device_impl(x.device)
+        return "numba" if x.device.type == "cpu" else _dispatch.device_impl(x.device)
     if impl not in ("numba", "numba_log", "torch", "triton"):
         raise ValueError(f"impl must be None, 'numba', 'numba_log', 'torch', 'triton' or 'gtn', got {impl!r}")
     if impl.startswith("numba") and x.device.type != "cpu":
@@ -108,10 +108,10 @@ def score(plan: Plan, E: torch.Tensor, w: torch.Tensor, impl: str, zero_infinity
     sign = torch.from_numpy(plan.sign).to(device=dev, dtype=dtype)
     need_w = w_coef is not None
     if impl == "numba":
-        logz, gE, occ = _dense.fused(p, E, w, plan.sign, need_e, need_w)
+        logz, gE, occ = _dispatch.fused(p, E, w, plan.sign, need_e, need_w)
         st = None
     else:
-        st = _dense.forward(p, E, w, "numba" if impl == "numba_log" else impl)
+        st = _dispatch.forward(p, E, w, "numba" if impl == "numba_log" else impl)
         logz, gE, occ = st.logz, None, None
     # infeasible pieces: -inf contributions must not turn into nan (inf - inf) for a row
     contrib = sign * logz
@@ -127,12 +127,12 @@ def score(plan: Plan, E: torch.Tensor, w: torch.Tensor, impl: str, zero_infinity
         if need_w:
             wcoef = sign * (okf * w_coef.to(device=dev, dtype=dtype))[rows]
             if need_e and bool(torch.equal(wcoef, ecoef)):
-                gE, gw = _dense.backward(st, ecoef, True, True)
+                gE, gw = _dispatch.backward(st, ecoef, True, True)
             else:
-                gE = _dense.backward(st, ecoef, True, False)[0] if need_e else None
-                gw = _dense.backward(st, wcoef, False, True)[1]
+                gE = _dispatch.backward(st, ecoef, True, False)[0] if need_e else None
+                gw = _dispatch.backward(st, wcoef, False, True)[1]
         elif need_e:
-            gE = _dense.backward(st, ecoef, True, False)[0]
+            gE = _dispatch.backward(st, ecoef, True, False)[0]
     else:
         if need_e and gE is not None:
             gE = gE * okf.reshape(-1, 1, 1)

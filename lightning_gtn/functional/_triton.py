@@ -1,6 +1,6 @@
 """The forward-backward dynamic programme as Triton kernels (CUDA tensors, epsilon-free graphs).
 
-The torch implementation in :mod:`._dense` launches a handful of kernels per frame, so on a GPU
+The torch implementation in :mod:`._torch_impl` launches a handful of kernels per frame, so on a GPU
 a 1000-frame batch costs tens of thousands of launches. Here one program per example walks all
 its frames inside a single kernel: the frame's node vector ``(S,)`` is spread over the program's
 threads, the previous frame is read back from global memory through the arc tables (a gather),

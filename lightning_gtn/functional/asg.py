@@ -7,21 +7,51 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import _ops, _validate
+from . import _asg_dense, _ops, _validate
 from ._graphs import compiled_asg_full, compiled_asg_target
-from ._score import normalised_plan, reduce_losses
+from ._score import Plan, normalised_plan, reduce_losses, score, unique_graphs
 
 __all__ = ["asg_loss"]
 
 
 class _ASG(_ops.Criterion):
     """Row ``b``: ``log Z(full transition graph) - log Z(target graph)``; arc weights are
-    gathered from the transitions."""
+    gathered from the transitions.
+
+    From ``_asg_dense.DENSE_MIN_CLASSES`` classes on, the fully connected normaliser is scored
+    by matrix products per frame (:mod:`._asg_dense`) instead of arc by arc; the target graphs
+    keep the graph path.
+    """
 
     def plan(self, seqs, lengths, C, blank):
         full = compiled_asg_full(C)
         plan = normalised_plan(full, [compiled_asg_target(t, C) for t in seqs], lengths)
         return plan, plan.batch.weight_index()
+
+    def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
+        C = E.shape[2]
+        if C < _asg_dense.DENSE_MIN_CLASSES:
+            return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
+        B = E.shape[0]
+        need_w = w_coef is not None
+        logz, gE_f, parts = _asg_dense._full_pass(E, weights, lengths, need_e or need_w)
+        ok_full = (logz > -float("inf")).to(E.dtype)  # length 0: no path through the full graph
+        graphs, ids = unique_graphs([compiled_asg_target(t, C) for t in seqs])
+        plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
+        widx = torch.from_numpy(plan.batch.weight_index()).to(E.device)
+        t_coef = None if w_coef is None else w_coef.to(E.dtype) * ok_full
+        t_loss, gE_t, gw_t = score(plan, E, weights.reshape(-1)[widx].to(E.dtype), impl, False, need_e, t_coef)
+        losses = torch.where(ok_full > 0, logz + t_loss, torch.full_like(logz, float("inf")))
+        ok = torch.isfinite(losses).to(E.dtype)
+        if zero_infinity:
+            losses = torch.where(ok > 0, losses, torch.zeros_like(losses))
+        gE = gW = None
+        if need_e:
+            gE = (gE_f + gE_t) * ok.reshape(-1, 1, 1)
+        if need_w:
+            gW = _asg_dense._transition_grad(gE_f, parts, w_coef.to(E.dtype) * ok)
+            gW = gW.reshape(-1).index_add_(0, widx, gw_t).reshape(weights.shape)
+        return losses, gE, gW
 
 
 _ops.CRITERIA["asg"] = _ASG()

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..wfst import Graph
-from . import _dense, _ops, _validate
+from . import _dispatch, _ops, _validate
 from ._graphs import compiled_asg_full
 from ._score import Plan
 
@@ -33,10 +33,10 @@ def collapse(path: Sequence[int], blank: Optional[int] = None) -> List[int]:
 
 
 def _max_semiring_paths(x: torch.Tensor, plan: Plan, w: torch.Tensor, T: int):
-    st = _dense.forward(plan.problem, x, w.contiguous(), "numba", use_max=True)
+    st = _dispatch.forward(plan.problem, x, w.contiguous(), "numba", use_max=True)
     B = plan.B
     paths = torch.full((B, T), -1, dtype=torch.int64)
-    for b, lab in enumerate(_dense.viterbi_labels(st)):
+    for b, lab in enumerate(_dispatch.viterbi_labels(st)):
         if lab is not None and len(lab):
             paths[b, : len(lab)] = torch.from_numpy(lab)
     scores = st.logz.to(x.dtype)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.functional import _dense, _score, _triton, asg_loss, ctc_loss, graph_loss, sequence_loss
+from lightning_gtn.functional import _dispatch, _score, _triton, asg_loss, ctc_loss, graph_loss, sequence_loss
 from lightning_gtn.functional._triton import triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -171,10 +171,10 @@ def test_epsilon_graphs_fall_back_to_torch():
     g.add_arc(1, 1, 2, 2, 0.0)
     plan = _score.Plan([_compile(g)], [0], [0], [5], [1.0], 1)
     x = _emissions(torch.float64, B=1, T=5, C=3).to(DEVICE)
-    st = _dense.forward(plan.problem, x, torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64, device=DEVICE),
+    st = _dispatch.forward(plan.problem, x, torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64, device=DEVICE),
                         "triton")
     assert st.impl == "torch"
-    ref = _dense.forward(plan.problem, x.cpu(), torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64), "numba")
+    ref = _dispatch.forward(plan.problem, x.cpu(), torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64), "numba")
     torch.testing.assert_close(st.logz.cpu(), ref.logz)
 
 
@@ -183,11 +183,11 @@ def test_graphs_too_large_for_one_program_fall_back_to_torch(monkeypatch):
     plan = _score.Plan([_compile(_mixed_label_graph())], [0], [0], [4], [1.0], 1)
     x = _emissions(torch.float64, B=1, T=4, C=4).to(DEVICE)
     w = torch.zeros(plan.batch.num_arcs, dtype=torch.float64, device=DEVICE)
-    assert _dense.forward(plan.problem, x, w, "triton").impl == "triton"
+    assert _dispatch.forward(plan.problem, x, w, "triton").impl == "triton"
     monkeypatch.setattr(_triton, "MAX_NODES", 2)  # the graph has 3 nodes
-    st = _dense.forward(plan.problem, x, w, "triton")
+    st = _dispatch.forward(plan.problem, x, w, "triton")
     assert st.impl == "torch"
-    ref = _dense.forward(plan.problem, x.cpu(), w.cpu(), "numba")
+    ref = _dispatch.forward(plan.problem, x.cpu(), w.cpu(), "numba")
     torch.testing.assert_close(st.logz.cpu(), ref.logz)
 
 
@@ -227,8 +227,8 @@ def test_random_graphs_scores_and_gradients(seed, monkeypatch):
     # the max semiring too
     plan = _score.Plan([_compile(g) for g in graphs], range(B), range(B), lengths.numpy(), [1.0] * B, B)
     w = torch.cat(weights)
-    ref = _dense.forward(plan.problem, x, w, "numba", use_max=True).logz
-    got = _dense.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
+    ref = _dispatch.forward(plan.problem, x, w, "numba", use_max=True).logz
+    got = _dispatch.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
     torch.testing.assert_close(got.cpu(), ref)
 
 
@@ -239,9 +239,7 @@ def test_max_semiring_matches_numba():
     cg = compiled_asg_full(5)
     x = _emissions(torch.float64, B=3, T=9, C=5)
     w = torch.randn(cg.num_arcs, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    plan = _score.Plan([cg], [0, 0, 0], [0, 1, 2], [9, 4, 0], [1.0] * 3, 3)
-    a = _dense.forward(plan.problem, x, w, "numba", use_max=True).logz
-    b = _dense.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
+from lightning_gtn.functional import _dispatch, _score, _triton, asg_loss, ctc_loss, graph_loss, sequence_loss
     torch.testing.assert_close(b.cpu(), a)
 
 
@@ -325,8 +323,8 @@ def test_kernel_variant_compiles_for_the_gpu(name, dtype, consts, capability):
 
 @needs_kernels
 def test_self_check_passes_and_catches_a_wrong_kernel(monkeypatch):
-    problem = _dense._self_check()
-    assert _dense._self_check_error(problem, torch.device(DEVICE)) is None
+    problem = _dispatch._self_check()
+    assert _dispatch._self_check_error(problem, torch.device(DEVICE)) is None
     real = _triton.forward
 
     def off_by_a_little(*args, **kwargs):
@@ -334,7 +332,7 @@ def test_self_check_passes_and_catches_a_wrong_kernel(monkeypatch):
         return alpha, logz + 1e-4
 
     monkeypatch.setattr(_triton, "forward", off_by_a_little)
-    assert "scores differ" in _dense._self_check_error(problem, torch.device(DEVICE))
+    assert "scores differ" in _dispatch._self_check_error(problem, torch.device(DEVICE))
 
 
 @pytest.mark.skipif(not _triton.available(), reason="needs triton")
@@ -342,14 +340,14 @@ def test_failed_self_check_warns_and_uses_torch(monkeypatch):
     def broken(problem, device):
         raise RuntimeError("no kernel image is available")
 
-    monkeypatch.setattr(_dense, "_self_check_error", broken)
-    monkeypatch.setattr(_dense, "_device_impl", {})
+    monkeypatch.setattr(_dispatch, "_self_check_error", broken)
+    monkeypatch.setattr(_dispatch, "_device_impl", {})
     with pytest.warns(RuntimeWarning, match="self-check on cuda:7.*no kernel image"):
-        assert _dense.device_impl(torch.device("cuda:7")) == "torch"
-    assert _dense.device_impl(torch.device("cuda:7")) == "torch"  # decided once per device
-    monkeypatch.setattr(_dense, "_self_check_error", lambda problem, device: None)
-    monkeypatch.setattr(_dense, "_device_impl", {})
-    assert _dense.device_impl(torch.device("cuda:7")) == "triton"
+        assert _dispatch.device_impl(torch.device("cuda:7")) == "torch"
+    assert _dispatch.device_impl(torch.device("cuda:7")) == "torch"  # decided once per device
+    monkeypatch.setattr(_dispatch, "_self_check_error", lambda problem, device: None)
+    monkeypatch.setattr(_dispatch, "_device_impl", {})
+    assert _dispatch.device_impl(torch.device("cuda:7")) == "triton"
 
 
 @pytest.mark.skipif(not _triton.available(), reason="needs triton")
