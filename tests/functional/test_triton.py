@@ -239,7 +239,9 @@ def test_max_semiring_matches_numba():
     cg = compiled_asg_full(5)
     x = _emissions(torch.float64, B=3, T=9, C=5)
     w = torch.randn(cg.num_arcs, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-from lightning_gtn.functional import _dispatch, _score, _triton, asg_loss, ctc_loss, graph_loss, sequence_loss
+    plan = _score.Plan([cg], [0, 0, 0], [0, 1, 2], [9, 4, 0], [1.0] * 3, 3)
+    a = _dispatch.forward(plan.problem, x, w, "numba", use_max=True).logz
+    b = _dispatch.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
     torch.testing.assert_close(b.cpu(), a)
 
 
