@@ -1,17 +1,21 @@
 """A loss from your own criterion graph, built with ``lightning_gtn.wfst``.
 
 You write a function ``target ids -> acceptor`` with the engine's GTN API;
-:class:`lightning_gtn.lightning.TargetGraphLoss` caches one graph per target and scores the batch
-with :class:`lightning_gtn.nn.GraphLoss`. The criterion here is CTC where a blank is *optional*
+:class:`lightning_gtn.nn.TargetGraphLoss` caches one compiled graph per target and scores the
+batch in one pass. The criterion here is CTC where a blank is *optional*
 between different tokens and only forced between repeats; writing CTC by hand and checking it
 against :func:`lightning_gtn.functional.ctc_loss` first shows the graphs mean what you think.
 
 As a Hydra config (``conf/loss/my_ctc.yaml``, with this file importable as ``my_criteria``)::
 
-    _target_: lightning_gtn.lightning.TargetGraphLoss
+    _target_: lightning_gtn.nn.TargetGraphLoss
     builder: my_criteria.ctc_criterion
     builder_kwargs: {blank: 0}
-    vocabulary: {blank: true, repeat_label: false}
+    blank: 0                 # the blank's id in the targets (the vocabulary puts it at 0)
+    repeat_label: false
+
+and train with ``lightning-gtn-train loss=my_ctc trust_modules=[my_criteria]`` (a builder outside
+lightning_gtn must be trusted before a config may name it).
 
 Run:  python examples/custom_criterion.py [--steps 100]
 """
@@ -25,7 +29,8 @@ import torch
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn.functional import ctc_loss
-from lightning_gtn.lightning import ConvRNNEncoder, DigitLinesDataModule, StructuredLossMixin, TargetGraphLoss
+from lightning_gtn.lightning import ConvRNNEncoder, DigitLinesDataModule, StructuredLossMixin
+from lightning_gtn.nn import TargetGraphLoss
 
 
 def ctc_criterion(target, blank: int = 0) -> gtn.Graph:
@@ -54,8 +59,8 @@ class HandBuiltCTCModel(StructuredLossMixin, L.LightningModule):
 
     def __init__(self, chars: str):
         super().__init__()
-        # Any nn.Module loss with the mixin's calling convention works; say that it uses a blank.
-        self.configure_structured_loss(TargetGraphLoss(ctc_criterion), chars, blank=True)
+        # The loss states its token convention (a blank at id 0); the mixin builds the vocabulary
+        self.configure_structured_loss(TargetGraphLoss(ctc_criterion, blank=0), chars)
         self.net = ConvRNNEncoder(8, self.num_classes, stride=2, hidden_size=64)
 
     def forward(self, inputs, input_lengths):
@@ -75,7 +80,7 @@ def main(argv=None) -> dict:
     targets = torch.tensor([[1, 2, 2], [3, 1, 0], [5, 5, 5], [2, 0, 0]])
     target_lengths = torch.tensor([3, 2, 3, 1])
     input_lengths = torch.tensor([15, 12, 9, 4])
-    mine = TargetGraphLoss(ctc_criterion, reduction="none")(log_probs, targets, input_lengths, target_lengths)
+    mine = TargetGraphLoss(ctc_criterion, blank=0, reduction="none")(log_probs, targets, input_lengths, target_lengths)
     ref = ctc_loss(log_probs, targets, input_lengths, target_lengths, reduction="none")
     max_diff = float((mine - ref).abs().max())
     print(f"hand-built CTC {mine.numpy().round(4)}\nlibrary CTC    {ref.numpy().round(4)}")

@@ -126,6 +126,13 @@ def build_loss(
 
     if isinstance(loss, StructuredLoss):
         module = loss
+        if (blank is not None and bool(blank) != (loss.blank is not None)) or \
+                (repeat_label is not None and bool(repeat_label) != loss.repeat_label):
+            raise ValueError(
+                f"loss: {type(loss).__qualname__} states blank={loss.blank}, repeat_label={loss.repeat_label}, "
+                f"which contradicts blank={blank}, repeat_label={repeat_label}; set the convention on the loss "
+                "(e.g. TargetGraphLoss(builder, blank=0)) and leave these out"
+            )
     elif isinstance(loss, nn.Module):
         if blank is None:
             raise ValueError(

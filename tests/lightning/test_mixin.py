@@ -55,6 +55,8 @@ def test_build_loss_errors():
     assert not v.blank and v.num_classes == len(CHARS)
     with pytest.raises(ValueError, match="loss.blank"):  # the vocabulary puts the blank at id 0
         build_loss({"_target_": "lightning_gtn.nn.CTCLoss", "blank": 3}, CHARS)
+    with pytest.raises(ValueError, match="contradicts"):  # the loss states its own convention
+        build_loss(lnn.TargetGraphLoss(lambda t: None), CHARS, blank=True)
     with pytest.raises(ValueError, match="StructuredLoss"):
         build_loss({"_target_": "torch.nn.CTCLoss"}, CHARS)
     with pytest.raises(ValueError, match="_target_"):
