@@ -141,7 +141,7 @@ def run_loss(crit: Criterion, E: Tensor, weights: Optional[Tensor], seqs, length
     if r is None:
         return losses, gE, None
     if gE is not None:
-        gE = gE * r.reshape(-1, 1, 1)
+        gE.mul_(r.reshape(-1, 1, 1))  # a fresh buffer of the scoring: scaled in place (peak memory)
     return (losses * r).sum(), gE, gW
 
 

@@ -46,11 +46,11 @@ class _ASG(_ops.Criterion):
         if zero_infinity:
             losses = torch.where(ok > 0, losses, torch.zeros_like(losses))
         gE = gW = None
-        if need_e:
-            gE = (gE_f + gE_t) * ok.reshape(-1, 1, 1)
-        if need_w:
+        if need_w:  # first: it reads the full graph's occupancies gE_f
             gW = _asg_dense._transition_grad(gE_f, parts, w_coef.to(E.dtype) * ok)
             gW = gW.reshape(-1).index_add_(0, widx, gw_t).reshape(weights.shape)
+        if need_e:
+            gE = gE_f.add_(gE_t).mul_(ok.reshape(-1, 1, 1))  # fresh buffers: in place
         return losses, gE, gW
 
 

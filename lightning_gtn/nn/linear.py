@@ -14,8 +14,7 @@ __all__ = ["Linear"]
 @torch.library.custom_op("lightning_gtn::linear", mutates_args=())
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``y = x @ W^T + b`` over any leading dims (a custom op: opaque to ``torch.compile``)."""
-    y = x.matmul(weight.t())
-    return y + bias if bias is not None else y
+    return torch.nn.functional.linear(x, weight, bias)
 
 
 @_linear.register_fake
