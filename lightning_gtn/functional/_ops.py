@@ -185,6 +185,7 @@ def _loss_setup(ctx, inputs, output):
     ctx.need_e, ctx.need_w = need_e, need_w
     ctx.args = (kind, blank, handle, zero_infinity, impl)
     ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)  # no zero (B, T, C) gradient for the unused gradient outputs
     if reduction == "none" and need_w:
         ctx.save_for_backward(output[1], output[2], emissions, weights, targets, input_lengths, target_lengths)
     else:
@@ -193,6 +194,8 @@ def _loss_setup(ctx, inputs, output):
 
 def _loss_backward(ctx, g_out, _g_ge, _g_gw):
     saved = ctx.saved_tensors
+    if g_out is None:
+        return (None,) * 13
     gE_s, gW_s = saved[0], saved[1]
     gE = gW = None
     if ctx.reduction == "none":
