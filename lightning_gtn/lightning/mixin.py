@@ -30,7 +30,6 @@ import warnings
 from collections.abc import Callable, Mapping
 
 import torch
-from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, WordErrorRate
 
