@@ -42,8 +42,8 @@ class Criterion:
     return the index of each arc's weight in the flattened weight tensor.
     """
 
-    #: labels the targets must not contain (CTC's blank), or None
     def forbidden_label(self, blank: int) -> Optional[int]:
+        """The label the targets must not contain (CTC's blank), or None."""
         return None
 
     def plan(self, seqs: List[List[int]], lengths: np.ndarray, C: int, blank: int) -> Tuple[Plan, Optional[np.ndarray]]:
