@@ -81,7 +81,8 @@ def test_compose_every_config(group, option, tmp_path):
             assert obj is not None, k
     elif group == "data" and option != "features":
         dm = instantiate(cfg.data)
-        assert dm.chars == "0123456789 "
+        assert dm.chars == ("abcdefghijklmnopqrstuvwxyz '" if option.startswith("text") else "0123456789 ")
+        assert dm.feature_dim == (32 if option.startswith("text") else 8)
 
 
 def test_compose_slurm_launcher(tmp_path):

@@ -5,7 +5,8 @@
 - :class:`SequenceModule`: the mixin plus a network from a config (what the CLI trains).
 - :class:`Vocabulary`: characters to ids with the blank / repeat conventions of each loss.
 - :func:`build_loss`: a :mod:`lightning_gtn.nn` loss and its vocabulary from a name, config or module.
-- Data: :class:`DigitLinesDataModule` (embedded, no download), :class:`FeatureDataModule`
+- Data: :class:`DigitLinesDataModule` (embedded, no download), :class:`TextLinesDataModule`
+  (embedded: English sentences rendered with matplotlib's fonts), :class:`FeatureDataModule`
   (your own ``.npz`` features and transcripts).
 - :class:`ConvRNNEncoder`: a small convolution + bidirectional GRU/LSTM emission model.
 - :class:`TrainingPlots`: ``curves.png`` and ``alignments.png`` in the run directory.
@@ -25,6 +26,7 @@ from .mixin import NonFiniteLossError, StructuredLossMixin
 from .models import ConvRNNEncoder
 from .module import SequenceModule
 from .plots import plot_alignments, plot_training_curves
+from .text import TEXT_CHARS, TextLinesDataModule, make_sentences, make_text_lines, save_text_lines_png
 from .vocabulary import Vocabulary
 
 __all__ = [
@@ -37,6 +39,11 @@ __all__ = [
     "BUILTIN_LOSSES",
     "DigitLinesDataModule",
     "FeatureDataModule",
+    "TextLinesDataModule",
+    "TEXT_CHARS",
+    "make_sentences",
+    "make_text_lines",
+    "save_text_lines_png",
     "SequenceDataset",
     "collate_sequences",
     "make_digit_lines",
