@@ -3,9 +3,14 @@ enumeration, themselves batched, torch.compile, and the research code's penalty 
 
 import itertools
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn import nn as lnn
@@ -164,6 +169,19 @@ def test_brute_force_enumeration(p):
                     g1, = torch.autograd.grad(ours.sum(), x)
                     g2, = torch.autograd.grad(ref, x)
                     torch.testing.assert_close(g1, g2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_random_tiny_cases_equal_brute_force(data):
+    T = data.draw(st.integers(0, 4))
+    C = data.draw(st.integers(2, 3))
+    target = data.draw(st.lists(st.integers(1, C - 1), max_size=3))
+    p = data.draw(st.sampled_from([0.1, 0.5, 1.0, 2.0]))
+    seed = data.draw(st.integers(0, 2**16))
+    x = torch.randn(1, T, C, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    ours = stc_loss(x, [target], [T], p=p, reduction="none", zero_infinity=False)
+    torch.testing.assert_close(ours[0], brute_force(x[0], target, p))
 
 
 def test_known_values():
@@ -412,3 +430,35 @@ def test_module_compiled_step_advances_the_schedule_like_eager():
     assert eager[0] != eager[2]  # the penalty changed between steps
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+_TRITON_SCRIPT = textwrap.dedent("""
+    import torch
+    from lightning_gtn.functional import stc_loss
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 9, 5, generator=g, dtype=torch.float64).log_softmax(-1)
+    tg = torch.tensor([[1, 2, 2], [3, 1, 0], [4, 0, 0]])
+    il, tl = torch.tensor([9, 7, 5]), torch.tensor([3, 2, 0])
+    out = []
+    for impl in ("numba", "triton"):
+        xi = x.clone().requires_grad_(True)
+        loss = stc_loss(xi, tg, il, tl, p=0.4, reduction="none", impl=impl)
+        gi, = torch.autograd.grad((loss * torch.tensor([0.5, 1.0, 1.5], dtype=loss.dtype)).sum(), xi)
+        out.append((loss.detach(), gi))
+    assert torch.isfinite(out[0][0]).all()
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-9, atol=1e-9)
+    print("STC-TRITON-OK")
+""")
+
+
+def test_triton_kernels_under_the_interpreter_equal_numba():
+    from lightning_gtn.functional import _triton
+
+    if not _triton.available():
+        pytest.skip("triton is not installed")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0 and "STC-TRITON-OK" in res.stdout, res.stdout + res.stderr
