@@ -25,12 +25,16 @@ from .asg import asg_loss
 from .ctc import ctc_loss
 from .graph_loss import graph_loss
 from .seq import sequence_loss
+from .stc import stc_emissions, stc_graph, stc_loss
 from .viterbi import best_paths, collapse, viterbi
 
 __all__ = [
     "ctc_loss",
     "asg_loss",
     "sequence_loss",
+    "stc_loss",
+    "stc_graph",
+    "stc_emissions",
     "graph_loss",
     "viterbi",
     "best_paths",

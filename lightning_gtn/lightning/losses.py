@@ -6,7 +6,7 @@ input_lengths (B,), target_lengths (B,))``, which states its token convention (`
 blank's id or None; ``repeat_label``) and decodes its own emissions (``best_paths``). A loss is
 given as
 
-* a name of a built-in loss (``"ctc"``, ``"asg"``, ``"seq"``, ``"graph"``),
+* a name of a built-in loss (``"ctc"``, ``"asg"``, ``"seq"``, ``"stc"``, ``"graph"``),
 * a config mapping with ``_target_`` naming a loss class (what ``conf/loss/*.yaml`` holds);
   ``num_classes`` is filled in when the class accepts it. Every dotted path in it is checked
   against the trusted module prefixes (:mod:`lightning_gtn._trust`) before anything is imported,
@@ -33,6 +33,7 @@ BUILTIN_LOSSES = {
     "ctc": "lightning_gtn.nn.CTCLoss",
     "asg": "lightning_gtn.nn.ASGLoss",
     "seq": "lightning_gtn.nn.SequenceLoss",
+    "stc": "lightning_gtn.nn.STCLoss",
     "graph": "lightning_gtn.nn.TargetGraphLoss",
 }
 

@@ -129,7 +129,7 @@ class StructuredLossMixin:
         """Sets up the loss, the vocabulary, the metrics and the optimizer factory.
 
         Args:
-            loss: a built-in name (``"ctc"``, ``"asg"``, ``"seq"``), a config mapping with
+            loss: a built-in name (``"ctc"``, ``"asg"``, ``"seq"``, ``"stc"``), a config mapping with
                 ``_target_`` (as in ``conf/loss``), or an ``nn.Module`` loss.
             chars: characters of the vocabulary (a string) or a :class:`Vocabulary` matching
                 the loss's convention.

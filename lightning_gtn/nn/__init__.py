@@ -1,7 +1,7 @@
 """``lightning_gtn.nn``: thin ``nn.Module`` wrappers over :mod:`lightning_gtn.functional`."""
 
 from .linear import Linear
-from .losses import ASGLoss, CTCLoss, GraphLoss, ModuleLoss, SequenceLoss, StructuredLoss, TargetGraphLoss
+from .losses import ASGLoss, CTCLoss, GraphLoss, ModuleLoss, SequenceLoss, STCLoss, StructuredLoss, TargetGraphLoss
 
-__all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "GraphLoss", "TargetGraphLoss", "ModuleLoss",
-           "Linear"]
+__all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "GraphLoss", "TargetGraphLoss",
+           "ModuleLoss", "Linear"]

@@ -13,6 +13,7 @@ loss merges consecutive equal labels: ASG and the sequence criterion). ``best_pa
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -29,7 +30,8 @@ from ..functional._score import Plan, unique_graphs
 from ..functional.graph_loss import check_labels
 from ..functional._validate import check_label, check_reduction
 
-__all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "GraphLoss", "TargetGraphLoss", "ModuleLoss"]
+__all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "GraphLoss", "TargetGraphLoss",
+           "ModuleLoss"]
 
 
 class StructuredLoss(nn.Module):
@@ -158,6 +160,76 @@ class SequenceLoss(StructuredLoss):
     def forward(self, emissions, targets, input_lengths, target_lengths=None):
         return lgf.sequence_loss(emissions, targets, input_lengths, target_lengths, reduction=self.reduction,
                                  zero_infinity=self.zero_infinity, impl=self.impl)
+
+
+
+class STCLoss(StructuredLoss):
+    """Star Temporal Classification (:func:`lightning_gtn.functional.stc_loss`) with the
+    research code's token insertion penalty schedule.
+
+    The constructor arguments are those of gtn_applications' ``STC``. The penalty after
+    ``n`` training steps is ``p(n) = plast + (p0 - plast) * exp(-n * log(2) / thalf)``: it starts
+    at ``p0``, is halfway to ``plast`` after ``thalf`` steps and tends to ``plast``. Each
+    forward in training mode counts one step *before* computing ``p`` (as the research code
+    does); eval mode leaves the count alone. The count is the buffer ``nstep`` (int64, in the
+    ``state_dict``), so a resumed run continues the schedule, and ``p`` reaches the loss as a
+    0-dim tensor, so a compiled step does not recompile when it changes.
+
+    Args:
+        blank_idx: the blank label (the research code requires 0; so does the Lightning
+            layer's vocabulary).
+        p0: initial token insertion penalty (before the log), ``> 0``.
+        plast: final penalty (before the log), ``> 0``.
+        thalf: steps for the penalty to reach ``(p0 + plast) / 2``, ``> 0``.
+        reduction: ``"none"`` (the research code's default; here it gives the ``(B,)``
+            losses), ``"mean"`` (each loss divided by its target length, then averaged) or
+            ``"sum"``.
+        zero_infinity: infeasible examples give 0 instead of ``inf``.
+        impl: as :class:`CTCLoss` (``"gtn"`` excepted).
+
+    Shape:
+        ``forward(log_probs (B, T, C), targets, input_lengths (B,), target_lengths (B,))`` ->
+        scalar, or ``(B,)`` with ``"none"``. Decoding: per-frame argmax, repeats merged,
+        blanks dropped.
+    """
+
+    blank = 0
+
+    def __init__(self, blank_idx: int = 0, p0: float = 1, plast: float = 1, thalf: float = 1,
+                 reduction: str = "none", zero_infinity: bool = False, impl: Optional[str] = None) -> None:
+        super().__init__()
+        _check_common(reduction, impl)
+        if impl == "gtn":
+            raise ValueError("impl='gtn' is not offered for STCLoss")
+        self.blank = check_label(blank_idx, "blank_idx", 2**62)
+        for name, v in (("p0", p0), ("plast", plast), ("thalf", thalf)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+        self.p0, self.plast, self.thalf = float(p0), float(plast), float(thalf)
+        self.reduction = reduction
+        self.zero_infinity = bool(zero_infinity)
+        self.impl = impl
+        self.register_buffer("nstep", torch.zeros((), dtype=torch.int64))
+
+    @property
+    def blank_idx(self) -> int:
+        return self.blank
+
+    def penalty(self) -> torch.Tensor:
+        """The current token insertion penalty ``p(nstep)`` as a 0-dim float64 tensor."""
+        decay = torch.exp(self.nstep.to(torch.float64) * (-math.log(2) / self.thalf))
+        return self.plast + (self.p0 - self.plast) * decay
+
+    def forward(self, log_probs, targets, input_lengths, target_lengths=None):
+        if self.training:
+            self.nstep.add_(1)
+        return lgf.stc_loss(log_probs, targets, input_lengths, target_lengths, blank=self.blank,
+                            p=self.penalty(), reduction=self.reduction, zero_infinity=self.zero_infinity,
+                            impl=self.impl)
+
+    def extra_repr(self) -> str:
+        return (f"blank_idx={self.blank}, p0={self.p0}, plast={self.plast}, thalf={self.thalf}, "
+                f"reduction={self.reduction!r}, zero_infinity={self.zero_infinity}")
 
 
 class GraphLoss(StructuredLoss):
