@@ -19,6 +19,8 @@ def call_loss(F, name, emissions, targets, input_lengths, target_lengths, extra)
         return F.ctc_loss(emissions, targets, input_lengths, target_lengths, blank=extra["blank"])
     if name == "asg_loss":
         return F.asg_loss(emissions, targets, input_lengths, target_lengths, transitions=extra["transitions"])
+    if name == "stc_loss":
+        return F.stc_loss(emissions, targets, input_lengths, target_lengths, blank=extra["blank"])
     if name == "sequence_loss":
         return F.sequence_loss(emissions, targets, input_lengths, target_lengths)
     if name == "graph_loss":
@@ -28,7 +30,7 @@ def call_loss(F, name, emissions, targets, input_lengths, target_lengths, extra)
     raise AssertionError(name)
 
 
-LOSSES = ("ctc_loss", "asg_loss", "sequence_loss", "graph_loss", "viterbi")
+LOSSES = ("ctc_loss", "asg_loss", "sequence_loss", "stc_loss", "graph_loss", "viterbi")
 
 
 def test_adapter_calls_work_on_valid_input():
