@@ -28,6 +28,7 @@ __all__ = [
     "DigitLinesDataModule",
     "FeatureDataModule",
     "read_transcripts",
+    "drop_labels",
 ]
 
 DIGIT_CHARS = "0123456789 "
@@ -159,13 +160,36 @@ def _augment(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return out.astype(np.float32)
 
 
+def drop_labels(texts: Sequence[str], fraction: float, seed: int) -> list[str]:
+    """Removes each character of each text with probability ``fraction`` (deterministic in
+    ``seed``): partially labelled transcripts, the setting of Star Temporal Classification."""
+    if not 0.0 <= float(fraction) < 1.0:
+        raise ValueError(f"data.label_drop: must be in [0, 1), got {fraction!r}")
+    if fraction == 0:
+        return list(texts)
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in texts:
+        keep = rng.random(len(t)) >= fraction
+        out.append("".join(c for c, k in zip(t, keep) if k))
+    return out
+
+
 class _BaseDataModule(L.LightningDataModule):
-    def __init__(self, batch_size: int = 32, num_workers: int = 0, eval_batch_size: int | None = None):
+    def __init__(self, batch_size: int = 32, num_workers: int = 0, eval_batch_size: int | None = None,
+                 label_drop: float = 0.0):
         super().__init__()
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
+        drop_labels([], label_drop, 0)  # checks the value at construction
+        self.label_drop = float(label_drop)
         self.train_set = self.val_set = self.test_set = None
+
+    def _drop_train_labels(self, seed: int) -> None:
+        """Applies ``label_drop`` to the training transcripts (validation and test keep theirs)."""
+        if self.label_drop > 0:
+            self.train_set.texts = drop_labels(self.train_set.texts, self.label_drop, seed)
 
     def _loader(self, dataset, shuffle: bool, batch_size: int) -> DataLoader:
         return DataLoader(
@@ -203,6 +227,8 @@ class DigitLinesDataModule(_BaseDataModule):
         seed: the seed of the image split and of the line generator.
         min_len, max_len, max_gap, space_prob, noise: see :func:`make_digit_lines`.
         augment_train: stretch and shift the training digits (never validation or test).
+        label_drop: drop this fraction of the training transcripts' characters (partial labels,
+            the STC setting: ``loss=stc data.label_drop=0.3``); validation and test keep theirs.
     """
 
     chars = DIGIT_CHARS
@@ -223,8 +249,9 @@ class DigitLinesDataModule(_BaseDataModule):
         space_prob: float = 0.15,
         noise: float = 0.05,
         augment_train: bool = False,
+        label_drop: float = 0.0,
     ):
-        super().__init__(batch_size, num_workers, eval_batch_size)
+        super().__init__(batch_size, num_workers, eval_batch_size, label_drop)
         self.save_hyperparameters()
         self.line_args = dict(
             min_len=min_len, max_len=max_len, max_gap=max_gap, space_prob=space_prob, noise=noise
@@ -249,6 +276,7 @@ class DigitLinesDataModule(_BaseDataModule):
             self.source_images[name] = np.unique(idx[np.concatenate(src)]) if n else idx[:0]
             sets.append(SequenceDataset(feats, texts))
         self.train_set, self.val_set, self.test_set = sets
+        self._drop_train_labels(self.seed)
 
 
 def read_transcripts(path: str | os.PathLike) -> dict[str, str]:

@@ -378,6 +378,8 @@ class TextLinesDataModule(_BaseDataModule):
         height, downsample: image height in pixels; rows averaged in groups of ``downsample``
             (``feature_dim = height // downsample``).
         slant, blur, noise, contrast, jitter: see :func:`make_text_lines`.
+        label_drop: drop this fraction of the training transcripts' characters (partial labels,
+            the STC setting: ``loss=stc data.label_drop=0.3``); validation and test keep theirs.
     """
 
     chars = TEXT_CHARS
@@ -401,8 +403,9 @@ class TextLinesDataModule(_BaseDataModule):
         noise: float = 0.05,
         contrast: Sequence[float] = (0.7, 1.0),
         jitter: int = 2,
+        label_drop: float = 0.0,
     ):
-        super().__init__(batch_size, num_workers, eval_batch_size)
+        super().__init__(batch_size, num_workers, eval_batch_size, label_drop)
         fonts = [str(f) for f in fonts]
         for f in fonts:
             font_path(f)  # fail early, naming the face
@@ -435,3 +438,4 @@ class TextLinesDataModule(_BaseDataModule):
             self.fonts_used[name] = used
             sets.append(SequenceDataset(feats, texts))
         self.train_set, self.val_set, self.test_set = sets
+        self._drop_train_labels(self.seed)

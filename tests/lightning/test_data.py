@@ -108,3 +108,26 @@ def test_feature_data_module_hparams_hold_the_collected_chars(tmp_path, rng):
     p = [str(tmp_path / "f.npz"), str(tmp_path / "t.txt")]
     dm = FeatureDataModule(*p, *p)
     assert dm.chars == " abc" and dm.hparams.chars == " abc"
+
+
+def test_label_drop_removes_training_characters_only():
+    from lightning_gtn.lightning.data import drop_labels
+
+    texts = ["0123456789" * 5] * 20
+    dropped = drop_labels(texts, 0.3, seed=1)
+    kept = sum(len(t) for t in dropped) / sum(len(t) for t in texts)
+    assert 0.6 < kept < 0.8  # about 70% of the characters stay
+    assert all(all(c in "0123456789" for c in t) for t in dropped)
+    assert drop_labels(texts, 0.3, seed=1) == dropped  # deterministic
+    assert drop_labels(texts, 0.0, seed=1) == texts
+    with pytest.raises(ValueError, match="data.label_drop"):
+        DigitLinesDataModule(label_drop=1.0)
+    full = DigitLinesDataModule(num_train=40, num_val=10, num_test=10)
+    part = DigitLinesDataModule(num_train=40, num_val=10, num_test=10, label_drop=0.5)
+    full.setup()
+    part.setup()
+    assert part.val_set.texts == full.val_set.texts and part.test_set.texts == full.test_set.texts
+    assert sum(map(len, part.train_set.texts)) < 0.7 * sum(map(len, full.train_set.texts))
+    for a, b in zip(part.train_set.texts, full.train_set.texts):  # a subsequence of the full text
+        it = iter(b)
+        assert all(c in it for c in a)
