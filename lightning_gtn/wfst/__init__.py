@@ -27,6 +27,14 @@ from .functions import (
     viterbi_score,
 )
 from .graph import Graph, epsilon
+from .openfst import (
+    from_pywrapfst,
+    read_fst_text,
+    read_symbols,
+    to_pywrapfst,
+    write_fst_text,
+    write_symbols,
+)
 from .parallel import get_num_threads, parallel_for, parallel_map, set_num_threads
 from .rand import rand_equivalent, sample
 from .utils import (
@@ -83,6 +91,12 @@ __all__ = [
     "draw",
     "graph_to_text",
     "graph_from_text",
+    "read_fst_text",
+    "write_fst_text",
+    "read_symbols",
+    "write_symbols",
+    "to_pywrapfst",
+    "from_pywrapfst",
     "sample",
     "rand_equivalent",
     "parallel_for",
