@@ -198,7 +198,10 @@ def write_arpa(lm: NGramLM, path=None) -> str:
         path: a file path, an open text file, or None.
     """
     N = lm.order
-    tables = [lm.ngrams(n) for n in range(1, N + 1)]
+    W = lm.words
+    tables = [
+        {tuple(W[i] for i in g): v for g, v in sorted(t.items())} for t in lm._ngrams
+    ]  # word-id order: the same model always gives the same text
     out = ["", "\\data\\"]
     out += [f"ngram {n}={len(t)}" for n, t in enumerate(tables, start=1)]
     for n, t in enumerate(tables, start=1):

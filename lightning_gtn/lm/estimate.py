@@ -248,15 +248,17 @@ def estimate(
             need = {g[:-1] for g in kept[n]} if n < N else set()
             kept[n - 1] = {g for g in probs[n - 1] if raw[n - 1][g] >= prune[n - 1] or g in need}
     tables: list[dict] = [dict() for _ in range(N)]
-    for g in kept[0]:
-        tables[0][g] = (math.log(probs[0][g]), 0.0)
+    # word ids: <unk>, <s>, </s>, then the words sorted (KenLM puts the specials first too)
+    tables[0][(UNK,)] = (math.log(probs[0][(UNK,)]), 0.0)
     tables[0][(BOS,)] = (MISSING_LOGP, 0.0)
+    for w in [EOS] + vocab_words:
+        tables[0][(w,)] = (math.log(probs[0][(w,)]), 0.0)
     for n in range(2, N + 1):
         pruned_h: set = set()
         if prune is not None:
             pruned_h = {g[:-1] for g in probs[n - 1] if g not in kept[n - 1]}
         kept_by_h: dict[tuple, list] = defaultdict(list)
-        for g in kept[n - 1]:
+        for g in sorted(kept[n - 1]):
             tables[n - 1][g] = (math.log(probs[n - 1][g]), 0.0)
             kept_by_h[g[:-1]].append(g)
         for h, gamma in gammas[n - 1].items():
