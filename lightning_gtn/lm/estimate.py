@@ -69,7 +69,7 @@ def kn_discounts(count_of_counts: Sequence[int]) -> tuple[float, float, float]:
 
     Example:
         >>> kn_discounts([10, 4, 2, 1])
-        (0.5555555555555556, 1.1666666666666665, 1.6666666666666667)
+        (0.5555555555555556, 1.1666666666666665, 1.8888888888888888)
     """
     t1, t2, t3, t4 = (int(x) for x in count_of_counts[:4])
     if min(t1, t2, t3, t4) <= 0:
