@@ -28,7 +28,7 @@ Conventions of the conversion (both directions, so they round-trip):
   empty text (OpenFST's empty FST), which reads back as a graph without nodes.
 
 Untrusted input: the text size is bounded (``max_bytes``), state ids are bounded
-(``max_states``) and every error is a ``ValueError`` naming the line number.
+(``max_states``, and at most ``MAX_UNREFERENCED_NODES`` ids below the largest may go unnamed) and every error is a ``ValueError`` naming the line number.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from .graph import Graph, epsilon
+from .graph import MAX_UNREFERENCED_NODES, Graph, epsilon
 
 __all__ = [
     "read_fst_text",
@@ -326,6 +326,13 @@ def read_fst_text(
         g = Graph.from_arrays(0, [], [], [], [], [], [], [], calc_grad=calc_grad)
         return g, imap, omap
     num_nodes = max_id + 1
+    named = len(set(src) | set(dst) | set(finals))
+    if num_nodes - named > MAX_UNREFERENCED_NODES:
+        # each node costs memory named or not: a few bytes must not allocate gigabytes
+        raise ValueError(
+            f"FST text: state ids up to {max_id} but only {named} states are named; at most "
+            f"{MAX_UNREFERENCED_NODES} ids may be left unused"
+        )
     accept = sorted(s for s, c in finals.items() if c == 0.0)
     weighted = sorted(s for s, c in finals.items() if c != 0.0 and c != math.inf)
     if weighted:
