@@ -401,8 +401,9 @@ def write_fst_text(
 
     Example:
         >>> import lightning_gtn.wfst as gtn
-        >>> g = gtn.Graph(); g.add_node(True); g.add_node(False, True); g.add_arc(0, 1, 0, 1, 0.5)
-        0
+        >>> g = gtn.Graph()
+        >>> g.add_node(True), g.add_node(False, True), g.add_arc(0, 1, 0, 1, 0.5)
+        (0, 1, 0)
         >>> write_fst_text(g)
         '0\\t1\\t1\\t2\\t-0.5\\n1\\n'
     """
