@@ -22,7 +22,7 @@ A file is untrusted, and the reader checks it line by line: every problem is a
 before anything is stored (an estimate of the memory the model takes), a section holding more
 n-grams than declared stops at the first extra line, and one holding fewer is an error at its
 end. NaN and infinite numbers are refused (except ``-inf`` as the probability of ``<s>``, which
-is never predicted; KenLM writes it that way). An n-gram whose history is absent gets one, as
+is never predicted; some tools write it that way). An n-gram whose history is absent gets one, as
 KenLM does (``NGramLM.from_ngrams(add_missing=True)``); ``add_missing=False`` refuses it.
 """
 
@@ -35,8 +35,9 @@ from .ngram import BOS, LN10, MAX_ORDER, NGramLM
 
 __all__ = ["read_arpa", "write_arpa", "BYTES_PER_NGRAM"]
 
-BYTES_PER_NGRAM = 256
-"""Memory one stored n-gram is assumed to take, for the ``max_bytes`` check."""
+BYTES_PER_NGRAM = 640
+"""Memory one stored n-gram is assumed to take while reading, for the ``max_bytes`` check
+(``benchmarks/bench_lm.py`` measures the peak: 390-550 bytes)."""
 
 MAX_LINE = 1 << 16
 """Longest line (characters) an ARPA file may have."""
@@ -77,7 +78,7 @@ def _number(text: str, no: int, what: str) -> float:
     return x
 
 
-def read_arpa(path, *, max_bytes: int = 1 << 30, add_missing: bool = True) -> NGramLM:
+def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NGramLM:
     """Reads an ARPA back-off language model.
 
     Args:

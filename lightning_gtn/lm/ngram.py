@@ -432,8 +432,14 @@ class NGramLM:
 
     # -- ARPA ----------------------------------------------------------------------------
     @classmethod
-    def from_arpa(cls, path, *, max_bytes: int = 1 << 30, add_missing: bool = True) -> "NGramLM":
-        """Reads an ARPA file (see :func:`lightning_gtn.lm.arpa.read_arpa`)."""
+    def from_arpa(cls, path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> "NGramLM":
+        """Reads an ARPA file (untrusted input: see :func:`lightning_gtn.lm.arpa.read_arpa`).
+
+        Args:
+            path: a file path, or an open text file.
+            max_bytes: refuse a file whose declared n-gram counts need more memory (4 GiB).
+            add_missing: add missing histories and special words as KenLM does.
+        """
         from .arpa import read_arpa
 
         return read_arpa(path, max_bytes=max_bytes, add_missing=add_missing)
