@@ -33,6 +33,8 @@ Untrusted input: the text size is bounded (``max_bytes``), state ids are bounded
 
 from __future__ import annotations
 
+import array
+import io
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -250,26 +252,31 @@ def read_fst_text(
         >>> g.labels_to_list(), g.labels_to_list(False), g.weights_to_list(), g.accept()
         ([0], [1], [-0.5], [1])
     """
-    if isinstance(max_states, bool) or not isinstance(max_states, int) or max_states < 1:
-        raise ValueError("max_states must be a positive int")
+    if isinstance(max_states, bool) or not isinstance(max_states, int) or not 1 <= max_states < 2**31:
+        raise ValueError("max_states must be an int in [1, 2**31)")
     isym = isymbols if isymbols is None or isinstance(isymbols, (Mapping, list, tuple)) else read_symbols(isymbols)
     osym = osymbols if osymbols is None or isinstance(osymbols, (Mapping, list, tuple)) else read_symbols(osymbols)
     imap = _symbol_map(isym, "isymbols")
     omap = _symbol_map(osym, "osymbols")
     text = _read_text(path_or_text, max_bytes, "FST text")
-    rows: list[tuple[int, list[str]]] = []
+
+    def rows():
+        # one line at a time (no list of all lines: the text may be large)
+        for no, line in enumerate(io.StringIO(text), start=1):
+            if len(line) > MAX_LINE:
+                raise ValueError(f"FST text line {no}: longer than {MAX_LINE} characters")
+            f = line.split()
+            if not f:
+                continue
+            if len(f) > 5:
+                raise ValueError(f"FST text line {no}: at most 5 fields, got {len(f)}")
+            yield no, f
+
     n3 = n5 = 0
-    for no, line in enumerate(text.splitlines(), start=1):
-        if len(line) > MAX_LINE:
-            raise ValueError(f"FST text line {no}: longer than {MAX_LINE} characters")
-        f = line.split()
-        if not f:
-            continue
-        if len(f) > 5:
-            raise ValueError(f"FST text line {no}: at most 5 fields, got {len(f)}")
-        n3 += len(f) == 3
-        n5 += len(f) == 5
-        rows.append((no, f))
+    if acceptor is None:  # a first pass decides
+        for _, f in rows():
+            n3 += len(f) == 3
+            n5 += len(f) == 5
     if acceptor is None:
         if n3 and n5:
             raise ValueError("FST text: lines with 3 fields (acceptor arcs) and 5 fields (transducer arcs) mixed")
@@ -285,15 +292,13 @@ def read_fst_text(
             raise ValueError(f"FST text line {no}: {what} {s[:40]!r} is not in the symbol table")
         return table[s] - 1
 
-    src: list[int] = []
-    dst: list[int] = []
-    il: list[int] = []
-    ol: list[int] = []
-    w: list[float] = []
+    # compact int32/float32 buffers rather than lists of Python objects
+    src, dst, il, ol = (array.array("i") for _ in range(4))
+    w = array.array("f")
     finals: dict[int, float] = {}
     start = -1
     max_id = -1
-    for no, f in rows:
+    for no, f in rows():
         s = _int(f[0], no, "state", 0, max_states - 1)
         if start < 0:
             start = s
@@ -326,7 +331,8 @@ def read_fst_text(
         g = Graph.from_arrays(0, [], [], [], [], [], [], [], calc_grad=calc_grad)
         return g, imap, omap
     num_nodes = max_id + 1
-    named = len(set(src) | set(dst) | set(finals))
+    named = len(np.union1d(np.union1d(np.frombuffer(src, np.int32), np.frombuffer(dst, np.int32)),
+                           np.fromiter(finals, np.int64, len(finals))))
     if num_nodes - named > MAX_UNREFERENCED_NODES:
         # each node costs memory named or not: a few bytes must not allocate gigabytes
         raise ValueError(
@@ -351,11 +357,11 @@ def read_fst_text(
         num_nodes,
         [start],
         accept,
-        np.asarray(src, dtype=np.int64),
-        np.asarray(dst, dtype=np.int64),
-        np.asarray(il, dtype=np.int64),
-        np.asarray(ol, dtype=np.int64),
-        np.asarray(w, dtype=np.float32),
+        np.frombuffer(src, dtype=np.int32),
+        np.frombuffer(dst, dtype=np.int32),
+        np.frombuffer(il, dtype=np.int32),
+        np.frombuffer(ol, dtype=np.int32),
+        np.frombuffer(w, dtype=np.float32).copy(),
         calc_grad=calc_grad,
     )
     return g, imap, omap
