@@ -257,3 +257,24 @@ def test_read_lexicon(tmp_path):
         read_lexicon(io.StringIO("a x b\n"), probabilities=True)
     with pytest.raises(ValueError, match="max_bytes"):
         read_lexicon(io.StringIO("a b\n" * 100), max_bytes=50)
+
+
+def test_pickle_and_from_ngrams():
+    import pickle
+
+    lm = estimate(CORPUS, order=3)
+    lm.arrays()
+    back = pickle.loads(pickle.dumps(lm))
+    assert back.words == lm.words
+    for s in CORPUS:
+        assert back.sentence_score(s.split()) == lm.sentence_score(s.split())
+    # from_ngrams checks its input
+    with pytest.raises(ValueError, match="not finite"):
+        NGramLM.from_ngrams([{("a",): (math.nan, 0.0)}])
+    with pytest.raises(ValueError, match="above 0"):
+        NGramLM.from_ngrams([{("a",): (0.5, 0.0)}])
+    with pytest.raises(ValueError, match="order"):
+        NGramLM.from_ngrams([])
+    one = NGramLM.from_ngrams([{("a",): (math.log(0.5), 0.0), (EOS,): (math.log(0.5), 0.0)}])
+    assert one.order == 1 and one.start_state() == 0
+    assert one.sentence_score(["a"]) == pytest.approx(2 * math.log(0.5), abs=1e-6)
