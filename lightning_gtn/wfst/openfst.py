@@ -402,8 +402,8 @@ def write_fst_text(
         The text.
 
     Raises:
-        ValueError: a label without a symbol, or ``acceptor=True`` with an arc whose input
-            and output labels differ.
+        ValueError: a label without a symbol, a NaN or ``+inf`` weight, or ``acceptor=True``
+            with an arc whose input and output labels differ.
 
     Example:
         >>> import lightning_gtn.wfst as gtn
@@ -422,6 +422,8 @@ def write_fst_text(
         omap = imap
     iinv = None if imap is None else _inverse(imap, "isymbols")
     oinv = None if omap is None else _inverse(omap, "osymbols")
+    if np.isnan(a.weights).any() or (a.weights == np.inf).any():
+        raise ValueError("write_fst_text: a weight is NaN or +inf (a cost of -inf), which OpenFST cannot read")
     if acceptor and np.any(a.ilabel != a.olabel):
         raise ValueError("write_fst_text: acceptor=True but an arc's input and output labels differ")
     starts = a.start.tolist()

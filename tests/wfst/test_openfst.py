@@ -111,6 +111,9 @@ def test_acceptors():
     assert t.labels_to_list(False) == [2] and t.weights_to_list() == [0.0]
     with pytest.raises(ValueError, match="differ"):
         gtn.write_fst_text(t, acceptor=True)
+    t.set_weights([float("nan")])
+    with pytest.raises(ValueError, match="NaN"):
+        gtn.write_fst_text(t)
     # acceptor with symbols: the one table serves both sides
     s, isyms, osyms = gtn.read_fst_text("0 1 b\n1\n", ["<eps>", "a", "b"])
     assert s.labels_to_list() == [1] and osyms == isyms
