@@ -5,7 +5,7 @@ graphs (:class:`Graph`), the operations on them (compose, intersect, forward_sco
 ``backward`` for their gradients, the text format, and ``criterion.ctc_loss``.
 """
 
-from . import criterion, cuda
+from . import criterion, cuda, ngram
 from .autograd import backward
 from .creations import linear_graph, scalar_graph
 from .device import CPU, CUDA, Device, DeviceType
@@ -62,6 +62,7 @@ __all__ = [
     "CUDA",
     "cuda",
     "criterion",
+    "ngram",
     "backward",
     "scalar_graph",
     "linear_graph",
