@@ -238,6 +238,8 @@ def _check_pieces(pieces, name: str = "pieces") -> Tuple[str, ...]:
 @functools.lru_cache(maxsize=8)
 def _trie(pieces: Tuple[str, ...]) -> dict:
     # Nested dicts keyed by character; the key None holds the id of the piece ending there.
+    # Cached, so segmenting many words with one piece list checks and builds it once.
+    _check_pieces(pieces)
     root: dict = {}
     for i, p in enumerate(pieces):
         node = root
@@ -272,7 +274,14 @@ def greedy_segment(word: str, pieces: Sequence[str]) -> List[int]:
     """
     if not isinstance(word, str):
         raise TypeError(f"word must be a str, got {type(word).__name__}")
-    root = _trie(_check_pieces(pieces))
+    if isinstance(pieces, (str, bytes)) or not isinstance(pieces, Iterable):
+        raise TypeError(f"pieces must be a sequence of str, got {type(pieces).__name__}")
+    key = tuple(pieces)
+    try:
+        root = _trie(key)
+    except TypeError:  # an unhashable entry: let the check name it
+        _check_pieces(key)
+        raise
     out: List[int] = []
     k = 0
     n = len(word)

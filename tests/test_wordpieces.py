@@ -133,6 +133,10 @@ def test_greedy_segment_errors():
         greedy_segment("a", ["a", ""])
     with pytest.raises(TypeError, match="word"):
         greedy_segment(["a"], ["a"])
+    with pytest.raises(TypeError, match=r"pieces\[1\] must be a str"):
+        greedy_segment("a", ["a", ["b"]])
+    with pytest.raises(TypeError, match="pieces must be a sequence of str"):
+        greedy_segment("a", "ab")
 
 
 def test_train_argument_errors():
