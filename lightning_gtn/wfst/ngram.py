@@ -108,13 +108,16 @@ def _check_sequences(sequences, num_tokens: Optional[int], name: str = "sequence
         if not isinstance(seq, Iterable):
             raise TypeError(f"{name}[{i}] must be a sequence of ints, got {type(seq).__name__}")
         seq = tuple(seq)
-        for t in seq:
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                raise TypeError(f"{name}[{i}] must hold ints, got {type(t).__name__}")
-            if t < 0 or (num_tokens is not None and t >= num_tokens):
-                bound = f"[0, {num_tokens})" if num_tokens is not None else ">= 0"
-                raise ValueError(f"{name}[{i}] has token id {int(t)}, expected ids in {bound}")
-        out.append(tuple(int(t) for t in seq))
+        if not all(type(t) is int for t in seq):  # the fast path takes plain ints only
+            for t in seq:
+                if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                    raise TypeError(f"{name}[{i}] must hold ints, got {type(t).__name__}")
+            seq = tuple(int(t) for t in seq)
+        if seq and (min(seq) < 0 or (num_tokens is not None and max(seq) >= num_tokens)):
+            bad = min(seq) if min(seq) < 0 else max(seq)
+            bound = f"[0, {num_tokens})" if num_tokens is not None else ">= 0"
+            raise ValueError(f"{name}[{i}] has token id {bad}, expected ids in {bound}")
+        out.append(seq)
     return out
 
 
@@ -161,14 +164,20 @@ def count_ngrams(sequences, order: int, *, start: bool = True, end: bool = True)
         ({(5,): 1, (6,): 1, (-3,): 1}, {(-2, 5): 1, (5, 6): 1, (6, -3): 1})
     """
     order = _check_int(order, "order", 1, MAX_ORDER)
-    seqs = _check_sequences(sequences, None)
+    return _count(_check_sequences(sequences, None), order, bool(start), bool(end))
+
+
+def _count(seqs: List[Gram], order: int, start: bool, end: bool) -> List[Counter]:
     counts = [Counter() for _ in range(order)]
+    head = (SENTENCE_START,) if start else ()
+    tail = (SENTENCE_END,) if end else ()
+    first = 1 if start else 0  # <s> is context only: no n-gram ends on it
     for seq in seqs:
-        line = ((SENTENCE_START,) if start else ()) + seq + ((SENTENCE_END,) if end else ())
-        first = 1 if start else 0  # <s> is context only
-        for e in range(first, len(line)):
-            for k in range(1, min(order, e + 1) + 1):
-                counts[k - 1][line[e - k + 1 : e + 1]] += 1
+        line = head + seq + tail
+        for k in range(1, order + 1):
+            # the k-grams ending at positions >= max(first, k - 1)
+            lo = max(first, k - 1) - (k - 1)
+            counts[k - 1].update(zip(*(line[lo + j :] for j in range(k))))
     return counts
 
 
@@ -338,7 +347,7 @@ def transitions_graph(
     seqs = _check_sequences(sequences, num_tokens - 1 if has_blank else num_tokens)
     thr = _thresholds(prune, order)
 
-    counts = count_ngrams(seqs, order, start=bool(start), end=bool(end))
+    counts = _count(seqs, order, bool(start), bool(end))
     data_kept = [{g: c for g, c in cnt.items() if c > t} for cnt, t in zip(counts, thr)]
     grams: List[set] = [set(k) for k in data_kept]
     if has_blank:
