@@ -2,6 +2,7 @@
 
 import os
 import random
+import tempfile
 from collections import Counter
 
 import pytest
@@ -104,7 +105,7 @@ def test_every_training_text_is_spellable_and_segments_round_trip():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.text(alphabet="ab c\u00e9\n\\", max_size=12), min_size=1, max_size=8),
+    st.lists(st.text(alphabet="ab c\u00e9\n\\\u00a0\r", max_size=12), min_size=1, max_size=8),
     st.integers(0, 20),
     st.integers(1, 3),
 )
@@ -115,6 +116,9 @@ def test_property_spellable_and_within_budget(texts, extra, min_count):
     assert len(set(pieces)) == len(pieces)
     for t in texts:
         assert "".join(pieces[i] for i in greedy_segment(t, pieces)) == t
+    with tempfile.TemporaryDirectory() as d:
+        save_word_pieces(pieces, os.path.join(d, "p.txt"))
+        assert load_word_pieces(os.path.join(d, "p.txt")) == pieces
 
 
 def test_greedy_segment_is_longest_match_first():
