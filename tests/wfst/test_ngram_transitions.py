@@ -452,3 +452,28 @@ def test_missing_and_oversized_files(tmp_path):
     path = _saved(tmp_path)
     with pytest.raises(ValueError, match="larger than max_bytes=64"):
         load_transitions(path, max_bytes=64)
+
+
+# -- as a transition model ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order,blank", [(1, "none"), (2, "optional"), (3, "forced")])
+def test_scores_emissions_and_gives_arc_gradients(order, blank):
+    """The research pattern: ``forward_score(intersect(emissions, transitions))`` is the
+    normaliser of the transducer loss. Its gradient on the transition arcs is each arc's
+    expected count, so the token arcs' gradients add up to the number of frames."""
+    T, C = 6, 4
+    corpus = random_corpus(random.Random(order), 30, C - 1)
+    g = transitions_graph(corpus, C, order=order, prune=1, blank=blank, init="counts")
+    g.arc_sort()
+    rng = np.random.default_rng(0)
+    em = gtn.linear_graph(T, C, gtn.CPU, True)
+    em.set_weights(rng.normal(size=T * C).astype(np.float32))
+    score = gtn.forward_score(gtn.intersect(em, g))
+    assert math.isfinite(score.item())
+    gtn.backward(score)
+    grads = np.asarray(g.grad().weights_to_list())
+    labels = np.asarray(g.labels_to_list())
+    assert grads[labels != EPS].sum() == pytest.approx(T, rel=1e-4)
+    assert (grads >= -1e-6).all()
+    assert np.asarray(em.grad().weights_to_list()).reshape(T, C).sum(axis=1) == pytest.approx(np.ones(T), rel=1e-4)
