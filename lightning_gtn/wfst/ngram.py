@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
@@ -49,6 +50,7 @@ __all__ = [
     "SENTENCE_END",
     "MAX_ORDER",
     "MAX_TOKENS",
+    "DEFAULT_MAX_BYTES",
     "count_ngrams",
     "prune_ngrams",
     "transitions_graph",
@@ -549,8 +551,6 @@ def load_transitions(path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Tuple[Graph
         raise ValueError(f"{spath!r}: info must be an object")
 
     data = _read_bounded(gpath, max_bytes, "transition graph file")
-    import io
-
     buf = io.BytesIO(data)
     buf.name = gpath
     graph = load(buf)

@@ -289,6 +289,7 @@ def test_backoff_weight_carries_the_pruned_mass():
 
 
 def test_default_weights_are_zero_and_calc_grad():
+    assert gtn.ngram.transitions_graph is transitions_graph  # exported as lightning_gtn.wfst.ngram
     g = transitions_graph([[0, 1]], 2)
     assert set(g.weights_to_list()) == {0.0}
     assert g.calc_grad
