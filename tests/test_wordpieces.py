@@ -235,3 +235,11 @@ def test_save_rejects_bad_pieces(tmp_path):
         save_word_pieces([], tmp_path / "p.txt")
     with pytest.raises(TypeError):
         save_word_pieces(["a", 1], tmp_path / "p.txt")
+
+
+def test_docstring_examples():
+    import doctest
+
+    import lightning_gtn.wordpieces as module
+
+    assert doctest.testmod(module).failed == 0

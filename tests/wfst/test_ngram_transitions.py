@@ -11,6 +11,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn.wfst.ngram import (
@@ -478,3 +480,50 @@ def test_scores_emissions_and_gives_arc_gradients(order, blank):
     assert grads[labels != EPS].sum() == pytest.approx(T, rel=1e-4)
     assert (grads >= -1e-6).all()
     assert np.asarray(em.grad().weights_to_list()).reshape(T, C).sum(axis=1) == pytest.approx(np.ones(T), rel=1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 2), max_size=5), max_size=6),
+    st.integers(1, 3),
+    st.integers(0, 2),
+    st.sampled_from(["none", "optional", "forced"]),
+    st.booleans(),
+    st.lists(st.integers(0, 3), max_size=4),
+)
+def test_property_random_corpora(corpus, order, prune, blank, self_loops, probe):
+    """Random small corpora: training sequences are accepted (with their blank spellings
+    when there is a blank), any sequence is accepted with back-off, and the engine's forward
+    score is the log-sum of the reference paths."""
+    C = 4
+    probe = [t for t in probe if t < C]
+    g = transitions_graph(corpus, C, order=order, prune=prune, blank=blank, self_loops=self_loops,
+                          init="counts")
+    for seq in corpus:
+        if blank == "forced":
+            spelled = [C - 1] + [x for t in seq for x in (t, C - 1)]
+        else:
+            spelled = list(seq)
+        assert paths_reading(g, spelled), (seq, spelled)
+    ws = paths_reading(g, probe)
+    assert ws
+    assert engine_score(g, probe) == pytest.approx(logsumexp(ws), abs=1e-4)
+    # Without pruning and back-off, the training sequences are still accepted, spelled with
+    # blanks where the blank mode allows them (here: after every other token, or all).
+    exact = transitions_graph(corpus, C, order=order, backoff=False, blank=blank, self_loops=self_loops)
+    for seq in corpus:
+        if blank == "none":
+            spelled = list(seq)
+        elif blank == "optional":
+            spelled = [x for i, t in enumerate(seq) for x in ((t, C - 1) if i % 2 else (t,))]
+        else:
+            spelled = [C - 1] + [x for t in seq for x in (t, C - 1)]
+        assert paths_reading(exact, spelled), (seq, spelled)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import lightning_gtn.wfst.ngram as module
+
+    assert doctest.testmod(module).failed == 0
