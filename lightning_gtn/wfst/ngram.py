@@ -22,6 +22,16 @@ makes it non-deterministic, as the research graph is: a token seen after ``h`` c
 from ``h`` directly or after the back-off epsilon, so ``forward_score`` sums both paths
 (the usual approximation of back-off models as WFSTs), while Viterbi picks one.
 
+Typical use with word pieces (a run's token set and its transition model)::
+
+    pieces = train_word_pieces(train_texts, 200)                 # lightning_gtn.wordpieces
+    save_word_pieces(pieces, run_dir / "word_pieces.txt")
+    seqs = [greedy_segment(t, pieces) for t in train_texts]
+    C = len(pieces) + 1                                          # the blank last
+    T = transitions_graph(seqs, C, order=2, prune=5, blank="optional", self_loops=True)
+    save_transitions(run_dir / "transitions.bin", T, C, tokens=pieces + ["<blank>"],
+                     info={"order": 2, "prune": 5, "blank": "optional"})
+
 Example:
     >>> import lightning_gtn.wfst as gtn
     >>> from lightning_gtn.wfst.ngram import transitions_graph
