@@ -33,32 +33,67 @@ EPS = gtn.epsilon
 # -- an independent reference -----------------------------------------------------------------
 
 
-def paths_reading(g, seq, limit=10_000):
-    """The weights (float64 sums) of every start-to-accept path whose labels spell ``seq``."""
+class Paths:
+    """The start-to-accept paths reading a sequence, summarised: how many (exactly), the
+    log-sum-exp and the maximum of their weights (float64)."""
+
+    def __init__(self, count, lse, best):
+        self.count, self.lse, self.best = count, lse, best
+
+    def __len__(self):
+        return self.count
+
+
+def _lse(a, b):
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    m = max(a, b)
+    return m + math.log(math.exp(a - m) + math.exp(b - m))
+
+
+def paths_reading(g, seq):
+    """Every start-to-accept path whose labels spell ``seq``, by plain recursion over
+    (node, position) with memoisation (back-off makes the number of paths exponential, so
+    they are counted rather than listed). Reads the graph through public accessors only."""
     arcs = arcs_of(g)
     out = {n: [] for n in range(g.num_nodes())}
     for a in arcs:
         out[a[0]].append(a)
     accept = {n for n in range(g.num_nodes()) if g.is_accept(n)}
-    found = []
-    stack = [(n, 0, 0.0, 0) for n in range(g.num_nodes()) if g.is_start(n)]
-    while stack:
-        node, pos, w, eps_run = stack.pop()
-        assert eps_run <= g.num_nodes(), "an epsilon cycle"
+    memo, active = {}, set()
+
+    def visit(node, pos):
+        key = (node, pos)
+        if key in memo:
+            return memo[key]
+        assert key not in active, "an epsilon cycle"
+        active.add(key)
+        count, lse, best = 0, -math.inf, -math.inf
         if pos == len(seq) and node in accept:
-            found.append(w)
-            assert len(found) <= limit
-        for src, dst, il, _, aw in out[node]:
+            count, lse, best = 1, 0.0, 0.0
+        for _, dst, il, _, w in out[node]:
             if il == EPS:
-                stack.append((dst, pos, w + aw, eps_run + 1))
+                sub = visit(dst, pos)
             elif pos < len(seq) and il == seq[pos]:
-                stack.append((dst, pos + 1, w + aw, 0))
-    return found
+                sub = visit(dst, pos + 1)
+            else:
+                continue
+            if sub[0]:
+                count += sub[0]
+                lse = _lse(lse, sub[1] + w)
+                best = max(best, sub[2] + w)
+        active.discard(key)
+        memo[key] = (count, lse, best)
+        return memo[key]
 
-
-def logsumexp(ws):
-    m = max(ws)
-    return m + math.log(sum(math.exp(w - m) for w in ws))
+    total = Paths(0, -math.inf, -math.inf)
+    for n in range(g.num_nodes()):
+        if g.is_start(n):
+            c, l, b = visit(n, 0)
+            total = Paths(total.count + c, _lse(total.lse, l), max(total.best, b))
+    return total
 
 
 def chain(seq):
@@ -163,7 +198,8 @@ def test_without_backoff_unseen_ngrams_are_rejected():
 def test_brute_force_paths_on_a_tiny_alphabet():
     """Every sequence of length <= 4 over 3 tokens: without back-off (and no pruning) there is
     exactly one path iff every n-gram of the padded sequence was seen, else none; with
-    back-off at least one, and the engine's forward score is the log-sum over those paths."""
+    back-off at least one, and the engine's forward (Viterbi) score is the log-sum (maximum)
+    over those paths."""
     corpus = [[0, 1], [0, 1, 1], [1, 2], [2], [0, 0, 1, 2]]
     for order in (1, 2, 3):
         seen = set().union(*map(set, count_ngrams(corpus, order)))
@@ -179,8 +215,8 @@ def test_brute_force_paths_on_a_tiny_alphabet():
                 assert len(paths_reading(exact, seq)) == expected, (order, seq)
                 ws = paths_reading(soft, seq)
                 assert ws, (order, seq)
-                assert engine_score(soft, seq) == pytest.approx(logsumexp(ws), abs=1e-4)
-                assert engine_score(soft, seq, viterbi=True) == pytest.approx(max(ws), abs=1e-4)
+                assert engine_score(soft, seq) == pytest.approx(ws.lse, abs=1e-4)
+                assert engine_score(soft, seq, viterbi=True) == pytest.approx(ws.best, abs=1e-4)
 
 
 def test_label_determinism_per_state():
@@ -507,7 +543,7 @@ def test_property_random_corpora(corpus, order, prune, blank, self_loops, probe)
         assert paths_reading(g, spelled), (seq, spelled)
     ws = paths_reading(g, probe)
     assert ws
-    assert engine_score(g, probe) == pytest.approx(logsumexp(ws), abs=1e-4)
+    assert engine_score(g, probe) == pytest.approx(ws.lse, abs=1e-4)
     # Without pruning and back-off, the training sequences are still accepted, spelled with
     # blanks where the blank mode allows them (here: after every other token, or all).
     exact = transitions_graph(corpus, C, order=order, backoff=False, blank=blank, self_loops=self_loops)
