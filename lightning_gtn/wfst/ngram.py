@@ -212,39 +212,51 @@ def prune_ngrams(counts: Sequence[Counter], prune) -> List[Dict[Gram, int]]:
 # -- blank and self-loop n-grams ------------------------------------------------------------------
 
 
-def _blank_grams(kept: List[Dict[Gram, int]], blank_id: int, mode: str) -> List[set]:
+def _blank_grams(kept: List[Dict[Gram, int]], blank_id: int, mode: str, start: bool) -> List[set]:
     """The n-grams the blank adds (the research code's blank handling, rewritten).
 
-    Every kept n-gram is spelled with blanks inserted: before any token and after the last
-    (``optional``: every subset of those slots; ``forced``: all of them), never before
-    ``<s>`` or after ``</s>``. Each contiguous piece of such a spelling up to the order
-    that contains a blank becomes an n-gram of the graph; ``(blank,)`` always does. With
-    ``forced`` the blank-free n-grams above unigrams are dropped, since a blank must
-    separate any two tokens.
+    In the research code every kept n-gram is spelled with blanks inserted before any token
+    and after the last (``optional``: every subset of those slots; ``forced``: all of them),
+    never before ``<s>`` or after ``</s>``, and each contiguous piece of a spelling, up to the
+    order, that contains a blank becomes an n-gram; ``(blank,)`` always does. Such a piece
+    covers a contiguous sub-gram of the kept n-gram, which is kept too (thresholds do not
+    decrease with the order), so the same set is made here piece by piece: for every kept
+    n-gram (and ``(<s>,)``), its tokens with blanks between them (any, or all for ``forced``)
+    and optionally one before and one after, up to the order. With ``forced`` the
+    blank-free n-grams above unigrams are dropped by the caller, since a blank must separate
+    any two tokens.
     """
     order = len(kept)
     added: List[set] = [set() for _ in range(order)]
     added[0].add((blank_id,))
-    for grams in kept:
-        for g in grams:
-            n = len(g)
-            if mode == "optional":
-                masks: Iterable = itertools.product((0, 1), repeat=n + 1)
-            else:
-                masks = ((1,) * (n + 1),)
-            for mask in masks:
-                spelled: List[int] = []
-                for j, tok in enumerate(g):
-                    if mask[j] and tok != SENTENCE_START:
-                        spelled.append(blank_id)
-                    spelled.append(tok)
-                if mask[n] and g[-1] != SENTENCE_END:
-                    spelled.append(blank_id)
-                for k in range(1, order + 1):
-                    for e in range(k, len(spelled) + 1):
-                        sub = tuple(spelled[e - k : e])
-                        if blank_id in sub:
-                            added[k - 1].add(sub)
+    grams = [g for level in kept for g in level]
+    if start:
+        grams.append((SENTENCE_START,))
+    b = (blank_id,)
+    for g in grams:
+        n = len(g)
+        if mode == "optional":
+            inners: Iterable = itertools.product((0, 1), repeat=n - 1)
+        else:
+            inners = ((1,) * (n - 1),)
+        leads = (0, 1) if g[0] != SENTENCE_START else (0,)
+        trails = (0, 1) if g[-1] != SENTENCE_END else (0,)
+        for inner in inners:
+            k = n + sum(inner)
+            if k > order:
+                continue
+            body = [g[0]]
+            for j in range(1, n):
+                if inner[j - 1]:
+                    body.append(blank_id)
+                body.append(g[j])
+            body_t = tuple(body)
+            for lead in leads:
+                for trail in trails:
+                    if k + lead + trail > order or not (lead or trail or k > n):
+                        continue
+                    sub = b * lead + body_t + b * trail
+                    added[len(sub) - 1].add(sub)
     return added
 
 
@@ -363,7 +375,7 @@ def transitions_graph(
     data_kept = [{g: c for g, c in cnt.items() if c > t} for cnt, t in zip(counts, thr)]
     grams: List[set] = [set(k) for k in data_kept]
     if has_blank:
-        extra = _blank_grams(data_kept, blank_id, blank)
+        extra = _blank_grams(data_kept, blank_id, blank, bool(start))
         if blank == "forced":
             grams = [grams[0]] + [set() for _ in range(order - 1)]
         grams = [a | b for a, b in zip(grams, extra)]

@@ -352,6 +352,44 @@ def test_optional_blank_between_tokens():
         transitions_graph([[0, 2]], 3, blank="optional")
 
 
+def _blank_grams_by_spelling(kept, blank_id, mode):
+    """The research code's construction, literally: spell every kept n-gram with blanks,
+    keep every piece (up to the order) that contains a blank."""
+    order = len(kept)
+    added = [set() for _ in range(order)]
+    added[0].add((blank_id,))
+    for grams in kept:
+        for g in grams:
+            n = len(g)
+            masks = itertools.product((0, 1), repeat=n + 1) if mode == "optional" else [(1,) * (n + 1)]
+            for mask in masks:
+                spelled = []
+                for j, tok in enumerate(g):
+                    if mask[j] and tok != S:
+                        spelled.append(blank_id)
+                    spelled.append(tok)
+                if mask[n] and g[-1] != E:
+                    spelled.append(blank_id)
+                for k in range(1, order + 1):
+                    for e in range(k, len(spelled) + 1):
+                        if blank_id in spelled[e - k : e]:
+                            added[k - 1].add(tuple(spelled[e - k : e]))
+    return added
+
+
+@pytest.mark.parametrize("mode", ["optional", "forced"])
+@pytest.mark.parametrize("order", [1, 2, 3, 4])
+@pytest.mark.parametrize("prune", [0, 1, [0, 1, 2, 2]])
+def test_blank_grams_match_the_research_construction(mode, order, prune):
+    from lightning_gtn.wfst.ngram import _blank_grams
+
+    if isinstance(prune, list):
+        prune = prune[:order]
+    corpus = random_corpus(random.Random(order), 40, 4, max_len=6)
+    kept = prune_ngrams(count_ngrams(corpus, order), prune)
+    assert _blank_grams(kept, 9, mode, True) == _blank_grams_by_spelling(kept, 9, mode)
+
+
 def test_forced_blank_between_tokens():
     corpus = [[0, 1], [1, 0]]
     g = transitions_graph(corpus, 3, order=2, backoff=False, blank="forced")
