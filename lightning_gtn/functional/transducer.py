@@ -41,6 +41,11 @@ from ..wfst import Graph
 from . import _ops, _validate
 from ._graphs import CompiledGraph, compile_graph
 from ._score import Plan, normalised_plan, unique_graphs
+from ._score import score as _score_plan_full
+
+
+def _score_plan(plan, E, w, impl, need_e, w_coef):
+    return _score_plan_full(plan, E, w, impl, False, need_e, w_coef)
 
 __all__ = ["transducer_loss", "transitions_graph", "segment", "transducer_criterion", "TransducerCriterion",
            "BLANK_MODES"]
@@ -330,6 +335,11 @@ class TransducerCriterion(_ops.Criterion):
             self.denominator = compile_graph(g, np.arange(self.num_arcs, dtype=np.int64))
         else:
             self.num_arcs = 0
+        # the unigram graph (one start and accept node, one self-loop per label in label order):
+        # its normaliser is dense
+        self.dense_unigram = (transitions is not None and self.num_arcs == self.C
+                              and transitions.num_nodes() == 1 and bool(self.t_accept[0]) and self.t_start == [0]
+                              and np.array_equal(self.t_il, np.arange(self.C)))
 
     # -- the Criterion interface -------------------------------------------------
     def target_classes(self, C: int) -> int:
@@ -345,6 +355,43 @@ class TransducerCriterion(_ops.Criterion):
             return Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B), None
         plan = normalised_plan(self.denominator, nums, lengths)
         return plan, plan.batch.weight_index()
+
+    def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
+        """As :meth:`_ops.Criterion.score`; the unigram normaliser (one node looping on every
+        label: ``log Z = sum_t logsumexp_c(E[t, c] + w[c])``) is computed densely by torch ops
+        instead of arc by arc."""
+        if not self.dense_unigram:
+            return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
+        B, T, C = E.shape
+        if C != self.C:
+            raise ValueError(f"emissions must have C = len(tokens) + (blank != 'none') = {self.C} classes, got {C}")
+        graphs, ids = unique_graphs([self.numerator(s) for s in seqs])
+        plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
+        widx = torch.from_numpy(plan.batch.weight_index()).to(E.device)
+        w = weights.detach().reshape(-1).to(E.dtype)
+        z = E.detach() + w  # (B, T, C)
+        lse = torch.logsumexp(z, dim=-1)  # (B, T)
+        mask = (torch.arange(T, device=E.device)[None, :] < torch.from_numpy(lengths).to(E.device)[:, None])
+        logz = torch.where(mask, lse, torch.zeros_like(lse)).sum(1)
+        need_w = w_coef is not None
+        t_coef = None if w_coef is None else w_coef.to(E.dtype)
+        num_loss, gE_n, gw_n = _score_plan(plan, E, w[widx], impl, need_e, t_coef)
+        losses = logz + num_loss
+        ok = torch.isfinite(losses)
+        okf = ok.to(E.dtype)
+        if zero_infinity:
+            losses = torch.where(ok, losses, torch.zeros_like(losses))
+        gE = gW = None
+        if need_e or need_w:
+            p = torch.softmax(z, dim=-1) * (mask.to(E.dtype) * okf[:, None])[:, :, None]  # d logz / d E
+        if need_e:
+            gE = gE_n.mul_(okf.reshape(-1, 1, 1)).add_(p)
+        if need_w:
+            gW = torch.einsum("btc,b->c", p, w_coef.to(E.dtype))
+            if gw_n is not None:  # infeasible rows' numerators have zero gradients already
+                gW = gW.index_add_(0, widx, gw_n)
+            gW = gW.reshape(weights.shape)
+        return losses, gE, gW
 
     # -- graphs -----------------------------------------------------------------
     def numerator(self, target) -> CompiledGraph:
