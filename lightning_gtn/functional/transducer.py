@@ -382,15 +382,17 @@ class TransducerCriterion(_ops.Criterion):
         if zero_infinity:
             losses = torch.where(ok, losses, torch.zeros_like(losses))
         gE = gW = None
-        if need_e or need_w:
-            p = torch.softmax(z, dim=-1) * (mask.to(E.dtype) * okf[:, None])[:, :, None]  # d logz / d E
-        if need_e:
-            gE = gE_n.mul_(okf.reshape(-1, 1, 1)).add_(p)
-        if need_w:
-            gW = torch.einsum("btc,b->c", p, w_coef.to(E.dtype))
-            if gw_n is not None:  # infeasible rows' numerators have zero gradients already
-                gW = gW.index_add_(0, widx, gw_n)
-            gW = gW.reshape(weights.shape)
+        if need_e or need_w:  # d logz / d E = softmax(z) on the valid frames of feasible rows, in place
+            p = z.sub_(lse.unsqueeze(-1)).exp_()
+            p.mul_((mask.to(E.dtype) * okf[:, None]).unsqueeze(-1))
+            if need_w:
+                gW = torch.mv(p.sum(1).t(), w_coef.to(E.dtype))
+                if gw_n is not None:  # infeasible rows' numerators have zero gradients already
+                    gW = gW.index_add_(0, widx, gw_n)
+                gW = gW.reshape(weights.shape)
+            if need_e:
+                gE = gE_n if bool(ok.all()) else gE_n.mul_(okf.reshape(-1, 1, 1))
+                gE = gE.add_(p)
         return losses, gE, gW
 
     # -- graphs -----------------------------------------------------------------
@@ -595,12 +597,19 @@ def transducer_criterion(tokens, graphemes_to_idx, ngram: int = 0, transitions: 
         raise ValueError("pass ngram > 0 or transitions, not both (as in the research code)")
     if transitions is not None and not isinstance(transitions, Graph):
         raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph, got {type(transitions).__name__}")
-    toks, n_graph = token_ids(tokens, graphemes_to_idx)
     tkey = None if transitions is None else (id(transitions), transitions.version)
-    key = (toks, n_graph, ngram, tkey, blank, bool(allow_repeats), bool(decompositions))
-    hit = _CRITERIA.get(key)  # no lock on a hit (an atomic get): torch.compile traces this function
+    try:  # a cheap key first (hashable tokens and graphemes): the ids are made on a miss only
+        key = (tuple(t if isinstance(t, str) else tuple(t) for t in tokens),
+               tuple(graphemes_to_idx.items()) if isinstance(graphemes_to_idx, dict) else None,
+               ngram, tkey, blank, bool(allow_repeats), bool(decompositions))
+        hit = _CRITERIA.get(key)  # no lock on a hit (an atomic get): torch.compile traces this function
+    except TypeError:  # unhashable graphemes: checked (and reported) by token_ids
+        key, hit = None, None
     if hit is not None:
         return hit[0], hit[1]
+    toks, n_graph = token_ids(tokens, graphemes_to_idx)
+    if key is None:
+        key = (toks, n_graph, ngram, tkey, blank, bool(allow_repeats), bool(decompositions))
     return _new_criterion(key, toks, n_graph, ngram, transitions, blank, allow_repeats, decompositions)
 
 
