@@ -203,6 +203,16 @@ def test_against_reference_ngram(ngram, blank, reps):
     _check(PIECES if ngram == 1 else ["a", "b", "c", "ab"], blank, reps, ngram=ngram)
 
 
+def test_trigram():
+    _check(["a", "b"], "optional", True, ngram=3, targets=[[0, 1], [1, 1, 0], [0], [1]], g2i={"a": 0, "b": 1},
+           lengths=(6, 5, 4, 6), T=6)
+
+
+@pytest.mark.parametrize("blank,reps", MODES)
+def test_empty_targets(blank, reps):
+    _check(["a", "b", "ab"], blank, reps, targets=[[], [0, 1], [], [1]], g2i={"a": 0, "b": 1})
+
+
 def test_full_lengths_and_letters_bigram():
     _check(LETTERS, "optional", True, ngram=2, lengths=(9, 9, 9, 9))
 
