@@ -44,7 +44,7 @@ from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf import DictConfig, open_dict, OmegaConf  # noqa: E402
 
 __all__ = ["main", "run", "build", "ConfigError", "TrainingFailed", "CONF_DIR", "final_metrics",
            "check_resume", "check_types"]
@@ -166,6 +166,79 @@ def _check_keys(cfg: DictConfig) -> None:
         raise ConfigError(f"ckpt_path: no such checkpoint file: {cfg.ckpt_path}")
 
 
+def _train_texts(datamodule) -> list[str]:
+    datamodule.setup("fit")
+    texts = getattr(getattr(datamodule, "train_set", None), "texts", None)
+    if not texts:
+        raise ConfigError("loss.tokens: word pieces are learned from the training transcripts, but the data "
+                          "module has none (train_set.texts)")
+    return list(texts)
+
+
+def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
+    """Loss options that are learned from the training transcripts before the model is built.
+
+    ``loss.tokens: <N>`` (an integer) trains N word pieces on the training transcripts and
+    ``loss.tokens: <file>`` reads them; either way the list is written to
+    ``<run>/word_pieces.txt`` and put into the loss config, so the checkpoint's hyperparameters
+    hold the tokens. ``loss.transitions: {order: 2, prune: 10}`` builds the token-level
+    transition graph (back-off, n-grams seen at most ``prune`` times dropped) from the training
+    transcripts, saves it as ``<run>/transitions.gtn`` and passes that path to the loss.
+    """
+    loss = cfg.get("loss")
+    if not isinstance(loss, DictConfig) or "graphemes_to_idx" not in _params(loss.get("_target_")):
+        return
+    tokens = loss.get("tokens", "letters")
+    pieces = None
+    if isinstance(tokens, bool):
+        raise ConfigError(f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file, got {tokens!r}")
+    if isinstance(tokens, int):
+        from lightning_gtn.wordpieces import save_word_pieces, train_word_pieces
+
+        pieces = train_word_pieces(_train_texts(datamodule), int(tokens))
+    elif isinstance(tokens, str) and tokens != "letters":
+        from lightning_gtn.wordpieces import load_word_pieces
+
+        if not Path(tokens).is_file():
+            raise ConfigError(f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file; "
+                              f"no such file: {tokens}")
+        pieces = load_word_pieces(tokens)
+    if pieces is not None:
+        from lightning_gtn.wordpieces import save_word_pieces
+
+        # characters the training transcripts lack still get a token, so every text is spellable
+        pieces = list(pieces) + sorted(set(datamodule.chars) - set(pieces))
+        save_word_pieces(pieces, output_dir / "word_pieces.txt")
+        with open_dict(cfg):
+            cfg.loss.tokens = list(pieces)
+    trans = loss.get("transitions")
+    if isinstance(trans, DictConfig):
+        from lightning_gtn.functional.transducer import segment
+        from lightning_gtn.wfst.ngram import save_transitions, transitions_graph
+
+        toks = list(datamodule.chars) if isinstance(cfg.loss.tokens, str) else list(cfg.loss.tokens)
+        blank = str(loss.get("blank", "none"))
+        seqs = [segment(t, toks) for t in _train_texts(datamodule)]
+        num = len(toks) + int(blank != "none")
+        g = transitions_graph(seqs, num, order=int(trans.get("order", 2)), prune=int(trans.get("prune", 0)),
+                              blank=blank, self_loops=True)
+        path = output_dir / "transitions.bin"
+        save_transitions(str(path), g, num, tokens=toks + (["<blank>"] if blank != "none" else []))
+        with open_dict(cfg):
+            cfg.loss.transitions = str(path)
+
+
+def _params(target) -> set:
+    if not isinstance(target, str) or not target.startswith("lightning_gtn."):
+        return set()
+    try:
+        from hydra.utils import get_class
+
+        return set(inspect.signature(get_class(target)).parameters)
+    except Exception:
+        return set()
+
+
 def _number(v):
     try:
         return float(v)
@@ -258,6 +331,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
 
     datamodule = build(cfg.data, "data")
+    _resolve_token_files(cfg, datamodule, output_dir)
     try:
         # the user's own config: its dotted paths are trusted as given
         own = [p for key in ("model", "loss", "optim") for p, _ in _trust.targets_in(cfg.get(key), key)]

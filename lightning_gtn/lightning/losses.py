@@ -52,7 +52,21 @@ def _import(path: str) -> type:
         raise ValueError(f"loss._target_: cannot import {path!r} ({msg})") from e
 
 
-def _from_config(cfg: dict, num_chars: int) -> StructuredLoss:
+def _fill_graphemes(cfg: dict, chars: list) -> None:
+    """Losses over graphemes (the word-piece transducer): ``graphemes_to_idx`` is the
+    vocabulary's characters in order, and ``tokens: letters`` means one token per character."""
+    if cfg.get("graphemes_to_idx") is None:
+        cfg["graphemes_to_idx"] = {c: i for i, c in enumerate(chars)}
+    tokens = cfg.get("tokens", "letters")
+    if tokens is None or tokens == "letters":
+        cfg["tokens"] = list(chars)
+    elif isinstance(tokens, str) or not isinstance(tokens, (list, tuple)):
+        raise ValueError(f"loss.tokens: expected 'letters' or a list of token spellings, got {tokens!r} (a number "
+                         "of word pieces is resolved by lightning-gtn-train from the training transcripts)")
+
+
+def _from_config(cfg: dict, chars: list) -> StructuredLoss:
+    num_chars = len(chars)
     from hydra.utils import instantiate
 
     if "_target_" not in cfg:
@@ -70,6 +84,8 @@ def _from_config(cfg: dict, num_chars: int) -> StructuredLoss:
             cfg["blank"] = 0 if old.get("blank") else None
         if "repeat_label" in params and "repeat_label" not in cfg:
             cfg["repeat_label"] = bool(old.get("repeat_label", False))
+    if "graphemes_to_idx" in params:
+        _fill_graphemes(cfg, chars)
     if "num_classes" in params and cfg.get("num_classes") is None:
         has_blank = cfg.get("blank", getattr(cls, "blank", None)) is not None
         cfg["num_classes"] = num_chars + int(has_blank) + int(bool(cfg.get("repeat_label",
@@ -86,7 +102,25 @@ def _from_config(cfg: dict, num_chars: int) -> StructuredLoss:
     return module
 
 
+def _grapheme_vocabulary(module: StructuredLoss, chars, char_list: list) -> Vocabulary:
+    """The vocabulary of a loss whose targets and decoded outputs are graphemes (ids
+    ``0 .. target_classes - 1``, no blank) while its emissions have ``num_classes`` columns."""
+    if isinstance(chars, Vocabulary):
+        if chars.blank or chars.repeat_label:
+            raise ValueError(f"vocabulary {chars!r} does not match the loss: {type(module).__qualname__} takes "
+                             "grapheme targets (no blank, no repeat label)")
+        vocab = chars
+    else:
+        vocab = Vocabulary(char_list, blank=False, repeat_label=False)
+    if module.target_classes != len(vocab.chars):
+        raise ValueError(f"loss.graphemes_to_idx: the loss reads {module.target_classes} graphemes but the data "
+                         f"has {len(vocab.chars)} characters")
+    return vocab
+
+
 def _check_blank(loss: StructuredLoss) -> None:
+    if getattr(loss, "target_classes", None) is not None:
+        return  # the blank is an emission class of the loss, not a vocabulary id
     if loss.blank is not None and loss.blank != 0:
         raise ValueError(f"loss.blank: the loss uses blank id {loss.blank} but the vocabulary puts the blank "
                          "at id 0; remove the override or set loss.blank=0")
@@ -120,10 +154,7 @@ def build_loss(
             loss.update(builder="lightning_gtn.wfst.criterion.ctc_graph", builder_kwargs={"blank_idx": 0}, blank=0)
     if isinstance(loss, DictConfig):
         loss = OmegaConf.to_container(loss, resolve=True)
-    if isinstance(chars, Vocabulary):
-        size = len(chars.chars)
-    else:
-        size = len(list(chars))
+    char_list = list(chars.chars) if isinstance(chars, Vocabulary) else list(chars)
 
     if isinstance(loss, StructuredLoss):
         module = loss
@@ -142,11 +173,13 @@ def build_loss(
             )
         module = ModuleLoss(loss, blank=0 if blank else None, repeat_label=bool(repeat_label))
     elif isinstance(loss, Mapping):
-        module = _from_config(dict(loss), size)
+        module = _from_config(dict(loss), char_list)
     else:
         raise TypeError(f"loss must be a name, a config mapping or an nn.Module, got {type(loss)}")
     _check_blank(module)
 
+    if getattr(module, "target_classes", None) is not None:
+        return module, _grapheme_vocabulary(module, chars, char_list)
     conv_blank = module.blank is not None
     if isinstance(chars, Vocabulary):
         vocab = chars

@@ -162,7 +162,10 @@ class StructuredLossMixin:
 
     @property
     def num_classes(self) -> int:
-        """``C``, the emission classes the model must output."""
+        """``C``, the emission classes the model must output (the loss's own count when its
+        targets are graphemes and its emissions are tokens, as the word-piece transducer's)."""
+        if getattr(self.structured_loss, "target_classes", None) is not None:
+            return int(self.structured_loss.num_classes)
         return self.vocabulary.num_classes
 
     # ------------------------------------------------------------------ hooks
@@ -228,6 +231,10 @@ class StructuredLossMixin:
 
     def decode(self, emissions, emission_lengths) -> list[str]:
         """Viterbi decoding to strings."""
+        if getattr(self.structured_loss, "target_classes", None) is not None:
+            with torch.no_grad():  # the loss decodes to grapheme ids itself
+                ids = self.structured_loss.decode(emissions.detach(), emission_lengths)
+            return [self.vocabulary.decode_tokens(t) for t in ids]
         return [self.vocabulary.decode_path(p) for p in self.viterbi_paths(emissions, emission_lengths)]
 
     # ------------------------------------------------------------------ steps

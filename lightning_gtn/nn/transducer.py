@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -84,8 +86,13 @@ class TransducerLoss(StructuredLoss):
         ngram = _td._check_ngram(ngram)
         if ngram > 0 and transitions is not None:
             raise ValueError("pass ngram > 0 or transitions, not both (as in the research code)")
+        if isinstance(transitions, (str, os.PathLike)):
+            # a file of lightning_gtn.wfst.ngram.save_transitions (validated on load)
+            from ..wfst.ngram import load_transitions
+
+            transitions = load_transitions(os.fspath(transitions))[0]
         if transitions is not None and not isinstance(transitions, Graph):
-            raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph, got {type(transitions).__name__}")
+            raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph or a transitions file, got {type(transitions).__name__}")
         self.tokens = [t if isinstance(t, str) else tuple(t) for t in tokens]
         self.graphemes_to_idx = dict(graphemes_to_idx)
         toks, n_graph = _td.token_ids(self.tokens, self.graphemes_to_idx)
