@@ -1,7 +1,8 @@
 """``lightning_gtn.nn``: thin ``nn.Module`` wrappers over :mod:`lightning_gtn.functional`."""
 
+from .conv_transduce import ConvTransduce1D
 from .linear import Linear
 from .losses import ASGLoss, CTCLoss, GraphLoss, ModuleLoss, SequenceLoss, STCLoss, StructuredLoss, TargetGraphLoss
 
 __all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "GraphLoss", "TargetGraphLoss",
-           "ModuleLoss", "Linear"]
+           "ModuleLoss", "Linear", "ConvTransduce1D"]
