@@ -20,21 +20,25 @@ path (one path per pair, as GTN's ``viterbi_score``).
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
+import weakref
 from collections import OrderedDict
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from .. import wfst as _wfst
-from . import _dispatch, _validate
+from . import _dispatch, _torch_impl, _triton, _validate
 from ._graphs import CompiledGraph, GraphBatch, compile_graph
 from ._score import pick_impl
 
-__all__ = ["kernel_graph", "min_kernel_size", "conv_transduce1d", "KernelBank", "SCALES", "NORMALIZATIONS"]
+__all__ = ["kernel_graph", "min_kernel_size", "conv_transduce1d", "KernelBank", "kernel_bank", "conv_transduce_op",
+           "SCALES", "NORMALIZATIONS"]
 
 SCALES = ("none", "sqrt", "linear")
 NORMALIZATIONS = ("none", "pre", "post")
@@ -151,7 +155,9 @@ class KernelBank:
         self.arc_off = self.batch.arc_off
         self.max_label = int(self.batch.max_label)
         self._tables: dict = {}
+        self._problems: "OrderedDict[tuple, _dispatch.Problem]" = OrderedDict()
         self._lock = threading.Lock()
+        self.handle = _register(self)
 
     @property
     def num_kernels(self) -> int:
@@ -195,11 +201,47 @@ class KernelBank:
         return t
 
     def problem(self, windows: int, K: int) -> _dispatch.Problem:
-        """Examples ``(window i, kernel k)`` in window-major order: example ``i * C_out + k``."""
+        """Examples ``(window i, kernel k)`` in window-major order: example ``i * C_out + k``
+        (the last few ``(windows, K)`` are kept: a forward and its backward share one)."""
+        key = (int(windows), int(K))
+        with self._lock:
+            p = self._problems.get(key)
+            if p is not None:
+                self._problems.move_to_end(key)
+                return p
         G = len(self.graphs)
         ex_graph = np.tile(np.arange(G, dtype=np.int64), windows)
         ex_row = np.repeat(np.arange(windows, dtype=np.int64), G)
-        return _dispatch.Problem(self.batch, ex_graph, ex_row, np.full(windows * G, K, dtype=np.int64))
+        p = _dispatch.Problem(self.batch, ex_graph, ex_row, np.full(windows * G, K, dtype=np.int64))
+        with self._lock:
+            self._problems[key] = p
+            while len(self._problems) > 4:
+                self._problems.popitem(last=False)
+        return p
+
+
+_REGISTRY: Dict[int, "weakref.ref[KernelBank]"] = {}
+_REGISTRY_LOCK = threading.Lock()
+_NEXT = itertools.count(1)
+
+
+def _register(bank: KernelBank) -> int:
+    """An integer handle for ``bank`` (held weakly): what the custom ops take."""
+    with _REGISTRY_LOCK:
+        for h, ref in list(_REGISTRY.items()):
+            if ref() is None:
+                del _REGISTRY[h]
+        h = next(_NEXT)
+        _REGISTRY[h] = weakref.ref(bank)
+    return h
+
+
+def _bank(handle: int) -> KernelBank:
+    ref = _REGISTRY.get(int(handle))
+    bank = ref() if ref is not None else None
+    if bank is None:
+        raise RuntimeError(f"no live kernel bank is registered under handle {handle}")
+    return bank
 
 
 _BANKS: "OrderedDict[tuple, KernelBank]" = OrderedDict()
@@ -261,53 +303,109 @@ def _viterbi_forward(bank: KernelBank, E: torch.Tensor, w: torch.Tensor):
     return score, arcs, labels
 
 
-class _ConvTransduceFunction(torch.autograd.Function):
-    """Scores ``(W, G)`` of windows ``(W, K, C)`` against the kernels of a bank; gradients for the
-    windows and the arc weights ``(A,)``."""
+def _state(bank: KernelBank, E: torch.Tensor, w: torch.Tensor, impl: str, alpha: torch.Tensor,
+           logz: torch.Tensor) -> _dispatch.State:
+    """The :class:`._dispatch.State` of a forward of the op, rebuilt from its saved tensors."""
+    W, K, _ = E.shape
+    p = bank.problem(W, K)
+    if impl == "triton" and not _triton.supports(p.batch):
+        impl = "torch"  # what _dispatch.forward fell back to
+    st = _dispatch.State()
+    st.problem, st.E, st.w, st.impl, st.logz, st.extra = p, E, w, impl, logz.reshape(-1), None
+    N = p.num_examples
+    if impl == "numba":
+        st.alpha = alpha
+    elif impl == "torch":
+        st.extra = _torch_impl._build_tables(st)
+        st.alpha = alpha.reshape(N, K + 1, st.extra.Smax)
+    else:
+        st.extra = _triton.build_tables(p, E.device)
+        st.alpha = alpha.reshape(N, K + 1, st.extra.S)
+    return st
 
-    @staticmethod
-    def forward(ctx, windows, weights, bank, viterbi, impl):
-        E = windows.detach().contiguous()
-        w = weights.detach().contiguous()
-        W, K, C = E.shape
-        G = bank.num_kernels
-        if viterbi:
-            score, arcs, labels = _viterbi_forward(bank, E, w)
-            ctx.state = (arcs, labels)
-            out = score
-        else:
-            st = _dispatch.forward(bank.problem(W, K), E, w, impl)
-            ctx.state = st
-            out = st.logz.to(device=E.device, dtype=E.dtype).reshape(W, G)
-        ctx.viterbi = viterbi
-        ctx.shape = (W, K, C)
-        ctx.num_arcs = bank.num_arcs
-        ctx.save_for_backward(out)
-        return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        need_e, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        gE = gw = None
-        if not (need_e or need_w):
-            return None, None, None, None, None
-        W, K, C = ctx.shape
-        # pairs without a path (-inf) get no gradient
-        coef = torch.where(torch.isinf(out), torch.zeros_like(out), grad.to(out.dtype))
-        if ctx.viterbi:
-            arcs, labels = ctx.state
-            if need_e:
-                gE = torch.zeros((W, K, C), dtype=out.dtype, device=out.device)
-                for t in range(K):
-                    gE[:, t].scatter_add_(1, labels[t], coef)
-            if need_w:
-                gw = torch.zeros(ctx.num_arcs, dtype=out.dtype, device=out.device)
-                gw.index_add_(0, arcs.reshape(-1), coef.unsqueeze(0).expand(K, W, -1).reshape(-1))
-        else:
-            st = ctx.state
-            gE, gw = _dispatch.backward(st, coef.reshape(-1).to(st.E.device), need_e, need_w)
-        return gE, gw, None, None, None
+@torch.library.custom_op("lightning_gtn::conv_transduce", mutates_args=())
+def conv_transduce_op(windows: Tensor, weights: Tensor, handle: int, viterbi: bool,
+                      impl: str) -> Tuple[Tensor, Tensor, Tensor]:
+    """Scores ``(W, G)`` of windows ``(W, K, C)`` against the kernels of bank ``handle``, and what
+    the backward needs: the forward's alphas (flat) and an empty tensor, or with ``viterbi`` the
+    best paths' arcs and labels ``(K, W, G)`` int64."""
+    bank = _bank(handle)
+    E = windows.contiguous()
+    w = weights.contiguous()
+    W, K, _ = E.shape
+    if viterbi:
+        return _viterbi_forward(bank, E, w)
+    st = _dispatch.forward(bank.problem(W, K), E, w, impl)
+    logz = st.logz.to(device=E.device, dtype=E.dtype).reshape(W, bank.num_kernels)
+    return logz, st.alpha.reshape(-1), E.new_empty(0, dtype=torch.int64)
+
+
+@conv_transduce_op.register_fake
+def _conv_transduce_fake(windows, weights, handle, viterbi, impl):
+    W, K, _ = windows.shape
+    G = _bank(handle).num_kernels
+    out = windows.new_empty((W, G))
+    if viterbi:
+        return out, windows.new_empty((K, W, G), dtype=torch.int64), windows.new_empty((K, W, G), dtype=torch.int64)
+    n = torch.library.get_ctx().new_dynamic_size()  # the alphas' layout depends on the implementation
+    return out, windows.new_empty((n,)), windows.new_empty((0,), dtype=torch.int64)
+
+
+@torch.library.custom_op("lightning_gtn::conv_transduce_backward", mutates_args=())
+def conv_transduce_backward_op(grad: Tensor, windows: Tensor, weights: Tensor, scores: Tensor, saved1: Tensor,
+                               saved2: Tensor, handle: int, viterbi: bool, impl: str, need_e: bool,
+                               need_w: bool) -> Tuple[Tensor, Tensor]:
+    """``(d<scores, grad>/d windows, d<scores, grad>/d weights)``; an unrequested one is empty.
+    Pairs without a path (``-inf``) pass no gradient."""
+    bank = _bank(handle)
+    W, K, C = windows.shape
+    coef = torch.where(torch.isinf(scores), torch.zeros_like(scores), grad.to(scores.dtype))
+    gE = gw = None
+    if viterbi:
+        arcs, labels = saved1, saved2
+        if need_e:
+            gE = torch.zeros((W, K, C), dtype=scores.dtype, device=scores.device)
+            for t in range(K):
+                gE[:, t].scatter_add_(1, labels[t], coef)
+        if need_w:
+            gw = torch.zeros(bank.num_arcs, dtype=scores.dtype, device=scores.device)
+            gw.index_add_(0, arcs.reshape(-1), coef.unsqueeze(0).expand(K, W, -1).reshape(-1))
+    elif need_e or need_w:
+        st = _state(bank, windows.contiguous(), weights.contiguous(), impl, saved1, scores)
+        gE, gw = _dispatch.backward(st, coef.reshape(-1).to(windows.device), need_e, need_w)
+    gE = gE.to(windows.dtype) if gE is not None else windows.new_empty(0)
+    gw = gw.to(weights.dtype) if gw is not None else weights.new_empty(0)
+    return gE, gw
+
+
+@conv_transduce_backward_op.register_fake
+def _conv_transduce_backward_fake(grad, windows, weights, scores, saved1, saved2, handle, viterbi, impl, need_e,
+                                  need_w):
+    return (torch.empty_like(windows) if need_e else windows.new_empty(0),
+            torch.empty_like(weights) if need_w else weights.new_empty(0))
+
+
+def _setup(ctx, inputs, output):
+    windows, weights, handle, viterbi, impl = inputs
+    ctx.args = (handle, viterbi, impl)
+    ctx.bank = _bank(handle)  # a strong reference: the bank lives until the backward
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.save_for_backward(windows, weights, output[0], output[1], output[2])
+
+
+def _backward(ctx, grad, _g1, _g2):
+    need_e, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if grad is None or not (need_e or need_w):
+        return None, None, None, None, None
+    windows, weights, scores, s1, s2 = ctx.saved_tensors
+    handle, viterbi, impl = ctx.args
+    gE, gw = conv_transduce_backward_op(grad, windows, weights, scores, s1, s2, handle, viterbi, impl,
+                                        need_e, need_w)
+    return (gE if need_e else None), (gw if need_w else None), None, None, None
+
+
+conv_transduce_op.register_autograd(_backward, setup_context=_setup)
 
 
 def _weights_for(bank: KernelBank, kernel_params: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -408,7 +506,7 @@ def conv_transduce1d(
         windows = windows.transpose(2, 3).reshape(B * Tp, kernel_size, C)
         w = _weights_for(bank, kernel_params, x)
         impl_ = "torch" if viterbi else pick_impl(x, "numba" if impl == "numba_log" else impl)
-        out = _ConvTransduceFunction.apply(windows, w, bank, bool(viterbi), impl_).reshape(B, Tp, G)
+        out = conv_transduce_op(windows, w, bank.handle, bool(viterbi), impl_)[0].reshape(B, Tp, G)
     if scale == "sqrt":
         out = out / math.sqrt(kernel_size)
     elif scale == "linear":

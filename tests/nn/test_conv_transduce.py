@@ -299,3 +299,37 @@ def test_forward_errors():
     with pytest.raises(ValueError, match=r"kernel_params must be a float tensor of shape \(num_arcs,\) = \(10,\)"):
         conv_transduce1d(torch.randn(1, 4, 6), [[1], [5]], 3, 1, 0, kernel_params=torch.zeros(3))
     assert layer(torch.randn(2, 0, 6)).shape == (2, 0, 2)
+
+
+# ---------------------------------------------------------------------------
+# Custom op: torch.compile(fullgraph=True) and opcheck
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("viterbi", [False, True])
+def test_compiles_fullgraph_and_matches_eager(viterbi):
+    layer = make_layer(LEX, 5, 2, learn_params=True, viterbi=viterbi)
+    x = data(2, 9, 4)
+
+    def step(a):
+        return (layer(a).tanh() * 0.5).sum()
+
+    xe = x.clone().requires_grad_(True)
+    step(xe).backward()
+    ge, gk = xe.grad, layer.kernel_params.grad.clone()
+    layer.kernel_params.grad = None
+    xc = x.clone().requires_grad_(True)
+    torch.compile(step, fullgraph=True, backend="aot_eager")(xc).backward()
+    close(xc.grad, ge, "input grad", 1e-12)
+    close(layer.kernel_params.grad, gk, "kernel grad", 1e-12)
+
+
+@pytest.mark.parametrize("viterbi", [False, True])
+def test_opcheck(viterbi):
+    from lightning_gtn.functional.conv_transduce import conv_transduce_op, kernel_bank
+
+    bank = kernel_bank([[1], [1, 2], []], 0)
+    windows = data(4, 3, 3).requires_grad_(True)
+    w = torch.randn(bank.num_arcs, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(conv_transduce_op, (windows, w, bank.handle, viterbi, "numba"),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
