@@ -16,6 +16,12 @@ device. Learned kernel weights are one vector over all arcs in the research grap
 concatenated graphs, so the weight gradient needs no index map. The Viterbi mode runs a batched
 max-plus recursion with back pointers in torch ops; its gradient is the indicator of the best
 path (one path per pair, as GTN's ``viterbi_score``).
+
+The scoring and its backward are ``torch.library`` custom ops (``lightning_gtn::conv_transduce``
+and ``lightning_gtn::conv_transduce_backward``): the forward returns what the backward needs (the
+alphas, or the best paths) as extra outputs, so a model using the layer compiles with
+``torch.compile(..., fullgraph=True)``. A :class:`KernelBank` is named in the ops by an integer
+handle (held weakly; the autograd context keeps the bank alive until the backward).
 """
 
 from __future__ import annotations
@@ -140,6 +146,8 @@ class KernelBank:
         num_arcs: arcs of all kernels (the length of ``kernel_params``).
         arc_off: ``(C_out + 1,)`` where each kernel's arcs (and parameters) start.
         max_label: the largest input class any kernel reads (the blank included).
+        min_size: the smallest kernel size the lexicon allows (:func:`min_kernel_size`).
+        handle: the integer the custom ops name the bank by.
     """
 
     def __init__(self, lexicon, blank_idx: int, blank_optional: bool = True, spike: bool = False) -> None:
@@ -154,10 +162,16 @@ class KernelBank:
         self.num_arcs = self.batch.num_arcs
         self.arc_off = self.batch.arc_off
         self.max_label = int(self.batch.max_label)
+        self.min_size = max(min_kernel_size(x) for x in self.lexicon)
         self._tables: dict = {}
         self._problems: "OrderedDict[tuple, _dispatch.Problem]" = OrderedDict()
         self._lock = threading.Lock()
         self.handle = _register(self)
+
+    def __reduce__(self):
+        # pickled and deep-copied by its arguments: the copy compiles its own graphs, gets its
+        # own handle, lock and device tables
+        return (KernelBank, (self.lexicon, self.blank_idx, self.blank_optional, self.spike))
 
     @property
     def num_kernels(self) -> int:
@@ -444,7 +458,7 @@ def conv_transduce1d(
     ``kernel_params``), divided by the scale (1, ``sqrt(kernel_size)`` or ``kernel_size``); then
     ``"post"`` applies ``softmax`` over ``k`` and ``"pre"`` takes ``exp``. A pair without a path
     scores ``-inf`` (gradient zero). All ``B * T' * C_out`` pairs are scored in one batched call
-    on the inputs' device.
+    on the inputs' device (a custom op: works under ``torch.compile(fullgraph=True)``).
 
     Args:
         inputs: ``(B, T, C_in)`` float scores; float16/bfloat16 are computed in float32.
@@ -484,7 +498,7 @@ def conv_transduce1d(
     if impl not in (None, "numba", "numba_log", "torch", "triton"):
         raise ValueError(f"impl must be None, 'numba', 'numba_log', 'torch' or 'triton', got {impl!r}")
     bank = lexicon if isinstance(lexicon, KernelBank) else kernel_bank(lexicon, blank_idx, blank_optional, spike)
-    need = max(min_kernel_size(x) for x in bank.lexicon)
+    need = bank.min_size
     if kernel_size < need:
         raise ValueError(f"kernel_size must be at least {need} for this lexicon (an entry's length plus one "
                          f"frame per repeated neighbour), got {kernel_size}")

@@ -13,7 +13,6 @@ from lightning_gtn.functional.conv_transduce import (
     KernelBank,
     _check_int,
     conv_transduce1d,
-    min_kernel_size,
 )
 
 __all__ = ["ConvTransduce1D"]
@@ -88,7 +87,7 @@ class ConvTransduce1D(nn.Module):
                              f"sides), got {self.kernel_size}")
         self.stride = _check_int(stride, "stride", 1)
         self.bank = KernelBank(lexicon, blank_idx, blank_optional, spike)
-        need = max(min_kernel_size(x) for x in self.bank.lexicon)
+        need = self.bank.min_size
         if self.kernel_size < need:
             raise ValueError(f"kernel_size must be at least {need} for this lexicon (an entry's length plus one "
                              f"frame per repeated neighbour), got {self.kernel_size}")

@@ -333,3 +333,17 @@ def test_opcheck(viterbi):
     w = torch.randn(bank.num_arcs, dtype=torch.float64, requires_grad=True)
     torch.library.opcheck(conv_transduce_op, (windows, w, bank.handle, viterbi, "numba"),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_pickle_deepcopy_and_half_precision():
+    import copy
+    import pickle
+
+    layer = make_layer(LEX, 5, 2, learn_params=True)
+    x = data(2, 9, 4)
+    want = layer(x)
+    for other in (pickle.loads(pickle.dumps(layer)), copy.deepcopy(layer)):
+        assert other.bank.handle != layer.bank.handle
+        close(other(x).detach(), want.detach(), "copy", 1e-12)
+    half = layer.float()(x.to(torch.bfloat16))
+    assert half.dtype == torch.bfloat16 and half.shape == want.shape
