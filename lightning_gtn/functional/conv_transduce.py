@@ -40,7 +40,7 @@ from torch import Tensor
 
 from .. import wfst as _wfst
 from . import _dispatch, _torch_impl, _triton, _validate
-from ._graphs import CompiledGraph, GraphBatch, compile_graph
+from ._graphs import GraphBatch, compile_graph
 from ._score import pick_impl
 
 __all__ = ["kernel_graph", "min_kernel_size", "conv_transduce1d", "KernelBank", "kernel_bank", "conv_transduce_op",
