@@ -253,6 +253,14 @@ def test_gradcheck():
     x = data(2, 5, 3).requires_grad_(True)
     assert torch.autograd.gradcheck(lambda a, p: conv_transduce1d(a, layer.bank, 3, 2, 0, kernel_params=p),
                                     (x, layer.kernel_params))
+    # only the kernel weights need a gradient: the same one, and none for the inputs
+    layer(x).sum().backward()
+    want = layer.kernel_params.grad.clone()
+    layer.kernel_params.grad = None
+    xd = x.detach()
+    layer(xd).sum().backward()
+    assert xd.grad is None
+    close(layer.kernel_params.grad, want, "kernel grad without input grad", 1e-12)
 
 
 # ---------------------------------------------------------------------------
