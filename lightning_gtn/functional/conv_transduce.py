@@ -216,7 +216,7 @@ class KernelBank:
 
     def problem(self, windows: int, K: int) -> _dispatch.Problem:
         """Examples ``(window i, kernel k)`` in window-major order: example ``i * C_out + k``
-        (the last few ``(windows, K)`` are kept: a forward and its backward share one)."""
+        (the last two ``(windows, K)`` are kept: a forward and its backward share one)."""
         key = (int(windows), int(K))
         with self._lock:
             p = self._problems.get(key)
@@ -229,7 +229,7 @@ class KernelBank:
         p = _dispatch.Problem(self.batch, ex_graph, ex_row, np.full(windows * G, K, dtype=np.int64))
         with self._lock:
             self._problems[key] = p
-            while len(self._problems) > 4:
+            while len(self._problems) > 2:  # 16 MB each for 800 windows x 500 kernels
                 self._problems.popitem(last=False)
         return p
 
