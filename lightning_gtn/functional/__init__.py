@@ -22,6 +22,7 @@ from ._graphs import (
     set_cache_size,
 )
 from .asg import asg_loss
+from .conv_transduce import conv_transduce1d, kernel_graph
 from .ctc import ctc_loss
 from .graph_loss import graph_loss
 from .seq import sequence_loss
@@ -47,6 +48,8 @@ __all__ = [
     "all_paths_graph",
     "asg_full_graph",
     "asg_target_graph",
+    "conv_transduce1d",
+    "kernel_graph",
     "clear_cache",
     "set_cache_size",
 ]

@@ -9,6 +9,8 @@
   (embedded: English sentences rendered with matplotlib's fonts), :class:`FeatureDataModule`
   (your own ``.npz`` features and transcripts).
 - :class:`ConvRNNEncoder`: a small convolution + bidirectional GRU/LSTM emission model.
+- :class:`ConvTransduceEncoder`: that encoder's letter scores through a WFST convolution
+  (:class:`lightning_gtn.nn.ConvTransduce1D`) over a lexicon.
 - :class:`TrainingPlots`: ``curves.png`` and ``alignments.png`` in the run directory.
 """
 
@@ -23,7 +25,7 @@ from .data import (
 )
 from .losses import BUILTIN_LOSSES, TargetGraphLoss, build_loss
 from .mixin import NonFiniteLossError, StructuredLossMixin
-from .models import ConvRNNEncoder
+from .models import ConvRNNEncoder, ConvTransduceEncoder
 from .module import SequenceModule
 from .plots import plot_alignments, plot_training_curves
 from .text import TEXT_CHARS, TextLinesDataModule, make_sentences, make_text_lines, save_text_lines_png
@@ -49,6 +51,7 @@ __all__ = [
     "make_digit_lines",
     "read_transcripts",
     "ConvRNNEncoder",
+    "ConvTransduceEncoder",
     "TrainingPlots",
     "SpawnedProcessGroupCleanup",
     "class_labels",

@@ -7,7 +7,7 @@ from torch import nn
 
 from lightning_gtn.nn import Linear
 
-__all__ = ["ConvRNNEncoder"]
+__all__ = ["ConvRNNEncoder", "ConvTransduceEncoder"]
 
 
 class ConvRNNEncoder(nn.Module):
@@ -106,3 +106,105 @@ class ConvRNNEncoder(nn.Module):
             if self.log_softmax:
                 scores = scores.log_softmax(-1)
         return scores, lengths.to(inputs.device)
+
+
+class ConvTransduceEncoder(nn.Module):
+    """A :class:`ConvRNNEncoder` giving letter log-probabilities, then a
+    :class:`lightning_gtn.nn.ConvTransduce1D` mapping letters to ``num_classes`` outputs.
+
+    The encoder scores ``letters + 1`` letter classes with **the letter blank at id 0** and the
+    letters at ``1 .. letters``. Each output class ``k`` owns a kernel graph of ``lexicon[k]``, a
+    sequence of letter ids (``[]``: the blank output, whose kernel reads only letter blanks). With
+    ``lexicon=None`` the lexicon is the identity of the letters: output 0 is the blank kernel and
+    output ``j`` reads letter ``j`` (``letters = num_classes - 1``), which matches the blank-at-0
+    vocabularies of the blank losses (``loss=ctc``, ``loss=stc``). Letter frames past an
+    example's length are zeroed before the transducer (as its own zero padding), so an example
+    gets the same outputs in any batch.
+
+    Args:
+        feature_dim: ``F``, features per input frame.
+        num_classes: ``C``, output classes (the loss vocabulary's ``num_classes``).
+        lexicon: ``num_classes`` sequences of letter ids in ``[0, letters]``, or None (identity).
+        letters: letter classes besides the blank; default ``num_classes - 1`` without a lexicon,
+            else the largest id in the lexicon.
+        transduce_kernel_size, transduce_stride: the transducer's window (odd, at least every
+            entry's length plus its repeats) and stride (output length ``ceil(T_enc / stride)``).
+        blank_optional, learn_params, scale, viterbi, spike: as :class:`ConvTransduce1D`
+            (its ``normalize`` is ``"none"``: it reads log-probabilities and its scores go
+            through ``log_softmax``).
+        conv_channels, conv_layers, kernel_size, stride, hidden_size, rnn_layers, rnn, dropout:
+            the letter encoder's, as :class:`ConvRNNEncoder`.
+
+    Shapes:
+        inputs ``(B, T, F)`` float, zero-padded; input_lengths ``(B,)`` int64.
+        Returns log-probabilities ``(B, T'', C)`` (``T'' = ceil(ceil(T / stride) /
+        transduce_stride)``) and output lengths ``(B,)`` int64 on the inputs' device.
+
+    Example:
+        >>> import torch
+        >>> m = ConvTransduceEncoder(feature_dim=8, num_classes=5, hidden_size=16, conv_channels=16)
+        >>> out, lengths = m(torch.randn(2, 20, 8), torch.tensor([20, 13]))
+        >>> out.shape, lengths.tolist()
+        (torch.Size([2, 10, 5]), [10, 7])
+    """
+
+    def __init__(
+        self,
+        feature_dim: int,
+        num_classes: int,
+        lexicon=None,
+        letters: int | None = None,
+        transduce_kernel_size: int = 3,
+        transduce_stride: int = 1,
+        blank_optional: bool = True,
+        learn_params: bool = True,
+        scale: str = "none",
+        viterbi: bool = False,
+        spike: bool = False,
+        conv_channels: int = 64,
+        conv_layers: int = 2,
+        kernel_size: int = 5,
+        stride: int = 2,
+        hidden_size: int = 64,
+        rnn_layers: int = 1,
+        rnn: str = "gru",
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        from lightning_gtn.nn import ConvTransduce1D
+
+        if lexicon is None:
+            if letters is None:
+                letters = num_classes - 1
+            if num_classes - 1 != letters:
+                raise ValueError(f"model.letters must be num_classes - 1 = {num_classes - 1} with the identity "
+                                 f"lexicon (model.lexicon: null), got {letters}")
+            lexicon = [[]] + [[j] for j in range(1, letters + 1)]
+        else:
+            lexicon = [[int(v) for v in entry] for entry in lexicon]
+            if len(lexicon) != num_classes:
+                raise ValueError(f"model.lexicon must have one entry per output class ({num_classes}), "
+                                 f"got {len(lexicon)}")
+            top = max((max(e) for e in lexicon if e), default=0)
+            letters = top if letters is None else int(letters)
+            if top > letters:
+                raise ValueError(f"model.lexicon uses letter id {top}, above model.letters={letters}")
+        if letters < 1:
+            raise ValueError(f"model.letters must be at least 1, got {letters}")
+        self.letters = int(letters)
+        self.num_classes = num_classes
+        self.encoder = ConvRNNEncoder(feature_dim, self.letters + 1, conv_channels=conv_channels,
+                                      conv_layers=conv_layers, kernel_size=kernel_size, stride=stride,
+                                      hidden_size=hidden_size, rnn_layers=rnn_layers, rnn=rnn, dropout=dropout,
+                                      log_softmax=True)
+        self.transduce = ConvTransduce1D(lexicon, transduce_kernel_size, transduce_stride, 0,
+                                         blank_optional=blank_optional, learn_params=learn_params, scale=scale,
+                                         normalize="none", viterbi=viterbi, spike=spike)
+
+    def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
+        letters, lengths = self.encoder(inputs, input_lengths)  # (B, T', letters + 1) log-probabilities
+        valid = torch.arange(letters.shape[1], device=letters.device)[None, :] < lengths[:, None]
+        letters = letters * valid.unsqueeze(-1).to(letters.dtype)
+        scores = self.transduce(letters)
+        out_lengths = self.transduce.output_lengths(lengths).clamp(min=1, max=scores.shape[1])
+        return scores.log_softmax(-1), out_lengths

@@ -1,8 +1,9 @@
 """``lightning_gtn.nn``: thin ``nn.Module`` wrappers over :mod:`lightning_gtn.functional`."""
 
+from .conv_transduce import ConvTransduce1D
 from .linear import Linear
 from .losses import ASGLoss, CTCLoss, GraphLoss, ModuleLoss, SequenceLoss, STCLoss, StructuredLoss, TargetGraphLoss
 from .transducer import TransducerLoss
 
 __all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "GraphLoss", "TargetGraphLoss",
-           "ModuleLoss", "TransducerLoss", "Linear"]
+           "ModuleLoss", "TransducerLoss", "Linear", "ConvTransduce1D"]
