@@ -10,15 +10,18 @@ Inputs: batch 32, T in 100..150, targets of 20-40 graphemes made of words of a f
 letters (and ``|``), plus the most frequent substrings (2..6 graphemes) of the word list to make
 ~200 or ~1000 word pieces. Emissions are log-probabilities (ngram 0) or raw scores.
 
-Columns: forward + backward median time of ``transducer_loss`` with the numerator graphs cached
+Columns: forward + backward median wall time of ``transducer_loss`` with the numerator graphs cached
 (a training loop meets the same transcripts every epoch: "warm"), and with every cache
 emptied before the call ("cold": all graphs built), the research pattern's time, and the ratio
-research / warm.
+research / warm; then the process CPU time (all threads) of both and its ratio, steadier than
+wall time on a shared machine. Run with ``OMP_WAIT_POLICY=PASSIVE`` on a machine with few cores (see
+``bench_losses.py``: torch's spinning OpenMP workers take a core from the scoring pool).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections import Counter
@@ -162,12 +165,14 @@ class Research:
 
 
 def _time(fn, reps):
-    out = []
+    """Median wall time and median process CPU time (all threads) of ``fn()``."""
+    wall, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 CONFIGS = [("letters", 0, 0), ("letters", 0, 1), ("letters", 0, 2), ("200 pieces", 200, 0), ("200 pieces", 200, 1),
@@ -183,9 +188,12 @@ def main(argv=None) -> str:
     words = word_list()
     rows = [f"Transducer loss, CPU, batch {B}, T 100..150, targets 20-40 graphemes, blank optional; "
             f"forward + backward, median of {reps}; lightning_gtn.wfst pool of "
-            f"{gtn.get_num_threads()} threads for the research pattern.\n",
-            "| tokens | C | ngram | ours warm (ms) | ours cold (ms) | research pattern (ms) | research / warm |",
-            "|---|---|---|---|---|---|---|"]
+            f"{gtn.get_num_threads()} threads (both sides); OMP_WAIT_POLICY="
+            f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; load average at start {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} cores.\n",
+            "| tokens | C | ngram | ours warm (ms) | ours cold (ms) | research pattern (ms) | research / warm "
+            "| CPU time: ours warm / research (ms) | CPU ratio |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name, n_pieces, ngram in CONFIGS:
         tokens, g2i = make_tokens(words, n_pieces)
         C = len(tokens) + 1
@@ -212,17 +220,17 @@ def main(argv=None) -> str:
             ours()
 
         ours()  # warm-up: numba, the criterion, the graphs
-        warm_t = _time(ours, reps)
-        cold_t = _time(cold, reps)
+        warm_t, warm_c = _time(ours, reps)
+        cold_t, _ = _time(cold, reps)
         research = Research(tokens, g2i, ngram)
         research(x, targets, lengths, params)  # warm-up
-        res_t = _time(lambda: research(x, targets, lengths, params), reps)
+        res_t, res_c = _time(lambda: research(x, targets, lengths, params), reps)
         if args.check:
             want = research(x, targets, lengths, params)[0] * B
             got = float(ours())
             assert abs(got - want) <= 1e-3 * max(1.0, abs(want)), (name, ngram, got, want)
         rows.append(f"| {name} | {C} | {ngram} | {warm_t * 1e3:.1f} | {cold_t * 1e3:.1f} | {res_t * 1e3:.1f} | "
-                    f"{res_t / warm_t:.1f}x |")
+                    f"{res_t / warm_t:.1f}x | {warm_c * 1e3:.0f} / {res_c * 1e3:.0f} | {res_c / warm_c:.1f}x |")
     text = "\n".join(rows)
     print(text)
     return text

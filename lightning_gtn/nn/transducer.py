@@ -152,7 +152,12 @@ class TransducerLoss(StructuredLoss):
 
     def viterbi(self, emissions: torch.Tensor, input_lengths=None) -> List[torch.Tensor]:
         """Token ids of each example, as the research ``viterbi``: the best frame path, then
-        its shortest token reading (repeats merged, blanks dropped); a list of B int32 tensors."""
+        its shortest token reading (repeats merged, blanks dropped); a list of B int32 tensors.
+
+        Without transitions the best frame path is the per-frame argmax, which with
+        ``blank="forced"`` need not be a path of the token graph (no blank between two
+        tokens); the research code then returns an empty reading, this one still merges
+        repeats and drops blanks."""
         paths, _ = self.best_paths(emissions, input_lengths)
         return [torch.tensor(collapse(p, self.blank), dtype=torch.int32) for p in paths.cpu().tolist()]
 

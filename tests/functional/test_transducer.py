@@ -481,3 +481,30 @@ def test_criterion_cache_and_build_size():
     assert cg is crit.numerator(list(tgt))  # cached
     assert cg.num_arcs < 20_000
     assert transducer_criterion(pieces, g2i, ngram=1, blank="optional")[0] is crit
+
+
+@pytest.mark.parametrize("ngram", [1, 2])
+def test_infeasible_rows_with_transitions(ngram):
+    # the dense unigram normaliser (ngram 1) and the graph one (ngram 2): infeasible rows add
+    # nothing to any gradient, feasible rows are unchanged by their presence
+    tokens, g2i = ["a", "b", "ab"], {"a": 0, "b": 1, "c": 2}
+    C = 4
+    x = _data(C, (6, 6, 6), T=6)
+    params = 0.3 * torch.randn(transitions_graph(ngram, C).num_arcs(), dtype=torch.float64,
+                               generator=torch.Generator().manual_seed(1))
+    kw = dict(tokens=tokens, graphemes_to_idx=g2i, ngram=ngram, blank="optional", zero_infinity=True,
+              reduction="sum")
+
+    def run(xs, tg):
+        xs = xs.clone().requires_grad_()
+        p = params.clone().requires_grad_()
+        loss = transducer_loss(xs, tg, **kw, transition_params=p)
+        loss.backward()
+        return loss, xs.grad, p.grad
+
+    full = run(x, [[0, 1], [2], [1, 0]])  # row 1: "c" has no token
+    part = run(x[[0, 2]], [[0, 1], [1, 0]])
+    torch.testing.assert_close(full[0], part[0])
+    torch.testing.assert_close(full[1][[0, 2]], part[1])
+    assert full[1][1].abs().sum() == 0
+    torch.testing.assert_close(full[2], part[2])
