@@ -21,6 +21,7 @@ from ._graphs import (
     force_align_graph,
     set_cache_size,
 )
+from .align import Alignment, forced_align, plot_alignment, to_ctm, to_json, to_records, word_spans
 from .asg import asg_loss
 from .ctc import ctc_loss
 from .graph_loss import graph_loss
@@ -45,4 +46,11 @@ __all__ = [
     "asg_target_graph",
     "clear_cache",
     "set_cache_size",
+    "Alignment",
+    "forced_align",
+    "word_spans",
+    "to_records",
+    "to_json",
+    "to_ctm",
+    "plot_alignment",
 ]

@@ -1,0 +1,187 @@
+"""Batched Viterbi (max-plus) with backpointers over epsilon-free criterion graphs.
+
+For example ``e`` (graph ``g``, emission row ``b``, ``T`` frames)::
+
+    delta_0[n]     = 0 at the start nodes of g, -inf elsewhere
+    delta_{t+1}[d] = max over arcs a = (s -> d, label l, weight w) of delta_t[s] + w + E[b, t, l]
+    bp[t, d]       = the arc reaching that maximum (the first one in the graph's incoming-arc
+                     order on ties; -1 if none)
+    score          = max over accept nodes n of delta_T[n] (the smallest node id on ties)
+
+then the backtrack from the best accept node gives the arc of every frame. Two
+implementations with the same tie rules:
+
+* :func:`numba_viterbi_arcs` (CPU): one compiled kernel over a chunk of examples, chunks on the
+  engine's bounded thread pool; only two rows of ``delta`` per example, int32 backpointers.
+* :func:`torch_viterbi_arcs` (any device): the padded incoming-arc tables of
+  :mod:`._torch_impl`, one gather + max per frame for all examples at once (a loop over
+  frames, never over examples), then one vectorised backtrack step per frame.
+
+Both take a :class:`._dispatch.Problem` whose graphs have no epsilon arcs (the alignment graphs
+never do) and whose examples' labels, rows and lengths the caller has checked against ``E``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit
+
+from ..wfst.parallel import get_num_threads, parallel_map
+
+NEG_INF = -math.inf
+
+__all__ = ["numba_viterbi_arcs", "torch_viterbi_arcs", "check_problem"]
+
+
+@njit(cache=True, nogil=True)
+def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, w, src, label, node_off, in_off,
+                    in_arc, start_off, start, accept_off, accept, max_nodes, bp, score, out_arc):
+    prev = np.empty(max(max_nodes, 1), dtype=E.dtype)
+    cur = np.empty(max(max_nodes, 1), dtype=E.dtype)
+    for e in range(e0, e1):
+        g = ex_graph[e]
+        b = ex_row[e]
+        T = ex_len[e]
+        n0 = node_off[g]
+        S = node_off[g + 1] - n0
+        base = bp_off[e]
+        for n in range(S):
+            prev[n] = NEG_INF
+        for k in range(start_off[g], start_off[g + 1]):
+            prev[start[k]] = 0.0
+        for t in range(T):
+            row = base + t * S
+            for n in range(S):
+                m = NEG_INF
+                besta = -1
+                for k in range(in_off[n0 + n], in_off[n0 + n + 1]):
+                    a = in_arc[k]
+                    v = prev[src[a]] + w[a] + E[b, t, label[a]]
+                    if v > m:
+                        m = v
+                        besta = a
+                cur[n] = m
+                bp[row + n] = besta
+            tmp = prev
+            prev = cur
+            cur = tmp
+        m = NEG_INF
+        best = -1
+        for k in range(accept_off[g], accept_off[g + 1]):
+            n = accept[k]
+            v = prev[n]
+            if v > m or (v == m and best >= 0 and n < best):
+                m = v
+                best = n
+        score[e] = m
+        if best < 0:
+            continue
+        n = best
+        for t in range(T - 1, -1, -1):
+            a = bp[base + t * S + n]
+            out_arc[e, t] = a
+            n = src[a]
+
+
+def check_problem(problem, E: torch.Tensor, w: torch.Tensor) -> None:
+    """Raises ValueError unless every index the kernels read lies inside ``E`` and ``w``."""
+    bt = problem.batch
+    B, T, C = E.shape
+    if bt.has_eps:
+        raise ValueError("alignment graphs must not have epsilon arcs")
+    if bt.max_label >= C:
+        raise ValueError(f"a graph reads label {bt.max_label} but the emissions have C={C}")
+    if w.shape[0] != bt.num_arcs:
+        raise ValueError(f"expected {bt.num_arcs} arc weights, got {w.shape[0]}")
+    if problem.num_examples:
+        if problem.ex_len.min() < 0 or problem.ex_len.max() > T:
+            raise ValueError(f"example lengths must lie in [0, T={T}]")
+        if problem.ex_row.min() < 0 or problem.ex_row.max() >= B:
+            raise ValueError(f"example rows must lie in [0, B={B})")
+
+
+def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
+    """Best-path arcs on the CPU: ``(arcs (N, T) int64 global arc ids or -1, score (N,))``.
+
+    ``E`` is a contiguous float32/float64 CPU tensor ``(B, T, C)``, ``w`` the ``(num_arcs,)``
+    arc weights in its dtype. Examples with no path get score ``-inf`` and arcs -1.
+    """
+    check_problem(problem, E, w)
+    p, bt = problem, problem.batch
+    N, T = p.num_examples, E.shape[1]
+    En = E.detach().contiguous().numpy()
+    wn = np.ascontiguousarray(w.detach().cpu().numpy(), dtype=En.dtype)
+    bp_off = np.zeros(N + 1, dtype=np.int64)
+    if N:
+        np.cumsum(p.ex_len * p.ex_nodes, out=bp_off[1:])
+    bp = np.empty(max(int(bp_off[-1]), 1), dtype=np.int32)
+    score = np.full(N, NEG_INF, dtype=En.dtype)
+    out = np.full((N, max(T, 1)), -1, dtype=np.int64)
+
+    def run(e0, e1):
+        _viterbi_kernel(e0, e1, p.ex_graph, p.ex_row, p.ex_len, bp_off, En, wn, bt.src, bt.label,
+                        bt.node_off, bt.in_off, bt.in_arc, bt.start_off, bt.start, bt.accept_off,
+                        bt.accept, bt.max_nodes, bp, score, out)
+
+    chunks = p.chunks(get_num_threads())
+    if len(chunks) <= 1:
+        for c in chunks:
+            run(*c)
+    else:
+        parallel_map(run, [c[0] for c in chunks], [c[1] for c in chunks])
+    return torch.from_numpy(out[:, :T]), torch.from_numpy(score)
+
+
+class _TableState:
+    """What :func:`._torch_impl._build_tables` reads (duck-typed State)."""
+
+    def __init__(self, problem, E):
+        self.problem, self.E = problem, E
+
+
+def torch_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
+    """Best-path arcs on ``E``'s device (see :func:`numba_viterbi_arcs`); results on that device."""
+    from ._torch_impl import _build_tables, _gather_nodes
+
+    check_problem(problem, E, w)
+    p = problem
+    dev, dtype = E.device, E.dtype
+    N = p.num_examples
+    T = E.shape[1]
+    out = torch.full((N, T), -1, dtype=torch.int64, device=dev)
+    if N == 0:
+        return out, torch.zeros(0, dtype=dtype, device=dev)
+    tb = _build_tables(_TableState(p, E))
+    ninf = torch.tensor(NEG_INF, dtype=dtype, device=dev)
+    wp = torch.cat([w.to(device=dev, dtype=dtype), w.new_zeros(1, dtype=dtype, device=dev)])
+    _, S, K = tb.in_src.shape
+    w_in = torch.where(tb.in_mask, wp[tb.in_arc], ninf)
+    lab = tb.in_lab.reshape(N, S * K)
+    Er = E[tb.rows]
+    Tm = int(p.ex_len.max(initial=0))
+    bp_dtype = torch.uint8 if K <= 255 else torch.int64
+    bp = torch.zeros((N, max(Tm, 1), S), dtype=bp_dtype, device=dev)
+    delta = torch.where(tb.start, torch.zeros((), dtype=dtype, device=dev), ninf)
+    for t in range(Tm):
+        em = Er[:, t].gather(1, lab).reshape(N, S, K)
+        cand = torch.where(tb.in_mask, _gather_nodes(delta, tb.in_src) + w_in + em, ninf)
+        new, arg = cand.max(-1)
+        bp[:, t] = arg.to(bp_dtype)
+        delta = torch.where((t < tb.lens).unsqueeze(1), new, delta)
+    # best accept node, the smallest id on ties (max returns the first maximum)
+    score, node = torch.where(tb.accept, delta, ninf).max(-1)
+    ok = score > NEG_INF
+    in_arc = tb.in_arc.reshape(N, S * K)
+    in_src = tb.in_src.reshape(N, S * K)
+    for t in range(Tm - 1, -1, -1):
+        active = ok & (t < tb.lens)
+        k = bp[:, t].gather(1, node.unsqueeze(1)).squeeze(1).long()
+        flat = (node * K + k).unsqueeze(1)
+        a = in_arc.gather(1, flat).squeeze(1)
+        s = in_src.gather(1, flat).squeeze(1)
+        out[:, t] = torch.where(active, a, torch.full_like(a, -1))
+        node = torch.where(active, s, node)
+    return out, score
