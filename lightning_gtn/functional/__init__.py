@@ -21,7 +21,8 @@ from ._graphs import (
     force_align_graph,
     set_cache_size,
 )
-from .align import Alignment, forced_align, plot_alignment, to_ctm, to_json, to_records, word_spans
+from .align import Alignment, forced_align, to_ctm, to_json, to_records, word_spans
+from .align_plot import plot_alignment
 from .asg import asg_loss
 from .ctc import ctc_loss
 from .graph_loss import graph_loss

@@ -7,8 +7,8 @@ reports per-frame labels and per-token spans, scores and confidences. All exampl
 one batched max-plus programme with backpointers (:mod:`._align_kernels`): a compiled kernel on
 the CPU, padded tables and one step per frame for all examples on other devices.
 
-:func:`word_spans` groups token spans into words; :func:`to_json`, :func:`to_ctm` and
-:func:`plot_alignment` write the result out.
+:func:`word_spans` groups token spans into words; :func:`to_json` and :func:`to_ctm` format
+the result (:func:`lightning_gtn.functional.align_plot.plot_alignment` draws it).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from ._graphs import (GraphBatch, cached, compile_graph, compiled_asg_target, co
                       compiled_force_align, target_key)
 from ._score import unique_graphs
 
-__all__ = ["Alignment", "forced_align", "align_graph", "word_spans", "to_records", "to_json", "to_ctm",
-           "plot_alignment"]
+__all__ = ["Alignment", "forced_align", "align_graph", "word_spans", "to_records", "to_json", "to_ctm"]
 
 _NO_TOKEN = -1  # a blank frame or padding
 _STAR = -2  # a frame absorbed by the star
@@ -604,62 +603,3 @@ def to_ctm(
             lines.append(f"{r['utterance']} {channel} {w['start'] * fs:.3f} {(w['end'] - w['start']) * fs:.3f} "
                          f"{text} {w['confidence']:.4f}")
     return "\n".join(lines) + ("\n" if lines else "")
-
-
-def plot_alignment(emissions: torch.Tensor, alignment: Alignment, b: int, tokens=None, path=None):
-    """Draws example ``b``: its emissions as an image (classes x frames), the aligned label
-    path over it, and the token spans as bands with their text below.
-
-    Args:
-        emissions: the ``(B, T, C)`` emissions given to :func:`forced_align`.
-        alignment: its result.
-        b: the example (``0 <= b < B``).
-        tokens: text of each token id (list or mapping); default the ids.
-        path: where to write a PNG (optional).
-
-    Returns:
-        The matplotlib ``Figure`` (drawn with the Agg backend; close it when done).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
-
-    B, T, C = _validate.check_emissions(emissions, "emissions")
-    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 <= int(b) < B:
-        raise ValueError(f"b must be an integer in [0, B={B}), got {b!r}")
-    if len(alignment) != B or alignment.labels.shape[1] != T:
-        raise ValueError(f"alignment has shape {(len(alignment), alignment.labels.shape[1])}, "
-                         f"emissions have (B, T) = {(B, T)}")
-    b = int(b)
-    n = int(alignment.input_lengths[b])
-    x = emissions[b, :max(n, 1)].detach().float().cpu().numpy()
-    lab = alignment.labels[b, :n].cpu().numpy()
-    fig = Figure(figsize=(max(6.0, min(0.06 * n + 2, 30.0)), 4.5))
-    ax = fig.add_subplot(1, 1, 1)
-    ax.imshow(x.T, origin="lower", aspect="auto", interpolation="nearest", cmap="viridis")
-    ok = lab >= 0
-    ax.plot(np.nonzero(ok)[0], lab[ok], color="red", lw=1.0, marker=".", ms=3, label="path")
-    if alignment.star_frames is not None:
-        st = alignment.star_frames[b, :n].cpu().numpy()
-        if st.any():
-            ax.plot(np.nonzero(st)[0], lab[st], "wx", ms=4, label="star")
-    tl = int(alignment.target_lengths[b])
-    s0 = alignment.token_start[b, :tl].cpu().tolist()
-    s1 = alignment.token_end[b, :tl].cpu().tolist()
-    labs = alignment.labels[b].cpu().tolist()
-    for i, (u, v) in enumerate(zip(s0, s1)):
-        if u < 0:
-            continue
-        ax.axvspan(u - 0.5, v - 0.5, color="white", alpha=0.12 if i % 2 else 0.22, lw=0)
-        ax.text((u + v - 1) / 2, -0.9, _token_text(tokens, labs[u]), ha="center", va="top", fontsize=7,
-                clip_on=False)
-    score = float(alignment.score[b])
-    ax.set_title(f"example {b}: {tl} tokens, {n} frames, score {score:.2f}")
-    ax.set_xlabel("frame")
-    ax.set_ylabel("class")
-    ax.legend(loc="upper right", fontsize=7)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(str(path), dpi=90)
-    return fig

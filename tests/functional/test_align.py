@@ -349,3 +349,13 @@ def test_plot_alignment_writes_a_png(tmp_path):
     assert fig.axes
     with pytest.raises(ValueError, match="b must be"):
         plot_alignment(x, al, 2)
+
+
+def test_file_writers_are_refused_in_checkpoint_configs():
+    from lightning_gtn import _trust
+
+    _trust.check_target("lightning_gtn.functional.forced_align", "decoder._target_")
+    for path in ("lightning_gtn.functional.plot_alignment", "lightning_gtn.functional.align_plot.plot_alignment",
+                 "lightning_gtn.align_cli.main"):
+        with pytest.raises(_trust.UntrustedTargetError):
+            _trust.check_target(path, "decoder._target_")
