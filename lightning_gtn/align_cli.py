@@ -233,7 +233,7 @@ def _from_checkpoint(a):
         model = load_model(a.checkpoint, a.trust_module)
         dm = build_datamodule(cfg.data, model)
     except ConfigError as e:
-        raise AlignError(str(e)) from None
+        raise AlignError(str(e).replace("lightning-gtn-eval", "lightning-gtn-align")) from None
     except Exception as e:  # noqa: BLE001 - Hydra's composition errors name the bad override
         raise AlignError(f"{type(e).__name__}: {e}") from None
     model.eval()
