@@ -4,20 +4,23 @@ For example ``e`` (graph ``g``, emission row ``b``, ``T`` frames)::
 
     delta_0[n]     = 0 at the start nodes of g, -inf elsewhere
     delta_{t+1}[d] = max over arcs a = (s -> d, label l, weight w) of delta_t[s] + w + E[b, t, l]
-    bp[t, d]       = the arc reaching that maximum (the first one in the graph's incoming-arc
-                     order on ties; -1 if none)
+    bp[t, d]       = the position, among d's incoming arcs, of the arc reaching that maximum
+                     (the first one on ties): one byte per (frame, node) when no node has
+                     more than 255 incoming arcs
     score          = max over accept nodes n of delta_T[n] (the smallest node id on ties)
 
 then the backtrack from the best accept node gives the arc of every frame. Two
 implementations with the same tie rules:
 
 * :func:`numba_viterbi_arcs` (CPU): one compiled kernel over a chunk of examples, chunks on the
-  engine's bounded thread pool; only two rows of ``delta`` per example, int32 backpointers.
+  engine's bounded thread pool; only two rows of ``delta`` per example.
 * :func:`torch_viterbi_arcs` (any device): the padded incoming-arc tables of
   :mod:`._torch_impl`, one gather + max per frame for all examples at once (a loop over
   frames, never over examples), then one vectorised backtrack step per frame.
 
-Both take a :class:`._dispatch.Problem` whose graphs have no epsilon arcs (the alignment graphs
+:func:`viterbi_arcs` runs either on groups of examples whose backpointers fit
+``BP_BUDGET`` entries, so memory stays bounded by the budget or the largest single example
+(``T * nodes`` bytes). Both take a :class:`._dispatch.Problem` whose graphs have no epsilon arcs (the alignment graphs
 never do) and whose examples' labels, rows and lengths the caller has checked against ``E``.
 """
 
@@ -33,7 +36,10 @@ from ..wfst.parallel import get_num_threads, parallel_map
 
 NEG_INF = -math.inf
 
-__all__ = ["numba_viterbi_arcs", "torch_viterbi_arcs", "check_problem"]
+__all__ = ["viterbi_arcs", "numba_viterbi_arcs", "torch_viterbi_arcs", "check_problem", "BP_BUDGET"]
+
+#: backpointer entries (frames x nodes, padded for torch) of one pass over a group of examples
+BP_BUDGET = 1 << 27
 
 
 @njit(cache=True, nogil=True)
@@ -56,15 +62,16 @@ def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, w, src, label, 
             row = base + t * S
             for n in range(S):
                 m = NEG_INF
-                besta = -1
-                for k in range(in_off[n0 + n], in_off[n0 + n + 1]):
+                best = 0
+                k0 = in_off[n0 + n]
+                for k in range(k0, in_off[n0 + n + 1]):
                     a = in_arc[k]
                     v = prev[src[a]] + w[a] + E[b, t, label[a]]
                     if v > m:
                         m = v
-                        besta = a
+                        best = k - k0
                 cur[n] = m
-                bp[row + n] = besta
+                bp[row + n] = best  # the position among the node's incoming arcs
             tmp = prev
             prev = cur
             cur = tmp
@@ -81,7 +88,7 @@ def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, w, src, label, 
             continue
         n = best
         for t in range(T - 1, -1, -1):
-            a = bp[base + t * S + n]
+            a = in_arc[in_off[n0 + n] + bp[base + t * S + n]]
             out_arc[e, t] = a
             n = src[a]
 
@@ -117,7 +124,7 @@ def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     bp_off = np.zeros(N + 1, dtype=np.int64)
     if N:
         np.cumsum(p.ex_len * p.ex_nodes, out=bp_off[1:])
-    bp = np.empty(max(int(bp_off[-1]), 1), dtype=np.int32)
+    bp = np.empty(max(int(bp_off[-1]), 1), dtype=np.uint8 if bt.max_in <= 255 else np.int32)
     score = np.full(N, NEG_INF, dtype=En.dtype)
     out = np.full((N, max(T, 1)), -1, dtype=np.int64)
 
@@ -185,3 +192,39 @@ def torch_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
         out[:, t] = torch.where(active, a, torch.full_like(a, -1))
         node = torch.where(active, s, node)
     return out, score
+
+
+def _groups(problem, padded: bool):
+    """Index arrays of consecutive examples whose backpointers fit :data:`BP_BUDGET`."""
+    N = problem.num_examples
+    if padded:  # the torch tables pad every example to the group's longest and largest
+        size = np.maximum.accumulate(problem.ex_len) * np.maximum.accumulate(problem.ex_nodes) * np.arange(1, N + 1)
+    else:
+        size = np.cumsum(problem.ex_len * problem.ex_nodes)
+    if N == 0 or size[-1] <= BP_BUDGET:
+        return None
+    groups, start = [], 0
+    while start < N:
+        ln = problem.ex_len[start:]
+        nd = problem.ex_nodes[start:]
+        if padded:
+            c = np.maximum.accumulate(ln) * np.maximum.accumulate(nd) * np.arange(1, N - start + 1)
+        else:
+            c = np.cumsum(ln * nd)
+        stop = start + max(1, int(np.searchsorted(c, BP_BUDGET, side="right")))
+        groups.append(np.arange(start, stop))
+        start = stop
+    return groups
+
+
+def viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor, impl: str):
+    """:func:`numba_viterbi_arcs` (``impl="numba"``) or :func:`torch_viterbi_arcs`
+    (``"torch"``), over groups of examples within :data:`BP_BUDGET` backpointers."""
+    from ._dispatch import Subset
+
+    fn = numba_viterbi_arcs if impl == "numba" else torch_viterbi_arcs
+    groups = _groups(problem, impl != "numba")
+    if groups is None:
+        return fn(problem, E, w)
+    outs = [fn(Subset(problem, idx), E, w) for idx in groups]
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])

@@ -23,7 +23,7 @@ import torch
 
 from .. import wfst as _wfst
 from . import _validate
-from ._align_kernels import numba_viterbi_arcs, torch_viterbi_arcs
+from ._align_kernels import viterbi_arcs
 from ._dispatch import Problem
 from ._graphs import (GraphBatch, cached, compile_graph, compiled_asg_target, compiled_ctc,
                       compiled_force_align, target_key)
@@ -299,9 +299,9 @@ def forced_align(
         w = torch.from_numpy(batch.weights()).to(cdt)
     use_numba = impl == "numba" or (impl is None and dev.type == "cpu")
     if use_numba:
-        arcs_e, score_e = numba_viterbi_arcs(problem, xs.cpu().contiguous(), w)
+        arcs_e, score_e = viterbi_arcs(problem, xs.cpu().contiguous(), w, "numba")
     else:
-        arcs_e, score_e = torch_viterbi_arcs(problem, xs.contiguous(), w.to(dev))
+        arcs_e, score_e = viterbi_arcs(problem, xs.contiguous(), w.to(dev), "torch")
     # per-arc tables: token index (dst node's), label
     glen = np.zeros(len(graphs), dtype=np.int64)
     glen[ids] = [len(k) for k in keys]

@@ -359,3 +359,28 @@ def test_file_writers_are_refused_in_checkpoint_configs():
                  "lightning_gtn.align_cli.main"):
         with pytest.raises(_trust.UntrustedTargetError):
             _trust.check_target(path, "decoder._target_")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_small_backpointer_budget_runs_in_groups_with_the_same_result(impl, monkeypatch):
+    from lightning_gtn.functional import _align_kernels
+
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(5, 30, 6, generator=g).log_softmax(-1)
+    targets = [[1, 2], [3, 4, 5], [], [2, 2, 2], [1]]
+    lengths = [30, 20, 5, 30, 11]
+    full = forced_align(x, targets, lengths, impl=impl)
+    monkeypatch.setattr(_align_kernels, "BP_BUDGET", 100)  # smaller than any example: one per group
+    assert len(_align_kernels._groups(_problem_of(targets, lengths), impl == "torch")) == 5
+    small = forced_align(x, targets, lengths, impl=impl)
+    assert torch.equal(full.labels, small.labels) and torch.equal(full.score, small.score)
+
+
+def _problem_of(targets, lengths):
+    import numpy as np
+
+    from lightning_gtn.functional._dispatch import Problem
+    from lightning_gtn.functional._graphs import GraphBatch, compiled_ctc
+
+    graphs = [compiled_ctc(tuple(t), 0) for t in targets]
+    return Problem(GraphBatch(graphs), np.arange(len(graphs)), np.arange(len(graphs)), np.array(lengths))
