@@ -384,3 +384,38 @@ def _problem_of(targets, lengths):
 
     graphs = [compiled_ctc(tuple(t), 0) for t in targets]
     return Problem(GraphBatch(graphs), np.arange(len(graphs)), np.arange(len(graphs)), np.array(lengths))
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), blank=st.sampled_from([0, None]), star=st.sampled_from([None, -1.5]))
+def test_property_best_path_matches_brute_force_and_impls_agree(data, blank, star):
+    C = 3
+    B = data.draw(st.integers(1, 3))
+    T = data.draw(st.integers(0, 5))
+    seed = data.draw(st.integers(0, 2**16))
+    lo = 1 if blank == 0 else 0
+    targets = [data.draw(st.lists(st.integers(lo, C - 1), max_size=3)) for _ in range(B)]
+    if blank is None and star is not None:  # the brute force's collapse rule needs distinct neighbours
+        targets = [[v for i, v in enumerate(t) if i == 0 or v != t[i - 1]] for t in targets]
+    lengths = [data.draw(st.integers(0, T)) for _ in range(B)]
+    x = _lp(B, T, C, seed=seed)
+    al = forced_align(x, targets, lengths, blank=blank, star=star)
+    al_t = forced_align(x, targets, lengths, blank=blank, star=star, impl="torch")
+    assert torch.equal(al.labels, al_t.labels) and torch.allclose(al.score, al_t.score)
+    for b in range(B):
+        n = lengths[b]
+        if star is not None:
+            paths = list(_star_paths(targets[b], n, blank))
+        elif blank is None:  # (_brute.segmentations yields an empty path for 0 frames and 1 token)
+            paths = list(segmentations(targets[b], n)) if n >= len(targets[b]) else []
+        else:
+            paths = list(ctc_paths(targets[b], n, blank))
+        if not paths:
+            assert float(al.score[b]) == -math.inf and (al.labels[b] == -1).all()
+            continue
+        best = max(_path_score(x[b], p, star=star, blank=blank) for p in paths)
+        assert float(al.score[b]) == pytest.approx(best, abs=1e-9)
+        assert _frame_sum(x, al, b, star=star) == pytest.approx(best, abs=1e-9)
