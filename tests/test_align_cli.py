@@ -2,6 +2,7 @@
 steps (subprocess, as the other CLIs)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -128,3 +129,48 @@ def test_checkpoint_trained_a_few_steps(tmp_path, capsys):
     # a model override is refused: the checkpoint defines the model
     assert main(["--checkpoint", str(ckpt), "--no-progress", "loss=seq"]) == 2
     assert "loss: lightning-gtn-align uses the network" in capsys.readouterr().err
+
+
+def test_checkpoint_of_an_asg_model_uses_its_transitions(tmp_path, capsys):
+    # an untrained ASG model saved as lightning-gtn-train would (no subprocess needed)
+    import lightning as L
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import instantiate
+
+    from lightning_gtn.lightning import SequenceModule
+    from lightning_gtn.train import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose("train", overrides=["loss=asg", "data=digits_small", "data.num_val=4"])
+    dm = instantiate(cfg.data)
+    model = SequenceModule(cfg.model, cfg.loss, dm.chars, dm.feature_dim, cfg.optim.optimizer)
+    with torch.no_grad():
+        model.structured_loss.transitions.normal_()
+    ckpt = tmp_path / "asg.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "epoch": 0,
+                "global_step": 0, "pytorch-lightning_version": L.__version__}, ckpt)
+    out = tmp_path / "a.json"
+    rc = main(["--checkpoint", str(ckpt), "--split", "test", "--out", str(out), "--no-progress",
+               "data=digits_small", "data.num_test=4"])
+    assert rc == 0, capsys.readouterr().err
+    recs = json.loads(out.read_text())
+    assert len(recs) == 4 and all(r["utterance"].startswith("test") for r in recs)
+    # the same alignment by hand: the model's emissions, no blank, the checkpoint's transitions
+    dm.setup("test")
+    batch = next(iter(dm.test_dataloader()))
+    model.eval()
+    with torch.no_grad():
+        inputs, il, tg, tl, _ = model.unpack_batch(batch)
+        em, el = model.emissions(inputs, il)
+    ref = forced_align(em.log_softmax(-1), tg, el, tl, blank=None,
+                       transitions=model.structured_loss.transitions.detach())
+    plain = forced_align(em.log_softmax(-1), tg, el, tl, blank=None)
+    for b in range(4):
+        if recs[b]["score"] is None:
+            assert math.isinf(float(ref.score[b]))
+            continue
+        assert recs[b]["score"] == pytest.approx(float(ref.score[b]), rel=1e-5)
+        assert recs[b]["score"] != pytest.approx(float(plain.score[b]), rel=1e-5)
+        assert [t["end_frame"] for t in recs[b]["tokens"]] == ref.token_end[b, : int(tl[b])].tolist()
