@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -58,7 +58,7 @@ class Alignment:
 
     Entries past a target's length, and all tokens of an infeasible example, have
     ``token_start = token_end = -1``, ``token_score = 0`` and ``token_confidence = 0``.
-    ``S`` is the longest target length.
+    ``S`` is the width of padded ``(B, S)`` targets, else the longest target.
     """
 
     labels: torch.Tensor
@@ -240,6 +240,9 @@ def forced_align(
         (float32 for half precision). An example with no path of its length (too many
         tokens for its frames) gets score ``-inf``, labels -1 and no token spans; no error.
 
+    The search is a ``torch.library`` custom op (``lightning_gtn::forced_align``): with padded
+    ``(B, S)`` targets the call works inside ``torch.compile(..., fullgraph=True)``.
+
     Example:
         >>> import torch
         >>> from lightning_gtn.functional import forced_align
@@ -266,6 +269,53 @@ def forced_align(
         from .asg import check_transitions
 
         check_transitions(transitions, C, dev)
+        transitions = transitions.detach()
+    tg, tl = _validate.targets_tensors(targets, target_lengths, B, dev)
+    if tg.dim() == 1:  # concatenated: padded here (eager), the op takes (B, S)
+        seqs = _validate.split_targets(tg, tl, B, dev, C, blank)
+        tg, tl = _validate.targets_tensors(seqs, None, B, dev)
+    elif tg.dim() != 2:
+        raise ValueError(f"targets must have shape (B, S) or (sum(target_lengths),), got {tuple(tg.shape)}")
+    il = _validate.int_tensor(input_lengths, "input_lengths")
+    out = torch.ops.lightning_gtn.forced_align(emissions.detach(), tg, il, tl, transitions,
+                                               -1 if blank is None else blank, star, impl or "")
+    labels, start, end, tscore, conf, score, star_frames = out
+    return Alignment(labels=labels, token_start=start, token_end=end, token_score=tscore, token_confidence=conf,
+                     score=score, input_lengths=il.to(dev), target_lengths=tl.to(dev),
+                     star_frames=star_frames if star is not None else None)
+
+
+@torch.library.custom_op("lightning_gtn::forced_align", mutates_args=())
+def _forced_align_op(emissions: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
+                     target_lengths: torch.Tensor, transitions: Optional[torch.Tensor], blank: int,
+                     star: Optional[float], impl: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                torch.Tensor]:
+    """``(labels, token_start, token_end, token_score, token_confidence, score, star_frames)``
+    of :func:`forced_align` (``blank=-1``: no blank; ``impl=""``: the default); padded
+    ``(B, S)`` targets; ``star_frames`` all False without a star."""
+    return _forced_align_impl(emissions, targets, input_lengths, target_lengths, transitions,
+                              None if blank < 0 else blank, star, impl or None)
+
+
+@_forced_align_op.register_fake
+def _forced_align_fake(emissions, targets, input_lengths, target_lengths, transitions, blank, star, impl):
+    B, T = emissions.shape[:2]
+    S = targets.shape[1]
+    dt = _out_dtype(emissions)
+    i64 = dict(dtype=torch.int64)
+    return (emissions.new_empty((B, T), **i64), emissions.new_empty((B, S), **i64),
+            emissions.new_empty((B, S), **i64), emissions.new_empty((B, S), dtype=dt),
+            emissions.new_empty((B, S), dtype=dt), emissions.new_empty((B,), dtype=dt),
+            emissions.new_empty((B, T), dtype=torch.bool))
+
+
+def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transitions, blank, star, impl):
+    """The real implementation behind the custom op (arguments checked as in forced_align)."""
+    B, T, C = emissions.shape
+    dev = emissions.device
+    if targets.dim() != 2:
+        raise ValueError(f"targets must be padded (B, S) here, got shape {tuple(targets.shape)}")
     lengths = _validate.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
     seqs = _validate.split_targets(targets, target_lengths, B, dev, C, blank)
     cdt = _validate.compute_dtype(emissions)
@@ -325,19 +375,12 @@ def forced_align(
     frame_score = x.gather(2, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     valid = labels >= 0
     frame_score = torch.where(valid, frame_score, torch.zeros_like(frame_score))
-    S = max((len(s) for s in seqs), default=0)
-    spans = _token_spans(tok, frame_score, S)
-    return Alignment(
-        labels=labels,
-        token_start=spans[0],
-        token_end=spans[1],
-        token_score=spans[2].to(_out_dtype(emissions)),
-        token_confidence=spans[3].to(_out_dtype(emissions)),
-        score=score.to(_out_dtype(emissions)),
-        input_lengths=torch.from_numpy(lengths.copy()).to(dev),
-        target_lengths=torch.tensor([len(s) for s in seqs], dtype=torch.int64, device=dev),
-        star_frames=star_frames,
-    )
+    if star_frames is None:
+        star_frames = torch.zeros((B, T), dtype=torch.bool, device=dev)
+    start, end, tscore, conf = _token_spans(tok, frame_score, int(targets.shape[1]))
+    dt = _out_dtype(emissions)
+    return labels, start, end, tscore.to(dt), conf.to(dt), score.to(dt), star_frames
+
 
 
 def _out_dtype(x: torch.Tensor) -> torch.dtype:

@@ -419,3 +419,22 @@ def test_property_best_path_matches_brute_force_and_impls_agree(data, blank, sta
         best = max(_path_score(x[b], p, star=star, blank=blank) for p in paths)
         assert float(al.score[b]) == pytest.approx(best, abs=1e-9)
         assert _frame_sum(x, al, b, star=star) == pytest.approx(best, abs=1e-9)
+
+
+def test_custom_op_compiles_fullgraph_and_passes_opcheck():
+    x = _lp(3, 10, 5, seed=14, dtype=torch.float32)
+    tg, il, tl = torch.tensor([[1, 2, 3], [4, 4, 0], [2, 0, 0]]), torch.tensor([10, 9, 4]), torch.tensor([3, 2, 1])
+
+    def step(x, tg, il, tl):
+        al = forced_align(x * 1.0, tg, il, tl, star=-1.0)
+        return al.labels, al.token_end, al.score
+
+    eager = step(x, tg, il, tl)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)(x, tg, il, tl)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b, a)
+    op = torch.ops.lightning_gtn.forced_align.default
+    torch.library.opcheck(op, (x, tg, il, tl, None, 0, None, ""))
+    torch.library.opcheck(op, (x, tg, il, tl, None, 0, -1.0, ""))
+    torch.library.opcheck(op, (x, tg, il, tl, torch.randn(6, 5), -1, None, "torch"))
