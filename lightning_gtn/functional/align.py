@@ -416,10 +416,11 @@ def _token_spans(tok: torch.Tensor, frame_score: torch.Tensor, S: int):
 def _seqs_of(alignment: Alignment, targets) -> List[List[int]]:
     B = len(alignment)
     tl = alignment.target_lengths.cpu()
+    dev = alignment.labels.device  # targets may sit there or on the CPU
     if isinstance(targets, (torch.Tensor, np.ndarray)) or (isinstance(targets, (list, tuple)) and targets
                                                             and np.isscalar(targets[0])):
-        return _validate.split_targets(targets, tl, B, torch.device("cpu"), 2**62)
-    seqs = _validate.split_targets(targets, None, B, torch.device("cpu"), 2**62)
+        return _validate.split_targets(targets, tl, B, dev, 2**62)
+    seqs = _validate.split_targets(targets, None, B, dev, 2**62)
     if [len(s) for s in seqs] != tl.tolist():
         raise ValueError("targets: the lengths differ from the alignment's target_lengths")
     return seqs
