@@ -125,7 +125,8 @@ def read_targets(path, B: int):
             try:
                 out.append([int(v) for v in parts])
             except ValueError:
-                raise AlignError(f"--targets: line {i} must hold integer token ids, got {line.strip()[:60]!r}") from None
+                bad = line.strip()[:60]
+                raise AlignError(f"--targets: line {i} must hold integer token ids, got {bad!r}") from None
     if len(out) != B:
         raise AlignError(f"--targets: {len(out)} lines for {B} examples of the emissions")
     return out

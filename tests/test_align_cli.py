@@ -41,7 +41,8 @@ def test_emissions_file_to_json_plots_and_ctm(em_file, capsys):
             continue
         assert r["score"] == pytest.approx(float(ref.score[b]), rel=1e-5)
         assert [t["start_frame"] for t in r["tokens"]] == ref.token_start[b, : len(targets[b])].tolist()
-        assert [t["end"] for t in r["tokens"]] == pytest.approx([0.02 * v for v in ref.token_end[b, : len(targets[b])].tolist()])
+        ends = ref.token_end[b, : len(targets[b])].tolist()
+        assert [t["end"] for t in r["tokens"]] == pytest.approx([0.02 * v for v in ends])
     assert [w["text"] for w in recs[3]["words"]] == ["a", "b", "c"]
     assert sorted(p.name for p in (d / "plots").iterdir()) == ["utt0.png", "utt1.png"]
     rc = main(["--emissions", str(d / "em.pt"), "--targets", str(d / "t.txt"), "--format", "ctm", "--star", "-2",

@@ -12,7 +12,7 @@ from lightning_gtn.functional import (collapse, forced_align, plot_alignment, to
                                       word_spans)
 from lightning_gtn.functional.align import align_graph
 
-from ._brute import asg_path_score, ctc_paths, emission_score, segmentations
+from ._brute import asg_path_score, ctc_paths, segmentations
 
 IMPLS = ["numba", "torch"]
 STAR = -1  # the brute force's symbol for a star frame
