@@ -43,8 +43,10 @@ BP_BUDGET = 1 << 27
 
 
 @njit(cache=True, nogil=True)
-def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, w, src, label, node_off, in_off,
+def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, in_w, in_src, in_lab, node_off, in_off,
                     in_arc, start_off, start, accept_off, accept, max_nodes, bp, score, out_arc):
+    """``in_w``, ``in_src``, ``in_lab``: weight, source node and label of each incoming-arc
+    position (``in_arc[k]``), so the inner loop reads three arrays in order."""
     prev = np.empty(max(max_nodes, 1), dtype=E.dtype)
     cur = np.empty(max(max_nodes, 1), dtype=E.dtype)
     for e in range(e0, e1):
@@ -65,8 +67,7 @@ def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, w, src, label, 
                 best = 0
                 k0 = in_off[n0 + n]
                 for k in range(k0, in_off[n0 + n + 1]):
-                    a = in_arc[k]
-                    v = prev[src[a]] + w[a] + E[b, t, label[a]]
+                    v = prev[in_src[k]] + in_w[k] + E[b, t, in_lab[k]]
                     if v > m:
                         m = v
                         best = k - k0
@@ -88,9 +89,9 @@ def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, w, src, label, 
             continue
         n = best
         for t in range(T - 1, -1, -1):
-            a = in_arc[in_off[n0 + n] + bp[base + t * S + n]]
-            out_arc[e, t] = a
-            n = src[a]
+            k = in_off[n0 + n] + bp[base + t * S + n]
+            out_arc[e, t] = in_arc[k]
+            n = in_src[k]
 
 
 def check_problem(problem, E: torch.Tensor, w: torch.Tensor) -> None:
@@ -128,8 +129,11 @@ def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     score = np.full(N, NEG_INF, dtype=En.dtype)
     out = np.full((N, max(T, 1)), -1, dtype=np.int64)
 
+    in_w = np.ascontiguousarray(wn[bt.in_arc])
+    in_lab = np.ascontiguousarray(bt.label[bt.in_arc])
+
     def run(e0, e1):
-        _viterbi_kernel(e0, e1, p.ex_graph, p.ex_row, p.ex_len, bp_off, En, wn, bt.src, bt.label,
+        _viterbi_kernel(e0, e1, p.ex_graph, p.ex_row, p.ex_len, bp_off, En, in_w, bt.in_src, in_lab,
                         bt.node_off, bt.in_off, bt.in_arc, bt.start_off, bt.start, bt.accept_off,
                         bt.accept, bt.max_nodes, bp, score, out)
 
