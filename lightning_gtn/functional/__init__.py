@@ -11,6 +11,11 @@ the emissions' device. Every loss is called the same way::
 :func:`best_paths` are ``torch.library`` custom ops, so they work inside
 ``torch.compile(..., fullgraph=True)``. See ``docs/losses.md`` for shapes, reductions and
 examples.
+
+:func:`forced_align` aligns known transcripts to emissions (one batched Viterbi with
+backpointers over the same cached graphs; token spans, scores, confidences, an optional star for
+untranscribed stretches), with :func:`word_spans`, :func:`to_json`, :func:`to_ctm` and
+:func:`plot_alignment` for its output; see ``docs/alignment.md``.
 """
 
 from ._graphs import (
