@@ -272,6 +272,9 @@ def main(argv=None) -> int:
     except AlignError as e:
         print(f"lightning-gtn-align: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # an output path that cannot be written
+        print(f"lightning-gtn-align: error: cannot write {e.filename or a.out}: {e.strerror or e}", file=sys.stderr)
+        return 2
     where = "standard output" if a.out == "-" else a.out
     print(f"aligned {w.count} utterances -> {where}" + (f", {w.plots} plots in {a.plot_dir}" if w.plots else ""),
           file=sys.stderr)

@@ -79,6 +79,12 @@ def test_bad_inputs_give_clear_errors(em_file, capsys, make, args, msg):
     assert re.search(msg, capsys.readouterr().err)
 
 
+def test_unwritable_output_is_a_clear_error(em_file, capsys):
+    d = em_file[0]
+    rc = main(["--emissions", str(d / "em.pt"), "--targets", str(d / "t.txt"), "--out", str(d), "--no-progress"])
+    assert rc == 2 and "cannot write" in capsys.readouterr().err
+
+
 def test_argument_errors_exit(capsys):
     with pytest.raises(SystemExit):
         main(["--emissions", "x.pt"])  # no --targets
