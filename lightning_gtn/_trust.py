@@ -70,6 +70,8 @@ DENIED: tuple[str, ...] = (
     "lightning_gtn.evaluate",
     "lightning_gtn.wfst.utils",
     "lightning_gtn.lightning.plots",
+    "lightning_gtn.align_cli",
+    "lightning_gtn.functional.align_plot",
 )
 
 #: Config keys whose string values are resolved as dotted paths.

@@ -32,7 +32,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from lightning_gtn.train import CONF_DIR, ConfigError, build  # noqa: E402
 
-__all__ = ["main", "evaluate", "decode_samples", "MODEL_GROUPS"]
+__all__ = ["main", "evaluate", "load_model", "build_datamodule", "decode_samples", "MODEL_GROUPS"]
 
 #: Config groups that the checkpoint defines; overriding them for evaluation is an error.
 MODEL_GROUPS = ("model", "loss", "optim")
@@ -65,6 +65,38 @@ def decode_samples(model, dataloader, num: int) -> list[tuple[str, str]]:
     return out[:num]
 
 
+def load_model(ckpt_path, trust_modules=None):
+    """The :class:`~lightning_gtn.lightning.SequenceModule` of a checkpoint, on the CPU.
+
+    Every dotted path in the checkpoint's configs is checked against the allow-list of
+    :mod:`lightning_gtn._trust`, widened by ``trust_modules`` (from the command line only).
+
+    Raises:
+        ConfigError: no such file, or the checkpoint names code outside the allow-list.
+    """
+    from lightning_gtn import _trust
+    from lightning_gtn.lightning import SequenceModule
+
+    ckpt = Path(str(ckpt_path))
+    if not ckpt.is_file():
+        raise ConfigError(f"ckpt_path: no such checkpoint file: {ckpt}")
+    try:
+        with _trust.trusted(list(trust_modules or [])):
+            return SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
+    except _trust.UntrustedTargetError as e:
+        raise ConfigError(f"ckpt_path: {ckpt} names code outside the allow-list: {e}") from e
+
+
+def build_datamodule(data_cfg: DictConfig, model):
+    """The data module of ``data_cfg``, checked to use the characters of ``model``."""
+    datamodule = build(data_cfg, "data")
+    if datamodule.chars != model.hparams.chars:
+        raise ConfigError(
+            f"data: characters {datamodule.chars!r} differ from the checkpoint's {model.hparams.chars!r}"
+        )
+    return datamodule
+
+
 def evaluate(cfg: DictConfig, overrides=None) -> dict:
     """Validates or tests ``cfg.ckpt_path`` on ``cfg.split``; returns the metrics.
 
@@ -75,8 +107,7 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
     """
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    from lightning_gtn import _trust
-    from lightning_gtn.lightning import SequenceModule, SpawnedProcessGroupCleanup
+    from lightning_gtn.lightning import SpawnedProcessGroupCleanup
 
     if overrides is None:
         from hydra.core.hydra_config import HydraConfig
@@ -84,21 +115,10 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
         if HydraConfig.initialized():
             overrides = list(HydraConfig.get().overrides.task)
     _check_overrides(overrides)
-    ckpt = Path(str(cfg.ckpt_path))
-    if not ckpt.is_file():
-        raise ConfigError(f"ckpt_path: no such checkpoint file: {ckpt}")
     if cfg.split not in ("val", "test"):
         raise ConfigError(f"split: must be 'val' or 'test', got {cfg.split!r}")
-    try:
-        with _trust.trusted(list(cfg.get("trust_modules") or [])):
-            model = SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
-    except _trust.UntrustedTargetError as e:
-        raise ConfigError(f"ckpt_path: {ckpt} names code outside the allow-list: {e}") from e
-    datamodule = build(cfg.data, "data")
-    if datamodule.chars != model.hparams.chars:
-        raise ConfigError(
-            f"data: characters {datamodule.chars!r} differ from the checkpoint's {model.hparams.chars!r}"
-        )
+    model = load_model(cfg.ckpt_path, cfg.get("trust_modules"))
+    datamodule = build_datamodule(cfg.data, model)
     trainer = build(cfg.trainer, "trainer", callbacks=[SpawnedProcessGroupCleanup()], logger=False,
                     enable_checkpointing=False)
     run = trainer.validate if cfg.split == "val" else trainer.test

@@ -11,6 +11,11 @@ the emissions' device. Every loss is called the same way::
 :func:`best_paths` are ``torch.library`` custom ops, so they work inside
 ``torch.compile(..., fullgraph=True)``. See ``docs/losses.md`` for shapes, reductions and
 examples.
+
+:func:`forced_align` aligns known transcripts to emissions (one batched Viterbi with
+backpointers over the same cached graphs; token spans, scores, confidences, an optional star for
+untranscribed stretches), with :func:`word_spans`, :func:`to_json`, :func:`to_ctm` and
+:func:`plot_alignment` for its output; see ``docs/alignment.md``.
 """
 
 from ._graphs import (
@@ -21,6 +26,8 @@ from ._graphs import (
     force_align_graph,
     set_cache_size,
 )
+from .align import Alignment, forced_align, to_ctm, to_json, to_records, word_spans
+from .align_plot import plot_alignment
 from .asg import asg_loss
 from .conv_transduce import conv_transduce1d, kernel_graph
 from .ctc import ctc_loss
@@ -52,4 +59,11 @@ __all__ = [
     "kernel_graph",
     "clear_cache",
     "set_cache_size",
+    "Alignment",
+    "forced_align",
+    "word_spans",
+    "to_records",
+    "to_json",
+    "to_ctm",
+    "plot_alignment",
 ]

@@ -1,0 +1,285 @@
+"""``lightning-gtn-align``: forced alignment of a trained model's data, or of saved emissions.
+
+Two sources::
+
+    # a checkpoint of lightning-gtn-train on its validation or test split (Hydra overrides of
+    # the data and trainer groups after the options, as for lightning-gtn-eval)
+    lightning-gtn-align --checkpoint outputs/.../checkpoints/best.ckpt --split val \\
+        --out val_align.json --plot-dir plots data=digits_small
+
+    # saved emissions (B, T, C): a tensor, or a dict {"emissions": ..., "input_lengths": ...},
+    # read with torch.load(weights_only=True); one line of integer token ids per example
+    lightning-gtn-align --emissions em.pt --targets targets.txt --blank 0 --format ctm --out a.ctm
+
+Emissions go through ``log_softmax`` first (the best path does not change: every frame
+emits exactly one label, so a per-frame constant moves every path's score alike; the
+confidences become posterior probabilities). JSON (default) is a list with one record per
+utterance (see :func:`lightning_gtn.functional.to_records`); CTM has one line per word. With a
+checkpoint the loss's convention (blank or not, ASG transitions) and the vocabulary come from
+the checkpoint, which is loaded with the allow-list of :mod:`lightning_gtn._trust`
+(``--trust-module mypkg`` opts in to more).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+__all__ = ["main", "parse_args", "read_targets", "load_emissions"]
+
+#: lines and tokens a targets file may hold (a bound on what a bad file can allocate)
+MAX_TARGET_LINES = 1_000_000
+MAX_TARGET_TOKENS = 100_000
+
+
+class AlignError(Exception):
+    """A bad argument or input file (printed without a traceback, exit status 2)."""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="lightning-gtn-align", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint written by lightning-gtn-train")
+    src.add_argument("--emissions", help="a .pt file: a (B, T, C) tensor or {'emissions', 'input_lengths'}")
+    p.add_argument("--split", default="val", choices=["val", "test"], help="with --checkpoint (default: val)")
+    p.add_argument("--targets", help="with --emissions: one line of integer token ids per example")
+    p.add_argument("--blank", default="0", help="with --emissions: the blank id, or 'none' (default: 0)")
+    p.add_argument("--tokens", default=None,
+                   help="with --emissions: the text of each token id as one string (character i for id i)")
+    p.add_argument("--word-separator-id", type=int, default=None,
+                   help="token id between words (default: the space of a checkpoint's vocabulary)")
+    p.add_argument("--star", type=float, default=None, help="allow a star with this log-penalty per frame")
+    p.add_argument("--frame-shift", type=float, default=0.01, help="seconds per emission frame (default: 0.01)")
+    p.add_argument("--format", default="json", choices=["json", "ctm"])
+    p.add_argument("--out", default="-", help="output file (default: standard output)")
+    p.add_argument("--plot-dir", default=None, help="write PNGs of the first --num-plots alignments here")
+    p.add_argument("--num-plots", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=32, help="with --emissions: examples per batch")
+    p.add_argument("--trust-module", action="append", default=[], help="with --checkpoint: trust this module too")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", help="with --checkpoint: Hydra overrides of the data config")
+    a = p.parse_args(argv)
+    if a.emissions is not None and a.targets is None:
+        p.error("--emissions needs --targets")
+    if a.checkpoint is not None and a.targets is not None:
+        p.error("--targets goes with --emissions; a checkpoint's data brings its own transcripts")
+    if a.emissions is not None and a.overrides:
+        p.error(f"overrides {a.overrides} go with --checkpoint")
+    if not (a.frame_shift > 0):
+        p.error(f"--frame-shift must be positive, got {a.frame_shift}")
+    if a.num_plots < 0 or a.batch_size < 1:
+        p.error("--num-plots must be >= 0 and --batch-size >= 1")
+    return a
+
+
+def load_emissions(path):
+    """``(emissions (B, T, C) float, input_lengths (B,) int64)`` from a file of
+    ``torch.save``: a tensor, or a dict with ``"emissions"`` and optional ``"input_lengths"``."""
+    import torch
+
+    f = Path(path)
+    if not f.is_file():
+        raise AlignError(f"--emissions: no such file: {f}")
+    try:
+        obj = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+        raise AlignError(f"--emissions: cannot read {f} as a tensor file ({type(e).__name__}: {e})") from None
+    lengths = None
+    if isinstance(obj, dict):
+        if "emissions" not in obj:
+            raise AlignError(f"--emissions: {f} holds a dict without an 'emissions' key (keys: {sorted(obj)})")
+        obj, lengths = obj["emissions"], obj.get("input_lengths")
+    if not isinstance(obj, torch.Tensor) or obj.dim() != 3 or not obj.is_floating_point():
+        what = f"shape {tuple(obj.shape)} {obj.dtype}" if isinstance(obj, torch.Tensor) else type(obj).__name__
+        raise AlignError(f"--emissions: expected a float tensor of shape (B, T, C), got {what}")
+    B, T, _ = obj.shape
+    if lengths is None:
+        lengths = torch.full((B,), T, dtype=torch.int64)
+    elif not isinstance(lengths, torch.Tensor) or lengths.shape != (B,) or lengths.is_floating_point():
+        raise AlignError(f"--emissions: input_lengths must be an integer tensor of shape (B,) = ({B},)")
+    return obj, lengths.long()
+
+
+def read_targets(path, B: int):
+    """B lists of token ids, one line each (integers separated by white space)."""
+    f = Path(path)
+    if not f.is_file():
+        raise AlignError(f"--targets: no such file: {f}")
+    out = []
+    with open(f, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if i > min(B, MAX_TARGET_LINES):
+                if line.strip():
+                    raise AlignError(f"--targets: more lines than the {B} examples of the emissions")
+                continue
+            parts = line.split()
+            if len(parts) > MAX_TARGET_TOKENS:
+                raise AlignError(f"--targets: line {i} has more than {MAX_TARGET_TOKENS} tokens")
+            try:
+                out.append([int(v) for v in parts])
+            except ValueError:
+                bad = line.strip()[:60]
+                raise AlignError(f"--targets: line {i} must hold integer token ids, got {bad!r}") from None
+    if len(out) != B:
+        raise AlignError(f"--targets: {len(out)} lines for {B} examples of the emissions")
+    return out
+
+
+def _vocab_tokens(vocab) -> list:
+    C = vocab.num_classes
+    off = 1 if vocab.blank else 0
+    toks = [None] * C
+    if vocab.blank:
+        toks[0] = "<blank>"
+    for i, c in enumerate(vocab.chars):
+        toks[i + off] = c
+    if vocab.repeat_id is not None:
+        toks[vocab.repeat_id] = "<rep>"
+    return toks
+
+
+class _Writer:
+    """Collects records (JSON) or CTM lines, plots the first few alignments."""
+
+    def __init__(self, a, tokens, word_sep, blank, transitions=None):
+        self.a, self.tokens, self.word_sep = a, tokens, word_sep
+        self.blank, self.transitions = blank, transitions
+        self.records, self.lines, self.plots, self.count = [], [], 0, 0
+        if a.plot_dir:
+            Path(a.plot_dir).mkdir(parents=True, exist_ok=True)
+
+    def add(self, x, targets, lengths, names):
+        from lightning_gtn.functional import forced_align, plot_alignment, to_ctm, to_records
+
+        x = x.float().log_softmax(-1)
+        al = forced_align(x, targets, lengths, blank=self.blank, star=self.a.star, transitions=self.transitions)
+        kw = dict(frame_shift=self.a.frame_shift, tokens=self.tokens, utterance_ids=names,
+                  word_separator_id=self.word_sep)
+        if self.a.format == "json":
+            self.records += to_records(al, targets, **kw)
+        else:
+            self.lines.append(to_ctm(al, targets, **kw))
+        for b in range(len(names)):
+            if self.plots >= self.a.num_plots or not self.a.plot_dir:
+                break
+            plot_alignment(x, al, b, tokens=self.tokens, path=Path(self.a.plot_dir) / f"{names[b]}.png")
+            self.plots += 1
+        self.count += len(names)
+
+    def write(self):
+        text = json.dumps(self.records, indent=1) + "\n" if self.a.format == "json" else "".join(self.lines)
+        if self.a.out == "-":
+            sys.stdout.write(text)
+        else:
+            Path(self.a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(self.a.out).write_text(text, encoding="utf-8")
+
+
+def _progress(it, a, total=None):
+    from tqdm import tqdm
+
+    return tqdm(it, total=total, disable=a.no_progress, desc="aligning", unit="batch", file=sys.stderr)
+
+
+def _from_emissions(a):
+    x, lengths = load_emissions(a.emissions)
+    B, T, C = x.shape
+    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > T):
+        raise AlignError(f"--emissions: input_lengths must lie in [0, T={T}]")
+    blank = None if a.blank.lower() == "none" else a.blank
+    if blank is not None:
+        try:
+            blank = int(blank)
+        except ValueError:
+            raise AlignError(f"--blank must be an integer id or 'none', got {a.blank!r}") from None
+        if not 0 <= blank < C:
+            raise AlignError(f"--blank must lie in [0, C={C}), got {blank}")
+    targets = read_targets(a.targets, B)
+    tokens = None
+    if a.tokens is not None:
+        if len(a.tokens) < C:
+            raise AlignError(f"--tokens must give one character per class (C={C}), got {len(a.tokens)}")
+        tokens = list(a.tokens)
+    w = _Writer(a, tokens, a.word_separator_id, blank)
+    starts = range(0, B, a.batch_size)
+    for s in _progress(starts, a, total=len(starts)):
+        e = min(B, s + a.batch_size)
+        try:
+            w.add(x[s:e], targets[s:e], lengths[s:e], [f"utt{i}" for i in range(s, e)])
+        except ValueError as err:
+            raise AlignError(f"examples {s}..{e - 1}: {err}") from None
+    return w
+
+
+def _from_checkpoint(a):
+    import torch
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from lightning_gtn.evaluate import _check_overrides, build_datamodule, load_model
+    from lightning_gtn.train import CONF_DIR, ConfigError
+
+    try:
+        _check_overrides(a.overrides)
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            cfg = compose("eval", overrides=list(a.overrides))
+        model = load_model(a.checkpoint, a.trust_module)
+        dm = build_datamodule(cfg.data, model)
+    except ConfigError as e:
+        raise AlignError(str(e).replace("lightning-gtn-eval", "lightning-gtn-align")) from None
+    except Exception as e:  # noqa: BLE001 - Hydra's composition errors name the bad override
+        raise AlignError(f"{type(e).__name__}: {e}") from None
+    model.eval()
+    loss = model.structured_loss
+    blank = getattr(loss, "blank", None)
+    transitions = getattr(loss, "transitions", None)
+    if transitions is not None:
+        transitions = transitions.detach()
+    vocab = model.vocabulary
+    tokens = _vocab_tokens(vocab)
+    word_sep = a.word_separator_id
+    if word_sep is None and " " in vocab.chars:
+        word_sep = tokens.index(" ")
+    dm.setup("validate" if a.split == "val" else "test")
+    loader = dm.val_dataloader() if a.split == "val" else dm.test_dataloader()
+    w = _Writer(a, tokens, word_sep, blank, transitions)
+    n = 0
+    with torch.no_grad():
+        for batch in _progress(loader, a):
+            inputs, input_lengths, targets, target_lengths, _ = model.unpack_batch(batch)
+            em, em_lengths = model.emissions(inputs, input_lengths)
+            B = em.shape[0]
+            seqs = [t[: int(k)] for t, k in zip(targets.tolist(), target_lengths.tolist())]
+            w.add(em, seqs, em_lengths, [f"{a.split}{i}" for i in range(n, n + B)])
+            n += B
+    return w
+
+
+def main(argv=None) -> int:
+    """Console script entry point (``lightning-gtn-align``); returns the exit status."""
+    a = parse_args(argv)
+    try:
+        w = _from_checkpoint(a) if a.checkpoint is not None else _from_emissions(a)
+        w.write()
+    except AlignError as e:
+        print(f"lightning-gtn-align: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # an output path that cannot be written
+        print(f"lightning-gtn-align: error: cannot write {e.filename or a.out}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    where = "standard output" if a.out == "-" else a.out
+    print(f"aligned {w.count} utterances -> {where}" + (f", {w.plots} plots in {a.plot_dir}" if w.plots else ""),
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

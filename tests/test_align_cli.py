@@ -1,0 +1,183 @@
+"""lightning-gtn-align: on an emissions file (in process) and on a checkpoint trained for a few
+steps (subprocess, as the other CLIs)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lightning_gtn.align_cli import main
+from lightning_gtn.functional import forced_align
+
+
+@pytest.fixture
+def em_file(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 30, 6, generator=g)
+    lengths = torch.tensor([30, 25, 12, 30, 3])
+    torch.save({"emissions": x, "input_lengths": lengths}, tmp_path / "em.pt")
+    targets = [[1, 2, 3], [4, 4, 5], [], [1, 5, 2, 5, 3], [1, 2, 3, 4]]  # the last is infeasible
+    (tmp_path / "t.txt").write_text("\n".join(" ".join(map(str, t)) for t in targets) + "\n")
+    return tmp_path, x, lengths, targets
+
+
+def test_emissions_file_to_json_plots_and_ctm(em_file, capsys):
+    d, x, lengths, targets = em_file
+    out = d / "a.json"
+    rc = main(["--emissions", str(d / "em.pt"), "--targets", str(d / "t.txt"), "--out", str(out),
+               "--plot-dir", str(d / "plots"), "--num-plots", "2", "--batch-size", "2", "--tokens", "_abc d",
+               "--word-separator-id", "5", "--frame-shift", "0.02", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    recs = json.loads(out.read_text())
+    ref = forced_align(x.log_softmax(-1), targets, lengths)
+    assert [r["utterance"] for r in recs] == [f"utt{i}" for i in range(5)]
+    for b, r in enumerate(recs):
+        if b == 4:
+            assert r["score"] is None and r["tokens"] == []
+            continue
+        assert r["score"] == pytest.approx(float(ref.score[b]), rel=1e-5)
+        assert [t["start_frame"] for t in r["tokens"]] == ref.token_start[b, : len(targets[b])].tolist()
+        ends = ref.token_end[b, : len(targets[b])].tolist()
+        assert [t["end"] for t in r["tokens"]] == pytest.approx([0.02 * v for v in ends])
+    assert [w["text"] for w in recs[3]["words"]] == ["a", "b", "c"]
+    assert sorted(p.name for p in (d / "plots").iterdir()) == ["utt0.png", "utt1.png"]
+    rc = main(["--emissions", str(d / "em.pt"), "--targets", str(d / "t.txt"), "--format", "ctm", "--star", "-2",
+               "--no-progress"])
+    assert rc == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 + 3 + 5  # one word per token by default; the empty and infeasible give none
+    for line in lines:
+        utt, ch, start, dur, word, conf = line.split()
+        assert utt.startswith("utt") and ch == "1" and float(dur) > 0 and 0 <= float(conf) <= 1
+
+
+@pytest.mark.parametrize("make,args,msg", [
+    (None, ["--emissions", "{d}/none.pt", "--targets", "{d}/t.txt"], "--emissions: no such file"),
+    ("bad", ["--emissions", "{d}/bad.pt", "--targets", "{d}/t.txt"], "cannot read"),
+    ("shape", ["--emissions", "{d}/shape.pt", "--targets", "{d}/t.txt"], r"shape \(B, T, C\)"),
+    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/short.txt"], "2 lines for 5 examples"),
+    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/words.txt"], "line 1 must hold integer"),
+    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/t.txt", "--blank", "9"], r"--blank must lie in \[0, C=6\)"),
+    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/range.txt"], "label 7 out of range"),
+    (None, ["--checkpoint", "{d}/no.ckpt"], "ckpt_path: no such checkpoint file"),
+])
+def test_bad_inputs_give_clear_errors(em_file, capsys, make, args, msg):
+    d = em_file[0]
+    (d / "bad.pt").write_bytes(b"not a tensor file")
+    torch.save(torch.zeros(3, 4), d / "shape.pt")
+    (d / "short.txt").write_text("1 2\n3\n")
+    (d / "words.txt").write_text("a b\n" * 5)
+    (d / "range.txt").write_text("1 7\n" * 5)
+    rc = main([a.format(d=d) for a in args] + ["--no-progress"])
+    assert rc == 2
+    import re
+
+    assert re.search(msg, capsys.readouterr().err)
+
+
+def test_unwritable_output_is_a_clear_error(em_file, capsys):
+    d = em_file[0]
+    rc = main(["--emissions", str(d / "em.pt"), "--targets", str(d / "t.txt"), "--out", str(d), "--no-progress"])
+    assert rc == 2 and "cannot write" in capsys.readouterr().err
+
+
+def test_argument_errors_exit(capsys):
+    with pytest.raises(SystemExit):
+        main(["--emissions", "x.pt"])  # no --targets
+    assert "--emissions needs --targets" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([])  # no source
+    assert "one of the arguments --checkpoint --emissions is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--emissions", "x.pt", "--targets", "t.txt", "--frame-shift", "0"])
+    assert "--frame-shift must be positive" in capsys.readouterr().err
+
+
+def _run(module, args, cwd, timeout=300):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow  # trains in a subprocess
+def test_checkpoint_trained_a_few_steps(tmp_path, capsys):
+    run = tmp_path / "run"
+    p = _run("lightning_gtn.train", ["experiment=smoke", "+trainer.max_steps=3", "trainer.enable_progress_bar=false",
+                                     "trainer.num_sanity_val_steps=0", "data.num_train=24", "data.num_val=6",
+                                     "logger=none", f"hydra.run.dir={run}"],
+             tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    ckpt = run / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    out = tmp_path / "val.json"
+    rc = main(["--checkpoint", str(ckpt), "--split", "val", "--out", str(out), "--plot-dir", str(tmp_path / "plots"),
+               "--num-plots", "2", "data=digits_small", "data.num_val=6"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "aligning" in err  # the progress bar
+    recs = json.loads(out.read_text())
+    assert len(recs) == 6
+
+    for r in recs:
+        assert r["utterance"].startswith("val")
+        if r["score"] is None:
+            continue
+        text = "".join(t["text"] for t in r["tokens"])
+        assert set(text) <= set("0123456789 ") and text.strip()
+        ends = [t["end_frame"] for t in r["tokens"]]
+        starts = [t["start_frame"] for t in r["tokens"]]
+        assert all(s < e for s, e in zip(starts, ends)) and all(e <= s for e, s in zip(ends, starts[1:]))
+        assert r["words"] and all(" " not in w["text"] for w in r["words"])
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 2
+    # a model override is refused: the checkpoint defines the model
+    assert main(["--checkpoint", str(ckpt), "--no-progress", "loss=seq"]) == 2
+    assert "loss: lightning-gtn-align uses the network" in capsys.readouterr().err
+
+
+def test_checkpoint_of_an_asg_model_uses_its_transitions(tmp_path, capsys):
+    # an untrained ASG model saved as lightning-gtn-train would (no subprocess needed)
+    import lightning as L
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import instantiate
+
+    from lightning_gtn.lightning import SequenceModule
+    from lightning_gtn.train import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose("train", overrides=["loss=asg", "data=digits_small", "data.num_val=4"])
+    dm = instantiate(cfg.data)
+    model = SequenceModule(cfg.model, cfg.loss, dm.chars, dm.feature_dim, cfg.optim.optimizer)
+    with torch.no_grad():
+        model.structured_loss.transitions.normal_()
+    ckpt = tmp_path / "asg.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "epoch": 0,
+                "global_step": 0, "pytorch-lightning_version": L.__version__}, ckpt)
+    out = tmp_path / "a.json"
+    rc = main(["--checkpoint", str(ckpt), "--split", "test", "--out", str(out), "--no-progress",
+               "data=digits_small", "data.num_test=4"])
+    assert rc == 0, capsys.readouterr().err
+    recs = json.loads(out.read_text())
+    assert len(recs) == 4 and all(r["utterance"].startswith("test") for r in recs)
+    # the same alignment by hand: the model's emissions, no blank, the checkpoint's transitions
+    dm.setup("test")
+    batch = next(iter(dm.test_dataloader()))
+    model.eval()
+    with torch.no_grad():
+        inputs, il, tg, tl, _ = model.unpack_batch(batch)
+        em, el = model.emissions(inputs, il)
+    ref = forced_align(em.log_softmax(-1), tg, el, tl, blank=None,
+                       transitions=model.structured_loss.transitions.detach())
+    plain = forced_align(em.log_softmax(-1), tg, el, tl, blank=None)
+    for b in range(4):
+        if recs[b]["score"] is None:
+            assert math.isinf(float(ref.score[b]))
+            continue
+        assert recs[b]["score"] == pytest.approx(float(ref.score[b]), rel=1e-5)
+        assert recs[b]["score"] != pytest.approx(float(plain.score[b]), rel=1e-5)
+        assert [t["end_frame"] for t in recs[b]["tokens"]] == ref.token_end[b, : int(tl[b])].tolist()
