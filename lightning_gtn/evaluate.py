@@ -97,6 +97,29 @@ def build_datamodule(data_cfg: DictConfig, model):
     return datamodule
 
 
+def _set_decoder(cfg: DictConfig, model, datamodule) -> None:
+    """The command line's ``decoder`` replaces the checkpoint's (``train`` lexicon/LM files are
+    built from this data config's training transcripts, in the eval run's directory)."""
+    from lightning_gtn.lightning.decoding import resolve_decoder
+
+    def texts():
+        datamodule.setup("fit")
+        return list(datamodule.train_set.texts)
+
+    out = Path(cfg.get("output_dir") or ".")
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            out = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # pragma: no cover - hydra internals
+        pass
+    try:
+        model.configure_decoder(resolve_decoder(cfg.decoder, texts, out))
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
 def evaluate(cfg: DictConfig, overrides=None) -> dict:
     """Validates or tests ``cfg.ckpt_path`` on ``cfg.split``; returns the metrics.
 
@@ -119,6 +142,8 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
         raise ConfigError(f"split: must be 'val' or 'test', got {cfg.split!r}")
     model = load_model(cfg.ckpt_path, cfg.get("trust_modules"))
     datamodule = build_datamodule(cfg.data, model)
+    if any(str(o).lstrip("~+").startswith("decoder") for o in overrides or ()):
+        _set_decoder(cfg, model, datamodule)
     trainer = build(cfg.trainer, "trainer", callbacks=[SpawnedProcessGroupCleanup()], logger=False,
                     enable_checkpointing=False)
     run = trainer.validate if cfg.split == "val" else trainer.test

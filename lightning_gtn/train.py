@@ -318,6 +318,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
 
     from lightning_gtn import _trust
     from lightning_gtn.lightning import NonFiniteLossError, SequenceModule, SpawnedProcessGroupCleanup
+    from lightning_gtn.lightning.decoding import resolve_decoder
 
     if output_dir is None:
         from hydra.core.hydra_config import HydraConfig
@@ -345,6 +346,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
                 scheduler=cfg.optim.get("scheduler"),
                 scheduler_interval=cfg.optim.get("scheduler_interval", "epoch"),
                 nonfinite=cfg.get("nonfinite"),
+                decoder=resolve_decoder(cfg.get("decoder"), lambda: _train_texts(datamodule), output_dir),
             )
     except ValueError as e:
         raise ConfigError(str(e)) from e

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf, open_dict
 from lightning_gtn.lightning import build_loss
 from lightning_gtn.train import CONF_DIR, ConfigError, run
 
-GROUPS = ["loss", "model", "data", "optim", "trainer", "callbacks", "logger", "experiment"]
+GROUPS = ["loss", "model", "data", "optim", "trainer", "callbacks", "logger", "experiment", "decoder"]
 LOSSES = sorted(p.stem for p in (CONF_DIR / "loss").glob("*.yaml"))
 SMOKE = ["experiment=smoke", "trainer.enable_progress_bar=false"]
 

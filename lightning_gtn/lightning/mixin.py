@@ -125,6 +125,7 @@ class StructuredLossMixin:
         blank: bool | None = None,
         repeat_label: bool | None = None,
         nonfinite=None,
+        decoder=None,
     ) -> None:
         """Sets up the loss, the vocabulary, the metrics and the optimizer factory.
 
@@ -142,6 +143,10 @@ class StructuredLossMixin:
             nonfinite: what a NaN/inf training loss does: ``"error"`` (default: raise
                 :class:`NonFiniteLossError`) or ``{"action": "skip", "max_consecutive": 10}``
                 (skip the batch with a warning; more than ``max_consecutive`` in a row raise).
+            decoder: how validation, test and predict decode: None or ``{"name": "greedy"}``
+                (the loss's Viterbi path), ``{"name": "beam", ...}`` or ``{"name": "beam_lm",
+                "lexicon": file, "lm": ARPA file, ...}`` (see
+                :mod:`lightning_gtn.lightning.decoding`).
 
         Raises:
             lightning_gtn._trust.UntrustedTargetError: a config names a dotted path outside the
@@ -153,12 +158,19 @@ class StructuredLossMixin:
         # build_loss checks every dotted path of a loss config against the allow-list and that
         # the loss's blank is the vocabulary's
         self.structured_loss, self.vocabulary = build_loss(loss, chars, blank, repeat_label)
+        self.configure_decoder(decoder)
         self._optimizer_factory = _as_factory(optimizer, "optim.optimizer")
         self._scheduler_factory = _as_factory(scheduler, "optim.scheduler")
         self._scheduler_interval = scheduler_interval
         self.val_cer, self.val_wer = CharErrorRate(), WordErrorRate()
         self.test_cer, self.test_wer = CharErrorRate(), WordErrorRate()
         self.val_loss_mean, self.test_loss_mean = MeanMetric(), MeanMetric()
+
+    def configure_decoder(self, decoder) -> None:
+        """Sets the decoder of validation, test and predict (see ``configure_structured_loss``)."""
+        from .decoding import build_decoder
+
+        self.beam_decoder = build_decoder(decoder, self.structured_loss, self.vocabulary)
 
     @property
     def num_classes(self) -> int:
@@ -230,7 +242,11 @@ class StructuredLossMixin:
         return [[v for v in row if v >= 0] for row in paths.cpu().tolist()]
 
     def decode(self, emissions, emission_lengths) -> list[str]:
-        """Viterbi decoding to strings."""
+        """Decoding to strings: the configured beam search, else the loss's Viterbi path."""
+        if getattr(self, "beam_decoder", None) is not None:
+            from .decoding import decode_texts
+
+            return decode_texts(self.beam_decoder, emissions, emission_lengths)
         if getattr(self.structured_loss, "target_classes", None) is not None:
             with torch.no_grad():  # the loss decodes to grapheme ids itself
                 ids = self.structured_loss.decode(emissions.detach(), emission_lengths)

@@ -41,6 +41,7 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
         scheduler_interval: ``"epoch"`` or ``"step"``.
         nonfinite: what a NaN/inf training loss does (see
             :meth:`~lightning_gtn.lightning.StructuredLossMixin.configure_structured_loss`).
+        decoder: the decoder of validation/test/predict (``conf/decoder``; greedy by default).
 
     Every dotted path of ``network``, ``loss``, ``optimizer`` and ``scheduler`` is checked by
     :mod:`lightning_gtn._trust` before anything is imported, so
@@ -58,20 +59,22 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
         scheduler: Mapping | None = None,
         scheduler_interval: str = "epoch",
         nonfinite: Mapping | str | None = None,
+        decoder: Mapping | str | None = None,
     ):
         super().__init__()
-        network, loss, optimizer, scheduler, nonfinite = map(
-            _plain, (network, loss, optimizer, scheduler, nonfinite))
+        network, loss, optimizer, scheduler, nonfinite, decoder = map(
+            _plain, (network, loss, optimizer, scheduler, nonfinite, decoder))
         self.save_hyperparameters(
             {"network": network, "loss": loss, "chars": chars, "feature_dim": feature_dim,
              "optimizer": optimizer, "scheduler": scheduler, "scheduler_interval": scheduler_interval,
-             "nonfinite": nonfinite}
+             "nonfinite": nonfinite, "decoder": decoder}
         )
         if not isinstance(network, Mapping) or "_target_" not in network:
             raise ValueError(f"model: expected a config with '_target_', got {network!r}")
         _trust.check_config(network, "model")
         self.configure_structured_loss(loss, chars, optimizer=optimizer, scheduler=scheduler,
-                                       scheduler_interval=scheduler_interval, nonfinite=nonfinite)
+                                       scheduler_interval=scheduler_interval, nonfinite=nonfinite,
+                                       decoder=decoder)
         from hydra.utils import instantiate
 
         try:

@@ -508,3 +508,40 @@ def test_infeasible_rows_with_transitions(ngram):
     torch.testing.assert_close(full[1][[0, 2]], part[1])
     assert full[1][1].abs().sum() == 0
     torch.testing.assert_close(full[2], part[2])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_dense_bigram_normaliser_equals_the_graph_path(reduction):
+    # from _asg_dense.DENSE_MIN_CLASSES classes the research bigram's normaliser is scored by
+    # matrix products (start row, label-after-label matrix, end weights on the last frame)
+    from lightning_gtn.functional import _asg_dense
+    from lightning_gtn.functional import transducer as tdm
+
+    letters = [chr(ord("a") + i) for i in range(8)]
+    pairs = [a + b for a in letters for b in letters]
+    pieces = letters + pairs + [p + c for p in pairs for c in letters][: _asg_dense.DENSE_MIN_CLASSES - 72]
+    g2i = {c: i for i, c in enumerate(letters)}
+    crit, handle = tdm.transducer_criterion(pieces, g2i, ngram=2, blank="optional")
+    assert crit.dense_bigram and crit.C >= _asg_dense.DENSE_MIN_CLASSES
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 9, crit.C, generator=gen, dtype=torch.float64)
+    params = (0.3 * torch.randn(crit.num_arcs, generator=gen, dtype=torch.float64))
+    targets = [[0, 1, 2, 3], [4, 4, 5], [7]]
+    lengths = torch.tensor([9, 7, 4])
+
+    def run():
+        xx = x.clone().requires_grad_()
+        pp = params.clone().requires_grad_()
+        out = transducer_loss(xx, targets, lengths, tokens=pieces, graphemes_to_idx=g2i, ngram=2,
+                              transition_params=pp, blank="optional", reduction=reduction)
+        out.sum().backward() if reduction == "none" else out.backward()
+        return out.detach(), xx.grad, pp.grad
+
+    dense = run()
+    crit.dense_bigram = False
+    try:
+        graph = run()
+    finally:
+        crit.dense_bigram = True
+    for a, b in zip(dense, graph):
+        assert torch.allclose(a, b, atol=1e-9, rtol=1e-7)
