@@ -114,12 +114,15 @@ def _merge(ci, ch, cf, n, slot, stamp, gen, uniq):
 @njit(cache=False, nogil=True)
 def beam_kernel(
     em, T, blank, rep, sep, lexfree,
-    ch_off, ch_tok, ch_node, wd_off, wd_id, max_words,
+    ch_off, ch_tok, ch_node, wd_off, wd_id, smear,
     word_lm, word_extra, tok_lm, tok_starts, word_score,
     has_lm, st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state, lm_start, lm_eos, lm_weight,
-    beam_size, beam_threshold, token_beam, nbest, per_hyp,
+    beam_size, beam_threshold, token_beam, token_min_logp, nbest, per_hyp,
 ):
     """Decodes one utterance ``em`` (T_max, C) float32 over its first ``T`` frames.
+
+    ``smear[n]`` is the look-ahead score of trie node n (0 at the root; -inf: no allowed word below),
+    added to a partial word's pruning score while it is spelled (flashlight's LM smearing).
 
     Returns ``(n_out, out_rec, out_f (nbest, 3) [total, acoustic, lm], rec_parent, rec_tok,
     rec_frame, rec_word)``.
@@ -145,6 +148,7 @@ def beam_kernel(
     rec_frame = np.empty(nrec_cap, dtype=np.int64)
     rec_word = np.empty(nrec_cap, dtype=np.int64)
     nrec = 0
+    sc = np.empty(cap, dtype=np.float64)
     allowed = np.ones(C, dtype=np.bool_)
     order = np.empty(0, dtype=np.int64)
 
@@ -167,6 +171,16 @@ def beam_kernel(
             allowed[:] = False
             for k in range(K):
                 allowed[order[k]] = True
+        if token_min_logp > NEG_INF:  # pyctcdecode's rule: tokens below it, except the frame's best
+            amax = 0
+            for c in range(C):
+                if e[c] > e[amax]:
+                    amax = c
+                if e[c] < token_min_logp:
+                    allowed[c] = False
+                elif K >= C:
+                    allowed[c] = True
+            allowed[amax] = True
         n = 0
         for h in range(nh):
             node = hi[h, 0]
@@ -259,9 +273,10 @@ def beam_kernel(
                     if c == rep and eff == c:
                         continue
                     a2 = ac + e[c]
-                    if ch_off[m + 1] > ch_off[m]:
+                    if ch_off[m + 1] > ch_off[m] and smear[m] > NEG_INF:
+                        # LM look-ahead: the best word below m, replaced by the real score at the end
                         n = _push(ci, ch, cf, n, h, m, lmst, c, 0, eff, -1, hist,
-                                  a2, lms, ext, tot + e[c])
+                                  a2, lms, ext, tot + e[c] + smear[m] - smear[node])
                     for q in range(wd_off[m], wd_off[m + 1]):
                         w = wd_id[q]
                         lm2 = lmst
@@ -290,17 +305,24 @@ def beam_kernel(
             if cf[uniq[u], 3] >= best - beam_threshold:
                 uniq[nk] = uniq[u]
                 nk += 1
-        if nk > beam_size:
-            sc = np.empty(nk, dtype=np.float64)
+        if nk > beam_size:  # the beam_size best, in candidate order (ties: the first ones)
             for u in range(nk):
                 sc[u] = -cf[uniq[u], 3]
-            top = np.argsort(sc, kind="mergesort")
-            keep = np.empty(beam_size, dtype=np.int64)
-            for u in range(beam_size):
-                keep[u] = uniq[top[u]]
-            for u in range(beam_size):
-                uniq[u] = keep[u]
-            nk = beam_size
+            kth = -np.partition(sc[:nk], beam_size - 1)[beam_size - 1]
+            above = 0
+            for u in range(nk):
+                if cf[uniq[u], 3] > kth:
+                    above += 1
+            ties = beam_size - above
+            m = 0
+            for u in range(nk):
+                v = cf[uniq[u], 3]
+                if v > kth or (v == kth and ties > 0):
+                    if v == kth:
+                        ties -= 1
+                    uniq[m] = uniq[u]
+                    m += 1
+            nk = m
         # the new hypotheses (parents are read before any is overwritten: copy via candidates)
         for u in range(nk):
             i = uniq[u]

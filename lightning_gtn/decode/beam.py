@@ -127,6 +127,8 @@ class BeamSearchDecoder:
         beam_size: hypotheses kept per frame.
         beam_threshold: hypotheses scoring more than this below the best are dropped.
         token_beam: only the ``token_beam`` best tokens of each frame are expanded (None: all).
+        token_min_logp: tokens of a frame below this log-probability are not expanded, except the
+            frame's best (pyctcdecode's ``token_min_logp``); None: no such limit.
         nbest: hypotheses returned per utterance.
         hotwords: word -> bonus added each time the word is emitted (lexicon mode; the words
             must be in the lexicon).
@@ -144,7 +146,8 @@ class BeamSearchDecoder:
     def __init__(self, tokens: Sequence[str], *, topology: str = "ctc", blank: Optional[int] = None,
                  repeat: Optional[int] = None, lexicon=None, lm=None, lm_weight: float = 0.5,
                  word_score: float = 0.0, unk_score: float = -math.inf, beam_size: int = 50,
-                 beam_threshold: float = 25.0, token_beam: Optional[int] = None, nbest: int = 1,
+                 beam_threshold: float = 25.0, token_beam: Optional[int] = None,
+                 token_min_logp: Optional[float] = None, nbest: int = 1,
                  hotwords: Optional[Mapping[str, float]] = None, word_separator: str = " ",
                  lexicon_free: bool = False):
         if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
@@ -165,6 +168,9 @@ class BeamSearchDecoder:
                 raise ValueError(f"{name} must be a finite number, got {v!r}")
         if not isinstance(unk_score, (int, float)) or math.isnan(unk_score) or unk_score == math.inf:
             raise ValueError(f"unk_score must be a number or -inf, got {unk_score!r}")
+        if token_min_logp is not None and (not isinstance(token_min_logp, (int, float)) or math.isnan(token_min_logp)):
+            raise ValueError(f"token_min_logp must be a number or None, got {token_min_logp!r}")
+        self.token_min_logp = -math.inf if token_min_logp is None else float(token_min_logp)
         if beam_threshold < 0:
             raise ValueError(f"beam_threshold must be >= 0, got {beam_threshold}")
         self.beam_size, self.nbest = int(beam_size), int(nbest)
@@ -235,8 +241,37 @@ class BeamSearchDecoder:
             self._lm = (False, np.zeros(2, dtype=np.int64), np.zeros(0, dtype=np.int32), z, np.zeros(0, dtype=np.int32),
                         np.zeros(1, dtype=np.float32), np.full(1, -1, dtype=np.int32), 0, 0)
         self._word_lm, self._word_extra, self._tok_lm = word_lm, extra, tok_lm
+        self._smear = self._smearing(lex, C)
         sepstr = self.word_separator
         self._tok_starts = np.array([t.startswith(sepstr) and t != sepstr for t in self.tokens], dtype=np.bool_)
+
+    def _smearing(self, lex, C: int) -> np.ndarray:
+        """Per trie node, ``lm_weight`` x the best unigram log-prob of the allowed words below it
+        (0 at the root; -inf where every word below is forbidden): the pruning look-ahead."""
+        if lex is None:
+            return np.zeros(1, dtype=np.float64)
+        N = lex.num_nodes
+        best_word = np.zeros(len(lex.words), dtype=np.float64)
+        if self.lm is not None:
+            has_lm, st_off, aw, alp, an, bol, bos = self._lm[:7]
+            roots = np.flatnonzero(bos == -1)
+            root = int(roots[0]) if len(roots) else 0
+            for w in range(len(lex.words)):
+                lp, _ = _kernels.lm_score(root, int(self._word_lm[w]), st_off, aw, alp, an, bol, bos)
+                best_word[w] = self.lm_weight * lp
+        best_word[~(self._word_extra > -math.inf)] = -math.inf
+        smear = np.full(N, -math.inf, dtype=np.float64)
+        for n in range(N):
+            ws = lex.node_word[lex.word_offsets[n] : lex.word_offsets[n + 1]]
+            if len(ws):
+                smear[n] = best_word[ws].max()
+        # children have larger ids than their parents: one reverse pass takes the subtree maxima
+        for n in range(N - 1, -1, -1):
+            kids = lex.child_node[lex.child_offsets[n] : lex.child_offsets[n + 1]]
+            if len(kids):
+                smear[n] = max(smear[n], smear[kids].max())
+        smear[0] = 0.0
+        return smear
 
     def _lm_id(self, word: str, nlm) -> int:
         i = int(self.lm.word_id(word))
@@ -246,9 +281,9 @@ class BeamSearchDecoder:
 
     def _decode_one(self, x: np.ndarray, T: int):
         return _kernels.beam_kernel(
-            x, T, self.blank, self.repeat, self.sep, self.lexicon_free, *self._trie, self._max_words,
+            x, T, self.blank, self.repeat, self.sep, self.lexicon_free, *self._trie, self._smear,
             self._word_lm, self._word_extra, self._tok_lm, self._tok_starts, self.word_score, *self._lm,
-            self.lm_weight, self.beam_size, self.beam_threshold, self.token_beam, self.nbest, self._per_hyp)
+            self.lm_weight, self.beam_size, self.beam_threshold, self.token_beam, self.token_min_logp, self.nbest, self._per_hyp)
 
     def decode(self, emissions, lengths=None) -> List[List[Hypothesis]]:
         """Decodes a batch.
