@@ -26,6 +26,7 @@ from .ctc import ctc_loss
 from .graph_loss import graph_loss
 from .seq import sequence_loss
 from .stc import stc_emissions, stc_graph, stc_loss
+from .transducer import segment, transducer_loss, transitions_graph
 from .viterbi import best_paths, collapse, viterbi
 
 __all__ = [
@@ -35,6 +36,9 @@ __all__ = [
     "stc_loss",
     "stc_graph",
     "stc_emissions",
+    "transducer_loss",
+    "transitions_graph",
+    "segment",
     "graph_loss",
     "viterbi",
     "best_paths",

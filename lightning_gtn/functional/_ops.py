@@ -46,6 +46,11 @@ class Criterion:
         """The label the targets must not contain (CTC's blank), or None."""
         return None
 
+    def target_classes(self, C: int) -> int:
+        """Targets must lie in ``[0, target_classes(C))``: the emission classes by default
+        (the transducer's targets are graphemes, not emission classes)."""
+        return C
+
     def plan(self, seqs: List[List[int]], lengths: np.ndarray, C: int, blank: int) -> Tuple[Plan, Optional[np.ndarray]]:
         raise NotImplementedError
 
@@ -115,7 +120,8 @@ def loss_op(emissions: Tensor, weights: Optional[Tensor], targets: Tensor, input
     B, T, C = emissions.shape
     crit = _criterion(kind, handle)
     lengths = as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-    seqs = split_targets(targets, target_lengths, B, emissions.device, C, blank=crit.forbidden_label(blank))
+    seqs = split_targets(targets, target_lengths, B, emissions.device, crit.target_classes(C),
+                         blank=crit.forbidden_label(blank))
     tlen = np.asarray([len(s) for s in seqs], dtype=np.int64)
     out, gE, gW = run_loss(crit, emissions, weights, seqs, lengths, tlen, blank, reduction, zero_infinity,
                            pick_impl(emissions, impl or None), need_e, need_w)
@@ -165,7 +171,8 @@ def weight_grad_op(emissions: Tensor, weights: Tensor, targets: Tensor, input_le
     B, T, C = emissions.shape
     crit = _criterion(kind, handle)
     lengths = as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-    seqs = split_targets(targets, target_lengths, B, emissions.device, C, blank=crit.forbidden_label(blank))
+    seqs = split_targets(targets, target_lengths, B, emissions.device, crit.target_classes(C),
+                         blank=crit.forbidden_label(blank))
     impl = pick_impl(emissions, impl or None)
     _, _, gW = crit.score(emissions, weights, seqs, lengths, blank, impl, zero_infinity, False,
                           coef.to(device=emissions.device, dtype=emissions.dtype))

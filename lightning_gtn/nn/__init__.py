@@ -2,6 +2,7 @@
 
 from .linear import Linear
 from .losses import ASGLoss, CTCLoss, GraphLoss, ModuleLoss, SequenceLoss, STCLoss, StructuredLoss, TargetGraphLoss
+from .transducer import TransducerLoss
 
 __all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "GraphLoss", "TargetGraphLoss",
-           "ModuleLoss", "Linear"]
+           "ModuleLoss", "TransducerLoss", "Linear"]

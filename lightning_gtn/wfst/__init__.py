@@ -5,7 +5,7 @@ graphs (:class:`Graph`), the operations on them (compose, intersect, forward_sco
 ``backward`` for their gradients, the text format, and ``criterion.ctc_loss``.
 """
 
-from . import criterion, cuda
+from . import criterion, cuda, ngram
 from .autograd import backward
 from .creations import linear_graph, scalar_graph
 from .device import CPU, CUDA, Device, DeviceType
@@ -27,6 +27,14 @@ from .functions import (
     viterbi_score,
 )
 from .graph import Graph, epsilon
+from .openfst import (
+    from_pywrapfst,
+    read_fst_text,
+    read_symbols,
+    to_pywrapfst,
+    write_fst_text,
+    write_symbols,
+)
 from .parallel import get_num_threads, parallel_for, parallel_map, set_num_threads
 from .rand import rand_equivalent, sample
 from .utils import (
@@ -54,6 +62,7 @@ __all__ = [
     "CUDA",
     "cuda",
     "criterion",
+    "ngram",
     "backward",
     "scalar_graph",
     "linear_graph",
@@ -83,6 +92,12 @@ __all__ = [
     "draw",
     "graph_to_text",
     "graph_from_text",
+    "read_fst_text",
+    "write_fst_text",
+    "read_symbols",
+    "write_symbols",
+    "to_pywrapfst",
+    "from_pywrapfst",
     "sample",
     "rand_equivalent",
     "parallel_for",

@@ -1,0 +1,741 @@
+"""The word-piece transducer loss (gtn_applications' ``Transducer`` criterion), batched.
+
+The research criterion (Hannun et al., "Differentiable weighted finite-state transducers";
+``criterions/transducer.py`` of facebookresearch/gtn_applications) scores a grapheme target
+against emissions over a set of *tokens* (letters, word pieces) plus an optional blank, the
+blank being the last class ``len(tokens)``. Its loss of an example is
+
+    ``-log Z(E o T o A)`` without transitions, ``-(log Z(E o T o A) - log Z(E o T))`` with them,
+
+where ``A`` is the frame-level alignment acceptor ``project_input(remove(tokens o
+project_output(target o lexicon)))``: every decomposition of the grapheme target into tokens
+(the lexicon spells each token) and every frame alignment of each decomposition (the token
+graph: blank ``"none"`` / ``"optional"`` / ``"forced"``, repeats allowed or not). ``T`` is an
+optional transitions acceptor over frame labels with learned arc weights (an n-gram graph made
+by :func:`transitions_graph`, or the user's).
+
+Here ``A`` is built directly as arrays, once per distinct target (cached): the token lattice of
+the target has ``L + 1`` nodes and one arc per (position, matching token), found through a trie
+of the tokens, and the alignment acceptor has one node per lattice arc (the token being read),
+one blank node per position and a start node. Its arcs are exactly those that GTN's ``remove``
+leaves, so path multiplicities, and therefore scores and gradients, equal the research
+code's. With transitions, ``A`` is intersected with ``T`` (a reachable-pairs product); every
+product arc keeps the id of its transitions arc as its weight index, so the learned weights
+reach the scored arcs through one gather, and the normaliser ``E o T`` is the transitions
+graph itself with weight index = arc id. All examples of a batch are then scored by the
+library's batched forward-backward programme (:mod:`._score`), inside the
+``lightning_gtn::structured_loss`` custom op.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .. import wfst as _wfst
+from ..wfst import Graph
+from . import _ops, _validate
+from ._graphs import CompiledGraph, compile_graph
+from ._score import Plan, normalised_plan, unique_graphs
+from ._score import score as _score_plan_full
+
+
+def _score_plan(plan, E, w, impl, need_e, w_coef):
+    return _score_plan_full(plan, E, w, impl, False, need_e, w_coef)
+
+__all__ = ["transducer_loss", "transitions_graph", "segment", "transducer_criterion", "TransducerCriterion",
+           "BLANK_MODES"]
+
+#: the research code's ``blank`` options
+BLANK_MODES = ("none", "optional", "forced")
+#: at most this many arcs in an n-gram transitions graph (``C ** ngram`` and fewer)
+MAX_TRANSITION_ARCS = 50_000_000
+
+
+# ---------------------------------------------------------------------------
+# the transitions graph and the segmentation
+# ---------------------------------------------------------------------------
+
+
+def transitions_graph(ngram: int, num_classes: int, calc_grad: bool = False) -> Graph:
+    """The research code's n-gram transitions acceptor over ``num_classes`` frame labels.
+
+    The same nodes and arcs, in the same creation order, as gtn_applications'
+    ``make_transitions_graph``: node 0 (start) is the empty history; for ``n = 1 .. ngram - 1``
+    one node per history of ``n`` labels, entered from its prefix; then for every
+    ``ngram``-tuple an arc from the node of its first ``ngram - 1`` labels to the node of its
+    last ``ngram - 1`` labels reading the last label; for ``ngram > 1`` a final accepting node
+    entered from every other node by an epsilon arc (``ngram == 1``: node 0 accepts). So a
+    parameter vector of ``num_arcs`` weights is interchangeable with the research code's.
+
+    Args:
+        ngram: the order, ``>= 1``.
+        num_classes: ``C`` (tokens plus blank).
+        calc_grad: the graph's ``calc_grad``.
+
+    Returns:
+        A :class:`lightning_gtn.wfst.Graph` with ``sum_{n=1..ngram} C ** n`` arcs (plus the end
+        arcs).
+
+    Example:
+        >>> g = transitions_graph(2, 3)
+        >>> g.num_nodes(), g.num_arcs()
+        (5, 16)
+    """
+    ngram, C = _check_ngram(ngram, allow_zero=False), int(num_classes)
+    if C < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    total = sum(C ** n for n in range(1, ngram + 1))
+    if total > MAX_TRANSITION_ARCS:
+        raise ValueError(f"ngram={ngram} over {C} classes makes {total} arcs, more than "
+                         f"MAX_TRANSITION_ARCS={MAX_TRANSITION_ARCS}")
+    off = [0]  # first node of the histories of each length n
+    for n in range(1, ngram):
+        off.append(off[-1] + C ** (n - 1))
+    srcs, dsts, labs = [], [], []
+    for n in range(1, ngram):
+        idx = np.arange(C ** n, dtype=np.int64)
+        srcs.append(off[n - 1] + idx // C)
+        dsts.append(off[n] + idx)
+        labs.append(idx % C)
+    idx = np.arange(C ** ngram, dtype=np.int64)
+    srcs.append(off[ngram - 1] + idx // C)
+    dsts.append(off[ngram - 1] + idx % (C ** (ngram - 1)))
+    labs.append(idx % C)
+    n_nodes = off[ngram - 1] + C ** (ngram - 1) if ngram > 1 else 1
+    accept = [0]
+    if ngram > 1:
+        end = n_nodes
+        n_nodes += 1
+        srcs.append(np.arange(end, dtype=np.int64))
+        dsts.append(np.full(end, end, dtype=np.int64))
+        labs.append(np.full(end, _wfst.epsilon, dtype=np.int64))
+        accept = [end]
+    src, dst, lab = (np.concatenate(a).astype(np.int32) for a in (srcs, dsts, labs))
+    return Graph.from_arrays(n_nodes, [0], accept, src, dst, lab, calc_grad=calc_grad)
+
+
+class _Trie:
+    """Tokens (sequences of hashable graphemes) in a trie: ``matches(seq, p)`` lists
+    ``(end, token_id)`` of every token spelled by ``seq[p:end]``."""
+
+    def __init__(self, tokens: Sequence[Sequence]) -> None:
+        self.children: List[dict] = [{}]
+        self.ends: List[List[int]] = [[]]
+        for k, tok in enumerate(tokens):
+            n = 0
+            for gph in tok:
+                nxt = self.children[n].get(gph)
+                if nxt is None:
+                    nxt = len(self.children)
+                    self.children[n][gph] = nxt
+                    self.children.append({})
+                    self.ends.append([])
+                n = nxt
+            self.ends[n].append(k)
+
+    def matches(self, seq: Sequence, p: int):
+        out = []
+        n = 0
+        children, ends = self.children, self.ends
+        for q in range(p, len(seq)):
+            n = children[n].get(seq[q])
+            if n is None:
+                break
+            for k in ends[n]:
+                out.append((q + 1, k))
+        return out
+
+
+def _lattice(seq: Sequence, trie: _Trie) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Arcs ``(p, q, k)`` of the token lattice of ``seq`` that lie on a complete path,
+    ordered by ``p`` (then by trie order)."""
+    L = len(seq)
+    reach = np.zeros(L + 1, dtype=bool)
+    reach[0] = True
+    arcs = []
+    for p in range(L):
+        if reach[p]:
+            for q, k in trie.matches(seq, p):
+                reach[q] = True
+                arcs.append((p, q, k))
+    if not arcs or not reach[L]:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, z
+    a = np.asarray(arcs, dtype=np.int64)
+    co = np.zeros(L + 1, dtype=bool)  # co-reachable: a path to L
+    co[L] = True
+    keep = np.zeros(len(a), dtype=bool)
+    for i in range(len(a) - 1, -1, -1):  # arcs are ordered by p, so q > p is settled first
+        if co[a[i, 1]]:
+            co[a[i, 0]] = True
+            keep[i] = True
+    a = a[keep]
+    return a[:, 0], a[:, 1], a[:, 2]
+
+
+def _best_segmentation(L: int, P: np.ndarray, Q: np.ndarray, K: np.ndarray) -> Optional[List[int]]:
+    """Indices of the lattice arcs of the segmentation with the fewest tokens, ties broken by
+    the longer first token (then recursively), then by the lower token id; None if none."""
+    INF = 1 << 60
+    best = [INF] * (L + 1)
+    choice = [-1] * (L + 1)
+    best[L] = 0
+    order = np.lexsort((K, -(Q - P), -P))  # p descending, longer first, lower id first
+    for i in order.tolist():
+        p, q = int(P[i]), int(Q[i])
+        c = best[q] + 1
+        if c < best[p]:  # strict: the first of equal counts (the longest, lowest id) stays
+            best[p] = c
+            choice[p] = i
+    if best[0] >= INF:
+        return None
+    out, p = [], 0
+    while p < L:
+        i = choice[p]
+        out.append(i)
+        p = int(Q[i])
+    return out
+
+
+def segment(graphemes: Sequence, tokens: Sequence[Sequence]) -> List[int]:
+    """One segmentation of a grapheme sequence into tokens: the one with the fewest tokens,
+    ties broken by the longer first token, then recursively (then the lower token id).
+
+    The "no decompositions" baseline of the word-piece papers (``decompositions=False`` of
+    :func:`transducer_loss`).
+
+    Args:
+        graphemes: the target, a sequence of graphemes (a string, or grapheme ids).
+        tokens: the token spellings, each a sequence of graphemes of the same kind
+            (strings, or tuples of ids).
+
+    Returns:
+        The token ids, whose spellings concatenate to ``graphemes``.
+
+    Raises:
+        ValueError: if the tokens cannot spell ``graphemes``.
+
+    Example:
+        >>> segment("hello", ["h", "e", "l", "o", "he", "ll", "hell"])
+        [6, 3]
+    """
+    seq = list(graphemes)
+    P, Q, K = _lattice(seq, _Trie([list(t) for t in tokens]))
+    seg = _best_segmentation(len(seq), P, Q, K) if len(P) or not seq else None
+    if seg is None:
+        raise ValueError(f"graphemes: {graphemes!r} cannot be spelled by the tokens")
+    return [int(K[i]) for i in seg]
+
+
+# ---------------------------------------------------------------------------
+# the criterion
+# ---------------------------------------------------------------------------
+
+
+def _check_ngram(ngram, allow_zero: bool = True) -> int:
+    lo = 0 if allow_zero else 1
+    if isinstance(ngram, bool) or not isinstance(ngram, (int, np.integer)) or ngram < lo:
+        raise ValueError(f"ngram must be an integer >= {lo}, got {ngram!r}")
+    return int(ngram)
+
+
+def _check_blank(blank, allow_repeats) -> str:
+    if not isinstance(blank, str) or blank not in BLANK_MODES:
+        raise ValueError(f"blank must be one of {BLANK_MODES}, got {blank!r}")
+    if not allow_repeats and blank != "optional":
+        raise ValueError("allow_repeats=False needs blank='optional' (as in the research code), "
+                         f"got blank={blank!r}")
+    return blank
+
+
+def token_ids(tokens, graphemes_to_idx) -> Tuple[Tuple[Tuple[int, ...], ...], int]:
+    """``tokens`` as tuples of grapheme ids, and the number of graphemes (max id + 1)."""
+    if not isinstance(graphemes_to_idx, dict) or not graphemes_to_idx:
+        raise ValueError("graphemes_to_idx must be a non-empty dict grapheme -> integer id")
+    for gph, i in graphemes_to_idx.items():
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0:
+            raise ValueError(f"graphemes_to_idx[{gph!r}] must be an integer id >= 0, got {i!r}")
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
+        raise ValueError(f"tokens must be a list of grapheme sequences, got {type(tokens).__name__}")
+    out = []
+    for k, tok in enumerate(tokens):
+        try:
+            spelled = list(tok)
+        except TypeError:
+            raise ValueError(f"tokens[{k}] must be a sequence of graphemes, got {tok!r}") from None
+        if not spelled:
+            raise ValueError(f"tokens[{k}] is empty; every token spells at least one grapheme")
+        ids = []
+        for gph in spelled:
+            try:
+                ids.append(int(graphemes_to_idx[gph]))
+            except (KeyError, TypeError):
+                raise ValueError(f"tokens[{k}] = {tok!r}: grapheme {gph!r} is not in graphemes_to_idx") from None
+        out.append(tuple(ids))
+    if not out:
+        raise ValueError("tokens must hold at least one token")
+    return tuple(out), int(max(graphemes_to_idx.values())) + 1
+
+
+class TransducerCriterion(_ops.Criterion):
+    """The transducer's graphs for one configuration: numerators cached per target.
+
+    Args:
+        tokens: token spellings as tuples of grapheme ids.
+        num_graphemes: targets lie in ``[0, num_graphemes)``.
+        blank: ``"none"``, ``"optional"`` or ``"forced"``.
+        allow_repeats: the research code's option.
+        decompositions: all token decompositions of a target (True) or :func:`segment`'s one.
+        transitions: an acceptor over the ``C`` frame labels (epsilon arcs allowed, no epsilon
+            cycle), or None.
+        cache_size: compiled numerator graphs kept (least recently used dropped first).
+    """
+
+    def __init__(self, tokens, num_graphemes: int, blank: str = "none", allow_repeats: bool = True,
+                 decompositions: bool = True, transitions: Optional[Graph] = None, cache_size: int = 4096):
+        self.tokens = tuple(tuple(int(g) for g in t) for t in tokens)
+        self.num_graphemes = int(num_graphemes)
+        self.blank_mode = _check_blank(blank, allow_repeats)
+        self.allow_repeats = bool(allow_repeats)
+        self.decompositions = bool(decompositions)
+        self.num_tokens = len(self.tokens)
+        self.C = self.num_tokens + int(blank != "none")
+        self.trie = _Trie(self.tokens)
+        self.cache_size = int(cache_size)
+        self.cache: "OrderedDict[Hashable, CompiledGraph]" = OrderedDict()
+        self.lock = threading.Lock()
+        self.transitions = transitions
+        self.denominator: Optional[CompiledGraph] = None
+        if transitions is not None:
+            a = transitions.arrays()
+            il = np.asarray(a.ilabel, dtype=np.int64)
+            if len(il) and (il.max() >= self.C or il.min() < -1):
+                bad = int(il.max()) if il.max() >= self.C else int(il.min())
+                raise ValueError(f"transitions: label {bad} out of range; arcs read frame labels in [0, C) "
+                                 f"with C={self.C} (tokens plus blank) or epsilon")
+            self.num_arcs = len(il)
+            self.t_src = np.asarray(a.src, dtype=np.int64)
+            self.t_dst = np.asarray(a.dst, dtype=np.int64)
+            self.t_il = il
+            self.t_start = [int(s) for s in a.start]
+            acc = np.zeros(a.num_nodes, dtype=bool)
+            acc[np.asarray(a.accept, dtype=np.int64)] = True
+            self.t_accept = acc
+            order = np.lexsort((np.arange(len(il)), il, self.t_src))
+            self.t_order = order
+            self.t_off = np.searchsorted(self.t_src[order], np.arange(a.num_nodes + 1))
+            self.t_nodes: Dict[int, tuple] = {}
+            self.t_dst_list = self.t_dst.tolist()
+            g = Graph.from_arrays(a.num_nodes, a.start, a.accept, a.src, a.dst, a.ilabel, calc_grad=False)
+            self.denominator = compile_graph(g, np.arange(self.num_arcs, dtype=np.int64))
+        else:
+            self.num_arcs = 0
+        # the unigram graph (one start and accept node, one self-loop per label in label order):
+        # its normaliser is dense
+        self.dense_unigram = (transitions is not None and self.num_arcs == self.C
+                              and transitions.num_nodes() == 1 and bool(self.t_accept[0]) and self.t_start == [0]
+                              and np.array_equal(self.t_il, np.arange(self.C)))
+
+    # -- the Criterion interface -------------------------------------------------
+    def target_classes(self, C: int) -> int:
+        return self.num_graphemes
+
+    def plan(self, seqs, lengths, C, blank):
+        if C != self.C:
+            raise ValueError(f"emissions must have C = len(tokens) + (blank != 'none') = {self.C} classes, got {C}")
+        nums = [self.numerator(s) for s in seqs]
+        B = len(seqs)
+        if self.denominator is None:
+            graphs, ids = unique_graphs(nums)
+            return Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B), None
+        plan = normalised_plan(self.denominator, nums, lengths)
+        return plan, plan.batch.weight_index()
+
+    def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
+        """As :meth:`_ops.Criterion.score`; the unigram normaliser (one node looping on every
+        label: ``log Z = sum_t logsumexp_c(E[t, c] + w[c])``) is computed densely by torch ops
+        instead of arc by arc."""
+        if not self.dense_unigram:
+            return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
+        B, T, C = E.shape
+        if C != self.C:
+            raise ValueError(f"emissions must have C = len(tokens) + (blank != 'none') = {self.C} classes, got {C}")
+        graphs, ids = unique_graphs([self.numerator(s) for s in seqs])
+        plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
+        widx = torch.from_numpy(plan.batch.weight_index()).to(E.device)
+        w = weights.detach().reshape(-1).to(E.dtype)
+        z = E.detach() + w  # (B, T, C)
+        lse = torch.logsumexp(z, dim=-1)  # (B, T)
+        mask = (torch.arange(T, device=E.device)[None, :] < torch.from_numpy(lengths).to(E.device)[:, None])
+        logz = torch.where(mask, lse, torch.zeros_like(lse)).sum(1)
+        need_w = w_coef is not None
+        t_coef = None if w_coef is None else w_coef.to(E.dtype)
+        num_loss, gE_n, gw_n = _score_plan(plan, E, w[widx], impl, need_e, t_coef)
+        losses = logz + num_loss
+        ok = torch.isfinite(losses)
+        okf = ok.to(E.dtype)
+        if zero_infinity:
+            losses = torch.where(ok, losses, torch.zeros_like(losses))
+        gE = gW = None
+        if need_e or need_w:  # d logz / d E = softmax(z) on the valid frames of feasible rows, in place
+            p = z.sub_(lse.unsqueeze(-1)).exp_()
+            p.mul_((mask.to(E.dtype) * okf[:, None]).unsqueeze(-1))
+            if need_w:
+                gW = torch.mv(p.sum(1).t(), w_coef.to(E.dtype))
+                if gw_n is not None:  # infeasible rows' numerators have zero gradients already
+                    gW = gW.index_add_(0, widx, gw_n)
+                gW = gW.reshape(weights.shape)
+            if need_e:
+                gE = gE_n if bool(ok.all()) else gE_n.mul_(okf.reshape(-1, 1, 1))
+                gE = gE.add_(p)
+        return losses, gE, gW
+
+    # -- graphs -----------------------------------------------------------------
+    def numerator(self, target) -> CompiledGraph:
+        key = tuple(int(t) for t in target)
+        with self.lock:
+            cg = self.cache.get(key)
+            if cg is not None:
+                self.cache.move_to_end(key)
+                return cg
+        cg = self._build(key)
+        with self.lock:
+            self.cache[key] = cg
+            while len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+        return cg
+
+    def _build(self, target: tuple) -> CompiledGraph:
+        n, start, accept, src, dst, lab = self.alignment(target)
+        widx = None
+        if self.transitions is not None:
+            n, start, accept, src, dst, lab, widx = self._product(n, accept, src, dst, lab)
+        g = Graph.from_arrays(n, start, accept, src, dst, lab, calc_grad=False)
+        return compile_graph(g, widx)
+
+    def lattice(self, target: Sequence[int]):
+        """``(P, Q, K)``: the token lattice arcs of ``target`` used by the loss (all
+        decompositions, or the one of :func:`segment`)."""
+        P, Q, K = _lattice(list(target), self.trie)
+        if not self.decompositions and len(P):
+            seg = _best_segmentation(len(target), P, Q, K)
+            idx = np.asarray(seg, dtype=np.int64)
+            P, Q, K = P[idx], Q[idx], K[idx]
+        return P, Q, K
+
+    def alignment(self, target: Sequence[int]):
+        """The frame-level alignment acceptor of ``target`` as arrays
+        ``(num_nodes, start, accept, src, dst, label)``; no epsilon arcs.
+
+        Node 0 is the start (token graph node 0 at lattice position 0), node ``1 + i`` reads
+        lattice arc ``i``'s token, node ``1 + nA + p`` is the blank at position ``p``. Arcs are
+        what ``remove(tokens o lattice)`` keeps: from the start, from each blank node and
+        (repeats allowed) from each token node, the arcs of the position's hub (enter a token
+        starting there, or the blank).
+        """
+        L = len(target)
+        P, Q, K = self.lattice(target)
+        nA = len(P)
+        if L > 0 and nA == 0:  # not spelled by the tokens: no path
+            return 1, [0], [], *(np.zeros(0, np.int64),) * 3
+        mode, reps = self.blank_mode, self.allow_repeats
+        has_blank = mode != "none"
+        blank_lab = self.num_tokens
+        off = np.searchsorted(P, np.arange(L + 2))  # lattice arcs by source position
+        tok_node = 1 + np.arange(nA, dtype=np.int64)
+        bl_node = 1 + nA + np.arange(L + 1, dtype=np.int64)
+        n_nodes = 1 + nA + (L + 1 if has_blank else 0)
+        src_l, dst_l, lab_l = [], [], []
+
+        def hub_tokens(srcs: np.ndarray, pos: np.ndarray, exclude: Optional[np.ndarray] = None):
+            cnt = off[pos + 1] - off[pos]
+            s = np.repeat(srcs, cnt)
+            first = np.repeat(off[pos] - (np.cumsum(cnt) - cnt), cnt)
+            arc = first + np.arange(int(cnt.sum()))
+            lab = K[arc]
+            d = tok_node[arc]
+            if exclude is not None:
+                keep = lab != np.repeat(exclude, cnt)
+                s, d, lab = s[keep], d[keep], lab[keep]
+            src_l.append(s)
+            dst_l.append(d)
+            lab_l.append(lab)
+
+        def hub_blank(srcs: np.ndarray, pos: np.ndarray):
+            src_l.append(srcs)
+            dst_l.append(bl_node[pos])
+            lab_l.append(np.full(len(srcs), blank_lab, dtype=np.int64))
+
+        zero = np.zeros(1, dtype=np.int64)
+        positions = np.arange(L + 1, dtype=np.int64)
+        # the start node
+        if mode != "forced":
+            hub_tokens(zero, zero)
+        if has_blank:
+            hub_blank(zero, zero)
+        # token nodes: the self-loop, then the arcs after the token
+        src_l.append(tok_node)
+        dst_l.append(tok_node)
+        lab_l.append(K)
+        if mode == "none":
+            hub_tokens(tok_node, Q)
+        elif mode == "optional":
+            hub_blank(tok_node, Q)
+            hub_tokens(tok_node, Q, None if reps else K)
+        else:  # forced: a token is always followed by a blank
+            hub_blank(tok_node, Q)
+        if has_blank:  # blank nodes: their position's hub (loop through the blank, or a token)
+            hub_blank(bl_node, positions)
+            hub_tokens(bl_node, positions)
+        src = np.concatenate(src_l)
+        dst = np.concatenate(dst_l)
+        lab = np.concatenate(lab_l)
+        accept = [0] if L == 0 else []  # token graph node 0 at the end of the lattice
+        if mode != "forced":
+            accept.extend(tok_node[Q == L].tolist())
+        if has_blank:
+            accept.append(int(bl_node[L]))
+        return n_nodes, [0], accept, src, dst, lab
+
+    def _t_node(self, v: int):
+        """``(label -> transitions arc ids, epsilon arc ids)`` out of transitions node ``v``."""
+        hit = self.t_nodes.get(v)
+        if hit is None:
+            arcs = self.t_order[self.t_off[v]: self.t_off[v + 1]]
+            by_label: Dict[int, list] = {}
+            eps = []
+            for e, lab in zip(arcs.tolist(), self.t_il[arcs].tolist()):
+                if lab < 0:
+                    eps.append(e)
+                else:
+                    by_label.setdefault(lab, []).append(e)
+            hit = self.t_nodes[v] = (by_label, eps)
+        return hit
+
+    def _product(self, n_a: int, accept_a, src_a, dst_a, lab_a):
+        """``alignment o transitions`` over the reachable pairs; weight index = the
+        transitions arc of each arc (epsilon arcs of the transitions keep the alignment node)."""
+        order = np.argsort(src_a, kind="stable")
+        a_off = np.searchsorted(src_a[order], np.arange(n_a + 1)).tolist()
+        a_dst = dst_a[order].tolist()
+        a_lab = lab_a[order].tolist()
+        acc_a = np.zeros(n_a, dtype=bool)
+        acc_a[np.asarray(accept_a, dtype=np.int64)] = True
+        t_dst = self.t_dst_list
+        ids: Dict[tuple, int] = {}
+        pairs: List[tuple] = []
+        src, dst, lab, widx = [], [], [], []
+
+        def node(u, v):
+            i = ids.get((u, v))
+            if i is None:
+                i = ids[(u, v)] = len(pairs)
+                pairs.append((u, v))
+            return i
+
+        for s in self.t_start:
+            node(0, s)
+        head = 0
+        while head < len(pairs):
+            u, v = pairs[head]
+            me = head
+            head += 1
+            by_label, eps = self._t_node(v)
+            for j in range(a_off[u], a_off[u + 1]):
+                es = by_label.get(a_lab[j])
+                if es:
+                    u2 = a_dst[j]
+                    for e in es:
+                        src.append(me)
+                        dst.append(node(u2, t_dst[e]))
+                        lab.append(a_lab[j])
+                        widx.append(e)
+            for e in eps:
+                src.append(me)
+                dst.append(node(u, t_dst[e]))
+                lab.append(-1)
+                widx.append(e)
+        accept = [i for i, (u, v) in enumerate(pairs) if acc_a[u] and self.t_accept[v]]
+        start = list(range(len(self.t_start)))
+        return (len(pairs), start, accept, np.asarray(src, np.int64), np.asarray(dst, np.int64),
+                np.asarray(lab, np.int64), np.asarray(widx, np.int64))
+
+    # -- decoding ---------------------------------------------------------------
+    def best_paths(self, emissions: torch.Tensor, lengths: np.ndarray, params: Optional[torch.Tensor]):
+        """``(paths (B, T), scores (B,))``: the best frame paths through the transitions
+        (per-frame argmax without them), on the host, padded with -1."""
+        from .viterbi import _max_semiring_paths, best_paths
+
+        B, T, C = emissions.shape
+        if self.denominator is None:
+            return best_paths(emissions, torch.from_numpy(lengths))
+        x = emissions.detach().to("cpu", _validate.compute_dtype(emissions)).contiguous()
+        plan = Plan([self.denominator], np.zeros(B, dtype=np.int64), np.arange(B), lengths, np.ones(B), B)
+        w = params.detach().to("cpu", x.dtype).reshape(-1)
+        paths, scores = _max_semiring_paths(x, plan, w.contiguous(), T)
+        return paths.to(emissions.device), scores.to(device=emissions.device, dtype=emissions.dtype)
+
+
+_CRITERIA: "OrderedDict[Hashable, tuple]" = OrderedDict()
+_CRITERIA_LOCK = threading.Lock()
+CRITERIA_CACHE_SIZE = 16
+
+
+def transducer_criterion(tokens, graphemes_to_idx, ngram: int = 0, transitions: Optional[Graph] = None,
+                         blank: str = "none", allow_repeats: bool = True, decompositions: bool = True):
+    """``(criterion, handle)`` for a configuration, cached (the last
+    ``CRITERIA_CACHE_SIZE`` configurations): the numerator graphs of a configuration are
+    built once per target across calls of :func:`transducer_loss`."""
+    blank = _check_blank(blank, allow_repeats)
+    ngram = _check_ngram(ngram)
+    if ngram > 0 and transitions is not None:
+        raise ValueError("pass ngram > 0 or transitions, not both (as in the research code)")
+    if transitions is not None and not isinstance(transitions, Graph):
+        raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph, got {type(transitions).__name__}")
+    tkey = None if transitions is None else (id(transitions), transitions.version)
+    try:  # a cheap key first (hashable tokens and graphemes): the ids are made on a miss only
+        key = (tuple(t if isinstance(t, str) else tuple(t) for t in tokens),
+               tuple(graphemes_to_idx.items()) if isinstance(graphemes_to_idx, dict) else None,
+               ngram, tkey, blank, bool(allow_repeats), bool(decompositions))
+        hit = _CRITERIA.get(key)  # no lock on a hit (an atomic get): torch.compile traces this function
+    except TypeError:  # unhashable graphemes: checked (and reported) by token_ids
+        key, hit = None, None
+    if hit is not None:
+        return hit[0], hit[1]
+    toks, n_graph = token_ids(tokens, graphemes_to_idx)
+    if key is None:
+        key = (toks, n_graph, ngram, tkey, blank, bool(allow_repeats), bool(decompositions))
+    return _new_criterion(key, toks, n_graph, ngram, transitions, blank, allow_repeats, decompositions)
+
+
+def _new_criterion(key, toks, n_graph, ngram, transitions, blank, allow_repeats, decompositions):
+    if ngram > 0:
+        transitions = transitions_graph(ngram, len(toks) + int(blank != "none"))
+    crit = TransducerCriterion(toks, n_graph, blank, allow_repeats, decompositions, transitions)
+    handle = _ops.register_criterion(crit)
+    with _CRITERIA_LOCK:
+        _CRITERIA[key] = (crit, handle, transitions)  # the graph is held: its id stays unique
+        while len(_CRITERIA) > CRITERIA_CACHE_SIZE:
+            _CRITERIA.popitem(last=False)
+    return crit, handle
+
+
+def apply_criterion(crit: TransducerCriterion, handle: int, emissions: torch.Tensor, targets, input_lengths,
+                    target_lengths, transition_params: Optional[torch.Tensor], reduction: str,
+                    zero_infinity: bool, impl: Optional[str]) -> torch.Tensor:
+    """Checks the call's arguments and runs the loss op (shared by the function and module)."""
+    B, T, C = _validate.check_emissions(emissions, "emissions")
+    _validate.check_reduction(reduction)
+    _validate.check_impl(impl)
+    if impl == "gtn":
+        raise ValueError("impl='gtn' is not offered for the transducer loss; use None, 'numba', 'numba_log', "
+                         "'torch' or 'triton'")
+    if C != crit.C:
+        raise ValueError(f"emissions must have C = len(tokens) + (blank != 'none') = {crit.C} classes "
+                         f"(tokens, then the blank last), got shape {(B, T, C)}")
+    if crit.denominator is not None:
+        if not isinstance(transition_params, torch.Tensor) or transition_params.numel() != crit.num_arcs \
+                or transition_params.dim() != 1:
+            got = tuple(transition_params.shape) if isinstance(transition_params, torch.Tensor) \
+                else type(transition_params).__name__
+            raise ValueError(f"transition_params must be a tensor of shape (num_arcs,) = ({crit.num_arcs},) "
+                             f"(one weight per transitions arc), got {got}")
+        if not transition_params.is_floating_point():
+            raise ValueError(f"transition_params must be a floating point tensor, got {transition_params.dtype}")
+        if transition_params.device != emissions.device:
+            raise ValueError(f"transition_params is on {transition_params.device} but the emissions are on "
+                             f"{emissions.device}")
+    elif transition_params is not None:
+        raise ValueError("transition_params is given but there are no transitions (ngram=0, transitions=None)")
+    tg, tl = _validate.targets_tensors(targets, target_lengths, B, emissions.device)
+    if input_lengths is None:
+        il = torch.full((B,), T, dtype=torch.int64, device=emissions.device)
+    else:
+        il = _validate.int_tensor(input_lengths, "input_lengths")
+    return _ops.structured_loss(emissions, transition_params, tg, il, tl, kind="handle", blank=-1, handle=handle,
+                                reduction=reduction, zero_infinity=zero_infinity, impl=impl)
+
+
+def transducer_loss(
+    emissions: torch.Tensor,
+    targets,
+    input_lengths=None,
+    target_lengths=None,
+    *,
+    tokens: Sequence[Sequence],
+    graphemes_to_idx: dict,
+    ngram: int = 0,
+    transitions: Optional[Graph] = None,
+    transition_params: Optional[torch.Tensor] = None,
+    blank: str = "none",
+    allow_repeats: bool = True,
+    decompositions: bool = True,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+) -> torch.Tensor:
+    """The word-piece transducer loss of gtn_applications' ``Transducer``, batch first.
+
+    Loss of example ``b``: ``-log Z(E_b o A_b)``, or with transitions
+    ``-(log Z(E_b o T o A_b) - log Z(E_b o T))``, where ``E_b`` is
+    ``emissions[b, :input_lengths[b]]``, ``A_b`` accepts every frame labelling that reads, through
+    the token graph (``blank``, ``allow_repeats``), as a decomposition of ``targets[b]`` into
+    tokens, and ``T`` is the transitions acceptor with weights ``transition_params``. The
+    emissions are used as given: the research module (and :class:`lightning_gtn.nn.TransducerLoss`)
+    applies ``log_softmax`` first when there are no transitions. A ``torch.library`` custom op:
+    works under ``torch.compile(fullgraph=True)``.
+
+    Reductions are this library's: ``"none"`` -> ``(B,)``, ``"sum"``, ``"mean"`` (each loss
+    divided by its target length, at least 1, then the batch mean). The research code's
+    ``"mean"`` is the same; its ``"none"`` returns the batch mean of the raw losses, which is
+    ``"sum"`` divided by ``B`` here.
+
+    Args:
+        emissions: ``(B, T, C)`` scores, ``C = len(tokens) + (blank != "none")``, the blank last.
+            float32/float64; float16/bfloat16 are scored in float32.
+        targets: grapheme ids (not token ids): padded ``(B, S)``, concatenated 1-D, or a list of
+            B sequences, in ``[0, max(graphemes_to_idx.values()) + 1)``.
+        input_lengths: ``(B,)`` frames per example (None: all ``T``).
+        target_lengths: ``(B,)`` graphemes per example; needed with tensor targets.
+        tokens: the token spellings (strings or sequences of graphemes), e.g. letters and word
+            pieces.
+        graphemes_to_idx: grapheme -> id.
+        ngram: order of the learned transitions over frame labels (0: none); the graph is
+            :func:`transitions_graph` and ``transition_params`` holds one weight per arc.
+        transitions: instead of ``ngram``, an acceptor over frame labels (epsilon arcs
+            allowed; its own weights are ignored, ``transition_params`` gives them in arc id
+            order).
+        transition_params: ``(num_arcs,)`` weights of the transitions (required with them);
+            receives a gradient when it requires one.
+        blank: ``"none"``, ``"optional"`` or ``"forced"`` (a blank between tokens and at both
+            ends).
+        allow_repeats: False forbids a token right after itself without a blank (needs
+            ``blank="optional"``).
+        decompositions: False scores only :func:`segment`'s segmentation of each target.
+        reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
+        zero_infinity: infeasible examples (not spelled by the tokens, too few frames) give 0
+            instead of ``inf``; their gradient is zero either way.
+        impl: None, ``"numba"``, ``"numba_log"``, ``"torch"`` or ``"triton"``.
+
+    Returns:
+        A scalar, or ``(B,)`` for ``reduction="none"``, in the emissions' dtype and device.
+
+    Example:
+        >>> import torch
+        >>> from lightning_gtn.functional import transducer_loss
+        >>> g2i = {"a": 0, "b": 1}
+        >>> lp = torch.randn(2, 6, 4).log_softmax(-1)  # tokens a, b, ab + blank
+        >>> loss = transducer_loss(lp, [[0, 1], [1]], tokens=["a", "b", "ab"], graphemes_to_idx=g2i,
+        ...                        blank="optional")
+        >>> loss.shape
+        torch.Size([])
+    """
+    crit, handle = transducer_criterion(tokens, graphemes_to_idx, ngram, transitions, blank, allow_repeats,
+                                        decompositions)
+    return apply_criterion(crit, handle, emissions, targets, input_lengths, target_lengths, transition_params,
+                           reduction, zero_infinity, impl)
