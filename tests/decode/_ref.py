@@ -161,7 +161,7 @@ def brute_lexicon(em, topology, blank, rep, sep, spell, lm=None, lm_weight=0.0, 
     for words, lst in acc.items():
         s = _lse(lst) + word_score * len(words) + sum((hotwords or {}).get(w, 0.0) for w in words)
         if lm is not None:
-            s += lm_weight * lm.sentence(words)
+            s += lm_weight * (lm.sentence(words) if hasattr(lm, "sentence") else lm.sentence_score(list(words)))
         res[words] = s
     return res
 
