@@ -64,6 +64,35 @@ def lm_score(state, w, st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state):
 
 
 @njit(cache=False, nogil=True, inline="always")
+def _child(ch_off, ch_tok, ch_node, node, tok):
+    """The trie child of ``node`` by ``tok``, or -1 (also for ``node`` -1)."""
+    if node < 0:
+        return -1
+    lo = ch_off[node]
+    end = ch_off[node + 1]
+    hi = end
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ch_tok[mid] < tok:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < end and ch_tok[lo] == tok:
+        return ch_node[lo]
+    return -1
+
+
+@njit(cache=False, nogil=True, inline="always")
+def _bonus(wd_off, wd_id, word_extra, node):
+    """Sum of ``word_extra`` of the words ending at ``node`` (0 for ``node`` -1)."""
+    b = 0.0
+    if node >= 0:
+        for q in range(wd_off[node], wd_off[node + 1]):
+            b += word_extra[wd_id[q]]
+    return b
+
+
+@njit(cache=False, nogil=True, inline="always")
 def _push(ci, ch, cf, n, parent, node, lm, last, inw, tok, word, hist, ac, lms, ext, total):
     ci[n, 0] = parent
     ci[n, 1] = node
@@ -217,16 +246,21 @@ def beam_kernel(
                             continue
                         h2 = _mix(hist, BOUNDARY)
                         inw2 = 0
-                        ext2 = ext
+                        ext2 = ext + _bonus(wd_off, wd_id, word_extra, node)  # hotwords (lexicon-free)
+                        node2 = 0
                     else:
                         h2 = hist
                         ext2 = ext
                         open_word = inw
+                        cur = node
                         if tok_starts[eff] and open_word != 0:
                             h2 = _mix(h2, BOUNDARY)
+                            ext2 += _bonus(wd_off, wd_id, word_extra, cur)
                             open_word = 0
                         if open_word == 0:
-                            ext2 = ext + word_score
+                            ext2 += word_score
+                            cur = 0
+                        node2 = _child(ch_off, ch_tok, ch_node, cur, eff)  # in the hotword trie
                         h2 = _mix(h2, eff)
                         inw2 = 1
                     lm2 = lmst
@@ -236,7 +270,7 @@ def beam_kernel(
                         if not lp > NEG_INF:
                             continue
                         lms2 = lms + lp
-                    n = _push(ci, ch, cf, n, h, 0, lm2, c, inw2, eff, -1, h2,
+                    n = _push(ci, ch, cf, n, h, node2, lm2, c, inw2, eff, -1, h2,
                               a2, lms2, ext2, a2 + lm_weight * lms2 + ext2)
             else:
                 if sep >= 0 and node == 0 and sep != last and allowed[sep] and e[sep] > NEG_INF:
@@ -356,17 +390,21 @@ def beam_kernel(
         if not lexfree and hi[h, 0] != 0:
             continue
         hist = hh[h]
-        if lexfree and hi[h, 3] != 0:
-            hist = _mix(hist, BOUNDARY)
         lms = hf[h, 1]
         tot = hf[h, 3]
+        ext = hf[h, 2]
+        if lexfree and hi[h, 3] != 0:
+            hist = _mix(hist, BOUNDARY)
+            b = _bonus(wd_off, wd_id, word_extra, hi[h, 0])
+            ext += b
+            tot += b
         if has_lm:
             lp, _ = lm_score(hi[h, 1], lm_eos, st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state)
             if not lp > NEG_INF:
                 continue
             lms += lp
             tot += lm_weight * lp
-        n = _push(ci, ch, cf, n, hi[h, 4], 0, 0, 0, 0, -1, -1, hist, hf[h, 0], lms, hf[h, 2], tot)
+        n = _push(ci, ch, cf, n, hi[h, 4], 0, 0, 0, 0, -1, -1, hist, hf[h, 0], lms, ext, tot)
     gen += 1
     nu = _merge(ci, ch, cf, n, slot, stamp, gen, uniq)
     sc = np.empty(nu, dtype=np.float64)

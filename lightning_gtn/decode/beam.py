@@ -29,6 +29,7 @@ class Hypothesis:
         score: ``am_score + lm_weight * lm_score + word_score * len(words) + bonuses``.
         am_score: acoustic log-score (log-sum over the merged alignments).
         lm_score: natural-log LM probability of the words, ``</s>`` included (0 without an LM).
+        text: the words joined by the word separator (lexicon-free: the tokens' text).
     """
 
     words: List[str]
@@ -130,10 +131,13 @@ class BeamSearchDecoder:
         token_min_logp: tokens of a frame below this log-probability are not expanded, except the
             frame's best (pyctcdecode's ``token_min_logp``); None: no such limit.
         nbest: hypotheses returned per utterance.
-        hotwords: word -> bonus added each time the word is emitted (lexicon mode; the words
-            must be in the lexicon).
+        hotwords: word -> bonus added each time the word is emitted (lexicon mode: the words must
+            be in the lexicon; lexicon-free: spelled with the one-character tokens, the bonus is
+            added when the word is closed by a separator or the end).
         word_separator: the string that separates words (lexicon-free text, silence token).
         lexicon_free: decode without a lexicon (required when ``lm`` is given without one).
+        max_work_bytes: the most working memory one utterance may take (its buffers grow with
+            ``beam_size``, the tokens and the frames); more is a ValueError, never an allocation.
 
     Example:
         >>> import torch
@@ -149,7 +153,7 @@ class BeamSearchDecoder:
                  beam_threshold: float = 25.0, token_beam: Optional[int] = None,
                  token_min_logp: Optional[float] = None, nbest: int = 1,
                  hotwords: Optional[Mapping[str, float]] = None, word_separator: str = " ",
-                 lexicon_free: bool = False):
+                 lexicon_free: bool = False, max_work_bytes: int = 1 << 30):
         if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
             raise ValueError("tokens must be a list of strings (one per output class)")
         self.tokens = list(tokens)
@@ -174,6 +178,9 @@ class BeamSearchDecoder:
         if beam_threshold < 0:
             raise ValueError(f"beam_threshold must be >= 0, got {beam_threshold}")
         self.beam_size, self.nbest = int(beam_size), int(nbest)
+        if isinstance(max_work_bytes, bool) or not isinstance(max_work_bytes, (int, np.integer)) or max_work_bytes < 1:
+            raise ValueError(f"max_work_bytes must be a positive integer, got {max_work_bytes!r}")
+        self.max_work_bytes = int(max_work_bytes)
         self.token_beam = 0 if token_beam is None else int(token_beam)
         self.beam_threshold, self.lm_weight, self.word_score = float(beam_threshold), float(lm_weight), float(word_score)
         self.unk_score = float(unk_score)
@@ -187,8 +194,6 @@ class BeamSearchDecoder:
         if lexicon is None and lm is not None and not lexicon_free:
             raise ValueError("an lm without a lexicon is a token-level LM: pass lexicon_free=True (or a lexicon)")
         self.lexicon_free = lexicon is None
-        if hotwords and self.lexicon_free:
-            raise ValueError("hotwords need a lexicon (lexicon-free hotwords are not supported)")
         if lexicon is not None and not isinstance(lexicon, Lexicon):
             lexicon = Lexicon(lexicon)
         self.lexicon = lexicon
@@ -216,6 +221,22 @@ class BeamSearchDecoder:
             self._per_hyp = 3 + C
             W = 0
         extra = np.full(W, self.word_score, dtype=np.float64)
+        if lex is None and hotwords:
+            # lexicon-free: a trie of the hotwords' letter spellings, walked beside the text
+            single = {t: i for i, t in enumerate(self.tokens) if len(t) == 1 and i not in (self.blank, self.repeat, self.sep)}
+            if not isinstance(hotwords, Mapping):
+                raise ValueError(f"hotwords must be a dict word -> bonus, got {type(hotwords).__name__}")
+            for w in hotwords:
+                if not isinstance(w, str) or not w or self.word_separator in w:
+                    raise ValueError(f"hotwords: {w!r} must be a non-empty word without the separator")
+            hot = Lexicon.from_words(list(hotwords), single)
+            self._trie = (hot.child_offsets, hot.child_token, hot.child_node, hot.word_offsets, hot.node_word)
+            extra = np.zeros(len(hot.words), dtype=np.float64)
+            for w, bonus in hotwords.items():
+                if not isinstance(bonus, (int, float)) or not math.isfinite(bonus):
+                    raise ValueError(f"hotwords[{w!r}] must be a finite number, got {bonus!r}")
+                extra[hot.word_id(w)] = float(bonus)
+            hotwords = None
         for w, bonus in (hotwords or {}).items():
             if lex is None or w not in lex:
                 raise ValueError(f"hotwords: {w!r} is not in the lexicon")
@@ -279,6 +300,12 @@ class BeamSearchDecoder:
             raise ValueError(f"lm.word_id({word!r}) = {i} out of range")
         return i
 
+    def _work_bytes(self, T: int) -> int:
+        """Upper bound of the kernel's buffers for one utterance of T frames (bytes)."""
+        cap = self.beam_size * self._per_hyp
+        tsize = 1 << max(1, (2 * cap - 1).bit_length())
+        return cap * 112 + tsize * 16 + (T * self.beam_size + 1) * 32 + self.beam_size * 80
+
     def _decode_one(self, x: np.ndarray, T: int):
         return _kernels.beam_kernel(
             x, T, self.blank, self.repeat, self.sep, self.lexicon_free, *self._trie, self._smear,
@@ -302,6 +329,11 @@ class BeamSearchDecoder:
         if C != len(self.tokens):
             raise ValueError(f"emissions have C={C} classes but the decoder has {len(self.tokens)} tokens")
         lens = _as_lengths(lengths, B, T)
+        need = self._work_bytes(int(lens.max()) if B else 0)
+        if need > self.max_work_bytes:
+            raise ValueError(f"beam_size={self.beam_size} with T={T} frames and C={C} tokens needs about "
+                             f"{need / 2**20:.0f} MiB per utterance, more than max_work_bytes="
+                             f"{self.max_work_bytes / 2**20:.0f} MiB: lower beam_size (or raise max_work_bytes)")
         raw = parallel_map(self._decode_one, [x[b] for b in range(B)], [int(n) for n in lens])
         return [self._hyps(r) for r in raw]
 

@@ -166,7 +166,7 @@ def brute_lexicon(em, topology, blank, rep, sep, spell, lm=None, lm_weight=0.0, 
     return res
 
 
-def brute_free(em, tokens, topology, blank, rep, sep, lm=None, lm_weight=0.0, word_score=0.0):
+def brute_free(em, tokens, topology, blank, rep, sep, lm=None, lm_weight=0.0, word_score=0.0, hotwords=None):
     """Lexicon-free: words tuple of the text -> total score (token LM over the kept tokens)."""
     T, C = em.shape
     acc = defaultdict(list)
@@ -191,7 +191,7 @@ def brute_free(em, tokens, topology, blank, rep, sep, lm=None, lm_weight=0.0, wo
         if lm is not None:
             s += lm_weight * lm.sentence([tokens[k] for k in kept])
         acc[words].append(s)
-    return {w: _lse(lst) for w, lst in acc.items()}
+    return {w: _lse(lst) + sum((hotwords or {}).get(x, 0.0) for x in w) for w, lst in acc.items()}
 
 
 def random_emissions(rng, T, C, peak=0.0):

@@ -144,6 +144,21 @@ def test_hotword_bonus_changes_result():
     assert h.score == pytest.approx(_best(ref2)[0][1], abs=1e-4)
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_lexicon_free_hotwords_match_brute_force(seed):
+    rng = np.random.default_rng(110 + seed)
+    em = random_emissions(rng, 6, 4)
+    plain = brute_free(em, TOK, "ctc", 0, None, 3)
+    ranked = _best(plain, len(plain))
+    ws, s2, target = next((ws, s, x) for ws, s in ranked[1:] for x in ws if x not in ranked[0][0])
+    hot = {target: (ranked[0][1] - s2) / ws.count(target) + 1.0, "ba": -1.0}
+    dec = BeamSearchDecoder(TOK, blank=0, hotwords=hot, lexicon_free=True, nbest=3, **WIDE)
+    ref = brute_free(em, TOK, "ctc", 0, None, 3, hotwords=hot)
+    hyps = dec.decode(em[None])[0]
+    _check_nbest(hyps, ref, 3)
+    assert target in hyps[0].words
+
+
 def test_ragged_batch_equals_one_by_one():
     rng = np.random.default_rng(80)
     tokens = ["_"] + list("abcdefg") + [" "]
@@ -200,7 +215,8 @@ def test_token_beam_and_threshold_prune():
         (dict(beam_threshold=-1.0), "beam_threshold"),
         (dict(lm_weight=float("nan")), "lm_weight"),
         (dict(lm=TinyLM(["a"], {"</s>": -1.0, "<unk>": -1.0, "a": -1.0}, {}, {})), "lexicon_free=True"),
-        (dict(hotwords={"a": 1.0}), "need a lexicon"),
+        (dict(hotwords={"a c": 1.0}), "without the separator"),
+        (dict(hotwords={"ac": 1.0}), "characters"),
     ],
 )
 def test_constructor_errors(kwargs, match):
@@ -224,6 +240,9 @@ def test_decode_errors():
         dec.decode(torch.zeros(2, 5, 4), [5])
     with pytest.raises(ValueError, match="integers"):
         dec.decode(torch.zeros(2, 5, 4), torch.tensor([1.0, 2.0]))
+    big = BeamSearchDecoder(TOK, blank=0, beam_size=1_000_000, max_work_bytes=1 << 28)
+    with pytest.raises(ValueError, match="beam_size=1000000 .* max_work_bytes"):
+        big.decode(torch.zeros(1, 100, 4))
     # -inf log-probabilities are fine; a frame where everything is -inf ends with no hypothesis
     x = torch.full((1, 3, 4), -math.inf)
     assert dec.decode(x) == [[]]
