@@ -275,3 +275,14 @@ def test_lexicon_from_words_and_trie():
     assert lex.node_word[lex.word_offsets[node_a] : lex.word_offsets[node_a + 1]].tolist() == [1]
     with pytest.raises(ValueError, match="characters"):
         Lexicon.from_words(["abc"], {"a": 1, "b": 2})
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import lightning_gtn.decode.beam as beam
+    import lightning_gtn.decode.greedy as greedy
+    import lightning_gtn.decode.lexicon as lexicon
+
+    for module in (beam, greedy, lexicon):
+        assert doctest.testmod(module).failed == 0
