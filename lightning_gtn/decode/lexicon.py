@@ -114,6 +114,47 @@ class Lexicon:
             spell.setdefault(w, [[int(token_of[ch]) for ch in w]])
         return cls(spell)
 
+    @classmethod
+    def from_pieces(cls, words: Iterable[str], pieces: Sequence[str], *, max_spellings: int = 16,
+                    skip: Iterable[int] = ()) -> "Lexicon":
+        """A lexicon of word-piece spellings: every way to write each word with the pieces.
+
+        Each word gets its decompositions into ``pieces`` (as the word-piece transducer's
+        learned decompositions), the ones with fewest pieces first, at most ``max_spellings``.
+
+        Args:
+            words: the words.
+            pieces: the token strings (index = token id); empty strings never match.
+            max_spellings: the most spellings kept per word (bounds the trie).
+            skip: token ids never used in spellings (the blank, a separator).
+
+        Example:
+            >>> lex = Lexicon.from_pieces(["abab"], ["a", "b", "ab", "<b>"], skip=[3])
+            >>> lex.num_nodes > 1, len(lex)
+            (True, 1)
+        """
+        if isinstance(words, str):
+            raise ValueError("words must be a list of words, not one string")
+        if isinstance(max_spellings, bool) or not isinstance(max_spellings, int) or max_spellings < 1:
+            raise ValueError(f"max_spellings must be a positive integer, got {max_spellings!r}")
+        skip = {int(k) for k in skip}
+        usable = [(i, p) for i, p in enumerate(pieces) if isinstance(p, str) and p and i not in skip]
+        spell: Dict[str, List[List[int]]] = {}
+        for w in words:
+            if not isinstance(w, str) or not w:
+                raise ValueError(f"words: each word must be a non-empty string, got {w!r}")
+            # best[i]: up to max_spellings decompositions of w[i:], fewest pieces first
+            best: List[List[List[int]]] = [[] for _ in range(len(w) + 1)]
+            best[len(w)] = [[]]
+            for i in range(len(w) - 1, -1, -1):
+                cand = [[tok] + rest for tok, p in usable if w.startswith(p, i) for rest in best[i + len(p)]]
+                cand.sort(key=len)
+                best[i] = cand[:max_spellings]
+            if not best[0]:
+                raise ValueError(f"words: {w!r} cannot be spelled with the pieces")
+            spell[w] = best[0]
+        return cls(spell)
+
     @property
     def num_nodes(self) -> int:
         """The number of trie nodes, the root included."""

@@ -286,3 +286,27 @@ def test_docstring_examples_run():
 
     for module in (beam, greedy, lexicon):
         assert doctest.testmod(module).failed == 0
+
+
+def test_lexicon_from_pieces_enumerates_decompositions():
+    pieces = ["a", "b", "ab", "ba", "<b>"]
+    lex = Lexicon.from_pieces(["aba", "b"], pieces, skip=[4])
+    want = {"aba": {(0, 1, 0), (2, 0), (0, 3)}, "b": {(1,)}}
+    # walk the trie: every root-to-word path is a spelling
+    got = {w: set() for w in want}
+
+    def walk(node, path):
+        for q in range(lex.word_offsets[node], lex.word_offsets[node + 1]):
+            got[lex.words[lex.node_word[q]]].add(tuple(path))
+        for k in range(lex.child_offsets[node], lex.child_offsets[node + 1]):
+            walk(int(lex.child_node[k]), path + [int(lex.child_token[k])])
+
+    walk(0, [])
+    assert got == want
+    lex = Lexicon.from_pieces(["abab"], pieces, max_spellings=2, skip=[4])
+    got = {"abab": set()}
+    walk(0, [])
+    assert len(got["abab"]) == 2 and (2, 2) in got["abab"]  # the fewest pieces first
+    assert all(len(sp) == 3 for sp in got["abab"] - {(2, 2)})
+    with pytest.raises(ValueError, match="cannot be spelled"):
+        Lexicon.from_pieces(["abc"], pieces)
