@@ -93,6 +93,15 @@ def _bonus(wd_off, wd_id, word_extra, node):
 
 
 @njit(cache=False, nogil=True, inline="always")
+def _tr(trans, prev, c):
+    """ASG's transition score from frame token ``prev`` (-1: the start) to ``c``; ``trans`` is
+    ``(C + 1, C)`` (row 0: start scores) or empty (no transitions)."""
+    if trans.shape[0] == 0:
+        return 0.0
+    return trans[prev + 1, c] if prev < 0 else trans[c + 1, prev]
+
+
+@njit(cache=False, nogil=True, inline="always")
 def _push(ci, ch, cf, n, parent, node, lm, last, inw, tok, word, hist, ac, lms, ext, total):
     ci[n, 0] = parent
     ci[n, 1] = node
@@ -146,7 +155,7 @@ def beam_kernel(
     ch_off, ch_tok, ch_node, wd_off, wd_id, smear,
     word_lm, word_extra, tok_lm, tok_starts, word_score,
     has_lm, st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state, lm_start, lm_eos, lm_weight,
-    beam_size, beam_threshold, token_beam, token_min_logp, nbest, per_hyp,
+    beam_size, beam_threshold, token_beam, token_min_logp, nbest, per_hyp, trans,
 ):
     """Decodes one utterance ``em`` (T_max, C) float32 over its first ``T`` frames.
 
@@ -224,10 +233,10 @@ def beam_kernel(
             tot = hf[h, 3]
             if blank >= 0 and allowed[blank] and e[blank] > NEG_INF:
                 n = _push(ci, ch, cf, n, h, node, lmst, blank, inw, -1, -1, hist,
-                          ac + e[blank], lms, ext, tot + e[blank])
+                          ac + e[blank], lms, ext, tot + e[blank])  # (ASG has no blank)
             if last >= 0 and last != blank and allowed[last] and e[last] > NEG_INF:
                 n = _push(ci, ch, cf, n, h, node, lmst, last, inw, -1, -1, hist,
-                          ac + e[last], lms, ext, tot + e[last])
+                          ac + e[last] + _tr(trans, last, last), lms, ext, tot + e[last] + _tr(trans, last, last))
             prev = rec_tok[rec] if rec >= 0 else -1  # the last token emitted (for ASG's repeat)
             if lexfree:
                 for c in range(C):
@@ -238,8 +247,8 @@ def beam_kernel(
                         eff = prev
                         if eff < 0 or eff == sep:
                             continue
-                    a2 = ac + e[c]
-                    t2 = tot + e[c]
+                    a2 = ac + e[c] + _tr(trans, last, c)
+                    t2 = tot + e[c] + _tr(trans, last, c)
                     if eff == sep:
                         if inw == 0:  # a separator with no open word leaves the text unchanged
                             n = _push(ci, ch, cf, n, h, node, lmst, c, 0, -1, -1, hist, a2, lms, ext, t2)
@@ -275,7 +284,7 @@ def beam_kernel(
             else:
                 if sep >= 0 and node == 0 and sep != last and allowed[sep] and e[sep] > NEG_INF:
                     n = _push(ci, ch, cf, n, h, 0, lmst, sep, inw, sep, -1, hist,
-                              ac + e[sep], lms, ext, tot + e[sep])
+                              ac + e[sep] + _tr(trans, last, sep), lms, ext, tot + e[sep] + _tr(trans, last, sep))
                 k0 = ch_off[node]
                 k1 = ch_off[node + 1]
                 ktry = k1 - k0
@@ -306,11 +315,11 @@ def beam_kernel(
                         continue
                     if c == rep and eff == c:
                         continue
-                    a2 = ac + e[c]
+                    a2 = ac + e[c] + _tr(trans, last, c)
                     if ch_off[m + 1] > ch_off[m] and smear[m] > NEG_INF:
                         # LM look-ahead: the best word below m, replaced by the real score at the end
                         n = _push(ci, ch, cf, n, h, m, lmst, c, 0, eff, -1, hist,
-                                  a2, lms, ext, tot + e[c] + smear[m] - smear[node])
+                                  a2, lms, ext, tot + (a2 - ac) + smear[m] - smear[node])
                     for q in range(wd_off[m], wd_off[m + 1]):
                         w = wd_id[q]
                         lm2 = lmst

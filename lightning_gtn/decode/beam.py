@@ -136,6 +136,9 @@ class BeamSearchDecoder:
             added when the word is closed by a separator or the end).
         word_separator: the string that separates words (lexicon-free text, silence token).
         lexicon_free: decode without a lexicon (required when ``lm`` is given without one).
+        transitions: ASG only: the ``(C + 1, C)`` transition scores of the ASG loss
+            (``transitions[0, y]`` starts on frame label y, ``transitions[i + 1, j]`` is added when
+            frame label i follows frame label j, staying included), as a tensor or array; None: none.
         max_work_bytes: the most working memory one utterance may take (its buffers grow with
             ``beam_size``, the tokens and the frames); more is a ValueError, never an allocation.
 
@@ -153,7 +156,7 @@ class BeamSearchDecoder:
                  beam_threshold: float = 25.0, token_beam: Optional[int] = None,
                  token_min_logp: Optional[float] = None, nbest: int = 1,
                  hotwords: Optional[Mapping[str, float]] = None, word_separator: str = " ",
-                 lexicon_free: bool = False, max_work_bytes: int = 1 << 30):
+                 lexicon_free: bool = False, transitions=None, max_work_bytes: int = 1 << 30):
         if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
             raise ValueError("tokens must be a list of strings (one per output class)")
         self.tokens = list(tokens)
@@ -198,6 +201,19 @@ class BeamSearchDecoder:
             lexicon = Lexicon(lexicon)
         self.lexicon = lexicon
         self.lm = lm
+        self._trans = np.zeros((0, 0), dtype=np.float64)
+        if transitions is not None:
+            if topology != "asg":
+                raise ValueError(f"transitions are ASG's; topology={topology!r} takes transitions=None")
+            if hasattr(transitions, "detach"):
+                transitions = transitions.detach().cpu().double().numpy()
+            tr = np.asarray(transitions)
+            if tr.shape != (C + 1, C) or not np.issubdtype(tr.dtype, np.floating):
+                raise ValueError(f"transitions must be a float array of shape (C + 1, C) = ({C + 1}, {C}), "
+                                 f"got {tr.dtype} {tr.shape}")
+            if not np.isfinite(tr).all():
+                raise ValueError("transitions must be finite")
+            self._trans = np.ascontiguousarray(tr, dtype=np.float64)
         self._build(C, hotwords)
 
     def _build(self, C: int, hotwords) -> None:
@@ -310,7 +326,7 @@ class BeamSearchDecoder:
         return _kernels.beam_kernel(
             x, T, self.blank, self.repeat, self.sep, self.lexicon_free, *self._trie, self._smear,
             self._word_lm, self._word_extra, self._tok_lm, self._tok_starts, self.word_score, *self._lm,
-            self.lm_weight, self.beam_size, self.beam_threshold, self.token_beam, self.token_min_logp, self.nbest, self._per_hyp)
+            self.lm_weight, self.beam_size, self.beam_threshold, self.token_beam, self.token_min_logp, self.nbest, self._per_hyp, self._trans)
 
     def decode(self, emissions, lengths=None) -> List[List[Hypothesis]]:
         """Decodes a batch.

@@ -146,7 +146,15 @@ def _lse(xs):
     return m + math.log(sum(math.exp(x - m) for x in xs))
 
 
-def brute_lexicon(em, topology, blank, rep, sep, spell, lm=None, lm_weight=0.0, word_score=0.0, hotwords=None):
+def _trans_score(trans, path):
+    if trans is None:
+        return 0.0
+    s = float(trans[0, path[0]]) if len(path) else 0.0
+    return s + sum(float(trans[path[t] + 1, path[t - 1]]) for t in range(1, len(path)))
+
+
+def brute_lexicon(em, topology, blank, rep, sep, spell, lm=None, lm_weight=0.0, word_score=0.0, hotwords=None,
+                  trans=None):
     """Word sequence -> total score, summing over (frame path, segmentation) pairs."""
     T, C = em.shape
     acc = defaultdict(list)
@@ -154,7 +162,7 @@ def brute_lexicon(em, topology, blank, rep, sep, spell, lm=None, lm_weight=0.0, 
         toks = collapse(path, topology, blank, rep, sep)
         if toks is None:
             continue
-        ac = float(sum(float(em[t, c]) for t, c in enumerate(path)))
+        ac = float(sum(float(em[t, c]) for t, c in enumerate(path))) + _trans_score(trans, path)
         for words in segmentations(toks, spell, sep):
             acc[words].append(ac)
     res = {}

@@ -62,6 +62,22 @@ def test_asg_repeat_token_lexicon_matches_brute_force(seed):
         assert 2 not in h.tokens
 
 
+def test_asg_transitions_match_brute_force():
+    rng = np.random.default_rng(15)
+    tokens = ["a", "b", " ", "<rep>"]
+    spell = {"aa": [[0, 0]], "ab": [[0, 1]], "b": [[1]]}
+    em = random_emissions(rng, 6, 4)
+    trans = rng.normal(size=(5, 4))
+    dec = BeamSearchDecoder(tokens, topology="asg", repeat=3, lexicon=spell, transitions=torch.from_numpy(trans),
+                            nbest=3, **WIDE)
+    ref = brute_lexicon(em, "asg", None, 3, 2, spell, trans=trans)
+    _check_nbest(dec.decode(em[None])[0], ref, 3)
+    with pytest.raises(ValueError, match=r"\(C \+ 1, C\)"):
+        BeamSearchDecoder(tokens, topology="asg", transitions=trans[:4])
+    with pytest.raises(ValueError, match="ASG's"):
+        BeamSearchDecoder(tokens, blank=0, transitions=trans)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_transducer_word_pieces_matches_brute_force(seed):
     rng = np.random.default_rng(20 + seed)
