@@ -101,6 +101,36 @@ def _tr(trans, prev, c):
     return trans[prev + 1, c] if prev < 0 else trans[c + 1, prev]
 
 
+@njit(cache=False, nogil=True)
+def smear_kernel(ch_off, ch_node, wd_off, wd_id, word_lm, word_extra, has_lm, root,
+                 st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state, lm_weight):
+    """Per trie node: ``lm_weight`` x the best unigram log-prob of the allowed words below it
+    (-inf if none; 0 at the root). Children have larger ids than parents (built so)."""
+    N = ch_off.shape[0] - 1
+    W = word_lm.shape[0]
+    best = np.zeros(W, dtype=np.float64)
+    for w in range(W):
+        if not word_extra[w] > NEG_INF:
+            best[w] = NEG_INF
+        elif has_lm:
+            lp, _ = lm_score(root, word_lm[w], st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state)
+            best[w] = lm_weight * lp
+    smear = np.full(N, NEG_INF, dtype=np.float64)
+    for n in range(N - 1, -1, -1):
+        v = NEG_INF
+        for q in range(wd_off[n], wd_off[n + 1]):
+            if best[wd_id[q]] > v:
+                v = best[wd_id[q]]
+        for k in range(ch_off[n], ch_off[n + 1]):
+            m = ch_node[k]
+            if m > n and smear[m] > v:
+                v = smear[m]
+        smear[n] = v
+    if N > 0:
+        smear[0] = 0.0
+    return smear
+
+
 @njit(cache=False, nogil=True, inline="always")
 def _push(ci, ch, cf, n, parent, node, lm, last, inw, tok, word, hist, ac, lms, ext, total):
     ci[n, 0] = parent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -71,7 +71,7 @@ def check_lm_arrays(a, num_words: Optional[int] = None):
         raise ValueError(f"LM arrays: arc_next out of range [0, {S})")
     if (bo_state < -1).any() or (bo_state >= S).any():
         raise ValueError(f"LM arrays: backoff_state out of range [-1, {S})")
-    if np.isnan(arc_logp).any() or np.isnan(bo_logp).any() or (arc_logp > 0).any() and np.isposinf(arc_logp).any():
+    if np.isnan(arc_logp).any() or np.isnan(bo_logp).any() or np.isposinf(arc_logp).any() or np.isposinf(bo_logp).any():
         raise ValueError("LM arrays: NaN or +inf log-probabilities")
     if A and arc_word.min() < 0:
         raise ValueError("LM arrays: negative arc_word")
@@ -80,15 +80,14 @@ def check_lm_arrays(a, num_words: Optional[int] = None):
     if not 0 <= ints[0] < S:
         raise ValueError(f"LM arrays: start_state {ints[0]} out of range [0, {S})")
     # the back-off chain must end at -1 (no cycle)
-    depth = np.zeros(S, dtype=np.int64)
-    for s in range(S):
-        cur, steps = s, 0
-        while cur != -1:
-            cur = int(bo_state[cur])
-            steps += 1
-            if steps > S:
-                raise ValueError("LM arrays: backoff_state has a cycle")
-        depth[s] = steps
+    cur = bo_state.astype(np.int64)  # follow every chain one step at a time (depth <= order)
+    for _ in range(S + 1):
+        live = cur >= 0
+        if not live.any():
+            break
+        cur[live] = bo_state[cur[live]]
+    else:
+        raise ValueError("LM arrays: backoff_state has a cycle")
     return st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state, ints
 
 
@@ -287,28 +286,16 @@ class BeamSearchDecoder:
         (0 at the root; -inf where every word below is forbidden): the pruning look-ahead."""
         if lex is None:
             return np.zeros(1, dtype=np.float64)
-        N = lex.num_nodes
-        best_word = np.zeros(len(lex.words), dtype=np.float64)
         if self.lm is not None:
             has_lm, st_off, aw, alp, an, bol, bos = self._lm[:7]
             roots = np.flatnonzero(bos == -1)
             root = int(roots[0]) if len(roots) else 0
-            for w in range(len(lex.words)):
-                lp, _ = _kernels.lm_score(root, int(self._word_lm[w]), st_off, aw, alp, an, bol, bos)
-                best_word[w] = self.lm_weight * lp
-        best_word[~(self._word_extra > -math.inf)] = -math.inf
-        smear = np.full(N, -math.inf, dtype=np.float64)
-        for n in range(N):
-            ws = lex.node_word[lex.word_offsets[n] : lex.word_offsets[n + 1]]
-            if len(ws):
-                smear[n] = best_word[ws].max()
-        # children have larger ids than their parents: one reverse pass takes the subtree maxima
-        for n in range(N - 1, -1, -1):
-            kids = lex.child_node[lex.child_offsets[n] : lex.child_offsets[n + 1]]
-            if len(kids):
-                smear[n] = max(smear[n], smear[kids].max())
-        smear[0] = 0.0
-        return smear
+        else:
+            has_lm, st_off, aw, alp, an, bol, bos = self._lm[:7]
+            root = 0
+        return _kernels.smear_kernel(lex.child_offsets, lex.child_node, lex.word_offsets, lex.node_word,
+                                     self._word_lm, self._word_extra, has_lm, root, st_off, aw, alp, an, bol, bos,
+                                     self.lm_weight)
 
     def _lm_id(self, word: str, nlm) -> int:
         i = int(self.lm.word_id(word))
