@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence
 
@@ -100,7 +101,12 @@ class BeamSearchDecoder:
     word history are merged by log-add (as CTC prefix search and pyctcdecode do), so a
     hypothesis' acoustic score sums its alignments. Each frame keeps the hypotheses within
     ``beam_threshold`` of the best, at most ``beam_size`` of them (flashlight's meanings of beam
-    size and beam threshold).
+    size and beam threshold). While a word is being spelled, its pruning score carries
+    ``lm_weight`` x the best unigram log-probability of the words below its trie node (flashlight's
+    LM smearing), replaced by the real LM score when the word ends: look-ahead changes only which
+    hypotheses survive, never a returned score. A returned ``score`` is ``am_score + lm_weight *
+    lm_score + word_score * len(words)`` plus hotword bonuses and unk scores; with a wide beam
+    the best hypothesis is the exact best word sequence under that score (alignments summed).
 
     Topologies: ``"ctc"`` (``blank`` id, default 0), ``"asg"`` (no blank, repeated frames merge,
     optional ``repeat`` token meaning "the previous token again"), ``"transducer"`` (the
@@ -170,11 +176,11 @@ class BeamSearchDecoder:
         if token_beam is not None and (isinstance(token_beam, bool) or not isinstance(token_beam, (int, np.integer)) or token_beam < 1):
             raise ValueError(f"token_beam must be a positive integer or None, got {token_beam!r}")
         for name, v in (("lm_weight", lm_weight), ("word_score", word_score), ("beam_threshold", beam_threshold)):
-            if not isinstance(v, (int, float)) or math.isnan(v) or math.isinf(v) and name != "beam_threshold":
+            if not isinstance(v, numbers.Real) or math.isnan(v) or math.isinf(v) and name != "beam_threshold":
                 raise ValueError(f"{name} must be a finite number, got {v!r}")
-        if not isinstance(unk_score, (int, float)) or math.isnan(unk_score) or unk_score == math.inf:
+        if not isinstance(unk_score, numbers.Real) or math.isnan(unk_score) or unk_score == math.inf:
             raise ValueError(f"unk_score must be a number or -inf, got {unk_score!r}")
-        if token_min_logp is not None and (not isinstance(token_min_logp, (int, float)) or math.isnan(token_min_logp)):
+        if token_min_logp is not None and (not isinstance(token_min_logp, numbers.Real) or math.isnan(token_min_logp)):
             raise ValueError(f"token_min_logp must be a number or None, got {token_min_logp!r}")
         self.token_min_logp = -math.inf if token_min_logp is None else float(token_min_logp)
         if beam_threshold < 0:
