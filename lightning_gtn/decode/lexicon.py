@@ -1,0 +1,174 @@
+"""The lexicon L of a decoder: words and their token spellings, as a prefix trie in flat arrays."""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["Lexicon"]
+
+
+class Lexicon:
+    """Words and their spellings as sequences of output-token ids, built into a token prefix trie.
+
+    A word may have several spellings (pronunciations, or word-piece segmentations), and several
+    words may share a spelling (then a decoder emits each of them from the same trie node). The trie
+    is stored as flat arrays for the compiled decoder: node 0 is the root; the children of node
+    ``n`` are ``child_node[child_offsets[n]:child_offsets[n + 1]]`` reached by the tokens
+    ``child_token[...]`` (sorted ascending), and the words spelled by the path to ``n`` are
+    ``node_word[word_offsets[n]:word_offsets[n + 1]]`` (indices into :attr:`words`).
+
+    Args:
+        words_to_spellings: word -> list of spellings, each a non-empty list of token ids (int >= 0).
+            Insertion order gives the word ids.
+
+    Example:
+        >>> lex = Lexicon({"ab": [[1, 2]], "a": [[1]]})
+        >>> lex.words, lex.num_nodes
+        (['ab', 'a'], 3)
+    """
+
+    def __init__(self, words_to_spellings: Mapping[str, Sequence[Sequence[int]]]):
+        if not isinstance(words_to_spellings, Mapping):
+            raise ValueError(f"words_to_spellings must be a dict word -> list of spellings, got {type(words_to_spellings).__name__}")
+        if len(words_to_spellings) == 0:
+            raise ValueError("words_to_spellings is empty: a lexicon needs at least one word")
+        self.words: List[str] = []
+        children: List[Dict[int, int]] = [{}]
+        node_words: List[List[int]] = [[]]
+        max_token = -1
+        for word, spellings in words_to_spellings.items():
+            if not isinstance(word, str) or not word:
+                raise ValueError(f"words_to_spellings: words must be non-empty strings, got {word!r}")
+            if isinstance(spellings, (str, bytes)) or not isinstance(spellings, Iterable):
+                raise ValueError(f"words_to_spellings[{word!r}] must be a list of spellings (lists of token ids)")
+            wid = len(self.words)
+            self.words.append(word)
+            n_sp = 0
+            for sp in spellings:
+                if isinstance(sp, (str, bytes)) or not isinstance(sp, Iterable):
+                    raise ValueError(f"words_to_spellings[{word!r}]: a spelling must be a list of token ids, got {sp!r}")
+                sp = list(sp)
+                if not sp:
+                    raise ValueError(f"words_to_spellings[{word!r}]: empty spelling")
+                node = 0
+                for tok in sp:
+                    if isinstance(tok, (bool, np.bool_)) or not isinstance(tok, (int, np.integer)):
+                        raise ValueError(f"words_to_spellings[{word!r}]: token ids must be integers, got {tok!r}")
+                    tok = int(tok)
+                    if tok < 0 or tok > np.iinfo(np.int32).max:
+                        raise ValueError(f"words_to_spellings[{word!r}]: token id {tok} out of range (must be >= 0)")
+                    max_token = max(max_token, tok)
+                    nxt = children[node].get(tok)
+                    if nxt is None:
+                        nxt = len(children)
+                        children[node][tok] = nxt
+                        children.append({})
+                        node_words.append([])
+                    node = nxt
+                if wid not in node_words[node]:
+                    node_words[node].append(wid)
+                n_sp += 1
+            if n_sp == 0:
+                raise ValueError(f"words_to_spellings[{word!r}] has no spelling")
+        #: the largest token id used by a spelling (checked against the decoder's tokens)
+        self.max_token = max_token
+        N = len(children)
+        self.child_offsets = np.zeros(N + 1, dtype=np.int64)
+        self.word_offsets = np.zeros(N + 1, dtype=np.int64)
+        ct, cn, nw = [], [], []
+        for n in range(N):
+            for tok in sorted(children[n]):
+                ct.append(tok)
+                cn.append(children[n][tok])
+            nw.extend(node_words[n])
+            self.child_offsets[n + 1] = len(ct)
+            self.word_offsets[n + 1] = len(nw)
+        self.child_token = np.asarray(ct, dtype=np.int32)
+        self.child_node = np.asarray(cn, dtype=np.int32)
+        self.node_word = np.asarray(nw, dtype=np.int32)
+        self._index = {w: i for i, w in enumerate(self.words)}
+
+    @classmethod
+    def from_words(cls, words: Iterable[str], token_of: Mapping[str, int]) -> "Lexicon":
+        """A lexicon of letter spellings: each word spelled by the tokens of its characters.
+
+        Args:
+            words: the words (duplicates are merged).
+            token_of: character -> token id.
+
+        Example:
+            >>> Lexicon.from_words(["ab", "ba"], {"a": 1, "b": 2}).words
+            ['ab', 'ba']
+        """
+        if isinstance(words, str):
+            raise ValueError("words must be a list of words, not one string")
+        spell: Dict[str, List[List[int]]] = {}
+        for w in words:
+            if not isinstance(w, str) or not w:
+                raise ValueError(f"words: each word must be a non-empty string, got {w!r}")
+            missing = [ch for ch in w if ch not in token_of]
+            if missing:
+                raise ValueError(f"words: word {w!r} uses characters {missing!r} that token_of does not map")
+            spell.setdefault(w, [[int(token_of[ch]) for ch in w]])
+        return cls(spell)
+
+    @classmethod
+    def from_pieces(cls, words: Iterable[str], pieces: Sequence[str], *, max_spellings: int = 16,
+                    skip: Iterable[int] = ()) -> "Lexicon":
+        """A lexicon of word-piece spellings: every way to write each word with the pieces.
+
+        Each word gets its decompositions into ``pieces`` (as the word-piece transducer's
+        learned decompositions), the ones with fewest pieces first, at most ``max_spellings``.
+
+        Args:
+            words: the words.
+            pieces: the token strings (index = token id); empty strings never match.
+            max_spellings: the most spellings kept per word (bounds the trie).
+            skip: token ids never used in spellings (the blank, a separator).
+
+        Example:
+            >>> lex = Lexicon.from_pieces(["abab"], ["a", "b", "ab", "<b>"], skip=[3])
+            >>> lex.num_nodes > 1, len(lex)
+            (True, 1)
+        """
+        if isinstance(words, str):
+            raise ValueError("words must be a list of words, not one string")
+        if isinstance(max_spellings, bool) or not isinstance(max_spellings, int) or max_spellings < 1:
+            raise ValueError(f"max_spellings must be a positive integer, got {max_spellings!r}")
+        skip = {int(k) for k in skip}
+        usable = [(i, p) for i, p in enumerate(pieces) if isinstance(p, str) and p and i not in skip]
+        spell: Dict[str, List[List[int]]] = {}
+        for w in words:
+            if not isinstance(w, str) or not w:
+                raise ValueError(f"words: each word must be a non-empty string, got {w!r}")
+            # best[i]: up to max_spellings decompositions of w[i:], fewest pieces first
+            best: List[List[List[int]]] = [[] for _ in range(len(w) + 1)]
+            best[len(w)] = [[]]
+            for i in range(len(w) - 1, -1, -1):
+                cand = [[tok] + rest for tok, p in usable if w.startswith(p, i) for rest in best[i + len(p)]]
+                cand.sort(key=len)
+                best[i] = cand[:max_spellings]
+            if not best[0]:
+                raise ValueError(f"words: {w!r} cannot be spelled with the pieces")
+            spell[w] = best[0]
+        return cls(spell)
+
+    @property
+    def num_nodes(self) -> int:
+        """The number of trie nodes, the root included."""
+        return len(self.child_offsets) - 1
+
+    def word_id(self, word: str) -> int:
+        """The id of ``word`` (KeyError if it is not in the lexicon)."""
+        return self._index[word]
+
+    def __contains__(self, word: str) -> bool:
+        return word in self._index
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def __repr__(self) -> str:
+        return f"Lexicon({len(self.words)} words, {self.num_nodes} trie nodes)"
