@@ -92,9 +92,12 @@ def _topology(loss, vocabulary) -> dict:
         inv = {i: g for g, i in loss.graphemes_to_idx.items()}
         toks = [t if isinstance(t, str) and all(c in loss.graphemes_to_idx for c in t) else
                 "".join(inv[int(i)] for i in t) for t in toks]
-        if loss.blank is not None:
-            toks = toks + ["<blank>"]
-        return {"tokens": toks, "topology": "transducer", "blank": loss.blank}
+        if loss.blank is None:  # no blank: frames of a token merge, as ASG's without a repeat token
+            return {"tokens": toks, "topology": "asg"}
+        if getattr(loss, "blank_mode", "optional") != "optional" or not getattr(loss, "allow_repeats", True):
+            raise ValueError("decoder: beam search decodes the transducer with blank='optional' and allow_repeats=True "
+                             "(or blank='none'); use decoder=greedy for this loss")
+        return {"tokens": toks + ["<blank>"], "topology": "transducer", "blank": loss.blank}
     chars = list(vocabulary.chars)
     if vocabulary.blank:
         return {"tokens": ["<blank>"] + chars, "topology": "ctc", "blank": 0}
