@@ -1,11 +1,10 @@
-"""Decoders on letter emissions: greedy, beam search (no LM), beam + lexicon + bigram LM, pyctcdecode.
+"""Decoders on letter emissions: greedy, beam search (no LM), beam + lexicon + trigram LM, pyctcdecode.
 
 B=32 utterances of T=200 frames over C=29 letters (blank, space, apostrophe, a-z). The emissions
 are synthetic: sentences of a small random vocabulary rendered frame by frame (each character held
 1-3 frames, blanks between) plus Gaussian noise, then log-softmax, so that the lexicon and the LM
 have something to correct. The LM is estimated from other sentences of the same vocabulary: a
-trigram Kneser-Ney model by ``lightning_gtn.lm.estimate``, or where that package is absent a bigram
-with absolute discounting (``_BigramLM`` here, which fulfils the ``lightning_gtn.lm`` contract).
+trigram Kneser-Ney model by ``lightning_gtn.lm.estimate``.
 Times are per utterance (median of repetitions, numba compilation excluded); WER against the
 rendered sentences.
 """
@@ -17,75 +16,15 @@ import importlib
 import math
 import statistics
 import time
-from collections import Counter
-from typing import List, NamedTuple
 
 import numpy as np
 
 from lightning_gtn.decode import BeamSearchDecoder, Lexicon, greedy_decode
+from lightning_gtn.lm import estimate
 from lightning_gtn.wfst.parallel import get_num_threads, set_num_threads
 
 LETTERS = ["_", " ", "'"] + [chr(ord("a") + i) for i in range(26)]
 B, T, C = 32, 200, len(LETTERS)
-
-
-class _Arrays(NamedTuple):
-    state_offsets: np.ndarray
-    arc_word: np.ndarray
-    arc_logp: np.ndarray
-    arc_next: np.ndarray
-    backoff_logp: np.ndarray
-    backoff_state: np.ndarray
-    start_state: int
-    bos: int
-    eos: int
-    unk: int
-
-
-class _BigramLM:
-    """A bigram LM with absolute discounting (D = 0.5) and add-one unigrams: the LM contract."""
-
-    order = 2
-
-    def __init__(self, sentences: List[List[str]], d: float = 0.5):
-        vocab = sorted({w for s in sentences for w in s})
-        self.words = ["<s>", "</s>", "<unk>"] + vocab
-        self._id = {w: i for i, w in enumerate(self.words)}
-        uni, bi = Counter(), Counter()
-        for s in sentences:
-            seq = ["<s>"] + s + ["</s>"]
-            uni.update(seq[1:])
-            bi.update(zip(seq[:-1], seq[1:]))
-        n = sum(uni.values()) + len(self.words) - 1
-        self.p_uni = {w: math.log((uni[w] + 1) / n) for w in self.words[1:]}
-        self.ctx = {}  # context word -> (dict w -> logp, backoff)
-        for u in ["<s>"] + vocab:
-            follow = {w: c for (uu, w), c in bi.items() if uu == u}
-            tot = sum(follow.values())
-            if not tot:
-                continue
-            probs = {w: math.log((c - d) / tot) for w, c in follow.items()}
-            left = d * len(follow) / tot
-            rest = 1.0 - sum(math.exp(self.p_uni[w]) for w in follow)
-            self.ctx[u] = (probs, math.log(left / max(rest, 1e-9)))
-        self._state = {u: i + 1 for i, u in enumerate(self.ctx)}
-
-    def word_id(self, w: str) -> int:
-        return self._id.get(w, 2)
-
-    def arrays(self) -> _Arrays:
-        offs, aw, alp, an, bol, bos = [0], [], [], [], [0.0], [-1]
-        for w in sorted(self.p_uni, key=self._id.get):
-            aw.append(self._id[w]), alp.append(self.p_uni[w]), an.append(self._state.get(w, 0))
-        offs.append(len(aw))
-        for u, (probs, bo) in self.ctx.items():
-            for w in sorted(probs, key=self._id.get):
-                aw.append(self._id[w]), alp.append(probs[w]), an.append(self._state.get(w, 0))
-            offs.append(len(aw))
-            bol.append(bo), bos.append(0)
-        return _Arrays(np.array(offs, np.int64), np.array(aw, np.int32), np.array(alp, np.float32),
-                       np.array(an, np.int32), np.array(bol, np.float32), np.array(bos, np.int32),
-                       self._state["<s>"], 0, 1, 2)
 
 
 def _vocab(rng, n=300):
@@ -156,12 +95,7 @@ def main(argv=None) -> str:
     train = _sentences(rng, vocab, 3000)
     refs = [s[:6] for s in _sentences(rng, vocab, B)]
     x = np.stack([_render(rng, s, noise=1.0) for s in refs])
-    try:  # the project's estimator when present, else the bigram helper above
-        from lightning_gtn.lm import estimate
-
-        lm, lm_name = estimate([" ".join(s) for s in train], order=3, method="kneser_ney"), "trigram KN LM"
-    except ImportError:
-        lm, lm_name = _BigramLM(train), "bigram LM"
+    lm, lm_name = estimate([" ".join(s) for s in train], order=3, method="kneser_ney"), "trigram KN LM"
     lex = Lexicon.from_words(vocab, {ch: i for i, ch in enumerate(LETTERS)})
     beam = args.beam
     rows = []

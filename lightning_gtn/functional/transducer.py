@@ -47,6 +47,15 @@ from ._score import score as _score_plan_full
 def _score_plan(plan, E, w, impl, need_e, w_coef):
     return _score_plan_full(plan, E, w, impl, False, need_e, w_coef)
 
+def _combine(logz, num_loss, zero_infinity: bool):
+    """``(losses, feasible mask, its float)`` of a dense normaliser and the numerators."""
+    losses = logz + num_loss
+    ok = torch.isfinite(losses)
+    if zero_infinity:
+        losses = torch.where(ok, losses, torch.zeros_like(losses))
+    return losses, ok, ok.to(logz.dtype)
+
+
 def _is_research_bigram(crit, num_nodes: int) -> bool:
     """Whether the criterion's transitions arrays are exactly ``transitions_graph(2, C)``'s."""
     C = crit.C
@@ -387,24 +396,13 @@ class TransducerCriterion(_ops.Criterion):
         if not self.dense_unigram:
             return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
         B, T, C = E.shape
-        if C != self.C:
-            raise ValueError(f"emissions must have C = len(tokens) + (blank != 'none') = {self.C} classes, got {C}")
-        graphs, ids = unique_graphs([self.numerator(s) for s in seqs])
-        plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
-        widx = torch.from_numpy(plan.batch.weight_index()).to(E.device)
-        w = weights.detach().reshape(-1).to(E.dtype)
+        widx, w, num_loss, gE_n, gw_n = self._numerator_scores(E, weights, seqs, lengths, impl, need_e, w_coef)
         z = E.detach() + w  # (B, T, C)
         lse = torch.logsumexp(z, dim=-1)  # (B, T)
         mask = (torch.arange(T, device=E.device)[None, :] < torch.from_numpy(lengths).to(E.device)[:, None])
         logz = torch.where(mask, lse, torch.zeros_like(lse)).sum(1)
         need_w = w_coef is not None
-        t_coef = None if w_coef is None else w_coef.to(E.dtype)
-        num_loss, gE_n, gw_n = _score_plan(plan, E, w[widx], impl, need_e, t_coef)
-        losses = logz + num_loss
-        ok = torch.isfinite(losses)
-        okf = ok.to(E.dtype)
-        if zero_infinity:
-            losses = torch.where(ok, losses, torch.zeros_like(losses))
+        losses, ok, okf = _combine(logz, num_loss, zero_infinity)
         gE = gW = None
         if need_e or need_w:  # d logz / d E = softmax(z) on the valid frames of feasible rows, in place
             p = z.sub_(lse.unsqueeze(-1)).exp_()
@@ -419,12 +417,9 @@ class TransducerCriterion(_ops.Criterion):
                 gE = gE.add_(p)
         return losses, gE, gW
 
-    def _bigram_score(self, E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef):
-        """The research bigram's normaliser by :mod:`._asg_dense`: its arcs are ASG's start row
-        (``w[:C]``), its ``C x C`` label-after-label matrix (``w[C + a * C + b]``: ``b`` after ``a``)
-        and end weights (epsilon arcs to the final node, ``w[C + C^2 + 1 + a]`` after label ``a``),
-        which are added to each example's last frame. Every length must be positive (length 0
-        takes the graph path)."""
+    def _numerator_scores(self, E, weights, seqs, lengths, impl, need_e, w_coef):
+        """``(weight index, weights, -log Z, grad_E, grad_w)`` of the batch's numerator graphs
+        (the dense normalisers add their own terms)."""
         B, T, C = E.shape
         if C != self.C:
             raise ValueError(f"emissions must have C = len(tokens) + (blank != 'none') = {self.C} classes, got {C}")
@@ -432,6 +427,17 @@ class TransducerCriterion(_ops.Criterion):
         plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
         widx = torch.from_numpy(plan.batch.weight_index()).to(E.device)
         w = weights.detach().reshape(-1).to(E.dtype)
+        t_coef = None if w_coef is None else w_coef.to(E.dtype)
+        return (widx, w) + tuple(_score_plan(plan, E, w[widx], impl, need_e, t_coef))
+
+    def _bigram_score(self, E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef):
+        """The research bigram's normaliser by :mod:`._asg_dense`: its arcs are ASG's start row
+        (``w[:C]``), its ``C x C`` label-after-label matrix (``w[C + a * C + b]``: ``b`` after ``a``)
+        and end weights (epsilon arcs to the final node, ``w[C + C^2 + 1 + a]`` after label ``a``),
+        which are added to each example's last frame. Every length must be positive (length 0
+        takes the graph path)."""
+        B, T, C = E.shape
+        widx, w, num_loss, gE_n, gw_n = self._numerator_scores(E, weights, seqs, lengths, impl, need_e, w_coef)
         trans = torch.cat([w[:C].unsqueeze(0), w[C:C + C * C].reshape(C, C).t()], dim=0)  # (C + 1, C)
         end = w[C + C * C + 1:C + C * C + 1 + C]
         rows = torch.arange(B, device=E.device)
@@ -440,13 +446,7 @@ class TransducerCriterion(_ops.Criterion):
         x[rows, last] += end
         need_w = w_coef is not None
         logz, gE_f, parts = _asg_dense._full_pass(x, trans, lengths, need_e or need_w)
-        t_coef = None if w_coef is None else w_coef.to(E.dtype)
-        num_loss, gE_n, gw_n = _score_plan(plan, E, w[widx], impl, need_e, t_coef)
-        losses = logz + num_loss
-        ok = torch.isfinite(losses)
-        okf = ok.to(E.dtype)
-        if zero_infinity:
-            losses = torch.where(ok, losses, torch.zeros_like(losses))
+        losses, ok, okf = _combine(logz, num_loss, zero_infinity)
         gE = gW = None
         if need_w:  # first: it reads the full graph's occupancies gE_f
             c = w_coef.to(E.dtype) * okf
