@@ -411,6 +411,9 @@ class TextLinesDataModule(_BaseDataModule):
             font_path(f)  # fail early, naming the face
         if len(sizes) != 2 or len(blur) != 2 or len(contrast) != 2:
             raise ValueError("sizes, blur and contrast are [min, max] pairs")
+        # plain lists in the saved hyper-parameters (Hydra passes ListConfigs), so a checkpoint
+        # loads with torch.load(weights_only=True)
+        sizes, blur, contrast = [int(v) for v in sizes], [float(v) for v in blur], [float(v) for v in contrast]
         self.save_hyperparameters()
         self.sizes = (num_train, num_val, num_test)
         self.seed = seed

@@ -136,3 +136,23 @@ def test_one_training_step_with_the_default_model(small):
     assert em.shape[2] == len(TEXT_CHARS) + 1  # CTC: the blank and the characters
     decoded = model.decode(em, lengths)
     assert len(decoded) == 6 and all(set(d) <= set(TEXT_CHARS) for d in decoded)
+
+
+def test_hyperparameters_load_with_weights_only():
+    # Hydra passes ListConfigs; a checkpoint must hold plain lists so that lightning-gtn-eval
+    # (torch.load(weights_only=True)) can read it
+    import io
+
+    import torch
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"_target_": "lightning_gtn.lightning.TextLinesDataModule", "num_train": 4, "num_val": 2,
+                            "num_test": 2, "sizes": [16, 18], "blur": [0.0, 0.5], "contrast": [0.8, 1.0],
+                            "fonts": ["DejaVuSans"]})
+    dm = instantiate(cfg)
+    buf = io.BytesIO()
+    torch.save({"datamodule_hyper_parameters": dict(dm.hparams)}, buf)
+    buf.seek(0)
+    h = torch.load(buf, weights_only=True)["datamodule_hyper_parameters"]
+    assert h["sizes"] == [16, 18] and h["blur"] == [0.0, 0.5] and h["contrast"] == [0.8, 1.0]
