@@ -111,7 +111,7 @@ def main(argv=None) -> str:
             return [pdec.decode(e[b, : int(n[b])].numpy(), beam_width=args.beam) for b in range(e.shape[0])]
 
         run(name, py)
-    lines = [f"| decoder | val WER | val CER | ms / line |", "|---|---:|---:|---:|"]
+    lines = ["| decoder | val WER | val CER | ms / line |", "|---|---:|---:|---:|"]
     lines += [f"| {n} | {w * 100:.2f}% | {c * 100:.2f}% | {t * 1e3:.2f} |" for n, w, c, t in rows]
     table = "\n".join(lines)
     print(table)
