@@ -94,8 +94,10 @@ def main(argv=None) -> str:
         from pyctcdecode import build_ctcdecoder
     except ImportError:
         build_ctcdecoder = None
-    if build_ctcdecoder is not None and vocab.blank:
-        labels = [""] + list(vocab.chars)
+    toks, blank = lm.tokens, lm.blank
+    if build_ctcdecoder is not None and blank is not None and all(len(t) == 1 for i, t in enumerate(toks) if i != blank):
+        # CTC, or the letter-token transducer (blank last): pyctcdecode reads them as CTC
+        labels = ["" if i == blank else t for i, t in enumerate(toks)]
         words = sorted({w for t in train_texts for w in t.split()})
         try:
             import kenlm  # noqa: F401
