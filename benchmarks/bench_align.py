@@ -83,7 +83,10 @@ def main(argv=None) -> str:
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--loop-repeats", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (make bench ARGS=--quick)")
     a = p.parse_args(argv)
+    if a.quick:
+        a.repeats = min(a.repeats, 2)
     B, T, C, L = a.batch, a.frames, a.classes, a.tokens
     x, lengths, targets = _inputs(B, T, C, L)
     rows = []
