@@ -5,22 +5,11 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-
-class LMArrays(NamedTuple):
-    state_offsets: np.ndarray
-    arc_word: np.ndarray
-    arc_logp: np.ndarray
-    arc_next: np.ndarray
-    backoff_logp: np.ndarray
-    backoff_state: np.ndarray
-    start_state: int
-    bos: int
-    eos: int
-    unk: int
+from lightning_gtn.lm import LMArrays  # the contract's arrays
 
 
 class TinyLM:
