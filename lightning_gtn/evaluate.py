@@ -101,10 +101,7 @@ def _set_decoder(cfg: DictConfig, model, datamodule) -> None:
     """The command line's ``decoder`` replaces the checkpoint's (``train`` lexicon/LM files are
     built from this data config's training transcripts, in the eval run's directory)."""
     from lightning_gtn.lightning.decoding import resolve_decoder
-
-    def texts():
-        datamodule.setup("fit")
-        return list(datamodule.train_set.texts)
+    from lightning_gtn.train import _train_texts
 
     out = Path(cfg.get("output_dir") or ".")
     try:
@@ -115,7 +112,7 @@ def _set_decoder(cfg: DictConfig, model, datamodule) -> None:
     except Exception:  # pragma: no cover - hydra internals
         pass
     try:
-        model.configure_decoder(resolve_decoder(cfg.decoder, texts, out))
+        model.configure_decoder(resolve_decoder(cfg.decoder, lambda: _train_texts(datamodule), out))
     except ValueError as e:
         raise ConfigError(str(e)) from e
 

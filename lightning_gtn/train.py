@@ -193,7 +193,7 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
     if isinstance(tokens, bool):
         raise ConfigError(f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file, got {tokens!r}")
     if isinstance(tokens, int):
-        from lightning_gtn.wordpieces import save_word_pieces, train_word_pieces
+        from lightning_gtn.wordpieces import train_word_pieces
 
         pieces = train_word_pieces(_train_texts(datamodule), int(tokens))
     elif isinstance(tokens, str) and tokens != "letters":

@@ -88,10 +88,8 @@ def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -
 def _topology(loss, vocabulary) -> dict:
     """Decoder tokens, topology and blank from the loss's token convention."""
     if getattr(loss, "target_classes", None) is not None:  # the word-piece transducer
-        toks = ["".join(t) if not isinstance(t, str) else t for t in loss.tokens]
-        inv = {i: g for g, i in loss.graphemes_to_idx.items()}
-        toks = [t if isinstance(t, str) and all(c in loss.graphemes_to_idx for c in t) else
-                "".join(inv[int(i)] for i in t) for t in toks]
+        # a token is a string or a tuple of graphemes (the keys of graphemes_to_idx)
+        toks = ["".join(t) for t in loss.tokens]
         if loss.blank is None:  # no blank: frames of a token merge, as ASG's without a repeat token
             return {"tokens": toks, "topology": "asg"}
         if getattr(loss, "blank_mode", "optional") != "optional" or not getattr(loss, "allow_repeats", True):

@@ -98,3 +98,14 @@ def test_mixin_uses_the_decoder(tmp_path):
     m.configure_decoder(None)
     assert m.decode(x, torch.tensor([x.shape[1]])) == ["a bog sat"]
     assert math.isfinite(float(x.sum()))
+
+
+def test_transducer_tokens_given_as_grapheme_tuples(tmp_path):
+    # the research code also accepts tokens as sequences of graphemes: they spell the same strings
+    import lightning_gtn.nn as lnn
+    from lightning_gtn.lightning.vocabulary import Vocabulary
+
+    g2i = {c: i for i, c in enumerate(CHARS)}
+    td = lnn.TransducerLoss([("t", "h", "e")] + [(c,) for c in CHARS], g2i, blank="optional")
+    dec = build_decoder({"name": "beam"}, td, Vocabulary(CHARS, blank=False))
+    assert dec.tokens[0] == "the" and dec.tokens[1:-1] == list(CHARS) and dec.tokens[-1] == "<blank>"
