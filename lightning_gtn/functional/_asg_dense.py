@@ -28,11 +28,25 @@ import numpy as np
 import torch
 
 
-# ASG losses score their normaliser here from this many classes on. Measured (B=2, T=50, CPU,
-# forward + backward of the whole loss): C=64 15 vs 5 ms for the arc-by-arc kernels, C=128
-# 11-17 vs 10-22 ms, C=192 14-17 vs 27-28 ms; the kernels grow as B * T * C^2, the products'
-# fixed cost per frame dominates below that.
+# Off the CPU, ASG losses score their normaliser here from this many classes on. Measured with
+# the torch recursion (B=2, T=50, forward + backward of the whole loss): C=64 15 vs 5 ms for the
+# arc-by-arc kernels, C=128 11-17 vs 10-22 ms, C=192 14-17 vs 27-28 ms; the kernels grow as
+# B * T * C^2, the products' fixed cost per frame dominates below that.
 DENSE_MIN_CLASSES = 128
+# On the CPU, from this many classes on (all: the numba recursion below beats the arc-by-arc
+# kernels at every size, e.g. B=32, T=150, C=28, forward + backward: 6 ms against ~90 ms).
+CPU_DENSE_MIN_CLASSES = 1
+# On the CPU, up to this many classes the recursion runs as one numba loop per example
+# (:mod:`._dense_numba`), above it as matrix products per frame. Measured (B=32, T=150,
+# 2 cores, forward + backward): C=28 6 vs 46-83 ms, C=128 39-67 vs 68-79 ms, C=256 102-297 vs
+# 104-141 ms, C=512 1145 vs 265 ms.
+NUMBA_MAX_CLASSES = 192
+
+
+def use_dense(C: int, device: torch.device) -> bool:
+    """Whether a fully connected normaliser over ``C`` classes on ``device`` is scored here
+    (else arc by arc by the graph kernels)."""
+    return C >= (CPU_DENSE_MIN_CLASSES if device.type == "cpu" else DENSE_MIN_CLASSES)
 
 
 def _as_lengths(lengths, B: int, device) -> torch.Tensor:
@@ -83,33 +97,54 @@ def _transition_grad(gE: torch.Tensor, parts, coef: Optional[torch.Tensor]) -> t
 
 @torch.no_grad()
 def _full_pass(emissions, transitions, lengths, need_grad):
-    """``(logz, gE, (R, L, K))`` of :func:`asg_full_scores`, the transition gradient in pieces."""
+    """``(logz, gE, (R, L, K))`` of :func:`asg_full_scores`, the transition gradient in pieces:
+    by :mod:`._dense_numba` on the CPU up to ``NUMBA_MAX_CLASSES`` classes, else by
+    matrix products per frame."""
     B, T, C = emissions.shape
     if tuple(transitions.shape) != (C + 1, C):
         raise ValueError(f"transitions must have shape (C + 1, C) = ({C + 1}, {C}), got {tuple(transitions.shape)}")
     dev, dtype = emissions.device, emissions.dtype
-    f64 = torch.float64
     lens = _as_lengths(lengths, B, dev)
     E = emissions.detach()
     tr = transitions.detach().to(dtype)
-    r = tr[1:].max(1).values  # (C,) row maxima
+    if dev.type == "cpu" and C <= NUMBA_MAX_CLASSES:
+        from . import _dense_numba
+
+        return _dense_numba.full_pass(E, tr, lens, need_grad)
+    return _torch_pass(E, tr, lens, need_grad)
+
+
+def _torch_pass(E, tr, lens, need_grad):
+    """:func:`_full_pass` by torch ops (any device)."""
+    B, T, C = E.shape
+    dev, dtype = E.device, E.dtype
+    f64 = torch.float64
+    zero = torch.zeros((), dtype=f64, device=dev)
+
+    def finite_or_0(v):  # maxima of all -inf rows (dead labels, dead frames) become 0: no -inf - -inf
+        return torch.where(v == -float("inf"), torch.zeros_like(v), v)
+
+    def safe(mx):  # a frame of zeros stays zeros (its log scale gets -inf) instead of 0 / 0
+        return torch.where(mx > 0, mx, torch.ones_like(mx))
+
+    r = finite_or_0(tr[1:].max(1).values)  # (C,) row maxima
     K = torch.exp(tr[1:] - r.unsqueeze(1))  # (C, C), K[i, j] in [0, 1]
     q = E + r  # (B, T, C): emission + row maximum, the per-destination factor's exponent
     qm = q.max(2).values  # (B, T)
-    Q = torch.exp(q - qm.unsqueeze(2))  # (B, T, C) in [0, 1]
+    Q = torch.exp(q - finite_or_0(qm).unsqueeze(2))  # (B, T, C) in [0, 1]
     ninf = torch.tensor(-float("inf"), dtype=f64, device=dev)
     a = torch.empty((B, T, C), dtype=dtype, device=dev)  # alpha_t / exp(m_t)
     m = torch.zeros((B, T), dtype=f64, device=dev)
     if T:
         x0 = E[:, 0] + tr[0]
         m0 = x0.max(1).values
-        a[:, 0] = torch.exp(x0 - m0.unsqueeze(1))
+        a[:, 0] = torch.exp(x0 - finite_or_0(m0).unsqueeze(1))
         m[:, 0] = m0.to(f64)
     for t in range(1, T):
         s = (a[:, t - 1] @ K.t()) * Q[:, t]
         mx = s.max(1).values
-        a[:, t] = s / mx.unsqueeze(1)
-        m[:, t] = m[:, t - 1] + qm[:, t].to(f64) + torch.log(mx.to(f64))
+        a[:, t] = s / safe(mx).unsqueeze(1)
+        m[:, t] = m[:, t - 1] + finite_or_0(qm[:, t]).to(f64) + torch.log(mx.to(f64))
     last = (lens - 1).clamp(min=0)
     has = lens > 0
     if T:
@@ -122,7 +157,8 @@ def _full_pass(emissions, transitions, lengths, need_grad):
         return logz.to(dtype), None, None
     # beta: b_t = beta_t / exp(mb_t); b = 1, mb = 0 at each example's last frame
     tt = torch.arange(T, device=dev)
-    live = tt.unsqueeze(0) < lens.unsqueeze(1)  # (B, T)
+    fin = torch.isfinite(logz)
+    live = (tt.unsqueeze(0) < lens.unsqueeze(1)) & fin.unsqueeze(1)  # (B, T); no gradient without a path
     bvec = torch.empty((B, T, C), dtype=dtype, device=dev)
     mb = torch.zeros((B, T), dtype=f64, device=dev)
     ones = torch.ones((B, C), dtype=dtype, device=dev)
@@ -132,22 +168,24 @@ def _full_pass(emissions, transitions, lengths, need_grad):
         if t < T - 1:
             s = (cur * Q[:, t + 1]) @ K  # sum_i b_{t+1}[i] Q_{t+1}[i] K[i, j]
             mx = s.max(1).values
-            new = s / mx.unsqueeze(1)
-            new_m = cur_m + qm[:, t + 1].to(f64) + torch.log(mx.to(f64))
+            new = s / safe(mx).unsqueeze(1)
+            new_m = cur_m + finite_or_0(qm[:, t + 1]).to(f64) + torch.log(mx.to(f64))
             inner = (t < lens - 1).unsqueeze(1)
             cur = torch.where(inner, new, ones)
-            cur_m = torch.where(inner.squeeze(1), new_m, torch.zeros((), dtype=f64, device=dev))
+            cur_m = torch.where(inner.squeeze(1), new_m, zero)
         bvec[:, t] = cur
         mb[:, t] = cur_m
-    lz = torch.where(has, logz, torch.zeros((), dtype=f64, device=dev))
+    lz = torch.where(fin, logz, zero)
     # occupancy of label i at frame t: a_t[i] b_t[i] exp(m_t + mb_t - logZ)
-    scale = torch.where(live, torch.exp(m + mb - lz.unsqueeze(1)), torch.zeros((), dtype=f64, device=dev))
-    gE = a * bvec * scale.to(dtype).unsqueeze(2)
+    scale = torch.where(live, torch.exp(m + mb - lz.unsqueeze(1)), zero)
+    zero_d = torch.zeros((), dtype=dtype, device=dev)
+    gE = torch.where(live.unsqueeze(2), a * bvec * scale.to(dtype).unsqueeze(2), zero_d)
     R = L = None
     if T > 1:
         # arc j -> i entered at frame t >= 1: a_{t-1}[j] K[i, j] Q_t[i] b_t[i] exp(m_{t-1} + qm_t + mb_t - logZ)
-        f = torch.where(live[:, 1:], torch.exp(m[:, :-1] + qm[:, 1:].to(f64) + mb[:, 1:] - lz.unsqueeze(1)),
-                        torch.zeros((), dtype=f64, device=dev))
-        R = Q[:, 1:] * bvec[:, 1:] * f.to(dtype).unsqueeze(2)  # (B, T - 1, C) over i
-        L = a[:, :-1]  # over j
+        f = torch.where(live[:, 1:], torch.exp(m[:, :-1] + finite_or_0(qm[:, 1:]).to(f64) + mb[:, 1:]
+                                               - lz.unsqueeze(1)), zero)
+        R = torch.where(live[:, 1:].unsqueeze(2), Q[:, 1:] * bvec[:, 1:] * f.to(dtype).unsqueeze(2),
+                        zero_d)  # (B, T - 1, C) over i
+        L = torch.where(live[:, 1:].unsqueeze(2), a[:, :-1], zero_d)  # over j
     return logz.to(dtype), gE, (R, L, K)

@@ -146,7 +146,7 @@ def run_loss(crit: Criterion, E: Tensor, weights: Optional[Tensor], seqs, length
     losses, gE, gW = crit.score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
     if r is None:
         return losses, gE, None
-    if gE is not None:
+    if gE is not None and reduction != "sum":  # "sum": all coefficients are 1
         gE.mul_(r.reshape(-1, 1, 1))  # a fresh buffer of the scoring: scaled in place (peak memory)
     return (losses * r).sum(), gE, gW
 

@@ -134,8 +134,8 @@ def score(plan: Plan, E: torch.Tensor, w: torch.Tensor, impl: str, zero_infinity
         elif need_e:
             gE = _dispatch.backward(st, ecoef, True, False)[0]
     else:
-        if need_e and gE is not None:
-            gE.mul_(okf.reshape(-1, 1, 1))  # the kernel's own buffer: scaled in place
+        if need_e and gE is not None and not bool(ok.all()):
+            gE.mul_(okf.reshape(-1, 1, 1))  # the kernel's own buffer: infeasible rows zeroed in place
         if need_w:
             values, arc_ids, ex = occ
             coef = (okf * w_coef.to(dtype))[torch.from_numpy(p.ex_row)] * torch.from_numpy(plan.sign).to(values.dtype)

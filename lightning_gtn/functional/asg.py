@@ -18,9 +18,9 @@ class _ASG(_ops.Criterion):
     """Row ``b``: ``log Z(full transition graph) - log Z(target graph)``; arc weights are
     gathered from the transitions.
 
-    From ``_asg_dense.DENSE_MIN_CLASSES`` classes on, the fully connected normaliser is scored
-    by matrix products per frame (:mod:`._asg_dense`) instead of arc by arc; the target graphs
-    keep the graph path.
+    The fully connected normaliser is scored by :mod:`._asg_dense` (a numba recursion per
+    example or matrix products per frame; off the CPU from ``DENSE_MIN_CLASSES`` classes on)
+    instead of arc by arc; the target graphs keep the graph path.
     """
 
     def plan(self, seqs, lengths, C, blank):
@@ -30,7 +30,7 @@ class _ASG(_ops.Criterion):
 
     def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
         C = E.shape[2]
-        if C < _asg_dense.DENSE_MIN_CLASSES:
+        if not _asg_dense.use_dense(C, E.device):
             return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
         B = E.shape[0]
         need_w = w_coef is not None

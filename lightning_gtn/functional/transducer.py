@@ -38,7 +38,7 @@ import torch
 
 from .. import wfst as _wfst
 from ..wfst import Graph
-from . import _asg_dense, _ops, _validate
+from . import _asg_dense, _dense_numba, _ops, _validate
 from ._graphs import CompiledGraph, compile_graph
 from ._score import Plan, normalised_plan, unique_graphs
 from ._score import score as _score_plan_full
@@ -366,11 +366,9 @@ class TransducerCriterion(_ops.Criterion):
                               and transitions.num_nodes() == 1 and bool(self.t_accept[0]) and self.t_start == [0]
                               and np.array_equal(self.t_il, np.arange(self.C)))
         # the research bigram graph (``transitions_graph(2, C)``): its normaliser is ASG's fully
-        # connected recursion with start weights, plus end weights, scored by matrix products from
-        # as many classes as ASG's (below that the arc-by-arc kernels are faster: 107 against
-        # 157 ms for B=32, T=150, C=28 letters)
-        self.dense_bigram = (transitions is not None and self.C >= _asg_dense.DENSE_MIN_CLASSES
-                             and _is_research_bigram(self, transitions.num_nodes()))
+        # connected recursion with start weights, plus end weights, scored by :mod:`._asg_dense`
+        # where ASG's is (see ``_asg_dense.use_dense``)
+        self.research_bigram = (transitions is not None and _is_research_bigram(self, transitions.num_nodes()))
 
     # -- the Criterion interface -------------------------------------------------
     def target_classes(self, C: int) -> int:
@@ -389,14 +387,19 @@ class TransducerCriterion(_ops.Criterion):
 
     def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
         """As :meth:`_ops.Criterion.score`; the unigram normaliser (one node looping on every
-        label: ``log Z = sum_t logsumexp_c(E[t, c] + w[c])``) is computed densely by torch ops
-        instead of arc by arc."""
-        if self.dense_bigram and E.shape[1] > 0 and bool((lengths > 0).all()):
+        label: ``log Z = sum_t logsumexp_c(E[t, c] + w[c])``) is computed densely (one numba pass
+        on the CPU, torch ops elsewhere) instead of arc by arc, the research bigram's by
+        :mod:`._asg_dense`."""
+        if self.research_bigram and _asg_dense.use_dense(self.C, E.device) and E.shape[1] > 0 \
+                and bool((lengths > 0).all()):
             return self._bigram_score(E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef)
         if not self.dense_unigram:
             return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
         B, T, C = E.shape
         widx, w, num_loss, gE_n, gw_n = self._numerator_scores(E, weights, seqs, lengths, impl, need_e, w_coef)
+        if E.device.type == "cpu":
+            return self._unigram_cpu(E, w, lengths, widx, num_loss, gE_n, gw_n, zero_infinity, need_e, w_coef,
+                                     weights.shape)
         z = E.detach() + w  # (B, T, C)
         lse = torch.logsumexp(z, dim=-1)  # (B, T)
         mask = (torch.arange(T, device=E.device)[None, :] < torch.from_numpy(lengths).to(E.device)[:, None])
@@ -415,6 +418,31 @@ class TransducerCriterion(_ops.Criterion):
             if need_e:
                 gE = gE_n if bool(ok.all()) else gE_n.mul_(okf.reshape(-1, 1, 1))
                 gE = gE.add_(p)
+        return losses, gE, gW
+
+    def _unigram_cpu(self, E, w, lengths, widx, num_loss, gE_n, gw_n, zero_infinity, need_e, w_coef, wshape):
+        """The unigram normaliser of :meth:`score` by one numba pass (:func:`._dense_numba.unigram_pass`),
+        its softmax added into the numerators' emission gradient in place."""
+        need_w = w_coef is not None
+        B, T, C = E.shape
+        buf = None
+        if need_e or need_w:
+            buf = gE_n if (need_e and gE_n is not None and gE_n.is_contiguous()) else torch.zeros_like(E)
+        logz, psum = _dense_numba.unigram_pass(E, w, lengths, buf)
+        losses, ok, okf = _combine(logz.to(E.dtype), num_loss, zero_infinity)
+        gE = gW = None
+        if buf is not None:
+            bad = ~ok
+            if bool(bad.any()):  # infeasible rows: no gradient from either part
+                buf[bad] = 0
+                psum[bad] = 0
+            if need_w:
+                gW = torch.mv(psum.t(), w_coef.to(psum.dtype)).to(E.dtype)
+                if gw_n is not None:  # infeasible rows' numerators have zero gradients already
+                    gW = gW.index_add_(0, widx, gw_n)
+                gW = gW.reshape(wshape)
+            if need_e:
+                gE = buf
         return losses, gE, gW
 
     def _numerator_scores(self, E, weights, seqs, lengths, impl, need_e, w_coef):

@@ -1,5 +1,6 @@
-"""ASG's fully connected normaliser by matrix products (_asg_dense) against brute force, the
-arc-by-arc graph kernels, and through asg_loss against the all-graph path."""
+"""ASG's fully connected normaliser (_asg_dense: the numba recursion and the matrix products)
+against brute force, the arc-by-arc graph kernels, and through asg_loss against the all-graph
+path. Every test of the normaliser runs on both implementations."""
 
 import itertools
 
@@ -12,6 +13,19 @@ from lightning_gtn.functional._asg_dense import asg_full_scores
 from lightning_gtn.functional._graphs import compiled_asg_full
 
 from ._brute import asg_path_score, lse
+
+
+@pytest.fixture(autouse=True, params=["numba", "torch"])
+def dense_impl(request, monkeypatch):
+    """Each test once per implementation of the dense recursion on the CPU."""
+    monkeypatch.setattr(_asg_dense, "NUMBA_MAX_CLASSES", 10**9 if request.param == "numba" else -1)
+    return request.param
+
+
+def _threshold(monkeypatch, value):
+    """Dense normaliser from ``value`` classes on (0: always, 10**9: never), on every device."""
+    monkeypatch.setattr(_asg_dense, "DENSE_MIN_CLASSES", value)
+    monkeypatch.setattr(_asg_dense, "CPU_DENSE_MIN_CLASSES", value)
 
 
 def _graph_full_scores(x, tr, lengths):
@@ -80,7 +94,7 @@ def test_float32_large_scores_stay_accurate():
 
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 def test_gradcheck_of_asg_loss_on_the_dense_path(monkeypatch, reduction):
-    monkeypatch.setattr(_asg_dense, "DENSE_MIN_CLASSES", 0)
+    _threshold(monkeypatch, 0)
     x, tr = _inputs(2, 5, 4, seed=5)
     x.requires_grad_(True)
     tr.requires_grad_(True)
@@ -97,7 +111,7 @@ def test_asg_loss_dense_normaliser_matches_graph_path(monkeypatch, reduction, ze
     lengths = [7, 4, 7, 0, 0]
 
     def run(threshold):
-        monkeypatch.setattr(_asg_dense, "DENSE_MIN_CLASSES", threshold)
+        _threshold(monkeypatch, threshold)
         xa, ta = x.clone().requires_grad_(True), tr.clone().requires_grad_(True)
         loss = asg_loss(xa, transitions=ta, targets=targets, input_lengths=lengths, reduction=reduction,
                         zero_infinity=zero_infinity)
@@ -122,10 +136,44 @@ def test_asg_loss_large_alphabet_float32_against_graph_path_in_float64(monkeypat
     tg = [[1, 149, 7], [0, 0, 3, 4]]
     ls = []
     for threshold, dtype in ((0, torch.float32), (10**9, torch.float64)):
-        monkeypatch.setattr(_asg_dense, "DENSE_MIN_CLASSES", threshold)
+        _threshold(monkeypatch, threshold)
         xa = x.to(dtype).requires_grad_(True)
         ta = tr.to(dtype).requires_grad_(True)
         loss = asg_loss(xa, transitions=ta, targets=tg, input_lengths=[12, 9], reduction="sum")
         ls.append((loss.double(), *[g.double() for g in torch.autograd.grad(loss, (xa, ta))]))
     for u, v in zip(*ls):
         assert (u - v).abs().max() < 1e-4
+
+
+def test_dead_frames_and_dead_rows():
+    # a frame where every label is -inf leaves no path (log Z = -inf, no gradient); a row of -inf
+    # transitions makes its label unreachable after the first frame (not NaN)
+    C = 4
+    x, tr = _inputs(3, 6, C, seed=7)
+    x[1, 3] = -float("inf")
+    tr[1 + 2] = -float("inf")  # label 2 after anything
+    lengths = torch.tensor([6, 6, 3])
+    logz, gE, gT = asg_full_scores(x, tr, lengths, True)
+    rz, rE, rT = _graph_full_scores(x, tr, lengths.numpy())
+    assert logz[1] == -float("inf") and rz[1] == -float("inf")
+    torch.testing.assert_close(logz[[0, 2]], rz[[0, 2]])
+    assert torch.isfinite(gE).all() and torch.isfinite(gT).all()
+    torch.testing.assert_close(gE[[0, 2]], rE[[0, 2]])
+    assert gE[1].abs().sum() == 0
+    assert gE[0, 1:, 2].abs().max() == 0  # label 2 only at frame 0
+
+
+def test_nan_emissions_give_nan_not_a_crash():
+    x, tr = _inputs(2, 5, 3, seed=1)
+    x[0, 2, 1] = float("nan")
+    logz, gE, gT = asg_full_scores(x, tr, [5, 5], True)
+    assert torch.isnan(logz[0]) and torch.isfinite(logz[1])
+
+
+def test_lengths_out_of_range_are_refused(dense_impl):
+    x, tr = _inputs(2, 5, 3)
+    if dense_impl == "numba":  # the kernel indexes frames by the lengths
+        with pytest.raises(ValueError, match="lengths"):
+            asg_full_scores(x, tr, [6, 5], True)
+        with pytest.raises(ValueError, match="lengths"):
+            asg_full_scores(x, tr, [-1, 5], True)

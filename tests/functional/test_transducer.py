@@ -512,8 +512,8 @@ def test_infeasible_rows_with_transitions(ngram):
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_dense_bigram_normaliser_equals_the_graph_path(reduction):
-    # from _asg_dense.DENSE_MIN_CLASSES classes the research bigram's normaliser is scored by
-    # matrix products (start row, label-after-label matrix, end weights on the last frame)
+    # the research bigram's normaliser is scored as ASG's dense recursion (start row,
+    # label-after-label matrix, end weights on the last frame); here with both implementations
     from lightning_gtn.functional import _asg_dense
     from lightning_gtn.functional import transducer as tdm
 
@@ -522,7 +522,7 @@ def test_dense_bigram_normaliser_equals_the_graph_path(reduction):
     pieces = letters + pairs + [p + c for p in pairs for c in letters][: _asg_dense.DENSE_MIN_CLASSES - 72]
     g2i = {c: i for i, c in enumerate(letters)}
     crit, handle = tdm.transducer_criterion(pieces, g2i, ngram=2, blank="optional")
-    assert crit.dense_bigram and crit.C >= _asg_dense.DENSE_MIN_CLASSES
+    assert crit.research_bigram and crit.C >= _asg_dense.DENSE_MIN_CLASSES
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(3, 9, crit.C, generator=gen, dtype=torch.float64)
     params = (0.3 * torch.randn(crit.num_arcs, generator=gen, dtype=torch.float64))
@@ -537,11 +537,16 @@ def test_dense_bigram_normaliser_equals_the_graph_path(reduction):
         out.sum().backward() if reduction == "none" else out.backward()
         return out.detach(), xx.grad, pp.grad
 
-    dense = run()
-    crit.dense_bigram = False
+    dense = {}
+    for limit in (10**9, -1):  # the numba recursion, then the matrix products
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_asg_dense, "NUMBA_MAX_CLASSES", limit)
+            dense[limit] = run()
+    crit.research_bigram = False
     try:
         graph = run()
     finally:
-        crit.dense_bigram = True
-    for a, b in zip(dense, graph):
-        assert torch.allclose(a, b, atol=1e-9, rtol=1e-7)
+        crit.research_bigram = True
+    for d in dense.values():
+        for a, b in zip(d, graph):
+            assert torch.allclose(a, b, atol=1e-9, rtol=1e-7)

@@ -1,0 +1,56 @@
+"""The unigram normaliser's numba pass against torch's logsumexp / softmax."""
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_gtn.functional import _dense_numba
+
+
+def _reference(E, w, lens):
+    z = E.double() + w.double()
+    lse = torch.logsumexp(z, -1)
+    mask = torch.arange(E.shape[1])[None, :] < torch.as_tensor(lens)[:, None]
+    logz = torch.where(mask, lse, torch.zeros_like(lse)).sum(1)
+    p = torch.softmax(z, -1) * mask[..., None]
+    return logz, p, p.sum(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_values_and_softmax_added_in_place(dtype):
+    g = torch.Generator().manual_seed(0)
+    E = torch.randn(5, 7, 11, generator=g, dtype=dtype) * 3
+    w = torch.randn(11, generator=g, dtype=dtype)
+    lens = np.array([7, 3, 0, 1, 7])
+    base = torch.randn(5, 7, 11, generator=g, dtype=dtype)
+    buf = base.clone()
+    logz, psum = _dense_numba.unigram_pass(E, w, lens, buf)
+    rz, rp, rs = _reference(E, w, lens)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert (logz - rz).abs().max() < tol * 10
+    assert (buf.double() - (base.double() + rp)).abs().max() < tol
+    assert (psum - rs).abs().max() < tol * 10
+    z_only, none = _dense_numba.unigram_pass(E, w, lens)
+    assert none is None and torch.equal(z_only, logz)
+
+
+def test_dead_and_nan_frames():
+    E = torch.randn(3, 4, 5, dtype=torch.float64)
+    E[0, 2] = -float("inf")
+    E[1, 1, 3] = float("nan")
+    E[2, 3] = -float("inf")  # past row 2's length: ignored
+    buf = torch.zeros_like(E)
+    logz, psum = _dense_numba.unigram_pass(E, torch.zeros(5, dtype=torch.float64), np.array([4, 4, 3]), buf)
+    assert logz[0] == -float("inf") and torch.isnan(logz[1]) and torch.isfinite(logz[2])
+    assert buf[0, 2].abs().sum() == 0 and buf[2, 3].abs().sum() == 0
+    assert torch.isfinite(psum[0]).all()
+
+
+def test_bad_arguments_are_refused():
+    E = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match="lengths"):
+        _dense_numba.unigram_pass(E, torch.zeros(4), np.array([4, 1]))
+    with pytest.raises(ValueError, match="w must be"):
+        _dense_numba.unigram_pass(E, torch.zeros(5), np.array([3, 1]))
+    with pytest.raises(ValueError, match="gE"):
+        _dense_numba.unigram_pass(E, torch.zeros(4), np.array([3, 1]), torch.zeros(2, 3, 5))
