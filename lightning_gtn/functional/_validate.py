@@ -6,6 +6,8 @@ lengths, labels or blanks (``8.5``, ``True``, a float tensor) are errors, never 
 
 from __future__ import annotations
 
+import itertools
+
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -127,7 +129,10 @@ def as_lengths(x, B: int, name: str, device: torch.device, max_value: Optional[i
 
 
 def _check_seq_labels(seqs: Sequence[Sequence[int]], num_classes: int, blank: Optional[int], name: str) -> None:
-    flat = np.fromiter((v for s in seqs for v in s), dtype=np.int64)
+    try:
+        flat = np.fromiter((v for s in seqs for v in s), dtype=np.int64)
+    except OverflowError:
+        raise ValueError(f"{name}: a label out of range [0, C) with C={num_classes} (beyond int64)") from None
     _check_flat_labels(flat, num_classes, blank, name)
 
 
@@ -142,6 +147,9 @@ def _check_flat_labels(flat: np.ndarray, num_classes: int, blank: Optional[int],
         raise ValueError(f"{name}: label equal to blank={blank} found; targets must not contain the blank")
 
 
+_NP_INTS = frozenset({np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64})
+
+
 def _as_sequences(targets, name: str) -> Optional[List[List[int]]]:
     """A list of B label sequences (lists/tuples/1-D tensors of integers), or None for the
     tensor layouts."""
@@ -150,7 +158,15 @@ def _as_sequences(targets, name: str) -> Optional[List[List[int]]]:
     targets = list(targets)
     if not targets or np.isscalar(targets[0]) or (isinstance(targets[0], torch.Tensor) and targets[0].dim() == 0):
         return None
-    return [int_tensor(t, name).reshape(-1).tolist() for t in targets]
+    out = []
+    for t in targets:
+        if isinstance(t, (list, tuple)) and all(type(v) is int for v in t):  # plain ints (not bools): as they are
+            out.append(list(t))
+        elif isinstance(t, (list, tuple)) and all(type(v) in _NP_INTS for v in t):
+            out.append([int(v) for v in t])
+        else:
+            out.append(int_tensor(t, name).reshape(-1).tolist())
+    return out
 
 
 def split_targets(targets, target_lengths, B: int, device: torch.device, num_classes: int,
@@ -216,11 +232,14 @@ def targets_tensors(targets, target_lengths, B: int, device: torch.device, name:
             if list(given) != lens:
                 raise ValueError(f"{name}: a list of B={B} sequences whose lengths equal target_lengths is expected")
         S = max(lens, default=0)
-        padded = torch.zeros((B, S), dtype=torch.int64)
-        for b, s in enumerate(seqs):
-            if s:
-                padded[b, : len(s)] = torch.tensor(s, dtype=torch.int64)
-        return padded, torch.tensor(lens, dtype=torch.int64)
+        ln = np.asarray(lens, dtype=np.int64)
+        padded = np.zeros((B, S), dtype=np.int64)
+        try:
+            padded[np.arange(S)[None, :] < ln[:, None]] = np.fromiter(itertools.chain.from_iterable(seqs),
+                                                                      dtype=np.int64, count=int(ln.sum()))
+        except OverflowError:
+            raise ValueError(f"{name}: labels must fit in int64") from None
+        return torch.from_numpy(padded), torch.from_numpy(ln)
     if target_lengths is None:
         if isinstance(targets, torch.Tensor) and targets.dim() == 2:
             raise ValueError("target_lengths is required with padded targets of shape (B, S)")

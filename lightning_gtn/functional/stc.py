@@ -39,7 +39,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from . import _ops, _validate
+from . import _ops, _stc_numba, _validate
 from .. import wfst as _wfst
 from ._graphs import cached, compile_graph, target_key
 from ._score import Plan, unique_graphs
@@ -134,6 +134,9 @@ class _STC(_ops.Criterion):
     def forbidden_label(self, blank: int) -> Optional[int]:
         return blank
 
+    def target_classes(self, C: int) -> int:
+        return C // 2  # the op sees the augmented width
+
     def plan(self, seqs, lengths, C, blank):
         C0 = C // 2  # the op sees the augmented width
         for s in seqs:
@@ -142,6 +145,30 @@ class _STC(_ops.Criterion):
         graphs, ids = unique_graphs([compiled_stc(t, blank, C0) for t in seqs])
         B = len(seqs)
         return Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B), None
+
+    def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
+        """On the CPU (``impl="numba"``) the graphs are scored as the chains they are
+        (:mod:`._stc_numba`); examples that chain cannot vouch for, and every other
+        implementation, take the graph path."""
+        if impl != "numba" or E.device.type != "cpu":
+            return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
+        logz, flag, gE = _stc_numba.stc_chain(E, seqs, lengths, blank, need_e)
+        losses = torch.from_numpy(-logz).to(E.dtype)
+        redo = np.nonzero(flag)[0]
+        if len(redo):
+            sub = torch.from_numpy(redo)
+            l2, g2, _ = super().score(E[sub].contiguous(), weights, [seqs[i] for i in redo], lengths[redo], blank,
+                                      impl, False, need_e, None)
+            losses[sub] = l2
+            if need_e:
+                gE[sub] = g2
+        ok = torch.isfinite(losses)
+        if not bool(ok.all()):
+            if zero_infinity:
+                losses = torch.where(ok, losses, torch.zeros_like(losses))
+            if need_e:
+                gE[~ok] = 0
+        return losses, gE, None
 
 
 _ops.CRITERIA["stc"] = _STC()

@@ -462,3 +462,49 @@ def test_triton_kernels_under_the_interpreter_equal_numba():
     res = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0 and "STC-TRITON-OK" in res.stdout, res.stdout + res.stderr
+
+
+def _chain_vs_graph(x, tg, il, p=0.5):
+    """Losses and gradients of the chain path (impl="numba") and of the graph path ("numba_log")."""
+    out = []
+    for impl in ("numba", "numba_log"):
+        xi = x.clone().requires_grad_()
+        loss = stc_loss(xi, tg, il, None, p=p, reduction="none", impl=impl)
+        fin = torch.isfinite(loss)
+        (loss[fin].sum() if fin.any() else loss.sum() * 0).backward()
+        out.append((loss.detach(), xi.grad))
+    return out
+
+
+def test_chain_path_equals_graph_path_on_edge_cases():
+    # the CPU path scores STC graphs as (L + 1)-state chains; the graph kernels are the reference
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(7, 12, 6, generator=g, dtype=torch.float64).log_softmax(-1)
+    x[3, 5] = -float("inf")  # a dead frame inside the length: no path
+    x[4, 2, 1] = -float("inf")  # one dead label: fine
+    tg = [[1, 2, 3], [], [5, 5, 5, 5], [1], [2, 1], [1, 2, 3, 4, 5], [3]]
+    il = [12, 7, 4, 12, 12, 3, 0]  # row 5: fewer frames than tokens; row 6: no frames
+    (a, ga), (b, gb) = _chain_vs_graph(x, tg, il)
+    assert torch.isinf(a[3]) and torch.isinf(a[5]) and torch.isinf(a[6])
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ga, gb)
+    assert ga[3].abs().sum() == 0 and ga[5].abs().sum() == 0
+
+
+def test_chain_path_long_inputs_and_extreme_scores():
+    # long inputs with peaked emissions: underflow must not drop paths (the chain's own check
+    # sends such rows to the graph path)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(2, 3000, 5, generator=g, dtype=torch.float64) * 30).log_softmax(-1)
+    tg = [[1, 2, 3, 4] * 50, [2]]
+    (a, ga), (b, gb) = _chain_vs_graph(x, tg, [3000, 2500], p=0.01)
+    assert torch.isfinite(a).all()
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ga, gb)
+
+
+def test_chain_path_nan_gives_nan():
+    x = torch.randn(2, 5, 4).log_softmax(-1)
+    x[0, 1, 2] = float("nan")
+    loss = stc_loss(x, [[1], [2]], [5, 5], None, reduction="none", impl="numba")
+    assert torch.isnan(loss[0]) and torch.isfinite(loss[1])
