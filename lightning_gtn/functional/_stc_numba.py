@@ -32,17 +32,24 @@ NEG_INF = -math.inf
 
 
 @njit(cache=True, nogil=True)
-def _stc_kernel(e0, e1, E, tok, tok_off, lens, blank, C, logz, flag, gE, need_e, tol):
-    """Examples ``e0 .. e1 - 1``: ``logz[e]`` (log Z of the STC graph) and, with ``need_e``,
-    ``gE[e] = -d log Z / d E[e]`` (the loss's gradient); ``flag[e] = 1`` when the example must be
-    scored by the graph path instead (nothing written to ``gE[e]`` then)."""
-    T = E.shape[1]
-    W = E.shape[2]
+def _stc_kernel(e0, e1, X, log_p, eps, tok, tok_off, lens, blank, logz, flag, gX, gp, need_grad, tol):
+    """Examples ``e0 .. e1 - 1`` of the raw emissions ``X (B, T, C)``: ``logz[e]`` (log Z of the
+    STC graph against the augmented emissions) and, with ``need_grad``, ``gX[e] = -d log Z /
+    d X[e]`` and ``gp[e] = -d log Z / d log_p`` (the loss's gradients); ``flag[e] = 1`` when the
+    example must be scored by the graph path instead (nothing written to ``gX[e]`` then).
+
+    The star columns are used in the linear domain, scaled like the labels by ``exp(-max_t)``:
+    ``star = p * S`` with ``S`` the sum of the non-blank labels' ``P``, ``star except k =
+    p * ((1 + eps) * S - P[k])`` (the research code's ``star + log1p(eps - exp(x_k - star))``).
+    """
+    C = X.shape[2]
+    pp = math.exp(log_p)
     for e in range(e0, e1):
         k0 = tok_off[e]
         L = tok_off[e + 1] - k0
         n = lens[e]
         flag[e] = 0
+        gp[e] = 0.0
         if n == 0:
             logz[e] = 0.0 if L == 0 else NEG_INF
             continue
@@ -51,34 +58,43 @@ def _stc_kernel(e0, e1, E, tok, tok_off, lens, blank, C, logz, flag, gE, need_e,
             continue
         U = np.zeros((n + 1, L + 1))
         m = np.zeros(n + 1)
-        P = np.empty((n, W))
+        P = np.empty((n, C))
+        Ssum = np.empty(n)
         mxs = np.empty(n)
         U[0, 0] = 1.0
         dead = False
         for t in range(1, n + 1):
             f = t - 1
             mx = NEG_INF
-            for c in range(W):
-                v = E[e, f, c]
+            for c in range(C):
+                v = X[e, f, c]
                 if not v <= mx:
                     mx = v
             if not (mx > NEG_INF and mx < math.inf):
                 dead = True
-                if mx == NEG_INF:  # every column -inf: no path
+                if mx == NEG_INF:  # every label -inf (and so every star): no path
                     logz[e] = NEG_INF
                 elif mx != mx:
                     logz[e] = math.nan
                 else:  # +inf: the graph path decides
                     flag[e] = 1
                 break
-            for c in range(W):
-                P[f, c] = math.exp(E[e, f, c] - mx)
+            S = 0.0
+            for c in range(C):
+                v = math.exp(X[e, f, c] - mx)
+                P[f, c] = v
+                if c != blank:
+                    S += v
+            Ssum[f] = S
             mxs[f] = mx
             pb = P[f, blank]
             vmax = 0.0
             for l in range(L + 1):
-                sig = C + (blank if l == L else tok[k0 + l])
-                v = U[t - 1, l] * (pb + P[f, sig])
+                if l == L:
+                    ps = pp * S
+                else:
+                    ps = pp * ((1.0 + eps) * S - P[f, tok[k0 + l]])
+                v = U[t - 1, l] * (pb + ps)
                 if l > 0:
                     v += U[t - 1, l - 1] * P[f, tok[k0 + l - 1]]
                 U[t, l] = v
@@ -99,30 +115,40 @@ def _stc_kernel(e0, e1, E, tok, tok_off, lens, blank, C, logz, flag, gE, need_e,
             continue
         lz = m[n] + math.log(U[n, L])
         logz[e] = lz
-        if not need_e:
+        if not need_grad:
             continue
-        G = np.zeros((n, W))
+        G = np.zeros((n, C))  # d log Z / d X
+        occ_not = np.zeros(C)  # per frame: occupancy of "star except k" columns
         beta = np.zeros(L + 1)
         nb = np.empty(L + 1)
         beta[L] = 1.0
         mb = 0.0
+        g_lp = 0.0
         ok = True
         for t in range(n, 0, -1):
             f = t - 1
             F = math.exp(m[t - 1] + mxs[f] + mb - lz)
             pb = P[f, blank]
+            S = Ssum[f]
             total = 0.0
             gb = 0.0
+            o_star = 0.0
             vmax = 0.0
             for l in range(L + 1):
-                sig = C + (blank if l == L else tok[k0 + l])
                 u = U[t - 1, l] * F
                 stay = u * beta[l]
                 gb += stay * pb
-                s_sig = stay * P[f, sig]
-                G[f, sig] += s_sig
-                total += stay * pb + s_sig
-                v = (pb + P[f, sig]) * beta[l]
+                if l == L:
+                    ps = pp * S
+                    o = stay * ps
+                    o_star += o
+                else:
+                    y = tok[k0 + l]
+                    ps = pp * ((1.0 + eps) * S - P[f, y])
+                    o = stay * ps
+                    occ_not[y] += o
+                total += stay * pb + o
+                v = (pb + ps) * beta[l]
                 if l < L:
                     y = tok[k0 + l]
                     adv = u * P[f, y] * beta[l + 1]
@@ -132,10 +158,27 @@ def _stc_kernel(e0, e1, E, tok, tok_off, lens, blank, C, logz, flag, gE, need_e,
                 nb[l] = v
                 if v > vmax:
                     vmax = v
-            G[f, blank] += gb
             if not abs(total - 1.0) <= tol or not vmax > 0.0:
                 ok = False
                 break
+            G[f, blank] += gb
+            # the star columns' occupancies, through d log(star) / d x_j = P_j / S and
+            # d log(star except k) / d x_j = ((1 + eps) P_j - [j == k] P_k) / ((1 + eps) S - P_k)
+            if S > 0.0:
+                acc = o_star / S
+                for c in range(C):
+                    if occ_not[c] != 0.0:
+                        acc += (1.0 + eps) * occ_not[c] / ((1.0 + eps) * S - P[f, c])
+                for c in range(C):
+                    if c != blank:
+                        v = acc
+                        if occ_not[c] != 0.0:
+                            v -= occ_not[c] / ((1.0 + eps) * S - P[f, c])
+                        G[f, c] += P[f, c] * v
+            g_lp += o_star
+            for c in range(C):
+                g_lp += occ_not[c]
+                occ_not[c] = 0.0
             inv = 1.0 / vmax
             for l in range(L + 1):
                 beta[l] = nb[l] * inv
@@ -143,22 +186,23 @@ def _stc_kernel(e0, e1, E, tok, tok_off, lens, blank, C, logz, flag, gE, need_e,
         if not ok:
             flag[e] = 1
             continue
+        gp[e] = -g_lp
         for f in range(n):
-            for c in range(W):
+            for c in range(C):
                 if G[f, c] != 0.0:
-                    gE[e, f, c] = -G[f, c]
+                    gX[e, f, c] = -G[f, c]
 
 
 TOL = 1e-6
 
 
-def stc_chain(E: torch.Tensor, seqs, lengths: np.ndarray, blank: int, need_e: bool):
-    """``(logz (B,) float64 numpy, flag (B,) numpy, gE (B, T, 2C) or None)`` of the STC graphs of
-    ``seqs`` against the augmented CPU emissions ``E``; ``gE`` holds ``-d log Z / d E`` of the
-    unflagged rows (zeros elsewhere); flagged rows must be scored by the graph path."""
-    B, T, W = E.shape
-    C = W // 2
-    En = E.detach().contiguous().numpy()
+def stc_chain(X: torch.Tensor, log_p: float, eps: float, seqs, lengths: np.ndarray, blank: int, need_grad: bool):
+    """``(logz (B,) float64 numpy, flag (B,) numpy, gX (B, T, C) or None, gp (B,) numpy)`` of
+    the STC graphs of ``seqs`` against the CPU emissions ``X`` (the star columns computed
+    inside); ``gX`` holds ``-d log Z / d X`` and ``gp`` ``-d log Z / d log_p`` of the unflagged
+    rows (zeros elsewhere); flagged rows must be scored by the graph path."""
+    B, T, C = X.shape
+    Xn = X.detach().contiguous().numpy()
     ln = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64))
     sizes = np.asarray([len(s) for s in seqs], dtype=np.int64)
     tok_off = np.zeros(B + 1, dtype=np.int64)
@@ -173,19 +217,20 @@ def stc_chain(E: torch.Tensor, seqs, lengths: np.ndarray, blank: int, need_e: bo
         raise ValueError(f"blank must lie in [0, {C})")
     logz = np.zeros(B, dtype=np.float64)
     flag = np.zeros(B, dtype=np.int64)
-    gE = torch.zeros_like(E) if need_e else torch.zeros((1, 1, 1), dtype=E.dtype)
-    gEn = gE.numpy()
+    gp = np.zeros(B, dtype=np.float64)
+    gX = torch.zeros_like(X) if need_grad else torch.zeros((1, 1, 1), dtype=X.dtype)
+    gXn = gX.numpy()
 
     def run(e0, e1):
-        _stc_kernel(e0, e1, En, tok, tok_off, ln, int(blank), C, logz, flag, gEn, need_e, TOL)
+        _stc_kernel(e0, e1, Xn, float(log_p), float(eps), tok, tok_off, ln, int(blank), logz, flag, gXn, gp,
+                    need_grad, TOL)
 
     threads = get_num_threads()
-    work = float(((ln + 1) * (sizes + 1)).sum())
-    if threads <= 1 or B <= 1 or work < 20_000:
+    cost = np.cumsum((ln + 1) * (sizes + 1))
+    if threads <= 1 or B <= 1 or float(cost[-1]) < 20_000:
         run(0, B)
     else:
-        cum = np.cumsum((ln + 1) * (sizes + 1))
-        cuts = sorted({0, B, *[int(np.searchsorted(cum, cum[-1] * i / threads)) + 1 for i in range(1, threads)]})
-        cuts = [c for c in cuts if 0 <= c <= B]
+        cuts = sorted({0, B, *[min(B, int(np.searchsorted(cost, cost[-1] * i / threads)) + 1)
+                               for i in range(1, threads)]})
         parallel_map(run, cuts[:-1], cuts[1:])
-    return logz, flag, (gE if need_e else None)
+    return logz, flag, (gX if need_grad else None), gp

@@ -146,32 +146,70 @@ class _STC(_ops.Criterion):
         B = len(seqs)
         return Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B), None
 
+
+_ops.CRITERIA["stc"] = _STC()
+
+
+def _star_grad(x: torch.Tensor, g_aug: torch.Tensor, blank: int):
+    """``(d / d x (B, T, C), d / d log_p (B,))`` of a function of :func:`stc_emissions` ``(x)``
+    given its gradient ``g_aug`` with respect to the augmented emissions: for the tokens
+    ``j != blank``, ``g_j + p_j (g_star + sum_k g_k' (1 + r_k)) - g_j' r_j`` with ``p`` the
+    softmax of the tokens, ``r = p / (1 + eps - p)``, ``g_k'`` the gradient of column ``C + k``;
+    the blank gets its own column's gradient, ``log_p`` the sum over the star columns."""
+    C = x.shape[-1]
+    g_in, g_cols = g_aug[..., :C], g_aug[..., C:]
+    tok = torch.ones(C, dtype=torch.bool, device=x.device)
+    tok[blank] = False
+    xm = x.masked_fill(~tok, float("-inf"))
+    dead = (xm == float("-inf")).all(dim=-1, keepdim=True)
+    star = torch.logsumexp(xm.masked_fill(dead, 0.0), dim=-1, keepdim=True)
+    p = torch.exp(xm - star)  # 0 at the blank and in dead frames
+    r = p / (1.0 + STC_EPS - p)
+    g_tok = g_cols.masked_fill(~tok, 0.0)
+    coef = g_cols[..., blank: blank + 1] + (g_tok * (1.0 + r)).sum(-1, keepdim=True)
+    return g_in + p * coef - g_tok * r, g_cols.sum(dim=(1, 2))
+
+
+class _STCChain(_ops.Criterion):
+    """STC on the CPU: the emissions ``(B, T, C)`` as given and ``log p`` as the single weight;
+    each graph is scored as the chain it reduces to, the star columns computed inside
+    (:mod:`._stc_numba`). Rows the chain cannot vouch for take the graph path."""
+
+    def forbidden_label(self, blank: int) -> Optional[int]:
+        return blank
+
     def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
-        """On the CPU (``impl="numba"``) the graphs are scored as the chains they are
-        (:mod:`._stc_numba`); examples that chain cannot vouch for, and every other
-        implementation, take the graph path."""
-        if impl != "numba" or E.device.type != "cpu":
-            return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
-        logz, flag, gE = _stc_numba.stc_chain(E, seqs, lengths, blank, need_e)
+        log_p = float(weights.reshape(-1)[0])
+        need_w = w_coef is not None
+        need = need_e or need_w
+        logz, flag, gX, gp = _stc_numba.stc_chain(E, log_p, STC_EPS, seqs, lengths, blank, need)
         losses = torch.from_numpy(-logz).to(E.dtype)
+        gp = torch.from_numpy(gp)
         redo = np.nonzero(flag)[0]
         if len(redo):
             sub = torch.from_numpy(redo)
-            l2, g2, _ = super().score(E[sub].contiguous(), weights, [seqs[i] for i in redo], lengths[redo], blank,
-                                      impl, False, need_e, None)
+            x = E[sub].contiguous()
+            aug = stc_emissions(x, blank, log_p)
+            l2, g_aug, _ = _ops.Criterion.score(_ops.CRITERIA["stc"], aug, None, [seqs[i] for i in redo],
+                                                lengths[redo], blank, "numba", False, need, None)
             losses[sub] = l2
-            if need_e:
-                gE[sub] = g2
+            if need:
+                g_x, g_lp = _star_grad(x, g_aug, blank)
+                gX[sub] = g_x
+                gp[sub] = g_lp.to(gp.dtype)
         ok = torch.isfinite(losses)
-        if not bool(ok.all()):
-            if zero_infinity:
-                losses = torch.where(ok, losses, torch.zeros_like(losses))
-            if need_e:
-                gE[~ok] = 0
-        return losses, gE, None
+        if zero_infinity:
+            losses = torch.where(ok, losses, torch.zeros_like(losses))
+        if need and not bool(ok.all()):
+            gX[~ok] = 0
+            gp[~ok] = 0
+        gW = None
+        if need_w:
+            gW = (gp.to(E.dtype) * w_coef.to(E.dtype)).sum().reshape(weights.shape)
+        return losses, (gX if need_e else None), gW
 
 
-_ops.CRITERIA["stc"] = _STC()
+_ops.CRITERIA["stc_chain"] = _STCChain()
 
 
 def _check_p(p):
@@ -248,7 +286,13 @@ def stc_loss(
     log_p = _check_p(p)
     tg, tl = _validate.targets_tensors(targets, target_lengths, B, emissions.device)
     il = _validate.int_tensor(input_lengths, "input_lengths")
-    x = stc_emissions(emissions.to(_validate.compute_dtype(emissions)), blank, log_p)
-    out = _ops.structured_loss(x, None, tg, il, tl, kind="stc", blank=blank, reduction=reduction,
-                               zero_infinity=zero_infinity, impl=impl)
+    x = emissions.to(_validate.compute_dtype(emissions))
+    if x.device.type == "cpu" and impl in (None, "numba"):  # the chains, star columns inside
+        lp = log_p.reshape(1) if isinstance(log_p, torch.Tensor) else torch.tensor([log_p], dtype=torch.float64)
+        out = _ops.structured_loss(x, lp.to(x.dtype), tg, il, tl, kind="stc_chain", blank=blank,
+                                   reduction=reduction, zero_infinity=zero_infinity, impl=impl)
+    else:
+        x = stc_emissions(x, blank, log_p)
+        out = _ops.structured_loss(x, None, tg, il, tl, kind="stc", blank=blank, reduction=reduction,
+                                   zero_infinity=zero_infinity, impl=impl)
     return out.to(emissions.dtype)

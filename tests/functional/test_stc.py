@@ -508,3 +508,33 @@ def test_chain_path_nan_gives_nan():
     x[0, 1, 2] = float("nan")
     loss = stc_loss(x, [[1], [2]], [5, 5], None, reduction="none", impl="numba")
     assert torch.isnan(loss[0]) and torch.isfinite(loss[1])
+
+
+def test_chain_rows_it_cannot_vouch_for_take_the_graph_path(monkeypatch):
+    # a tolerance no row meets sends every row through the graph path and the star columns'
+    # gradient by hand (_star_grad): same values and gradients, including d/d p
+    from lightning_gtn.functional import _stc_numba
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 10, 5, generator=g, dtype=torch.float64).log_softmax(-1)
+    tg, il = [[1, 2, 2], [3], [4, 1]], [10, 8, 6]
+
+    def run():
+        xi = x.clone().requires_grad_()
+        p = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+        loss = stc_loss(xi, tg, il, None, p=p, reduction="mean")
+        loss.backward()
+        return loss.detach(), xi.grad, p.grad
+
+    direct = run()
+    monkeypatch.setattr(_stc_numba, "TOL", -1.0)
+    fallback = run()
+    for a, b in zip(direct, fallback):
+        torch.testing.assert_close(a, b)
+    ref = []
+    xi = x.clone().requires_grad_()
+    p = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    loss = stc_loss(xi, tg, il, None, p=p, reduction="mean", impl="numba_log")
+    loss.backward()
+    for a, b in zip(direct, (loss.detach(), xi.grad, p.grad)):
+        torch.testing.assert_close(a, b)
