@@ -395,11 +395,10 @@ class TransducerCriterion(_ops.Criterion):
             return self._bigram_score(E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef)
         if not self.dense_unigram:
             return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
+        if E.device.type == "cpu":
+            return self._unigram_cpu(E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef)
         B, T, C = E.shape
         widx, w, num_loss, gE_n, gw_n = self._numerator_scores(E, weights, seqs, lengths, impl, need_e, w_coef)
-        if E.device.type == "cpu":
-            return self._unigram_cpu(E, w, lengths, widx, num_loss, gE_n, gw_n, zero_infinity, need_e, w_coef,
-                                     weights.shape)
         z = E.detach() + w  # (B, T, C)
         lse = torch.logsumexp(z, dim=-1)  # (B, T)
         mask = (torch.arange(T, device=E.device)[None, :] < torch.from_numpy(lengths).to(E.device)[:, None])
@@ -420,15 +419,26 @@ class TransducerCriterion(_ops.Criterion):
                 gE = gE.add_(p)
         return losses, gE, gW
 
-    def _unigram_cpu(self, E, w, lengths, widx, num_loss, gE_n, gw_n, zero_infinity, need_e, w_coef, wshape):
-        """The unigram normaliser of :meth:`score` by one numba pass (:func:`._dense_numba.unigram_pass`),
-        its softmax added into the numerators' emission gradient in place."""
-        need_w = w_coef is not None
+    def _unigram_cpu(self, E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef):
+        """The unigram criterion on the CPU, with its weights folded into the emissions: every arc
+        reading label ``c`` carries ``w[c]``, so scoring ``E' = E + w`` with the plain alignment
+        graphs (no weights: the kernels' cheaper loop) and a weightless unigram normaliser (one
+        numba pass, :func:`._dense_numba.unigram_pass`) gives the same losses; ``d/dE = d/dE'``,
+        and ``d/dw[c]`` sums the occupancies of label ``c``: the numerators' arcs reading it and
+        the normaliser's softmax."""
         B, T, C = E.shape
-        buf = None
-        if need_e or need_w:
-            buf = gE_n if (need_e and gE_n is not None and gE_n.is_contiguous()) else torch.zeros_like(E)
-        logz, psum = _dense_numba.unigram_pass(E, w, lengths, buf)
+        need_w = w_coef is not None
+        Ep = (E.detach() + weights.detach().reshape(-1).to(E.dtype)).contiguous()
+        graphs, ids = unique_graphs([self.numerator(s, plain=True) for s in seqs])
+        plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
+        coef = None if w_coef is None else w_coef.to(E.dtype)
+        num_loss, buf, gw_n = _score_plan(plan, Ep, torch.zeros(plan.batch.num_arcs, dtype=E.dtype), impl,
+                                          need_e, coef)
+        if need_w and buf is None:  # the normaliser's label sums need a buffer
+            buf = torch.zeros_like(Ep)
+        elif buf is not None and not buf.is_contiguous():
+            buf = buf.contiguous()
+        logz, psum = _dense_numba.unigram_pass(Ep, torch.zeros(C, dtype=E.dtype), lengths, buf)
         losses, ok, okf = _combine(logz.to(E.dtype), num_loss, zero_infinity)
         gE = gW = None
         if buf is not None:
@@ -436,11 +446,10 @@ class TransducerCriterion(_ops.Criterion):
             if bool(bad.any()):  # infeasible rows: no gradient from either part
                 buf[bad] = 0
                 psum[bad] = 0
-            if need_w:
-                gW = torch.mv(psum.t(), w_coef.to(psum.dtype)).to(E.dtype)
-                if gw_n is not None:  # infeasible rows' numerators have zero gradients already
-                    gW = gW.index_add_(0, widx, gw_n)
-                gW = gW.reshape(wshape)
+            if need_w:  # the numerators of infeasible rows have zero occupancies already
+                gW = torch.mv(psum.t(), coef.to(psum.dtype)).to(E.dtype)
+                labels = torch.from_numpy(plan.batch.label.astype(np.int64))
+                gW = gW.index_add_(0, labels, gw_n.to(E.dtype)).reshape(weights.shape)
             if need_e:
                 gE = buf
         return losses, gE, gW
@@ -492,8 +501,12 @@ class TransducerCriterion(_ops.Criterion):
         return losses, gE, gW
 
     # -- graphs -----------------------------------------------------------------
-    def numerator(self, target) -> CompiledGraph:
+    def numerator(self, target, plain: bool = False) -> CompiledGraph:
+        """The compiled numerator graph of ``target`` (cached): the alignment acceptor, times the
+        transitions unless ``plain``."""
         key = tuple(int(t) for t in target)
+        if plain and self.transitions is not None:
+            key = ("plain",) + key
         with self.lock:
             cg = self.cache.get(key)
             if cg is not None:
@@ -506,10 +519,12 @@ class TransducerCriterion(_ops.Criterion):
                 self.cache.popitem(last=False)
         return cg
 
-    def _build(self, target: tuple) -> CompiledGraph:
+    def _build(self, key: tuple) -> CompiledGraph:
+        plain = bool(key) and key[0] == "plain"
+        target = key[1:] if plain else key
         n, start, accept, src, dst, lab = self.alignment(target)
         widx = None
-        if self.transitions is not None:
+        if self.transitions is not None and not plain:
             n, start, accept, src, dst, lab, widx = self._product(n, accept, src, dst, lab)
         g = Graph.from_arrays(n, start, accept, src, dst, lab, calc_grad=False)
         return compile_graph(g, widx)
