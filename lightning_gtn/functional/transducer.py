@@ -38,7 +38,7 @@ import torch
 
 from .. import wfst as _wfst
 from ..wfst import Graph
-from . import _asg_dense, _dense_numba, _ops, _validate
+from . import _asg_dense, _dense_numba, _hub_numba, _ops, _validate
 from ._graphs import CompiledGraph, compile_graph
 from ._score import Plan, normalised_plan, unique_graphs
 from ._score import score as _score_plan_full
@@ -48,8 +48,10 @@ def _score_plan(plan, E, w, impl, need_e, w_coef):
     return _score_plan_full(plan, E, w, impl, False, need_e, w_coef)
 
 def _combine(logz, num_loss, zero_infinity: bool):
-    """``(losses, feasible mask, its float)`` of a dense normaliser and the numerators."""
+    """``(losses, feasible mask, its float)`` of a dense normaliser and the numerators; no path
+    through either (-inf + inf) is an infeasible row (inf), not NaN."""
     losses = logz + num_loss
+    losses = torch.where((logz == -np.inf) & (num_loss == np.inf), torch.full_like(losses, np.inf), losses)
     ok = torch.isfinite(losses)
     if zero_infinity:
         losses = torch.where(ok, losses, torch.zeros_like(losses))
@@ -333,6 +335,7 @@ class TransducerCriterion(_ops.Criterion):
         self.trie = _Trie(self.tokens)
         self.cache_size = int(cache_size)
         self.cache: "OrderedDict[Hashable, CompiledGraph]" = OrderedDict()
+        self.lat_cache: "OrderedDict[Hashable, tuple]" = OrderedDict()  # lattices of the hub kernel
         self.lock = threading.Lock()
         self.transitions = transitions
         self.denominator: Optional[CompiledGraph] = None
@@ -369,6 +372,8 @@ class TransducerCriterion(_ops.Criterion):
         # connected recursion with start weights, plus end weights, scored by :mod:`._asg_dense`
         # where ASG's is (see ``_asg_dense.use_dense``)
         self.research_bigram = (transitions is not None and _is_research_bigram(self, transitions.num_nodes()))
+        # the plain numerators can be scored through their hubs (:mod:`._hub_numba`) on the CPU
+        self.hub_ok = self.blank_mode != "optional" or self.allow_repeats
 
     # -- the Criterion interface -------------------------------------------------
     def target_classes(self, C: int) -> int:
@@ -393,6 +398,15 @@ class TransducerCriterion(_ops.Criterion):
         if self.research_bigram and _asg_dense.use_dense(self.C, E.device) and E.shape[1] > 0 \
                 and bool((lengths > 0).all()):
             return self._bigram_score(E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef)
+        if self.transitions is None and self._use_hub(E, impl):
+            num_loss, gE, _ = self._hub_numerators(E, seqs, lengths, impl, need_e, None)
+            ok = torch.isfinite(num_loss)
+            if not bool(ok.all()):
+                if zero_infinity:
+                    num_loss = torch.where(ok, num_loss, torch.zeros_like(num_loss))
+                if gE is not None:
+                    gE[~ok] = 0
+            return num_loss, gE, None
         if not self.dense_unigram:
             return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
         if E.device.type == "cpu":
@@ -429,11 +443,18 @@ class TransducerCriterion(_ops.Criterion):
         B, T, C = E.shape
         need_w = w_coef is not None
         Ep = (E.detach() + weights.detach().reshape(-1).to(E.dtype)).contiguous()
-        graphs, ids = unique_graphs([self.numerator(s, plain=True) for s in seqs])
-        plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
         coef = None if w_coef is None else w_coef.to(E.dtype)
-        num_loss, buf, gw_n = _score_plan(plan, Ep, torch.zeros(plan.batch.num_arcs, dtype=E.dtype), impl,
-                                          need_e, coef)
+        if self._use_hub(E, impl):
+            num_loss, buf, gw_lab = self._hub_numerators(Ep, seqs, lengths, impl, need_e, coef)
+        else:
+            graphs, ids = unique_graphs([self.numerator(s, plain=True) for s in seqs])
+            plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
+            num_loss, buf, gw_n = _score_plan(plan, Ep, torch.zeros(plan.batch.num_arcs, dtype=E.dtype), impl,
+                                              need_e, coef)
+            gw_lab = None
+            if gw_n is not None:
+                gw_lab = torch.zeros(C, dtype=E.dtype).index_add_(
+                    0, torch.from_numpy(plan.batch.label.astype(np.int64)), gw_n.to(E.dtype))
         if need_w and buf is None:  # the normaliser's label sums need a buffer
             buf = torch.zeros_like(Ep)
         elif buf is not None and not buf.is_contiguous():
@@ -447,12 +468,55 @@ class TransducerCriterion(_ops.Criterion):
                 buf[bad] = 0
                 psum[bad] = 0
             if need_w:  # the numerators of infeasible rows have zero occupancies already
-                gW = torch.mv(psum.t(), coef.to(psum.dtype)).to(E.dtype)
-                labels = torch.from_numpy(plan.batch.label.astype(np.int64))
-                gW = gW.index_add_(0, labels, gw_n.to(E.dtype)).reshape(weights.shape)
+                gW = (torch.mv(psum.t(), coef.to(psum.dtype)).to(E.dtype) + gw_lab).reshape(weights.shape)
             if need_e:
                 gE = buf
         return losses, gE, gW
+
+    def _use_hub(self, E, impl) -> bool:
+        return self.hub_ok and impl == "numba" and E.device.type == "cpu"
+
+    def _lattice_arrays(self, target) -> tuple:
+        """``(P, Q, K, L)`` of ``target``'s lattice as the hub kernel reads them (cached)."""
+        key = tuple(int(t) for t in target)
+        with self.lock:
+            hit = self.lat_cache.get(key)
+            if hit is not None:
+                self.lat_cache.move_to_end(key)
+                return hit
+        P, Q, K = self.lattice(key)
+        hit = (np.asarray(P, np.int64), np.asarray(Q, np.int64), np.asarray(K, np.int64), len(key))
+        with self.lock:
+            self.lat_cache[key] = hit
+            while len(self.lat_cache) > self.cache_size:
+                self.lat_cache.popitem(last=False)
+        return hit
+
+    def _hub_numerators(self, E, seqs, lengths, impl, need_e, coef):
+        """``(-log Z (B,), d/dE or None, sum_b coef[b] * label occupancies (C,) or None)`` of the
+        plain numerators by :mod:`._hub_numba`; rows it cannot vouch for take the graph kernels."""
+        B, T, C = E.shape
+        need_l = coef is not None
+        logz, flag, gE, lsum = _hub_numba.numerators(
+            E, [self._lattice_arrays(s) for s in seqs], lengths, self.blank_mode, self.num_tokens, need_e, need_l)
+        losses = torch.from_numpy(-logz).to(E.dtype)
+        gw_lab = None
+        if need_l:
+            # the loss is -log Z: its gradient is minus the occupancies
+            gw_lab = torch.from_numpy(-(lsum.T @ coef.detach().cpu().numpy().astype(np.float64))).to(E.dtype)
+        redo = np.nonzero(flag)[0]
+        if len(redo):
+            sub = torch.from_numpy(redo)
+            graphs, ids = unique_graphs([self.numerator(seqs[i], plain=True) for i in redo])
+            plan = Plan(graphs, ids, np.arange(len(redo)), lengths[redo], -np.ones(len(redo)), len(redo))
+            l2, g2, gw2 = _score_plan(plan, E[sub].contiguous(), torch.zeros(plan.batch.num_arcs, dtype=E.dtype),
+                                      impl, need_e, None if coef is None else coef[sub])
+            losses[sub] = l2
+            if need_e:
+                gE[sub] = g2
+            if need_l:
+                gw_lab = gw_lab.index_add_(0, torch.from_numpy(plan.batch.label.astype(np.int64)), gw2.to(E.dtype))
+        return losses, gE, gw_lab
 
     def _numerator_scores(self, E, weights, seqs, lengths, impl, need_e, w_coef):
         """``(weight index, weights, -log Z, grad_E, grad_w)`` of the batch's numerator graphs

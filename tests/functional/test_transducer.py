@@ -550,3 +550,73 @@ def test_dense_bigram_normaliser_equals_the_graph_path(reduction):
     for d in dense.values():
         for a, b in zip(d, graph):
             assert torch.allclose(a, b, atol=1e-9, rtol=1e-7)
+
+
+def _hub_vs_graph(tokens, g2i, targets, x, lengths, blank, ngram=0, monkeypatch=None):
+    """Losses and gradients with the hub kernel (impl="numba") and with the log-domain graph
+    kernels (impl="numba_log")."""
+    crit, _ = transducer_criterion(tokens, g2i, ngram, None, blank)
+    out = []
+    params = None if ngram == 0 else 0.2 * torch.randn(crit.num_arcs, generator=torch.Generator().manual_seed(1),
+                                                       dtype=x.dtype)
+    for impl in ("numba", "numba_log"):
+        xi = x.clone().requires_grad_()
+        pi = None if params is None else params.clone().requires_grad_()
+        loss = transducer_loss(xi, targets, lengths, tokens=tokens, graphemes_to_idx=g2i, ngram=ngram,
+                               transition_params=pi, blank=blank, reduction="none", impl=impl)
+        fin = torch.isfinite(loss)
+        (loss[fin] * torch.arange(1, int(fin.sum()) + 1, dtype=x.dtype)).sum().backward()
+        out.append((loss.detach(), xi.grad, None if pi is None else pi.grad))
+    return out
+
+
+@pytest.mark.parametrize("blank", ["none", "optional", "forced"])
+@pytest.mark.parametrize("ngram", [0, 1])
+def test_hub_kernel_equals_graph_kernels(blank, ngram):
+    # word pieces with several decompositions, an empty target, a target too long for its frames,
+    # a target the tokens cannot spell, no frames, a dead frame
+    letters = ["a", "b", "c", "d"]
+    tokens = letters + ["ab", "bc", "abc", "cd", "da"]
+    g2i = {c: i for i, c in enumerate(letters)}
+    C = len(tokens) + (blank != "none")
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(7, 12, C, generator=g, dtype=torch.float64)
+    if ngram == 0:
+        x = x.log_softmax(-1)
+    x[6, 4] = -float("inf")
+    targets = [[0, 1, 2, 3, 0], [], [3] * 13, [3, 3, 3], [0, 1], [2, 3, 0, 1], [1, 2]]
+    lengths = [12, 6, 12, 12, 0, 10, 8]
+    (a, ga, pa), (b, gb, pb) = _hub_vs_graph(tokens, g2i, targets, x, lengths, blank, ngram)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ga, gb)
+    if ngram:
+        torch.testing.assert_close(pa, pb)
+    assert torch.isinf(a[2]) and torch.isinf(a[6])  # too long for 12 frames (forced: 2L + 1); a dead frame
+
+
+def test_hub_kernel_rows_it_cannot_vouch_for_take_the_graph_kernels(monkeypatch):
+    from lightning_gtn.functional import _hub_numba
+
+    tokens = ["a", "b", "ab"]
+    g2i = {"a": 0, "b": 1}
+    x = torch.randn(3, 9, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    targets, lengths = [[0, 1, 1], [1], [0, 1, 0, 1]], [9, 5, 9]
+    direct = _hub_vs_graph(tokens, g2i, targets, x, lengths, "optional", ngram=1)[0]
+    monkeypatch.setattr(_hub_numba, "TOL", -1.0)  # no row passes the check
+    fallback = _hub_vs_graph(tokens, g2i, targets, x, lengths, "optional", ngram=1)[0]
+    for u, v in zip(direct, fallback):
+        torch.testing.assert_close(u, v)
+
+
+def test_hub_kernel_long_peaked_inputs():
+    # 3000 frames of peaked scores: underflow must not drop paths (the check sends such rows to the
+    # graph kernels, which scale per segment)
+    letters = ["a", "b", "c"]
+    g2i = {c: i for i, c in enumerate(letters)}
+    x = (torch.randn(2, 3000, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 30)
+    x = x.log_softmax(-1)
+    targets = [[0, 1, 2] * 60, [1]]
+    (a, ga, _), (b, gb, _) = _hub_vs_graph(letters, g2i, targets, x, [3000, 2000], "optional")
+    assert torch.isfinite(a).all()
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ga, gb)
