@@ -36,12 +36,15 @@ MODES = {"none": 0, "optional": 1, "forced": 2}
 
 
 @njit(cache=True, nogil=True)
-def _hub_kernel(e0, e1, E, lat_off, Lp, Kp, Qp, tlen, lens, mode, blank, logz, flag, gE, lsum, need_e,
+def _hub_kernel(e0, e1, E, lat_off, Lp, Kp, Qp, tlen, lab_off, labs, lens, mode, logz, flag, gE, lsum, need_e,
                 need_l, tol):
     """Examples (rows) ``e0 .. e1 - 1``: ``logz[e]`` of the numerator, ``gE[e] = -d logZ / d E[e]``
     (with ``need_e``) and ``lsum[e, c]`` = the occupancy of label ``c`` summed over the frames
-    (with ``need_l``); ``flag[e] = 1``: left to the graph kernels (nothing written)."""
-    C = E.shape[2]
+    (with ``need_l``); ``flag[e] = 1``: left to the graph kernels (nothing written).
+
+    ``labs[lab_off[e] : lab_off[e + 1]]`` are the labels the example reads (its tokens, then the
+    blank last); ``Kp`` holds each lattice arc's token as an index into them, so a frame
+    exponentiates only those labels."""
     has_blank = mode != 0
     for e in range(e0, e1):
         a0 = lat_off[e]
@@ -55,12 +58,15 @@ def _hub_kernel(e0, e1, E, lat_off, Lp, Kp, Qp, tlen, lens, mode, blank, logz, f
         if L > 0 and nA == 0:  # not spelled by the tokens
             logz[e] = NEG_INF
             continue
+        l0 = lab_off[e]
+        C = lab_off[e + 1] - l0  # the labels read, local ids 0 .. C - 1
+        blank = C - 1
         nb = L + 1 if has_blank else 0
         S = nA + nb  # token nodes 0 .. nA - 1, then the blanks
         A = np.zeros((n + 1, S))
         cs = np.zeros(n + 1)
         mxs = np.empty(n)
-        Pf = np.empty((n, C))
+        Pf = np.empty((n, max(C, 1)))
         Ab = np.zeros(L + 1)
         At = np.zeros(L + 1)
         ok = True
@@ -68,7 +74,7 @@ def _hub_kernel(e0, e1, E, lat_off, Lp, Kp, Qp, tlen, lens, mode, blank, logz, f
             f = t - 1
             mx = NEG_INF
             for c in range(C):
-                v = E[e, f, c]
+                v = E[e, f, labs[l0 + c]]
                 if not v <= mx:
                     mx = v
             if not (mx > NEG_INF and mx < math.inf):
@@ -81,7 +87,7 @@ def _hub_kernel(e0, e1, E, lat_off, Lp, Kp, Qp, tlen, lens, mode, blank, logz, f
                 ok = False
                 break
             for c in range(C):
-                Pf[f, c] = math.exp(E[e, f, c] - mx)
+                Pf[f, c] = math.exp(E[e, f, labs[l0 + c]] - mx)
             mxs[f] = mx
             # the hub sums of frame t - 1
             for p in range(L + 1):
@@ -217,10 +223,11 @@ def _hub_kernel(e0, e1, E, lat_off, Lp, Kp, Qp, tlen, lens, mode, blank, logz, f
             for c in range(C):
                 g = G[f, c]
                 if g != 0.0:
+                    lab = labs[l0 + c]
                     if need_e:
-                        gE[e, f, c] = -g
+                        gE[e, f, lab] = -g
                     if need_l:
-                        lsum[e, c] += g
+                        lsum[e, lab] += g
 
 
 TOL = 1e-6
@@ -245,12 +252,24 @@ def numerators(E: torch.Tensor, lattices, lengths: np.ndarray, mode: str, blank:
         raise ValueError(f"lengths must be {B} values in [0, {T}]")
     if len(Kp) and (Kp.min() < 0 or Kp.max() >= C):
         raise ValueError(f"lattice tokens must lie in [0, {C})")
-    rep = np.repeat(tlen, sizes)
-    if len(Pp) and (Pp.min() < 0 or (Qp <= Pp).any() or (Qp > rep).any()):
-        raise ValueError("lattice arcs must satisfy 0 <= P < Q <= L")
     m = MODES[mode]
     if m != 0 and not 0 <= blank < C:
         raise ValueError(f"blank must lie in [0, {C})")
+    # per example: the labels it reads (sorted tokens, then the blank) and its arcs' local ids
+    labs_l, koff = [], []
+    for lat in lattices:
+        u = np.unique(lat[2])
+        if m != 0:
+            u = np.append(u[u != blank], blank)
+        labs_l.append(u)
+        koff.append(np.searchsorted(u[:-1] if m != 0 else u, lat[2]))
+    lab_off = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum([len(u) for u in labs_l], out=lab_off[1:])
+    labs = np.ascontiguousarray(np.concatenate(labs_l) if B else np.zeros(0), dtype=np.int64)
+    Kloc = np.ascontiguousarray(np.concatenate(koff) if B else np.zeros(0), dtype=np.int64)
+    rep = np.repeat(tlen, sizes)
+    if len(Pp) and (Pp.min() < 0 or (Qp <= Pp).any() or (Qp > rep).any()):
+        raise ValueError("lattice arcs must satisfy 0 <= P < Q <= L")
     logz = np.zeros(B, dtype=np.float64)
     flag = np.zeros(B, dtype=np.int64)
     gE = torch.zeros_like(E) if need_e else torch.zeros((1, 1, 1), dtype=E.dtype)
@@ -258,7 +277,7 @@ def numerators(E: torch.Tensor, lattices, lengths: np.ndarray, mode: str, blank:
     gEn = gE.numpy()
 
     def run(e0, e1):
-        _hub_kernel(e0, e1, En, lat_off, Pp, Kp, Qp, tlen, ln, m, int(blank), logz, flag, gEn, lsum, need_e,
+        _hub_kernel(e0, e1, En, lat_off, Pp, Kloc, Qp, tlen, lab_off, labs, ln, m, logz, flag, gEn, lsum, need_e,
                     need_l, TOL)
 
     threads = get_num_threads()

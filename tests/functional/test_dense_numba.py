@@ -16,6 +16,13 @@ def _reference(E, w, lens):
     return logz, p, p.sum(1)
 
 
+@pytest.fixture(autouse=True, params=["numba", "torch"])
+def unigram_impl(request, monkeypatch):
+    """Each test once per implementation of the unigram pass."""
+    monkeypatch.setattr(_dense_numba, "UNIGRAM_TORCH_MIN_CLASSES", 10**9 if request.param == "numba" else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_values_and_softmax_added_in_place(dtype):
     g = torch.Generator().manual_seed(0)
