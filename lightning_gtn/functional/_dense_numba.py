@@ -149,21 +149,18 @@ def _dense_kernel(e0, e1, E, tr0, K, KT, r, lens, logz, gE, R, L, need_grad):
             mb = mb + qm[t] + math.log(smax)
 
 
-def _chunks(lens: np.ndarray, per_frame: int, threads: int):
-    """Example ranges of about equal total frames, one per thread (one range when the frames
-    times ``per_frame`` operations are too few to share)."""
-    B = len(lens)
-    cost = np.maximum(lens, 0).astype(np.float64) + 1.0
-    if threads <= 1 or B <= 1 or float(cost.sum()) * per_frame < 200_000:
-        return [(0, B)]
-    cum = np.cumsum(cost)
-    cuts = [0]
-    for i in range(1, threads):
-        c = int(np.searchsorted(cum, cum[-1] * i / threads)) + 1
-        if cuts[-1] < c < B:
-            cuts.append(c)
-    cuts.append(B)
-    return list(zip(cuts[:-1], cuts[1:]))
+def run_rows(run, cost: np.ndarray, min_total: float) -> None:
+    """Calls ``run(e0, e1)`` over row ranges of about equal total ``cost``, one per thread of the
+    engine's pool (one range when the total is below ``min_total``: not worth sharing)."""
+    B = len(cost)
+    cum = np.cumsum(np.asarray(cost, dtype=np.float64))
+    threads = get_num_threads()
+    if threads <= 1 or B <= 1 or cum[-1] < min_total:
+        run(0, B)
+        return
+    cuts = sorted({0, B, *[min(B, int(np.searchsorted(cum, cum[-1] * i / threads)) + 1)
+                           for i in range(1, threads)]})
+    parallel_map(run, cuts[:-1], cuts[1:])
 
 
 @torch.no_grad()
@@ -195,12 +192,7 @@ def full_pass(E: torch.Tensor, tr: torch.Tensor, lens: torch.Tensor, need_grad: 
     def run(e0, e1):
         _dense_kernel(e0, e1, En, tr0, Kn, KTn, r, ln, logz, gEn, Rn, Ln, need_grad)
 
-    chunks = _chunks(ln, C * C, get_num_threads())
-    if len(chunks) <= 1:
-        for c in chunks:
-            run(*c)
-    else:
-        parallel_map(run, [c[0] for c in chunks], [c[1] for c in chunks])
+    run_rows(run, (np.maximum(ln, 0) + 1) * C * C, 200_000)
     logz_t = torch.from_numpy(logz).to(dtype)
     if not need_grad:
         return logz_t, None, None
@@ -287,10 +279,5 @@ def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.T
     def run(e0, e1):
         _unigram_kernel(e0, e1, En, wn, ln, logz, gEn, psum, need_grad)
 
-    chunks = _chunks(ln, C, get_num_threads())
-    if len(chunks) <= 1:
-        for c in chunks:
-            run(*c)
-    else:
-        parallel_map(run, [c[0] for c in chunks], [c[1] for c in chunks])
+    run_rows(run, (ln + 1) * C, 200_000)
     return torch.from_numpy(logz), (torch.from_numpy(psum) if need_grad else None)

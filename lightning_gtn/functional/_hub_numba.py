@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ..wfst.parallel import get_num_threads, parallel_map
+from ._dense_numba import run_rows
 
 NEG_INF = -math.inf
 MODES = {"none": 0, "optional": 1, "forced": 2}
@@ -280,12 +280,5 @@ def numerators(E: torch.Tensor, lattices, lengths: np.ndarray, mode: str, blank:
         _hub_kernel(e0, e1, En, lat_off, Pp, Kloc, Qp, tlen, lab_off, labs, ln, m, logz, flag, gEn, lsum, need_e,
                     need_l, TOL)
 
-    threads = get_num_threads()
-    cost = np.cumsum((ln + 1) * (sizes + tlen + 2))
-    if threads <= 1 or B <= 1 or float(cost[-1]) < 20_000:
-        run(0, B)
-    else:
-        cuts = sorted({0, B, *[min(B, int(np.searchsorted(cost, cost[-1] * i / threads)) + 1)
-                               for i in range(1, threads)]})
-        parallel_map(run, cuts[:-1], cuts[1:])
+    run_rows(run, (ln + 1) * (sizes + tlen + 2), 20_000)
     return logz, flag, (gE if need_e else None), (lsum if need_l else None)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ..wfst.parallel import get_num_threads, parallel_map
+from ._dense_numba import run_rows
 
 NEG_INF = -math.inf
 
@@ -225,12 +225,5 @@ def stc_chain(X: torch.Tensor, log_p: float, eps: float, seqs, lengths: np.ndarr
         _stc_kernel(e0, e1, Xn, float(log_p), float(eps), tok, tok_off, ln, int(blank), logz, flag, gXn, gp,
                     need_grad, TOL)
 
-    threads = get_num_threads()
-    cost = np.cumsum((ln + 1) * (sizes + 1))
-    if threads <= 1 or B <= 1 or float(cost[-1]) < 20_000:
-        run(0, B)
-    else:
-        cuts = sorted({0, B, *[min(B, int(np.searchsorted(cost, cost[-1] * i / threads)) + 1)
-                               for i in range(1, threads)]})
-        parallel_map(run, cuts[:-1], cuts[1:])
+    run_rows(run, (ln + 1) * (sizes + 1), 20_000)
     return logz, flag, (gX if need_grad else None), gp
