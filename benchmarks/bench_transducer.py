@@ -10,9 +10,9 @@ Inputs: batch 32, T in 100..150, targets of 20-40 graphemes made of words of a f
 letters (and ``|``), plus the most frequent substrings (2..6 graphemes) of the word list to make
 ~200 or ~1000 word pieces. Emissions are log-probabilities (ngram 0) or raw scores.
 
-Columns: forward + backward median wall time of ``transducer_loss`` with the numerator graphs cached
-(a training loop meets the same transcripts every epoch: "warm"), and with every cache
-emptied before the call ("cold": all graphs built), the research pattern's time, and the ratio
+Columns: forward + backward median wall time of ``transducer_loss`` with the numerator graphs and
+lattices cached (a training loop meets the same transcripts every epoch: "warm"), and with every
+cache emptied before the call ("cold": all graphs and lattices built), the research pattern's time, and the ratio
 research / warm; then the process CPU time (all threads) of both and its ratio, steadier than
 wall time on a shared machine. Run with ``OMP_WAIT_POLICY=PASSIVE`` on a machine with few cores (see
 ``bench_losses.py``: torch's spinning OpenMP workers take a core from the scoring pool).
@@ -217,6 +217,7 @@ def main(argv=None) -> str:
         def cold():
             crit, _ = td.transducer_criterion(tokens, g2i, ngram, None, "optional")
             crit.cache.clear()
+            crit.lat_cache.clear()
             ours()
 
         ours()  # warm-up: numba, the criterion, the graphs
