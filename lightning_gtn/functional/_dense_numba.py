@@ -240,27 +240,42 @@ def _unigram_kernel(e0, e1, E, w, lens, logz, gE, psum, need_grad):
 UNIGRAM_TORCH_MIN_CLASSES = 128
 
 
-def _unigram_torch(E, w, ln, gE):
-    """:func:`unigram_pass` by torch ops."""
+def _unigram_torch(E, w, ln, gE, inplace):
+    """:func:`unigram_pass` by torch ops, one exp per element: ``z = E + w`` (``E`` itself when
+    ``inplace`` and ``w`` is zero), ``exp(z - max)`` in place, its sums, then the softmax."""
     B, T, C = E.shape
-    z = E.detach() + w.detach().reshape(-1).to(E.dtype)
-    lse = torch.logsumexp(z, dim=-1)  # (B, T)
+    wz = w.detach().reshape(-1).to(E.dtype)
+    z = E.detach() if inplace else E.detach().clone()
+    if bool((wz != 0).any()):
+        z.add_(wz)
+    m = z.amax(dim=-1, keepdim=True)  # (B, T, 1)
+    fin = torch.isfinite(m)
+    all_fin = bool(fin.all())
+    if not all_fin:  # dead frames (-inf: sums 0, log -inf), NaN or inf frames propagate through the sums
+        m = torch.where(fin, m, torch.zeros_like(m))
+    z.sub_(m).exp_()
+    sums = z.sum(dim=-1)  # (B, T)
+    lse = m.squeeze(-1).to(torch.float64) + torch.log(sums.to(torch.float64))
     valid = torch.from_numpy(np.arange(T)[None, :] < ln[:, None])
-    logz = torch.where(valid, lse, torch.zeros_like(lse)).to(torch.float64).sum(1)
+    logz = torch.where(valid, lse, torch.zeros_like(lse)).sum(1)
     if gE is None:
         return logz, None
-    live = valid & torch.isfinite(lse)  # dead frames (-inf) of infeasible rows get no softmax
-    p = z.sub_(torch.where(live, lse, torch.zeros_like(lse)).unsqueeze(-1)).exp_()
-    p.masked_fill_(~live.unsqueeze(-1), 0.0)
-    gE.add_(p)
-    return logz, p.sum(1).to(torch.float64)
+    z.div_(sums.unsqueeze(-1))  # the softmax (NaN in dead frames: zeroed below)
+    for b in np.nonzero(ln < T)[0].tolist():  # frames past each length
+        z[b, int(ln[b]):] = 0
+    if not all_fin or not bool(torch.isfinite(lse).all()):
+        z.masked_fill_(~torch.isfinite(lse).unsqueeze(-1), 0.0)
+    gE.add_(z)
+    return logz, z.sum(1).to(torch.float64)
 
 
-def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.Tensor = None):
+def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.Tensor = None,
+                 inplace: bool = False):
     """``(logz (B,), psum (B, C) or None)`` of the unigram normaliser of CPU emissions ``(B, T, C)``
     with label weights ``w (C,)``; when ``gE`` (a ``(B, T, C)`` CPU buffer) is given, each valid
     frame's softmax is added into it and ``psum[b]`` is its sum over the frames of row b. One
-    numba pass below ``UNIGRAM_TORCH_MIN_CLASSES`` labels, torch ops from there."""
+    numba pass below ``UNIGRAM_TORCH_MIN_CLASSES`` labels, torch ops from there (``inplace``: they
+    may use ``E`` as their scratch buffer)."""
     B, T, C = E.shape
     En = E.detach().contiguous().numpy()
     wn = np.ascontiguousarray(w.detach().to(torch.float64).reshape(-1).numpy())
@@ -271,7 +286,7 @@ def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.T
     if need_grad and (tuple(gE.shape) != (B, T, C) or not gE.is_contiguous() or gE.dtype != E.dtype):
         raise ValueError(f"unigram_pass: gE must be a contiguous {E.dtype} buffer of shape {(B, T, C)}")
     if C >= UNIGRAM_TORCH_MIN_CLASSES:
-        return _unigram_torch(E, w, ln, gE)
+        return _unigram_torch(E, w, ln, gE, inplace and E.is_contiguous())
     logz = np.zeros(B, dtype=np.float64)
     psum = np.zeros((B, C) if need_grad else (1, 1), dtype=np.float64)
     gEn = gE.numpy() if need_grad else np.zeros((1, 1, 1), dtype=En.dtype)

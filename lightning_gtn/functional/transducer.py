@@ -459,7 +459,8 @@ class TransducerCriterion(_ops.Criterion):
             buf = torch.zeros_like(Ep)
         elif buf is not None and not buf.is_contiguous():
             buf = buf.contiguous()
-        logz, psum = _dense_numba.unigram_pass(Ep, torch.zeros(C, dtype=E.dtype), lengths, buf)
+        # Ep is ours and no longer needed: the pass may overwrite it
+        logz, psum = _dense_numba.unigram_pass(Ep, torch.zeros(C, dtype=E.dtype), lengths, buf, inplace=True)
         losses, ok, okf = _combine(logz.to(E.dtype), num_loss, zero_infinity)
         gE = gW = None
         if buf is not None:
