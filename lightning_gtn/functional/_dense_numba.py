@@ -240,7 +240,7 @@ def _unigram_kernel(e0, e1, E, w, lens, logz, gE, psum, need_grad):
 UNIGRAM_TORCH_MIN_CLASSES = 128
 
 
-def _unigram_torch(E, w, ln, gE, inplace):
+def _unigram_torch(E, w, ln, gE, inplace, new_buffer=False):
     """:func:`unigram_pass` by torch ops, one exp per element: ``z = E + w`` (``E`` itself when
     ``inplace`` and ``w`` is zero), ``exp(z - max)`` in place, its sums, then the softmax."""
     B, T, C = E.shape
@@ -258,24 +258,27 @@ def _unigram_torch(E, w, ln, gE, inplace):
     lse = m.squeeze(-1).to(torch.float64) + torch.log(sums.to(torch.float64))
     valid = torch.from_numpy(np.arange(T)[None, :] < ln[:, None])
     logz = torch.where(valid, lse, torch.zeros_like(lse)).sum(1)
-    if gE is None:
+    if gE is None and not new_buffer:
         return logz, None
     z.div_(sums.unsqueeze(-1))  # the softmax (NaN in dead frames: zeroed below)
     for b in np.nonzero(ln < T)[0].tolist():  # frames past each length
         z[b, int(ln[b]):] = 0
     if not all_fin or not bool(torch.isfinite(lse).all()):
         z.masked_fill_(~torch.isfinite(lse).unsqueeze(-1), 0.0)
+    if new_buffer:
+        return logz, z.sum(1).to(torch.float64), z
     gE.add_(z)
     return logz, z.sum(1).to(torch.float64)
 
 
 def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.Tensor = None,
-                 inplace: bool = False):
+                 inplace: bool = False, new_buffer: bool = False):
     """``(logz (B,), psum (B, C) or None)`` of the unigram normaliser of CPU emissions ``(B, T, C)``
     with label weights ``w (C,)``; when ``gE`` (a ``(B, T, C)`` CPU buffer) is given, each valid
     frame's softmax is added into it and ``psum[b]`` is its sum over the frames of row b. One
     numba pass below ``UNIGRAM_TORCH_MIN_CLASSES`` labels, torch ops from there (``inplace``: they
-    may use ``E`` as their scratch buffer)."""
+    may use ``E`` as their scratch buffer). With ``new_buffer`` (and no ``gE``) the softmax goes
+    to a new buffer, returned third: ``(logz, psum, buffer)``."""
     B, T, C = E.shape
     En = E.detach().contiguous().numpy()
     wn = np.ascontiguousarray(w.detach().to(torch.float64).reshape(-1).numpy())
@@ -285,8 +288,12 @@ def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.T
     need_grad = gE is not None
     if need_grad and (tuple(gE.shape) != (B, T, C) or not gE.is_contiguous() or gE.dtype != E.dtype):
         raise ValueError(f"unigram_pass: gE must be a contiguous {E.dtype} buffer of shape {(B, T, C)}")
+    new_buffer = new_buffer and gE is None
     if C >= UNIGRAM_TORCH_MIN_CLASSES:
-        return _unigram_torch(E, w, ln, gE, inplace and E.is_contiguous())
+        return _unigram_torch(E, w, ln, gE, inplace and E.is_contiguous(), new_buffer)
+    if new_buffer:
+        gE = torch.zeros((B, T, C), dtype=E.dtype)
+        need_grad = True
     logz = np.zeros(B, dtype=np.float64)
     psum = np.zeros((B, C) if need_grad else (1, 1), dtype=np.float64)
     gEn = gE.numpy() if need_grad else np.zeros((1, 1, 1), dtype=En.dtype)
@@ -295,4 +302,6 @@ def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.T
         _unigram_kernel(e0, e1, En, wn, ln, logz, gEn, psum, need_grad)
 
     run_rows(run, (ln + 1) * C, 200_000)
+    if new_buffer:
+        return torch.from_numpy(logz), torch.from_numpy(psum), gE
     return torch.from_numpy(logz), (torch.from_numpy(psum) if need_grad else None)

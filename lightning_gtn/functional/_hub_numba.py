@@ -36,11 +36,12 @@ MODES = {"none": 0, "optional": 1, "forced": 2}
 
 
 @njit(cache=True, nogil=True)
-def _hub_kernel(e0, e1, E, lat_off, Lp, Kp, Qp, tlen, lab_off, labs, lens, mode, logz, flag, gE, lsum, need_e,
+def _hub_kernel(e0, e1, E, wl, lat_off, Lp, Kp, Qp, tlen, lab_off, labs, lens, mode, logz, flag, gE, lsum, need_e,
                 need_l, tol):
     """Examples (rows) ``e0 .. e1 - 1``: ``logz[e]`` of the numerator, ``gE[e] = -d logZ / d E[e]``
     (with ``need_e``) and ``lsum[e, c]`` = the occupancy of label ``c`` summed over the frames
-    (with ``need_l``); ``flag[e] = 1``: left to the graph kernels (nothing written).
+    (with ``need_l``); ``flag[e] = 1``: left to the graph kernels (nothing written). Label ``c``
+    scores ``E[e, t, c] + wl[c]``; the gradient is added to what ``gE`` holds.
 
     ``labs[lab_off[e] : lab_off[e + 1]]`` are the labels the example reads (its tokens, then the
     blank last); ``Kp`` holds each lattice arc's token as an index into them, so a frame
@@ -74,7 +75,7 @@ def _hub_kernel(e0, e1, E, lat_off, Lp, Kp, Qp, tlen, lab_off, labs, lens, mode,
             f = t - 1
             mx = NEG_INF
             for c in range(C):
-                v = E[e, f, labs[l0 + c]]
+                v = E[e, f, labs[l0 + c]] + wl[labs[l0 + c]]
                 if not v <= mx:
                     mx = v
             if not (mx > NEG_INF and mx < math.inf):
@@ -87,7 +88,7 @@ def _hub_kernel(e0, e1, E, lat_off, Lp, Kp, Qp, tlen, lab_off, labs, lens, mode,
                 ok = False
                 break
             for c in range(C):
-                Pf[f, c] = math.exp(E[e, f, labs[l0 + c]] - mx)
+                Pf[f, c] = math.exp(E[e, f, labs[l0 + c]] + wl[labs[l0 + c]] - mx)
             mxs[f] = mx
             # the hub sums of frame t - 1
             for p in range(L + 1):
@@ -225,7 +226,7 @@ def _hub_kernel(e0, e1, E, lat_off, Lp, Kp, Qp, tlen, lab_off, labs, lens, mode,
                 if g != 0.0:
                     lab = labs[l0 + c]
                     if need_e:
-                        gE[e, f, lab] = -g
+                        gE[e, f, lab] -= g
                     if need_l:
                         lsum[e, lab] += g
 
@@ -234,9 +235,11 @@ TOL = 1e-6
 
 
 def numerators(E: torch.Tensor, lattices, lengths: np.ndarray, mode: str, blank: int, need_e: bool,
-               need_l: bool):
+               need_l: bool, w: torch.Tensor = None, gE: torch.Tensor = None):
     """``(logz (B,) numpy, flag (B,) numpy, gE (B, T, C) or None, lsum (B, C) numpy or None)`` of
-    the numerator graphs given as lattices ``(P, Q, K, L)`` per row (see the module's text)."""
+    the numerator graphs given as lattices ``(P, Q, K, L)`` per row (see the module's text),
+    against ``E + w`` (``w``: ``(C,)`` label weights, default none); ``gE``, when given, is the
+    buffer the gradient is added to (a new zero buffer otherwise)."""
     B, T, C = E.shape
     En = E.detach().contiguous().numpy()
     ln = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64))
@@ -272,12 +275,20 @@ def numerators(E: torch.Tensor, lattices, lengths: np.ndarray, mode: str, blank:
         raise ValueError("lattice arcs must satisfy 0 <= P < Q <= L")
     logz = np.zeros(B, dtype=np.float64)
     flag = np.zeros(B, dtype=np.int64)
-    gE = torch.zeros_like(E) if need_e else torch.zeros((1, 1, 1), dtype=E.dtype)
+    wl = np.zeros(C) if w is None else np.ascontiguousarray(w.detach().to(torch.float64).reshape(-1).numpy())
+    if wl.shape != (C,):
+        raise ValueError(f"w must have shape ({C},), got {wl.shape}")
+    if gE is not None and (tuple(gE.shape) != (B, T, C) or gE.dtype != E.dtype or not gE.is_contiguous()):
+        raise ValueError(f"gE must be a contiguous {E.dtype} tensor of shape {(B, T, C)}")
+    if not need_e:
+        gE = torch.zeros((1, 1, 1), dtype=E.dtype)
+    elif gE is None:
+        gE = torch.zeros_like(E)
     lsum = np.zeros((B, C) if need_l else (1, 1), dtype=np.float64)
     gEn = gE.numpy()
 
     def run(e0, e1):
-        _hub_kernel(e0, e1, En, lat_off, Pp, Kloc, Qp, tlen, lab_off, labs, ln, m, logz, flag, gEn, lsum, need_e,
+        _hub_kernel(e0, e1, En, wl, lat_off, Pp, Kloc, Qp, tlen, lab_off, labs, ln, m, logz, flag, gEn, lsum, need_e,
                     need_l, TOL)
 
     run_rows(run, (ln + 1) * (sizes + tlen + 2), 20_000)

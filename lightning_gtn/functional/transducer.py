@@ -435,35 +435,41 @@ class TransducerCriterion(_ops.Criterion):
 
     def _unigram_cpu(self, E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef):
         """The unigram criterion on the CPU, with its weights folded into the emissions: every arc
-        reading label ``c`` carries ``w[c]``, so scoring ``E' = E + w`` with the plain alignment
-        graphs (no weights: the kernels' cheaper loop) and a weightless unigram normaliser (one
-        numba pass, :func:`._dense_numba.unigram_pass`) gives the same losses; ``d/dE = d/dE'``,
-        and ``d/dw[c]`` sums the occupancies of label ``c``: the numerators' arcs reading it and
-        the normaliser's softmax."""
+        reading label ``c`` carries ``w[c]``, so the plain alignment graphs (no weights: the
+        cheaper loops) scored against ``E + w`` and a weightless unigram normaliser over ``E + w``
+        (:func:`._dense_numba.unigram_pass`) give the same losses; ``d/dE = d/d(E + w)``, and
+        ``d/dw[c]`` sums the occupancies of label ``c``: the numerators' arcs reading it and the
+        normaliser's softmax. The normaliser's softmax buffer receives the numerators' gradient."""
         B, T, C = E.shape
         need_w = w_coef is not None
-        Ep = (E.detach() + weights.detach().reshape(-1).to(E.dtype)).contiguous()
+        need = need_e or need_w
+        w = weights.detach().reshape(-1).to(E.dtype)
         coef = None if w_coef is None else w_coef.to(E.dtype)
+
+        def normaliser(x, weights, inplace):  # (log Z, softmax sums or None, softmax buffer or None)
+            if need:
+                return _dense_numba.unigram_pass(x, weights, lengths, new_buffer=True, inplace=inplace)
+            return _dense_numba.unigram_pass(x, weights, lengths)[0], None, None
+
         if self._use_hub(E, impl):
-            num_loss, buf, gw_lab = self._hub_numerators(Ep, seqs, lengths, impl, need_e, coef)
+            logz, psum, buf = normaliser(E, w, False)
+            num_loss, _, gw_lab = self._hub_numerators(E, seqs, lengths, impl, need_e, coef, w=w, gE=buf)
         else:
+            Ep = (E.detach() + w).contiguous()
             graphs, ids = unique_graphs([self.numerator(s, plain=True) for s in seqs])
             plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
-            num_loss, buf, gw_n = _score_plan(plan, Ep, torch.zeros(plan.batch.num_arcs, dtype=E.dtype), impl,
-                                              need_e, coef)
+            num_loss, gE_n, gw_n = _score_plan(plan, Ep, torch.zeros(plan.batch.num_arcs, dtype=E.dtype), impl,
+                                               need_e, coef)
+            logz, psum, buf = normaliser(Ep, torch.zeros(C, dtype=E.dtype), True)  # Ep: no longer needed
+            if gE_n is not None:
+                buf.add_(gE_n)
             gw_lab = None
             if gw_n is not None:
                 gw_lab = torch.zeros(C, dtype=E.dtype).index_add_(
                     0, torch.from_numpy(plan.batch.label.astype(np.int64)), gw_n.to(E.dtype))
-        if need_w and buf is None:  # the normaliser's label sums need a buffer
-            buf = torch.zeros_like(Ep)
-        elif buf is not None and not buf.is_contiguous():
-            buf = buf.contiguous()
-        # Ep is ours and no longer needed: the pass may overwrite it
-        logz, psum = _dense_numba.unigram_pass(Ep, torch.zeros(C, dtype=E.dtype), lengths, buf, inplace=True)
         losses, ok, okf = _combine(logz.to(E.dtype), num_loss, zero_infinity)
         gE = gW = None
-        if buf is not None:
+        if need:
             bad = ~ok
             if bool(bad.any()):  # infeasible rows: no gradient from either part
                 buf[bad] = 0
@@ -493,13 +499,15 @@ class TransducerCriterion(_ops.Criterion):
                 self.lat_cache.popitem(last=False)
         return hit
 
-    def _hub_numerators(self, E, seqs, lengths, impl, need_e, coef):
+    def _hub_numerators(self, E, seqs, lengths, impl, need_e, coef, w=None, gE=None):
         """``(-log Z (B,), d/dE or None, sum_b coef[b] * label occupancies (C,) or None)`` of the
-        plain numerators by :mod:`._hub_numba`; rows it cannot vouch for take the graph kernels."""
+        plain numerators against ``E + w`` by :mod:`._hub_numba` (the emission gradient added
+        into ``gE`` when given); rows it cannot vouch for take the graph kernels."""
         B, T, C = E.shape
         need_l = coef is not None
         logz, flag, gE, lsum = _hub_numba.numerators(
-            E, [self._lattice_arrays(s) for s in seqs], lengths, self.blank_mode, self.num_tokens, need_e, need_l)
+            E, [self._lattice_arrays(s) for s in seqs], lengths, self.blank_mode, self.num_tokens, need_e, need_l,
+            w=w, gE=gE)
         losses = torch.from_numpy(-logz).to(E.dtype)
         gw_lab = None
         if need_l:
@@ -510,11 +518,12 @@ class TransducerCriterion(_ops.Criterion):
             sub = torch.from_numpy(redo)
             graphs, ids = unique_graphs([self.numerator(seqs[i], plain=True) for i in redo])
             plan = Plan(graphs, ids, np.arange(len(redo)), lengths[redo], -np.ones(len(redo)), len(redo))
-            l2, g2, gw2 = _score_plan(plan, E[sub].contiguous(), torch.zeros(plan.batch.num_arcs, dtype=E.dtype),
+            x = E[sub] if w is None else E[sub] + w
+            l2, g2, gw2 = _score_plan(plan, x.contiguous(), torch.zeros(plan.batch.num_arcs, dtype=E.dtype),
                                       impl, need_e, None if coef is None else coef[sub])
             losses[sub] = l2
             if need_e:
-                gE[sub] = g2
+                gE[sub] += g2
             if need_l:
                 gw_lab = gw_lab.index_add_(0, torch.from_numpy(plan.batch.label.astype(np.int64)), gw2.to(E.dtype))
         return losses, gE, gw_lab
