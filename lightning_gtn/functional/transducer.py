@@ -528,13 +528,13 @@ class TransducerCriterion(_ops.Criterion):
                 gw_lab = gw_lab.index_add_(0, torch.from_numpy(plan.batch.label.astype(np.int64)), gw2.to(E.dtype))
         return losses, gE, gw_lab
 
-    def _numerator_scores(self, E, weights, seqs, lengths, impl, need_e, w_coef):
+    def _numerator_scores(self, E, weights, seqs, lengths, impl, need_e, w_coef, bigram: bool = False):
         """``(weight index, weights, -log Z, grad_E, grad_w)`` of the batch's numerator graphs
-        (the dense normalisers add their own terms)."""
+        (the dense normalisers add their own terms; ``bigram``: see :meth:`numerator`)."""
         B, T, C = E.shape
         if C != self.C:
             raise ValueError(f"emissions must have C = len(tokens) + (blank != 'none') = {self.C} classes, got {C}")
-        graphs, ids = unique_graphs([self.numerator(s) for s in seqs])
+        graphs, ids = unique_graphs([self.numerator(s, bigram=bigram) for s in seqs])
         plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
         widx = torch.from_numpy(plan.batch.weight_index()).to(E.device)
         w = weights.detach().reshape(-1).to(E.dtype)
@@ -545,17 +545,21 @@ class TransducerCriterion(_ops.Criterion):
         """The research bigram's normaliser by :mod:`._asg_dense`: its arcs are ASG's start row
         (``w[:C]``), its ``C x C`` label-after-label matrix (``w[C + a * C + b]``: ``b`` after ``a``)
         and end weights (epsilon arcs to the final node, ``w[C + C^2 + 1 + a]`` after label ``a``),
-        which are added to each example's last frame. Every length must be positive (length 0
-        takes the graph path)."""
+        which are added to each example's last frame; the numerators read the same frames through
+        their bigram graphs (:meth:`numerator`). Every length must be positive (length 0 takes the
+        graph path)."""
         B, T, C = E.shape
-        widx, w, num_loss, gE_n, gw_n = self._numerator_scores(E, weights, seqs, lengths, impl, need_e, w_coef)
+        need_w = w_coef is not None
+        w = weights.detach().reshape(-1).to(E.dtype)
         trans = torch.cat([w[:C].unsqueeze(0), w[C:C + C * C].reshape(C, C).t()], dim=0)  # (C + 1, C)
         end = w[C + C * C + 1:C + C * C + 1 + C]
         rows = torch.arange(B, device=E.device)
         last = torch.from_numpy(np.asarray(lengths, dtype=np.int64) - 1).to(E.device)
         x = E.detach().clone()
         x[rows, last] += end
-        need_w = w_coef is not None
+        # the numerators read the same end-weighted frames, through their bigram graphs
+        widx, w, num_loss, gE_n, gw_n = self._numerator_scores(x, weights, seqs, lengths, impl, need_e or need_w,
+                                                               w_coef, bigram=True)
         logz, gE_f, parts = _asg_dense._full_pass(x, trans, lengths, need_e or need_w)
         losses, ok, okf = _combine(logz, num_loss, zero_infinity)
         gE = gW = None
@@ -565,7 +569,7 @@ class TransducerCriterion(_ops.Criterion):
             gW = torch.zeros_like(w)
             gW[:C] = gT[0]
             gW[C:C + C * C] = gT[1:].t().reshape(-1)
-            gW[C + C * C + 1:C + C * C + 1 + C] = (gE_f[rows, last] * c.unsqueeze(1)).sum(0)
+            gW[C + C * C + 1:C + C * C + 1 + C] = ((gE_f[rows, last] + gE_n[rows, last]) * c.unsqueeze(1)).sum(0)
             if gw_n is not None:
                 gW = gW.index_add_(0, widx, gw_n)
             gW = gW.reshape(weights.shape)
@@ -575,12 +579,17 @@ class TransducerCriterion(_ops.Criterion):
         return losses, gE, gW
 
     # -- graphs -----------------------------------------------------------------
-    def numerator(self, target, plain: bool = False) -> CompiledGraph:
+    def numerator(self, target, plain: bool = False, bigram: bool = False) -> CompiledGraph:
         """The compiled numerator graph of ``target`` (cached): the alignment acceptor, times the
-        transitions unless ``plain``."""
+        transitions unless ``plain``; with ``bigram`` (research bigram transitions only) the
+        alignment acceptor whose arcs index the start and label-after-label weights directly (its
+        nodes read one label each, so the bigram state is the source node's label) and without
+        the end weights' epsilon arcs (the caller adds them to the last frame)."""
         key = tuple(int(t) for t in target)
         if plain and self.transitions is not None:
             key = ("plain",) + key
+        elif bigram:
+            key = ("bigram",) + key
         with self.lock:
             cg = self.cache.get(key)
             if cg is not None:
@@ -594,11 +603,15 @@ class TransducerCriterion(_ops.Criterion):
         return cg
 
     def _build(self, key: tuple) -> CompiledGraph:
-        plain = bool(key) and key[0] == "plain"
-        target = key[1:] if plain else key
+        kind = key[0] if key and isinstance(key[0], str) else None
+        target = key[1:] if kind else key
         n, start, accept, src, dst, lab = self.alignment(target)
         widx = None
-        if self.transitions is not None and not plain:
+        if kind == "bigram":
+            node_lab = np.full(n, -1, dtype=np.int64)  # the label each node reads (none for the start)
+            node_lab[dst] = lab
+            widx = np.where(src == 0, lab, self.C + node_lab[src] * self.C + lab)
+        elif self.transitions is not None and kind != "plain":
             n, start, accept, src, dst, lab, widx = self._product(n, accept, src, dst, lab)
         g = Graph.from_arrays(n, start, accept, src, dst, lab, calc_grad=False)
         return compile_graph(g, widx)
