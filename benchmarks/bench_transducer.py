@@ -184,7 +184,7 @@ def main(argv=None) -> str:
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--check", action="store_true", help="also compare the losses (float32)")
     args = p.parse_args(argv)
-    reps = 2 if args.quick else 3
+    reps = 2 if args.quick else 7
     words = word_list()
     rows = [f"Transducer loss, CPU, batch {B}, T 100..150, targets 20-40 graphemes, blank optional; "
             f"forward + backward, median of {reps}; lightning_gtn.wfst pool of "
