@@ -240,14 +240,11 @@ def _unigram_kernel(e0, e1, E, w, lens, logz, gE, psum, need_grad):
 UNIGRAM_TORCH_MIN_CLASSES = 128
 
 
-def _unigram_torch(E, w, ln, gE, inplace, new_buffer=False):
-    """:func:`unigram_pass` by torch ops, one exp per element: ``z = E + w`` (``E`` itself when
-    ``inplace`` and ``w`` is zero), ``exp(z - max)`` in place, its sums, then the softmax."""
+def _unigram_torch(E, w, ln, gE, new_buffer):
+    """:func:`unigram_pass` by torch ops (any device), one exp per element: ``z = E + w``,
+    ``exp(z - max)`` in place, its sums, then the softmax by division."""
     B, T, C = E.shape
-    wz = w.detach().reshape(-1).to(E.dtype)
-    z = E.detach() if inplace else E.detach().clone()
-    if bool((wz != 0).any()):
-        z.add_(wz)
+    z = E.detach() + w.detach().reshape(-1).to(E.dtype)
     m = z.amax(dim=-1, keepdim=True)  # (B, T, 1)
     fin = torch.isfinite(m)
     all_fin = bool(fin.all())
@@ -256,7 +253,7 @@ def _unigram_torch(E, w, ln, gE, inplace, new_buffer=False):
     z.sub_(m).exp_()
     sums = z.sum(dim=-1)  # (B, T)
     lse = m.squeeze(-1).to(torch.float64) + torch.log(sums.to(torch.float64))
-    valid = torch.from_numpy(np.arange(T)[None, :] < ln[:, None])
+    valid = torch.arange(T, device=E.device)[None, :] < torch.as_tensor(ln, device=E.device)[:, None]
     logz = torch.where(valid, lse, torch.zeros_like(lse)).sum(1)
     if gE is None and not new_buffer:
         return logz, None
@@ -265,35 +262,36 @@ def _unigram_torch(E, w, ln, gE, inplace, new_buffer=False):
         z[b, int(ln[b]):] = 0
     if not all_fin or not bool(torch.isfinite(lse).all()):
         z.masked_fill_(~torch.isfinite(lse).unsqueeze(-1), 0.0)
+    psum = z.sum(1).to(torch.float64)
     if new_buffer:
-        return logz, z.sum(1).to(torch.float64), z
+        return logz, psum, z
     gE.add_(z)
-    return logz, z.sum(1).to(torch.float64)
+    return logz, psum
 
 
 def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.Tensor = None,
-                 inplace: bool = False, new_buffer: bool = False):
-    """``(logz (B,), psum (B, C) or None)`` of the unigram normaliser of CPU emissions ``(B, T, C)``
-    with label weights ``w (C,)``; when ``gE`` (a ``(B, T, C)`` CPU buffer) is given, each valid
-    frame's softmax is added into it and ``psum[b]`` is its sum over the frames of row b. One
-    numba pass below ``UNIGRAM_TORCH_MIN_CLASSES`` labels, torch ops from there (``inplace``: they
-    may use ``E`` as their scratch buffer). With ``new_buffer`` (and no ``gE``) the softmax goes
-    to a new buffer, returned third: ``(logz, psum, buffer)``."""
+                 new_buffer: bool = False):
+    """``(logz (B,), psum (B, C) or None)`` of the unigram normaliser of emissions ``(B, T, C)``
+    with label weights ``w (C,)``; when ``gE`` (a ``(B, T, C)`` buffer) is given, each valid
+    frame's softmax is added into it and ``psum[b]`` is its sum over the frames of row b. With
+    ``new_buffer`` (and no ``gE``) the softmax goes to a new buffer, returned third:
+    ``(logz, psum, buffer)``. One numba pass on the CPU below ``UNIGRAM_TORCH_MIN_CLASSES``
+    labels, torch ops from there and on other devices."""
     B, T, C = E.shape
-    En = E.detach().contiguous().numpy()
-    wn = np.ascontiguousarray(w.detach().to(torch.float64).reshape(-1).numpy())
     ln = np.ascontiguousarray(np.asarray(lens, dtype=np.int64))
-    if wn.shape != (C,) or ln.shape != (B,) or (B and (ln.min() < 0 or ln.max() > T)):
+    if w.numel() != C or ln.shape != (B,) or (B and (ln.min() < 0 or ln.max() > T)):
         raise ValueError(f"unigram_pass: w must be ({C},) and lengths {B} values in [0, {T}]")
-    need_grad = gE is not None
-    if need_grad and (tuple(gE.shape) != (B, T, C) or not gE.is_contiguous() or gE.dtype != E.dtype):
-        raise ValueError(f"unigram_pass: gE must be a contiguous {E.dtype} buffer of shape {(B, T, C)}")
+    if gE is not None and (tuple(gE.shape) != (B, T, C) or not gE.is_contiguous() or gE.dtype != E.dtype
+                           or gE.device != E.device):
+        raise ValueError(f"unigram_pass: gE must be a contiguous {E.dtype} buffer of shape {(B, T, C)} on {E.device}")
     new_buffer = new_buffer and gE is None
-    if C >= UNIGRAM_TORCH_MIN_CLASSES:
-        return _unigram_torch(E, w, ln, gE, inplace and E.is_contiguous(), new_buffer)
+    if E.device.type != "cpu" or C >= UNIGRAM_TORCH_MIN_CLASSES:
+        return _unigram_torch(E, w, ln, gE, new_buffer)
     if new_buffer:
         gE = torch.zeros((B, T, C), dtype=E.dtype)
-        need_grad = True
+    need_grad = gE is not None
+    En = E.detach().contiguous().numpy()
+    wn = np.ascontiguousarray(w.detach().to(torch.float64).reshape(-1).numpy())
     logz = np.zeros(B, dtype=np.float64)
     psum = np.zeros((B, C) if need_grad else (1, 1), dtype=np.float64)
     gEn = gE.numpy() if need_grad else np.zeros((1, 1, 1), dtype=En.dtype)

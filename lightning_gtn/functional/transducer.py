@@ -392,9 +392,9 @@ class TransducerCriterion(_ops.Criterion):
 
     def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
         """As :meth:`_ops.Criterion.score`; the unigram normaliser (one node looping on every
-        label: ``log Z = sum_t logsumexp_c(E[t, c] + w[c])``) is computed densely (one numba pass
-        on the CPU, torch ops elsewhere) instead of arc by arc, the research bigram's by
-        :mod:`._asg_dense`."""
+        label: ``log Z = sum_t logsumexp_c(E[t, c] + w[c])``) is computed densely (see
+        :meth:`_unigram_folded`) instead of arc by arc, the research bigram's by :mod:`._asg_dense`;
+        on the CPU the plain numerators go through their hubs (:mod:`._hub_numba`)."""
         if self.research_bigram and _asg_dense.use_dense(self.C, E.device) and E.shape[1] > 0 \
                 and bool((lengths > 0).all()):
             return self._bigram_score(E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef)
@@ -409,64 +409,29 @@ class TransducerCriterion(_ops.Criterion):
             return num_loss, gE, None
         if not self.dense_unigram:
             return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
-        if E.device.type == "cpu":
-            return self._unigram_cpu(E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef)
-        B, T, C = E.shape
-        widx, w, num_loss, gE_n, gw_n = self._numerator_scores(E, weights, seqs, lengths, impl, need_e, w_coef)
-        z = E.detach() + w  # (B, T, C)
-        lse = torch.logsumexp(z, dim=-1)  # (B, T)
-        mask = (torch.arange(T, device=E.device)[None, :] < torch.from_numpy(lengths).to(E.device)[:, None])
-        logz = torch.where(mask, lse, torch.zeros_like(lse)).sum(1)
-        need_w = w_coef is not None
-        losses, ok, okf = _combine(logz, num_loss, zero_infinity)
-        gE = gW = None
-        if need_e or need_w:  # d logz / d E = softmax(z) on the valid frames of feasible rows, in place
-            p = z.sub_(lse.unsqueeze(-1)).exp_()
-            p.mul_((mask.to(E.dtype) * okf[:, None]).unsqueeze(-1))
-            if need_w:
-                gW = torch.mv(p.sum(1).t(), w_coef.to(E.dtype))
-                if gw_n is not None:  # infeasible rows' numerators have zero gradients already
-                    gW = gW.index_add_(0, widx, gw_n)
-                gW = gW.reshape(weights.shape)
-            if need_e:
-                gE = gE_n if bool(ok.all()) else gE_n.mul_(okf.reshape(-1, 1, 1))
-                gE = gE.add_(p)
-        return losses, gE, gW
+        return self._unigram_folded(E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef)
 
-    def _unigram_cpu(self, E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef):
-        """The unigram criterion on the CPU, with its weights folded into the emissions: every arc
-        reading label ``c`` carries ``w[c]``, so the plain alignment graphs (no weights: the
-        cheaper loops) scored against ``E + w`` and a weightless unigram normaliser over ``E + w``
+    def _unigram_folded(self, E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef):
+        """The unigram criterion with its weights folded into the emissions: every arc reading
+        label ``c`` carries ``w[c]``, so the plain alignment graphs (no weights: the cheaper loops)
+        scored against ``E + w`` and a weightless unigram normaliser over ``E + w``
         (:func:`._dense_numba.unigram_pass`) give the same losses; ``d/dE = d/d(E + w)``, and
         ``d/dw[c]`` sums the occupancies of label ``c``: the numerators' arcs reading it and the
         normaliser's softmax. The normaliser's softmax buffer receives the numerators' gradient."""
-        B, T, C = E.shape
         need_w = w_coef is not None
         need = need_e or need_w
         w = weights.detach().reshape(-1).to(E.dtype)
         coef = None if w_coef is None else w_coef.to(E.dtype)
-
-        def normaliser(x, weights, inplace):  # (log Z, softmax sums or None, softmax buffer or None)
-            if need:
-                return _dense_numba.unigram_pass(x, weights, lengths, new_buffer=True, inplace=inplace)
-            return _dense_numba.unigram_pass(x, weights, lengths)[0], None, None
-
+        if need:  # (log Z, softmax sums, softmax buffer)
+            logz, psum, buf = _dense_numba.unigram_pass(E, w, lengths, new_buffer=True)
+        else:
+            logz, psum, buf = _dense_numba.unigram_pass(E, w, lengths)[0], None, None
         if self._use_hub(E, impl):
-            logz, psum, buf = normaliser(E, w, False)
             num_loss, _, gw_lab = self._hub_numerators(E, seqs, lengths, impl, need_e, coef, w=w, gE=buf)
         else:
-            Ep = (E.detach() + w).contiguous()
-            graphs, ids = unique_graphs([self.numerator(s, plain=True) for s in seqs])
-            plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
-            num_loss, gE_n, gw_n = _score_plan(plan, Ep, torch.zeros(plan.batch.num_arcs, dtype=E.dtype), impl,
-                                               need_e, coef)
-            logz, psum, buf = normaliser(Ep, torch.zeros(C, dtype=E.dtype), True)  # Ep: no longer needed
+            num_loss, gE_n, gw_lab = self._plain_numerators(E, seqs, lengths, impl, need_e, coef, w=w)
             if gE_n is not None:
                 buf.add_(gE_n)
-            gw_lab = None
-            if gw_n is not None:
-                gw_lab = torch.zeros(C, dtype=E.dtype).index_add_(
-                    0, torch.from_numpy(plan.batch.label.astype(np.int64)), gw_n.to(E.dtype))
         losses, ok, okf = _combine(logz.to(E.dtype), num_loss, zero_infinity)
         gE = gW = None
         if need:
@@ -479,6 +444,21 @@ class TransducerCriterion(_ops.Criterion):
             if need_e:
                 gE = buf
         return losses, gE, gW
+
+    def _plain_numerators(self, E, seqs, lengths, impl, need_e, coef, w=None):
+        """``(-log Z, d/dE or None, sum_b coef[b] * d/dw by label (C,) or None)`` of the plain
+        numerators of ``seqs`` against ``E + w`` by the graph kernels (any device)."""
+        n = len(seqs)
+        graphs, ids = unique_graphs([self.numerator(s, plain=True) for s in seqs])
+        plan = Plan(graphs, ids, np.arange(n), lengths, -np.ones(n), n)
+        x = E.detach() if w is None else E.detach() + w
+        zero_w = torch.zeros(plan.batch.num_arcs, dtype=E.dtype, device=E.device)
+        losses, gE, gw = _score_plan(plan, x.contiguous(), zero_w, impl, need_e, coef)
+        gw_lab = None
+        if gw is not None:
+            labels = torch.from_numpy(plan.batch.label.astype(np.int64)).to(E.device)
+            gw_lab = torch.zeros(E.shape[2], dtype=E.dtype, device=E.device).index_add_(0, labels, gw.to(E.dtype))
+        return losses, gE, gw_lab
 
     def _use_hub(self, E, impl) -> bool:
         return self.hub_ok and impl == "numba" and E.device.type == "cpu"
@@ -516,16 +496,13 @@ class TransducerCriterion(_ops.Criterion):
         redo = np.nonzero(flag)[0]
         if len(redo):
             sub = torch.from_numpy(redo)
-            graphs, ids = unique_graphs([self.numerator(seqs[i], plain=True) for i in redo])
-            plan = Plan(graphs, ids, np.arange(len(redo)), lengths[redo], -np.ones(len(redo)), len(redo))
-            x = E[sub] if w is None else E[sub] + w
-            l2, g2, gw2 = _score_plan(plan, x.contiguous(), torch.zeros(plan.batch.num_arcs, dtype=E.dtype),
-                                      impl, need_e, None if coef is None else coef[sub])
+            l2, g2, gw2 = self._plain_numerators(E[sub], [seqs[i] for i in redo], lengths[redo], impl, need_e,
+                                                 None if coef is None else coef[sub], w=w)
             losses[sub] = l2
             if need_e:
                 gE[sub] += g2
             if need_l:
-                gw_lab = gw_lab.index_add_(0, torch.from_numpy(plan.batch.label.astype(np.int64)), gw2.to(E.dtype))
+                gw_lab += gw2
         return losses, gE, gw_lab
 
     def _numerator_scores(self, E, weights, seqs, lengths, impl, need_e, w_coef, bigram: bool = False):
