@@ -12,8 +12,11 @@ the exit status 1.
 
 The checkpoint defines the model: its network, loss and vocabulary are used, and command-line
 overrides of ``model``, ``loss`` or ``optim`` are refused (an error says so) rather than silently
-ignored. Every dotted path in the checkpoint's configs is checked against the allow-list of
-:mod:`lightning_gtn._trust`; ``trust_modules=[mypkg]`` on the command line opts in to more.
+ignored. The checkpoint is data: its configs may only name registered types of
+:mod:`lightning_gtn._trust` with plain-data arguments (``trust_modules=[mypkg]`` on the command
+line opts whole modules in), and it carries its word pieces and transitions graph, so it loads
+from any directory. A missing, truncated or foreign file, or a refused checkpoint, prints one
+``lightning-gtn-eval: error: ...`` line naming the file and exits with status 2.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from lightning_gtn.train import CONF_DIR, ConfigError, build  # noqa: E402
 
-__all__ = ["main", "evaluate", "load_model", "build_datamodule", "decode_samples", "MODEL_GROUPS"]
+__all__ = ["main", "evaluate", "load_model", "read_checkpoint", "build_datamodule", "decode_samples", "MODEL_GROUPS"]
 
 #: Config groups that the checkpoint defines; overriding them for evaluation is an error.
 MODEL_GROUPS = ("model", "loss", "optim")
@@ -65,26 +68,56 @@ def decode_samples(model, dataloader, num: int) -> list[tuple[str, str]]:
     return out[:num]
 
 
-def load_model(ckpt_path, trust_modules=None):
-    """The :class:`~lightning_gtn.lightning.SequenceModule` of a checkpoint, on the CPU.
-
-    Every dotted path in the checkpoint's configs is checked against the allow-list of
-    :mod:`lightning_gtn._trust`, widened by ``trust_modules`` (from the command line only).
-
-    Raises:
-        ConfigError: no such file, or the checkpoint names code outside the allow-list.
-    """
-    from lightning_gtn import _trust
-    from lightning_gtn.lightning import SequenceModule
+def read_checkpoint(ckpt_path) -> dict:
+    """The checkpoint at ``ckpt_path`` as plain data (``torch.load`` with ``weights_only=True``),
+    with a clear :class:`ConfigError` naming the file when it is missing, truncated, not a
+    checkpoint, or not one of :class:`~lightning_gtn.lightning.SequenceModule`."""
+    import torch
 
     ckpt = Path(str(ckpt_path))
     if not ckpt.is_file():
         raise ConfigError(f"ckpt_path: no such checkpoint file: {ckpt}")
     try:
+        data = torch.load(str(ckpt), map_location="cpu", weights_only=True)
+    except Exception as e:  # zip/pickle errors of a truncated or foreign file
+        msg = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        raise ConfigError(f"ckpt_path: {ckpt} is not a readable checkpoint (truncated, or not written by "
+                          f"lightning-gtn-train): {msg}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("state_dict"), dict) \
+            or not isinstance(data.get("hyper_parameters"), dict):
+        raise ConfigError(f"ckpt_path: {ckpt} is not a lightning-gtn-train checkpoint (it needs 'state_dict' and "
+                          "'hyper_parameters')")
+    return data
+
+
+def load_model(ckpt_path, trust_modules=None):
+    """The :class:`~lightning_gtn.lightning.SequenceModule` of a checkpoint, on the CPU.
+
+    The checkpoint is data: its hyper-parameters may only name registered types of
+    :mod:`lightning_gtn._trust` with plain-data arguments (checked before anything is built);
+    ``trust_modules`` (from the command line only) opts whole modules in. Word pieces and
+    transitions graphs travel inside it, so it loads from any directory.
+
+    Raises:
+        ConfigError: no such file, not a readable checkpoint, it names something that is not a
+            registered type, or its model cannot be built from it.
+    """
+    from lightning_gtn import _trust
+    from lightning_gtn.lightning import SequenceModule
+    from lightning_gtn.lightning.module import check_hyperparameters
+
+    ckpt = Path(str(ckpt_path))
+    data = read_checkpoint(ckpt)
+    try:
         with _trust.trusted(list(trust_modules or [])):
+            check_hyperparameters(data["hyper_parameters"])  # refused before anything is built
+            # (Lightning reads the file again with weights_only=True; SequenceModule checks again)
             return SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
     except _trust.UntrustedTargetError as e:
-        raise ConfigError(f"ckpt_path: {ckpt} names code outside the allow-list: {e}") from e
+        raise ConfigError(f"ckpt_path: {ckpt} names something that is not a registered type: {e}") from None
+    except (ValueError, TypeError, RuntimeError, KeyError) as e:
+        msg = " ".join(f"{type(e).__name__}: {e}".split())[:1000]
+        raise ConfigError(f"ckpt_path: cannot build the model of {ckpt}: {msg}") from None
 
 
 def build_datamodule(data_cfg: DictConfig, model):
@@ -161,7 +194,11 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
 def _hydra_main(cfg: DictConfig) -> dict:
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    metrics = evaluate(cfg)
+    try:
+        metrics = evaluate(cfg)
+    except ConfigError as e:  # a clear message, no traceback
+        print(f"lightning-gtn-eval: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     if rank_zero_only.rank == 0:
         print(json.dumps(metrics), flush=True)  # NaN / Infinity as JSON NaN / Infinity
     bad = [k for k, v in metrics.items() if not math.isfinite(v)]

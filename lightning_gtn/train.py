@@ -17,8 +17,8 @@ Examples::
     lightning-gtn-train model._target_=mypkg.Net trust_modules=[mypkg]
 
 Trust: the configs given here are the user's own, so their dotted paths are allowed as they are;
-``trust_modules`` (module names) extends the allow-list of :mod:`lightning_gtn._trust` for paths
-that come from elsewhere. Resuming (``ckpt_path``) never instantiates anything from the
+anything else may only name registered types of :mod:`lightning_gtn._trust`, and
+``trust_modules`` (module names) opts whole modules in. Resuming (``ckpt_path``) never instantiates anything from the
 checkpoint; it checks that the checkpoint's loss, model and vocabulary equal this run's.
 
 Failures are loud: a non-finite training loss stops training (``nonfinite.action=skip`` skips such
@@ -183,7 +183,10 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
     ``<run>/word_pieces.txt`` and put into the loss config, so the checkpoint's hyperparameters
     hold the tokens. ``loss.transitions: {order: 2, prune: 10}`` builds the token-level
     transition graph (back-off, n-grams seen at most ``prune`` times dropped) from the training
-    transcripts, saves it as ``<run>/transitions.gtn`` and passes that path to the loss.
+    transcripts and saves it as ``<run>/transitions.bin``; that file, or the one
+    ``loss.transitions: <file>`` names, is read here and put into the loss config as data
+    (:func:`lightning_gtn.nn.transducer.transitions_to_data`), so the checkpoint carries the
+    graph and loads from any directory.
     """
     loss = cfg.get("loss")
     if not isinstance(loss, DictConfig) or "graphemes_to_idx" not in _params(loss.get("_target_")):
@@ -224,8 +227,18 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
                               blank=blank, self_loops=True)
         path = output_dir / "transitions.bin"
         save_transitions(str(path), g, num, tokens=toks + (["<blank>"] if blank != "none" else []))
+        trans = str(path)
+    if isinstance(trans, str):
+        # the user's own file (or the one just built): read here, carried by the checkpoint as data
+        from lightning_gtn.nn.transducer import transitions_to_data
+        from lightning_gtn.wfst.ngram import load_transitions
+
+        try:
+            data = transitions_to_data(load_transitions(trans)[0])
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"loss.transitions: cannot use {trans!r}: {e}") from e
         with open_dict(cfg):
-            cfg.loss.transitions = str(path)
+            cfg.loss.transitions = data
 
 
 def _params(target) -> set:

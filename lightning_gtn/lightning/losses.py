@@ -8,8 +8,11 @@ given as
 
 * a name of a built-in loss (``"ctc"``, ``"asg"``, ``"seq"``, ``"stc"``, ``"graph"``),
 * a config mapping with ``_target_`` naming a loss class (what ``conf/loss/*.yaml`` holds);
-  ``num_classes`` is filled in when the class accepts it. Every dotted path in it is checked
-  against the trusted module prefixes (:mod:`lightning_gtn._trust`) before anything is imported,
+  ``num_classes`` is filled in when the class accepts it. It may only name registered types of
+  :mod:`lightning_gtn._trust` (a registered loss, a registered ``builder``) with plain-data
+  arguments, checked before anything is called; a transducer's ``transitions`` is a graph as
+  data (:func:`lightning_gtn.nn.transducer.transitions_to_data`), never a file path unless the
+  user trusts that exact path (``lightning_gtn._trust.trusted(paths=[path])``),
 * or an ``nn.Module`` instance: a ``StructuredLoss`` as is, any other module wrapped in
   :class:`lightning_gtn.nn.ModuleLoss` with the ``blank`` / ``repeat_label`` you pass.
 """
@@ -42,14 +45,20 @@ _MOVED = {"lightning_gtn.lightning.TargetGraphLoss": "lightning_gtn.nn.TargetGra
           "lightning_gtn.lightning.losses.TargetGraphLoss": "lightning_gtn.nn.TargetGraphLoss"}
 
 
-def _import(path: str) -> type:
-    from hydra.utils import get_class
+def _import(path) -> type:
+    return _trust.resolve(path, "loss._target_", kinds=("loss",))
 
-    try:
-        return get_class(path)
-    except Exception as e:  # hydra raises ImportError / ValueError variants
-        msg = " ".join(str(e).split())
-        raise ValueError(f"loss._target_: cannot import {path!r} ({msg})") from e
+
+def _check_transitions(cfg: dict) -> None:
+    """A transitions *file* named by a config is read only when the user trusts that exact path
+    (checkpoints carry the graph as data; a path in one may have moved or been swapped)."""
+    t = cfg.get("transitions")
+    if isinstance(t, str) and not _trust.is_trusted_path(t):
+        raise _trust.UntrustedTargetError(
+            f"loss.transitions: {t!r} names a file; a config read from a checkpoint carries the transitions "
+            "graph as data (lightning_gtn.nn.transducer.transitions_to_data), and files it names are not read "
+            "(a checkpoint written by an older lightning_gtn: if you trust that file, load inside "
+            f"`with lightning_gtn._trust.trusted(paths=[{t!r}]):` and save the checkpoint again)")
 
 
 def _fill_graphemes(cfg: dict, chars: list) -> None:
@@ -67,12 +76,11 @@ def _fill_graphemes(cfg: dict, chars: list) -> None:
 
 def _from_config(cfg: dict, chars: list) -> StructuredLoss:
     num_chars = len(chars)
-    from hydra.utils import instantiate
-
     if "_target_" not in cfg:
         raise ValueError(f"loss: config needs a '_target_' naming the loss class, got keys {sorted(cfg)}")
     cfg["_target_"] = _MOVED.get(cfg["_target_"], cfg["_target_"])
-    _trust.check_config(cfg, "loss")
+    _trust.check_config(cfg, "loss", "loss")
+    _check_transitions(cfg)
     cls = _import(cfg["_target_"])
     old = cfg.pop("vocabulary", None)  # the older way of stating a convention in a config
     try:
@@ -91,7 +99,9 @@ def _from_config(cfg: dict, chars: list) -> StructuredLoss:
         cfg["num_classes"] = num_chars + int(has_blank) + int(bool(cfg.get("repeat_label",
                                                                             getattr(cls, "repeat_label", False))))
     try:
-        module = instantiate(cfg)
+        module = _trust.instantiate(cfg, "loss", "loss")
+    except _trust.UntrustedTargetError:
+        raise
     except Exception as e:
         root = e.__cause__ if e.__cause__ is not None else e
         msg = " ".join(str(root).split())

@@ -20,8 +20,8 @@ layouts, or any ``*_step``.
 A non-finite training loss stops training with :class:`NonFiniteLossError` (naming the global
 step and the batch) before the optimizer step, or, with ``nonfinite={"action": "skip",
 "max_consecutive": 10}``, skips that batch with a warning and stops after more than
-``max_consecutive`` such batches in a row. Dotted paths in the loss, optimizer and scheduler
-configs are checked by :mod:`lightning_gtn._trust`.
+``max_consecutive`` such batches in a row. The loss, optimizer and scheduler configs may only
+name registered types of :mod:`lightning_gtn._trust` with plain-data arguments.
 """
 
 from __future__ import annotations
@@ -85,18 +85,20 @@ def _as_factory(spec, what: str) -> Callable | None:
     """A Hydra config with ``_partial_: true`` or a callable -> callable; ``None`` -> ``None``."""
     if spec is None or callable(spec):
         return spec
-    from hydra.utils import instantiate
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(spec, DictConfig):
         spec = OmegaConf.to_container(spec, resolve=True)
     if not isinstance(spec, Mapping) or "_target_" not in spec:
         raise ValueError(f"{what}: expected a config with '_target_' and '_partial_: true', got {spec!r}")
-    _trust.check_config(spec, what)
+    kind = "scheduler" if what.endswith("scheduler") else "optimizer"
+    _trust.check_config(spec, what, kind)
     spec = dict(spec)
     spec.setdefault("_partial_", True)
     try:
-        return instantiate(spec)
+        return _trust.instantiate(spec, what, kind)
+    except _trust.UntrustedTargetError:
+        raise
     except Exception as e:
         raise ValueError(f"{what}: cannot build {spec.get('_target_')}: {e}") from e
 
@@ -149,8 +151,9 @@ class StructuredLossMixin:
                 :mod:`lightning_gtn.lightning.decoding`).
 
         Raises:
-            lightning_gtn._trust.UntrustedTargetError: a config names a dotted path outside the
-                allow-list (see :mod:`lightning_gtn._trust`).
+            lightning_gtn._trust.UntrustedTargetError: a config names something that is not a
+                registered type, or an argument that is not plain data (see
+                :mod:`lightning_gtn._trust`).
             ValueError: ``loss.blank`` disagrees with the vocabulary's blank id.
         """
         self._nonfinite_action, self._nonfinite_max = _nonfinite_policy(nonfinite)

@@ -16,7 +16,39 @@ from lightning_gtn import _trust
 
 from .mixin import StructuredLossMixin
 
-__all__ = ["SequenceModule"]
+__all__ = ["SequenceModule", "check_hyperparameters", "HPARAM_SECTIONS"]
+
+#: hyper-parameter -> (config key in messages, kind of its ``_target_``); the other
+#: hyper-parameters must be plain data.
+HPARAM_SECTIONS = {"network": ("model", "model"), "loss": ("loss", "loss"),
+                   "optimizer": ("optim.optimizer", "optimizer"), "scheduler": ("optim.scheduler", "scheduler")}
+
+
+def check_hyperparameters(hparams: Mapping) -> None:
+    """Checks a :class:`SequenceModule`'s hyper-parameters (e.g. a checkpoint's) before anything
+    is built: ``network``, ``loss``, ``optimizer``, ``scheduler`` may only name registered types of
+    their kind with plain-data arguments (see :mod:`lightning_gtn._trust`), everything else must be
+    plain data. Built-in loss names (``loss: ctc``) are plain strings.
+
+    Raises:
+        lightning_gtn._trust.UntrustedTargetError: naming the key path
+            (``optim.scheduler.T_max._target_``).
+    """
+    from lightning_gtn.lightning.losses import _MOVED
+
+    for name, value in hparams.items():
+        key, kind = HPARAM_SECTIONS.get(name, (str(name), None))
+        value = _plain(value)
+        if name == "loss" and isinstance(value, Mapping) and isinstance(value.get("_target_"), str):
+            value = {**value, "_target_": _MOVED.get(value["_target_"], value["_target_"])}
+        if name in HPARAM_SECTIONS and isinstance(value, Mapping):
+            _trust.check_config(value, key, kind)
+        elif name in HPARAM_SECTIONS and callable(value) and name != "network":
+            continue  # an object given in Python (a factory, a loss module): the caller's own
+        elif name == "loss" and isinstance(value, nn.Module):
+            continue
+        else:
+            _trust.check_config(value, key, None)
 
 
 def _plain(x):
@@ -43,10 +75,13 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             :meth:`~lightning_gtn.lightning.StructuredLossMixin.configure_structured_loss`).
         decoder: the decoder of validation/test/predict (``conf/decoder``; greedy by default).
 
-    Every dotted path of ``network``, ``loss``, ``optimizer`` and ``scheduler`` is checked by
-    :mod:`lightning_gtn._trust` before anything is imported, so
-    ``SequenceModule.load_from_checkpoint(path)`` never calls a function the file names outside
-    the allow-list; opt in with ``with lightning_gtn._trust.trusted(["mypkg"]): ...``.
+    ``network``, ``loss``, ``optimizer`` and ``scheduler`` may only name registered types of
+    :mod:`lightning_gtn._trust` with plain-data arguments, checked before anything is called
+    and built by :func:`lightning_gtn._trust.instantiate`, so
+    ``SequenceModule.load_from_checkpoint(path)`` (which reads with ``weights_only=True``) calls
+    nothing else the file names; opt in with ``with lightning_gtn._trust.trusted(["mypkg"]): ...``
+    or :func:`lightning_gtn._trust.register_type`. Artefacts (word pieces, a transducer's
+    transitions graph) are plain data inside ``loss``, so a checkpoint loads from anywhere.
     """
 
     def __init__(
@@ -71,20 +106,27 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
         )
         if not isinstance(network, Mapping) or "_target_" not in network:
             raise ValueError(f"model: expected a config with '_target_', got {network!r}")
-        _trust.check_config(network, "model")
+        # every section checked before the first call
+        check_hyperparameters(dict(self.hparams))
         self.configure_structured_loss(loss, chars, optimizer=optimizer, scheduler=scheduler,
                                        scheduler_interval=scheduler_interval, nonfinite=nonfinite,
                                        decoder=decoder)
-        from hydra.utils import instantiate
-
         try:
-            self.net: nn.Module = instantiate(
-                dict(network), feature_dim=feature_dim, num_classes=self.num_classes
+            self.net: nn.Module = _trust.instantiate(
+                dict(network), "model", "model", feature_dim=feature_dim, num_classes=self.num_classes
             )
+        except _trust.UntrustedTargetError:
+            raise
         except Exception as e:
             root = e.__cause__ if e.__cause__ is not None else e
             msg = " ".join(str(root).split())
             raise ValueError(f"model: cannot build {network.get('_target_')}: {msg}") from e
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, *args, weights_only: bool = True, **kwargs):
+        """Lightning's ``load_from_checkpoint``, always with ``weights_only=True`` unless told
+        otherwise (Lightning's default is ``False`` for URLs)."""
+        return super().load_from_checkpoint(checkpoint_path, *args, weights_only=weights_only, **kwargs)
 
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
         return self.net(inputs, input_lengths)

@@ -322,8 +322,9 @@ class TargetGraphLoss(StructuredLoss):
     ``torch.compile(fullgraph=True)``.
 
     Args:
-        builder: the function, or its dotted import path (what a config gives; checked
-            against the trusted module prefixes of :mod:`lightning_gtn._trust`).
+        builder: the function, or its dotted name (what a config gives): a registered builder
+            of :mod:`lightning_gtn._trust` (``lightning_gtn.wfst.criterion.ctc_graph``) or one
+            of an opted-in module.
         builder_kwargs: extra keyword arguments of the builder.
         normalize: add the all-paths forward score.
         blank: the blank label id of the graphs (None: no blank), for targets and decoding.
@@ -360,7 +361,7 @@ class TargetGraphLoss(StructuredLoss):
         if isinstance(builder, str):
             from .._trust import resolve
 
-            builder = resolve(builder, "loss.builder")
+            builder = resolve(builder, "loss.builder", kinds=("builder",))
         if not callable(builder):
             raise ValueError(f"loss.builder must be callable, got {builder!r}")
         if isinstance(cache_size, bool) or not isinstance(cache_size, (int, np.integer)) or cache_size < 1:

@@ -16,7 +16,89 @@ from ..functional.viterbi import collapse
 from ..wfst import Graph
 from .losses import StructuredLoss, _check_common
 
-__all__ = ["TransducerLoss"]
+__all__ = ["TransducerLoss", "transitions_to_data", "transitions_from_data", "MAX_DATA_ARCS"]
+
+#: The most arcs a transitions graph given as data (a config, a checkpoint) may have.
+MAX_DATA_ARCS = 2_000_000
+_DATA_FORMAT = "lightning_gtn.transitions/1"
+_MAX_NODES = 2**31 - 1
+
+
+def transitions_to_data(graph: Graph) -> dict:
+    """A transitions acceptor as plain data, for a config or a checkpoint's hyper-parameters:
+    ``{"format": "lightning_gtn.transitions/1", "num_nodes": N, "start": [ids], "accept": [ids],
+    "arcs": "src dst label\\n..."}`` (one line of decimal integers per arc, label -1 for epsilon).
+    Arc order (the order of the learned ``transition_params``) is kept; weights are not stored
+    (they are the module's parameters, in the state dict).
+
+    Raises:
+        ValueError: the graph is not an acceptor or has more than :data:`MAX_DATA_ARCS` arcs.
+    """
+    if not isinstance(graph, Graph):
+        raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph, got {type(graph).__name__}")
+    a = graph.arrays()
+    if len(a.src) > MAX_DATA_ARCS:
+        raise ValueError(f"transitions: {len(a.src)} arcs; at most {MAX_DATA_ARCS} travel as data")
+    if not np.array_equal(a.ilabel, a.olabel):
+        raise ValueError("transitions must be an acceptor (input label == output label on every arc)")
+    rows = np.stack([a.src, a.dst, a.ilabel], axis=1).astype(np.int64)
+    return {"format": _DATA_FORMAT, "num_nodes": int(a.num_nodes), "start": [int(i) for i in a.start],
+            "accept": [int(i) for i in a.accept], "arcs": "\n".join(f"{s} {d} {l}" for s, d, l in rows.tolist())}
+
+
+def _ids(v, key: str, num_nodes: int) -> np.ndarray:
+    if not isinstance(v, (list, tuple)) or len(v) > num_nodes or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_nodes for i in v):
+        raise ValueError(f"loss.transitions.{key}: expected a list of distinct node ids in [0, {num_nodes}), got "
+                         f"{str(v)[:200]}")
+    if len(set(v)) != len(v):
+        raise ValueError(f"loss.transitions.{key}: node ids must be distinct")
+    return np.asarray(v, dtype=np.int32)
+
+
+def transitions_from_data(data) -> Graph:
+    """The acceptor of :func:`transitions_to_data`'s ``data``, checked: the format tag, at most
+    :data:`MAX_DATA_ARCS` arcs, node ids in ``[0, num_nodes)``, labels ``>= -1`` (the labels'
+    upper bound is checked against the loss's classes by the criterion), decimal integers only.
+
+    Raises:
+        ValueError: naming ``loss.transitions.<key>`` and what was expected.
+    """
+    import re
+
+    if not isinstance(data, dict) or data.get("format") != _DATA_FORMAT:
+        raise ValueError(f"loss.transitions: expected a graph as data with format {_DATA_FORMAT!r} "
+                         "(see lightning_gtn.nn.transducer.transitions_to_data)")
+    unknown = sorted(set(data) - {"format", "num_nodes", "start", "accept", "arcs"})
+    if unknown:
+        raise ValueError(f"loss.transitions.{unknown[0]}: unknown key")
+    n = data.get("num_nodes")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= min(_MAX_NODES, 2 * MAX_DATA_ARCS + 2):
+        raise ValueError(f"loss.transitions.num_nodes: expected an integer in [1, {2 * MAX_DATA_ARCS + 2}], got {n!r}")
+    start, accept = _ids(data.get("start"), "start", n), _ids(data.get("accept"), "accept", n)
+    arcs = data.get("arcs")
+    max_chars = MAX_DATA_ARCS * 36  # three int32 and separators per arc
+    if not isinstance(arcs, str) or len(arcs) > max_chars:
+        raise ValueError(f"loss.transitions.arcs: expected a string of at most {max_chars} characters "
+                         f"(lines 'src dst label'), got {type(arcs).__name__} of {len(arcs) if isinstance(arcs, str) else '?'}")
+    if not re.fullmatch(r"[0-9 \n-]*", arcs):
+        raise ValueError("loss.transitions.arcs: only decimal integers, spaces and newlines are allowed")
+    try:
+        flat = np.array([int(t) for t in arcs.split()], dtype=np.int64)
+    except (ValueError, OverflowError):
+        raise ValueError("loss.transitions.arcs: a token is not a decimal integer") from None
+    if flat.size % 3:
+        raise ValueError(f"loss.transitions.arcs: expected 3 integers per arc, got {flat.size} in all")
+    rows = flat.reshape(-1, 3)
+    if len(rows) > MAX_DATA_ARCS:
+        raise ValueError(f"loss.transitions.arcs: {len(rows)} arcs; at most {MAX_DATA_ARCS}")
+    if len(rows) and (rows[:, :2].min() < 0 or rows[:, :2].max() >= n):
+        raise ValueError(f"loss.transitions.arcs: a node id outside [0, {n})")
+    if len(rows) and (rows[:, 2].min() < -1 or rows[:, 2].max() > 2**31 - 1):
+        raise ValueError("loss.transitions.arcs: a label below -1 (epsilon) or beyond int32")
+    lab = rows[:, 2].astype(np.int32)
+    return Graph.from_arrays(n, start, accept, rows[:, 0].astype(np.int32), rows[:, 1].astype(np.int32),
+                             lab, lab.copy())
 
 
 class TransducerLoss(StructuredLoss):
@@ -39,7 +121,10 @@ class TransducerLoss(StructuredLoss):
         graphemes_to_idx: grapheme -> id.
         ngram: order of the transitions (0: none).
         transitions: instead of ``ngram``, an acceptor over the ``C`` frame labels (epsilon
-            arcs allowed).
+            arcs allowed): a :class:`~lightning_gtn.wfst.Graph`, the same as data
+            (:func:`transitions_to_data`; what configs and checkpoints carry), or a file of
+            :func:`lightning_gtn.wfst.ngram.save_transitions` (Python callers only: a config
+            from a checkpoint may not name files).
         blank: ``"none"``, ``"optional"`` or ``"forced"``.
         allow_repeats: False forbids a repeated token without a blank between (needs
             ``blank="optional"``).
@@ -91,8 +176,10 @@ class TransducerLoss(StructuredLoss):
             from ..wfst.ngram import load_transitions
 
             transitions = load_transitions(os.fspath(transitions))[0]
+        elif isinstance(transitions, dict):
+            transitions = transitions_from_data(transitions)
         if transitions is not None and not isinstance(transitions, Graph):
-            raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph or a transitions file, got {type(transitions).__name__}")
+            raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph, its data (transitions_to_data) or a transitions file, got {type(transitions).__name__}")
         self.tokens = [t if isinstance(t, str) else tuple(t) for t in tokens]
         self.graphemes_to_idx = dict(graphemes_to_idx)
         toks, n_graph = _td.token_ids(self.tokens, self.graphemes_to_idx)
