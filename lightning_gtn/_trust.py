@@ -101,6 +101,8 @@ def _add_builtin(module: str, names: Iterable[str], kind: str, public: str | Non
 
 _add_builtin("lightning_gtn.nn", ["CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "TargetGraphLoss",
                                   "TransducerLoss"], "loss")
+_add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning")  # older configs
+_add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning.losses")
 _add_builtin("lightning_gtn.nn", ["Linear", "ConvTransduce1D"], "module")
 _add_builtin("lightning_gtn.lightning", ["ConvRNNEncoder", "ConvTransduceEncoder"], "model")
 _add_builtin("lightning_gtn.lightning", ["DigitLinesDataModule", "TextLinesDataModule", "FeatureDataModule"],
@@ -333,7 +335,10 @@ def _container(cfg):
     if mod.startswith("omegaconf"):
         from omegaconf import OmegaConf  # only reached when omegaconf is in use
 
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        try:
+            return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+        except Exception:  # an interpolation into a part of the config not given here: kept as a string
+            return OmegaConf.to_container(cfg, resolve=False)
     return cfg
 
 
