@@ -16,7 +16,7 @@ emits exactly one label, so a per-frame constant moves every path's score alike;
 confidences become posterior probabilities). JSON (default) is a list with one record per
 utterance (see :func:`lightning_gtn.functional.to_records`); CTM has one line per word. With a
 checkpoint the loss's convention (blank or not, ASG transitions) and the vocabulary come from
-the checkpoint, which is loaded with the allow-list of :mod:`lightning_gtn._trust`
+the checkpoint, which is loaded as data (registered types only, :mod:`lightning_gtn._trust`)
 (``--trust-module mypkg`` opts in to more).
 """
 
