@@ -231,7 +231,7 @@ def _from_checkpoint(a):
         GlobalHydra.instance().clear()
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             cfg = compose("eval", overrides=list(a.overrides))
-        model = load_model(a.checkpoint, a.trust_module)
+        model = load_model(a.checkpoint, a.trust_module, decoder=None)  # aligning needs no decoder
         dm = build_datamodule(cfg.data, model)
     except ConfigError as e:
         raise AlignError(str(e).replace("lightning-gtn-eval", "lightning-gtn-align")) from None

@@ -14,8 +14,9 @@ The checkpoint defines the model: its network, loss and vocabulary are used, and
 overrides of ``model``, ``loss`` or ``optim`` are refused (an error says so) rather than silently
 ignored. The checkpoint is data: its configs may only name registered types of
 :mod:`lightning_gtn._trust` with plain-data arguments (``trust_modules=[mypkg]`` on the command
-line opts whole modules in), and it carries its word pieces and transitions graph, so it loads
-from any directory. A missing, truncated or foreign file, or a refused checkpoint, prints one
+line opts whole modules in), and it carries its word pieces, transitions graph and decoder
+lexicon and LM, so it loads from any directory. ``decoder=...`` on the command line replaces the
+checkpoint's decoder (files it names are read: you typed them). A missing, truncated or foreign file, or a refused checkpoint, prints one
 ``lightning-gtn-eval: error: ...`` line naming the file and exits with status 2.
 """
 
@@ -90,13 +91,23 @@ def read_checkpoint(ckpt_path) -> dict:
     return data
 
 
-def load_model(ckpt_path, trust_modules=None):
+_CHECKPOINT = object()
+
+
+def load_model(ckpt_path, trust_modules=None, *, decoder=_CHECKPOINT):
     """The :class:`~lightning_gtn.lightning.SequenceModule` of a checkpoint, on the CPU.
 
     The checkpoint is data: its hyper-parameters may only name registered types of
     :mod:`lightning_gtn._trust` with plain-data arguments (checked before anything is built);
-    ``trust_modules`` (from the command line only) opts whole modules in. Word pieces and
-    transitions graphs travel inside it, so it loads from any directory.
+    ``trust_modules`` (from the command line only) opts whole modules in. Word pieces,
+    transitions graphs and a decoder's lexicon and LM travel inside it, so it loads from any
+    directory; a file path in it is never read.
+
+    Args:
+        ckpt_path: the checkpoint file.
+        trust_modules: module prefixes the user opts in (see :mod:`lightning_gtn._trust`).
+        decoder: a decoder config replacing the checkpoint's (``None``: greedy), e.g. when the
+            command line names another one; by default the checkpoint's.
 
     Raises:
         ConfigError: no such file, not a readable checkpoint, it names something that is not a
@@ -112,7 +123,8 @@ def load_model(ckpt_path, trust_modules=None):
         with _trust.trusted(list(trust_modules or [])):
             check_hyperparameters(data["hyper_parameters"])  # refused before anything is built
             # (Lightning reads the file again with weights_only=True; SequenceModule checks again)
-            return SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
+            extra = {} if decoder is _CHECKPOINT else {"decoder": decoder}
+            return SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu", **extra)
     except _trust.UntrustedTargetError as e:
         raise ConfigError(f"ckpt_path: {ckpt} names something that is not a registered type: {e}") from None
     except (ValueError, TypeError, RuntimeError, KeyError) as e:
@@ -131,8 +143,9 @@ def build_datamodule(data_cfg: DictConfig, model):
 
 
 def _set_decoder(cfg: DictConfig, model, datamodule) -> None:
-    """The command line's ``decoder`` replaces the checkpoint's (``train`` lexicon/LM files are
-    built from this data config's training transcripts, in the eval run's directory)."""
+    """The command line's ``decoder`` replaces the checkpoint's (``train`` lexicon/LM are
+    built from this data config's training transcripts and also written to the eval run's
+    directory; files named on the command line are read: the user typed them)."""
     from lightning_gtn.lightning.decoding import resolve_decoder
     from lightning_gtn.train import _train_texts
 
@@ -170,9 +183,12 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
     _check_overrides(overrides)
     if cfg.split not in ("val", "test"):
         raise ConfigError(f"split: must be 'val' or 'test', got {cfg.split!r}")
-    model = load_model(cfg.ckpt_path, cfg.get("trust_modules"))
+    own_decoder = any(str(o).lstrip("~+").startswith("decoder") for o in overrides or ())
+    # with a decoder on the command line the checkpoint's is not built (an older checkpoint's may
+    # name files, which are not read)
+    model = load_model(cfg.ckpt_path, cfg.get("trust_modules"), **({"decoder": None} if own_decoder else {}))
     datamodule = build_datamodule(cfg.data, model)
-    if any(str(o).lstrip("~+").startswith("decoder") for o in overrides or ()):
+    if own_decoder:
         _set_decoder(cfg, model, datamodule)
     trainer = build(cfg.trainer, "trainer", callbacks=[SpawnedProcessGroupCleanup()], logger=False,
                     enable_checkpointing=False)

@@ -12,24 +12,62 @@ A decoder config is plain data (``conf/decoder/*.yaml``)::
     lm_order: 3
     lm_method: kneser_ney
 
-:func:`resolve_decoder` turns ``train`` into files written next to the run
-(``<run>/lexicon.txt``, ``<run>/lm.arpa``), so the checkpoint's hyperparameters name files, and
+Lexicon and LM travel inside the checkpoint as data. :func:`resolve_decoder` (called by
+``lightning-gtn-train`` and ``lightning-gtn-eval`` on the user's own config) builds ``train``
+from the training transcripts, or reads the files the user named, once, and replaces both keys
+by plain data (:func:`lexicon_to_data`, :func:`lm_to_data`)::
+
+    lexicon: {format: lightning_gtn.lexicon/1, entries: [[word, token, ...], ...]}
+    lm: {format: lightning_gtn.arpa/1, text: "\\data\\ ..."}   # the LM as ARPA text
+
+so a checkpoint's hyper-parameters hold the lexicon and the LM, not file names, and a checkpoint
+loads from any directory. Both are bounded (:data:`MAX_LEXICON_ENTRIES`,
+:data:`MAX_LEXICON_CHARS`, :data:`MAX_SPELLING_CHARS`, :data:`MAX_LM_CHARS`, :data:`MAX_LM_BYTES`)
+and range-checked when the decoder is built, the ARPA text by the ARPA reader
+(:meth:`lightning_gtn.lm.NGramLM.from_arpa`) and the entries by the lexicon reader
+(:func:`lightning_gtn.lm.read_lexicon`); errors name ``decoder.lexicon`` / ``decoder.lm``.
+:func:`build_decoder` never reads a file a config names (a checkpoint written before held paths:
+it is refused, naming the key) unless the user trusts that exact path
+(``with lightning_gtn._trust.trusted(paths=[path]):``).
+
 :func:`build_decoder` makes a :class:`lightning_gtn.decode.BeamSearchDecoder` whose topology,
 tokens and blank come from the loss's declared convention (``blank``, ``repeat_label``,
-``target_classes`` with the transducer's ``tokens``): this layer never looks at graphs.
+``target_classes`` with the transducer's ``tokens``): this layer never looks at graphs. A lexicon
+entry's spelling is used as written: for CTC and ASG each token of the spelling is one output
+token (a character), for the word-piece transducer the spelling's graphemes are decomposed into
+the loss's word pieces (up to 16 decompositions, fewest pieces first).
 """
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["DECODERS", "resolve_decoder", "build_decoder", "decode_texts"]
+from lightning_gtn import _trust
+
+__all__ = ["DECODERS", "resolve_decoder", "build_decoder", "decode_texts", "lexicon_to_data", "lm_to_data",
+           "lexicon_from_data", "lm_from_data", "MAX_LEXICON_ENTRIES", "MAX_LEXICON_CHARS", "MAX_SPELLING_CHARS",
+           "MAX_LM_CHARS", "MAX_LM_BYTES"]
 
 DECODERS = ("greedy", "beam", "beam_lm")
 _KEYS = {"name", "beam_size", "beam_threshold", "lm_weight", "word_score", "lexicon", "lm", "lm_order",
          "lm_method", "token_beam", "nbest", "unk_score"}
+
+#: The most lexicon entries (one per spelling of a word) a decoder config may carry.
+MAX_LEXICON_ENTRIES = 1_000_000
+#: The most characters a lexicon carried as data may have (words and tokens together).
+MAX_LEXICON_CHARS = 32 * 2**20
+#: The longest word, and the most characters of one spelling (its tokens together).
+MAX_SPELLING_CHARS = 256
+#: The most characters of an LM carried as ARPA text.
+MAX_LM_CHARS = 64 * 2**20
+#: The memory the LM may take once read (the ARPA reader's ``max_bytes``).
+MAX_LM_BYTES = 2**31
+
+_LEXICON_FORMAT = "lightning_gtn.lexicon/1"
+_LM_FORMAT = "lightning_gtn.arpa/1"
 
 
 def _plain(cfg) -> dict | None:
@@ -53,11 +91,145 @@ def _plain(cfg) -> dict | None:
     return cfg
 
 
-def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -> dict | None:
-    """``lexicon: train`` / ``lm: train`` -> files in ``out_dir`` built from ``train_texts()``.
+# ----------------------------------------------------------------------------- artefacts as data
+def _is_token(s) -> bool:
+    return isinstance(s, str) and 0 < len(s) <= MAX_SPELLING_CHARS and not any(c.isspace() for c in s)
 
-    Returns the plain config with those keys replaced by the files' paths (or ``None`` for no
-    decoder config)."""
+
+def _check_entries(entries, key: str) -> None:
+    """Bounds and types of lexicon entries ``[[word, token, ...], ...]``."""
+    if not isinstance(entries, (list, tuple)):
+        raise ValueError(f"{key}: expected a list of [word, token, ...] entries, got {type(entries).__name__}")
+    if not entries:
+        raise ValueError(f"{key}: no entries (a lexicon needs at least one word)")
+    if len(entries) > MAX_LEXICON_ENTRIES:
+        raise ValueError(f"{key}: {len(entries)} entries; at most {MAX_LEXICON_ENTRIES} travel as data")
+    total = 0
+    for i, e in enumerate(entries):
+        if not isinstance(e, (list, tuple)) or len(e) < 2:
+            raise ValueError(f"{key}[{i}]: expected [word, token, ...] with at least one token, got {str(e)[:100]}")
+        if len(e) > MAX_SPELLING_CHARS + 1 or not all(_is_token(s) for s in e):
+            raise ValueError(f"{key}[{i}]: the word and tokens must be non-empty strings without whitespace, of at "
+                             f"most {MAX_SPELLING_CHARS} characters, got {str(e)[:100]}")
+        chars = sum(len(s) for s in e[1:])
+        if chars > MAX_SPELLING_CHARS:
+            raise ValueError(f"{key}[{i}]: the spelling of {e[0][:40]!r} has {chars} characters; at most "
+                             f"{MAX_SPELLING_CHARS}")
+        total += chars + len(e[0]) + len(e)
+        if total > MAX_LEXICON_CHARS:
+            raise ValueError(f"{key}: over {MAX_LEXICON_CHARS} characters; a lexicon that large does not travel as "
+                             "data (in a checkpoint)")
+
+
+def lexicon_to_data(lexicon: Mapping, key: str = "decoder.lexicon") -> dict:
+    """``{word: [spelling, ...]}`` (as :func:`lightning_gtn.lm.read_lexicon` returns) as plain data:
+    ``{"format": "lightning_gtn.lexicon/1", "entries": [[word, token, ...], ...]}``, one entry per
+    spelling, words in order.
+
+    Raises:
+        ValueError: naming ``key``: over the bounds of the module (:data:`MAX_LEXICON_ENTRIES`, ...).
+    """
+    entries = [[w, *sp] for w, sps in lexicon.items() for sp in sps]
+    _check_entries(entries, f"{key}.entries")
+    return {"format": _LEXICON_FORMAT, "entries": entries}
+
+
+def lexicon_from_data(data, key: str = "decoder.lexicon") -> dict[str, list[list[str]]]:
+    """``{word: [spelling, ...]}`` of :func:`lexicon_to_data`'s ``data``, checked (types, bounds,
+    then the lexicon reader's own checks).
+
+    Raises:
+        ValueError: naming ``key`` and what was expected.
+    """
+    from lightning_gtn.lm import read_lexicon
+
+    if not isinstance(data, Mapping) or data.get("format") != _LEXICON_FORMAT:
+        raise ValueError(f"{key}: expected a lexicon as data with format {_LEXICON_FORMAT!r} "
+                         "(see lightning_gtn.lightning.decoding.lexicon_to_data)")
+    unknown = sorted(set(data) - {"format", "entries"})
+    if unknown:
+        raise ValueError(f"{key}.{unknown[0]}: unknown key")
+    entries = data.get("entries")
+    _check_entries(entries, f"{key}.entries")
+    text = "".join(" ".join(e) + "\n" for e in entries)
+    try:
+        return read_lexicon(io.StringIO(text), probabilities=False, max_bytes=len(text) + 1)
+    except ValueError as e:
+        raise ValueError(f"{key}.entries: {e} (line n is entry n - 1)") from None
+
+
+def lm_to_data(lm, key: str = "decoder.lm") -> dict:
+    """An :class:`lightning_gtn.lm.NGramLM` as plain data: ``{"format": "lightning_gtn.arpa/1",
+    "text": <its ARPA text>}``.
+
+    Raises:
+        ValueError: naming ``key``: the text has more than :data:`MAX_LM_CHARS` characters.
+    """
+    text = lm.to_arpa()
+    if len(text) > MAX_LM_CHARS:
+        raise ValueError(f"{key}: the LM's ARPA text has {len(text)} characters; at most {MAX_LM_CHARS} travel "
+                         "inside a checkpoint (prune the LM or lower decoder.lm_order)")
+    return {"format": _LM_FORMAT, "text": text}
+
+
+def lm_from_data(data, key: str = "decoder.lm"):
+    """The :class:`lightning_gtn.lm.NGramLM` of :func:`lm_to_data`'s ``data``, read by the ARPA
+    reader with all its checks, in at most :data:`MAX_LM_BYTES` of memory.
+
+    Raises:
+        ValueError: naming ``key`` (and the ARPA line).
+    """
+    from lightning_gtn.lm import NGramLM
+
+    if not isinstance(data, Mapping) or data.get("format") != _LM_FORMAT:
+        raise ValueError(f"{key}: expected an LM as data with format {_LM_FORMAT!r} "
+                         "(see lightning_gtn.lightning.decoding.lm_to_data)")
+    unknown = sorted(set(data) - {"format", "text"})
+    if unknown:
+        raise ValueError(f"{key}.{unknown[0]}: unknown key")
+    text = data.get("text")
+    if not isinstance(text, str) or len(text) > MAX_LM_CHARS:
+        n = len(text) if isinstance(text, str) else type(text).__name__
+        raise ValueError(f"{key}.text: expected ARPA text of at most {MAX_LM_CHARS} characters, got {n}")
+    try:
+        return NGramLM.from_arpa(io.StringIO(text), max_bytes=MAX_LM_BYTES)
+    except ValueError as e:
+        raise ValueError(f"{key}.text: {e}") from None
+
+
+def _read_files(cfg: dict) -> dict:
+    """``lexicon`` / ``lm`` file paths of the user's own config, read once, as data."""
+    from lightning_gtn.lm import NGramLM, read_lexicon
+
+    cfg = dict(cfg)
+    p = cfg.get("lexicon")
+    if isinstance(p, str):
+        try:
+            cfg["lexicon"] = lexicon_to_data(read_lexicon(p, max_bytes=MAX_LEXICON_CHARS * 4))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"decoder.lexicon: cannot use {p!r}: {e}") from None
+    p = cfg.get("lm")
+    if isinstance(p, str):
+        try:
+            cfg["lm"] = lm_to_data(NGramLM.from_arpa(p, max_bytes=MAX_LM_BYTES))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"decoder.lm: cannot use {p!r}: {e}") from None
+    return cfg
+
+
+def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -> dict | None:
+    """The user's own decoder config with its lexicon and LM as data (what a checkpoint stores).
+
+    ``lexicon: train`` / ``lm: train`` are built from ``train_texts()`` (also written to
+    ``out_dir/lexicon.txt`` and ``out_dir/lm.arpa`` for you to read); a file path is read once
+    (the config is the user's own: call this on trusted configs only). Returns the plain config
+    with both keys replaced by data (:func:`lexicon_to_data`, :func:`lm_to_data`), or ``None``
+    for no decoder config.
+
+    Raises:
+        ValueError: naming ``decoder.lexicon`` / ``decoder.lm``: an unreadable or malformed file,
+            no words, over the bounds of the module.
+    """
     cfg = _plain(cfg)
     if cfg is None or cfg.get("name", "greedy") != "beam_lm":
         return cfg
@@ -68,21 +240,19 @@ def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -
         words = sorted({w for t in texts for w in t.split()})
         if not words:
             raise ValueError("decoder.lexicon: the training transcripts have no words")
+        cfg["lexicon"] = lexicon_to_data({w: [list(w)] for w in words})
         out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "lexicon.txt"
-        path.write_text("".join(f"{w}\t{' '.join(w)}\n" for w in words), encoding="utf-8")
-        cfg["lexicon"] = str(path)
+        (out_dir / "lexicon.txt").write_text("".join(f"{w}\t{' '.join(w)}\n" for w in words), encoding="utf-8")
     if cfg.get("lm", "train") == "train":
         from lightning_gtn.lm import estimate
 
         texts = texts if texts is not None else train_texts()
         lm = estimate([t.split() for t in texts], order=int(cfg.get("lm_order", 3)),
                       method=str(cfg.get("lm_method", "kneser_ney")))
+        cfg["lm"] = lm_to_data(lm)
         out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "lm.arpa"
-        lm.to_arpa(str(path))
-        cfg["lm"] = str(path)
-    return cfg
+        (out_dir / "lm.arpa").write_text(cfg["lm"]["text"], encoding="utf-8")
+    return _read_files(cfg)
 
 
 def _topology(loss, vocabulary) -> dict:
@@ -103,47 +273,96 @@ def _topology(loss, vocabulary) -> dict:
     return {"tokens": toks, "topology": "asg", "repeat": vocabulary.repeat_id}
 
 
-def _read_words(path: str) -> list[str]:
-    from lightning_gtn.lm import read_lexicon
+def _artefact(cfg: dict, key: str, from_data):
+    """``decoder.<key>`` as data, or the file it names when the user trusts that exact path."""
+    v = cfg.get(key)
+    if isinstance(v, Mapping):
+        return from_data(v, f"decoder.{key}")
+    if not isinstance(v, str) or v == "train":
+        raise ValueError(f"decoder.{key}: expected the {key} as data (or 'train' or a file, resolved by the "
+                         f"training/eval CLI with lightning_gtn.lightning.decoding.resolve_decoder), got {str(v)[:100]!r}")
+    if not _trust.is_trusted_path(v):
+        raise _trust.UntrustedTargetError(
+            f"decoder.{key}: {v!r} names a file; a decoder config read from a checkpoint carries its lexicon and "
+            "LM as data, and files it names are not read (a checkpoint written by an older lightning_gtn: if you "
+            f"trust that file, load inside `with lightning_gtn._trust.trusted(paths=[{v!r}]):` and save the "
+            "checkpoint again, or give lightning-gtn-eval the files on its command line: decoder=beam_lm "
+            "decoder.lexicon=<file> decoder.lm=<file>)")
+    return from_data(_read_files({key: v})[key], f"decoder.{key}")
 
-    return list(read_lexicon(path))
+
+def _trie_spellings(lexicon) -> dict[str, list[list[int]]]:
+    """``{word: [spelling, ...]}`` read back from a :class:`lightning_gtn.decode.Lexicon`'s trie."""
+    out: dict[str, list[list[int]]] = {}
+    stack = [(0, [])]
+    while stack:
+        node, path = stack.pop()
+        for i in range(int(lexicon.word_offsets[node]), int(lexicon.word_offsets[node + 1])):
+            out.setdefault(lexicon.words[int(lexicon.node_word[i])], []).append(path)
+        for i in range(int(lexicon.child_offsets[node]), int(lexicon.child_offsets[node + 1])):
+            stack.append((int(lexicon.child_node[i]), path + [int(lexicon.child_token[i])]))
+    return out
+
+
+def _lexicon(spellings: dict[str, list[list[str]]], topo: dict):
+    """The decoder's :class:`lightning_gtn.decode.Lexicon`: each spelling as written, in the
+    loss's tokens (a character per token for CTC/ASG; word-piece decompositions of the spelled
+    graphemes for the transducer)."""
+    from lightning_gtn.decode import Lexicon
+
+    toks = topo["tokens"]
+    special = {topo.get("blank"), topo.get("repeat")} - {None}
+    ids: dict[str, list[list[int]]] = {}
+    if topo["topology"] == "transducer":
+        spelled = list(dict.fromkeys("".join(sp) for sps in spellings.values() for sp in sps))
+        try:
+            pieces = _trie_spellings(Lexicon.from_pieces(spelled, toks, skip=sorted(special)))
+        except ValueError as e:
+            raise ValueError(f"decoder.lexicon: {e}") from None
+        for w, sps in spellings.items():
+            ids[w] = [p for sp in sps for p in pieces["".join(sp)]]
+    else:
+        token_of = {t: i for i, t in enumerate(toks) if i not in special}
+        for w, sps in spellings.items():
+            for sp in sps:
+                bad = [t for t in sp if t not in token_of]
+                if bad:
+                    raise ValueError(f"decoder.lexicon: the spelling {' '.join(sp)[:80]!r} of {w[:40]!r} has "
+                                     f"{bad[0][:40]!r}, not a token of this loss (one of {''.join(token_of)[:80]!r})")
+                ids.setdefault(w, []).append([token_of[t] for t in sp])
+    return Lexicon(ids)
 
 
 def build_decoder(cfg, loss, vocabulary):
     """A :class:`lightning_gtn.decode.BeamSearchDecoder` for ``cfg`` (None for greedy).
 
     Args:
-        cfg: a decoder config (see the module docstring), already resolved
-            (:func:`resolve_decoder`): ``lexicon`` and ``lm`` are file paths for ``beam_lm``.
+        cfg: a decoder config (see the module docstring); for ``beam_lm`` its ``lexicon`` and
+            ``lm`` are data (:func:`resolve_decoder`), range-checked here. A file path there is
+            read only when the user trusts that exact path
+            (``with lightning_gtn._trust.trusted(paths=[path]):``).
         loss: the :class:`lightning_gtn.nn.StructuredLoss` whose emissions are decoded.
         vocabulary: the :class:`Vocabulary` of the targets.
+
+    Raises:
+        ValueError: naming the ``decoder.<key>`` at fault;
+            :class:`lightning_gtn._trust.UntrustedTargetError` (a ValueError) for a file path
+            the user does not trust.
     """
     cfg = _plain(cfg)
     name = "greedy" if cfg is None else cfg.get("name", "greedy")
     if name == "greedy":
         return None
-    from lightning_gtn.decode import BeamSearchDecoder, Lexicon
+    from lightning_gtn.decode import BeamSearchDecoder
 
     topo = _topology(loss, vocabulary)
     common = dict(beam_size=int(cfg.get("beam_size", 50)), beam_threshold=float(cfg.get("beam_threshold", 25.0)),
                   token_beam=cfg.get("token_beam"), nbest=int(cfg.get("nbest", 1)), **topo)
     if name == "beam":
         return BeamSearchDecoder(lexicon_free=True, **common)
-    for key in ("lexicon", "lm"):
-        p = cfg.get(key)
-        if not isinstance(p, str) or p == "train" or not Path(p).is_file():
-            raise ValueError(f"decoder.{key}: expected a file (or 'train', resolved by the training/eval CLI), got {p!r}")
-    from lightning_gtn.lm import NGramLM
-
-    words = _read_words(cfg["lexicon"])
-    toks = topo["tokens"]
-    if topo["topology"] == "transducer":
-        skip = [topo["blank"]] if topo["blank"] is not None else []
-        lexicon = Lexicon.from_pieces(words, toks, skip=skip)
-    else:
-        token_of = {t: i for i, t in enumerate(toks) if len(t) == 1}
-        lexicon = Lexicon.from_words(words, token_of)
-    lm = NGramLM.from_arpa(cfg["lm"])
+    spellings = _artefact(cfg, "lexicon", lexicon_from_data)
+    lm = _artefact(cfg, "lm", lm_from_data)
+    lexicon = _lexicon(spellings, topo)
     unk = cfg.get("unk_score", -math.inf)
     return BeamSearchDecoder(lexicon=lexicon, lm=lm, lm_weight=float(cfg.get("lm_weight", 0.5)),
                              word_score=float(cfg.get("word_score", 0.0)),

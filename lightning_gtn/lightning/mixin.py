@@ -147,7 +147,8 @@ class StructuredLossMixin:
                 (skip the batch with a warning; more than ``max_consecutive`` in a row raise).
             decoder: how validation, test and predict decode: None or ``{"name": "greedy"}``
                 (the loss's Viterbi path), ``{"name": "beam", ...}`` or ``{"name": "beam_lm",
-                "lexicon": file, "lm": ARPA file, ...}`` (see
+                "lexicon": data, "lm": data, ...}`` (files turned into data by
+                :func:`lightning_gtn.lightning.decoding.resolve_decoder`; see
                 :mod:`lightning_gtn.lightning.decoding`).
 
         Raises:

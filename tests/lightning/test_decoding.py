@@ -33,10 +33,14 @@ def _emissions(text, vocab, blank=True, noise=0.0, seed=0, wrong=None):
 def test_resolve_writes_lexicon_and_lm(tmp_path):
     cfg = resolve_decoder({"name": "beam_lm", "lexicon": "train", "lm": "train", "lm_order": 2}, lambda: TEXTS,
                           tmp_path)
-    assert cfg["lexicon"] == str(tmp_path / "lexicon.txt") and cfg["lm"] == str(tmp_path / "lm.arpa")
+    # the lexicon and the LM are data (what a checkpoint stores), no paths
+    assert cfg["lexicon"]["format"] == "lightning_gtn.lexicon/1" and cfg["lm"]["format"] == "lightning_gtn.arpa/1"
+    assert cfg["lexicon"]["entries"][1] == ["cat", "c", "a", "t"] and "\\2-grams:" in cfg["lm"]["text"]
+    assert str(tmp_path) not in repr(cfg)
+    # also written next to the run, for reading
     lines = (tmp_path / "lexicon.txt").read_text().splitlines()
     assert sorted(line.split("\t")[0] for line in lines) == ["a", "cat", "dog", "ran", "sat", "the"]
-    assert "\\2-grams:" in (tmp_path / "lm.arpa").read_text()
+    assert (tmp_path / "lm.arpa").read_text() == cfg["lm"]["text"]
     # greedy and beam need no files
     assert resolve_decoder({"name": "beam"}, lambda: pytest.fail("no texts needed"), tmp_path) == {"name": "beam"}
     assert resolve_decoder(None, lambda: TEXTS, tmp_path) is None
