@@ -242,3 +242,144 @@ def test_a_moved_checkpoint_with_word_pieces_and_transitions_evaluates_identical
     shutil.rmtree(run_dir)
     after = evaluate(_compose([f"ckpt_path={moved}", *base], tmp_path / "e2", config_name="eval"), overrides=[])
     assert after == before and "val/cer" in after
+
+
+# --------------------------------------------------------------------------- the decoder's lexicon and LM
+def test_a_moved_checkpoint_with_a_beam_lm_decoder_evaluates_identically(tmp_path):
+    # the lexicon and LM travel inside the checkpoint: it evaluates after its run directory (with
+    # <run>/lexicon.txt and <run>/lm.arpa) is gone
+    import shutil
+
+    from tests.test_train_cli import _compose
+
+    from lightning_gtn.evaluate import evaluate
+    from lightning_gtn.train import run
+
+    run_dir = tmp_path / "run"
+    cfg = _compose(["experiment=smoke", "trainer.enable_progress_bar=false", "decoder=beam_lm", "decoder.lm_order=2",
+                    "decoder.beam_size=4", "data.num_train=40", "data.num_val=6", "+trainer.limit_train_batches=2",
+                    "logger=none"], run_dir)
+    run(cfg, output_dir=run_dir)
+    assert (run_dir / "lexicon.txt").is_file() and (run_dir / "lm.arpa").is_file()
+    ckpt = next(run_dir.rglob("last.ckpt"))
+    dec = torch.load(ckpt, weights_only=True)["hyper_parameters"]["decoder"]
+    assert dec["lexicon"]["format"] == "lightning_gtn.lexicon/1" and dec["lm"]["format"] == "lightning_gtn.arpa/1"
+    assert dec["lm"]["text"] == (run_dir / "lm.arpa").read_text()
+    assert str(tmp_path) not in repr(dec)  # no path at all
+    base = ["data=digits_small", "data.num_val=6", "num_samples=0", "trainer.enable_progress_bar=false"]
+    before = evaluate(_compose([f"ckpt_path={ckpt}", *base], tmp_path / "e1", config_name="eval"), overrides=[])
+    moved = tmp_path / "elsewhere" / "model.ckpt"
+    moved.parent.mkdir()
+    shutil.copy(ckpt, moved)
+    shutil.rmtree(run_dir)
+    after = evaluate(_compose([f"ckpt_path={moved}", *base], tmp_path / "e2", config_name="eval"), overrides=[])
+    assert after == before and "val/cer" in after
+
+
+def _lm_and_lexicon_files(tmp_path):
+    from lightning_gtn.lm import estimate
+
+    texts = ["12 34", "34 5", "12 5 34"]
+    (tmp_path / "lex.txt").write_text("12 1 2\n34 3 4\n5 5\n", encoding="utf-8")
+    estimate([t.split() for t in texts], order=2).to_arpa(str(tmp_path / "lm.arpa"))
+    return str(tmp_path / "lex.txt"), str(tmp_path / "lm.arpa")
+
+
+def test_decoder_files_named_by_a_checkpoint_are_not_read(tmp_path, monkeypatch):
+    # older checkpoints held <run>/lexicon.txt and <run>/lm.arpa: the files can be moved or swapped,
+    # and a checkpoint must not make the library read a file it names
+    import builtins
+    import io
+
+    lex, lm = _lm_and_lexicon_files(tmp_path)
+    ckpt = torch.load(real_checkpoint(tmp_path / "r.ckpt"), weights_only=True)
+    ckpt["hyper_parameters"]["loss"] = {"_target_": "lightning_gtn.nn.CTCLoss"}
+    ckpt["hyper_parameters"]["decoder"] = {"name": "beam_lm", "lexicon": lex, "lm": lm, "beam_size": 4}
+    ckpt["state_dict"] = torch.load(write_checkpoint(tmp_path / "c.ckpt"), weights_only=True)["state_dict"]
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    opened = []
+    real_open, real_io_open = builtins.open, io.open
+
+    def spy(real):
+        def _open(file, *a, **k):
+            if str(file) in (lex, lm):
+                opened.append(str(file))
+            return real(file, *a, **k)
+        return _open
+
+    monkeypatch.setattr(builtins, "open", spy(real_open))
+    monkeypatch.setattr(io, "open", spy(real_io_open))
+    with pytest.raises(_trust.UntrustedTargetError, match=r"^decoder\.lexicon: .*names a file.*trusted\(paths="):
+        SequenceModule.load_from_checkpoint(str(tmp_path / "old.ckpt"), map_location="cpu")
+    ckpt["hyper_parameters"]["decoder"]["lexicon"] = {"format": "lightning_gtn.lexicon/1", "entries": [["5", "5"]]}
+    torch.save(ckpt, tmp_path / "old2.ckpt")
+    with pytest.raises(_trust.UntrustedTargetError, match=r"^decoder\.lm: .*names a file"):
+        SequenceModule.load_from_checkpoint(str(tmp_path / "old2.ckpt"), map_location="cpu")
+    assert opened == [], "a file named by the checkpoint was opened"
+    # the eval CLI: one clear line naming the key, status 2
+    from lightning_gtn.evaluate import ConfigError, load_model
+
+    with pytest.raises(ConfigError, match=r"old\.ckpt.*decoder\.lexicon: .*names a file"):
+        load_model(tmp_path / "old.ckpt")
+    assert opened == []
+    # the user vouches for those exact files, or names them on the eval command line
+    with _trust.trusted(paths=[lex, lm]):
+        model = SequenceModule.load_from_checkpoint(str(tmp_path / "old.ckpt"), map_location="cpu")
+    assert model.beam_decoder.lexicon.words == ["12", "34", "5"] and sorted(opened) == [lex, lm]
+    assert load_model(tmp_path / "old.ckpt", decoder=None).beam_decoder is None
+
+
+@pytest.mark.parametrize("key,bad,match", [
+    ("lexicon", {"format": "x", "entries": [["a", "a"]]}, r"decoder\.lexicon: expected a lexicon as data"),
+    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["a", "a"]], "path": "/etc/passwd"},
+     r"decoder\.lexicon\.path: unknown key"),
+    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": []}, r"decoder\.lexicon\.entries: no entries"),
+    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": "1 1"}, r"decoder\.lexicon\.entries: expected a list"),
+    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1"]]}, r"entries\[0\]: expected \[word, token"),
+    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1", "1 2"]]}, r"entries\[0\]: .*without whitespace"),
+    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1", 1]]}, r"entries\[0\]: .*non-empty strings"),
+    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1", "1" * 300]]}, r"entries\[0\]: .*at most 256"),
+    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1"] + ["1"] * 300]}, r"entries\[0\]: "),
+    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1", "x"]]}, r"decoder\.lexicon: .*'x', not a token"),
+    ("lm", "/etc/passwd", r"decoder\.lm: '/etc/passwd' names a file"),
+    ("lm", {"format": "lightning_gtn.arpa/1", "text": 7}, r"decoder\.lm\.text: expected ARPA text"),
+    ("lm", {"format": "lightning_gtn.arpa/1", "text": "no arpa"}, r"decoder\.lm\.text: ARPA"),
+    ("lm", {"format": "lightning_gtn.arpa/1", "text": "\\data\\\nngram 1=99999999999\n\\1-grams:\n"}, r"decoder\.lm\.text: .*max_bytes"),
+    ("lm", {"format": "lightning_gtn.arpa/1", "text": "\\data\\\nngram 1=1\n\n\\1-grams:\n-0.5 1 nan\n\\end\\\n"},
+     r"decoder\.lm\.text: ARPA line 5"),
+])
+def test_decoder_data_in_a_checkpoint_is_range_checked(tmp_path, key, bad, match):
+    from lightning_gtn.lightning.decoding import lexicon_to_data, lm_to_data
+    from lightning_gtn.lm import NGramLM, read_lexicon
+
+    lex, lm = _lm_and_lexicon_files(tmp_path)
+    good = {"name": "beam_lm", "beam_size": 4, "lexicon": lexicon_to_data(read_lexicon(lex)),
+            "lm": lm_to_data(NGramLM.from_arpa(lm))}
+    ckpt = torch.load(write_checkpoint(tmp_path / "c.ckpt", decoder=good), weights_only=True)
+    assert SequenceModule.load_from_checkpoint(str(tmp_path / "c.ckpt"), map_location="cpu").beam_decoder is not None
+    ckpt["hyper_parameters"]["decoder"][key] = bad
+    torch.save(ckpt, tmp_path / "bad.ckpt")
+    with pytest.raises(ValueError, match=match):
+        SequenceModule.load_from_checkpoint(str(tmp_path / "bad.ckpt"), map_location="cpu")
+
+
+def test_decoder_data_is_bounded(tmp_path, monkeypatch):
+    # the bounds apply when training stores the data (errors name decoder.<key>) and on load
+    from lightning_gtn.lightning import decoding
+
+    lex, lm = _lm_and_lexicon_files(tmp_path)
+    monkeypatch.setattr(decoding, "MAX_LM_CHARS", 50)
+    with pytest.raises(ValueError, match=r"decoder\.lm: .*ARPA text has \d+ characters; at most 50"):
+        decoding.resolve_decoder({"name": "beam_lm", "lexicon": lex, "lm": lm}, list, tmp_path)
+    with pytest.raises(ValueError, match=r"decoder\.lm\.text: expected ARPA text of at most 50 characters"):
+        decoding.lm_from_data({"format": "lightning_gtn.arpa/1", "text": "x" * 51})
+    monkeypatch.setattr(decoding, "MAX_LM_CHARS", 10**6)
+    monkeypatch.setattr(decoding, "MAX_LEXICON_ENTRIES", 2)
+    with pytest.raises(ValueError, match=r"decoder\.lexicon\.entries: 3 entries; at most 2"):
+        decoding.resolve_decoder({"name": "beam_lm", "lexicon": lex, "lm": "train"}, lambda: ["1"], tmp_path)
+    monkeypatch.setattr(decoding, "MAX_LEXICON_ENTRIES", 10)
+    monkeypatch.setattr(decoding, "MAX_LEXICON_CHARS", 12)
+    with pytest.raises(ValueError, match=r"decoder\.lexicon\.entries: over 12 characters"):
+        decoding.lexicon_from_data({"format": "lightning_gtn.lexicon/1", "entries": [["12", "1", "2"]] * 3})
+    with pytest.raises(ValueError, match=r"decoder\.lexicon: cannot use .*missing"):
+        decoding.resolve_decoder({"name": "beam_lm", "lexicon": str(tmp_path / "missing"), "lm": lm}, list, tmp_path)
