@@ -113,3 +113,29 @@ def test_transducer_tokens_given_as_grapheme_tuples(tmp_path):
     td = lnn.TransducerLoss([("t", "h", "e")] + [(c,) for c in CHARS], g2i, blank="optional")
     dec = build_decoder({"name": "beam"}, td, Vocabulary(CHARS, blank=False))
     assert dec.tokens[0] == "the" and dec.tokens[1:-1] == list(CHARS) and dec.tokens[-1] == "<blank>"
+
+
+def test_lexicon_spellings_are_used_as_written(tmp_path):
+    # issue 16 finding 12: the line 'cat d o g' spells "cat" as d-o-g; it was spelled c-a-t
+    from lightning_gtn.lm import estimate
+
+    (tmp_path / "lex.txt").write_text("cat d o g\nsat s a t\n", encoding="utf-8")
+    estimate([["cat", "sat"], ["sat", "cat"]], order=2).to_arpa(str(tmp_path / "lm.arpa"))
+    cfg = resolve_decoder({"name": "beam_lm", "lexicon": str(tmp_path / "lex.txt"), "lm": str(tmp_path / "lm.arpa"),
+                           "beam_size": 16}, list, tmp_path / "run")
+    assert cfg["lexicon"]["entries"] == [["cat", "d", "o", "g"], ["sat", "s", "a", "t"]]
+    loss, vocab = build_loss("ctc", CHARS)
+    x = _emissions("dog sat", vocab)
+    lengths = torch.tensor([x.shape[1]])
+    assert decode_texts(build_decoder(cfg, loss, vocab), x, lengths) == ["cat sat"]
+    # the word-piece transducer: the spelled graphemes, decomposed into its pieces
+    td, tvocab = build_loss({"_target_": "lightning_gtn.nn.TransducerLoss", "tokens": ["do"] + list(CHARS),
+                             "blank": "optional"}, CHARS)
+    dec = build_decoder(cfg, td, tvocab)
+    frames = []
+    for piece in ["do", "g", " ", "s", "a", "t"]:
+        frames += [dec.tokens.index(piece), td.blank]
+    y = torch.full((1, len(frames), td.num_classes), -9.0)
+    for t, k in enumerate(frames):
+        y[0, t, k] = -0.01
+    assert decode_texts(dec, y.log_softmax(-1), torch.tensor([len(frames)])) == ["cat sat"]
