@@ -327,6 +327,14 @@ def test_decoder_files_named_by_a_checkpoint_are_not_read(tmp_path, monkeypatch)
         model = SequenceModule.load_from_checkpoint(str(tmp_path / "old.ckpt"), map_location="cpu")
     assert model.beam_decoder.lexicon.words == ["12", "34", "5"] and sorted(opened) == [lex, lm]
     assert load_model(tmp_path / "old.ckpt", decoder=None).beam_decoder is None
+    from tests.test_train_cli import _compose
+
+    from lightning_gtn.evaluate import evaluate
+
+    own = ["decoder=beam_lm", f"decoder.lexicon={lex}", f"decoder.lm={lm}", "decoder.beam_size=4"]
+    cfg = _compose([f"ckpt_path={tmp_path / 'old.ckpt'}", "data=digits_small", "data.num_val=4", "num_samples=0",
+                    "trainer.enable_progress_bar=false", *own], tmp_path / "ev", config_name="eval")
+    assert "val/cer" in evaluate(cfg, overrides=own)
 
 
 @pytest.mark.parametrize("key,bad,match", [
