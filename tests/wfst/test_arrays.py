@@ -383,3 +383,49 @@ def test_add_arc_refuses_labels_beyond_int32():
         with pytest.raises(ValueError, match="label"):
             g.add_arc(0, 1, 0, bad)
     assert g.num_arcs() == 3 and g.labels_to_list() == [0, -1, 3]  # the graph still works
+
+
+# -- bounded reads and the text format's number grammar (second probe, findings 5 and 18) ------
+
+
+@pytest.mark.parametrize("reader", ["load", "loadtxt"])
+def test_readers_stop_at_max_bytes_on_a_device(reader):
+    # /dev/zero has size 0 by getsize: the bound must count what is really read.
+    fn = getattr(gtn, reader)
+    with pytest.raises(ValueError, match="max_bytes=4096"):
+        fn("/dev/zero", max_bytes=4096)
+
+
+def test_readers_stop_at_max_bytes_on_a_stream():
+    big = "0\n1\n" + "0 1 0 0 0.5\n" * 1000
+    with pytest.raises(ValueError, match="max_bytes=100"):
+        gtn.loadtxt(io.StringIO(big), max_bytes=100)
+    assert gtn.loadtxt(io.StringIO(big)).num_arcs() == 1000
+    data = io.BytesIO()
+    gtn.save(data, small_graph())
+    raw = data.getvalue()
+    with pytest.raises(ValueError, match="max_bytes"):
+        gtn.load(io.BytesIO(raw), max_bytes=len(raw) - 1)
+    assert gtn.equal(gtn.load(io.BytesIO(raw), max_bytes=len(raw)), small_graph())
+    with pytest.raises(ValueError, match="max_bytes"):
+        gtn.load(io.BytesIO(raw), max_bytes=0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1_0\n1\n0 1 0\n",  # Python's int() reads 10
+        "0\n1\n0 1 \u0665\n",  # an Arabic-Indic digit
+        "0\n1\n0 1 0 0 1_0.5\n",
+        "0\n1\n0 1 0x1\n",
+        "0\n1\n0 1 0 0 0x1p3\n",
+    ],
+)
+def test_loadtxt_reads_only_the_format_numbers(text):
+    with pytest.raises(ValueError, match="line"):
+        gtn.loadtxt(io.StringIO(text))
+
+
+def test_loadtxt_still_reads_signs_exponents_and_infinities():
+    g = gtn.loadtxt(io.StringIO("0\n+1\n0 1 0 0 -1.5e2\n0 1 1 1 inf\n0 1 2 2 .5\n"))
+    assert g.weights_to_list() == [-150.0, float("inf"), 0.5]
