@@ -744,9 +744,10 @@ class TransducerCriterion(_ops.Criterion):
     def best_paths(self, emissions: torch.Tensor, lengths: np.ndarray, params: Optional[torch.Tensor]):
         """``(paths (B, T), scores (B,))``: the best frame paths through the transitions
         (per-frame argmax without them), on the host, padded with -1."""
-        from .viterbi import _max_semiring_paths, best_paths
+        from .viterbi import _max_semiring_paths, best_paths, refuse_nan
 
         B, T, C = emissions.shape
+        refuse_nan(emissions, lengths, params, "transition_params")
         if self.denominator is None:
             return best_paths(emissions, torch.from_numpy(lengths))
         x = emissions.detach().to("cpu", _validate.compute_dtype(emissions)).contiguous()

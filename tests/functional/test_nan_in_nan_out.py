@@ -90,3 +90,29 @@ def test_asg_module_nan_transition_is_not_hidden():
     x = torch.randn(B, T, C, requires_grad=True)
     loss = crit(x, TARGETS, LENGTHS, [len(t) for t in TARGETS])
     assert math.isnan(loss.item())
+
+
+def test_decoders_refuse_nan_emissions():
+    # Finding 13 of the second probe: transducer decode/viterbi on NaN emissions silently returned
+    # label 0, while the beam decoder refused NaN.
+    from lightning_gtn.nn import TransducerLoss
+
+    x = torch.randn(2, 6, 4)
+    x[1, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match="emissions contains NaN"):
+        F.viterbi(x, [6, 6])
+    with pytest.raises(ValueError, match="emissions contains NaN"):
+        F.best_paths(x, [6, 6], transitions=torch.zeros(5, 4))
+    with pytest.raises(ValueError, match="transitions contains NaN"):
+        F.best_paths(x.nan_to_num(), [6, 6], transitions=torch.full((5, 4), float("nan")))
+    assert F.viterbi(x, [6, 2])[1] is not None  # the NaN lies beyond example 1's length: decoded
+    tokens = [["a"], ["b"], ["c"], ["a", "b"]]
+    for ngram in (0, 1):
+        crit = TransducerLoss(tokens, {"a": 0, "b": 1, "c": 2}, ngram=ngram, blank="optional")
+        y = torch.randn(2, 6, crit.num_classes)
+        assert len(crit.decode(y)) == 2
+        y[0, 3, 1] = float("nan")
+        with pytest.raises(ValueError, match="emissions contains NaN"):
+            crit.decode(y)
+        with pytest.raises(ValueError, match="emissions contains NaN"):
+            crit.viterbi(y)
