@@ -40,6 +40,9 @@ __all__ = ["viterbi_arcs", "numba_viterbi_arcs", "torch_viterbi_arcs", "check_pr
 
 #: backpointer entries (frames x nodes, padded for torch) of one pass over a group of examples
 BP_BUDGET = 1 << 27
+#: the most backpointer bytes one alignment call may need (frames x graph nodes of every example,
+#: one byte each, four past 255 in-arcs); larger inputs are refused before anything is allocated
+MAX_BACKPOINTER_BYTES = 1 << 30
 
 
 @njit(cache=True, nogil=True)
@@ -109,6 +112,17 @@ def check_problem(problem, E: torch.Tensor, w: torch.Tensor) -> None:
             raise ValueError(f"example lengths must lie in [0, T={T}]")
         if problem.ex_row.min() < 0 or problem.ex_row.max() >= B:
             raise ValueError(f"example rows must lie in [0, B={B})")
+        cells = problem.ex_len.astype(np.int64) * problem.ex_nodes.astype(np.int64)
+        need = int(cells.sum()) * (1 if bt.max_in <= 255 else 4)
+        if need > MAX_BACKPOINTER_BYTES:
+            e = int(np.argmax(cells))
+            raise ValueError(
+                f"forced alignment keeps a backpointer per frame and graph node: example {int(problem.ex_row[e])} "
+                f"has T={int(problem.ex_len[e])} frames and S={int(problem.ex_nodes[e])} nodes (2 per target token "
+                f"plus one with a blank), and the batch needs {need} bytes in all, more than "
+                f"MAX_BACKPOINTER_BYTES={MAX_BACKPOINTER_BYTES}; align shorter pieces (split the audio and its "
+                "transcript) or raise lightning_gtn.functional._align_kernels.MAX_BACKPOINTER_BYTES"
+            )
 
 
 def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
