@@ -121,7 +121,7 @@ def _run(module, args, cwd, timeout=300):
 @pytest.mark.slow  # trains in a subprocess
 def test_checkpoint_trained_a_few_steps(tmp_path, capsys):
     run = tmp_path / "run"
-    p = _run("lightning_gtn.train", ["experiment=smoke", "+trainer.max_steps=3", "trainer.enable_progress_bar=false",
+    p = _run("lightning_gtn.train", ["experiment=smoke", "trainer.max_steps=3", "trainer.enable_progress_bar=false",
                                      "trainer.num_sanity_val_steps=0", "data.num_train=24", "data.num_val=6",
                                      "logger=none", f"hydra.run.dir={run}"],
              tmp_path)

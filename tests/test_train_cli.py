@@ -436,3 +436,16 @@ def test_second_run_into_the_same_directory_is_refused_and_mixes_nothing(tmp_pat
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
     saved = (out / ".hydra" / "config.yaml").read_text()
     assert "CTCLoss" in saved and "SequenceLoss" not in saved
+
+
+def test_trainer_flags_users_reach_for_are_plain_overrides(tmp_path):
+    # Newcomer edge of the second probe: trainer.max_steps=20 failed ("not in struct").
+    flags = ["trainer.max_steps=20", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
+             "trainer.limit_test_batches=2", "trainer.val_check_interval=0.5", "trainer.precision=bf16-mixed",
+             "trainer.accumulate_grad_batches=2"]
+    for trainer in ("cpu", "gpu", "ddp", "ddp_cpu"):
+        cfg = _compose([f"trainer={trainer}", *flags], tmp_path)
+        assert cfg.trainer.max_steps == 20 and cfg.trainer.accumulate_grad_batches == 2
+        assert cfg.trainer.limit_test_batches == 2 and cfg.trainer.val_check_interval == 0.5
+    cfg = _compose(["trainer.max_steps=2", "trainer.limit_val_batches=1", *SMOKE], tmp_path)
+    assert run(cfg, output_dir=tmp_path)["global_step"] == 2
