@@ -198,14 +198,21 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
     if isinstance(tokens, int):
         from lightning_gtn.wordpieces import train_word_pieces
 
-        pieces = train_word_pieces(_train_texts(datamodule), int(tokens))
+        try:
+            pieces = train_word_pieces(_train_texts(datamodule), int(tokens))
+        except ValueError as e:
+            raise ConfigError(f"loss.tokens={tokens}: {str(e).replace('num_pieces', 'the number of word pieces')}; "
+                              "or loss.tokens=letters") from None
     elif isinstance(tokens, str) and tokens != "letters":
         from lightning_gtn.wordpieces import load_word_pieces
 
         if not Path(tokens).is_file():
             raise ConfigError(f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file; "
                               f"no such file: {tokens}")
-        pieces = load_word_pieces(tokens)
+        try:
+            pieces = load_word_pieces(tokens)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"loss.tokens: cannot read word pieces from {tokens}: {e}") from None
     if pieces is not None:
         from lightning_gtn.wordpieces import save_word_pieces
 

@@ -449,3 +449,12 @@ def test_trainer_flags_users_reach_for_are_plain_overrides(tmp_path):
         assert cfg.trainer.limit_test_batches == 2 and cfg.trainer.val_check_interval == 0.5
     cfg = _compose(["trainer.max_steps=2", "trainer.limit_val_batches=1", *SMOKE], tmp_path)
     assert run(cfg, output_dir=tmp_path)["global_step"] == 2
+
+
+def test_too_few_word_pieces_names_the_key(tmp_path):
+    # Newcomer edge: loss=transducer loss.tokens=20 on 27 graphemes gave a raw ValueError.
+    cfg = _compose(["loss=transducer", "loss.tokens=5", *SMOKE], tmp_path)
+    with pytest.raises(ConfigError, match=r"^loss\.tokens=5: the number of word pieces must be at least the number "
+                                          r"of distinct graphemes \(\d+"):
+        run(cfg, output_dir=tmp_path)
+    assert not any(tmp_path.iterdir()) or sorted(p.name for p in tmp_path.iterdir()) == []
