@@ -459,3 +459,30 @@ def test_backpointers_are_bounded_before_allocating(monkeypatch):
         forced_align(torch.randn(2, 30, 4).log_softmax(-1), [[1, 2], [3]], [30, 30])
     monkeypatch.setattr(_align_kernels, "MAX_BACKPOINTER_BYTES", 1 << 30)
     assert forced_align(torch.randn(2, 30, 4).log_softmax(-1), [[1, 2], [3]], [30, 30]).score.isfinite().all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ctc_chain_kernel_gives_the_general_kernels_paths_to_the_bit(seed, monkeypatch):
+    # the CTC-specialised kernel must pick the same arcs as the general one, ties included:
+    # emissions rounded to a few values make many ties; repeated labels, short and infeasible rows
+    from lightning_gtn.functional import _align_kernels
+
+    g = torch.Generator().manual_seed(100 + seed)
+    B, T, C = 9, 40, 5
+    x = (torch.randint(-3, 1, (B, T, C), generator=g).float() if seed % 2 else
+         torch.randn(B, T, C, generator=g).log_softmax(-1).double())
+    targets = [torch.randint(1, C, (int(n),), generator=g).tolist() for n in torch.randint(0, 22, (B,), generator=g)]
+    targets[0] = [2, 2, 2, 3, 3]
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    lengths[1] = T
+    calls = []
+    kernel = _align_kernels._ctc_viterbi_kernel
+    monkeypatch.setattr(_align_kernels, "_ctc_viterbi_kernel", lambda *a: (calls.append(1), kernel(*a))[1])
+    fast = forced_align(x, targets, lengths)
+    assert calls  # the chain kernel ran
+    monkeypatch.setattr(_align_kernels, "ctc_chain_tables", lambda batch: None)
+    slow = forced_align(x, targets, lengths)
+    assert torch.equal(fast.labels, slow.labels)
+    assert torch.equal(fast.token_start, slow.token_start) and torch.equal(fast.token_end, slow.token_end)
+    assert torch.equal(fast.score.isinf(), slow.score.isinf())
+    assert torch.allclose(fast.score.nan_to_num(0, 0, 0), slow.score.nan_to_num(0, 0, 0), rtol=0, atol=0)
