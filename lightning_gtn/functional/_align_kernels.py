@@ -118,27 +118,31 @@ def _ctc_viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, node_lab, n
             prev[n] = NEG_INF
             cur[n] = NEG_INF
         prev[0] = 0.0
+        lab = node_lab[n0:n0 + S]
+        deg = node_deg[n0:n0 + S]
         for t in range(T):
             row = base + t * S
             hi = min(S, 2 * t + 2)
-            for n in range(hi):
-                x = E[b, t, node_lab[n0 + n]]
+            er = E[b, t]
+            cur[0] = prev[0] + er[lab[0]]
+            bp[row] = 0
+            # nodes past hi cannot be reached yet: their scores stay -inf, their backpointers
+            # are never read (the backtrack only visits reachable nodes)
+            for n in range(1, hi):
+                x = er[lab[n]]
                 m = prev[n] + x
                 best = 0
-                if n > 0:
-                    v = prev[n - 1] + x
+                v = prev[n - 1] + x
+                if v > m:
+                    m = v
+                    best = 1
+                if deg[n] == 3:
+                    v = prev[n - 2] + x
                     if v > m:
                         m = v
-                        best = 1
-                    if node_deg[n0 + n] == 3:
-                        v = prev[n - 2] + x
-                        if v > m:
-                            m = v
-                            best = 2
+                        best = 2
                 cur[n] = m
                 bp[row + n] = best
-            for n in range(hi, S):
-                bp[row + n] = 0
             tmp = prev
             prev = cur
             cur = tmp
