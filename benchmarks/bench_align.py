@@ -18,6 +18,7 @@ environment lets them sleep. The header says which policy a run used.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -95,8 +96,15 @@ def main(argv=None) -> str:
         xd = x.to(dev)
         return _time(lambda: forced_align(xd, targets, lengths, **kw), a.repeats)
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     t_ref, ref = ours()
-    rows.append(("forced_align (numba, CPU)", t_ref, "0"))
+    rows.append(("forced_align (numba, CPU, 1 thread)", t_ref, "0"))
+    if (os.cpu_count() or 1) >= 2:
+        torch.set_num_threads(2)
+        sec, _ = ours()
+        rows.append(("forced_align (numba, CPU, 2 threads)", sec, "0"))
+    torch.set_num_threads(1)
     sec, al = ours(impl="torch")
     diff = (al.score.double() - ref.score.double()).abs().max().item()
     rows.append(("forced_align impl=torch (CPU)", sec, f"{diff:.1e}"))
@@ -117,10 +125,16 @@ def main(argv=None) -> str:
     except ImportError:
         rows.append(("torchaudio.functional.forced_align per example", None, "not installed"))
     else:
+        import torchaudio
+
         sec, scores = _time(lambda: _torchaudio_loop(x, targets), a.repeats)
-        rows.append(("torchaudio.functional.forced_align per example", sec,
+        rows.append((f"torchaudio {torchaudio.__version__} forced_align per example (1 thread)", sec,
                      f"{(scores - ref.score.double()).abs().max().item():.1e}"))
-    import os
+        ta = sec
+        for name, s_ours, _ in list(rows):
+            if name.startswith("forced_align (numba"):
+                rows.append((f"ratio: {name} / torchaudio", None, f"{s_ours / ta:.2f}x of torchaudio's time"))
+    torch.set_num_threads(threads)
 
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
     lines = [f"Forced alignment, B={B}, T={T}, C={C}, targets of {L - 10}-{L + 10} tokens "

@@ -27,7 +27,9 @@ import os
 os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 
 import argparse  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -36,6 +38,7 @@ __all__ = ["main", "parse_args", "read_targets", "load_emissions"]
 #: lines and tokens a targets file may hold (a bound on what a bad file can allocate)
 MAX_TARGET_LINES = 1_000_000
 MAX_TARGET_TOKENS = 100_000
+_ID_RE = re.compile(r"[+-]?[0-9]{1,10}", re.ASCII)
 
 
 class AlignError(Exception):
@@ -94,7 +97,9 @@ def load_emissions(path):
     lengths = None
     if isinstance(obj, dict):
         if "emissions" not in obj:
-            raise AlignError(f"--emissions: {f} holds a dict without an 'emissions' key (keys: {sorted(obj)})")
+            keys = sorted(repr(k) for k in list(obj)[:20])  # keys of any type, a few of them
+            raise AlignError(f"--emissions: {f} holds a dict without an 'emissions' key (keys: {', '.join(keys)}"
+                             f"{', ...' if len(obj) > 20 else ''})")
         obj, lengths = obj["emissions"], obj.get("input_lengths")
     if not isinstance(obj, torch.Tensor) or obj.dim() != 3 or not obj.is_floating_point():
         what = f"shape {tuple(obj.shape)} {obj.dtype}" if isinstance(obj, torch.Tensor) else type(obj).__name__
@@ -113,8 +118,20 @@ def read_targets(path, B: int):
     if not f.is_file():
         raise AlignError(f"--targets: no such file: {f}")
     out = []
-    with open(f, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
+    # a line holds at most MAX_TARGET_TOKENS ids of at most 10 digits and their separators
+    max_line = MAX_TARGET_TOKENS * 12 + 2
+    with open(f, "rb") as fh:
+        for i in itertools.count(1):
+            raw = fh.readline(max_line + 1)
+            if not raw:
+                break
+            if len(raw) > max_line:
+                raise AlignError(f"--targets: line {i} is longer than {max_line} bytes")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise AlignError(f"--targets: line {i} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") \
+                    from None
             if i > min(B, MAX_TARGET_LINES):
                 if line.strip():
                     raise AlignError(f"--targets: more lines than the {B} examples of the emissions")
@@ -122,11 +139,10 @@ def read_targets(path, B: int):
             parts = line.split()
             if len(parts) > MAX_TARGET_TOKENS:
                 raise AlignError(f"--targets: line {i} has more than {MAX_TARGET_TOKENS} tokens")
-            try:
-                out.append([int(v) for v in parts])
-            except ValueError:
+            if not all(_ID_RE.fullmatch(v) for v in parts):
                 bad = line.strip()[:60]
-                raise AlignError(f"--targets: line {i} must hold integer token ids, got {bad!r}") from None
+                raise AlignError(f"--targets: line {i} must hold integer token ids (ASCII digits), got {bad!r}")
+            out.append([int(v) for v in parts])
     if len(out) != B:
         raise AlignError(f"--targets: {len(out)} lines for {B} examples of the emissions")
     return out

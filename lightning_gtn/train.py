@@ -198,14 +198,21 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
     if isinstance(tokens, int):
         from lightning_gtn.wordpieces import train_word_pieces
 
-        pieces = train_word_pieces(_train_texts(datamodule), int(tokens))
+        try:
+            pieces = train_word_pieces(_train_texts(datamodule), int(tokens))
+        except ValueError as e:
+            raise ConfigError(f"loss.tokens={tokens}: {str(e).replace('num_pieces', 'the number of word pieces')}; "
+                              "or loss.tokens=letters") from None
     elif isinstance(tokens, str) and tokens != "letters":
         from lightning_gtn.wordpieces import load_word_pieces
 
         if not Path(tokens).is_file():
             raise ConfigError(f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file; "
                               f"no such file: {tokens}")
-        pieces = load_word_pieces(tokens)
+        try:
+            pieces = load_word_pieces(tokens)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"loss.tokens: cannot read word pieces from {tokens}: {e}") from None
     if pieces is not None:
         from lightning_gtn.wordpieces import save_word_pieces
 
@@ -319,6 +326,78 @@ class _FinalProgress(Callback):
         trainer.callback_metrics["global_step"] = torch.tensor(float(trainer.global_step))
 
 
+#: the lock file a run keeps in its directory while it runs (its content: the owner's pid)
+RUN_LOCK = ".lightning_gtn.lock"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to someone else
+        return True
+    return True
+
+
+def claim_run_dir(output_dir: Path, ckpt_path) -> Path | None:
+    """Makes ``output_dir`` this run's alone, or raises :class:`ConfigError`.
+
+    A run directory holds one run: two runs into one ``hydra.run.dir`` would mix checkpoints,
+    logs and configs (an old ``best.ckpt`` beside a new ``last.ckpt``). So a directory that
+    holds anything but Hydra's job logs is refused, unless this run resumes a checkpoint inside
+    it; and a lock file (created atomically, holding the owner's pid) keeps a second run out
+    while the first is running. A lock left by a process that is gone is taken over.
+
+    Returns the lock file to remove when the run ends (None for DDP ranks other than 0, which
+    relaunch this script into the directory rank 0 claimed).
+    """
+    if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
+        return None
+    lock = output_dir / RUN_LOCK
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        try:
+            owner = int(lock.read_text().strip() or "0")
+        except (OSError, ValueError):
+            owner = 0
+        if owner and _pid_alive(owner):
+            raise ConfigError(f"hydra.run.dir: {output_dir} is in use by another run (process {owner}, lock file "
+                              f"{lock}); give this run its own directory") from None
+        lock.unlink(missing_ok=True)  # a crashed run's lock
+        return claim_run_dir(output_dir, ckpt_path)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    resuming = ckpt_path is not None and output_dir.resolve() in Path(str(ckpt_path)).resolve().parents
+    if not resuming:
+        other = sorted(p.name for p in output_dir.iterdir() if p.name != RUN_LOCK and not
+                       (p.is_file() and p.suffix == ".log"))
+        if other:
+            lock.unlink(missing_ok=True)
+            raise ConfigError(
+                f"hydra.run.dir: {output_dir} already holds another run ({', '.join(other[:5])}"
+                f"{', ...' if len(other) > 5 else ''}); a run directory holds one run: choose a new "
+                "hydra.run.dir, or resume that run with ckpt_path=<its checkpoint>"
+            )
+    return lock
+
+
+def _save_run_config(cfg: DictConfig, output_dir: Path) -> None:
+    """``.hydra/config.yaml`` and ``overrides.yaml``, written once the directory is this run's
+    (Hydra's own copy is turned off in ``conf/train.yaml``: it would overwrite another run's)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:  # run() called without Hydra (tests, Python)
+        overrides = []
+    d = output_dir / ".hydra"
+    d.mkdir(exist_ok=True)
+    (d / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (d / "overrides.yaml").write_text(OmegaConf.to_yaml(overrides))
+
+
 def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     """Builds everything from ``cfg``, fits, optionally tests, returns the final metrics.
 
@@ -326,13 +405,6 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         cfg: the composed config (``conf/train.yaml``).
         output_dir: the run directory (default: Hydra's runtime output directory).
     """
-    import lightning as L
-    import torch
-
-    from lightning_gtn import _trust
-    from lightning_gtn.lightning import NonFiniteLossError, SequenceModule, SpawnedProcessGroupCleanup
-    from lightning_gtn.lightning.decoding import resolve_decoder
-
     if output_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
@@ -340,6 +412,22 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     _check_keys(cfg)
+    lock = claim_run_dir(output_dir, cfg.ckpt_path)
+    try:
+        return _run(cfg, output_dir, save_config=lock is not None)
+    finally:
+        if lock is not None:
+            lock.unlink(missing_ok=True)
+
+
+def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
+    import lightning as L
+    import torch
+
+    from lightning_gtn import _trust
+    from lightning_gtn.lightning import NonFiniteLossError, SequenceModule, SpawnedProcessGroupCleanup
+    from lightning_gtn.lightning.decoding import resolve_decoder
+
     if cfg.get("num_threads"):
         torch.set_num_threads(int(cfg.num_threads))
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -370,6 +458,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     callbacks += [_FinalProgress(), SpawnedProcessGroupCleanup()]
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
+    if save_config:  # everything was built: the directory now holds this run
+        _save_run_config(cfg, output_dir)
     start = time.perf_counter()
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)

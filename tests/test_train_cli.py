@@ -319,9 +319,9 @@ def test_nonfinite_loss_stops_the_run_and_is_written(tmp_path):
     assert math.isnan(written["train/loss"]) and "global step" in written["error"]
     assert written.keys() == e.value.metrics.keys()
     # with skipping enabled the run goes on, bounded by max_consecutive
-    cfg = _compose([*NAN_RUN, "nonfinite.action=skip", "nonfinite.max_consecutive=1"], tmp_path)
+    cfg = _compose([*NAN_RUN, "nonfinite.action=skip", "nonfinite.max_consecutive=1"], tmp_path / "skip")
     with pytest.raises(TrainingFailed, match=r"2 batches in a row \(nonfinite.max_consecutive=1\)"):
-        run(cfg, output_dir=tmp_path)
+        run(cfg, output_dir=tmp_path / "skip")  # a run directory of its own
 
 
 def _cli_fail(module, args, cwd, timeout=300):
@@ -395,3 +395,66 @@ def test_cli_readme_own_data_command_with_the_default_logger(tmp_path, rng):
         "model.hidden_size=8", f"hydra.run.dir={out}"], tmp_path, timeout=300)
     assert {"train/loss", "val/loss", "val/cer", "val/wer"} <= set(m) and m["global_step"] == 2
     assert (out / "csv" / "metrics.csv").is_file() and (out / "csv" / "hparams.yaml").is_file()
+
+
+# -- one run per directory (second probe, finding 15) ---------------------------------------------
+
+
+def test_a_run_directory_holds_one_run(tmp_path):
+    from lightning_gtn.train import RUN_LOCK, claim_run_dir
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "lightning-gtn-train.log").write_text("hydra's job log\n")
+    lock = claim_run_dir(d, None)  # only Hydra's log: a fresh directory
+    assert lock == d / RUN_LOCK and lock.read_text().strip() == str(os.getpid())
+    # a second run while the first holds the lock
+    with pytest.raises(ConfigError, match=r"hydra.run.dir: .* is in use by another run"):
+        claim_run_dir(d, None)
+    (d / "checkpoints").mkdir()
+    (d / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    lock.unlink()
+    # a finished run's directory: refused, unless this run resumes a checkpoint inside it
+    with pytest.raises(ConfigError, match=r"already holds another run \(checkpoints\)"):
+        claim_run_dir(d, None)
+    assert not (d / RUN_LOCK).exists()
+    with pytest.raises(ConfigError, match="already holds another run"):
+        claim_run_dir(d, tmp_path / "elsewhere.ckpt")
+    assert claim_run_dir(d, d / "checkpoints" / "last.ckpt") == d / RUN_LOCK
+    # a lock left by a process that is gone is taken over
+    (d / RUN_LOCK).write_text("999999999\n")
+    assert claim_run_dir(d, d / "checkpoints" / "last.ckpt") == d / RUN_LOCK
+
+
+def test_second_run_into_the_same_directory_is_refused_and_mixes_nothing(tmp_path):
+    out = tmp_path / "run"
+    run(_compose(["loss=ctc", "trainer.fast_dev_run=true", *SMOKE], out), output_dir=out)
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    assert (out / ".hydra" / "config.yaml").is_file() and not (out / ".lightning_gtn.lock").exists()
+    with pytest.raises(ConfigError, match="already holds another run"):
+        run(_compose(["loss=seq", "trainer.fast_dev_run=true", *SMOKE], out), output_dir=out)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+    saved = (out / ".hydra" / "config.yaml").read_text()
+    assert "CTCLoss" in saved and "SequenceLoss" not in saved
+
+
+def test_trainer_flags_users_reach_for_are_plain_overrides(tmp_path):
+    # Newcomer edge of the second probe: trainer.max_steps=20 failed ("not in struct").
+    flags = ["trainer.max_steps=20", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
+             "trainer.limit_test_batches=2", "trainer.val_check_interval=0.5", "trainer.precision=bf16-mixed",
+             "trainer.accumulate_grad_batches=2"]
+    for trainer in ("cpu", "gpu", "ddp", "ddp_cpu"):
+        cfg = _compose([f"trainer={trainer}", *flags], tmp_path)
+        assert cfg.trainer.max_steps == 20 and cfg.trainer.accumulate_grad_batches == 2
+        assert cfg.trainer.limit_test_batches == 2 and cfg.trainer.val_check_interval == 0.5
+    cfg = _compose(["trainer.max_steps=2", "trainer.limit_val_batches=1", *SMOKE], tmp_path)
+    assert run(cfg, output_dir=tmp_path)["global_step"] == 2
+
+
+def test_too_few_word_pieces_names_the_key(tmp_path):
+    # Newcomer edge: loss=transducer loss.tokens=20 on 27 graphemes gave a raw ValueError.
+    cfg = _compose(["loss=transducer", "loss.tokens=5", *SMOKE], tmp_path)
+    with pytest.raises(ConfigError, match=r"^loss\.tokens=5: the number of word pieces must be at least the number "
+                                          r"of distinct graphemes \(\d+"):
+        run(cfg, output_dir=tmp_path)
+    assert not any(tmp_path.iterdir()) or sorted(p.name for p in tmp_path.iterdir()) == []

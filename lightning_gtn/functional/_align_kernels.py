@@ -40,6 +40,9 @@ __all__ = ["viterbi_arcs", "numba_viterbi_arcs", "torch_viterbi_arcs", "check_pr
 
 #: backpointer entries (frames x nodes, padded for torch) of one pass over a group of examples
 BP_BUDGET = 1 << 27
+#: the most backpointer bytes one alignment call may need (frames x graph nodes of every example,
+#: one byte each, four past 255 in-arcs); larger inputs are refused before anything is allocated
+MAX_BACKPOINTER_BYTES = 1 << 30
 
 
 @njit(cache=True, nogil=True)
@@ -94,6 +97,105 @@ def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, in_w, in_src, i
             n = in_src[k]
 
 
+@njit(cache=True, nogil=True)
+def _ctc_viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, node_lab, node_deg, node_off, in_off,
+                        in_arc, accept_off, accept, max_nodes, bp, score, out_arc):
+    """:func:`_viterbi_kernel` for CTC's graphs (``wfst.criterion.ctc_graph``: weightless arcs,
+    node ``n``'s in-arcs are its self-loop, ``n - 1`` and, for ``node_deg[n] == 3``, ``n - 2``,
+    in that order, all reading ``node_lab[n]``). The same sums in the same order, so the same
+    paths to the bit (ties to the first in-arc), without the per-arc indirection, and only over
+    the nodes frame ``t`` can reach (``n <= 2 t + 1``)."""
+    prev = np.empty(max(max_nodes, 1), dtype=E.dtype)
+    cur = np.empty(max(max_nodes, 1), dtype=E.dtype)
+    for e in range(e0, e1):
+        g = ex_graph[e]
+        b = ex_row[e]
+        T = ex_len[e]
+        n0 = node_off[g]
+        S = node_off[g + 1] - n0
+        base = bp_off[e]
+        for n in range(S):
+            prev[n] = NEG_INF
+            cur[n] = NEG_INF
+        prev[0] = 0.0
+        lab = node_lab[n0:n0 + S]
+        deg = node_deg[n0:n0 + S]
+        for t in range(T):
+            row = base + t * S
+            hi = min(S, 2 * t + 2)
+            er = E[b, t]
+            cur[0] = prev[0] + er[lab[0]]
+            bp[row] = 0
+            # nodes past hi cannot be reached yet: their scores stay -inf, their backpointers
+            # are never read (the backtrack only visits reachable nodes)
+            for n in range(1, hi):
+                x = er[lab[n]]
+                m = prev[n] + x
+                best = 0
+                v = prev[n - 1] + x
+                if v > m:
+                    m = v
+                    best = 1
+                if deg[n] == 3:
+                    v = prev[n - 2] + x
+                    if v > m:
+                        m = v
+                        best = 2
+                cur[n] = m
+                bp[row + n] = best
+            tmp = prev
+            prev = cur
+            cur = tmp
+        m = NEG_INF
+        best = -1
+        for k in range(accept_off[g], accept_off[g + 1]):
+            n = accept[k]
+            v = prev[n]
+            if v > m or (v == m and best >= 0 and n < best):
+                m = v
+                best = n
+        score[e] = m
+        if best < 0:
+            continue
+        n = best
+        for t in range(T - 1, -1, -1):
+            c = bp[base + t * S + n]
+            out_arc[e, t] = in_arc[in_off[n0 + n] + c]
+            n = n - c
+
+
+def _starts_at_zero(batch) -> bool:
+    """Every graph's only start node is its node 0."""
+    ng = len(batch.node_off) - 1
+    return bool(np.array_equal(np.diff(batch.start_off), np.ones(ng, dtype=np.diff(batch.start_off).dtype))
+                and np.all(batch.start[:ng] == 0))
+
+
+def ctc_chain_tables(batch):
+    """``(node_lab, node_deg)`` when every graph of ``batch`` has CTC's chain shape (see
+    :func:`_ctc_viterbi_kernel`), else None (the general kernel then runs)."""
+    n_nodes = int(batch.node_off[-1])
+    if batch.has_eps or n_nodes == 0:
+        return None
+    ng = len(batch.node_off) - 1
+    in_off = np.asarray(batch.in_off[: n_nodes + 1], dtype=np.int64)
+    deg = np.diff(in_off)
+    total = int(in_off[-1])
+    node = np.repeat(np.arange(n_nodes), deg)  # the node of each in-arc position
+    graph_of_node = np.repeat(np.arange(ng), np.diff(batch.node_off))
+    local_node = np.arange(n_nodes) - np.asarray(batch.node_off)[graph_of_node]
+    pos = np.arange(total) - in_off[:-1][node]  # position among the node's in-arcs
+    src = np.asarray(batch.in_src[:total], dtype=np.int64)  # local source ids
+    lab = np.asarray(batch.label)[np.asarray(batch.in_arc[:total])]
+    if np.any(deg < 1) or np.any(deg > 3):
+        return None
+    node_lab = lab[in_off[:-1]]
+    if (np.any(src != local_node[node] - pos) or np.any(lab != node_lab[node])
+            or np.any((local_node == 0) & (deg != 1)) or np.any((local_node > 0) & (deg < 2))):
+        return None
+    return np.ascontiguousarray(node_lab), deg.astype(np.int32)
+
+
 def check_problem(problem, E: torch.Tensor, w: torch.Tensor) -> None:
     """Raises ValueError unless every index the kernels read lies inside ``E`` and ``w``."""
     bt = problem.batch
@@ -109,6 +211,17 @@ def check_problem(problem, E: torch.Tensor, w: torch.Tensor) -> None:
             raise ValueError(f"example lengths must lie in [0, T={T}]")
         if problem.ex_row.min() < 0 or problem.ex_row.max() >= B:
             raise ValueError(f"example rows must lie in [0, B={B})")
+        cells = problem.ex_len.astype(np.int64) * problem.ex_nodes.astype(np.int64)
+        need = int(cells.sum()) * (1 if bt.max_in <= 255 else 4)
+        if need > MAX_BACKPOINTER_BYTES:
+            e = int(np.argmax(cells))
+            raise ValueError(
+                f"forced alignment keeps a backpointer per frame and graph node: example {int(problem.ex_row[e])} "
+                f"has T={int(problem.ex_len[e])} frames and S={int(problem.ex_nodes[e])} nodes (2 per target token "
+                f"plus one with a blank), and the batch needs {need} bytes in all, more than "
+                f"MAX_BACKPOINTER_BYTES={MAX_BACKPOINTER_BYTES}; align shorter pieces (split the audio and its "
+                "transcript) or raise lightning_gtn.functional._align_kernels.MAX_BACKPOINTER_BYTES"
+            )
 
 
 def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
@@ -129,15 +242,25 @@ def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     score = np.full(N, NEG_INF, dtype=En.dtype)
     out = np.full((N, max(T, 1)), -1, dtype=np.int64)
 
-    in_w = np.ascontiguousarray(wn[bt.in_arc])
-    in_lab = np.ascontiguousarray(bt.label[bt.in_arc])
+    chain = ctc_chain_tables(bt) if (not np.any(wn) and _starts_at_zero(bt)) else None
+    if chain is not None:
+        node_lab, node_deg = chain
 
-    def run(e0, e1):
-        _viterbi_kernel(e0, e1, p.ex_graph, p.ex_row, p.ex_len, bp_off, En, in_w, bt.in_src, in_lab,
-                        bt.node_off, bt.in_off, bt.in_arc, bt.start_off, bt.start, bt.accept_off,
-                        bt.accept, bt.max_nodes, bp, score, out)
+        def run(e0, e1):
+            _ctc_viterbi_kernel(e0, e1, p.ex_graph, p.ex_row, p.ex_len, bp_off, En, node_lab, node_deg,
+                                bt.node_off, bt.in_off, bt.in_arc, bt.accept_off, bt.accept, bt.max_nodes, bp,
+                                score, out)
+    else:
+        in_w = np.ascontiguousarray(wn[bt.in_arc])
+        in_lab = np.ascontiguousarray(bt.label[bt.in_arc])
 
-    chunks = p.chunks(get_num_threads())
+        def run(e0, e1):
+            _viterbi_kernel(e0, e1, p.ex_graph, p.ex_row, p.ex_len, bp_off, En, in_w, bt.in_src, in_lab,
+                            bt.node_off, bt.in_off, bt.in_arc, bt.start_off, bt.start, bt.accept_off,
+                            bt.accept, bt.max_nodes, bp, score, out)
+
+    # both cores when torch may use two threads (and the engine's pool allows them)
+    chunks = p.chunks(max(1, min(get_num_threads(), torch.get_num_threads())))
     if len(chunks) <= 1:
         for c in chunks:
             run(*c)

@@ -135,7 +135,9 @@ def compile_graph(g: Graph, weight_index: Optional[np.ndarray] = None) -> Compil
     """Turns an engine graph into a :class:`CompiledGraph` (input labels are what is scored)."""
     a = g.arrays()
     src, dst, il = a.src, a.dst, a.ilabel
-    n = a.num_nodes
+    # A graph without nodes has no accepting path (score -inf, like one without accept nodes);
+    # it is compiled as one isolated node, since the kernels size their work by nodes.
+    n = max(a.num_nodes, 1)
     cg = CompiledGraph()
     cg.num_nodes = n
     cg.num_arcs = len(src)

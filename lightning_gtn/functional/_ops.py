@@ -128,6 +128,37 @@ def loss_op(emissions: Tensor, weights: Optional[Tensor], targets: Tensor, input
     return (out, gE if gE is not None else _empty(emissions), gW if gW is not None else _empty(emissions))
 
 
+def nan_rows(E: Tensor, weights: Optional[Tensor], lengths: np.ndarray) -> Optional[Tensor]:
+    """``(B,)`` bool: the rows whose loss reads a NaN (an emission within the row's length, or
+    any weight: learned weights such as ASG's transitions are read by every row's normaliser);
+    None when nothing is NaN (checked by one sum first, so the common case costs one pass).
+
+    The kernels take the largest of their candidates, and ``max`` drops NaN; a NaN in must
+    give a NaN out, never a finite or infinite loss (which ``zero_infinity`` would then hide)."""
+    B, T = E.shape[0], E.shape[1]
+    w_nan = weights is not None and weights.numel() > 0 and bool(torch.isnan(weights).any())
+    if not w_nan and not bool(torch.isnan(E.sum())):
+        return None
+    if w_nan:
+        return torch.ones(B, dtype=torch.bool, device=E.device)
+    valid = torch.arange(T, device=E.device).reshape(1, T) < torch.as_tensor(
+        np.asarray(lengths, dtype=np.int64), device=E.device).reshape(B, 1)
+    rows = (torch.isnan(E).any(2) & valid).any(1)
+    return rows if bool(rows.any()) else None
+
+
+def _poison(rows: Optional[Tensor], losses: Tensor, gE: Optional[Tensor], gW: Optional[Tensor]):
+    """NaN losses and gradients for ``rows`` (see :func:`nan_rows`)."""
+    if rows is None:
+        return losses, gE, gW
+    losses = losses.masked_fill(rows, float("nan"))
+    if gE is not None:
+        gE[rows] = float("nan")
+    if gW is not None:
+        gW.fill_(float("nan"))
+    return losses, gE, gW
+
+
 def run_loss(crit: Criterion, E: Tensor, weights: Optional[Tensor], seqs, lengths: np.ndarray,
              divisors: Optional[np.ndarray], blank: int, reduction: str, zero_infinity: bool, impl: str,
              need_e: bool, need_w: bool):
@@ -144,6 +175,7 @@ def run_loss(crit: Criterion, E: Tensor, weights: Optional[Tensor], seqs, length
         r = reduction_coefficients(reduction, d, B, E)
     w_coef = r if (need_w and r is not None) else None
     losses, gE, gW = crit.score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
+    losses, gE, gW = _poison(nan_rows(E, weights, lengths), losses, gE, gW)
     if r is None:
         return losses, gE, None
     if gE is not None and reduction != "sum":  # "sum": all coefficients are 1
@@ -176,6 +208,9 @@ def weight_grad_op(emissions: Tensor, weights: Tensor, targets: Tensor, input_le
     impl = pick_impl(emissions, impl or None)
     _, _, gW = crit.score(emissions, weights, seqs, lengths, blank, impl, zero_infinity, False,
                           coef.to(device=emissions.device, dtype=emissions.dtype))
+    rows = nan_rows(emissions, weights, lengths)
+    if rows is not None and gW is not None:
+        gW = gW.clone().fill_(float("nan"))
     return gW
 
 

@@ -98,6 +98,19 @@ def kernel_graph(tokens: Sequence[int], blank_idx: int, blank_optional: bool = T
     return g
 
 
+#: the most bytes one :func:`conv_transduce1d` call may need (padded inputs, the windows and the
+#: kernels' scores per window frame, see :func:`conv_bytes`); raise it to allow more
+MAX_CONV_BYTES = 4 << 30
+
+
+def conv_bytes(B: int, T: int, C: int, kernel_size: int, stride: int, num_arcs: int, itemsize: int = 4) -> int:
+    """An upper estimate of the bytes :func:`conv_transduce1d` allocates: the padded inputs,
+    the ``(B * T', kernel_size, C)`` windows (twice: the copy and its gradient) and the kernels'
+    scores of every window frame and arc (forward and backward)."""
+    Tp = (T - 1) // stride + 1 if T > 0 else 0
+    return itemsize * (B * (T + kernel_size) * C + B * Tp * kernel_size * (2 * C + 2 * num_arcs))
+
+
 def min_kernel_size(tokens: Sequence[int]) -> int:
     """Frames an entry needs at least: its length plus one per repeated neighbour (a blank
     must separate equal tokens). The research code's lower bound for ``kernel_size``."""
@@ -506,6 +519,14 @@ def conv_transduce1d(
         raise ValueError(f"inputs must have C_in greater than every lexicon id and blank_idx: the kernels read "
                          f"input class {bank.max_label}, but inputs has C_in={C} (shape {(B, T, C)})")
     dtype = _validate.compute_dtype(inputs)
+    need_bytes = conv_bytes(B, T, C, kernel_size, stride, bank.num_arcs, torch.finfo(dtype).bits // 8)
+    if need_bytes > MAX_CONV_BYTES:
+        raise ValueError(
+            f"kernel_size={kernel_size} and stride={stride} over inputs of shape {(B, T, C)} would need about "
+            f"{need_bytes / 2**30:.1f} GiB, more than MAX_CONV_BYTES={MAX_CONV_BYTES} "
+            f"({MAX_CONV_BYTES / 2**30:.1f} GiB); use a smaller kernel_size or a larger stride, or raise "
+            "lightning_gtn.functional.conv_transduce.MAX_CONV_BYTES"
+        )
     x = inputs.to(dtype)
     pad = kernel_size // 2
     x = F.pad(x, (0, 0, pad, pad))

@@ -81,6 +81,11 @@ __all__ = ["transducer_loss", "transitions_graph", "segment", "transducer_criter
 BLANK_MODES = ("none", "optional", "forced")
 #: at most this many arcs in an n-gram transitions graph (``C ** ngram`` and fewer)
 MAX_TRANSITION_ARCS = 50_000_000
+#: the bytes an n-gram transitions graph may cost, estimated at :data:`BYTES_PER_TRANSITION_ARC`
+#: per arc (the graph, its compiled form and the scoring's buffers); raise it to allow more
+MAX_TRANSITION_BYTES = 2 << 30
+#: measured: about 350 bytes per arc to build the graph and its criterion, 250 more to score it
+BYTES_PER_TRANSITION_ARC = 600
 
 
 # ---------------------------------------------------------------------------
@@ -120,6 +125,13 @@ def transitions_graph(ngram: int, num_classes: int, calc_grad: bool = False) -> 
     if total > MAX_TRANSITION_ARCS:
         raise ValueError(f"ngram={ngram} over {C} classes makes {total} arcs, more than "
                          f"MAX_TRANSITION_ARCS={MAX_TRANSITION_ARCS}")
+    if total * BYTES_PER_TRANSITION_ARC > MAX_TRANSITION_BYTES:
+        raise ValueError(
+            f"ngram={ngram} over {C} classes makes {total} transition arcs, about "
+            f"{total * BYTES_PER_TRANSITION_ARC / 2**30:.1f} GiB to build and score, more than "
+            f"MAX_TRANSITION_BYTES={MAX_TRANSITION_BYTES} ({MAX_TRANSITION_BYTES / 2**30:.1f} GiB); use a "
+            "smaller ngram or fewer tokens, or raise lightning_gtn.functional.transducer.MAX_TRANSITION_BYTES"
+        )
     off = [0]  # first node of the histories of each length n
     for n in range(1, ngram):
         off.append(off[-1] + C ** (n - 1))
@@ -744,9 +756,10 @@ class TransducerCriterion(_ops.Criterion):
     def best_paths(self, emissions: torch.Tensor, lengths: np.ndarray, params: Optional[torch.Tensor]):
         """``(paths (B, T), scores (B,))``: the best frame paths through the transitions
         (per-frame argmax without them), on the host, padded with -1."""
-        from .viterbi import _max_semiring_paths, best_paths
+        from .viterbi import _max_semiring_paths, best_paths, refuse_nan
 
         B, T, C = emissions.shape
+        refuse_nan(emissions, lengths, params, "transition_params")
         if self.denominator is None:
             return best_paths(emissions, torch.from_numpy(lengths))
         x = emissions.detach().to("cpu", _validate.compute_dtype(emissions)).contiguous()

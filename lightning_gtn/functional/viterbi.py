@@ -47,6 +47,7 @@ def _best_paths_impl(emissions: torch.Tensor, transitions: Optional[torch.Tensor
     """The real implementation of :func:`._ops.best_paths_op`."""
     B, T, C = emissions.shape
     lengths = _validate.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
+    refuse_nan(emissions, lengths, transitions, "transitions")  # inside the op: also under torch.compile
     dev = emissions.device
     with torch.no_grad():
         if transitions is None:
@@ -74,6 +75,19 @@ def _graph_paths(emissions: torch.Tensor, lengths: np.ndarray, graphs) -> Tuple[
     w = torch.from_numpy(plan.batch.weights()).to(x.dtype)
     paths, scores = _max_semiring_paths(x, plan, w, T)
     return paths.to(emissions.device), scores.to(device=emissions.device, dtype=emissions.dtype)
+
+
+def refuse_nan(emissions: torch.Tensor, lengths: np.ndarray, weights: Optional[torch.Tensor] = None,
+               weights_name: str = "transitions") -> None:
+    """ValueError when an emission within an example's length, or a weight, is NaN: a best
+    path through NaN scores is undefined (the max would silently skip them)."""
+    rows = _ops.nan_rows(emissions.detach(), None, lengths)
+    if rows is not None:
+        b = int(torch.nonzero(rows)[0, 0])
+        raise ValueError(f"emissions contains NaN (example {b}, within its input length); "
+                         "cannot decode NaN scores")
+    if weights is not None and bool(torch.isnan(weights.detach()).any()):
+        raise ValueError(f"{weights_name} contains NaN; cannot decode NaN scores")
 
 
 def best_paths(
@@ -110,6 +124,8 @@ def best_paths(
         il = torch.full((B,), T, dtype=torch.int64, device=emissions.device)
     else:
         il = _validate.int_tensor(input_lengths, "input_lengths")
+    if graphs is not None:
+        refuse_nan(emissions, _validate.as_lengths(il, B, "input_lengths", emissions.device, max_value=T))
     if graphs is not None:
         lengths = _validate.as_lengths(il, B, "input_lengths", emissions.device, max_value=T)
         return _graph_paths(emissions, lengths, graphs)

@@ -15,8 +15,20 @@ from .plots import plot_alignments, plot_training_curves
 __all__ = ["TrainingPlots", "SpawnedProcessGroupCleanup", "class_labels"]
 
 
-def class_labels(vocabulary) -> list[str]:
-    """Printable name of each emission class of a vocabulary."""
+def _show(text: str) -> str:
+    return "<sp>" if text == " " else text.replace(" ", "_")
+
+
+def class_labels(vocabulary, loss=None) -> list[str]:
+    """Printable name of each emission class: the vocabulary's characters, or, for a loss whose
+    emission classes are tokens of graphemes (the word-piece transducer: ``loss.tokens``, its
+    blank last), each token spelled out, in class order."""
+    tokens = getattr(loss, "tokens", None) if getattr(loss, "target_classes", None) is not None else None
+    if tokens is not None:
+        names = [_show(t if isinstance(t, str) else "".join(map(str, t))) for t in tokens]
+        if getattr(loss, "blank", None) is not None:
+            names.append("<b>")
+        return names
     names = []
     for i in range(vocabulary.num_classes):
         if vocabulary.blank and i == 0:
@@ -25,7 +37,7 @@ def class_labels(vocabulary) -> list[str]:
             names.append("<rep>")
         else:
             c = vocabulary.chars[i - (1 if vocabulary.blank else 0)]
-            names.append("<sp>" if c == " " else c)
+            names.append(_show(c))
     return names
 
 
@@ -97,7 +109,8 @@ def write_alignments(pl_module, dataloader, path, num: int = 4) -> str:
         ems = [emissions[b, : int(out_lengths[b])].float().cpu().numpy() for b in range(len(paths))]
         feats = [inputs[b, : int(lengths[b])].float().cpu().numpy() for b in range(len(paths))]
         titles = [f"ref {t!r}   hyp {p!r}" for t, p in zip(batch["texts"][:num], preds)]
-        return plot_alignments(ems, paths, class_labels(vocab), titles, path, inputs=feats)
+        labels = class_labels(vocab, pl_module.structured_loss)
+        return plot_alignments(ems, paths, labels, titles, path, inputs=feats)
     finally:
         pl_module.train(was_training)
 

@@ -319,8 +319,24 @@ def _load_split(features: str | os.PathLike, transcripts: str | os.PathLike) -> 
                 f"{len(missing)} transcript ids have no array in {feats_path}, e.g. {missing[:3]}"
             )
         ids = list(texts)
-        feats = [arrays[k] for k in ids]
+        feats = []
+        for k in ids:
+            a = arrays[k]
+            if a.ndim != 2 or a.dtype.kind not in "fiu":
+                raise ValueError(f"{feats_path}: utterance {k!r} must be a real array of shape (T, F), "
+                                 f"got shape {a.shape} and dtype {a.dtype}")
+            if feats and a.shape[1] != feats[0].shape[1]:
+                raise ValueError(f"{feats_path}: utterance {k!r} has {a.shape[1]} features per frame but "
+                                 f"{ids[0]!r} has {feats[0].shape[1]}; every utterance needs the same F "
+                                 f"(shape (T, F))")
+            feats.append(a)
     return SequenceDataset(feats, [texts[k] for k in ids])
+
+
+def _check_dim(ds: SequenceDataset, dim: int, split: str, path) -> None:
+    if ds.features and int(ds.features[0].shape[1]) != dim:
+        raise ValueError(f"data.{split}_features: {path} has {ds.features[0].shape[1]} features per frame but "
+                         f"the training split has {dim}")
 
 
 class FeatureDataModule(_BaseDataModule):
@@ -374,4 +390,6 @@ class FeatureDataModule(_BaseDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.val_set is None:
             self.val_set = _load_split(*self.paths["val"])
+            _check_dim(self.val_set, self.feature_dim, "val", self.paths["val"][0])
             self.test_set = _load_split(*self.paths["test"])
+            _check_dim(self.test_set, self.feature_dim, "test", self.paths["test"][0])

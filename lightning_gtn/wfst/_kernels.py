@@ -781,6 +781,9 @@ def forward(num_nodes, src, w, in_off, in_arcs, order, count, start, accept, tro
             if s > mx:
                 mx = s
                 arg = a
+            elif s != s and mx == mx:  # a NaN weight poisons the node (NaN in, NaN out)
+                mx = s
+                arg = a
         if is_start[n]:
             if 0.0 > mx:
                 mx = 0.0
@@ -810,6 +813,9 @@ def forward(num_nodes, src, w, in_off, in_arcs, order, count, start, accept, tro
     best = -1
     for n in accept:
         if scores[n] > mx:
+            mx = scores[n]
+            best = n
+        elif scores[n] != scores[n] and mx == mx:
             mx = scores[n]
             best = n
     if tropical or mx == np.inf or mx == ninf or accept.shape[0] == 0:

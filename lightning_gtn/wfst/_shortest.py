@@ -86,7 +86,7 @@ def viterbi_score(g: Graph) -> Graph:
     go as in GTN: at each node the first in-arc (in the node's in-arc order) with the
     strictly largest score, the empty path at a start node only when strictly better, and
     the first accept node with the strictly largest score. ``-inf`` (zero gradient) when
-    no path accepts.
+    no path accepts; NaN when a NaN arc weight lies on a path that reaches an accept node.
 
     Raises:
         ValueError: when a cycle leads to an accept node (see :func:`forward_score`).
@@ -108,10 +108,15 @@ def viterbi_path(g: Graph) -> Graph:
     gradients; this engine pairs each arc with its own source.)
 
     Raises:
-        ValueError: when a cycle leads to an accept node (see :func:`forward_score`).
+        ValueError: when a cycle leads to an accept node (see :func:`forward_score`), or
+            when an arc weight is NaN.
     """
     s, src, dst, in_off, in_arcs, out_off, out_arcs, start, accept, order, count = _prepare(g, "viterbi_path")
     w = g._weights()
+    if len(w) and np.isnan(w.sum(dtype=np.float64)) and np.isnan(w).any():
+        # NaN in, NaN out: no path can be called best (viterbi_score gives NaN)
+        raise ValueError(f"viterbi_path: the graph has NaN arc weights (arc {int(np.flatnonzero(np.isnan(w))[0])}); "
+                         "its best path is undefined")
     found, arcs = K.best_path(s.num_nodes, src, w, in_off, in_arcs, order, count, start, accept)
     _, _, il, ol = s.arrays()
     k = len(arcs)

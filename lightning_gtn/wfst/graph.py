@@ -283,9 +283,23 @@ class GraphArrays(NamedTuple):
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
-    v = a.view()
+    # A copy, not a view: numpy lets anyone set ``writeable`` back on a view of writeable memory,
+    # and a write into the graph's own arrays would reach the kernels unchecked.
+    v = a.copy()
     v.flags.writeable = False
     return v
+
+
+def _labels_sorted(ends: np.ndarray, arcs: Optional[np.ndarray], labels: np.ndarray) -> bool:
+    """Whether the arcs of each node, listed in the order ``arcs`` (``None``: arc id order, as
+    the stable adjacency lists them), have non-decreasing ``labels``; ``ends`` is the node of
+    each arc (``src`` for out-arcs, ``dst`` for in-arcs)."""
+    if len(ends) < 2:
+        return True
+    if arcs is None:
+        arcs = np.argsort(ends, kind="stable")
+    node, lab = ends[arcs], labels[arcs]
+    return not bool(np.any((node[1:] == node[:-1]) & (lab[1:] < lab[:-1])))
 
 
 def _as_count(value, field: str, where: str, upper: int = MAX_NODES) -> int:
@@ -467,10 +481,8 @@ class Graph:
 
         Arc ``a`` goes from node ``src[a]`` to ``dst[a]`` reading ``ilabel[a]``, writing
         ``olabel[a]``, with weight ``weights[a]``; start and accept ids keep the given order.
-        Contiguous int32 arrays (and a writeable contiguous float32 ``weights``) are used
-        as they are, without a copy: the graph never writes to its label or node arrays,
-        and writes to the weights only through ``set_weight``. Do not change such arrays
-        afterwards (pass copies if you will): the graph trusts them once checked.
+        The arrays are copied after they are checked, so changing them afterwards never
+        reaches the graph (nor the kernels that trust its node ids once checked).
 
         Args:
             num_nodes: the number of nodes ``N`` (nodes are ``0 .. N-1``).
@@ -500,16 +512,15 @@ class Graph:
             ([3], [0.5])
         """
         n, start, accept, src, dst, il, ol, w = _validate_arrays(
-            num_nodes, start, accept, src, dst, ilabel, olabel, weights, "Graph.from_arrays"
+            num_nodes, start, accept, src, dst, ilabel, olabel, weights, "Graph.from_arrays", copy=True
         )
         return cls._from_arrays(n, start, accept, src, dst, il, ol, w, calc_grad=bool(calc_grad))
 
     def arrays(self) -> GraphArrays:
-        """The graph as read-only numpy views (no copy); see :class:`GraphArrays`.
+        """The graph as read-only numpy copies; see :class:`GraphArrays`.
 
-        The views follow the graph only as long as it keeps the same arrays: adding arcs
-        or calling ``set_weights`` replaces them (check :attr:`version`), ``set_weight``
-        writes into the weights in place.
+        They are a snapshot: later changes of the graph do not show in them, and writing to
+        them (after setting ``flags.writeable``) never reaches the graph.
 
         Returns:
             ``GraphArrays(num_nodes, start, accept, src, dst, ilabel, olabel, weights)``:
@@ -1001,8 +1012,15 @@ class Graph:
                     raise ValueError(f"{where}: {name} must group arcs by node in node order")
                 checked.append(a)
             order = tuple(checked)
+        # A sorted flag is kept only where it holds: compose and intersect trust it (a graph
+        # flagged sorted that is not would match labels wrongly, silently).
+        in_order, out_order = order if order is not None else (None, None)
+        flags = tuple(
+            bool(f) and _labels_sorted(src, out_order, labels) and _labels_sorted(dst, in_order, labels)
+            for f, labels in zip(flags, (il, ol))
+        )
         g = Graph._from_arrays(n, start, accept, src, dst, il, ol, w, calc_grad=bool(calc_grad))
-        g._s.ilabel_sorted, g._s.olabel_sorted = (bool(f) for f in flags)
+        g._s.ilabel_sorted, g._s.olabel_sorted = flags
         g._s._order = order
         self._s, self._w, self._g = g._s, g._w, g._g
 

@@ -25,7 +25,12 @@ _local = threading.local()
 def _default_threads() -> int:
     env = os.environ.get("LIGHTNING_GTN_NUM_THREADS")
     if env:
-        return max(1, int(env))
+        try:
+            return _check_threads(int(env.strip()), "LIGHTNING_GTN_NUM_THREADS")
+        except ValueError:
+            raise ValueError(
+                f"LIGHTNING_GTN_NUM_THREADS must be an integer >= 1 and at most {MAX_THREADS}, got {env!r}"
+            ) from None
     return max(1, min(4, os.cpu_count() or 1))
 
 
@@ -34,11 +39,24 @@ def get_num_threads() -> int:
     return _num_threads or _default_threads()
 
 
+#: The most worker threads ``set_num_threads`` (or ``LIGHTNING_GTN_NUM_THREADS``) may ask for.
+MAX_THREADS = 1024
+
+
+def _check_threads(n, where: str) -> int:
+    if isinstance(n, bool) or not hasattr(n, "__index__"):
+        raise ValueError(f"{where}: n must be an integer >= 1 and at most {MAX_THREADS}, got {n!r}")
+    n = int(n.__index__())
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"{where}: n must be >= 1 and at most {MAX_THREADS} (MAX_THREADS), got {n}")
+    return n
+
+
 def set_num_threads(n: int) -> None:
-    """Bounds the worker threads of ``parallel_for`` in this process (``n >= 1``)."""
+    """Bounds the worker threads of ``parallel_for`` in this process (``1 <= n <=``
+    :data:`MAX_THREADS`; ValueError otherwise)."""
     global _num_threads, _pool
-    if int(n) < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    n = _check_threads(n, "set_num_threads(n)")
     with _lock:
         _num_threads = int(n)
         if _pool is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,6 +32,56 @@ import numpy as np
 
 from ._text import fmt_weight, format_graph
 from .graph import MAX_NODES, MAX_UNREFERENCED_NODES, Graph, _FLOAT, _INT, _validate_arrays, epsilon
+
+#: The most bytes ``load`` and ``loadtxt`` read from one file (or stream); larger input is
+#: refused. Counted on what is really read, so devices such as ``/dev/zero`` stop there too.
+MAX_FILE_BYTES = 1 << 30
+
+# The text format's own number grammar: ASCII digits only (no ``1_0``, no other scripts' digits).
+_INT_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT_RE = re.compile(
+    r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan)", re.ASCII | re.IGNORECASE
+)
+
+
+def _int_field(text: str) -> int:
+    if not _INT_RE.fullmatch(text):
+        raise ValueError(text)
+    return int(text)
+
+
+def _float_field(text: str) -> float:
+    if not _FLOAT_RE.fullmatch(text):
+        raise ValueError(text)
+    return float(text)
+
+
+def _check_limit(max_bytes, where: str) -> int:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 1:
+        raise ValueError(f"{where}: max_bytes must be a positive integer, got {max_bytes!r}")
+    return int(max_bytes)
+
+
+def _bounded_lines(f, source: str, max_bytes: int):
+    """The lines of text file ``f``, refusing more than ``max_bytes`` characters in all (a line
+    is read with a length limit too, so a file without newlines stops there)."""
+    left = max_bytes
+    while True:
+        line = f.readline(left + 1)
+        if not line:
+            return
+        left -= len(line)
+        if left < 0:
+            raise ValueError(f"{source}: longer than max_bytes={max_bytes} characters (refused)")
+        yield line
+
+
+def _read_bounded(f, source: str, max_bytes: int):
+    """At most ``max_bytes`` of ``f``'s content; ValueError if there is more."""
+    data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{source}: longer than max_bytes={max_bytes} bytes (refused)")
+    return data
 
 __all__ = [
     "equal",
@@ -210,7 +261,7 @@ def _parse_ids(line: str, what: str, lineno: int, source: str) -> List[int]:
             f"lists the start node ids, line 2 the accept node ids), got an empty line"
         )
     try:
-        ids = [int(f) for f in fields]
+        ids = [_int_field(f) for f in fields]
     except ValueError:
         raise ValueError(f"{source}: line {lineno}: {what} node ids must be integers, got {line!r}") from None
     if any(not 0 <= i < MAX_NODES for i in ids):
@@ -247,9 +298,9 @@ def _parse_lines(lines: Iterable[str], source: str) -> Graph:
                 f"[olabel [weight]]'), got {line!r}"
             )
         try:
-            a, b, c = int(fields[0]), int(fields[1]), int(fields[2])
-            d = int(fields[3]) if len(fields) > 3 else c
-            e = float(fields[4]) if len(fields) > 4 else 0.0
+            a, b, c = _int_field(fields[0]), _int_field(fields[1]), _int_field(fields[2])
+            d = _int_field(fields[3]) if len(fields) > 3 else c
+            e = _float_field(fields[4]) if len(fields) > 4 else 0.0
         except ValueError:
             raise ValueError(
                 f"{source}: line {lineno}: bad line for loading arc (node ids and labels must be "
@@ -293,23 +344,27 @@ def graph_from_text(text: str) -> Graph:
     return _parse_lines(text.splitlines(), "graph text")
 
 
-def loadtxt(file_name) -> Graph:
+def loadtxt(file_name, max_bytes: int = MAX_FILE_BYTES) -> Graph:
     """Loads a graph written in GTN's text format.
 
     Args:
         file_name: a path, or an open text file.
+        max_bytes: the most characters read (:data:`MAX_FILE_BYTES` by default); longer input
+            is refused without reading on.
 
     Raises:
         ValueError: on malformed text (the message names the line number and its
             content), and, as in GTN, when the file does not exist (then the error is
             also a ``FileNotFoundError``).
     """
+    max_bytes = _check_limit(max_bytes, "loadtxt")
     if hasattr(file_name, "read"):
-        return _parse_lines(io.StringIO(file_name.read()), getattr(file_name, "name", "graph file"))
+        source = getattr(file_name, "name", "graph file")
+        return _parse_lines(_bounded_lines(file_name, source, max_bytes), source)
     path = os.fspath(file_name)
     try:
         with open(path, "r", encoding="utf-8") as f:
-            return _parse_lines(f, repr(path))
+            return _parse_lines(_bounded_lines(f, repr(path), max_bytes), repr(path))
     except FileNotFoundError:
         raise GraphFileNotFoundError(f"Couldn't find graph file to load. {path!r}") from None
 
@@ -362,11 +417,13 @@ def save(file_name, graph: Graph) -> None:
         f.write(data)
 
 
-def load(file_name) -> Graph:
+def load(file_name, max_bytes: int = MAX_FILE_BYTES) -> Graph:
     """Loads a graph saved by :func:`save` (or by GTN's ``gtn.save``).
 
     Args:
         file_name: a path, or a file opened in binary mode.
+        max_bytes: the most bytes read (:data:`MAX_FILE_BYTES` by default); a longer file is
+            refused without reading on.
 
     Raises:
         ValueError: if the file is truncated or inconsistent (a node id out of range, a
@@ -375,13 +432,15 @@ def load(file_name) -> Graph:
             ``FileNotFoundError``).
         TypeError: if ``file_name`` is a file opened in text mode.
     """
+    max_bytes = _check_limit(max_bytes, "load")
     if hasattr(file_name, "read"):
-        data, name = file_name.read(), getattr(file_name, "name", "graph file")
+        name = getattr(file_name, "name", "graph file")
+        data = _read_bounded(file_name, repr(name), max_bytes)
     else:
         name = os.fspath(file_name)
         try:
             with open(name, "rb") as f:
-                data = f.read()
+                data = _read_bounded(f, repr(name), max_bytes)
         except FileNotFoundError:
             raise GraphFileNotFoundError(f"Couldn't find graph file to load. {name!r}") from None
     if not isinstance(data, (bytes, bytearray, memoryview)):

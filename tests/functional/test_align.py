@@ -358,9 +358,11 @@ def test_plot_alignment_writes_a_png(tmp_path):
 def test_file_writers_are_refused_in_checkpoint_configs():
     from lightning_gtn import _trust
 
-    _trust.check_target("lightning_gtn.functional.forced_align", "decoder._target_")
-    for path in ("lightning_gtn.functional.plot_alignment", "lightning_gtn.functional.align_plot.plot_alignment",
-                 "lightning_gtn.align_cli.main"):
+    # checkpoints are data: only registered types may be named, and functions such as the aligner
+    # and the file writers are none
+    _trust.check_target("lightning_gtn.nn.CTCLoss", "loss._target_")
+    for path in ("lightning_gtn.functional.forced_align", "lightning_gtn.functional.plot_alignment",
+                 "lightning_gtn.functional.align_plot.plot_alignment", "lightning_gtn.align_cli.main"):
         with pytest.raises(_trust.UntrustedTargetError):
             _trust.check_target(path, "decoder._target_")
 
@@ -442,3 +444,45 @@ def test_custom_op_compiles_fullgraph_and_passes_opcheck():
     torch.library.opcheck(op, (x, tg, il, tl, None, 0, None, ""))
     torch.library.opcheck(op, (x, tg, il, tl, None, 0, -1.0, ""))
     torch.library.opcheck(op, (x, tg, il, tl, torch.randn(6, 5), -1, None, "torch"))
+
+
+def test_backpointers_are_bounded_before_allocating(monkeypatch):
+    # Second probe, finding 4: zeros(1, 100000, 2) and a 20k-token target took 4.48 GB and 43 s.
+    from lightning_gtn.functional import _align_kernels
+
+    x = torch.zeros(1, 100000, 2)
+    with pytest.raises(ValueError, match=r"T=100000 frames and S=40001 nodes.*MAX_BACKPOINTER_BYTES"):
+        forced_align(x, [[1] * 20000], [100000])
+    # the limit is a setting: a small input under a tiny limit is refused the same way
+    monkeypatch.setattr(_align_kernels, "MAX_BACKPOINTER_BYTES", 100)
+    with pytest.raises(ValueError, match="MAX_BACKPOINTER_BYTES=100"):
+        forced_align(torch.randn(2, 30, 4).log_softmax(-1), [[1, 2], [3]], [30, 30])
+    monkeypatch.setattr(_align_kernels, "MAX_BACKPOINTER_BYTES", 1 << 30)
+    assert forced_align(torch.randn(2, 30, 4).log_softmax(-1), [[1, 2], [3]], [30, 30]).score.isfinite().all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ctc_chain_kernel_gives_the_general_kernels_paths_to_the_bit(seed, monkeypatch):
+    # the CTC-specialised kernel must pick the same arcs as the general one, ties included:
+    # emissions rounded to a few values make many ties; repeated labels, short and infeasible rows
+    from lightning_gtn.functional import _align_kernels
+
+    g = torch.Generator().manual_seed(100 + seed)
+    B, T, C = 9, 40, 5
+    x = (torch.randint(-3, 1, (B, T, C), generator=g).float() if seed % 2 else
+         torch.randn(B, T, C, generator=g).log_softmax(-1).double())
+    targets = [torch.randint(1, C, (int(n),), generator=g).tolist() for n in torch.randint(0, 22, (B,), generator=g)]
+    targets[0] = [2, 2, 2, 3, 3]
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    lengths[1] = T
+    calls = []
+    kernel = _align_kernels._ctc_viterbi_kernel
+    monkeypatch.setattr(_align_kernels, "_ctc_viterbi_kernel", lambda *a: (calls.append(1), kernel(*a))[1])
+    fast = forced_align(x, targets, lengths)
+    assert calls  # the chain kernel ran
+    monkeypatch.setattr(_align_kernels, "ctc_chain_tables", lambda batch: None)
+    slow = forced_align(x, targets, lengths)
+    assert torch.equal(fast.labels, slow.labels)
+    assert torch.equal(fast.token_start, slow.token_start) and torch.equal(fast.token_end, slow.token_end)
+    assert torch.equal(fast.score.isinf(), slow.score.isinf())
+    assert torch.allclose(fast.score.nan_to_num(0, 0, 0), slow.score.nan_to_num(0, 0, 0), rtol=0, atol=0)

@@ -189,3 +189,19 @@ def test_random_graphs_count_paths_and_agree_across_impls(g, T, seed):
             for ours, theirs in zip(torch.autograd.grad(out, (xi, wi)), ref_grads):
                 expected = torch.zeros_like(ours) if theirs is None else theirs
                 torch.testing.assert_close(ours, expected)
+
+
+@pytest.mark.parametrize("impl", [None, "numba_log", "torch"])
+def test_graphs_without_nodes_have_no_path(impl):
+    # Finding 14 of the second probe: graph_loss(lp, None, il, graphs=[Graph(), Graph()]) raised
+    # ZeroDivisionError. A graph without nodes has no accepting path: its loss is inf, as for a
+    # graph without accept nodes, and zero_infinity zeroes it with a zero gradient.
+    lp = torch.randn(2, 5, 3).log_softmax(-1).requires_grad_()
+    il = torch.tensor([5, 5])
+    loss = graph_loss(lp, None, il, graphs=[gtn.Graph(), gtn.Graph()], reduction="none", impl=impl)
+    assert torch.isinf(loss).all()
+    mixed = graph_loss(lp, None, il, graphs=[gtn.Graph(), gtn.linear_graph(5, 3)], reduction="none", impl=impl)
+    assert torch.isinf(mixed[0]) and torch.isfinite(mixed[1])
+    z = graph_loss(lp, None, il, graphs=[gtn.Graph(), gtn.Graph()], zero_infinity=True, impl=impl)
+    z.backward()
+    assert z.item() == 0.0 and lp.grad.abs().sum().item() == 0.0

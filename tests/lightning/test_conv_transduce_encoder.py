@@ -74,7 +74,7 @@ def test_fast_dev_run_with_ctc(tmp_path):
 @pytest.mark.slow
 def test_cli_trains_a_few_steps(tmp_path):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    args = ["model=conv_transduce", "data=text_small", "loss=ctc", "+trainer.max_steps=4", "trainer.max_epochs=1",
+    args = ["model=conv_transduce", "data=text_small", "loss=ctc", "trainer.max_steps=4", "trainer.max_epochs=1",
             "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}"]
     proc = subprocess.run([sys.executable, "-m", "lightning_gtn.train", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=420)

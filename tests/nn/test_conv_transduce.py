@@ -355,3 +355,37 @@ def test_pickle_deepcopy_and_half_precision():
         close(other(x).detach(), want.detach(), "copy", 1e-12)
     half = layer.float()(x.to(torch.bfloat16))
     assert half.dtype == torch.bfloat16 and half.shape == want.shape
+
+
+ATTACK_CONV = r"""
+import resource
+import torch
+from lightning_gtn.nn import ConvTransduce1D
+from lightning_gtn.nn import TransducerLoss
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a MemoryError instead of a swap storm
+layer = ConvTransduce1D([[1], [2], [1, 2], []], kernel_size=10**9 + 1, stride=2, blank_idx=0)
+try:
+    layer(torch.randn(2, 50, 3))
+    raise SystemExit("no error")
+except ValueError as e:
+    assert "kernel_size=1000000001" in str(e) and "MAX_CONV_BYTES" in str(e), e
+tokens = [[c] for c in "abcdefg"]
+g2i = {c: i for i, c in enumerate("abcdefg")}
+try:
+    TransducerLoss(tokens, g2i, ngram=8, blank="optional")
+    raise SystemExit("no error")
+except ValueError as e:
+    assert "ngram=8" in str(e) and "MAX_TRANSITION_BYTES" in str(e), e
+print("fuzzed")
+"""
+
+
+def test_settings_that_would_allocate_gigabytes_are_refused_first(tmp_path):
+    # Finding 16 of the second probe: ConvTransduce1D(kernel_size=10**9+1) allocated 12 GB and
+    # TransducerLoss(ngram=8) over 8 classes 3.4 GB (the arc cap allowed ~8 GB). Both are now
+    # estimated in bytes and refused before allocating (under a 3 GiB address-space limit here).
+    from tests._child import run_as_child
+
+    script = tmp_path / "attack.py"
+    script.write_text(ATTACK_CONV)
+    run_as_child(str(script), timeout=300)

@@ -48,22 +48,67 @@ def test_arrays_round_trip_and_read_only():
     assert gtn.forward_score(h).item() == pytest.approx(gtn.forward_score(g).item())
 
 
-def test_arrays_are_views_without_copy():
+def test_arrays_are_snapshots_that_writes_never_reach():
     g = small_graph()
+    before = gtn.forward_score(g).item()
     a = g.arrays()
-    assert np.shares_memory(a.src, g.arrays().src)
-    g.set_weight(0, 7.0)  # in place: the view sees it
-    assert a.weights[0] == 7.0
+    assert not np.shares_memory(a.src, g.arrays().src)
+    g.set_weight(0, 7.0)  # a snapshot: later changes do not show
+    assert a.weights[0] == 0.5
+    g.set_weight(0, 0.5)
+    for arr in (a.src, a.dst, a.ilabel, a.olabel, a.weights):
+        arr.flags.writeable = True  # numpy allows it on the copy; the graph keeps its own memory
+    a.dst[:] = 10**9
+    a.src[:] = -(10**9)
+    a.weights[:] = np.nan
+    assert gtn.forward_score(g).item() == pytest.approx(before)
 
 
-def test_from_arrays_zero_copy_and_acceptor_default():
+ATTACK_ARRAYS = r"""
+import numpy as np
+import lightning_gtn.wfst as gtn
+g = gtn.linear_graph(50, 4)
+ref = gtn.forward_score(g).item()
+a = g.arrays()
+for arr in (a.src, a.dst, a.ilabel):
+    arr.flags.writeable = True
+    arr[:] = 2**30
+assert gtn.forward_score(g).item() == ref
+src = np.arange(100, dtype=np.int32)
+dst = src + 1
+lab = np.zeros(100, dtype=np.int32)
+w = np.zeros(100, dtype=np.float32)
+h = gtn.Graph.from_arrays(101, [0], [100], src, dst, lab, weights=w)
+ref = gtn.forward_score(h).item()
+src[:] = 2**30
+dst[:] = -(2**30)
+lab[:] = -7
+w[:] = np.nan
+assert gtn.forward_score(h).item() == ref
+assert gtn.viterbi_score(h).item() == ref
+print("fuzzed")
+"""
+
+
+def test_writes_into_arrays_never_reach_the_kernels(tmp_path):
+    # Finding 7 of the second probe: a write through a re-enabled view segfaulted forward_score.
+    script = tmp_path / "attack.py"
+    script.write_text(ATTACK_ARRAYS)
+    from tests._child import run_as_child
+
+    run_as_child(str(script), timeout=300)
+
+
+def test_from_arrays_copies_and_acceptor_default():
     src = np.array([0, 1], dtype=np.int32)
     dst = np.array([1, 2], dtype=np.int32)
     lab = np.array([4, gtn.epsilon], dtype=np.int32)
     w = np.array([1.0, 2.0], dtype=np.float32)
     g = gtn.Graph.from_arrays(3, [0], [2], src, dst, lab, weights=w, calc_grad=False)
     a = g.arrays()
-    assert np.shares_memory(a.src, src) and np.shares_memory(a.ilabel, lab) and np.shares_memory(a.weights, w)
+    assert not np.shares_memory(a.src, src) and not np.shares_memory(a.ilabel, lab)
+    assert not np.shares_memory(a.weights, w)
+    lab[0] = 9
     assert g.labels_to_list(False) == [4, -1]
     assert not g.calc_grad
     # other dtypes are converted; no weights means zeros
@@ -204,6 +249,40 @@ def test_setstate_keeps_valid_arc_order():
     assert h.olabel_sorted and not h.ilabel_sorted
 
 
+def _unsorted_pair():
+    """A transducer whose arcs out of node 0 read labels 2, 0, 1 (not sorted), and an acceptor."""
+    g1 = gtn.Graph()
+    g1.add_node(True)
+    g1.add_node(False, True)
+    for lab, w in ((2, 1.0), (0, 2.0), (1, 3.0)):
+        g1.add_arc(0, 1, lab, lab, w)
+    g2 = gtn.Graph()
+    g2.add_node(True)
+    g2.add_node(False, True)
+    for lab, w in ((0, 0.5), (1, 4.0), (2, 8.0)):
+        g2.add_arc(0, 1, lab, lab, w)
+    g2.arc_sort()
+    return g1, g2
+
+
+def test_setstate_does_not_trust_a_false_sorted_flag():
+    # Finding 6: a graph restored with sorted=(True, True) over unsorted arcs made compose
+    # silently wrong. A flag is kept only where the arcs really are in label order.
+    g1, g2 = _unsorted_pair()
+    want = gtn.forward_score(gtn.compose(g1, g2)).item()
+    state = g1.__getstate__()
+    state["sorted"] = (True, True)
+    h = gtn.Graph()
+    h.__setstate__(state)
+    assert not h.ilabel_sorted and not h.olabel_sorted
+    assert gtn.forward_score(gtn.compose(h, g2)).item() == pytest.approx(want)
+    # a flag that holds survives (the state of an arc-sorted graph)
+    g1.arc_sort(True)
+    k = pickle.loads(pickle.dumps(g1))
+    assert k.olabel_sorted
+    assert gtn.forward_score(gtn.compose(k, g2)).item() == pytest.approx(want)
+
+
 # -- load / loadtxt -------------------------------------------------------------------------------
 
 
@@ -304,3 +383,49 @@ def test_add_arc_refuses_labels_beyond_int32():
         with pytest.raises(ValueError, match="label"):
             g.add_arc(0, 1, 0, bad)
     assert g.num_arcs() == 3 and g.labels_to_list() == [0, -1, 3]  # the graph still works
+
+
+# -- bounded reads and the text format's number grammar (second probe, findings 5 and 18) ------
+
+
+@pytest.mark.parametrize("reader", ["load", "loadtxt"])
+def test_readers_stop_at_max_bytes_on_a_device(reader):
+    # /dev/zero has size 0 by getsize: the bound must count what is really read.
+    fn = getattr(gtn, reader)
+    with pytest.raises(ValueError, match="max_bytes=4096"):
+        fn("/dev/zero", max_bytes=4096)
+
+
+def test_readers_stop_at_max_bytes_on_a_stream():
+    big = "0\n1\n" + "0 1 0 0 0.5\n" * 1000
+    with pytest.raises(ValueError, match="max_bytes=100"):
+        gtn.loadtxt(io.StringIO(big), max_bytes=100)
+    assert gtn.loadtxt(io.StringIO(big)).num_arcs() == 1000
+    data = io.BytesIO()
+    gtn.save(data, small_graph())
+    raw = data.getvalue()
+    with pytest.raises(ValueError, match="max_bytes"):
+        gtn.load(io.BytesIO(raw), max_bytes=len(raw) - 1)
+    assert gtn.equal(gtn.load(io.BytesIO(raw), max_bytes=len(raw)), small_graph())
+    with pytest.raises(ValueError, match="max_bytes"):
+        gtn.load(io.BytesIO(raw), max_bytes=0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1_0\n1\n0 1 0\n",  # Python's int() reads 10
+        "0\n1\n0 1 \u0665\n",  # an Arabic-Indic digit
+        "0\n1\n0 1 0 0 1_0.5\n",
+        "0\n1\n0 1 0x1\n",
+        "0\n1\n0 1 0 0 0x1p3\n",
+    ],
+)
+def test_loadtxt_reads_only_the_format_numbers(text):
+    with pytest.raises(ValueError, match="line"):
+        gtn.loadtxt(io.StringIO(text))
+
+
+def test_loadtxt_still_reads_signs_exponents_and_infinities():
+    g = gtn.loadtxt(io.StringIO("0\n+1\n0 1 0 0 -1.5e2\n0 1 1 1 inf\n0 1 2 2 .5\n"))
+    assert g.weights_to_list() == [-150.0, float("inf"), 0.5]

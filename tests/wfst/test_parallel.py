@@ -155,3 +155,28 @@ def test_works_in_a_forked_child(threads):
     assert status == "ok", res
     assert res == [i * i for i in range(20)] and n == 2
     assert child.exitcode == 0
+
+
+@pytest.mark.parametrize("n", [10**6, parallel.MAX_THREADS + 1, 2.5, "4", True, -3])
+def test_set_num_threads_refuses_what_the_pool_cannot_start(n):
+    # Finding 16 of the second probe: 10**6 was accepted and parallel_for then failed.
+    before = gtn.get_num_threads()
+    with pytest.raises(ValueError, match=r"set_num_threads\(n\): n must be .*at most 1024"):
+        gtn.set_num_threads(n)
+    assert gtn.get_num_threads() == before
+    out = [0, 0, 0]
+
+    def work(i):
+        out[i] = i * 2
+
+    gtn.parallel_for(work, range(3))
+    assert out == [0, 2, 4]
+
+
+def test_thread_count_from_the_environment_is_checked(monkeypatch):
+    monkeypatch.setattr(parallel, "_num_threads", None)
+    monkeypatch.setenv("LIGHTNING_GTN_NUM_THREADS", "1000000")
+    with pytest.raises(ValueError, match="LIGHTNING_GTN_NUM_THREADS"):
+        gtn.get_num_threads()
+    monkeypatch.setenv("LIGHTNING_GTN_NUM_THREADS", "3")
+    assert gtn.get_num_threads() == 3

@@ -381,3 +381,46 @@ def test_sorted_arcs_give_the_same_scores():
     before = (gtn.forward_score(g).item(), gtn.viterbi_score(g).item())
     g.arc_sort(True)
     assert (gtn.forward_score(g).item(), gtn.viterbi_score(g).item()) == pytest.approx(before)
+
+
+def _nan_graph():
+    """0 -a0-> 1 -a1(NaN)-> 2 (accept), and 0 -a2(1.5)-> 2: one path is NaN, one finite."""
+    g = gtn.Graph()
+    g.add_node(True)
+    g.add_node()
+    g.add_node(False, True)
+    g.add_arc(0, 1, 0, 0, 1.0)
+    g.add_arc(1, 2, 1, 1, float("nan"))
+    g.add_arc(0, 2, 2, 2, 1.5)
+    return g
+
+
+def test_nan_weights_propagate_to_the_scores():
+    # Finding 10 of the second probe: forward_score dropped the NaN path (-inf or the finite
+    # path's value), viterbi_score returned 1.5 and viterbi_path the finite path.
+    g = _nan_graph()
+    assert math.isnan(gtn.forward_score(g).item())
+    assert math.isnan(gtn.viterbi_score(g).item())
+    with pytest.raises(ValueError, match="NaN"):
+        gtn.viterbi_path(g)
+    single = gtn.Graph()
+    single.add_node(True)
+    single.add_node(False, True)
+    single.add_arc(0, 1, 0, 0, float("nan"))
+    assert math.isnan(gtn.forward_score(single).item())
+    assert math.isnan(gtn.viterbi_score(single).item())
+    # through intersect the NaN path stays
+    h = gtn.Graph()
+    h.add_node(True)
+    h.add_node()
+    h.add_node(False, True)
+    h.add_arc(0, 1, 0)
+    h.add_arc(1, 2, 1)
+    h.add_arc(0, 2, 2)
+    assert math.isnan(gtn.forward_score(gtn.intersect(g, h)).item())
+    assert math.isnan(gtn.forward_score(gtn.compose(g, h)).item())
+    # a NaN on a path that reaches no accept node changes nothing
+    g.add_node()
+    g.add_arc(0, 3, 4, 4, float("nan"))
+    g.set_weight(1, 0.25)
+    assert gtn.forward_score(g).item() == pytest.approx(math.log(math.exp(1.25) + math.exp(1.5)))

@@ -1,0 +1,118 @@
+"""NaN in, NaN out (second probe, finding 9): a loss that reads a NaN is NaN, never a finite or
+infinite value that ``zero_infinity=True`` would then turn into 0 with a NaN gradient."""
+
+import math
+
+import pytest
+import torch
+
+import lightning_gtn.functional as F
+
+B, T, C = 3, 8, 5
+TARGETS = [[1, 2], [3], [2, 4, 1]]
+LENGTHS = [8, 6, 8]
+
+
+def _run(name, x, trans=None, **kw):
+    tl = [len(t) for t in TARGETS]
+    if name == "ctc":
+        return F.ctc_loss(x.log_softmax(-1), TARGETS, LENGTHS, tl, **kw)
+    if name == "asg":
+        return F.asg_loss(x, TARGETS, LENGTHS, tl, transitions=trans, **kw)
+    if name == "seq":
+        return F.sequence_loss(x, TARGETS, LENGTHS, tl, **kw)
+    if name == "stc":
+        return F.stc_loss(x.log_softmax(-1), TARGETS, LENGTHS, tl, p=0.7, **kw)
+    if name == "transducer":
+        tokens = [["a"], ["b"], ["c"], ["d"], ["a", "b"]]
+        g2i = {"a": 0, "b": 1, "c": 2, "d": 3}
+        return F.transducer_loss(x, [[0, 1], [2], [1, 3, 0]], LENGTHS, tokens=tokens, graphemes_to_idx=g2i,
+                                 ngram=1, transition_params=trans, **kw)
+    raise AssertionError(name)
+
+
+def _inputs(name, nan_at):
+    torch.manual_seed(0)
+    x = torch.randn(B, T, C)
+    trans = None
+    if name == "asg":
+        trans = torch.randn(C + 1, C)
+    if name == "transducer":
+        trans = torch.randn(C)
+    if nan_at == "emission":
+        x[1, 3, 2] = float("nan")
+    elif nan_at == "padding":
+        x[1, 7, 2] = float("nan")  # beyond input_lengths[1] = 6: never read
+    elif nan_at == "weight":
+        trans[1] = float("nan")
+    return x.requires_grad_(), (trans.requires_grad_() if trans is not None else None)
+
+
+@pytest.mark.parametrize("name", ["ctc", "asg", "seq", "stc", "transducer"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_nan_emission_gives_nan_in_its_row_only(name, zero_infinity):
+    x, trans = _inputs(name, "emission")
+    out = _run(name, x, trans, reduction="none", zero_infinity=zero_infinity)
+    assert math.isnan(out[1].item())
+    assert torch.isfinite(out[[0, 2]]).all()
+    out.sum().backward()
+    assert torch.isnan(x.grad[1]).any()
+    assert torch.isfinite(x.grad[[0, 2]]).all()
+    mean = _run(name, x.detach(), trans.detach() if trans is not None else None, zero_infinity=zero_infinity)
+    assert math.isnan(mean.item())
+
+
+@pytest.mark.parametrize("name", ["ctc", "asg", "seq", "stc", "transducer"])
+def test_nan_in_padding_is_not_read(name):
+    x, trans = _inputs(name, "padding")
+    out = _run(name, x, trans, reduction="none")
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", ["asg", "transducer"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_nan_weight_gives_nan(name, zero_infinity):
+    x, trans = _inputs(name, "weight")
+    out = _run(name, x, trans, reduction="none", zero_infinity=zero_infinity)
+    assert torch.isnan(out).all()
+    out.sum().backward()
+    assert torch.isnan(trans.grad).all()
+    loss = _run(name, x.detach(), trans.detach().requires_grad_(), zero_infinity=zero_infinity)
+    assert math.isnan(loss.item())
+
+
+def test_asg_module_nan_transition_is_not_hidden():
+    from lightning_gtn.nn import ASGLoss
+
+    crit = ASGLoss(C, zero_infinity=True)
+    with torch.no_grad():
+        crit.transitions[2, 3] = float("nan")
+    x = torch.randn(B, T, C, requires_grad=True)
+    loss = crit(x, TARGETS, LENGTHS, [len(t) for t in TARGETS])
+    assert math.isnan(loss.item())
+
+
+def test_decoders_refuse_nan_emissions():
+    # Finding 13 of the second probe: transducer decode/viterbi on NaN emissions silently returned
+    # label 0, while the beam decoder refused NaN.
+    from lightning_gtn.nn import TransducerLoss
+
+    x = torch.randn(2, 6, 4)
+    x[1, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match="emissions contains NaN"):
+        F.viterbi(x, [6, 6])
+    with pytest.raises(ValueError, match="emissions contains NaN"):
+        F.best_paths(x, [6, 6], transitions=torch.zeros(5, 4))
+    with pytest.raises(ValueError, match="transitions contains NaN"):
+        F.best_paths(x.nan_to_num(), [6, 6], transitions=torch.full((5, 4), float("nan")))
+    assert F.viterbi(x, [6, 2])[1] is not None  # the NaN lies beyond example 1's length: decoded
+    tokens = [["a"], ["b"], ["c"], ["a", "b"]]
+    for ngram in (0, 1):
+        crit = TransducerLoss(tokens, {"a": 0, "b": 1, "c": 2}, ngram=ngram, blank="optional")
+        y = torch.randn(2, 6, crit.num_classes)
+        assert len(crit.decode(y)) == 2
+        y[0, 3, 1] = float("nan")
+        with pytest.raises(ValueError, match="emissions contains NaN"):
+            crit.decode(y)
+        with pytest.raises(ValueError, match="emissions contains NaN"):
+            crit.viterbi(y)
