@@ -36,6 +36,7 @@ from __future__ import annotations
 import array
 import io
 import math
+import re
 import os
 from collections.abc import Mapping, Sequence
 from typing import Optional, Union
@@ -64,17 +65,33 @@ Symbols = Union[Mapping[str, int], Sequence[str]]
 # -- helpers --------------------------------------------------------------------------------------
 
 
+class FstFileNotFoundError(FileNotFoundError, ValueError):
+    """A path given to an OpenFST reader names no regular file."""
+
+
+_PATHLIKE = re.compile(r"[\\/]|\.[A-Za-z_]")
+
+
+def _looks_like_path(s: str) -> bool:
+    return "\n" not in s and not any(c.isspace() for c in s) and bool(_PATHLIKE.search(s))
+
+
 def _read_text(path_or_text, max_bytes: int, what: str) -> str:
-    """The text of a path, an open file, or the text itself (a str containing a newline, or
-    any str that is not an existing path)."""
+    """The text of a path, an open file, or the text itself. A str names a file when it is one,
+    or when it looks like a path (one line without white space, with a ``/`` or a file
+    extension: ``missing.syms``), and then a missing file is an error, never parsed as text; any
+    other str is the text itself."""
     if hasattr(path_or_text, "read"):
         text = path_or_text.read(max_bytes + 1)
     elif isinstance(path_or_text, (str, os.PathLike)):
         s = path_or_text
-        if isinstance(s, str) and ("\n" in s or not os.path.isfile(s)):
+        if isinstance(s, str) and not os.path.isfile(s) and not _looks_like_path(s):
             text = s
         else:
             p = os.fspath(s)
+            if not os.path.isfile(p):
+                what_is = "not a regular file" if os.path.exists(p) else "no such file"
+                raise FstFileNotFoundError(f"{what} {p!r}: {what_is}")
             size = os.path.getsize(p)
             if size > max_bytes:
                 raise ValueError(f"{what} {p!r}: {size} bytes, over max_bytes={max_bytes}")
@@ -99,11 +116,16 @@ def _write(text: str, path) -> None:
             f.write(text)
 
 
+# the formats' own numbers, ASCII only (Python's int() and float() also read '1_0', '٥')
+_INT_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _int(s: str, no: int, what: str, low: int, high: int) -> int:
-    try:
-        x = int(s)
-    except ValueError:
-        raise ValueError(f"FST text line {no}: {what} {s[:40]!r} is not an integer") from None
+    if not _INT_RE.fullmatch(s):
+        raise ValueError(f"FST text line {no}: {what} {s[:40]!r} is not an integer")
+    x = int(s)
     if not low <= x <= high:
         raise ValueError(f"FST text line {no}: {what} {x} outside [{low}, {high}]")
     return x
@@ -113,12 +135,17 @@ def _cost(s: str, no: int) -> float:
     t = s.lower()
     if t in ("infinity", "inf", "+inf", "+infinity"):
         return math.inf
-    try:
-        x = float(s)
-    except ValueError:
-        raise ValueError(f"FST text line {no}: weight {s[:40]!r} is not a number") from None
-    if math.isnan(x) or x == -math.inf:
+    if t in ("-infinity", "-inf"):
         raise ValueError(f"FST text line {no}: weight {s[:40]!r} must be a number or Infinity")
+    if not _FLOAT_RE.fullmatch(s):
+        raise ValueError(f"FST text line {no}: weight {s[:40]!r} is not a number")
+    x = float(s)
+    # weights are float32: a cost beyond its range is the literal infinity it rounds to
+    if x > _FLOAT32_MAX:
+        return math.inf
+    if x < -_FLOAT32_MAX:
+        raise ValueError(f"FST text line {no}: weight {s[:40]!r} is below float32's range (a cost of "
+                         "-Infinity, which OpenFST's semirings do not have)")
     return x
 
 
@@ -181,10 +208,9 @@ def read_symbols(path_or_text, *, max_bytes: int = 1 << 28) -> dict[str, int]:
             continue
         if len(f) != 2:
             raise ValueError(f"symbol table line {no}: expected 'symbol id', got {line[:60]!r}")
-        try:
-            i = int(f[1])
-        except ValueError:
-            raise ValueError(f"symbol table line {no}: id {f[1][:40]!r} is not an integer") from None
+        if not _INT_RE.fullmatch(f[1]):
+            raise ValueError(f"symbol table line {no}: id {f[1][:40]!r} is not an integer")
+        i = int(f[1])
         if not 0 <= i <= MAX_LABEL + 1:
             raise ValueError(f"symbol table line {no}: id {i} outside [0, {MAX_LABEL + 1}]")
         if f[0] in out:

@@ -228,3 +228,44 @@ def test_pywrapfst_round_trip():
     # OpenFST's own printing reads back to the same graph
     printed = compiled.print()
     assert gtn.equal(gtn.read_fst_text(printed)[0], g)
+
+
+# -- second probe: findings 8 and 18, and a missing symbol file read as text ----------------------
+
+
+def test_costs_beyond_float32_are_the_infinities_they_round_to():
+    from lightning_gtn.wfst.openfst import read_fst_text
+
+    with pytest.raises(ValueError, match="line 1: weight '-1e39' is below float32's range"):
+        read_fst_text("0 1 1 1 -1e39\n1\n")
+    with pytest.raises(ValueError, match="line 1: weight '-Infinity' must be a number or Infinity"):
+        read_fst_text("0 1 1 1 -Infinity\n1\n")
+    g, _, _ = read_fst_text("0 1 1 1 1e39\n0 1 2 2 0.5\n1\n")  # +1e39 is the semiring zero, as Infinity
+    assert g.weights_to_list() == [float("-inf"), -0.5]
+
+
+@pytest.mark.parametrize("text, what", [
+    ("1_0 1 1\n1\n", "state '1_0'"),
+    ("0 1 \u0661\n1\n", "is not an integer"),
+    ("0 1 1 1 0_5\n1\n", "weight '0_5' is not a number"),
+    ("0 1 1 1 0x1p3\n1\n", "is not a number"),
+])
+def test_fst_text_reads_only_ascii_numbers(text, what):
+    from lightning_gtn.wfst.openfst import read_fst_text
+
+    with pytest.raises(ValueError, match=what):
+        read_fst_text(text)
+
+
+def test_a_missing_symbol_file_is_an_error_not_text(tmp_path):
+    from lightning_gtn.wfst.openfst import read_fst_text, read_symbols
+
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_fst_text("0 1 1\n1\n", isymbols=str(tmp_path / "missing.syms"))
+    with pytest.raises(FileNotFoundError, match="not a regular file"):
+        read_symbols("/dev/zero")
+    with pytest.raises(ValueError, match="id '1_0' is not an integer"):
+        read_symbols("a 1_0\n")
+    (tmp_path / "s.syms").write_text("<eps> 0\na 1\n")
+    assert read_symbols(str(tmp_path / "s.syms")) == {"<eps>": 0, "a": 1}
+    assert read_symbols("a 1") == {"a": 1}  # one line of text without a newline
