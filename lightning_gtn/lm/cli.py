@@ -13,6 +13,7 @@ the perplexity of the model on its own text.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -23,6 +24,8 @@ from .estimate import estimate, perplexity
 __all__ = ["main", "read_sentences"]
 
 MAX_LINE = 1 << 20
+#: the most characters a --vocab file may hold
+MAX_VOCAB_BYTES = 1 << 28
 
 
 def read_sentences(path, chars: bool = False, space: str = "|", max_bytes: int = 1 << 32) -> list[list[str]]:
@@ -34,27 +37,52 @@ def read_sentences(path, chars: bool = False, space: str = "|", max_bytes: int =
         space: the token of a space in ``chars`` mode.
         max_bytes: refuse a larger file.
     """
-    size = os.path.getsize(path)
-    if size > max_bytes:
-        raise ValueError(f"--text {path!r}: {size} bytes, over {max_bytes}")
     out: list[list[str]] = []
-    with open(path, "r", encoding="utf-8") as f:
-        for no, line in enumerate(f, start=1):
-            if len(line) > MAX_LINE:
-                raise ValueError(f"--text line {no}: longer than {MAX_LINE} characters")
-            words = line.split()
-            if not words:
-                continue
-            if chars:
-                toks: list[str] = []
-                for k, w in enumerate(words):
-                    if k:
-                        toks.append(space)
-                    toks.extend(w)
-                out.append(toks)
-            else:
-                out.append(words)
+    for _, line in _bounded_lines(path, "--text", max_bytes):
+        words = line.split()
+        if not words:
+            continue
+        if chars:
+            toks: list[str] = []
+            for k, w in enumerate(words):
+                if k:
+                    toks.append(space)
+                toks.extend(w)
+            out.append(toks)
+        else:
+            out.append(words)
     return out
+
+
+def _bounded_lines(path, flag: str, max_bytes: int):
+    """``(line number, line)`` of a regular UTF-8 file, at most ``max_bytes`` characters in all
+    and :data:`MAX_LINE` a line, counted on what is read (``/dev/zero`` is refused, and a file
+    growing while it is read stops at the limit)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{flag} {path!r}: {'not a regular file' if os.path.exists(path) else 'no such file'}")
+    left = max_bytes
+    with open(path, "r", encoding="utf-8") as f:
+        for no in itertools.count(1):
+            line = f.readline(MAX_LINE + 1)
+            if not line:
+                return
+            if len(line) > MAX_LINE:
+                raise ValueError(f"{flag} line {no}: longer than {MAX_LINE} characters")
+            left -= len(line)
+            if left < 0:
+                raise ValueError(f"{flag} {path!r}: over max_bytes={max_bytes} characters")
+            yield no, line
+
+
+def _check_out(path: str) -> None:
+    """Fails now, not after estimating, when ``--out`` cannot be written."""
+    d = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        raise ValueError(f"--out {path!r} is a directory")
+    if not os.path.isdir(d):
+        raise ValueError(f"--out {path!r}: no such directory {d!r}")
+    if not os.access(d, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"--out {path!r}: not writable")
 
 
 def _bar(total: int, enabled: bool):
@@ -79,11 +107,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     try:
+        _check_out(args.out)
         sentences = read_sentences(args.text, chars=args.chars, space=args.space)
+        if not sentences:
+            raise ValueError(f"--text {args.text!r} holds no sentence (every line is blank): nothing to estimate")
         vocab = None
         if args.vocab:
-            with open(args.vocab, encoding="utf-8") as f:
-                vocab = [w for line in f for w in line.split()[:1]]
+            vocab = [w for _, line in _bounded_lines(args.vocab, "--vocab", MAX_VOCAB_BYTES) for w in line.split()[:1]]
         bar = _bar(len(sentences), not args.no_progress)
         lm = estimate(
             sentences,

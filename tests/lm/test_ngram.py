@@ -278,3 +278,30 @@ def test_pickle_and_from_ngrams():
     one = NGramLM.from_ngrams([{("a",): (math.log(0.5), 0.0), (EOS,): (math.log(0.5), 0.0)}])
     assert one.order == 1 and one.start_state() == 0
     assert one.sentence_score(["a"]) == pytest.approx(2 * math.log(0.5), abs=1e-6)
+
+
+def test_cli_bounds_what_it_reads_and_fails_early(tmp_path, capsys):
+    # Second probe: --text /dev/zero and --vocab /dev/zero read without limit (getsize is 0 for
+    # devices); empty text exited 0 with perplexity NaN; a bad --out failed only after estimating.
+    text = tmp_path / "t.txt"
+    text.write_text("a b c\nb c a\n")
+    out = tmp_path / "lm.arpa"
+    assert cli_main(["--text", "/dev/zero", "--out", str(out), "--no-progress"]) == 2
+    assert "--text '/dev/zero': not a regular file" in capsys.readouterr().err
+    assert cli_main(["--text", str(text), "--vocab", "/dev/zero", "--out", str(out), "--no-progress"]) == 2
+    assert "--vocab '/dev/zero': not a regular file" in capsys.readouterr().err
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n")
+    assert cli_main(["--text", str(blank), "--out", str(out), "--no-progress"]) == 2
+    assert "holds no sentence" in capsys.readouterr().err and not out.exists()
+    assert cli_main(["--text", str(text), "--out", str(tmp_path / "no" / "dir" / "lm.arpa"), "--no-progress"]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    assert cli_main(["--text", str(text), "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    from lightning_gtn.lm.cli import read_sentences
+
+    big = tmp_path / "big.txt"
+    big.write_text("a b\n" * 100)
+    with pytest.raises(ValueError, match="over max_bytes=50"):
+        read_sentences(str(big), max_bytes=50)
+    assert cli_main(["--text", str(text), "--out", str(out), "--no-progress"]) == 0
