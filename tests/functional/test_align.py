@@ -486,3 +486,27 @@ def test_ctc_chain_kernel_gives_the_general_kernels_paths_to_the_bit(seed, monke
     assert torch.equal(fast.token_start, slow.token_start) and torch.equal(fast.token_end, slow.token_end)
     assert torch.equal(fast.score.isinf(), slow.score.isinf())
     assert torch.allclose(fast.score.nan_to_num(0, 0, 0), slow.score.nan_to_num(0, 0, 0), rtol=0, atol=0)
+
+
+def test_align_plot_token_texts_do_not_overlap():
+    # second probe: the align plot's token labels overlapped
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from lightning_gtn.functional.align_plot import label_rows
+
+    assert label_rows([(0, 1), (1, 1), (1.5, 1), (5, 1)]) == [0, 1, 2, 0]
+    g = torch.Generator().manual_seed(0)
+    T, C = 120, 30
+    x = torch.randn(1, T, C, generator=g).log_softmax(-1)
+    tg = torch.randint(1, C, (1, 45), generator=g)
+    al = forced_align(x, tg, torch.tensor([T]), torch.tensor([45]))
+    fig = plot_alignment(x, al, 0, tokens={i: f"tok{i}" for i in range(C)})
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    r = canvas.get_renderer()
+    texts = [t for t in fig.axes[0].texts if t.get_text().startswith("tok")]
+    assert len(texts) == 45
+    boxes = [t.get_window_extent(r) for t in texts]
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            assert not boxes[i].overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
