@@ -31,29 +31,72 @@ from __future__ import annotations
 import math
 import os
 import re
-from .ngram import BOS, LN10, MAX_ORDER, NGramLM
+import sys
 
-__all__ = ["read_arpa", "write_arpa", "BYTES_PER_NGRAM"]
+from .ngram import BOS, EOS, LN10, MAX_ORDER, UNK, NGramLM
 
-BYTES_PER_NGRAM = 640
-"""Memory one stored n-gram is assumed to take while reading, for the ``max_bytes`` check
-(``benchmarks/bench_lm.py`` measures the peak: 390-550 bytes)."""
+__all__ = ["read_arpa", "write_arpa", "estimate_bytes", "MIN_LOG10_PROB", "MAX_LOG10_BACKOFF"]
+
+BYTES_PER_NGRAM = 448
+"""Memory one stored n-gram of order 1 is assumed to take (reading, the model and its
+:meth:`~lightning_gtn.lm.NGramLM.arrays`), for the ``max_bytes`` check; each further word of an
+n-gram adds ``BYTES_PER_WORD`` (see :func:`estimate_bytes`)."""
+
+BYTES_PER_WORD = 48
+"""Memory each word of an n-gram beyond the first is assumed to add (its id in the key tuple and
+in the arrays' history tuples)."""
 
 MAX_LINE = 1 << 16
 """Longest line (characters) an ARPA file may have."""
 
-_COUNT = re.compile(r"^ngram\s+(\d+)\s*=\s*(\d+)$")
-_SECTION = re.compile(r"^\\(\d+)-grams:$")
+MIN_LOG10_PROB = -99.0
+"""Lowest log10 probability (SRILM's "never"); ``-inf`` is also accepted for ``<s>``."""
+
+MAX_LOG10_BACKOFF = 10.0
+"""Back-off weights (log10) must lie in ``[MIN_LOG10_PROB, MAX_LOG10_BACKOFF]``. A back-off of
+10 multiplies the lower order's probabilities by 1e10, which already means the lower orders give
+the history's unseen words less than 1e-10 of their mass; beyond that the file is broken (a
+back-off of 30 or 1e38 decodes garbage)."""
+
+# the formats' own number grammar, ASCII only (Python's int()/float() also take '1_0' and
+# non-ASCII digits)
+_INT = r"[0-9]+"
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_NEG_INF = ("-inf", "-infinity")
+_COUNT = re.compile(rf"ngram[ \t]+({_INT})[ \t]*=[ \t]*({_INT})", re.ASCII)
+_SECTION = re.compile(rf"\\({_INT})-grams:", re.ASCII)
 
 
-def _lines(path):
-    """Yields (line number, stripped line), bounding the length of each line."""
+def estimate_bytes(counts) -> int:
+    """An upper bound of the memory (bytes) a model with these n-gram counts takes, reading
+    included (the ``max_bytes`` check of :func:`read_arpa`; the unigrams' word strings are
+    counted while they are read).
+
+    Each n-gram of order ``n`` may bring ``n - 2`` missing histories of orders ``2 .. n-1``,
+    which the reader adds (``add_missing``), so an order-``n`` line is charged for them too.
+
+    Args:
+        counts: ``counts[n - 1]`` is the number of n-grams of order ``n``.
+    """
+
+    def one(n: int) -> int:
+        return BYTES_PER_NGRAM + BYTES_PER_WORD * (n - 1)
+
+    total = 0
+    for n, c in enumerate(counts, start=1):
+        total += int(c) * (one(n) + sum(one(k) for k in range(2, n)))
+    return total
+
+
+def _lines(path, max_chars: int):
+    """Yields (line number, stripped line), bounding the length of each line and the total."""
     if hasattr(path, "readline"):
         f, close = path, False
     else:
         f, close = open(os.fspath(path), "r", encoding="utf-8", errors="strict", newline=None), True
     try:
         no = 0
+        read = 0
         while True:
             try:
                 line = f.readline(MAX_LINE + 1)
@@ -62,8 +105,11 @@ def _lines(path):
             if not line:
                 return
             no += 1
+            read += len(line)
             if len(line) > MAX_LINE and not line.endswith("\n"):
                 raise ValueError(f"ARPA line {no}: longer than {MAX_LINE} characters")
+            if read > max_chars:
+                raise ValueError(f"ARPA line {no}: the file is longer than max_bytes={max_chars} characters")
             yield no, line.strip()
     finally:
         if close:
@@ -71,20 +117,27 @@ def _lines(path):
 
 
 def _number(text: str, no: int, what: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise ValueError(f"ARPA line {no}: {what} {text[:40]!r} is not a number") from None
-    return x
+    if text.lower() in _NEG_INF:
+        return -math.inf
+    if not _FLOAT.fullmatch(text):
+        raise ValueError(f"ARPA line {no}: {what} {text[:40]!r} is not a number")
+    return float(text)
 
 
 def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NGramLM:
     """Reads an ARPA back-off language model.
 
+    Numbers follow the format's grammar (ASCII digits, ``[+-]digits[.digits][e[+-]digits]``,
+    ``-inf`` for ``<s>``). Log10 probabilities must lie in ``[MIN_LOG10_PROB, 0]`` (-99, SRILM's
+    "never"), back-off weights in ``[MIN_LOG10_PROB, MAX_LOG10_BACKOFF]`` (10).
+
     Args:
         path: a file path, or an open text file.
         max_bytes: refuse a file whose declared n-gram counts would take more memory than this
-            (``BYTES_PER_NGRAM`` per n-gram), before reading the n-grams.
+            (:func:`estimate_bytes`: it bounds what reading, the model and its arrays allocate,
+            missing histories included), before reading the n-grams; the unigrams' words are
+            added to the estimate as they are read, and no more than ``max_bytes`` characters
+            are read.
         add_missing: add missing histories and special words as KenLM does (see
             :meth:`NGramLM.from_ngrams`); False makes them errors.
 
@@ -100,7 +153,9 @@ def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NG
         >>> read_arpa(io.StringIO(text)).order
         1
     """
-    it = _lines(path)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+    it = _lines(path, max_bytes)
     # header
     for no, line in it:
         if line == "\\data\\":
@@ -113,7 +168,7 @@ def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NG
     for no, line in it:
         if not line:
             continue
-        m = _COUNT.match(line)
+        m = _COUNT.fullmatch(line)
         if not m:
             break
         n, c = int(m.group(1)), int(m.group(2))
@@ -129,18 +184,21 @@ def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NG
     N = max(counts)
     if sorted(counts) != list(range(1, N + 1)):
         raise ValueError(f"ARPA: the header must give the counts of orders 1..{N}, got {sorted(counts)}")
-    total = sum(counts.values())
-    if total * BYTES_PER_NGRAM > max_bytes:
+    declared_counts = [counts[n] for n in range(1, N + 1)]
+    used = estimate_bytes(declared_counts) + estimate_bytes([3])  # + added <s> </s> <unk>
+    if used > max_bytes:
         raise ValueError(
-            f"ARPA: the header declares {total} n-grams, about {total * BYTES_PER_NGRAM} bytes "
-            f"in memory, over max_bytes={max_bytes}"
+            f"ARPA: the header declares {sum(declared_counts)} n-grams (orders 1..{N}: {declared_counts}), "
+            f"about {used} bytes in memory with the histories they may need, over max_bytes={max_bytes}"
         )
     tables: list[dict] = [dict() for _ in range(N)]
+    words: list[str] = []
+    ids: dict[str, int] = {}
     expected = 1
     while True:
         if line == "\\end\\":
             break
-        m = _SECTION.match(line)
+        m = _SECTION.fullmatch(line)
         if not m:
             raise ValueError(f"ARPA line {no}: expected '\\{expected}-grams:' or '\\end\\', got {line[:60]!r}")
         n = int(m.group(1))
@@ -160,14 +218,33 @@ def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NG
             if len(table) >= declared:
                 raise ValueError(f"ARPA line {no}: more {n}-grams than the {declared} the header declares")
             p = _number(f[0], no, "probability")
-            g = tuple(f[1 : n + 1])
             b = _number(f[n + 1], no, "back-off weight") if len(f) == n + 2 else 0.0
-            if math.isnan(p) or p > 0 or (p == -math.inf and g != (BOS,)) or p == math.inf:
-                raise ValueError(f"ARPA line {no}: log10 probability {f[0]!r} must be finite and <= 0")
-            if not math.isfinite(b):
-                raise ValueError(f"ARPA line {no}: log10 back-off weight {f[n + 1]!r} is not finite")
-            if g in table:
-                raise ValueError(f"ARPA line {no}: the {n}-gram {' '.join(g)!r} repeats")
+            if n == 1:
+                w = f[1]
+                if w in ids:
+                    raise ValueError(f"ARPA line {no}: the 1-gram {w[:60]!r} repeats")
+                # the word string is stored: count it (a line may hold one very long word)
+                used += sys.getsizeof(w) + BYTES_PER_WORD
+                if used > max_bytes:
+                    raise ValueError(f"ARPA line {no}: the words read so far take about {used} bytes "
+                                     f"with the declared n-grams, over max_bytes={max_bytes}")
+                ids[w] = len(words)
+                words.append(w)
+                g = (ids[w],)
+            else:
+                try:
+                    g = tuple(ids[w] for w in f[1 : n + 1])
+                except KeyError as e:
+                    raise ValueError(f"ARPA line {no}: word {e.args[0][:60]!r} has no unigram") from None
+            if math.isnan(p) or p > 0 or p == math.inf or (p < MIN_LOG10_PROB and not (
+                    p == -math.inf and n == 1 and f[1] == BOS)):
+                raise ValueError(f"ARPA line {no}: log10 probability {f[0][:40]!r} must be in "
+                                 f"[{MIN_LOG10_PROB:g}, 0] (or -inf for <s>)")
+            if not MIN_LOG10_PROB <= b <= MAX_LOG10_BACKOFF:
+                raise ValueError(f"ARPA line {no}: log10 back-off weight {f[n + 1][:40]!r} must be in "
+                                 f"[{MIN_LOG10_PROB:g}, {MAX_LOG10_BACKOFF:g}]")
+            if n > 1 and g in table:
+                raise ValueError(f"ARPA line {no}: the {n}-gram {' '.join(f[1 : n + 1])[:60]!r} repeats")
             table[g] = (p * LN10, b * LN10 if n < N else 0.0)
         else:
             raise ValueError(f"ARPA line {no}: the file ends without '\\end\\'")
@@ -178,8 +255,14 @@ def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NG
         expected = n + 1
     if expected != N + 1:
         raise ValueError(f"ARPA line {no}: '\\end\\' before the \\{expected}-grams: section")
+    for sp in (BOS, EOS, UNK):
+        if sp not in ids:
+            if not add_missing:
+                raise ValueError(f"ARPA: the unigram {sp!r} is missing")
+            ids[sp] = len(words)
+            words.append(sp)
     try:
-        return NGramLM.from_ngrams(tables, add_missing=add_missing)
+        return NGramLM._from_id_tables(words, tables, add_missing=add_missing)
     except ValueError as e:
         raise ValueError(f"ARPA: {e}") from None
 

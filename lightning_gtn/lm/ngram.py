@@ -194,21 +194,19 @@ class NGramLM:
         N = len(ngrams)
         if not 1 <= N <= MAX_ORDER:
             raise ValueError(f"ngrams: order must be in [1, {MAX_ORDER}], got {N}")
-        lm = cls()
-        lm.order = N
         uni = ngrams[0]
-        words = [g[0] for g in uni]
+        words = [g[0] if isinstance(g, tuple) and len(g) == 1 else g for g in uni]
+        for w in words:
+            if not isinstance(w, str):
+                raise ValueError(f"ngrams[0]: key {w!r} is not a 1-tuple of words")
         for sp in (BOS, EOS, UNK):
             if (sp,) not in uni:
                 if not add_missing:
                     raise ValueError(f"ngrams: the unigram {sp!r} is missing")
                 words.append(sp)
-        lm.words = words
-        lm._ids = {w: i for i, w in enumerate(words)}
-        if len(lm._ids) != len(words):
+        ids = {w: i for i, w in enumerate(words)}
+        if len(ids) != len(words):
             raise ValueError("ngrams: a unigram repeats")
-        bos = lm._ids[BOS]
-        eos = lm._ids[EOS]
         tables: list[dict] = []
         for n, table in enumerate(ngrams, start=1):
             out: dict[tuple, tuple[float, float]] = {}
@@ -216,26 +214,52 @@ class NGramLM:
                 if not isinstance(g, tuple) or len(g) != n:
                     raise ValueError(f"ngrams[{n - 1}]: key {g!r} is not a {n}-tuple of words")
                 try:
-                    ids = tuple(lm._ids[w] for w in g)
-                except KeyError as e:
-                    raise ValueError(f"ngrams[{n - 1}]: {g!r}: word {e.args[0]!r} has no unigram") from None
-                p = float(p)
-                b = 0.0 if n == N else float(b)
-                if not (math.isfinite(p) or (n == 1 and ids[0] == bos and p == -math.inf)):
-                    raise ValueError(f"ngrams[{n - 1}]: {g!r}: probability {p} is not finite")
-                if not math.isfinite(b):
-                    raise ValueError(f"ngrams[{n - 1}]: {g!r}: back-off {b} is not finite")
-                if p > 1e-6:
-                    raise ValueError(f"ngrams[{n - 1}]: {g!r}: ln probability {p} is above 0")
-                if bos in ids[1:] or eos in ids[:-1]:
-                    raise ValueError(f"ngrams[{n - 1}]: {g!r}: <s> may only begin and </s> only end an n-gram")
-                if n > 1 and ids[-1] == bos:
-                    raise ValueError(f"ngrams[{n - 1}]: {g!r}: <s> is never predicted")
-                out[ids] = (max(p, MISSING_LOGP) if ids == (bos,) else p, b)
+                    key = tuple(ids[w] for w in g)
+                except (KeyError, TypeError):
+                    bad = next(w for w in g if not isinstance(w, str) or w not in ids)
+                    raise ValueError(f"ngrams[{n - 1}]: {g!r}: word {bad!r} has no unigram") from None
+                out[key] = (float(p), 0.0 if n == N else float(b))
             tables.append(out)
+        return cls._from_id_tables(words, tables, add_missing=add_missing)
+
+    @classmethod
+    def _from_id_tables(cls, words: list, tables: list, *, add_missing: bool) -> "NGramLM":
+        """Builds a model from n-gram tables keyed by word-id tuples (``words[i]`` is word ``i``,
+        every table entry ``(ln P, ln bow)`` of floats, ``bow = 0`` at the highest order).
+
+        The tables are checked and then owned by the model (changed in place, not copied: the
+        ARPA reader's memory bound counts them once)."""
+        lm = cls()
+        N = len(tables)
+        lm.order = N
+        lm.words = words
+        lm._ids = {w: i for i, w in enumerate(words)}
+        if len(lm._ids) != len(words):
+            raise ValueError("ngrams: a unigram repeats")
+        bos = lm._ids[BOS]
+        eos = lm._ids[EOS]
+        W = words
+        for n, table in enumerate(tables, start=1):
+            for g, (p, b) in table.items():
+                if not (math.isfinite(p) or (n == 1 and g[0] == bos and p == -math.inf)):
+                    raise ValueError(f"ngrams[{n - 1}]: {tuple(W[i] for i in g)!r}: probability {p} is not finite")
+                if not math.isfinite(b):
+                    raise ValueError(f"ngrams[{n - 1}]: {tuple(W[i] for i in g)!r}: back-off {b} is not finite")
+                if p > 1e-6:
+                    raise ValueError(f"ngrams[{n - 1}]: {tuple(W[i] for i in g)!r}: ln probability {p} is above 0")
+                if bos in g[1:] or eos in g[:-1]:
+                    raise ValueError(f"ngrams[{n - 1}]: {tuple(W[i] for i in g)!r}: <s> may only begin and </s> only end an n-gram")
+                if n > 1 and g[-1] == bos:
+                    raise ValueError(f"ngrams[{n - 1}]: {tuple(W[i] for i in g)!r}: <s> is never predicted")
+        key = (bos,)
+        if key in tables[0]:
+            p, b = tables[0][key]
+            tables[0][key] = (max(p, MISSING_LOGP), b)
         for sp in (BOS, EOS, UNK):
             key = (lm._ids[sp],)
             if key not in tables[0]:
+                if not add_missing:
+                    raise ValueError(f"ngrams: the unigram {sp!r} is missing")
                 tables[0][key] = (MISSING_LOGP, 0.0)
         lm._ngrams = tables
         # histories, lowest order first, so each added one can be scored by back-off

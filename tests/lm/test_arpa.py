@@ -152,10 +152,10 @@ def test_good_body_loads():
         (GOOD_BODY.replace("-0.5 </s>\n", "-0.5 </s>\n-0.5 a\n"), None, "line 9: more 1-grams"),
         (GOOD_BODY.replace("-1 <unk>", "-1 <unk> 0 0"), None, "line 6: a 1-gram line"),
         (GOOD_BODY.replace("-1 <unk>", "minus <unk>"), None, "line 6: probability 'minus'"),
-        (GOOD_BODY.replace("-1 <unk>", "nan <unk>"), None, "line 6: log10 probability"),
+        (GOOD_BODY.replace("-1 <unk>", "nan <unk>"), None, "line 6: probability 'nan' is not a number"),
         (GOOD_BODY.replace("-1 <unk>", "-inf <unk>"), None, "line 6: log10 probability"),
         (GOOD_BODY.replace("-1 <unk>", "0.5 <unk>"), None, "line 6: log10 probability"),
-        (GOOD_BODY.replace("-99 <s> 0", "-99 <s> inf"), None, "line 7: log10 back-off"),
+        (GOOD_BODY.replace("-99 <s> 0", "-99 <s> inf"), None, "line 7: back-off weight 'inf' is not a number"),
         (GOOD_BODY.replace("-0.5 </s>", "-0.5 <unk>"), None, "line 8: the 1-gram '<unk>' repeats"),
         (GOOD_BODY.replace("<s> </s>", "<s> q"), None, "word 'q' has no unigram"),
         (GOOD_BODY.replace("<s> </s>", "</s> <s>"), None, "<s> may only begin"),
@@ -256,3 +256,70 @@ def test_hand_written_arpa_equals_kenlm(tmp_path):
     lm = read_arpa(path)
     for s in ["a b c", "a b a", "c b a b c", "x a b", "b"]:
         assert lm.sentence_score(s.split()) / LN10 == pytest.approx(k.score(s, bos=True, eos=True), abs=1e-5)
+
+
+# -- second probe: findings 3, 11 and 18 ------------------------------------------------------------
+
+
+def _deep_arpa(n_grams: int, order: int, vocab: int = 50, seed: int = 0) -> str:
+    """Unigrams for ``vocab`` words, no n-grams of orders 2 .. order-1, ``n_grams`` of ``order``:
+    every one needs ``order - 2`` histories the reader adds."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(vocab)]
+    grams = set()
+    while len(grams) < n_grams:
+        grams.add(tuple(rng.choice(words) for _ in range(order)))
+    lines = ["\\data\\", f"ngram 1={vocab + 3}"] + [f"ngram {n}=0" for n in range(2, order)] + \
+        [f"ngram {order}={n_grams}", "", "\\1-grams:", "-1 <unk> 0", "-99 <s> 0", "-1 </s> 0"]
+    lines += [f"-1.5 {w} -0.1" for w in words]
+    for n in range(2, order):
+        lines += ["", f"\\{n}-grams:"]
+    lines += ["", f"\\{order}-grams:"] + [f"-0.3 {' '.join(g)}" for g in sorted(grams)] + ["", "\\end\\", ""]
+    return "\n".join(lines)
+
+
+def test_the_memory_estimate_bounds_what_reading_allocates():
+    # Finding 3: an order-16 file of 16-grams with empty lower orders stored 11-15x more n-grams
+    # (the added histories) than the estimate counted. The estimate must bound the real peak.
+    import tracemalloc
+
+    from lightning_gtn.lm.arpa import estimate_bytes
+
+    text = _deep_arpa(3000, 8)
+    tracemalloc.start()
+    lm = read_arpa(io.StringIO(text))
+    lm.arrays()  # the decoder's tables count too
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    bound = estimate_bytes([53] + [0] * 6 + [3000])
+    assert lm.order == 8
+    assert peak <= bound, (peak, bound)
+    # refused from the header alone, before the n-grams are read
+    stream = io.StringIO(text)
+    tracemalloc.start()
+    with pytest.raises(ValueError, match=r"ARPA: the header declares 3053 n-grams .* over max_bytes=1000000"):
+        read_arpa(stream, max_bytes=1_000_000)
+    assert tracemalloc.get_traced_memory()[1] < 100_000  # a few lines read, nothing allocated for the n-grams
+    tracemalloc.stop()
+
+
+@pytest.mark.parametrize("line, match", [
+    ("-0.5 </s> 1e38", r"line 8: log10 back-off weight '1e38' must be in \[-99, 10\]"),
+    ("-0.5 </s> 30", r"back-off weight '30' must be in"),
+    ("-1e5 </s>", r"log10 probability '-1e5' must be in \[-99, 0\]"),
+])
+def test_insane_log10_values_are_refused_naming_the_line(line, match):
+    # Finding 11: a back-off of 1e38 (or 30) was accepted and decoded garbage (CER 528%)
+    with pytest.raises(ValueError, match=match):
+        read_arpa(io.StringIO(_bad(GOOD_BODY.replace("-0.5 </s>", line))))
+
+
+@pytest.mark.parametrize("body, header, match", [
+    (GOOD_BODY.replace("-0.5 </s>", "-0_5 </s>"), "ngram 1=3\nngram 2=1\n", "probability '-0_5' is not a number"),
+    (GOOD_BODY, "ngram 1=\u0663\nngram 2=1\n", "header"),
+    (GOOD_BODY.replace("-99 <s> 0", "-99 <s> \u0660"), "ngram 1=3\nngram 2=1\n", "is not a number"),
+])
+def test_numbers_follow_the_arpa_grammar(body, header, match):
+    # Finding 18: '-0_7' read as -7 and 'ngram 1=٥' was accepted
+    with pytest.raises(ValueError, match=match):
+        read_arpa(io.StringIO(_bad(body, header)))
