@@ -45,6 +45,21 @@ BP_BUDGET = 1 << 27
 MAX_BACKPOINTER_BYTES = 1 << 30
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _best_accept(scores, accept, a0, a1):
+    """``(score, node)`` of the best accept node among ``accept[a0:a1]``, the smallest id on
+    ties; ``(-inf, -1)`` when none is reached."""
+    m = NEG_INF
+    best = -1
+    for k in range(a0, a1):
+        n = accept[k]
+        v = scores[n]
+        if v > m or (v == m and best >= 0 and n < best):
+            m = v
+            best = n
+    return m, best
+
+
 @njit(cache=True, nogil=True)
 def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, in_w, in_src, in_lab, node_off, in_off,
                     in_arc, start_off, start, accept_off, accept, max_nodes, bp, score, out_arc):
@@ -79,14 +94,7 @@ def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, in_w, in_src, i
             tmp = prev
             prev = cur
             cur = tmp
-        m = NEG_INF
-        best = -1
-        for k in range(accept_off[g], accept_off[g + 1]):
-            n = accept[k]
-            v = prev[n]
-            if v > m or (v == m and best >= 0 and n < best):
-                m = v
-                best = n
+        m, best = _best_accept(prev, accept, accept_off[g], accept_off[g + 1])
         score[e] = m
         if best < 0:
             continue
@@ -146,14 +154,7 @@ def _ctc_viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, node_lab, n
             tmp = prev
             prev = cur
             cur = tmp
-        m = NEG_INF
-        best = -1
-        for k in range(accept_off[g], accept_off[g + 1]):
-            n = accept[k]
-            v = prev[n]
-            if v > m or (v == m and best >= 0 and n < best):
-                m = v
-                best = n
+        m, best = _best_accept(prev, accept, accept_off[g], accept_off[g + 1])
         score[e] = m
         if best < 0:
             continue
