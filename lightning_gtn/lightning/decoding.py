@@ -143,12 +143,7 @@ def lexicon_from_data(data, key: str = "decoder.lexicon") -> dict[str, list[list
     """
     from lightning_gtn.lm import read_lexicon
 
-    if not isinstance(data, Mapping) or data.get("format") != _LEXICON_FORMAT:
-        raise ValueError(f"{key}: expected a lexicon as data with format {_LEXICON_FORMAT!r} "
-                         "(see lightning_gtn.lightning.decoding.lexicon_to_data)")
-    unknown = sorted(set(data) - {"format", "entries"})
-    if unknown:
-        raise ValueError(f"{key}.{unknown[0]}: unknown key")
+    _check_data(data, key, "a lexicon", _LEXICON_FORMAT, "entries", "lexicon_to_data")
     entries = data.get("entries")
     _check_entries(entries, f"{key}.entries")
     text = "".join(" ".join(e) + "\n" for e in entries)
@@ -156,6 +151,16 @@ def lexicon_from_data(data, key: str = "decoder.lexicon") -> dict[str, list[list
         return read_lexicon(io.StringIO(text), probabilities=False, max_bytes=len(text) + 1)
     except ValueError as e:
         raise ValueError(f"{key}.entries: {e} (line n is entry n - 1)") from None
+
+
+def _check_data(data, key: str, what: str, fmt: str, field: str, writer: str) -> None:
+    """``data`` must be ``{"format": fmt, field: ...}`` and nothing else."""
+    if not isinstance(data, Mapping) or data.get("format") != fmt:
+        raise ValueError(f"{key}: expected {what} as data with format {fmt!r} "
+                         f"(see lightning_gtn.lightning.decoding.{writer})")
+    unknown = sorted(set(data) - {"format", field})
+    if unknown:
+        raise ValueError(f"{key}.{unknown[0]}: unknown key")
 
 
 def lm_to_data(lm, key: str = "decoder.lm") -> dict:
@@ -181,12 +186,7 @@ def lm_from_data(data, key: str = "decoder.lm"):
     """
     from lightning_gtn.lm import NGramLM
 
-    if not isinstance(data, Mapping) or data.get("format") != _LM_FORMAT:
-        raise ValueError(f"{key}: expected an LM as data with format {_LM_FORMAT!r} "
-                         "(see lightning_gtn.lightning.decoding.lm_to_data)")
-    unknown = sorted(set(data) - {"format", "text"})
-    if unknown:
-        raise ValueError(f"{key}.{unknown[0]}: unknown key")
+    _check_data(data, key, "an LM", _LM_FORMAT, "text", "lm_to_data")
     text = data.get("text")
     if not isinstance(text, str) or len(text) > MAX_LM_CHARS:
         n = len(text) if isinstance(text, str) else type(text).__name__
