@@ -64,6 +64,10 @@ def test_emissions_file_to_json_plots_and_ctm(em_file, capsys):
     (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/t.txt", "--blank", "9"], r"--blank must lie in \[0, C=6\)"),
     (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/range.txt"], "label 7 out of range"),
     (None, ["--checkpoint", "{d}/no.ckpt"], "ckpt_path: no such checkpoint file"),
+    # issue 16, finding 17: were raw UnicodeDecodeError / TypeError tracebacks
+    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/latin1.txt"], r"latin1.txt is not UTF-8 text \(byte 4"),
+    (None, ["--emissions", "{d}/mixed.pt", "--targets", "{d}/t.txt"],
+     r"mixed.pt holds a dict without an 'emissions' key \(keys: 'a', 1\)"),
 ])
 def test_bad_inputs_give_clear_errors(em_file, capsys, make, args, msg):
     d = em_file[0]
@@ -72,6 +76,8 @@ def test_bad_inputs_give_clear_errors(em_file, capsys, make, args, msg):
     (d / "short.txt").write_text("1 2\n3\n")
     (d / "words.txt").write_text("a b\n" * 5)
     (d / "range.txt").write_text("1 7\n" * 5)
+    (d / "latin1.txt").write_bytes(b"1 2\n\xe9 3\n" + b"1\n" * 3)
+    torch.save({1: torch.zeros(1), "a": torch.zeros(1)}, d / "mixed.pt")
     rc = main([a.format(d=d) for a in args] + ["--no-progress"])
     assert rc == 2
     import re
