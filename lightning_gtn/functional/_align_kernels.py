@@ -214,7 +214,7 @@ def torch_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     need = N * Tm * S * (1 if K <= 255 else 8)
     if need > MAX_ALIGN_BYTES:
         raise ValueError(f"forced alignment (impl='torch') of T={Tm} frames against a graph of S={S} nodes needs "
-                         f"{need} bytes of backpointers, more than the limit of {MAX_ALIGN_BYTES} "
+                         f"{need} bytes, more than the limit of {MAX_ALIGN_BYTES} (backpointers) "
                          f"(lightning_gtn.functional._align_kernels.MAX_ALIGN_BYTES); split the utterance or "
                          f"use impl='numba' on the CPU (checkpointed)")
     bp = torch.zeros((N, max(Tm, 1), S), dtype=bp_dtype, device=dev)

@@ -442,3 +442,65 @@ def test_custom_op_compiles_fullgraph_and_passes_opcheck():
     torch.library.opcheck(op, (x, tg, il, tl, None, 0, None, ""))
     torch.library.opcheck(op, (x, tg, il, tl, None, 0, -1.0, ""))
     torch.library.opcheck(op, (x, tg, il, tl, torch.randn(6, 5), -1, None, "torch"))
+
+
+# issue 16, finding 4: zeros(1, 100000, 2) against 20k tokens held T * S = 4 GB of backpointers.
+# Each example now holds one chunk of backpointers and checkpointed scores (a child process
+# measures its peak memory, a smaller instance of the same input with a smaller budget).
+_MEMORY_CHILD = r"""
+import resource, sys, torch
+from lightning_gtn.functional import forced_align, _align_kernels as K
+
+def peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+K.BP_BUDGET = 1 << 20
+T, L = 12000, 3000
+x = torch.zeros(1, T, 2).log_softmax(-1)
+for blank, tokens in ((0, [1] * L), (None, [1, 0] * (L // 2))):
+    forced_align(x[:, :50], [tokens[:10]], [50], blank=blank)  # compiled before measuring
+    before = peak_mb()
+    al = forced_align(x, [tokens], [T], blank=blank)
+    grew = peak_mb() - before
+    assert al.labels[0].tolist().count(-1) == 0 and torch.isfinite(al.score).all(), al.score
+    # full backpointers: T * (2L + 1) = 72 MB (CTC) and T * (L + 1) = 36 MB (the chain)
+    print(blank, "grew", grew, "MB", flush=True)
+    assert grew < 16, f"blank={blank}: peak memory grew by {grew:.0f} MB"
+print("fuzzed")
+"""
+
+
+def test_long_inputs_hold_bounded_memory(tmp_path):
+    from tests._child import run_as_child
+
+    f = tmp_path / "align_memory.py"
+    f.write_text(_MEMORY_CHILD)
+    run_as_child(str(f), timeout=300)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_checkpointed_chunks_give_the_same_paths(impl, monkeypatch):
+    from lightning_gtn.functional import _align_kernels
+
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(4, 40, 5, generator=g).log_softmax(-1)
+    x[3] = 0.0  # ties everywhere
+    targets = [[1, 2, 2, 3], [4], [1, 3, 1, 3, 1, 3, 2], [2, 2, 1]]
+    lengths = [40, 17, 33, 40]
+    for kw in (dict(blank=0), dict(blank=None), dict(blank=0, star=-1.0)):
+        full = forced_align(x, targets, lengths, impl=impl, **kw)
+        monkeypatch.setattr(_align_kernels, "BP_BUDGET", 30)  # chunks of a few frames, checkpoints
+        small = forced_align(x, targets, lengths, impl=impl, **kw)
+        monkeypatch.undo()
+        assert torch.equal(full.labels, small.labels) and torch.equal(full.score, small.score)
+
+
+def test_byte_limit_error_names_the_sizes(monkeypatch):
+    from lightning_gtn.functional import _align_kernels
+
+    x = _lp(2, 50, 4, seed=22, dtype=torch.float32)
+    monkeypatch.setattr(_align_kernels, "MAX_ALIGN_BYTES", 200)
+    for impl, blank in (("numba", 0), ("numba", None), ("torch", 0)):
+        with pytest.raises(ValueError, match=r"T=50 frames against a graph of S=(7|4) nodes needs \d+ bytes, more "
+                                             r"than the limit of 200"):
+            forced_align(x, [[1, 2, 3], [1]], [50, 50], blank=blank, impl=impl)
