@@ -322,11 +322,14 @@ def check_search_bytes(T: int, S: int, itemsize: int, what: str = "") -> None:
 
 
 @njit(cache=True, nogil=True)
-def _ctc_frames(E, b, lab, skip, lo, hi, T, t0, t1, prev, cur, bp, store):
-    """Frames ``t0 .. t1 - 1`` of one example from ``prev`` (the scores after ``t0`` frames);
-    returns the buffers ``(scores after t1 frames, the other)``. Only the feasible band is
-    computed: node ``s`` after ``t`` frames needs ``lo[s] <= t`` (reachable) and
-    ``hi[s] <= T - t`` (can still reach an accept node); the band's ends only move up."""
+def _ctc_frames(E, b, lab, skip_add, lo, hi, T, t0, t1, prev, cur, em, bp, store):
+    """Frames ``t0 .. t1 - 1`` of one example from ``prev`` (the scores after ``t0`` frames,
+    node ``s`` at ``prev[s + 2]``: two leading ``-inf`` so that ``s - 1`` and ``s - 2`` need no
+    test); returns the buffers ``(scores after t1 frames, the other)``. Only the feasible band
+    is computed: node ``s`` after ``t`` frames needs ``lo[s] <= t`` (reachable) and
+    ``hi[s] <= T - t`` (it can still reach an accept node); both ends of the band only move
+    up. Branch-free selects in the inner loop (the comparisons of random scores are not
+    predictable)."""
     S = lab.shape[0]
     ninf = -np.inf
     a = 0
@@ -337,29 +340,28 @@ def _ctc_frames(E, b, lab, skip, lo, hi, T, t0, t1, prev, cur, bp, store):
             a += 1
         while z + 1 < S and lo[z + 1] <= t + 1:
             z += 1
-        if a >= 1:
-            cur[a - 1] = ninf
-        if a >= 2:
-            cur[a - 2] = ninf
-        row = t - t0
+        cur[a] = ninf  # nodes a - 2 and a - 1: outside the band from now on
+        cur[a + 1] = ninf
+        Et = E[b, t]
         for s in range(a, z + 1):
-            # torchaudio's order: stay, then from s - 1, then the skip from s - 2; the first
-            # strictly larger predecessor wins, compared before the frame's score is added
-            m = prev[s]
-            k = 0
-            if s > 0:
-                v = prev[s - 1]
-                if v > m:
-                    m = v
-                    k = 1
-            if skip[s]:
-                v = prev[s - 2]
-                if v > m:
-                    m = v
-                    k = 2
-            cur[s] = m + E[b, t, lab[s]]
-            if store:
-                bp[row, s] = k
+            em[s] = Et[lab[s]]
+        # torchaudio's order: stay, then from s - 1, then the skip from s - 2 (skip_add is
+        # -inf where CTC has no skip); the first strictly larger predecessor wins, compared
+        # before the frame's score is added. Two copies of the loop: without the test of
+        # ``store`` inside, each compiles to selects.
+        if store:
+            brow = bp[t - t0]
+            for s in range(a, z + 1):
+                p0 = prev[s + 2]
+                p1 = prev[s + 1]
+                p2 = prev[s] + skip_add[s]
+                m = max(p0, p1)
+                c2 = p2 > m
+                cur[s + 2] = max(m, p2) + em[s]
+                brow[s] = np.uint8(2) if c2 else (np.uint8(1) if p1 > p0 else np.uint8(0))
+        else:
+            for s in range(a, z + 1):
+                cur[s + 2] = max(max(prev[s + 2], prev[s + 1]), prev[s] + skip_add[s]) + em[s]
         tmp = prev
         prev = cur
         cur = tmp
@@ -379,12 +381,15 @@ def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states,
         S = 2 * L + 1
         lab = np.empty(S, dtype=np.int64)
         skip = np.zeros(S, dtype=np.bool_)
+        skip_add = np.full(S, ninf, dtype=E.dtype)
         for s in range(S):
             if s % 2 == 0:
                 lab[s] = blank
             else:
                 lab[s] = targets[b, (s - 1) // 2]
                 skip[s] = s > 1 and lab[s] != targets[b, (s - 1) // 2 - 1]
+                if skip[s]:
+                    skip_add[s] = 0.0
         lo = np.empty(S, dtype=np.int64)  # fewest frames from the start to s
         hi = np.empty(S, dtype=np.int64)  # fewest frames from s to an accept node
         lo[0] = 0
@@ -409,21 +414,23 @@ def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states,
         else:
             K = min(T, max(1, cells // S, int(np.sqrt(T * isz)) + 1))
         n = (T + K - 1) // K if T > 0 else 1
-        prev = np.full(S, ninf, dtype=E.dtype)
-        cur = np.full(S, ninf, dtype=E.dtype)
-        prev[0] = 0.0
+        prev = np.full(S + 2, ninf, dtype=E.dtype)
+        cur = np.full(S + 2, ninf, dtype=E.dtype)
+        em = np.empty(S, dtype=E.dtype)
+        prev[2] = 0.0
         bp = np.empty((K, S), dtype=np.uint8)
-        ck = np.empty((n if n > 1 else 0, S), dtype=E.dtype)
+        ck = np.empty((n if n > 1 else 0, S + 2), dtype=E.dtype)
         if n > 1:
             for c in range(n):
                 ck[c, :] = prev
-                prev, cur = _ctc_frames(E, b, lab, skip, lo, hi, T, c * K, min(T, (c + 1) * K), prev, cur, bp, False)
+                prev, cur = _ctc_frames(E, b, lab, skip_add, lo, hi, T, c * K, min(T, (c + 1) * K), prev, cur, em,
+                                        bp, False)
         else:
-            prev, cur = _ctc_frames(E, b, lab, skip, lo, hi, T, 0, T, prev, cur, bp, True)
+            prev, cur = _ctc_frames(E, b, lab, skip_add, lo, hi, T, 0, T, prev, cur, em, bp, True)
         node = S - 1
-        if S >= 2 and not prev[S - 1] > prev[S - 2]:
+        if S >= 2 and not prev[S + 1] > prev[S]:
             node = S - 2
-        best = prev[node]
+        best = prev[node + 2]
         if best == ninf:
             continue
         score[b] = best
@@ -433,7 +440,7 @@ def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states,
             if n > 1:
                 prev[:] = ck[c]
                 cur[:] = ninf
-                _ctc_frames(E, b, lab, skip, lo, hi, T, t0, t1, prev, cur, bp, True)
+                _ctc_frames(E, b, lab, skip_add, lo, hi, T, t0, t1, prev, cur, em, bp, True)
             for t in range(t1 - 1, t0 - 1, -1):
                 states[b, t] = node
                 node -= bp[t - t0, node]
