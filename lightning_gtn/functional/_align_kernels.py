@@ -322,50 +322,71 @@ def check_search_bytes(T: int, S: int, itemsize: int, what: str = "") -> None:
 
 
 @njit(cache=True, nogil=True)
-def _ctc_frames(E, b, lab, skip_add, lo, hi, T, t0, t1, prev, cur, em, bp, store):
+def _ctc_frames(E, b, lab, skip_add, band_a, band_z, t0, t1, prev, cur, em, bp, store):
     """Frames ``t0 .. t1 - 1`` of one example from ``prev`` (the scores after ``t0`` frames,
     node ``s`` at ``prev[s + 2]``: two leading ``-inf`` so that ``s - 1`` and ``s - 2`` need no
     test); returns the buffers ``(scores after t1 frames, the other)``. Only the feasible band
-    is computed: node ``s`` after ``t`` frames needs ``lo[s] <= t`` (reachable) and
-    ``hi[s] <= T - t`` (it can still reach an accept node); both ends of the band only move
-    up. Branch-free selects in the inner loop (the comparisons of random scores are not
-    predictable)."""
-    S = lab.shape[0]
+    ``band_a[t] .. band_z[t]`` of the scores after ``t + 1`` frames is computed (see
+    :func:`_ctc_band`). Branch-free selects in the inner loop (the comparisons of random
+    scores are not predictable)."""
     ninf = -np.inf
-    a = 0
-    z = -1
     for t in range(t0, t1):
-        rest = T - t - 1
-        while a < S and hi[a] > rest:
-            a += 1
-        while z + 1 < S and lo[z + 1] <= t + 1:
-            z += 1
+        a = band_a[t]
+        z = band_z[t]
         cur[a] = ninf  # nodes a - 2 and a - 1: outside the band from now on
         cur[a + 1] = ninf
+        # views from node a, indexed by j = s - a >= 0 (a start read from an array would make
+        # numba test every index for wraparound, and the loops would not vectorise)
+        n = z + 1 - a
         Et = E[b, t]
-        for s in range(a, z + 1):
-            em[s] = Et[lab[s]]
+        lb = lab[a:a + n]
+        ev = em[:n]
+        for j in range(n):
+            ev[j] = Et[lb[j]]
+        p0 = prev[a + 2:a + 2 + n]
+        p1 = prev[a + 1:a + 1 + n]
+        p2 = prev[a:a + n]
+        sk = skip_add[a:a + n]
+        cv = cur[a + 2:a + 2 + n]
         # torchaudio's order: stay, then from s - 1, then the skip from s - 2 (skip_add is
         # -inf where CTC has no skip); the first strictly larger predecessor wins, compared
         # before the frame's score is added. Two copies of the loop: without the test of
         # ``store`` inside, each compiles to selects.
         if store:
-            brow = bp[t - t0]
-            for s in range(a, z + 1):
-                p0 = prev[s + 2]
-                p1 = prev[s + 1]
-                p2 = prev[s] + skip_add[s]
-                m = max(p0, p1)
-                c2 = p2 > m
-                cur[s + 2] = max(m, p2) + em[s]
-                brow[s] = np.uint8(2) if c2 else (np.uint8(1) if p1 > p0 else np.uint8(0))
+            brow = bp[t - t0, a:a + n]
+            for j in range(n):
+                x0 = p0[j]
+                x1 = p1[j]
+                x2 = p2[j] + sk[j]
+                m = max(x0, x1)
+                c2 = x2 > m
+                cv[j] = max(m, x2) + ev[j]
+                brow[j] = np.uint8(2) if c2 else (np.uint8(1) if x1 > x0 else np.uint8(0))
         else:
-            for s in range(a, z + 1):
-                cur[s + 2] = max(max(prev[s + 2], prev[s + 1]), prev[s] + skip_add[s]) + em[s]
+            for j in range(n):
+                cv[j] = max(max(p0[j], p1[j]), p2[j] + sk[j]) + ev[j]
         tmp = prev
         prev = cur
         cur = tmp
     return prev, cur
+
+
+@njit(cache=True, nogil=True)
+def _ctc_band(lo, hi, T, band_a, band_z):
+    """The feasible nodes after ``t + 1`` frames, ``band_a[t] .. band_z[t]``: node ``s`` needs
+    ``lo[s] <= t + 1`` (reachable) and ``hi[s] <= T - t - 1`` (it can still reach an accept
+    node). ``lo`` and ``hi`` are monotone in ``s``, so both ends only move up. (Kept out of the
+    frame loop: there the two while loops stop LLVM from vectorising the inner loops.)"""
+    S = lo.shape[0]
+    a = 0
+    z = -1
+    for t in range(T):
+        while a < S and hi[a] > T - t - 1:
+            a += 1
+        while z + 1 < S and lo[z + 1] <= t + 1:
+            z += 1
+        band_a[t] = a
+        band_z[t] = z
 
 
 @njit(cache=True, nogil=True)
@@ -414,6 +435,9 @@ def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states,
         else:
             K = min(T, max(1, cells // S, int(np.sqrt(T * isz)) + 1))
         n = (T + K - 1) // K if T > 0 else 1
+        band_a = np.empty(T, dtype=np.int64)
+        band_z = np.empty(T, dtype=np.int64)
+        _ctc_band(lo, hi, T, band_a, band_z)
         prev = np.full(S + 2, ninf, dtype=E.dtype)
         cur = np.full(S + 2, ninf, dtype=E.dtype)
         em = np.empty(S, dtype=E.dtype)
@@ -423,10 +447,10 @@ def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states,
         if n > 1:
             for c in range(n):
                 ck[c, :] = prev
-                prev, cur = _ctc_frames(E, b, lab, skip_add, lo, hi, T, c * K, min(T, (c + 1) * K), prev, cur, em,
+                prev, cur = _ctc_frames(E, b, lab, skip_add, band_a, band_z, c * K, min(T, (c + 1) * K), prev, cur, em,
                                         bp, False)
         else:
-            prev, cur = _ctc_frames(E, b, lab, skip_add, lo, hi, T, 0, T, prev, cur, em, bp, True)
+            prev, cur = _ctc_frames(E, b, lab, skip_add, band_a, band_z, 0, T, prev, cur, em, bp, True)
         node = S - 1
         if S >= 2 and not prev[S + 1] > prev[S]:
             node = S - 2
@@ -440,7 +464,7 @@ def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states,
             if n > 1:
                 prev[:] = ck[c]
                 cur[:] = ninf
-                _ctc_frames(E, b, lab, skip_add, lo, hi, T, t0, t1, prev, cur, em, bp, True)
+                _ctc_frames(E, b, lab, skip_add, band_a, band_z, t0, t1, prev, cur, em, bp, True)
             for t in range(t1 - 1, t0 - 1, -1):
                 states[b, t] = node
                 node -= bp[t - t0, node]
