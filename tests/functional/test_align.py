@@ -504,3 +504,20 @@ def test_byte_limit_error_names_the_sizes(monkeypatch):
         with pytest.raises(ValueError, match=r"T=50 frames against a graph of S=(7|4) nodes needs \d+ bytes, more "
                                              r"than the limit of 200"):
             forced_align(x, [[1, 2, 3], [1]], [50, 50], blank=blank, impl=impl)
+
+
+def test_plot_token_labels_do_not_overlap():
+    # issue 16: the token labels under the image overlapped each other and the frame ticks
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 120, 28, generator=g).log_softmax(-1)
+    tokens = list("_abcdefghijklmnopqrstuvwxyz ")
+    target = [tokens.index(c) for c in "the quick brown fox jumps over the lazy dog"]
+    al = forced_align(x, [target], [120])
+    fig = plot_alignment(x, al, 0, tokens=tokens)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for a in fig.axes for t in a.texts]
+    assert len(boxes) >= 30  # most tokens are labelled
+    ticks = [t.get_window_extent(r) for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    for i, p in enumerate(boxes):
+        assert not any(p.overlaps(q) for q in boxes[i + 1:] + ticks)
