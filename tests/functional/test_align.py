@@ -513,9 +513,12 @@ def test_plot_token_labels_do_not_overlap():
     tokens = list("_abcdefghijklmnopqrstuvwxyz ")
     target = [tokens.index(c) for c in "the quick brown fox jumps over the lazy dog"]
     al = forced_align(x, [target], [120])
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     fig = plot_alignment(x, al, 0, tokens=tokens)
-    fig.canvas.draw()
-    r = fig.canvas.get_renderer()
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    r = canvas.get_renderer()
     boxes = [t.get_window_extent(r) for a in fig.axes for t in a.texts]
     assert len(boxes) >= 30  # most tokens are labelled
     ticks = [t.get_window_extent(r) for t in fig.axes[0].get_xticklabels() if t.get_text()]
