@@ -4,8 +4,11 @@
 graph of its target (CTC's graph with a blank, the force-align chain without one, ASG's target
 graph with transitions, optionally with *star* nodes that absorb untranscribed stretches) and
 reports per-frame labels and per-token spans, scores and confidences. All examples are scored by
-one batched max-plus programme with backpointers (:mod:`._align_kernels`): a compiled kernel on
-the CPU, padded tables and one step per frame for all examples on other devices.
+one batched max-plus programme with backpointers (:mod:`._align_kernels`): on the CPU a compiled
+kernel (for plain CTC one without graphs, torchaudio's recursion restricted to the feasible band,
+on ``torch.get_num_threads()`` threads), padded tables and one step per frame for all examples on
+other devices. Memory on the CPU is bounded per example by checkpointing (at most
+``_align_kernels.MAX_ALIGN_BYTES``, 2 GiB, else a ValueError naming T, S and the bytes).
 
 :func:`word_spans` groups token spans into words; :func:`to_json` and :func:`to_ctm` format
 the result (:func:`lightning_gtn.functional.align_plot.plot_alignment` draws it).
