@@ -3,7 +3,12 @@ per-example loop of the engine (the GTN pattern: ``linear_graph`` of the emissio
 ``intersect`` with the CTC graph, ``viterbi_path``) and against
 ``torchaudio.functional.forced_align`` per example when torchaudio is importable.
 
-Default shape: batch 32, T 500, C 30, targets of 90-110 tokens (blank 0). Median wall time of
+Default shape: batch 32, T 500, C 30, targets of 90-110 tokens (blank 0). A second table times
+forced_align with 1 and 2 torch threads (``torch.set_num_threads``; the CPU kernels deal the
+examples to that many threads) against torchaudio's per-example loop, medians of ``--repeats``
+interleaved runs, and counts the examples whose paths equal torchaudio's. torchaudio needs the
+torch it was built for: run this script in an environment with such a pair (torch 2.11 with
+torchaudio 2.11, say) and the package on ``PYTHONPATH``. Median wall time of
 ``--repeats`` runs after one warm-up (the engine loop: ``--loop-repeats`` runs); the last
 column is the largest difference of the best-path scores from forced_align's. Also timed:
 ``impl="torch"`` on the CPU, ``star`` and ``blank=None``, and on a GPU when present.
@@ -18,7 +23,6 @@ environment lets them sleep. The header says which policy a run used.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
@@ -76,6 +80,53 @@ def _torchaudio_loop(x, targets, blank=0):
     return torch.tensor(scores, dtype=torch.float64)
 
 
+def _threads_table(x, lengths, targets, repeats):
+    """ours at 1 and 2 threads against torchaudio's loop (when importable), interleaved runs."""
+    try:
+        import torchaudio.functional  # noqa: F401
+        have_ta = True
+    except ImportError:
+        have_ta = False
+    old = torch.get_num_threads()
+    lines = ["| torch threads | forced_align (ms) | torchaudio loop (ms) | ours / torchaudio | "
+             "paths equal to torchaudio's |", "|---:|---:|---:|---:|---:|"]
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        ours = lambda: forced_align(x, targets, lengths)  # noqa: E731
+        ta = lambda: _torchaudio_paths(x, targets)  # noqa: E731
+        al = ours()
+        paths = ta() if have_ta else None
+        t_ours, t_ta = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ours()
+            t_ours.append(time.perf_counter() - t0)
+            if have_ta:
+                t0 = time.perf_counter()
+                ta()
+                t_ta.append(time.perf_counter() - t0)
+        mo = statistics.median(t_ours)
+        if have_ta:
+            mt = statistics.median(t_ta)
+            same = sum(p == al.labels[b].tolist() for b, p in enumerate(paths))
+            lines.append(f"| {n} | {mo * 1e3:.1f} | {mt * 1e3:.1f} | {mo / mt:.2f} | {same}/{len(paths)} |")
+        else:
+            lines.append(f"| {n} | {mo * 1e3:.1f} | - | - | torchaudio not importable |")
+    torch.set_num_threads(old)
+    return "\n".join(lines)
+
+
+def _torchaudio_paths(x, targets, blank=0):
+    import torchaudio.functional as AF
+
+    out = []
+    for b in range(x.shape[0]):
+        t = torch.tensor([targets[b]], dtype=torch.int32)
+        ali, _ = AF.forced_align(x[b : b + 1], t, blank=blank)
+        out.append(ali[0].tolist())
+    return out
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=32)
@@ -96,15 +147,8 @@ def main(argv=None) -> str:
         xd = x.to(dev)
         return _time(lambda: forced_align(xd, targets, lengths, **kw), a.repeats)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     t_ref, ref = ours()
-    rows.append(("forced_align (numba, CPU, 1 thread)", t_ref, "0"))
-    if (os.cpu_count() or 1) >= 2:
-        torch.set_num_threads(2)
-        sec, _ = ours()
-        rows.append(("forced_align (numba, CPU, 2 threads)", sec, "0"))
-    torch.set_num_threads(1)
+    rows.append(("forced_align (numba, CPU)", t_ref, "0"))
     sec, al = ours(impl="torch")
     diff = (al.score.double() - ref.score.double()).abs().max().item()
     rows.append(("forced_align impl=torch (CPU)", sec, f"{diff:.1e}"))
@@ -125,16 +169,10 @@ def main(argv=None) -> str:
     except ImportError:
         rows.append(("torchaudio.functional.forced_align per example", None, "not installed"))
     else:
-        import torchaudio
-
         sec, scores = _time(lambda: _torchaudio_loop(x, targets), a.repeats)
-        rows.append((f"torchaudio {torchaudio.__version__} forced_align per example (1 thread)", sec,
+        rows.append(("torchaudio.functional.forced_align per example", sec,
                      f"{(scores - ref.score.double()).abs().max().item():.1e}"))
-        ta = sec
-        for name, s_ours, _ in list(rows):
-            if name.startswith("forced_align (numba"):
-                rows.append((f"ratio: {name} / torchaudio", None, f"{s_ours / ta:.2f}x of torchaudio's time"))
-    torch.set_num_threads(threads)
+    import os
 
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
     lines = [f"Forced alignment, B={B}, T={T}, C={C}, targets of {L - 10}-{L + 10} tokens "
@@ -147,6 +185,11 @@ def main(argv=None) -> str:
             lines.append(f"| {name} | - | - | {diff} |")
         else:
             lines.append(f"| {name} | {sec * 1e3:.1f} | {loop / sec:.1f}x | {diff} |")
+    import platform
+
+    lines += ["", f"Threads (medians of {max(a.repeats, 5) * 3} interleaved runs, CTC, torch {torch.__version__}, "
+              f"{platform.machine()}, load average {os.getloadavg()[0]:.2f}):", "",
+              _threads_table(x, lengths, targets, max(a.repeats, 5) * 3)]
     table = "\n".join(lines)
     print(table)
     return table

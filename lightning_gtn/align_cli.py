@@ -97,9 +97,9 @@ def load_emissions(path):
     lengths = None
     if isinstance(obj, dict):
         if "emissions" not in obj:
-            keys = sorted(repr(k) for k in list(obj)[:20])  # keys of any type, a few of them
-            raise AlignError(f"--emissions: {f} holds a dict without an 'emissions' key (keys: {', '.join(keys)}"
-                             f"{', ...' if len(obj) > 20 else ''})")
+            keys = sorted(repr(k) for k in obj)  # keys of any types (mixed types do not sort)
+            shown = ", ".join(keys[:20]) + (", ..." if len(keys) > 20 else "")
+            raise AlignError(f"--emissions: {f} holds a dict without an 'emissions' key (keys: {shown})")
         obj, lengths = obj["emissions"], obj.get("input_lengths")
     if not isinstance(obj, torch.Tensor) or obj.dim() != 3 or not obj.is_floating_point():
         what = f"shape {tuple(obj.shape)} {obj.dtype}" if isinstance(obj, torch.Tensor) else type(obj).__name__
@@ -117,6 +117,14 @@ def read_targets(path, B: int):
     f = Path(path)
     if not f.is_file():
         raise AlignError(f"--targets: no such file: {f}")
+    try:
+        return _read_target_lines(f, B)
+    except UnicodeDecodeError as e:
+        raise AlignError(f"--targets: {f} is not UTF-8 text (byte {e.start}: {e.reason}); "
+                         f"expected one line of integer token ids per example") from None
+
+
+def _read_target_lines(f: Path, B: int):
     out = []
     # a line holds at most MAX_TARGET_TOKENS ids of at most 10 digits and their separators
     max_line = MAX_TARGET_TOKENS * 12 + 2

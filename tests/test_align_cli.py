@@ -66,11 +66,10 @@ def test_emissions_file_to_json_plots_and_ctm(em_file, capsys):
     (None, ["--checkpoint", "{d}/no.ckpt"], "ckpt_path: no such checkpoint file"),
     # second probe, finding 17: raw tracebacks before
     (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/latin1.txt"], "line 2 is not UTF-8 text"),
-    ("mixed", ["--emissions", "{d}/mixed.pt", "--targets", "{d}/t.txt"], "without an 'emissions' key"),
+    (None, ["--emissions", "{d}/mixed.pt", "--targets", "{d}/t.txt"],
+     r"mixed.pt holds a dict without an 'emissions' key \(keys: 'a', 1\)"),
     (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/lenient.txt"], "line 1 must hold integer token ids"),
     (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/arabic.txt"], "line 1 must hold integer token ids"),
-    # finding 4: T x S backpointers beyond MAX_BACKPOINTER_BYTES are refused before allocating
-    ("long", ["--emissions", "{d}/long.pt", "--targets", "{d}/long.txt"], r"T=100000 frames and S=40001 nodes"),
 ])
 def test_bad_inputs_give_clear_errors(em_file, capsys, make, args, msg):
     d = em_file[0]
@@ -79,14 +78,10 @@ def test_bad_inputs_give_clear_errors(em_file, capsys, make, args, msg):
     (d / "short.txt").write_text("1 2\n3\n")
     (d / "words.txt").write_text("a b\n" * 5)
     (d / "range.txt").write_text("1 7\n" * 5)
-    (d / "latin1.txt").write_bytes(b"1 2\n3 \xe9\n" + b"1\n" * 3)
+    (d / "latin1.txt").write_bytes(b"1 2\n\xe9 3\n" + b"1\n" * 3)
     (d / "lenient.txt").write_text("1_0 2\n" * 5)
     (d / "arabic.txt").write_text("\u0661 2\n" * 5)
-    if make == "mixed":
-        torch.save({1: torch.zeros(1), "x": torch.zeros(1)}, d / "mixed.pt")
-    if make == "long":
-        torch.save(torch.zeros(1, 100000, 2), d / "long.pt")
-        (d / "long.txt").write_text(" ".join(["1"] * 20000) + "\n")
+    torch.save({1: torch.zeros(1), "a": torch.zeros(1)}, d / "mixed.pt")
     rc = main([a.format(d=d) for a in args] + ["--no-progress"])
     assert rc == 2
     import re

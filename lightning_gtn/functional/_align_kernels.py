@@ -9,19 +9,27 @@ For example ``e`` (graph ``g``, emission row ``b``, ``T`` frames)::
                      more than 255 incoming arcs
     score          = max over accept nodes n of delta_T[n] (the smallest node id on ties)
 
-then the backtrack from the best accept node gives the arc of every frame. Two
-implementations with the same tie rules:
+then the backtrack from the best accept node gives the arc of every frame. Implementations:
 
-* :func:`numba_viterbi_arcs` (CPU): one compiled kernel over a chunk of examples, chunks on the
-  engine's bounded thread pool; only two rows of ``delta`` per example.
+* :func:`ctc_states` (CPU, CTC without star or transitions): no graph at all, the
+  torchaudio-compatible recursion over the ``2 L + 1`` nodes of the target, only inside the
+  feasible band (node ``s`` after ``t`` frames must be reachable in ``t`` frames and still
+  reach the end in ``T - t``), examples dealt to ``torch.get_num_threads()`` threads.
+* :func:`numba_viterbi_arcs` (CPU, any epsilon-free graph): one compiled kernel, examples
+  dealt to the same threads.
 * :func:`torch_viterbi_arcs` (any device): the padded incoming-arc tables of
   :mod:`._torch_impl`, one gather + max per frame for all examples at once (a loop over
-  frames, never over examples), then one vectorised backtrack step per frame.
+  frames, never over examples), then one vectorised backtrack step per frame; groups of
+  examples whose backpointers fit ``BP_BUDGET`` entries (:func:`viterbi_arcs`).
 
-:func:`viterbi_arcs` runs either on groups of examples whose backpointers fit
-``BP_BUDGET`` entries, so memory stays bounded by the budget or the largest single example
-(``T * nodes`` bytes). Both take a :class:`._dispatch.Problem` whose graphs have no epsilon arcs (the alignment graphs
-never do) and whose examples' labels, rows and lengths the caller has checked against ``E``.
+Memory on the CPU is bounded per example, whatever ``T`` and ``S``: its backpointers
+(``T * S`` bytes) when they fit ``BP_BUDGET``, else those of a chunk of ``K`` frames at a
+time, recomputed from scores checkpointed every ``K`` frames (``K`` about
+``max(BP_BUDGET / S, sqrt(T * itemsize))``; twice the compute). What remains is capped by
+:data:`MAX_ALIGN_BYTES` with an error naming ``T``, ``S`` and the bytes; the torch path is
+capped the same way (it has no checkpoints). Both kernels take a :class:`._dispatch.Problem`
+whose graphs have no epsilon arcs (the alignment graphs never do) and whose examples' labels,
+rows and lengths the caller has checked against ``E``.
 """
 
 from __future__ import annotations
@@ -36,165 +44,93 @@ from ..wfst.parallel import get_num_threads, parallel_map
 
 NEG_INF = -math.inf
 
-__all__ = ["viterbi_arcs", "numba_viterbi_arcs", "torch_viterbi_arcs", "check_problem", "BP_BUDGET"]
+__all__ = ["viterbi_arcs", "numba_viterbi_arcs", "torch_viterbi_arcs", "ctc_states", "check_problem", "BP_BUDGET",
+           "MAX_ALIGN_BYTES"]
 
-#: backpointer entries (frames x nodes, padded for torch) of one pass over a group of examples
+#: backpointer entries (frames x nodes) one example holds at once on the CPU (more: checkpointed
+#: chunks), and of one pass over a group of examples with torch (padded)
 BP_BUDGET = 1 << 27
-#: the most backpointer bytes one alignment call may need (frames x graph nodes of every example,
-#: one byte each, four past 255 in-arcs); larger inputs are refused before anything is allocated
-MAX_BACKPOINTER_BYTES = 1 << 30
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _best_accept(scores, accept, a0, a1):
-    """``(score, node)`` of the best accept node among ``accept[a0:a1]``, the smallest id on
-    ties; ``(-inf, -1)`` when none is reached."""
-    m = NEG_INF
-    best = -1
-    for k in range(a0, a1):
-        n = accept[k]
-        v = scores[n]
-        if v > m or (v == m and best >= 0 and n < best):
-            m = v
-            best = n
-    return m, best
 
 
 @njit(cache=True, nogil=True)
-def _viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, in_w, in_src, in_lab, node_off, in_off,
-                    in_arc, start_off, start, accept_off, accept, max_nodes, bp, score, out_arc):
-    """``in_w``, ``in_src``, ``in_lab``: weight, source node and label of each incoming-arc
-    position (``in_arc[k]``), so the inner loop reads three arrays in order."""
-    prev = np.empty(max(max_nodes, 1), dtype=E.dtype)
-    cur = np.empty(max(max_nodes, 1), dtype=E.dtype)
-    for e in range(e0, e1):
-        g = ex_graph[e]
-        b = ex_row[e]
-        T = ex_len[e]
-        n0 = node_off[g]
-        S = node_off[g + 1] - n0
-        base = bp_off[e]
+def _viterbi_frames(E, b, n0, S, in_w, in_src, in_lab, in_off, t0, t1, prev, cur, bp, store):
+    """Frames ``t0 .. t1 - 1`` of one example from ``prev`` (scores after ``t0`` frames);
+    returns ``(scores after t1 frames, the other buffer)``; backpointers in ``bp[t - t0]``."""
+    for t in range(t0, t1):
+        row = t - t0
         for n in range(S):
-            prev[n] = NEG_INF
-        for k in range(start_off[g], start_off[g + 1]):
-            prev[start[k]] = 0.0
-        for t in range(T):
-            row = base + t * S
-            for n in range(S):
-                m = NEG_INF
-                best = 0
-                k0 = in_off[n0 + n]
-                for k in range(k0, in_off[n0 + n + 1]):
-                    v = prev[in_src[k]] + in_w[k] + E[b, t, in_lab[k]]
-                    if v > m:
-                        m = v
-                        best = k - k0
-                cur[n] = m
-                bp[row + n] = best  # the position among the node's incoming arcs
-            tmp = prev
-            prev = cur
-            cur = tmp
-        m, best = _best_accept(prev, accept, accept_off[g], accept_off[g + 1])
-        score[e] = m
-        if best < 0:
-            continue
-        n = best
-        for t in range(T - 1, -1, -1):
-            k = in_off[n0 + n] + bp[base + t * S + n]
-            out_arc[e, t] = in_arc[k]
-            n = in_src[k]
-
-
-@njit(cache=True, nogil=True)
-def _ctc_viterbi_kernel(e0, e1, ex_graph, ex_row, ex_len, bp_off, E, node_lab, node_deg, node_off, in_off,
-                        in_arc, accept_off, accept, max_nodes, bp, score, out_arc):
-    """:func:`_viterbi_kernel` for CTC's graphs (``wfst.criterion.ctc_graph``: weightless arcs,
-    node ``n``'s in-arcs are its self-loop, ``n - 1`` and, for ``node_deg[n] == 3``, ``n - 2``,
-    in that order, all reading ``node_lab[n]``). The same sums in the same order, so the same
-    paths to the bit (ties to the first in-arc), without the per-arc indirection, and only over
-    the nodes frame ``t`` can reach (``n <= 2 t + 1``)."""
-    prev = np.empty(max(max_nodes, 1), dtype=E.dtype)
-    cur = np.empty(max(max_nodes, 1), dtype=E.dtype)
-    for e in range(e0, e1):
-        g = ex_graph[e]
-        b = ex_row[e]
-        T = ex_len[e]
-        n0 = node_off[g]
-        S = node_off[g + 1] - n0
-        base = bp_off[e]
-        for n in range(S):
-            prev[n] = NEG_INF
-            cur[n] = NEG_INF
-        prev[0] = 0.0
-        lab = node_lab[n0:n0 + S]
-        deg = node_deg[n0:n0 + S]
-        for t in range(T):
-            row = base + t * S
-            hi = min(S, 2 * t + 2)
-            er = E[b, t]
-            cur[0] = prev[0] + er[lab[0]]
-            bp[row] = 0
-            # nodes past hi cannot be reached yet: their scores stay -inf, their backpointers
-            # are never read (the backtrack only visits reachable nodes)
-            for n in range(1, hi):
-                x = er[lab[n]]
-                m = prev[n] + x
-                best = 0
-                v = prev[n - 1] + x
+            m = NEG_INF
+            best = 0
+            k0 = in_off[n0 + n]
+            for k in range(k0, in_off[n0 + n + 1]):
+                v = prev[in_src[k]] + in_w[k] + E[b, t, in_lab[k]]
                 if v > m:
                     m = v
-                    best = 1
-                if deg[n] == 3:
-                    v = prev[n - 2] + x
-                    if v > m:
-                        m = v
-                        best = 2
-                cur[n] = m
-                bp[row + n] = best
-            tmp = prev
-            prev = cur
-            cur = tmp
-        m, best = _best_accept(prev, accept, accept_off[g], accept_off[g + 1])
+                    best = k - k0
+            cur[n] = m
+            if store:
+                bp[row, n] = best  # the position among the node's incoming arcs
+        tmp = prev
+        prev = cur
+        cur = tmp
+    return prev, cur
+
+
+@njit(cache=True, nogil=True)
+def _viterbi_kernel(e0, e1, stride, ex_graph, ex_row, ex_len, E, in_w, in_src, in_lab, node_off, in_off,
+                    in_arc, start_off, start, accept_off, accept, cells, bp_proto, score, out_arc):
+    """Examples ``e0, e0 + stride, ... < e1``. ``in_w``, ``in_src``, ``in_lab``: weight,
+    source node and label of each incoming-arc position (``in_arc[k]``), so the inner loop
+    reads three arrays in order. Each example holds its own buffers: the backpointers of all
+    its frames when ``T * S <= cells``, else of one chunk of frames at a time, recomputed
+    from checkpointed scores (``bp_proto`` gives their dtype)."""
+    isz = E.itemsize
+    for e in range(e0, e1, stride):
+        g = ex_graph[e]
+        b = ex_row[e]
+        T = ex_len[e]
+        n0 = node_off[g]
+        S = node_off[g + 1] - n0
+        if T * S <= cells:
+            K = max(T, 1)
+        else:
+            K = min(T, max(1, cells // max(S, 1), int(np.sqrt(T * isz)) + 1))
+        nck = (T + K - 1) // K if T > 0 else 1
+        prev = np.full(max(S, 1), NEG_INF, dtype=E.dtype)
+        cur = np.full(max(S, 1), NEG_INF, dtype=E.dtype)
+        bp = np.empty((K, max(S, 1)), dtype=bp_proto.dtype)
+        ck = np.empty((nck if nck > 1 else 0, max(S, 1)), dtype=E.dtype)
+        for k in range(start_off[g], start_off[g + 1]):
+            prev[start[k]] = 0.0
+        if nck > 1:
+            for c in range(nck):
+                ck[c, :] = prev
+                prev, cur = _viterbi_frames(E, b, n0, S, in_w, in_src, in_lab, in_off, c * K,
+                                            min(T, (c + 1) * K), prev, cur, bp, False)
+        else:
+            prev, cur = _viterbi_frames(E, b, n0, S, in_w, in_src, in_lab, in_off, 0, T, prev, cur, bp, True)
+        m = NEG_INF
+        best = -1
+        for k in range(accept_off[g], accept_off[g + 1]):
+            n = accept[k]
+            v = prev[n]
+            if v > m or (v == m and best >= 0 and n < best):
+                m = v
+                best = n
         score[e] = m
         if best < 0:
             continue
         n = best
-        for t in range(T - 1, -1, -1):
-            c = bp[base + t * S + n]
-            out_arc[e, t] = in_arc[in_off[n0 + n] + c]
-            n = n - c
-
-
-def _starts_at_zero(batch) -> bool:
-    """Every graph's only start node is its node 0."""
-    ng = len(batch.node_off) - 1
-    return bool(np.array_equal(np.diff(batch.start_off), np.ones(ng, dtype=np.diff(batch.start_off).dtype))
-                and np.all(batch.start[:ng] == 0))
-
-
-def ctc_chain_tables(batch):
-    """``(node_lab, node_deg)`` when every graph of ``batch`` has CTC's chain shape (see
-    :func:`_ctc_viterbi_kernel`), else None (the general kernel then runs)."""
-    n_nodes = int(batch.node_off[-1])
-    if batch.has_eps or n_nodes == 0:
-        return None
-    ng = len(batch.node_off) - 1
-    in_off = np.asarray(batch.in_off[: n_nodes + 1], dtype=np.int64)
-    deg = np.diff(in_off)
-    total = int(in_off[-1])
-    node = np.repeat(np.arange(n_nodes), deg)  # the node of each in-arc position
-    graph_of_node = np.repeat(np.arange(ng), np.diff(batch.node_off))
-    local_node = np.arange(n_nodes) - np.asarray(batch.node_off)[graph_of_node]
-    pos = np.arange(total) - in_off[:-1][node]  # position among the node's in-arcs
-    src = np.asarray(batch.in_src[:total], dtype=np.int64)  # local source ids
-    lab = np.asarray(batch.label)[np.asarray(batch.in_arc[:total])]
-    if np.any(deg < 1) or np.any(deg > 3):
-        return None
-    node_lab = lab[in_off[:-1]]
-    if (np.any(src != local_node[node] - pos) or np.any(lab != node_lab[node])
-            or np.any((local_node == 0) & (deg != 1)) or np.any((local_node > 0) & (deg < 2))):
-        return None
-    return np.ascontiguousarray(node_lab), deg.astype(np.int32)
+        for c in range(nck - 1, -1, -1):
+            t0 = c * K
+            t1 = min(T, t0 + K)
+            if nck > 1:
+                prev[:] = ck[c]
+                _viterbi_frames(E, b, n0, S, in_w, in_src, in_lab, in_off, t0, t1, prev, cur, bp, True)
+            for t in range(t1 - 1, t0 - 1, -1):
+                k = in_off[n0 + n] + bp[t - t0, n]
+                out_arc[e, t] = in_arc[k]
+                n = in_src[k]
 
 
 def check_problem(problem, E: torch.Tensor, w: torch.Tensor) -> None:
@@ -212,17 +148,6 @@ def check_problem(problem, E: torch.Tensor, w: torch.Tensor) -> None:
             raise ValueError(f"example lengths must lie in [0, T={T}]")
         if problem.ex_row.min() < 0 or problem.ex_row.max() >= B:
             raise ValueError(f"example rows must lie in [0, B={B})")
-        cells = problem.ex_len.astype(np.int64) * problem.ex_nodes.astype(np.int64)
-        need = int(cells.sum()) * (1 if bt.max_in <= 255 else 4)
-        if need > MAX_BACKPOINTER_BYTES:
-            e = int(np.argmax(cells))
-            raise ValueError(
-                f"forced alignment keeps a backpointer per frame and graph node: example {int(problem.ex_row[e])} "
-                f"has T={int(problem.ex_len[e])} frames and S={int(problem.ex_nodes[e])} nodes (2 per target token "
-                f"plus one with a blank), and the batch needs {need} bytes in all, more than "
-                f"MAX_BACKPOINTER_BYTES={MAX_BACKPOINTER_BYTES}; align shorter pieces (split the audio and its "
-                "transcript) or raise lightning_gtn.functional._align_kernels.MAX_BACKPOINTER_BYTES"
-            )
 
 
 def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
@@ -236,37 +161,25 @@ def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     N, T = p.num_examples, E.shape[1]
     En = E.detach().contiguous().numpy()
     wn = np.ascontiguousarray(w.detach().cpu().numpy(), dtype=En.dtype)
-    bp_off = np.zeros(N + 1, dtype=np.int64)
-    if N:
-        np.cumsum(p.ex_len * p.ex_nodes, out=bp_off[1:])
-    bp = np.empty(max(int(bp_off[-1]), 1), dtype=np.uint8 if bt.max_in <= 255 else np.int32)
+    for e in range(N):
+        check_search_bytes(int(p.ex_len[e]), int(p.ex_nodes[e]), En.itemsize, f"example {int(p.ex_row[e])}: ")
+    bp_proto = np.zeros(0, dtype=np.uint8 if bt.max_in <= 255 else np.int32)
     score = np.full(N, NEG_INF, dtype=En.dtype)
     out = np.full((N, max(T, 1)), -1, dtype=np.int64)
 
-    chain = ctc_chain_tables(bt) if (not np.any(wn) and _starts_at_zero(bt)) else None
-    if chain is not None:
-        node_lab, node_deg = chain
+    in_w = np.ascontiguousarray(wn[bt.in_arc])
+    in_lab = np.ascontiguousarray(bt.label[bt.in_arc])
 
-        def run(e0, e1):
-            _ctc_viterbi_kernel(e0, e1, p.ex_graph, p.ex_row, p.ex_len, bp_off, En, node_lab, node_deg,
-                                bt.node_off, bt.in_off, bt.in_arc, bt.accept_off, bt.accept, bt.max_nodes, bp,
-                                score, out)
+    def run(j, k):
+        _viterbi_kernel(j, N, k, p.ex_graph, p.ex_row, p.ex_len, En, in_w, bt.in_src, in_lab,
+                        bt.node_off, bt.in_off, bt.in_arc, bt.start_off, bt.start, bt.accept_off,
+                        bt.accept, BP_BUDGET, bp_proto, score, out)
+
+    k = min(num_threads(), N) if len(p.chunks(2)) > 1 else 1
+    if k <= 1:
+        run(0, 1)
     else:
-        in_w = np.ascontiguousarray(wn[bt.in_arc])
-        in_lab = np.ascontiguousarray(bt.label[bt.in_arc])
-
-        def run(e0, e1):
-            _viterbi_kernel(e0, e1, p.ex_graph, p.ex_row, p.ex_len, bp_off, En, in_w, bt.in_src, in_lab,
-                            bt.node_off, bt.in_off, bt.in_arc, bt.start_off, bt.start, bt.accept_off,
-                            bt.accept, bt.max_nodes, bp, score, out)
-
-    # both cores when torch may use two threads (and the engine's pool allows them)
-    chunks = p.chunks(max(1, min(get_num_threads(), torch.get_num_threads())))
-    if len(chunks) <= 1:
-        for c in chunks:
-            run(*c)
-    else:
-        parallel_map(run, [c[0] for c in chunks], [c[1] for c in chunks])
+        parallel_map(run, list(range(k)), [k])
     return torch.from_numpy(out[:, :T]), torch.from_numpy(score)
 
 
@@ -298,6 +211,12 @@ def torch_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     Er = E[tb.rows]
     Tm = int(p.ex_len.max(initial=0))
     bp_dtype = torch.uint8 if K <= 255 else torch.int64
+    need = N * Tm * S * (1 if K <= 255 else 8)
+    if need > MAX_ALIGN_BYTES:
+        raise ValueError(f"forced alignment (impl='torch') of T={Tm} frames against a graph of S={S} nodes needs "
+                         f"{need} bytes, more than the limit of {MAX_ALIGN_BYTES} (backpointers) "
+                         f"(lightning_gtn.functional._align_kernels.MAX_ALIGN_BYTES); split the utterance or "
+                         f"use impl='numba' on the CPU (checkpointed)")
     bp = torch.zeros((N, max(Tm, 1), S), dtype=bp_dtype, device=dev)
     delta = torch.where(tb.start, torch.zeros((), dtype=dtype, device=dev), ninf)
     for t in range(Tm):
@@ -350,9 +269,239 @@ def viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor, impl: str):
     (``"torch"``), over groups of examples within :data:`BP_BUDGET` backpointers."""
     from ._dispatch import Subset
 
-    fn = numba_viterbi_arcs if impl == "numba" else torch_viterbi_arcs
-    groups = _groups(problem, impl != "numba")
+    if impl == "numba":  # each example holds its own (checkpointed) buffers
+        return numba_viterbi_arcs(problem, E, w)
+    fn = torch_viterbi_arcs
+    groups = _groups(problem, True)
     if groups is None:
         return fn(problem, E, w)
     outs = [fn(Subset(problem, idx), E, w) for idx in groups]
     return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+# ---------------------------------------------------------------------------
+# Memory: per-example buffers, checkpointed when the backpointers do not fit
+# ---------------------------------------------------------------------------
+
+#: bytes one example's search may hold (backpointers plus checkpointed scores); more raises
+#: a ValueError naming T, S and the bytes. The default, 2 GiB, is reached only by inputs like
+#: 100k tokens against 2M frames: below it the checkpointed search always fits.
+MAX_ALIGN_BYTES = 1 << 31
+
+
+def chunk_frames(T: int, S: int, itemsize: int, cells: int) -> int:
+    """Frames per backpointer chunk for one example of ``T`` frames and ``S`` nodes: all ``T``
+    when ``T * S <= cells`` (one pass), else at least ``sqrt(T * itemsize)`` (which about
+    minimises the chunk's ``K * S`` bytes plus the checkpoints' ``ceil(T / K) * S * itemsize``)
+    and ``cells // S``."""
+    if T * S <= cells:
+        return max(T, 1)
+    return int(min(T, max(1, cells // max(S, 1), math.isqrt(T * itemsize) + 1)))
+
+
+def search_bytes(T: int, S: int, itemsize: int, cells: int) -> int:
+    """Bytes of one example's search: ``K * S`` one-byte backpointers of a chunk, the
+    ``ceil(T / K)`` checkpointed score rows of ``S`` entries when ``K < T``, two score rows."""
+    K = chunk_frames(T, S, itemsize, cells)
+    n = -(-T // K) if T else 1
+    return K * S + (n * S * itemsize if n > 1 else 0) + 2 * S * itemsize
+
+
+def check_search_bytes(T: int, S: int, itemsize: int, what: str = "") -> None:
+    """Raises ValueError when one example needs more than :data:`MAX_ALIGN_BYTES`."""
+    need = search_bytes(T, S, itemsize, BP_BUDGET)
+    if need > MAX_ALIGN_BYTES:
+        raise ValueError(f"forced alignment of {what}T={T} frames against a graph of S={S} nodes needs "
+                         f"{need} bytes, more than the limit of {MAX_ALIGN_BYTES} "
+                         f"(lightning_gtn.functional._align_kernels.MAX_ALIGN_BYTES); split the utterance")
+
+
+# ---------------------------------------------------------------------------
+# CTC without a graph: the torchaudio-compatible kernel
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _ctc_frames(E, b, lab, skip_add, band_a, band_z, t0, t1, prev, cur, em, bp, store):
+    """Frames ``t0 .. t1 - 1`` of one example from ``prev`` (the scores after ``t0`` frames,
+    node ``s`` at ``prev[s + 2]``: two leading ``-inf`` so that ``s - 1`` and ``s - 2`` need no
+    test); returns the buffers ``(scores after t1 frames, the other)``. Only the feasible band
+    ``band_a[t] .. band_z[t]`` of the scores after ``t + 1`` frames is computed (see
+    :func:`_ctc_band`). Branch-free selects in the inner loop (the comparisons of random
+    scores are not predictable)."""
+    ninf = -np.inf
+    for t in range(t0, t1):
+        a = band_a[t]
+        z = band_z[t]
+        cur[a] = ninf  # nodes a - 2 and a - 1: outside the band from now on
+        cur[a + 1] = ninf
+        # views from node a, indexed by j = s - a >= 0 (a start read from an array would make
+        # numba test every index for wraparound, and the loops would not vectorise)
+        n = z + 1 - a
+        Et = E[b, t]
+        lb = lab[a:a + n]
+        ev = em[:n]
+        for j in range(n):
+            ev[j] = Et[lb[j]]
+        p0 = prev[a + 2:a + 2 + n]
+        p1 = prev[a + 1:a + 1 + n]
+        p2 = prev[a:a + n]
+        sk = skip_add[a:a + n]
+        cv = cur[a + 2:a + 2 + n]
+        # torchaudio's order: stay, then from s - 1, then the skip from s - 2 (skip_add is
+        # -inf where CTC has no skip); the first strictly larger predecessor wins, compared
+        # before the frame's score is added. Two copies of the loop: without the test of
+        # ``store`` inside, each compiles to selects.
+        if store:
+            brow = bp[t - t0, a:a + n]
+            for j in range(n):
+                x0 = p0[j]
+                x1 = p1[j]
+                x2 = p2[j] + sk[j]
+                m = max(x0, x1)
+                c2 = x2 > m
+                cv[j] = max(m, x2) + ev[j]
+                brow[j] = np.uint8(2) if c2 else (np.uint8(1) if x1 > x0 else np.uint8(0))
+        else:
+            for j in range(n):
+                cv[j] = max(max(p0[j], p1[j]), p2[j] + sk[j]) + ev[j]
+        tmp = prev
+        prev = cur
+        cur = tmp
+    return prev, cur
+
+
+@njit(cache=True, nogil=True)
+def _ctc_band(lo, hi, T, band_a, band_z):
+    """The feasible nodes after ``t + 1`` frames, ``band_a[t] .. band_z[t]``: node ``s`` needs
+    ``lo[s] <= t + 1`` (reachable) and ``hi[s] <= T - t - 1`` (it can still reach an accept
+    node). ``lo`` and ``hi`` are monotone in ``s``, so both ends only move up. (Kept out of the
+    frame loop: there the two while loops stop LLVM from vectorising the inner loops.)"""
+    S = lo.shape[0]
+    a = 0
+    z = -1
+    for t in range(T):
+        while a < S and hi[a] > T - t - 1:
+            a += 1
+        while z + 1 < S and lo[z + 1] <= t + 1:
+            z += 1
+        band_a[t] = a
+        band_z[t] = z
+
+
+@njit(cache=True, nogil=True)
+def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states, score):
+    """Examples ``order[i0::stride]``: ``states[b, t]`` the node (``0 .. 2L``) after frame
+    ``t`` on the best path, ``score[b]`` its score (``-inf`` and states -1 when none)."""
+    ninf = -np.inf
+    isz = E.itemsize
+    for i in range(i0, order.shape[0], stride):
+        b = order[i]
+        L = tlen[b]
+        T = ilen[b]
+        S = 2 * L + 1
+        lab = np.empty(S, dtype=np.int64)
+        skip = np.zeros(S, dtype=np.bool_)
+        skip_add = np.full(S, ninf, dtype=E.dtype)
+        for s in range(S):
+            if s % 2 == 0:
+                lab[s] = blank
+            else:
+                lab[s] = targets[b, (s - 1) // 2]
+                skip[s] = s > 1 and lab[s] != targets[b, (s - 1) // 2 - 1]
+                if skip[s]:
+                    skip_add[s] = 0.0
+        lo = np.empty(S, dtype=np.int64)  # fewest frames from the start to s
+        hi = np.empty(S, dtype=np.int64)  # fewest frames from s to an accept node
+        lo[0] = 0
+        for s in range(1, S):
+            m = lo[s - 1]
+            if skip[s] and lo[s - 2] < m:
+                m = lo[s - 2]
+            lo[s] = m + 1
+        hi[S - 1] = 0
+        if S >= 2:
+            hi[S - 2] = 0
+        for s in range(S - 3, -1, -1):
+            m = hi[s + 1]
+            if skip[s + 2] and hi[s + 2] < m:
+                m = hi[s + 2]
+            hi[s] = m + 1
+        score[b] = ninf
+        if hi[0] > T:
+            continue
+        if T * S <= cells:
+            K = max(T, 1)
+        else:
+            K = min(T, max(1, cells // S, int(np.sqrt(T * isz)) + 1))
+        n = (T + K - 1) // K if T > 0 else 1
+        band_a = np.empty(T, dtype=np.int64)
+        band_z = np.empty(T, dtype=np.int64)
+        _ctc_band(lo, hi, T, band_a, band_z)
+        prev = np.full(S + 2, ninf, dtype=E.dtype)
+        cur = np.full(S + 2, ninf, dtype=E.dtype)
+        em = np.empty(S, dtype=E.dtype)
+        prev[2] = 0.0
+        bp = np.empty((K, S), dtype=np.uint8)
+        ck = np.empty((n if n > 1 else 0, S + 2), dtype=E.dtype)
+        if n > 1:
+            for c in range(n):
+                ck[c, :] = prev
+                prev, cur = _ctc_frames(E, b, lab, skip_add, band_a, band_z, c * K, min(T, (c + 1) * K), prev, cur, em,
+                                        bp, False)
+        else:
+            prev, cur = _ctc_frames(E, b, lab, skip_add, band_a, band_z, 0, T, prev, cur, em, bp, True)
+        node = S - 1
+        if S >= 2 and not prev[S + 1] > prev[S]:
+            node = S - 2
+        best = prev[node + 2]
+        if best == ninf:
+            continue
+        score[b] = best
+        for c in range(n - 1, -1, -1):
+            t0 = c * K
+            t1 = min(T, t0 + K)
+            if n > 1:
+                prev[:] = ck[c]
+                cur[:] = ninf
+                _ctc_frames(E, b, lab, skip_add, band_a, band_z, t0, t1, prev, cur, em, bp, True)
+            for t in range(t1 - 1, t0 - 1, -1):
+                states[b, t] = node
+                node -= bp[t - t0, node]
+
+
+def num_threads() -> int:
+    """Threads of the CPU kernels: torch's ``get_num_threads()``, at most the engine's pool."""
+    return max(1, min(torch.get_num_threads(), get_num_threads()))
+
+
+def ctc_states(E: torch.Tensor, targets: np.ndarray, target_lengths: np.ndarray, input_lengths: np.ndarray,
+               blank: int):
+    """CTC's best paths on the CPU without graphs: ``(states (B, T) int64, score (B,))``.
+
+    ``states[b, t]`` is the node of CTC's graph (``2 l + 1`` token ``l``, even nodes the blank)
+    after frame ``t``, -1 past the length and for an example with no path (score ``-inf``).
+    The same paths as :func:`numba_viterbi_arcs` on :func:`lightning_gtn.wfst.criterion.ctc_graph`
+    and as torchaudio's ``forced_align`` (its comparisons and tie rules: stay, then the
+    previous node, then the skip, each only when strictly better; the last token over the
+    final blank unless the blank is strictly better). ``E`` is a contiguous float CPU tensor
+    ``(B, T, C)``, ``targets`` int64 ``(B, S)`` checked by the caller (labels in ``[0, C)``, never
+    ``blank``), lengths within ``T`` and ``S``. Examples run interleaved on :func:`num_threads`
+    threads; each holds at most :func:`search_bytes` (checked against :data:`MAX_ALIGN_BYTES`).
+    """
+    B, T = E.shape[0], E.shape[1]
+    En = E.detach().contiguous().numpy()
+    tg = np.ascontiguousarray(targets, dtype=np.int64).reshape(B, -1)
+    tl = np.ascontiguousarray(target_lengths, dtype=np.int64)
+    il = np.ascontiguousarray(input_lengths, dtype=np.int64)
+    for b in range(B):
+        check_search_bytes(int(il[b]), 2 * int(tl[b]) + 1, En.itemsize, f"example {b}: ")
+    states = np.full((B, max(T, 1)), -1, dtype=np.int64)
+    score = np.full(B, NEG_INF, dtype=En.dtype)
+    order = np.argsort(-(il * (2 * tl + 1)), kind="stable")  # largest first, dealt round-robin
+    k = min(num_threads(), B) if int((il * (2 * tl + 1)).sum()) >= 20_000 else 1
+    if k <= 1:
+        _ctc_kernel(order, 0, 1, En, tg, tl, il, blank, BP_BUDGET, states, score)
+    else:
+        parallel_map(lambda j: _ctc_kernel(order, j, k, En, tg, tl, il, blank, BP_BUDGET, states, score), range(k))
+    return torch.from_numpy(states[:, :T]), torch.from_numpy(score)

@@ -4,8 +4,11 @@
 graph of its target (CTC's graph with a blank, the force-align chain without one, ASG's target
 graph with transitions, optionally with *star* nodes that absorb untranscribed stretches) and
 reports per-frame labels and per-token spans, scores and confidences. All examples are scored by
-one batched max-plus programme with backpointers (:mod:`._align_kernels`): a compiled kernel on
-the CPU, padded tables and one step per frame for all examples on other devices.
+one batched max-plus programme with backpointers (:mod:`._align_kernels`): on the CPU a compiled
+kernel (for plain CTC one without graphs, torchaudio's recursion restricted to the feasible band,
+on ``torch.get_num_threads()`` threads), padded tables and one step per frame for all examples on
+other devices. Memory on the CPU is bounded per example by checkpointing (at most
+``_align_kernels.MAX_ALIGN_BYTES``, 2 GiB, else a ValueError naming T, S and the bytes).
 
 :func:`word_spans` groups token spans into words; :func:`to_json` and :func:`to_ctm` format
 the result (:func:`lightning_gtn.functional.align_plot.plot_alignment` draws it).
@@ -23,7 +26,7 @@ import torch
 
 from .. import wfst as _wfst
 from . import _validate
-from ._align_kernels import viterbi_arcs
+from ._align_kernels import ctc_states, viterbi_arcs
 from ._dispatch import Problem
 from ._graphs import (GraphBatch, cached, compile_graph, compiled_asg_target, compiled_ctc,
                       compiled_force_align, target_key)
@@ -333,6 +336,9 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
         best, star_lab = tok.max(-1)  # (B, T): the best non-blank label of each frame
         xs = torch.cat([x, (best + star).unsqueeze(-1)], -1)
     star_label = C if star is not None else None
+    use_numba = impl == "numba" or (impl is None and dev.type == "cpu")
+    if use_numba and star is None and transitions is None and blank is not None:
+        return _ctc_fast(x, seqs, lengths, blank, int(targets.shape[1]), _out_dtype(emissions))
     # graphs of the feasible examples only: an infeasible one costs nothing and gives -inf
     need = np.array([_min_frames(s, blank) for s in seqs], dtype=np.int64)
     rows = np.nonzero(need <= lengths)[0] if B else np.zeros(0, np.int64)
@@ -347,7 +353,6 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
         w = transitions.detach().to(device="cpu", dtype=cdt).reshape(-1)[widx]
     else:
         w = torch.from_numpy(batch.weights()).to(cdt)
-    use_numba = impl == "numba" or (impl is None and dev.type == "cpu")
     if use_numba:
         arcs_e, score_e = viterbi_arcs(problem, xs.cpu().contiguous(), w, "numba")
     else:
@@ -381,6 +386,27 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
     dt = _out_dtype(emissions)
     return labels, start, end, tscore.to(dt), conf.to(dt), score.to(dt), star_frames
 
+
+
+def _ctc_fast(x, seqs, lengths, blank: int, S: int, dt):
+    """CTC on the CPU without graphs (:func:`._align_kernels.ctc_states`): the outputs of
+    :func:`_forced_align_impl` from the node of every frame."""
+    B, T, _ = x.shape
+    tl = np.array([len(s) for s in seqs], dtype=np.int64)
+    tg = np.zeros((B, max(int(tl.max(initial=0)), 1)), dtype=np.int64)
+    for b, s in enumerate(seqs):
+        tg[b, : len(s)] = s
+    states, score = ctc_states(x.contiguous(), tg, tl, lengths, blank)
+    odd = (states % 2) == 1
+    tok = torch.where(odd, (states - 1) // 2, torch.full_like(states, _NO_TOKEN))
+    lab_tok = torch.from_numpy(tg).gather(1, tok.clamp(min=0))
+    labels = torch.where(states < 0, torch.full_like(states, -1),
+                         torch.where(odd, lab_tok, torch.full_like(states, blank)))
+    frame_score = x.gather(2, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    frame_score = torch.where(labels >= 0, frame_score, torch.zeros_like(frame_score))
+    start, end, tscore, conf = _token_spans(tok, frame_score, S)
+    star_frames = torch.zeros((B, T), dtype=torch.bool)
+    return labels, start, end, tscore.to(dt), conf.to(dt), score.to(dt), star_frames
 
 
 def _out_dtype(x: torch.Tensor) -> torch.dtype:

@@ -12,41 +12,42 @@ import torch
 from . import _validate
 from .align import Alignment, _token_text
 
-__all__ = ["plot_alignment", "label_rows", "LABEL_ROWS"]
+__all__ = ["plot_alignment"]
 
 
-#: the most rows of token texts above an alignment plot
-LABEL_ROWS = 3
+#: rows of token labels above the image; a label goes to the first row where it does not touch
+#: the previous label, and is left out (counted in the title) when no row has room
+_LABEL_ROWS = 3
 
 
-def label_rows(items, max_rows: int = LABEL_ROWS) -> list:
-    """A row for each ``(center, half_width)`` (in frames, in order) so that texts in one row do
-    not overlap: the lowest row whose last text ends before this one starts, else the row that
-    ends first (overlap only when ``max_rows`` rows are full there)."""
-    return _rows(items, max_rows)[0]
+def _label_text(tokens, i: int) -> str:
+    text = _token_text(tokens, i)
+    return "\u2423" if text.isspace() else text  # an open box for a space token
 
 
-def _rows(items, max_rows: int):
-    """``(rows, overlaps)``: :func:`label_rows` and how many texts had no free row."""
-    ends = [-float("inf")] * max_rows
-    out, overlaps = [], 0
-    for c, h in items:
-        free = [r for r in range(max_rows) if ends[r] <= c - h]
-        r = free[0] if free else min(range(max_rows), key=lambda k: ends[k])
-        overlaps += not free
-        ends[r] = c + h
-        out.append(r)
-    return out, overlaps
-
-
-def _text_half_widths(spans, n: int, width_in: float):
-    frames_per_px = max(n, 1) / max(width_in * 0.85 * 72.0, 1.0)
-    return [((u + v - 1) / 2, (len(t) * 0.6 * 7 + 4) * frames_per_px / 2) for u, v, t in spans]
+def _token_labels(strip, spans, texts, n: int, width: float) -> int:
+    """Writes each token's text centred over its span in the strip, in up to
+    :data:`_LABEL_ROWS` rows without overlaps; returns how many were left out."""
+    frames_per_inch = max(n, 1) / (0.91 * width)
+    last = [-np.inf] * _LABEL_ROWS  # right edge (frames) of the last label in each row
+    skipped = 0
+    for (i, u, v), text in zip(spans, texts):
+        centre = (u + v - 1) / 2
+        half = 0.5 * (0.075 * len(text) + 0.04) * frames_per_inch  # about 0.075 inch a character at 7 pt
+        row = next((r for r in range(_LABEL_ROWS) if last[r] < centre - half), None)
+        if row is None:
+            skipped += 1
+            continue
+        last[row] = centre + half
+        strip.text(centre, _LABEL_ROWS - row - 0.5, text, ha="center", va="center", fontsize=7)
+    return skipped
 
 
 def plot_alignment(emissions: torch.Tensor, alignment: Alignment, b: int, tokens=None, path=None):
     """Draws example ``b``: its emissions as an image (classes x frames), the aligned label
-    path over it, and the token spans as bands with their text below.
+    path over it, and the token spans as bands, their text in a strip above (labels
+    staggered over up to three rows so that none overlap; a label with no room is left out and
+    the title says how many).
 
     Args:
         emissions: the ``(B, T, C)`` emissions given to :func:`forced_align`.
@@ -73,19 +74,11 @@ def plot_alignment(emissions: torch.Tensor, alignment: Alignment, b: int, tokens
     n = int(alignment.input_lengths[b])
     x = emissions[b, :max(n, 1)].detach().float().cpu().numpy()
     lab = alignment.labels[b, :n].cpu().numpy()
-    tl = int(alignment.target_lengths[b])
-    # wide enough for the token texts in LABEL_ROWS rows (with room to spare), at most 30 inches
-    starts = alignment.token_start[b, :tl].cpu().tolist()
-    labs_all = alignment.labels[b].cpu().tolist()
-    texts = [_token_text(tokens, labs_all[u]) for u in starts if u >= 0]
-    spans = [(u, v, t) for (u, v), t in zip(
-        [(u, v) for u, v in zip(starts, alignment.token_end[b, :tl].cpu().tolist()) if u >= 0], texts)]
-    # the narrowest width (6 to 30 inches) at which the token texts fit in LABEL_ROWS rows
     width = max(6.0, min(0.06 * n + 2, 30.0))
-    while width < 30.0 and _rows(_text_half_widths(spans, n, width), LABEL_ROWS)[1]:
-        width = min(width * 1.15, 30.0)
-    fig = Figure(figsize=(width, 4.5))
-    ax = fig.add_subplot(1, 1, 1)
+    fig = Figure(figsize=(width, 5.2))
+    grid = fig.add_gridspec(2, 1, height_ratios=[1, 5], hspace=0.04)
+    ax = fig.add_subplot(grid[1])
+    strip = fig.add_subplot(grid[0], sharex=ax)
     ax.imshow(x.T, origin="lower", aspect="auto", interpolation="nearest", cmap="viridis")
     ok = lab >= 0
     ax.plot(np.nonzero(ok)[0], lab[ok], color="red", lw=1.0, marker=".", ms=3, label="path")
@@ -97,21 +90,22 @@ def plot_alignment(emissions: torch.Tensor, alignment: Alignment, b: int, tokens
     s0 = alignment.token_start[b, :tl].cpu().tolist()
     s1 = alignment.token_end[b, :tl].cpu().tolist()
     labs = alignment.labels[b].cpu().tolist()
-    for i, (u, v, _) in enumerate(spans):
+    spans = [(i, u, v) for i, (u, v) in enumerate(zip(s0, s1)) if u >= 0]
+    for i, u, v in spans:
         ax.axvspan(u - 0.5, v - 0.5, color="white", alpha=0.12 if i % 2 else 0.22, lw=0)
-    # token texts above the image, in as many rows as they need not to overlap (at most
-    # LABEL_ROWS; the width of a text in frames follows from the axes' width in pixels)
-    rows = label_rows(_text_half_widths(spans, n, fig.get_figwidth()))
-    for (u, v, text), row in zip(spans, rows):
-        ax.text((u + v - 1) / 2, 1.01 + 0.055 * row, text, ha="center", va="bottom", fontsize=7,
-                transform=ax.get_xaxis_transform(), clip_on=False)
+        strip.axvspan(u - 0.5, v - 0.5, color="tab:blue", alpha=0.10 if i % 2 else 0.22, lw=0)
+    skipped = _token_labels(strip, spans, [_label_text(tokens, labs[u]) for _, u, _ in spans], n, width)
+    strip.set_ylim(0, _LABEL_ROWS)
+    strip.set_yticks([])
+    strip.tick_params(labelbottom=False)
+    strip.set_ylabel("tokens", fontsize=7)
     score = float(alignment.score[b])
-    ax.set_title(f"example {b}: {tl} tokens, {n} frames, score {score:.2f}",
-                 pad=6 + 11 * (max(rows, default=0) + 1))
+    strip.set_title(f"example {b}: {tl} tokens, {n} frames, score {score:.2f}"
+                    + (f" ({skipped} token labels left out: no room)" if skipped else ""))
     ax.set_xlabel("frame")
     ax.set_ylabel("class")
     ax.legend(loc="upper right", fontsize=7)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.92, bottom=0.1)
     if path is not None:
         fig.savefig(str(path), dpi=90)
     return fig
