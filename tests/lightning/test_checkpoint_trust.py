@@ -218,11 +218,9 @@ def test_transitions_data_is_range_checked(bad, match):
 
 
 def test_a_moved_checkpoint_with_word_pieces_and_transitions_evaluates_identically(tmp_path):
-    import shutil
 
     from tests.test_train_cli import _compose
 
-    from lightning_gtn.evaluate import evaluate
     from lightning_gtn.train import run
 
     run_dir = tmp_path / "run"
@@ -234,25 +232,35 @@ def test_a_moved_checkpoint_with_word_pieces_and_transitions_evaluates_identical
     hp = torch.load(ckpt, weights_only=True)["hyper_parameters"]["loss"]
     assert len(hp["tokens"]) >= 16 and hp["transitions"]["format"] == "lightning_gtn.transitions/1"
     assert str(run_dir) not in repr(hp)  # no path into the run directory
-    base = ["data=digits_small", "data.num_val=10", "num_samples=0", "trainer.enable_progress_bar=false"]
+    before, after = _evaluate_moved(ckpt, run_dir, tmp_path, "data.num_val=10")
+    assert after == before and "val/cer" in after
+
+
+def _evaluate_moved(ckpt, run_dir, tmp_path, num_val: str):
+    """Eval metrics of ``ckpt`` in place, then of a copy elsewhere after ``run_dir`` is deleted."""
+    import shutil
+
+    from tests.test_train_cli import _compose
+
+    from lightning_gtn.evaluate import evaluate
+
+    base = ["data=digits_small", num_val, "num_samples=0", "trainer.enable_progress_bar=false"]
     before = evaluate(_compose([f"ckpt_path={ckpt}", *base], tmp_path / "e1", config_name="eval"), overrides=[])
     moved = tmp_path / "elsewhere" / "model.ckpt"
     moved.parent.mkdir()
     shutil.copy(ckpt, moved)
     shutil.rmtree(run_dir)
     after = evaluate(_compose([f"ckpt_path={moved}", *base], tmp_path / "e2", config_name="eval"), overrides=[])
-    assert after == before and "val/cer" in after
+    return before, after
 
 
 # --------------------------------------------------------------------------- the decoder's lexicon and LM
 def test_a_moved_checkpoint_with_a_beam_lm_decoder_evaluates_identically(tmp_path):
     # the lexicon and LM travel inside the checkpoint: it evaluates after its run directory (with
     # <run>/lexicon.txt and <run>/lm.arpa) is gone
-    import shutil
 
     from tests.test_train_cli import _compose
 
-    from lightning_gtn.evaluate import evaluate
     from lightning_gtn.train import run
 
     run_dir = tmp_path / "run"
@@ -266,13 +274,7 @@ def test_a_moved_checkpoint_with_a_beam_lm_decoder_evaluates_identically(tmp_pat
     assert dec["lexicon"]["format"] == "lightning_gtn.lexicon/1" and dec["lm"]["format"] == "lightning_gtn.arpa/1"
     assert dec["lm"]["text"] == (run_dir / "lm.arpa").read_text()
     assert str(tmp_path) not in repr(dec)  # no path at all
-    base = ["data=digits_small", "data.num_val=6", "num_samples=0", "trainer.enable_progress_bar=false"]
-    before = evaluate(_compose([f"ckpt_path={ckpt}", *base], tmp_path / "e1", config_name="eval"), overrides=[])
-    moved = tmp_path / "elsewhere" / "model.ckpt"
-    moved.parent.mkdir()
-    shutil.copy(ckpt, moved)
-    shutil.rmtree(run_dir)
-    after = evaluate(_compose([f"ckpt_path={moved}", *base], tmp_path / "e2", config_name="eval"), overrides=[])
+    before, after = _evaluate_moved(ckpt, run_dir, tmp_path, "data.num_val=6")
     assert after == before and "val/cer" in after
 
 
