@@ -135,15 +135,15 @@ def _make(kind, impl, B, T, C, L, device="cpu"):
         if impl == "ours":
             f = lambda: asg_loss(x, tg, il, tl, transitions=tr)
         elif impl == "graph":  # the arc-by-arc graph path for every alphabet size (before the dense normaliser)
-            from lightning_gtn.functional import _asg_dense
+            from lightning_gtn.kernels import dense_torch
 
             def f():
-                keep = _asg_dense.DENSE_MIN_CLASSES
-                _asg_dense.DENSE_MIN_CLASSES = 10**9
+                keep = dense_torch.DENSE_MIN_CLASSES
+                dense_torch.DENSE_MIN_CLASSES = 10**9
                 try:
                     return asg_loss(x, tg, il, tl, transitions=tr)
                 finally:
-                    _asg_dense.DENSE_MIN_CLASSES = keep
+                    dense_torch.DENSE_MIN_CLASSES = keep
         else:
             f = lambda: torch_asg_loss(x, tr, tg, il, tl)
     else:
@@ -244,10 +244,10 @@ def _gpu_tables(reps: int, asg_large: bool) -> str:
     """
     if not torch.cuda.is_available():
         return "### GPU\n\nNo GPU on this machine: not measured.\n"
-    from lightning_gtn.functional import _triton
+    from lightning_gtn.kernels import graph_triton
 
     name = torch.cuda.get_device_name(0)
-    head = (f"### GPU ({name}; Triton kernels {'available' if _triton.available() else 'NOT available'})\n\n"
+    head = (f"### GPU ({name}; Triton kernels {'available' if graph_triton.available() else 'NOT available'})\n\n"
             "| loss | B, T, C, L | lightning_gtn (ms) | per-frame torch impl (ms) | reference (ms) | "
             "time ratio | lightning_gtn peak (MB) | reference peak (MB) | memory ratio |\n"
             "|---|---|---:|---:|---:|---:|---:|---:|---:|\n")

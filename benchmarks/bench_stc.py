@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.functional import _graphs, stc_loss
-from lightning_gtn.functional.stc import stc_emissions, stc_graph
+from lightning_gtn.core import criterion_graphs
+from lightning_gtn.functional import stc_loss
+from lightning_gtn.losses.stc import stc_emissions, stc_graph
 
 B, C, P = 32, 29, 0.5
 
@@ -96,7 +97,7 @@ def main(argv=None) -> str:
     warm = _median(lambda: ours(x, targets, lengths), reps)
 
     def cold():
-        _graphs.clear_cache()
+        criterion_graphs.clear_cache()
         ours(x, targets, lengths)
 
     cold_t = _median(cold, reps)

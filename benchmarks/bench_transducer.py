@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.functional import transducer as td
+from lightning_gtn.losses import transducer as td
 from lightning_gtn.functional import transducer_loss, transitions_graph
 
 B = 32

@@ -223,7 +223,7 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
             cfg.loss.tokens = list(pieces)
     trans = loss.get("transitions")
     if isinstance(trans, DictConfig):
-        from lightning_gtn.functional.transducer import segment
+        from .losses.transducer import segment
         from lightning_gtn.wfst.ngram import save_transitions, transitions_graph
 
         toks = list(datamodule.chars) if isinstance(cfg.loss.tokens, str) else list(cfg.loss.tokens)

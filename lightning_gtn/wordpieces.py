@@ -1,7 +1,7 @@
 """Word pieces learned from training transcripts: a byte-pair-style trainer, a file format
 that round-trips any piece, and greedy (longest-match-first) segmentation.
 
-The word-piece transducer (:mod:`lightning_gtn.functional.transducer`) scores emissions over
+The word-piece transducer (:mod:`lightning_gtn.losses.transducer`) scores emissions over
 a token set of word pieces; this module makes that set from the training transcripts and
 saves it with a run. It is engine-level: plain Python, no torch or Lightning.
 

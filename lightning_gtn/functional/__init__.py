@@ -18,7 +18,16 @@ untranscribed stretches), with :func:`word_spans`, :func:`to_json`, :func:`to_ct
 :func:`plot_alignment` for its output; see ``docs/alignment.md``.
 """
 
-from ._graphs import (
+from ..align.forced import (
+    Alignment,
+    forced_align,
+    to_ctm,
+    to_json,
+    to_records,
+    word_spans,
+)
+from ..align.plot import plot_alignment
+from ..core.criterion_graphs import (
     all_paths_graph,
     asg_full_graph,
     asg_target_graph,
@@ -26,16 +35,14 @@ from ._graphs import (
     force_align_graph,
     set_cache_size,
 )
-from .align import Alignment, forced_align, to_ctm, to_json, to_records, word_spans
-from .align_plot import plot_alignment
-from .asg import asg_loss
-from .conv_transduce import conv_transduce1d, kernel_graph
-from .ctc import ctc_loss
-from .graph_loss import graph_loss
-from .seq import sequence_loss
-from .stc import stc_emissions, stc_graph, stc_loss
-from .transducer import segment, transducer_loss, transitions_graph
-from .viterbi import best_paths, collapse, viterbi
+from ..decode.viterbi import best_paths, collapse, viterbi
+from ..losses.asg import asg_loss
+from ..losses.conv_transduce import conv_transduce1d, kernel_graph
+from ..losses.ctc import ctc_loss
+from ..losses.graph import graph_loss
+from ..losses.seq import sequence_loss
+from ..losses.stc import stc_emissions, stc_graph, stc_loss
+from ..losses.transducer import segment, transducer_loss, transitions_graph
 
 __all__ = [
     "ctc_loss",

@@ -7,13 +7,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from lightning_gtn.functional.conv_transduce import (
-    NORMALIZATIONS,
-    SCALES,
-    KernelBank,
-    _check_int,
-    conv_transduce1d,
-)
+from ..losses.conv_transduce import NORMALIZATIONS, SCALES, KernelBank, _check_int, conv_transduce1d
 
 __all__ = ["ConvTransduce1D"]
 
@@ -22,12 +16,12 @@ class ConvTransduce1D(nn.Module):
     """A 1-D convolution whose kernels are WFSTs (the research code's ``ConvTransduce1D``).
 
     Each output class ``k`` has a kernel graph built from ``lexicon[k]``, a sequence of
-    input-class ids (see :func:`lightning_gtn.functional.conv_transduce.kernel_graph`). The
+    input-class ids (see :func:`lightning_gtn.losses.conv_transduce.kernel_graph`). The
     ``(B, T, C_in)`` inputs are zero-padded by ``kernel_size // 2`` frames on both sides;
     ``output[b, t, k]`` is the forward score (or, with ``viterbi=True``, the best path's score)
     of the ``kernel_size`` frames starting at padded frame ``t * stride`` against kernel ``k``,
     divided by the scale. All windows and kernels are scored in one batched call on the inputs'
-    device (:func:`lightning_gtn.functional.conv_transduce.conv_transduce1d`).
+    device (:func:`lightning_gtn.losses.conv_transduce.conv_transduce1d`).
 
     Args:
         lexicon: ``C_out`` sequences of input-class ids (``[]`` reads only blanks).
@@ -45,7 +39,7 @@ class ConvTransduce1D(nn.Module):
         viterbi: the best path's score instead of the forward score.
         spike: each token reads exactly one frame (no token self-loops).
         impl: the scoring implementation (None: the device's default), see
-            :func:`lightning_gtn.functional.conv_transduce.conv_transduce1d`.
+            :func:`lightning_gtn.losses.conv_transduce.conv_transduce1d`.
 
     Shape:
         inputs ``(B, T, C_in)`` float with ``C_in`` above every lexicon id and ``blank_idx``;

@@ -24,11 +24,12 @@ import torch
 from torch import nn
 
 from .. import functional as lgf  # not torch.nn.functional: the engine computes every loss
-from ..functional import _ops
-from ..functional._graphs import compile_graph, compiled_all_paths
-from ..functional._score import Plan, unique_graphs
-from ..functional.graph_loss import check_labels
-from ..functional._validate import check_label, check_reduction
+from ..core import checks, criterion
+from ..kernels.batch import compile_graph
+from ..core.criterion_graphs import compiled_all_paths
+from ..core.scoring import Plan, unique_graphs
+from ..losses.graph import check_labels
+from ..core.checks import check_label, check_reduction
 
 __all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "GraphLoss", "TargetGraphLoss",
            "ModuleLoss"]
@@ -62,7 +63,7 @@ class StructuredLoss(nn.Module):
 
 def _check_common(reduction: str, impl) -> None:
     check_reduction(reduction)
-    lgf._validate.check_impl(impl)
+    checks.check_impl(impl)
 
 
 class CTCLoss(StructuredLoss):
@@ -266,7 +267,7 @@ class GraphLoss(StructuredLoss):
                               zero_infinity=self.zero_infinity, impl=self.impl)
 
 
-class _TargetGraphs(_ops.Criterion):
+class _TargetGraphs(criterion.Criterion):
     """The criterion behind :class:`TargetGraphLoss`: compiled graphs cached per target."""
 
     def __init__(self, builder: Callable, builder_kwargs: dict, normalize: bool, cache_size: int) -> None:
@@ -374,7 +375,7 @@ class TargetGraphLoss(StructuredLoss):
         self.impl = impl
         self.num_classes = num_classes
         self._criterion = _TargetGraphs(builder, dict(builder_kwargs or {}), self.normalize, int(cache_size))
-        self._handle = _ops.register_criterion(self._criterion)
+        self._handle = criterion.register_criterion(self._criterion)
 
     @property
     def builder(self) -> Callable:
@@ -391,13 +392,13 @@ class TargetGraphLoss(StructuredLoss):
         crit = _TargetGraphs(*state.pop("_criterion"))
         self.__dict__.update(state)
         self._criterion = crit
-        self._handle = _ops.register_criterion(crit)
+        self._handle = criterion.register_criterion(crit)
 
     def forward(self, emissions, targets, input_lengths, target_lengths):
-        B, T, C = lgf._validate.check_emissions(emissions, "emissions")
-        tg, tl = lgf._validate.targets_tensors(targets, target_lengths, B, emissions.device)
-        il = lgf._validate.int_tensor(input_lengths, "input_lengths")
-        return _ops.structured_loss(emissions, None, tg, il, tl, kind="handle",
+        B, T, C = checks.check_emissions(emissions, "emissions")
+        tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
+        il = checks.int_tensor(input_lengths, "input_lengths")
+        return criterion.structured_loss(emissions, None, tg, il, tl, kind="handle",
                                     blank=-1 if self.blank is None else self.blank, handle=self._handle,
                                     reduction=self.reduction, zero_infinity=self.zero_infinity, impl=self.impl)
 

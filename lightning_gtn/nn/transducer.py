@@ -10,9 +10,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..functional import _validate
-from ..functional import transducer as _td
-from ..functional.viterbi import collapse
+from ..core import checks
+from ..core.criterion import register_criterion
+from ..losses import transducer as _td
+from ..decode.viterbi import collapse
 from ..wfst import Graph
 from .losses import StructuredLoss, _check_common
 
@@ -207,7 +208,7 @@ class TransducerLoss(StructuredLoss):
         self._token_ids = toks
         self._criterion = _td.TransducerCriterion(toks, n_graph, self.blank_mode, self.allow_repeats,
                                                   self.decompositions, self.transitions)
-        self._handle = _td._ops.register_criterion(self._criterion)
+        self._handle = register_criterion(self._criterion)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -229,11 +230,11 @@ class TransducerLoss(StructuredLoss):
     def best_paths(self, emissions: torch.Tensor, input_lengths=None):
         """``(paths (B, T) int64 padded with -1, scores (B,))``: the best frame label paths
         (through the transitions when there are some, else the per-frame argmax)."""
-        B, T, C = _validate.check_emissions(emissions, "emissions")
+        B, T, C = checks.check_emissions(emissions, "emissions")
         if C != self.num_classes:
             raise ValueError(f"emissions must have C = {self.num_classes} classes, got shape {(B, T, C)}")
         il = torch.full((B,), T, dtype=torch.int64) if input_lengths is None else input_lengths
-        lengths = _validate.as_lengths(il, B, "input_lengths", emissions.device, max_value=T)
+        lengths = checks.as_lengths(il, B, "input_lengths", emissions.device, max_value=T)
         with torch.no_grad():
             return self._criterion.best_paths(emissions.detach(), lengths, self.transition_params)
 

@@ -10,7 +10,7 @@ import torch
 import lightning_gtn.wfst as gtn
 from lightning_gtn.functional import (collapse, forced_align, plot_alignment, to_ctm, to_json, to_records,
                                       word_spans)
-from lightning_gtn.functional.align import align_graph
+from lightning_gtn.align.forced import align_graph
 
 from ._brute import asg_path_score, ctc_paths, segmentations
 
@@ -362,22 +362,22 @@ def test_file_writers_are_refused_in_checkpoint_configs():
     # and the file writers are none
     _trust.check_target("lightning_gtn.nn.CTCLoss", "loss._target_")
     for path in ("lightning_gtn.functional.forced_align", "lightning_gtn.functional.plot_alignment",
-                 "lightning_gtn.functional.align_plot.plot_alignment", "lightning_gtn.align_cli.main"):
+                 "lightning_gtn.align.plot.plot_alignment", "lightning_gtn.align_cli.main"):
         with pytest.raises(_trust.UntrustedTargetError):
             _trust.check_target(path, "decoder._target_")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_small_backpointer_budget_runs_in_groups_with_the_same_result(impl, monkeypatch):
-    from lightning_gtn.functional import _align_kernels
+    from lightning_gtn.kernels import viterbi_paths
 
     g = torch.Generator().manual_seed(13)
     x = torch.randn(5, 30, 6, generator=g).log_softmax(-1)
     targets = [[1, 2], [3, 4, 5], [], [2, 2, 2], [1]]
     lengths = [30, 20, 5, 30, 11]
     full = forced_align(x, targets, lengths, impl=impl)
-    monkeypatch.setattr(_align_kernels, "BP_BUDGET", 100)  # smaller than any example: one per group
-    assert len(_align_kernels._groups(_problem_of(targets, lengths), impl == "torch")) == 5
+    monkeypatch.setattr(viterbi_paths, "BP_BUDGET", 100)  # smaller than any example: one per group
+    assert len(viterbi_paths._groups(_problem_of(targets, lengths), impl == "torch")) == 5
     small = forced_align(x, targets, lengths, impl=impl)
     assert torch.equal(full.labels, small.labels) and torch.equal(full.score, small.score)
 
@@ -385,8 +385,9 @@ def test_small_backpointer_budget_runs_in_groups_with_the_same_result(impl, monk
 def _problem_of(targets, lengths):
     import numpy as np
 
-    from lightning_gtn.functional._dispatch import Problem
-    from lightning_gtn.functional._graphs import GraphBatch, compiled_ctc
+    from lightning_gtn.kernels.batch import Problem
+    from lightning_gtn.kernels.batch import GraphBatch
+    from lightning_gtn.core.criterion_graphs import compiled_ctc
 
     graphs = [compiled_ctc(tuple(t), 0) for t in targets]
     return Problem(GraphBatch(graphs), np.arange(len(graphs)), np.arange(len(graphs)), np.array(lengths))
@@ -451,7 +452,8 @@ def test_custom_op_compiles_fullgraph_and_passes_opcheck():
 # measures its peak memory, a smaller instance of the same input with a smaller budget).
 _MEMORY_CHILD = r"""
 import resource, sys, torch
-from lightning_gtn.functional import forced_align, _align_kernels as K
+from lightning_gtn.functional import forced_align
+from lightning_gtn.kernels import viterbi_paths as K
 
 def peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -482,7 +484,7 @@ def test_long_inputs_hold_bounded_memory(tmp_path):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_checkpointed_chunks_give_the_same_paths(impl, monkeypatch):
-    from lightning_gtn.functional import _align_kernels
+    from lightning_gtn.kernels import viterbi_paths
 
     g = torch.Generator().manual_seed(21)
     x = torch.randn(4, 40, 5, generator=g).log_softmax(-1)
@@ -491,17 +493,17 @@ def test_checkpointed_chunks_give_the_same_paths(impl, monkeypatch):
     lengths = [40, 17, 33, 40]
     for kw in (dict(blank=0), dict(blank=None), dict(blank=0, star=-1.0)):
         full = forced_align(x, targets, lengths, impl=impl, **kw)
-        monkeypatch.setattr(_align_kernels, "BP_BUDGET", 30)  # chunks of a few frames, checkpoints
+        monkeypatch.setattr(viterbi_paths, "BP_BUDGET", 30)  # chunks of a few frames, checkpoints
         small = forced_align(x, targets, lengths, impl=impl, **kw)
         monkeypatch.undo()
         assert torch.equal(full.labels, small.labels) and torch.equal(full.score, small.score)
 
 
 def test_byte_limit_error_names_the_sizes(monkeypatch):
-    from lightning_gtn.functional import _align_kernels
+    from lightning_gtn.kernels import viterbi_paths
 
     x = _lp(2, 50, 4, seed=22, dtype=torch.float32)
-    monkeypatch.setattr(_align_kernels, "MAX_ALIGN_BYTES", 200)
+    monkeypatch.setattr(viterbi_paths, "MAX_ALIGN_BYTES", 200)
     for impl, blank in (("numba", 0), ("numba", None), ("torch", 0)):
         with pytest.raises(ValueError, match=r"T=50 frames against a graph of S=(7|4) nodes needs \d+ bytes, more "
                                              r"than the limit of 200"):

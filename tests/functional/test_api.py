@@ -9,16 +9,8 @@ import pytest
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.functional import (
-    _ops,
-    _score,
-    asg_loss,
-    best_paths,
-    ctc_loss,
-    graph_loss,
-    sequence_loss,
-    viterbi,
-)
+from lightning_gtn.core import criterion, scoring
+from lightning_gtn.functional import asg_loss, best_paths, ctc_loss, graph_loss, sequence_loss, viterbi
 
 from ._brute import asg_path_score
 
@@ -273,7 +265,7 @@ def test_best_paths_takes_transitions_or_graphs():
 
 
 # ---------------------------------------------------------------------------
-# the shared core: _score.score gives the losses and their gradients
+# the shared core: scoring.score gives the losses and their gradients
 # ---------------------------------------------------------------------------
 
 
@@ -285,26 +277,26 @@ def test_score_core_matches_autograd_of_the_public_loss():
     coef = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
     ref = asg_loss(x, targets, lens, transitions=tr, reduction="none")
     gx, gtr = torch.autograd.grad((ref * coef).sum(), (x, tr))
-    crit = _ops.CRITERIA["asg"]
+    crit = criterion.CRITERIA["asg"]
     plan, widx = crit.plan(targets, lens, 4, 0)
     w = tr.detach().reshape(-1)[torch.from_numpy(widx)]
     for impl in ["numba", "numba_log", "torch"]:
-        losses, gE, gw = _score.score(plan, x.detach(), w, impl, False, True, coef)
+        losses, gE, gw = scoring.score(plan, x.detach(), w, impl, False, True, coef)
         torch.testing.assert_close(losses, ref.detach())
         torch.testing.assert_close(gE * coef.reshape(-1, 1, 1), gx)
         gW = torch.zeros(tr.numel(), dtype=torch.float64).index_add_(0, torch.from_numpy(widx), gw)
         torch.testing.assert_close(gW.reshape(tr.shape), gtr)
         # nothing requested, nothing returned
-        _, gE0, gw0 = _score.score(plan, x.detach(), w, impl, False, False)
+        _, gE0, gw0 = scoring.score(plan, x.detach(), w, impl, False, False)
         assert gE0 is None and gw0 is None
 
 
 def test_reduce_losses():
     losses = torch.tensor([2.0, 6.0, 3.0])
-    assert _score.reduce_losses(losses, "none") is losses
-    assert _score.reduce_losses(losses, "sum").item() == 11.0
-    assert _score.reduce_losses(losses, "mean").item() == pytest.approx(11.0 / 3)
-    assert _score.reduce_losses(losses, "mean", np.array([2, 3, 0])).item() == pytest.approx((1 + 2 + 3) / 3)
+    assert scoring.reduce_losses(losses, "none") is losses
+    assert scoring.reduce_losses(losses, "sum").item() == 11.0
+    assert scoring.reduce_losses(losses, "mean").item() == pytest.approx(11.0 / 3)
+    assert scoring.reduce_losses(losses, "mean", np.array([2, 3, 0])).item() == pytest.approx((1 + 2 + 3) / 3)
 
 
 # ---------------------------------------------------------------------------

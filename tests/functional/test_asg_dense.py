@@ -1,4 +1,4 @@
-"""ASG's fully connected normaliser (_asg_dense: the numba recursion and the matrix products)
+"""ASG's fully connected normaliser (dense_torch: the numba recursion and the matrix products)
 against brute force, the arc-by-arc graph kernels, and through asg_loss against the all-graph
 path. Every test of the normaliser runs on both implementations."""
 
@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_gtn.functional import _asg_dense, _dispatch, _score, asg_loss
-from lightning_gtn.functional._asg_dense import asg_full_scores
-from lightning_gtn.functional._graphs import compiled_asg_full
+from lightning_gtn.kernels import dense_torch
+from lightning_gtn.core import dispatch, scoring
+from lightning_gtn.functional import asg_loss
+from lightning_gtn.kernels.dense_torch import asg_full_scores
+from lightning_gtn.core.criterion_graphs import compiled_asg_full
 
 from ._brute import asg_path_score, lse
 
@@ -18,23 +20,23 @@ from ._brute import asg_path_score, lse
 @pytest.fixture(autouse=True, params=["numba", "torch"])
 def dense_impl(request, monkeypatch):
     """Each test once per implementation of the dense recursion on the CPU."""
-    monkeypatch.setattr(_asg_dense, "NUMBA_MAX_CLASSES", 10**9 if request.param == "numba" else -1)
+    monkeypatch.setattr(dense_torch, "NUMBA_MAX_CLASSES", 10**9 if request.param == "numba" else -1)
     return request.param
 
 
 def _threshold(monkeypatch, value):
     """Dense normaliser from ``value`` classes on (0: always, 10**9: never), on every device."""
-    monkeypatch.setattr(_asg_dense, "DENSE_MIN_CLASSES", value)
-    monkeypatch.setattr(_asg_dense, "CPU_DENSE_MIN_CLASSES", value)
+    monkeypatch.setattr(dense_torch, "DENSE_MIN_CLASSES", value)
+    monkeypatch.setattr(dense_torch, "CPU_DENSE_MIN_CLASSES", value)
 
 
 def _graph_full_scores(x, tr, lengths):
     """log Z, d(sum log Z)/dx and /dtr of the full graph with the arc-by-arc numba kernels."""
     B, T, C = x.shape
-    plan = _score.Plan([compiled_asg_full(C)], np.zeros(B, np.int64), np.arange(B), lengths, np.ones(B), B)
+    plan = scoring.Plan([compiled_asg_full(C)], np.zeros(B, np.int64), np.arange(B), lengths, np.ones(B), B)
     widx = torch.from_numpy(plan.batch.weight_index())
-    st = _dispatch.forward(plan.problem, x.contiguous(), tr.reshape(-1)[widx].contiguous(), "numba")
-    gE, gw = _dispatch.backward(st, torch.ones(B, dtype=x.dtype), True, True)
+    st = dispatch.forward(plan.problem, x.contiguous(), tr.reshape(-1)[widx].contiguous(), "numba")
+    gE, gw = dispatch.backward(st, torch.ones(B, dtype=x.dtype), True, True)
     gT = torch.zeros((C + 1) * C, dtype=x.dtype).index_add_(0, widx, gw).reshape(C + 1, C)
     return st.logz, gE, gT
 

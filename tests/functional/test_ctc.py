@@ -167,11 +167,11 @@ def test_peaky_emissions_fall_back_correctly(monkeypatch):
     x = (x + 0.1 * torch.randn(2, T, C, dtype=torch.float64)).requires_grad_(True)
     tg = torch.randint(1, C, (2, L))
     il, tl = torch.tensor([T, T]), torch.tensor([L, L])
-    from lightning_gtn.functional import _dispatch
+    from lightning_gtn.core import dispatch
 
     calls = []
-    original = _dispatch.forward
-    monkeypatch.setattr(_dispatch, "forward", lambda *a, **k: (calls.append(a[0].num_examples), original(*a, **k))[1])
+    original = dispatch.forward
+    monkeypatch.setattr(dispatch, "forward", lambda *a, **k: (calls.append(a[0].num_examples), original(*a, **k))[1])
     ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none")
     assert calls == [2]  # both examples were redone in the log domain
     ref = _torch_ctc(x, tg, il, tl)
@@ -181,10 +181,10 @@ def test_peaky_emissions_fall_back_correctly(monkeypatch):
 
 
 def test_cache_reuses_graphs():
-    from lightning_gtn.functional import _graphs
+    from lightning_gtn.core import criterion_graphs
 
-    a = _graphs.compiled_ctc((1, 2, 3), 0)
-    b = _graphs.compiled_ctc([1, 2, 3], 0)
+    a = criterion_graphs.compiled_ctc((1, 2, 3), 0)
+    b = criterion_graphs.compiled_ctc([1, 2, 3], 0)
     assert a is b
 
 
@@ -203,9 +203,9 @@ def test_cuda_matches_cpu():
 
 
 def test_torch_path_in_small_frame_blocks(monkeypatch):
-    from lightning_gtn.functional import _torch_impl
+    from lightning_gtn.kernels import graph_torch
 
-    monkeypatch.setattr(_torch_impl, "OCC_BLOCK_ELEMENTS", 50)  # forces many blocks of frames
+    monkeypatch.setattr(graph_torch, "OCC_BLOCK_ELEMENTS", 50)  # forces many blocks of frames
     x, tg, il, tl = _batch(9, 3, 17, 5, 4)
     x.requires_grad_(True)
     ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="sum", zero_infinity=True, impl="torch")
@@ -215,7 +215,8 @@ def test_torch_path_in_small_frame_blocks(monkeypatch):
 
 
 def test_list_targets_and_cache_size():
-    from lightning_gtn.functional import _graphs, set_cache_size
+    from lightning_gtn.core import criterion_graphs
+    from lightning_gtn.functional import set_cache_size
 
     x = torch.randn(2, 6, 4).log_softmax(-1)
     a = ctc_loss(x, [[1, 2], [3]], [6, 5], [2, 1], reduction="none")
@@ -223,11 +224,11 @@ def test_list_targets_and_cache_size():
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="lengths equal target_lengths"):
         ctc_loss(x, [[1, 2], [3]], [6, 5], [2, 2])
-    old = _graphs.CACHE_SIZE
+    old = criterion_graphs.CACHE_SIZE
     try:
         set_cache_size(1)
         ctc_loss(x, [[1, 2], [3]], [6, 5], [2, 1])
-        assert len(_graphs._CACHES["ctc"].data) == 1
+        assert len(criterion_graphs._CACHES["ctc"].data) == 1
     finally:
         set_cache_size(old)
 
@@ -249,14 +250,15 @@ def test_long_inputs_stay_on_the_scaled_kernel_and_accurate_in_float32(monkeypat
     # falls back to the log-domain kernels, and the float32 gradient stays within 1e-4 of the
     # float64 one (the float32 log-domain kernels, the old fallback, are off by 7e-3 here).
     # one_scale_first: the examples first fail with one scale per frame and are retried.
-    from lightning_gtn.functional import _dispatch, _numba
+    from lightning_gtn.core import dispatch
+    from lightning_gtn.kernels import graph_numba
 
     if one_scale_first:
-        monkeypatch.setattr(_numba, "SEG_MIN_FRAMES", 10**9)
+        monkeypatch.setattr(graph_numba, "SEG_MIN_FRAMES", 10**9)
 
     calls = []
-    original = _dispatch.forward
-    monkeypatch.setattr(_dispatch, "forward", lambda *a, **k: (calls.append(a[0].num_examples), original(*a, **k))[1])
+    original = dispatch.forward
+    monkeypatch.setattr(dispatch, "forward", lambda *a, **k: (calls.append(a[0].num_examples), original(*a, **k))[1])
     T, C, L = 3000, 30, 300
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, T, C, generator=g)

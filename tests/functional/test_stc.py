@@ -453,9 +453,9 @@ _TRITON_SCRIPT = textwrap.dedent("""
 
 
 def test_triton_kernels_under_the_interpreter_equal_numba():
-    from lightning_gtn.functional import _triton
+    from lightning_gtn.kernels import graph_triton
 
-    if not _triton.available():
+    if not graph_triton.available():
         pytest.skip("triton is not installed")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -513,7 +513,7 @@ def test_chain_path_nan_gives_nan():
 def test_chain_rows_it_cannot_vouch_for_take_the_graph_path(monkeypatch):
     # a tolerance no row meets sends every row through the graph path and the star columns'
     # gradient by hand (_star_grad): same values and gradients, including d/d p
-    from lightning_gtn.functional import _stc_numba
+    from lightning_gtn.kernels import stc_chain
 
     g = torch.Generator().manual_seed(6)
     x = torch.randn(3, 10, 5, generator=g, dtype=torch.float64).log_softmax(-1)
@@ -527,7 +527,7 @@ def test_chain_rows_it_cannot_vouch_for_take_the_graph_path(monkeypatch):
         return loss.detach(), xi.grad, p.grad
 
     direct = run()
-    monkeypatch.setattr(_stc_numba, "TOL", -1.0)
+    monkeypatch.setattr(stc_chain, "TOL", -1.0)
     fallback = run()
     for a, b in zip(direct, fallback):
         torch.testing.assert_close(a, b)

@@ -12,7 +12,7 @@ import torch
 import lightning_gtn.wfst as gtn
 from lightning_gtn import nn as lnn
 from lightning_gtn.functional import segment, transducer_loss, transitions_graph
-from lightning_gtn.functional.transducer import transducer_criterion
+from lightning_gtn.losses.transducer import transducer_criterion
 
 # ---------------------------------------------------------------------------
 # the reference: the research graphs, built and scored one example at a time
@@ -514,15 +514,15 @@ def test_infeasible_rows_with_transitions(ngram):
 def test_dense_bigram_normaliser_equals_the_graph_path(reduction):
     # the research bigram's normaliser is scored as ASG's dense recursion (start row,
     # label-after-label matrix, end weights on the last frame); here with both implementations
-    from lightning_gtn.functional import _asg_dense
-    from lightning_gtn.functional import transducer as tdm
+    from lightning_gtn.kernels import dense_torch
+    from lightning_gtn.losses import transducer as tdm
 
     letters = [chr(ord("a") + i) for i in range(8)]
     pairs = [a + b for a in letters for b in letters]
-    pieces = letters + pairs + [p + c for p in pairs for c in letters][: _asg_dense.DENSE_MIN_CLASSES - 72]
+    pieces = letters + pairs + [p + c for p in pairs for c in letters][: dense_torch.DENSE_MIN_CLASSES - 72]
     g2i = {c: i for i, c in enumerate(letters)}
     crit, handle = tdm.transducer_criterion(pieces, g2i, ngram=2, blank="optional")
-    assert crit.research_bigram and crit.C >= _asg_dense.DENSE_MIN_CLASSES
+    assert crit.research_bigram and crit.C >= dense_torch.DENSE_MIN_CLASSES
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(3, 9, crit.C, generator=gen, dtype=torch.float64)
     params = (0.3 * torch.randn(crit.num_arcs, generator=gen, dtype=torch.float64))
@@ -540,7 +540,7 @@ def test_dense_bigram_normaliser_equals_the_graph_path(reduction):
     dense = {}
     for limit in (10**9, -1):  # the numba recursion, then the matrix products
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(_asg_dense, "NUMBA_MAX_CLASSES", limit)
+            mp.setattr(dense_torch, "NUMBA_MAX_CLASSES", limit)
             dense[limit] = run()
     crit.research_bigram = False
     try:
@@ -595,14 +595,14 @@ def test_hub_kernel_equals_graph_kernels(blank, ngram):
 
 
 def test_hub_kernel_rows_it_cannot_vouch_for_take_the_graph_kernels(monkeypatch):
-    from lightning_gtn.functional import _hub_numba
+    from lightning_gtn.kernels import transducer_hubs
 
     tokens = ["a", "b", "ab"]
     g2i = {"a": 0, "b": 1}
     x = torch.randn(3, 9, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     targets, lengths = [[0, 1, 1], [1], [0, 1, 0, 1]], [9, 5, 9]
     direct = _hub_vs_graph(tokens, g2i, targets, x, lengths, "optional", ngram=1)[0]
-    monkeypatch.setattr(_hub_numba, "TOL", -1.0)  # no row passes the check
+    monkeypatch.setattr(transducer_hubs, "TOL", -1.0)  # no row passes the check
     fallback = _hub_vs_graph(tokens, g2i, targets, x, lengths, "optional", ngram=1)[0]
     for u, v in zip(direct, fallback):
         torch.testing.assert_close(u, v)

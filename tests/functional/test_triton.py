@@ -19,12 +19,14 @@ import pytest
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.functional import _dispatch, _score, _triton, asg_loss, ctc_loss, graph_loss, sequence_loss
-from lightning_gtn.functional._triton import triton
+from lightning_gtn.core import dispatch, scoring
+from lightning_gtn.kernels import graph_triton
+from lightning_gtn.functional import asg_loss, ctc_loss, graph_loss, sequence_loss
+from lightning_gtn.kernels.graph_triton import triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else ("cpu" if INTERPRETED else None)
-needs_kernels = pytest.mark.skipif(not _triton.available() or DEVICE is None,
+needs_kernels = pytest.mark.skipif(not graph_triton.available() or DEVICE is None,
                                    reason="needs triton and a CUDA device (or TRITON_INTERPRET=1)")
 
 TARGETS = [[1, 2, 2], [3, 1], [5, 4, 3, 2], []]
@@ -105,8 +107,8 @@ def test_asg_with_transition_gradient(dtype):
 @needs_kernels
 def test_asg_in_chunks(monkeypatch):
     # a tile smaller than a node's arcs: the kernels read the arc tables in chunks
-    monkeypatch.setattr(_triton, "MAX_TILE", 8)
-    assert _triton._blocks(7, 7)[1] < 7
+    monkeypatch.setattr(graph_triton, "MAX_TILE", 8)
+    assert graph_triton._blocks(7, 7)[1] < 7
     test_asg_with_transition_gradient(torch.float64)
 
 
@@ -141,7 +143,7 @@ def _mixed_label_graph():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_graph_loss_arc_labels_and_weight_gradient(dtype):
     g = _mixed_label_graph()
-    tables = _triton.build_tables(_score.Plan([_compile(g)], [0], [0], [3], [1.0], 1).problem, "cpu")
+    tables = graph_triton.build_tables(scoring.Plan([_compile(g)], [0], [0], [3], [1.0], 1).problem, "cpu")
     assert tables.node_lab is None
     x = _emissions(dtype, C=4)
     w0 = torch.tensor(g.weights_to_list(), dtype=dtype)
@@ -156,7 +158,7 @@ def test_graph_loss_arc_labels_and_weight_gradient(dtype):
 
 
 def _compile(g):
-    from lightning_gtn.functional._graphs import compile_graph
+    from lightning_gtn.kernels.batch import compile_graph
 
     return compile_graph(g)
 
@@ -169,25 +171,25 @@ def test_epsilon_graphs_fall_back_to_torch():
     g.add_arc(0, 1, gtn.epsilon, gtn.epsilon, 0.5)
     g.add_arc(0, 0, 1, 1, 0.0)
     g.add_arc(1, 1, 2, 2, 0.0)
-    plan = _score.Plan([_compile(g)], [0], [0], [5], [1.0], 1)
+    plan = scoring.Plan([_compile(g)], [0], [0], [5], [1.0], 1)
     x = _emissions(torch.float64, B=1, T=5, C=3).to(DEVICE)
-    st = _dispatch.forward(plan.problem, x, torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64, device=DEVICE),
+    st = dispatch.forward(plan.problem, x, torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64, device=DEVICE),
                         "triton")
     assert st.impl == "torch"
-    ref = _dispatch.forward(plan.problem, x.cpu(), torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64), "numba")
+    ref = dispatch.forward(plan.problem, x.cpu(), torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64), "numba")
     torch.testing.assert_close(st.logz.cpu(), ref.logz)
 
 
 @needs_kernels
 def test_graphs_too_large_for_one_program_fall_back_to_torch(monkeypatch):
-    plan = _score.Plan([_compile(_mixed_label_graph())], [0], [0], [4], [1.0], 1)
+    plan = scoring.Plan([_compile(_mixed_label_graph())], [0], [0], [4], [1.0], 1)
     x = _emissions(torch.float64, B=1, T=4, C=4).to(DEVICE)
     w = torch.zeros(plan.batch.num_arcs, dtype=torch.float64, device=DEVICE)
-    assert _dispatch.forward(plan.problem, x, w, "triton").impl == "triton"
-    monkeypatch.setattr(_triton, "MAX_NODES", 2)  # the graph has 3 nodes
-    st = _dispatch.forward(plan.problem, x, w, "triton")
+    assert dispatch.forward(plan.problem, x, w, "triton").impl == "triton"
+    monkeypatch.setattr(graph_triton, "MAX_NODES", 2)  # the graph has 3 nodes
+    st = dispatch.forward(plan.problem, x, w, "triton")
     assert st.impl == "torch"
-    ref = _dispatch.forward(plan.problem, x.cpu(), w.cpu(), "numba")
+    ref = dispatch.forward(plan.problem, x.cpu(), w.cpu(), "numba")
     torch.testing.assert_close(st.logz.cpu(), ref.logz)
 
 
@@ -215,7 +217,7 @@ def test_random_graphs_scores_and_gradients(seed, monkeypatch):
     lengths = torch.tensor(rng.integers(0, 7, size=B))
     x = _emissions(torch.float64, B=B, T=6, C=C, seed=seed)
     if seed % 2:
-        monkeypatch.setattr(_triton, "MAX_TILE", 8)  # the chunked path
+        monkeypatch.setattr(graph_triton, "MAX_TILE", 8)  # the chunked path
 
     def fn(x, *w, impl):
         return graph_loss(x, input_lengths=lengths.to(x.device), graphs=graphs, weights=list(w), reduction="none",
@@ -225,23 +227,23 @@ def test_random_graphs_scores_and_gradients(seed, monkeypatch):
     assert (a[0] != 0).any() and a[1].abs().sum() > 0  # some example has paths
     _close(a, b, torch.float64)
     # the max semiring too
-    plan = _score.Plan([_compile(g) for g in graphs], range(B), range(B), lengths.numpy(), [1.0] * B, B)
+    plan = scoring.Plan([_compile(g) for g in graphs], range(B), range(B), lengths.numpy(), [1.0] * B, B)
     w = torch.cat(weights)
-    ref = _dispatch.forward(plan.problem, x, w, "numba", use_max=True).logz
-    got = _dispatch.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
+    ref = dispatch.forward(plan.problem, x, w, "numba", use_max=True).logz
+    got = dispatch.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
     torch.testing.assert_close(got.cpu(), ref)
 
 
 @needs_kernels
 def test_max_semiring_matches_numba():
-    from lightning_gtn.functional._graphs import compiled_asg_full
+    from lightning_gtn.core.criterion_graphs import compiled_asg_full
 
     cg = compiled_asg_full(5)
     x = _emissions(torch.float64, B=3, T=9, C=5)
     w = torch.randn(cg.num_arcs, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    plan = _score.Plan([cg], [0, 0, 0], [0, 1, 2], [9, 4, 0], [1.0] * 3, 3)
-    a = _dispatch.forward(plan.problem, x, w, "numba", use_max=True).logz
-    b = _dispatch.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
+    plan = scoring.Plan([cg], [0, 0, 0], [0, 1, 2], [9, 4, 0], [1.0] * 3, 3)
+    a = dispatch.forward(plan.problem, x, w, "numba", use_max=True).logz
+    b = dispatch.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
     torch.testing.assert_close(b.cpu(), a)
 
 
@@ -258,10 +260,10 @@ def test_nan_emissions_give_nan():
 @needs_kernels
 def test_default_impl_on_cuda_is_triton():
     x = torch.zeros(1, 1, 1, device=DEVICE)
-    assert _score.pick_impl(x, None) == ("triton" if DEVICE == "cuda" else "numba")
+    assert scoring.pick_impl(x, None) == ("triton" if DEVICE == "cuda" else "numba")
 
 
-@pytest.mark.skipif(not _triton.available(), reason="needs triton")
+@pytest.mark.skipif(not graph_triton.available(), reason="needs triton")
 @pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="runs the kernels directly here")
 def test_kernels_under_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
@@ -298,7 +300,7 @@ def _variants():
 VARIANTS = list(_variants())
 
 
-@pytest.mark.skipif(not _triton.available() or INTERPRETED, reason="needs triton's compiler")
+@pytest.mark.skipif(not graph_triton.available() or INTERPRETED, reason="needs triton's compiler")
 @pytest.mark.parametrize("name, dtype, consts, capability",
                          [(*v, 90) for v in VARIANTS] + [(*v, 80) for v in VARIANTS[:6:2]],
                          ids=lambda v: str(v) if not isinstance(v, dict) else "-".join(
@@ -310,7 +312,7 @@ def test_kernel_variant_compiles_for_the_gpu(name, dtype, consts, capability):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = getattr(_triton, name)
+    fn = getattr(graph_triton, name)
     sig = {a: ("constexpr" if a in consts else t) for a, t in _pointer_and_scalar_types(fn, dtype).items()}
     cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", capability, 32))
@@ -325,44 +327,44 @@ def test_kernel_variant_compiles_for_the_gpu(name, dtype, consts, capability):
 
 @needs_kernels
 def test_self_check_passes_and_catches_a_wrong_kernel(monkeypatch):
-    problem = _dispatch._self_check()
-    assert _dispatch._self_check_error(problem, torch.device(DEVICE)) is None
-    real = _triton.forward
+    problem = dispatch._self_check()
+    assert dispatch._self_check_error(problem, torch.device(DEVICE)) is None
+    real = graph_triton.forward
 
     def off_by_a_little(*args, **kwargs):
         alpha, logz = real(*args, **kwargs)
         return alpha, logz + 1e-4
 
-    monkeypatch.setattr(_triton, "forward", off_by_a_little)
-    assert "scores differ" in _dispatch._self_check_error(problem, torch.device(DEVICE))
+    monkeypatch.setattr(graph_triton, "forward", off_by_a_little)
+    assert "scores differ" in dispatch._self_check_error(problem, torch.device(DEVICE))
 
 
-@pytest.mark.skipif(not _triton.available(), reason="needs triton")
+@pytest.mark.skipif(not graph_triton.available(), reason="needs triton")
 def test_failed_self_check_warns_and_uses_torch(monkeypatch):
     def broken(problem, device):
         raise RuntimeError("no kernel image is available")
 
-    monkeypatch.setattr(_dispatch, "_self_check_error", broken)
-    monkeypatch.setattr(_dispatch, "_device_impl", {})
+    monkeypatch.setattr(dispatch, "_self_check_error", broken)
+    monkeypatch.setattr(dispatch, "_device_impl", {})
     with pytest.warns(RuntimeWarning, match="self-check on cuda:7.*no kernel image"):
-        assert _dispatch.device_impl(torch.device("cuda:7")) == "torch"
-    assert _dispatch.device_impl(torch.device("cuda:7")) == "torch"  # decided once per device
-    monkeypatch.setattr(_dispatch, "_self_check_error", lambda problem, device: None)
-    monkeypatch.setattr(_dispatch, "_device_impl", {})
-    assert _dispatch.device_impl(torch.device("cuda:7")) == "triton"
+        assert dispatch.device_impl(torch.device("cuda:7")) == "torch"
+    assert dispatch.device_impl(torch.device("cuda:7")) == "torch"  # decided once per device
+    monkeypatch.setattr(dispatch, "_self_check_error", lambda problem, device: None)
+    monkeypatch.setattr(dispatch, "_device_impl", {})
+    assert dispatch.device_impl(torch.device("cuda:7")) == "triton"
 
 
-@pytest.mark.skipif(not _triton.available(), reason="needs triton")
+@pytest.mark.skipif(not graph_triton.available(), reason="needs triton")
 def test_tables_are_cached_per_graph_and_not_pickled():
     import pickle
 
-    from lightning_gtn.functional._graphs import compiled_ctc
+    from lightning_gtn.core.criterion_graphs import compiled_ctc
 
     cg = compiled_ctc((1, 2, 2), 0)
-    plan = _score.Plan([cg, compiled_ctc((3,), 0)], [0, 1], [0, 1], [5, 5], [1.0, 1.0], 2)
-    a = _triton.build_tables(plan.problem, "cpu")
+    plan = scoring.Plan([cg, compiled_ctc((3,), 0)], [0, 1], [0, 1], [5, 5], [1.0, 1.0], 2)
+    a = graph_triton.build_tables(plan.problem, "cpu")
     assert cg.device_tables["on_device"]["cpu"]["in_node"].numel() == 7 * a.g_kin[0]
-    b = _triton.build_tables(plan.problem, "cpu")
+    b = graph_triton.build_tables(plan.problem, "cpu")
     for name in ("in_src", "in_lab", "in_arc", "out_dst", "out_lab", "out_arc", "start", "accept", "node_lab"):
         assert torch.equal(getattr(a, name), getattr(b, name))
     assert a.g_arc.tolist() == [0, cg.num_arcs]  # the second graph's arcs follow the first's

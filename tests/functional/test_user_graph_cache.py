@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.functional import _graphs, graph_loss, viterbi
+from lightning_gtn.core import criterion_graphs
+from lightning_gtn.functional import graph_loss, viterbi
 
 
 def chain(labels, weight=0.0):
@@ -21,16 +22,16 @@ def chain(labels, weight=0.0):
 @pytest.fixture
 def count_compiles(monkeypatch):
     calls = []
-    real = _graphs.compile_graph
+    real = criterion_graphs.compile_graph
 
     def counting(g, *args, **kwargs):
         calls.append(g)
         return real(g, *args, **kwargs)
 
-    monkeypatch.setattr(_graphs, "compile_graph", counting)
-    _graphs.clear_cache()
+    monkeypatch.setattr(criterion_graphs, "compile_graph", counting)
+    criterion_graphs.clear_cache()
     yield calls
-    _graphs.clear_cache()
+    criterion_graphs.clear_cache()
 
 
 def test_graph_loss_compiles_each_graph_once(count_compiles):
@@ -42,7 +43,7 @@ def test_graph_loss_compiles_each_graph_once(count_compiles):
     second = graph_loss(x, None, torch.tensor([4, 3]), graphs=graphs, reduction="none")
     assert len(count_compiles) == 2  # no compilation on the second call
     assert torch.equal(first, second)
-    assert _graphs.compiled_user_graph(graphs[0]) is _graphs.compiled_user_graph(graphs[0])
+    assert criterion_graphs.compiled_user_graph(graphs[0]) is criterion_graphs.compiled_user_graph(graphs[0])
 
 
 @pytest.mark.parametrize(
@@ -53,11 +54,11 @@ def test_mutating_a_graph_recompiles(count_compiles, mutate):
     x = torch.randn(1, 2, 3).log_softmax(-1)
     g = chain([0, 1])
     before = graph_loss(x, None, torch.tensor([2]), graphs=[g], reduction="none")
-    cg = _graphs.compiled_user_graph(g)
+    cg = criterion_graphs.compiled_user_graph(g)
     mutate(g)
     after = graph_loss(x, None, torch.tensor([2]), graphs=[g], reduction="none")
     assert len(count_compiles) == 2
-    assert _graphs.compiled_user_graph(g) is not cg
+    assert criterion_graphs.compiled_user_graph(g) is not cg
     assert torch.isfinite(before) and torch.isfinite(after)
     assert not torch.equal(before, after)  # the change is seen (weights or an extra path)
 
@@ -73,25 +74,25 @@ def test_viterbi_uses_the_cache_and_checks_labels(count_compiles):
 
 
 def test_entries_go_with_their_graph():
-    _graphs.clear_cache()
+    criterion_graphs.clear_cache()
     g = chain([0])
-    _graphs.compiled_user_graph(g)
-    assert len(_graphs._USER_GRAPHS) == 1
+    criterion_graphs.compiled_user_graph(g)
+    assert len(criterion_graphs._USER_GRAPHS) == 1
     del g
     gc.collect()
-    assert len(_graphs._USER_GRAPHS) == 0
+    assert len(criterion_graphs._USER_GRAPHS) == 0
 
 
 def test_cache_is_bounded(monkeypatch):
-    _graphs.clear_cache()
-    monkeypatch.setattr(_graphs, "USER_CACHE_SIZE", 3)
+    criterion_graphs.clear_cache()
+    monkeypatch.setattr(criterion_graphs, "USER_CACHE_SIZE", 3)
     keep = [chain([i]) for i in range(5)]
     for g in keep:
-        _graphs.compiled_user_graph(g)
-    assert len(_graphs._USER_GRAPHS) == 3
-    _graphs.clear_cache()
+        criterion_graphs.compiled_user_graph(g)
+    assert len(criterion_graphs._USER_GRAPHS) == 3
+    criterion_graphs.clear_cache()
 
 
 def test_non_graph_is_a_type_error():
     with pytest.raises(TypeError):
-        _graphs.compiled_user_graph("not a graph")
+        criterion_graphs.compiled_user_graph("not a graph")

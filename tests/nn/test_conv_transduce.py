@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn.functional import conv_transduce1d, kernel_graph
-from lightning_gtn.functional.conv_transduce import min_kernel_size
+from lightning_gtn.losses.conv_transduce import min_kernel_size
 from lightning_gtn.nn import ConvTransduce1D
 
 
@@ -334,7 +334,7 @@ def test_compiles_fullgraph_and_matches_eager(viterbi):
 
 @pytest.mark.parametrize("viterbi", [False, True])
 def test_opcheck(viterbi):
-    from lightning_gtn.functional.conv_transduce import conv_transduce_op, kernel_bank
+    from lightning_gtn.losses.conv_transduce import conv_transduce_op, kernel_bank
 
     bank = kernel_bank([[1], [1, 2], []], 0)
     windows = data(4, 3, 3).requires_grad_(True)

@@ -8,21 +8,21 @@ import numpy as np
 import torch
 
 from ..wfst import Graph
-from . import _ops, _validate
-from ._graphs import compiled_user_graph
-from ._score import Plan, pick_impl
+from ..core import criterion, checks
+from ..core.criterion_graphs import compiled_user_graph
+from ..core.scoring import Plan, pick_impl
 
 __all__ = ["graph_loss", "compile_criteria", "check_labels"]
 
 
-class _FixedPlan(_ops.Criterion):
+class _FixedPlan(criterion.Criterion):
     """A plan made before the call (the user's graph objects); arc weights are given as is."""
 
     def __init__(self, plan: Plan) -> None:
         self._plan = plan
 
     def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
-        from ._score import score
+        from ..core.scoring import score
 
         return score(self._plan, E, weights, impl, zero_infinity, need_e, w_coef)
 
@@ -34,7 +34,7 @@ class _GraphLossFunction(torch.autograd.Function):
     def forward(ctx, emissions, arc_weights, crit, lengths, divisors, reduction, zero_infinity, impl, need_w,
                 graphs, arc_off):
         need_e = bool(ctx.needs_input_grad[0])
-        out, gE, gw = _ops.run_loss(crit, emissions, arc_weights, None, lengths, divisors, 0, reduction,
+        out, gE, gw = criterion.run_loss(crit, emissions, arc_weights, None, lengths, divisors, 0, reduction,
                                     zero_infinity, impl, need_e, need_w)
         ctx.save_for_backward(emissions, arc_weights)
         ctx.gE, ctx.gw = gE, gw
@@ -155,23 +155,23 @@ def graph_loss(
     Returns:
         Loss in the emissions' dtype and device.
     """
-    B, T, C = _validate.check_emissions(emissions, "emissions")
-    _validate.check_reduction(reduction)
-    if _validate.check_impl(impl) == "gtn":
+    B, T, C = checks.check_emissions(emissions, "emissions")
+    checks.check_reduction(reduction)
+    if checks.check_impl(impl) == "gtn":
         raise ValueError("graph_loss: impl='gtn' is not available; use None, 'numba', 'numba_log', 'torch' or 'triton'")
     dev = emissions.device
     lengths = (np.full(B, T, dtype=np.int64) if input_lengths is None
-               else _validate.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T))
+               else checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T))
     divisors = None
     if target_lengths is not None:
-        divisors = _validate.as_lengths(target_lengths, B, "target_lengths", dev)
+        divisors = checks.as_lengths(target_lengths, B, "target_lengths", dev)
     elif targets is not None:
-        divisors = np.asarray([len(t) for t in _validate.split_targets(targets, None, B, dev, 2**62)],
+        divisors = np.asarray([len(t) for t in checks.split_targets(targets, None, B, dev, 2**62)],
                               dtype=np.int64)
     nums = _as_graph_list(graphs, B, "graphs")
     dens = None if denominators is None else _as_graph_list(denominators, B, "denominators")
     impl = pick_impl(emissions, impl)
-    dtype = _validate.compute_dtype(emissions)
+    dtype = checks.compute_dtype(emissions)
     x = emissions.to(dtype)
     order, compiled, ids = compile_criteria(nums + (dens or []), C)
     rows = np.concatenate([np.arange(B)] * (2 if dens is not None else 1))

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ._dense_numba import run_rows
+from .dense_numba import run_rows
 
 NEG_INF = -math.inf
 

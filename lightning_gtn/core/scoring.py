@@ -15,8 +15,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from . import _dispatch, _triton
-from ._graphs import CompiledGraph, GraphBatch
+from . import dispatch
+from ..kernels import graph_triton
+from ..kernels.batch import CompiledGraph, GraphBatch
 
 __all__ = ["Plan", "normalised_plan", "unique_graphs", "graph_weights", "pick_impl", "score", "reduce_losses"]
 
@@ -34,7 +35,7 @@ class Plan:
     def __init__(self, graphs: Sequence[CompiledGraph], ex_graph, ex_row, ex_len, ex_sign, B: int) -> None:
         self.batch = GraphBatch(graphs)
         order = np.argsort(np.asarray(ex_row), kind="stable")
-        self.problem = _dispatch.Problem(self.batch, np.asarray(ex_graph)[order], np.asarray(ex_row)[order],
+        self.problem = dispatch.Problem(self.batch, np.asarray(ex_graph)[order], np.asarray(ex_row)[order],
                                       np.asarray(ex_len)[order])
         self.sign = np.asarray(ex_sign, dtype=np.float64)[order]
         self.B = B
@@ -72,12 +73,12 @@ def pick_impl(x: torch.Tensor, impl: Optional[str]) -> str:
     """The scoring implementation: numba on the CPU; elsewhere :func:`._dispatch.device_impl`
     (Triton on CUDA when installed and self-checked, else torch)."""
     if impl is None:
-        return "numba" if x.device.type == "cpu" else _dispatch.device_impl(x.device)
+        return "numba" if x.device.type == "cpu" else dispatch.device_impl(x.device)
     if impl not in ("numba", "numba_log", "torch", "triton"):
         raise ValueError(f"impl must be None, 'numba', 'numba_log', 'torch', 'triton' or 'gtn', got {impl!r}")
     if impl.startswith("numba") and x.device.type != "cpu":
         raise ValueError(f"impl={impl!r} needs CPU tensors, got emissions on {x.device}")
-    if impl == "triton" and not _triton.available():
+    if impl == "triton" and not graph_triton.available():
         raise ValueError("impl='triton' needs the triton package")
     return impl
 
@@ -108,10 +109,10 @@ def score(plan: Plan, E: torch.Tensor, w: torch.Tensor, impl: str, zero_infinity
     sign = torch.from_numpy(plan.sign).to(device=dev, dtype=dtype)
     need_w = w_coef is not None
     if impl == "numba":
-        logz, gE, occ = _dispatch.fused(p, E, w, plan.sign, need_e, need_w)
+        logz, gE, occ = dispatch.fused(p, E, w, plan.sign, need_e, need_w)
         st = None
     else:
-        st = _dispatch.forward(p, E, w, "numba" if impl == "numba_log" else impl)
+        st = dispatch.forward(p, E, w, "numba" if impl == "numba_log" else impl)
         logz, gE, occ = st.logz, None, None
     # infeasible pieces: -inf contributions must not turn into nan (inf - inf) for a row
     contrib = sign * logz
@@ -127,12 +128,12 @@ def score(plan: Plan, E: torch.Tensor, w: torch.Tensor, impl: str, zero_infinity
         if need_w:
             wcoef = sign * (okf * w_coef.to(device=dev, dtype=dtype))[rows]
             if need_e and bool(torch.equal(wcoef, ecoef)):
-                gE, gw = _dispatch.backward(st, ecoef, True, True)
+                gE, gw = dispatch.backward(st, ecoef, True, True)
             else:
-                gE = _dispatch.backward(st, ecoef, True, False)[0] if need_e else None
-                gw = _dispatch.backward(st, wcoef, False, True)[1]
+                gE = dispatch.backward(st, ecoef, True, False)[0] if need_e else None
+                gw = dispatch.backward(st, wcoef, False, True)[1]
         elif need_e:
-            gE = _dispatch.backward(st, ecoef, True, False)[0]
+            gE = dispatch.backward(st, ecoef, True, False)[0]
     else:
         if need_e and gE is not None and not bool(ok.all()):
             gE.mul_(okf.reshape(-1, 1, 1))  # the kernel's own buffer: infeasible rows zeroed in place

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from ._graphs import GraphBatch
+from .batch import GraphBatch
 
 NEG_INF = -math.inf
 OCC_BLOCK_ELEMENTS = 1 << 24  # occupancies are formed this many entries at a time

@@ -7,14 +7,15 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import _asg_dense, _ops, _validate
-from ._graphs import compiled_asg_full, compiled_asg_target
-from ._score import Plan, normalised_plan, reduce_losses, score, unique_graphs
+from ..kernels import dense_torch
+from ..core import criterion, checks
+from ..core.criterion_graphs import compiled_asg_full, compiled_asg_target
+from ..core.scoring import Plan, normalised_plan, reduce_losses, score, unique_graphs
 
 __all__ = ["asg_loss"]
 
 
-class _ASG(_ops.Criterion):
+class _ASG(criterion.Criterion):
     """Row ``b``: ``log Z(full transition graph) - log Z(target graph)``; arc weights are
     gathered from the transitions.
 
@@ -30,11 +31,11 @@ class _ASG(_ops.Criterion):
 
     def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
         C = E.shape[2]
-        if not _asg_dense.use_dense(C, E.device):
+        if not dense_torch.use_dense(C, E.device):
             return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
         B = E.shape[0]
         need_w = w_coef is not None
-        logz, gE_f, parts = _asg_dense._full_pass(E, weights, lengths, need_e or need_w)
+        logz, gE_f, parts = dense_torch._full_pass(E, weights, lengths, need_e or need_w)
         ok_full = (logz > -float("inf")).to(E.dtype)  # length 0: no path through the full graph
         graphs, ids = unique_graphs([compiled_asg_target(t, C) for t in seqs])
         plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
@@ -47,14 +48,14 @@ class _ASG(_ops.Criterion):
             losses = torch.where(ok > 0, losses, torch.zeros_like(losses))
         gE = gW = None
         if need_w:  # first: it reads the full graph's occupancies gE_f
-            gW = _asg_dense._transition_grad(gE_f, parts, w_coef.to(E.dtype) * ok)
+            gW = dense_torch._transition_grad(gE_f, parts, w_coef.to(E.dtype) * ok)
             gW = gW.reshape(-1).index_add_(0, widx, gw_t).reshape(weights.shape)
         if need_e:
             gE = gE_f.add_(gE_t).mul_(ok.reshape(-1, 1, 1))  # fresh buffers: in place
         return losses, gE, gW
 
 
-_ops.CRITERIA["asg"] = _ASG()
+criterion.CRITERIA["asg"] = _ASG()
 
 
 def check_transitions(transitions, C: int, device: torch.device, name: str = "transitions") -> None:
@@ -106,18 +107,18 @@ def asg_loss(
     Returns:
         Loss in the emissions' dtype and device (scalar, or ``(B,)`` for ``"none"``).
     """
-    B, T, C = _validate.check_emissions(emissions, "emissions")
-    _validate.check_reduction(reduction)
-    _validate.check_impl(impl)
+    B, T, C = checks.check_emissions(emissions, "emissions")
+    checks.check_reduction(reduction)
+    checks.check_impl(impl)
     check_transitions(transitions, C, emissions.device)
     if impl == "gtn":
-        from ._gtn_backend import gtn_asg_losses
+        from ..core.gtn_backend import gtn_asg_losses
 
-        lengths = _validate.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-        seqs = _validate.split_targets(targets, target_lengths, B, emissions.device, C)
+        lengths = checks.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
+        seqs = checks.split_targets(targets, target_lengths, B, emissions.device, C)
         losses = gtn_asg_losses(emissions, transitions, seqs, lengths, zero_infinity)
         return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
-    tg, tl = _validate.targets_tensors(targets, target_lengths, B, emissions.device)
-    il = _validate.int_tensor(input_lengths, "input_lengths")
-    return _ops.structured_loss(emissions, transitions, tg, il, tl, kind="asg", reduction=reduction,
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
+    il = checks.int_tensor(input_lengths, "input_lengths")
+    return criterion.structured_loss(emissions, transitions, tg, il, tl, kind="asg", reduction=reduction,
                                 zero_infinity=zero_infinity, impl=impl)

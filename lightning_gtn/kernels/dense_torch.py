@@ -108,9 +108,9 @@ def _full_pass(emissions, transitions, lengths, need_grad):
     E = emissions.detach()
     tr = transitions.detach().to(dtype)
     if dev.type == "cpu" and C <= NUMBA_MAX_CLASSES:
-        from . import _dense_numba
+        from . import dense_numba
 
-        return _dense_numba.full_pass(E, tr, lens, need_grad)
+        return dense_numba.full_pass(E, tr, lens, need_grad)
     return _torch_pass(E, tr, lens, need_grad)
 
 

@@ -38,10 +38,12 @@ import torch
 
 from .. import wfst as _wfst
 from ..wfst import Graph
-from . import _asg_dense, _dense_numba, _hub_numba, _ops, _validate
-from ._graphs import CompiledGraph, compile_graph
-from ._score import Plan, normalised_plan, unique_graphs
-from ._score import score as _score_plan_full
+from ..kernels import dense_torch, dense_numba, transducer_hubs
+from ..core import criterion, checks
+from ..kernels.batch import CompiledGraph, compile_graph
+from ..core.scoring import Plan, normalised_plan, unique_graphs
+from ..core.scoring import score as _score_plan_full
+from ..core.best_path import best_paths_op, max_semiring_paths, refuse_nan
 
 
 def _score_plan(plan, E, w, impl, need_e, w_coef):
@@ -130,7 +132,7 @@ def transitions_graph(ngram: int, num_classes: int, calc_grad: bool = False) -> 
             f"ngram={ngram} over {C} classes makes {total} transition arcs, about "
             f"{total * BYTES_PER_TRANSITION_ARC / 2**30:.1f} GiB to build and score, more than "
             f"MAX_TRANSITION_BYTES={MAX_TRANSITION_BYTES} ({MAX_TRANSITION_BYTES / 2**30:.1f} GiB); use a "
-            "smaller ngram or fewer tokens, or raise lightning_gtn.functional.transducer.MAX_TRANSITION_BYTES"
+            "smaller ngram or fewer tokens, or raise lightning_gtn.losses.transducer.MAX_TRANSITION_BYTES"
         )
     off = [0]  # first node of the histories of each length n
     for n in range(1, ngram):
@@ -321,7 +323,7 @@ def token_ids(tokens, graphemes_to_idx) -> Tuple[Tuple[Tuple[int, ...], ...], in
     return tuple(out), int(max(graphemes_to_idx.values())) + 1
 
 
-class TransducerCriterion(_ops.Criterion):
+class TransducerCriterion(criterion.Criterion):
     """The transducer's graphs for one configuration: numerators cached per target.
 
     Args:
@@ -382,7 +384,7 @@ class TransducerCriterion(_ops.Criterion):
                               and np.array_equal(self.t_il, np.arange(self.C)))
         # the research bigram graph (``transitions_graph(2, C)``): its normaliser is ASG's fully
         # connected recursion with start weights, plus end weights, scored by :mod:`._asg_dense`
-        # where ASG's is (see ``_asg_dense.use_dense``)
+        # where ASG's is (see ``dense_torch.use_dense``)
         self.research_bigram = (transitions is not None and _is_research_bigram(self, transitions.num_nodes()))
         # the plain numerators can be scored through their hubs (:mod:`._hub_numba`) on the CPU
         self.hub_ok = self.blank_mode != "optional" or self.allow_repeats
@@ -403,11 +405,11 @@ class TransducerCriterion(_ops.Criterion):
         return plan, plan.batch.weight_index()
 
     def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
-        """As :meth:`_ops.Criterion.score`; the unigram normaliser (one node looping on every
+        """As :meth:`criterion.Criterion.score`; the unigram normaliser (one node looping on every
         label: ``log Z = sum_t logsumexp_c(E[t, c] + w[c])``) is computed densely (see
         :meth:`_unigram_folded`) instead of arc by arc, the research bigram's by :mod:`._asg_dense`;
         on the CPU the plain numerators go through their hubs (:mod:`._hub_numba`)."""
-        if self.research_bigram and _asg_dense.use_dense(self.C, E.device) and E.shape[1] > 0 \
+        if self.research_bigram and dense_torch.use_dense(self.C, E.device) and E.shape[1] > 0 \
                 and bool((lengths > 0).all()):
             return self._bigram_score(E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef)
         if self.transitions is None and self._use_hub(E, impl):
@@ -435,9 +437,9 @@ class TransducerCriterion(_ops.Criterion):
         w = weights.detach().reshape(-1).to(E.dtype)
         coef = None if w_coef is None else w_coef.to(E.dtype)
         if need:  # (log Z, softmax sums, softmax buffer)
-            logz, psum, buf = _dense_numba.unigram_pass(E, w, lengths, new_buffer=True)
+            logz, psum, buf = dense_numba.unigram_pass(E, w, lengths, new_buffer=True)
         else:
-            logz, psum, buf = _dense_numba.unigram_pass(E, w, lengths)[0], None, None
+            logz, psum, buf = dense_numba.unigram_pass(E, w, lengths)[0], None, None
         if self._use_hub(E, impl):
             num_loss, _, gw_lab = self._hub_numerators(E, seqs, lengths, impl, need_e, coef, w=w, gE=buf)
         else:
@@ -497,7 +499,7 @@ class TransducerCriterion(_ops.Criterion):
         into ``gE`` when given); rows it cannot vouch for take the graph kernels."""
         B, T, C = E.shape
         need_l = coef is not None
-        logz, flag, gE, lsum = _hub_numba.numerators(
+        logz, flag, gE, lsum = transducer_hubs.numerators(
             E, [self._lattice_arrays(s) for s in seqs], lengths, self.blank_mode, self.num_tokens, need_e, need_l,
             w=w, gE=gE)
         losses = torch.from_numpy(-logz).to(E.dtype)
@@ -549,12 +551,12 @@ class TransducerCriterion(_ops.Criterion):
         # the numerators read the same end-weighted frames, through their bigram graphs
         widx, w, num_loss, gE_n, gw_n = self._numerator_scores(x, weights, seqs, lengths, impl, need_e or need_w,
                                                                w_coef, bigram=True)
-        logz, gE_f, parts = _asg_dense._full_pass(x, trans, lengths, need_e or need_w)
+        logz, gE_f, parts = dense_torch._full_pass(x, trans, lengths, need_e or need_w)
         losses, ok, okf = _combine(logz, num_loss, zero_infinity)
         gE = gW = None
         if need_w:  # first: it reads the full graph's occupancies gE_f
             c = w_coef.to(E.dtype) * okf
-            gT = _asg_dense._transition_grad(gE_f, parts, c)
+            gT = dense_torch._transition_grad(gE_f, parts, c)
             gW = torch.zeros_like(w)
             gW[:C] = gT[0]
             gW[C:C + C * C] = gT[1:].t().reshape(-1)
@@ -756,16 +758,14 @@ class TransducerCriterion(_ops.Criterion):
     def best_paths(self, emissions: torch.Tensor, lengths: np.ndarray, params: Optional[torch.Tensor]):
         """``(paths (B, T), scores (B,))``: the best frame paths through the transitions
         (per-frame argmax without them), on the host, padded with -1."""
-        from .viterbi import _max_semiring_paths, best_paths, refuse_nan
-
         B, T, C = emissions.shape
         refuse_nan(emissions, lengths, params, "transition_params")
         if self.denominator is None:
-            return best_paths(emissions, torch.from_numpy(lengths))
-        x = emissions.detach().to("cpu", _validate.compute_dtype(emissions)).contiguous()
+            return best_paths_op(emissions.detach(), None, torch.from_numpy(lengths))
+        x = emissions.detach().to("cpu", checks.compute_dtype(emissions)).contiguous()
         plan = Plan([self.denominator], np.zeros(B, dtype=np.int64), np.arange(B), lengths, np.ones(B), B)
         w = params.detach().to("cpu", x.dtype).reshape(-1)
-        paths, scores = _max_semiring_paths(x, plan, w.contiguous(), T)
+        paths, scores = max_semiring_paths(x, plan, w.contiguous(), T)
         return paths.to(emissions.device), scores.to(device=emissions.device, dtype=emissions.dtype)
 
 
@@ -805,7 +805,7 @@ def _new_criterion(key, toks, n_graph, ngram, transitions, blank, allow_repeats,
     if ngram > 0:
         transitions = transitions_graph(ngram, len(toks) + int(blank != "none"))
     crit = TransducerCriterion(toks, n_graph, blank, allow_repeats, decompositions, transitions)
-    handle = _ops.register_criterion(crit)
+    handle = criterion.register_criterion(crit)
     with _CRITERIA_LOCK:
         _CRITERIA[key] = (crit, handle, transitions)  # the graph is held: its id stays unique
         while len(_CRITERIA) > CRITERIA_CACHE_SIZE:
@@ -817,9 +817,9 @@ def apply_criterion(crit: TransducerCriterion, handle: int, emissions: torch.Ten
                     target_lengths, transition_params: Optional[torch.Tensor], reduction: str,
                     zero_infinity: bool, impl: Optional[str]) -> torch.Tensor:
     """Checks the call's arguments and runs the loss op (shared by the function and module)."""
-    B, T, C = _validate.check_emissions(emissions, "emissions")
-    _validate.check_reduction(reduction)
-    _validate.check_impl(impl)
+    B, T, C = checks.check_emissions(emissions, "emissions")
+    checks.check_reduction(reduction)
+    checks.check_impl(impl)
     if impl == "gtn":
         raise ValueError("impl='gtn' is not offered for the transducer loss; use None, 'numba', 'numba_log', "
                          "'torch' or 'triton'")
@@ -840,12 +840,12 @@ def apply_criterion(crit: TransducerCriterion, handle: int, emissions: torch.Ten
                              f"{emissions.device}")
     elif transition_params is not None:
         raise ValueError("transition_params is given but there are no transitions (ngram=0, transitions=None)")
-    tg, tl = _validate.targets_tensors(targets, target_lengths, B, emissions.device)
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
     if input_lengths is None:
         il = torch.full((B,), T, dtype=torch.int64, device=emissions.device)
     else:
-        il = _validate.int_tensor(input_lengths, "input_lengths")
-    return _ops.structured_loss(emissions, transition_params, tg, il, tl, kind="handle", blank=-1, handle=handle,
+        il = checks.int_tensor(input_lengths, "input_lengths")
+    return criterion.structured_loss(emissions, transition_params, tg, il, tl, kind="handle", blank=-1, handle=handle,
                                 reduction=reduction, zero_infinity=zero_infinity, impl=impl)
 
 

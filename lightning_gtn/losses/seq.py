@@ -7,21 +7,21 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import _ops, _validate
-from ._graphs import compiled_all_paths, compiled_force_align
-from ._score import normalised_plan, reduce_losses
+from ..core import criterion, checks
+from ..core.criterion_graphs import compiled_all_paths, compiled_force_align
+from ..core.scoring import normalised_plan, reduce_losses
 
 __all__ = ["sequence_loss"]
 
 
-class _Sequence(_ops.Criterion):
+class _Sequence(criterion.Criterion):
     """Row ``b``: ``log Z(all paths) - log Z(target paths)``."""
 
     def plan(self, seqs, lengths, C, blank):
         return normalised_plan(compiled_all_paths(C), [compiled_force_align(t) for t in seqs], lengths), None
 
 
-_ops.CRITERIA["seq"] = _Sequence()
+criterion.CRITERIA["seq"] = _Sequence()
 
 
 def sequence_loss(
@@ -56,17 +56,17 @@ def sequence_loss(
     Returns:
         Loss in the emissions' dtype and device.
     """
-    B, T, C = _validate.check_emissions(emissions, "emissions")
-    _validate.check_reduction(reduction)
-    _validate.check_impl(impl)
+    B, T, C = checks.check_emissions(emissions, "emissions")
+    checks.check_reduction(reduction)
+    checks.check_impl(impl)
     if impl == "gtn":
-        from ._gtn_backend import gtn_sequence_losses
+        from ..core.gtn_backend import gtn_sequence_losses
 
-        lengths = _validate.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-        seqs = _validate.split_targets(targets, target_lengths, B, emissions.device, C)
+        lengths = checks.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
+        seqs = checks.split_targets(targets, target_lengths, B, emissions.device, C)
         losses = gtn_sequence_losses(emissions, seqs, lengths, zero_infinity)
         return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
-    tg, tl = _validate.targets_tensors(targets, target_lengths, B, emissions.device)
-    il = _validate.int_tensor(input_lengths, "input_lengths")
-    return _ops.structured_loss(emissions, None, tg, il, tl, kind="seq", reduction=reduction,
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
+    il = checks.int_tensor(input_lengths, "input_lengths")
+    return criterion.structured_loss(emissions, None, tg, il, tl, kind="seq", reduction=reduction,
                                 zero_infinity=zero_infinity, impl=impl)

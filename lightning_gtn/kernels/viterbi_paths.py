@@ -192,7 +192,7 @@ class _TableState:
 
 def torch_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     """Best-path arcs on ``E``'s device (see :func:`numba_viterbi_arcs`); results on that device."""
-    from ._torch_impl import _build_tables, _gather_nodes
+    from .graph_torch import _build_tables, _gather_nodes
 
     check_problem(problem, E, w)
     p = problem
@@ -215,7 +215,7 @@ def torch_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     if need > MAX_ALIGN_BYTES:
         raise ValueError(f"forced alignment (impl='torch') of T={Tm} frames against a graph of S={S} nodes needs "
                          f"{need} bytes, more than the limit of {MAX_ALIGN_BYTES} (backpointers) "
-                         f"(lightning_gtn.functional._align_kernels.MAX_ALIGN_BYTES); split the utterance or "
+                         f"(lightning_gtn.kernels.viterbi_paths.MAX_ALIGN_BYTES); split the utterance or "
                          f"use impl='numba' on the CPU (checkpointed)")
     bp = torch.zeros((N, max(Tm, 1), S), dtype=bp_dtype, device=dev)
     delta = torch.where(tb.start, torch.zeros((), dtype=dtype, device=dev), ninf)
@@ -267,7 +267,7 @@ def _groups(problem, padded: bool):
 def viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor, impl: str):
     """:func:`numba_viterbi_arcs` (``impl="numba"``) or :func:`torch_viterbi_arcs`
     (``"torch"``), over groups of examples within :data:`BP_BUDGET` backpointers."""
-    from ._dispatch import Subset
+    from .batch import Subset
 
     if impl == "numba":  # each example holds its own (checkpointed) buffers
         return numba_viterbi_arcs(problem, E, w)
@@ -313,7 +313,7 @@ def check_search_bytes(T: int, S: int, itemsize: int, what: str = "") -> None:
     if need > MAX_ALIGN_BYTES:
         raise ValueError(f"forced alignment of {what}T={T} frames against a graph of S={S} nodes needs "
                          f"{need} bytes, more than the limit of {MAX_ALIGN_BYTES} "
-                         f"(lightning_gtn.functional._align_kernels.MAX_ALIGN_BYTES); split the utterance")
+                         f"(lightning_gtn.kernels.viterbi_paths.MAX_ALIGN_BYTES); split the utterance")
 
 
 # ---------------------------------------------------------------------------

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import _validate
-from .align import Alignment, _token_text
+from ..core import checks
+from .forced import Alignment, _token_text
 
 __all__ = ["plot_alignment"]
 
@@ -64,7 +64,7 @@ def plot_alignment(emissions: torch.Tensor, alignment: Alignment, b: int, tokens
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
-    B, T, C = _validate.check_emissions(emissions, "emissions")
+    B, T, C = checks.check_emissions(emissions, "emissions")
     if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 <= int(b) < B:
         raise ValueError(f"b must be an integer in [0, B={B}), got {b!r}")
     if len(alignment) != B or alignment.labels.shape[1] != T:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ._dense_numba import run_rows
+from .dense_numba import run_rows
 
 NEG_INF = -math.inf
 MODES = {"none": 0, "optional": 1, "forced": 2}

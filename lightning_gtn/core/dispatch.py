@@ -31,69 +31,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import _numba, _torch_impl, _triton
-from ._graphs import GraphBatch
-from ._numba import _np
-
-# ---------------------------------------------------------------------------
-# Problem set-up
-# ---------------------------------------------------------------------------
-
-
-class Problem:
-    """A batch of (graph, emission row, length) examples and what the passes need.
-
-    Args:
-        batch: the concatenated criterion graphs.
-        ex_graph: ``(N,)`` graph index of each example.
-        ex_row: ``(N,)`` emission row (batch index ``b``) of each example, non-decreasing.
-        ex_len: ``(N,)`` number of frames of each example.
-    """
-
-    def __init__(self, batch: GraphBatch, ex_graph, ex_row, ex_len) -> None:
-        self.batch = batch
-        self.ex_graph = np.ascontiguousarray(ex_graph, dtype=np.int64)
-        self.ex_row = np.ascontiguousarray(ex_row, dtype=np.int64)
-        self.ex_len = np.ascontiguousarray(ex_len, dtype=np.int64)
-        self.num_examples = len(self.ex_graph)
-        sizes = np.asarray(batch.num_nodes, dtype=np.int64)[self.ex_graph] if self.num_examples else np.zeros(0, np.int64)
-        self.ex_nodes = sizes
-        self._set_alpha_off()
-
-    def _set_alpha_off(self) -> None:
-        """``alpha_off`` ``(N + 1,)``: where each example's ``(T_e + 1) * S_e`` alphas start."""
-        self.alpha_off = np.zeros(self.num_examples + 1, dtype=np.int64)
-        np.cumsum((self.ex_len + 1) * self.ex_nodes, out=self.alpha_off[1:])
-
-    def chunks(self, threads: int):
-        """Example ranges of similar work, never splitting one emission row across chunks."""
-        N = self.num_examples
-        if N == 0:
-            return []
-        arcs = np.diff(self.batch.arc_off)[self.ex_graph] + 1
-        cost = (self.ex_len + 1) * (arcs + self.ex_nodes)
-        total = int(cost.sum())
-        if threads <= 1 or total < 200_000 or N == 1:
-            return [(0, N)]
-        cum = np.cumsum(cost)
-        row_end = np.nonzero(np.append(self.ex_row[1:] != self.ex_row[:-1], True))[0] + 1  # valid cut points
-        cuts = [0]
-        for i in range(1, threads):
-            target = total * i / threads
-            j = int(np.searchsorted(cum[row_end - 1], target))
-            if j < len(row_end):
-                c = int(row_end[j])
-                if c > cuts[-1] and c < N:
-                    cuts.append(c)
-        cuts.append(N)
-        return [(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
-
-
-
-class State:
-    """What the forward keeps for the backward."""
-
-    __slots__ = ("problem", "alpha", "logz", "E", "w", "impl", "extra")
+from ..kernels import graph_numba, graph_torch, graph_triton
+from ..kernels.batch import GraphBatch, Problem, State, Subset
+from ..kernels.graph_numba import _np
 
 
 def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, use_max: bool = False) -> State:
@@ -104,20 +44,20 @@ def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, use_m
         E: ``(B, T, C)`` float32/float64 emissions (contiguous).
         w: ``(num_arcs,)`` arc weights, E's dtype and device.
         impl: ``"numba"`` (CPU only), ``"torch"`` (any device) or ``"triton"`` (CUDA; graphs
-            with epsilon arcs or over ``_triton.MAX_NODES`` nodes go to ``"torch"``).
+            with epsilon arcs or over ``graph_triton.MAX_NODES`` nodes go to ``"torch"``).
         use_max: the max (Viterbi) semiring instead of the log semiring.
     """
     st = State()
-    if impl == "triton" and not _triton.supports(problem.batch):
+    if impl == "triton" and not graph_triton.supports(problem.batch):
         impl = "torch"  # epsilon arcs (closures) or graphs too large for one Triton program
     st.problem, st.E, st.w, st.impl, st.extra = problem, E, w, impl, None
     if impl == "numba":
-        _numba.numba_forward(st, use_max)
+        graph_numba.numba_forward(st, use_max)
     elif impl == "torch":
-        _torch_impl.torch_forward(st, use_max)
+        graph_torch.torch_forward(st, use_max)
     elif impl == "triton":
-        st.extra = _triton.build_tables(problem, E.device)
-        st.alpha, st.logz = _triton.forward(problem, st.extra, E, w, use_max)
+        st.extra = graph_triton.build_tables(problem, E.device)
+        st.alpha, st.logz = graph_triton.forward(problem, st.extra, E, w, use_max)
     else:
         raise ValueError(f"_impl must be 'numba', 'torch' or 'triton', got {impl!r}")
     return st
@@ -139,7 +79,7 @@ def device_impl(device: torch.device) -> str:
     impl = _device_impl.get(key)
     if impl is None:
         impl = "torch"
-        if device.type == "cuda" and _triton.available():
+        if device.type == "cuda" and graph_triton.available():
             problem = _self_check()
             try:
                 err = _self_check_error(problem, device)
@@ -157,7 +97,7 @@ def device_impl(device: torch.device) -> str:
 
 
 def _self_check():
-    from ._graphs import compiled_asg_full, compiled_ctc
+    from .criterion_graphs import compiled_asg_full, compiled_ctc
 
     graphs = [compiled_ctc((1, 2, 2), 0), compiled_ctc((3,), 0), compiled_asg_full(5)]
     return Problem(GraphBatch(graphs), [0, 1, 2, 2], [0, 1, 2, 3], [9, 4, 7, 0])
@@ -169,10 +109,10 @@ def _self_check_error(problem: Problem, device: torch.device):
     E = torch.randn(4, 9, 5, generator=g, dtype=torch.float64).to(device)
     w = torch.randn(problem.batch.num_arcs, generator=g, dtype=torch.float64).to(device)
     coef = torch.tensor([1.0, -0.5, 2.0, 1.0], dtype=torch.float64)
-    tables = _triton.build_tables(problem, device)
+    tables = graph_triton.build_tables(problem, device)
     tile = 8  # 8 padded nodes x 1 arc per step: the chunked code path (CTC's 3, ASG's 6 arcs per node)
-    alpha, logz = _triton.forward(problem, tables, E, w, tile=tile)
-    ga = _triton.backward(problem, tables, E, w, alpha, logz, coef, True, True, tile=tile)
+    alpha, logz = graph_triton.forward(problem, tables, E, w, tile=tile)
+    ga = graph_triton.backward(problem, tables, E, w, alpha, logz, coef, True, True, tile=tile)
     b = forward(problem, E, w, "torch")
     gb = backward(b, coef, True, True)
     for name, x, y in (("scores", logz, b.logz), ("emission gradient", ga[0], gb[0]),
@@ -185,23 +125,12 @@ def _self_check_error(problem: Problem, device: torch.device):
 def backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
     """Gradient of ``sum_e coef[e] * logz[e]``: ``(grad_E (B, T, C) or None, grad_w (num_arcs,) or None)``."""
     if st.impl == "numba":
-        return _numba.numba_backward(st, coef, need_e, need_w)
+        return graph_numba.numba_backward(st, coef, need_e, need_w)
     if st.impl == "triton":
-        return _triton.backward(st.problem, st.extra, st.E, st.w, st.alpha, st.logz, coef, need_e, need_w)
-    return _torch_impl.torch_backward(st, coef, need_e, need_w)
+        return graph_triton.backward(st.problem, st.extra, st.E, st.w, st.alpha, st.logz, coef, need_e, need_w)
+    return graph_torch.torch_backward(st, coef, need_e, need_w)
 
 
-class Subset(Problem):
-    """A view of some examples of a :class:`Problem` (same graphs, same alpha layout rules)."""
-
-    def __init__(self, problem: "Problem", idx: np.ndarray) -> None:
-        self.batch = problem.batch
-        self.ex_graph = problem.ex_graph[idx]
-        self.ex_row = problem.ex_row[idx]
-        self.ex_len = problem.ex_len[idx]
-        self.num_examples = len(idx)
-        self.ex_nodes = problem.ex_nodes[idx]
-        self._set_alpha_off()
 
 
 def fused(problem: Problem, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: bool,
@@ -218,7 +147,7 @@ def fused(problem: Problem, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, 
     dtype = E.dtype
     N = p.num_examples
     signn = np.ascontiguousarray(sign, dtype=np.float64)
-    logz, flag, gE, gw_ex, gw_off, arcs = _numba.fused_scaled(p, E, w, signn, need_e, need_w)
+    logz, flag, gE, gw_ex, gw_off, arcs = graph_numba.fused_scaled(p, E, w, signn, need_e, need_w)
     out = torch.from_numpy(logz).to(dtype)
     bad = np.nonzero(flag)[0]
     if len(bad):
@@ -249,4 +178,4 @@ def viterbi_labels(st: State) -> list:
     """Frame labels of the best path of each example (numba state, max semiring), or None if none."""
     if st.impl != "numba":
         raise RuntimeError("viterbi_labels needs the numba state")
-    return _numba.viterbi_labels(st)
+    return graph_numba.viterbi_labels(st)

@@ -7,14 +7,14 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import _ops, _validate
-from ._graphs import compiled_ctc
-from ._score import Plan, reduce_losses, unique_graphs
+from ..core import criterion, checks
+from ..core.criterion_graphs import compiled_ctc
+from ..core.scoring import Plan, reduce_losses, unique_graphs
 
 __all__ = ["ctc_loss"]
 
 
-class _CTC(_ops.Criterion):
+class _CTC(criterion.Criterion):
     """One CTC graph per distinct target; the loss of a row is ``-log Z`` of its graph."""
 
     def forbidden_label(self, blank: int) -> Optional[int]:
@@ -26,7 +26,7 @@ class _CTC(_ops.Criterion):
         return Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B), None
 
 
-_ops.CRITERIA["ctc"] = _CTC()
+criterion.CRITERIA["ctc"] = _CTC()
 
 
 def ctc_loss(
@@ -78,18 +78,18 @@ def ctc_loss(
         >>> loss.shape
         torch.Size([])
     """
-    B, T, C = _validate.check_emissions(log_probs, "log_probs")
-    _validate.check_reduction(reduction)
-    _validate.check_impl(impl)
-    blank = _validate.check_label(blank, "blank", C)
+    B, T, C = checks.check_emissions(log_probs, "log_probs")
+    checks.check_reduction(reduction)
+    checks.check_impl(impl)
+    blank = checks.check_label(blank, "blank", C)
     if impl == "gtn":
-        from ._gtn_backend import gtn_ctc_losses
+        from ..core.gtn_backend import gtn_ctc_losses
 
-        lengths = _validate.as_lengths(input_lengths, B, "input_lengths", log_probs.device, max_value=T)
-        seqs = _validate.split_targets(targets, target_lengths, B, log_probs.device, C, blank=blank)
+        lengths = checks.as_lengths(input_lengths, B, "input_lengths", log_probs.device, max_value=T)
+        seqs = checks.split_targets(targets, target_lengths, B, log_probs.device, C, blank=blank)
         losses = gtn_ctc_losses(log_probs, seqs, lengths, blank, zero_infinity)
         return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
-    tg, tl = _validate.targets_tensors(targets, target_lengths, B, log_probs.device)
-    il = _validate.int_tensor(input_lengths, "input_lengths")
-    return _ops.structured_loss(log_probs, None, tg, il, tl, kind="ctc", blank=blank, reduction=reduction,
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, log_probs.device)
+    il = checks.int_tensor(input_lengths, "input_lengths")
+    return criterion.structured_loss(log_probs, None, tg, il, tl, kind="ctc", blank=blank, reduction=reduction,
                                 zero_infinity=zero_infinity, impl=impl)

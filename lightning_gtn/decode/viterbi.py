@@ -8,9 +8,10 @@ import numpy as np
 import torch
 
 from ..wfst import Graph
-from . import _dispatch, _ops, _validate
-from ._graphs import compiled_asg_full
-from ._score import Plan
+from ..core import checks
+from ..core.best_path import best_paths_op, max_semiring_paths, refuse_nan
+from ..core.criterion_graphs import compiled_asg_full
+from ..core.scoring import Plan
 
 __all__ = ["viterbi", "best_paths", "collapse"]
 
@@ -32,62 +33,17 @@ def collapse(path: Sequence[int], blank: Optional[int] = None) -> List[int]:
     return out
 
 
-def _max_semiring_paths(x: torch.Tensor, plan: Plan, w: torch.Tensor, T: int):
-    st = _dispatch.forward(plan.problem, x, w.contiguous(), "numba", use_max=True)
-    B = plan.B
-    paths = torch.full((B, T), -1, dtype=torch.int64)
-    for b, lab in enumerate(_dispatch.viterbi_labels(st)):
-        if lab is not None and len(lab):
-            paths[b, : len(lab)] = torch.from_numpy(lab)
-    scores = st.logz.to(x.dtype)
-    return paths, scores
-
-
-def _best_paths_impl(emissions: torch.Tensor, transitions: Optional[torch.Tensor], input_lengths: torch.Tensor):
-    """The real implementation of :func:`._ops.best_paths_op`."""
-    B, T, C = emissions.shape
-    lengths = _validate.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-    refuse_nan(emissions, lengths, transitions, "transitions")  # inside the op: also under torch.compile
-    dev = emissions.device
-    with torch.no_grad():
-        if transitions is None:
-            best, idx = emissions.max(-1)
-            valid = torch.arange(T, device=dev)[None, :] < torch.from_numpy(lengths).to(dev)[:, None]
-            paths = torch.where(valid, idx, torch.full_like(idx, -1))
-            scores = torch.where(valid, best, torch.zeros_like(best)).sum(1)
-            return paths, scores
-        x = emissions.detach().to("cpu", _validate.compute_dtype(emissions)).contiguous()
-        cg = compiled_asg_full(C)
-        plan = Plan([cg], np.zeros(B, dtype=np.int64), np.arange(B), lengths, np.ones(B), B)
-        w = transitions.detach().to("cpu", x.dtype).reshape(-1)[torch.from_numpy(cg.weight_index)]
-        paths, scores = _max_semiring_paths(x, plan, w, T)
-        return paths.to(dev), scores.to(device=dev, dtype=emissions.dtype)
-
-
 def _graph_paths(emissions: torch.Tensor, lengths: np.ndarray, graphs) -> Tuple[torch.Tensor, torch.Tensor]:
-    from .graph_loss import _as_graph_list, compile_criteria
+    from ..losses.graph import _as_graph_list, compile_criteria
 
     B, T, C = emissions.shape
     glist = _as_graph_list(graphs, B, "graphs")
     _, compiled, ids = compile_criteria(glist, C)
-    x = emissions.detach().to("cpu", _validate.compute_dtype(emissions)).contiguous()
+    x = emissions.detach().to("cpu", checks.compute_dtype(emissions)).contiguous()
     plan = Plan(compiled, ids, np.arange(B), lengths, np.ones(B), B)
     w = torch.from_numpy(plan.batch.weights()).to(x.dtype)
-    paths, scores = _max_semiring_paths(x, plan, w, T)
+    paths, scores = max_semiring_paths(x, plan, w, T)
     return paths.to(emissions.device), scores.to(device=emissions.device, dtype=emissions.dtype)
-
-
-def refuse_nan(emissions: torch.Tensor, lengths: np.ndarray, weights: Optional[torch.Tensor] = None,
-               weights_name: str = "transitions") -> None:
-    """ValueError when an emission within an example's length, or a weight, is NaN: a best
-    path through NaN scores is undefined (the max would silently skip them)."""
-    rows = _ops.nan_rows(emissions.detach(), None, lengths)
-    if rows is not None:
-        b = int(torch.nonzero(rows)[0, 0])
-        raise ValueError(f"emissions contains NaN (example {b}, within its input length); "
-                         "cannot decode NaN scores")
-    if weights is not None and bool(torch.isnan(weights.detach()).any()):
-        raise ValueError(f"{weights_name} contains NaN; cannot decode NaN scores")
 
 
 def best_paths(
@@ -117,24 +73,24 @@ def best_paths(
         an example whose graph has no path of its length), and ``scores`` ``(B,)``: the best
         path's score (``-inf`` where there is none), in the emissions' dtype.
     """
-    B, T, C = _validate.check_emissions(emissions, "emissions")
+    B, T, C = checks.check_emissions(emissions, "emissions")
     if transitions is not None and graphs is not None:
         raise ValueError("pass transitions or graphs, not both")
     if input_lengths is None:
         il = torch.full((B,), T, dtype=torch.int64, device=emissions.device)
     else:
-        il = _validate.int_tensor(input_lengths, "input_lengths")
+        il = checks.int_tensor(input_lengths, "input_lengths")
     if graphs is not None:
-        refuse_nan(emissions, _validate.as_lengths(il, B, "input_lengths", emissions.device, max_value=T))
+        refuse_nan(emissions, checks.as_lengths(il, B, "input_lengths", emissions.device, max_value=T))
     if graphs is not None:
-        lengths = _validate.as_lengths(il, B, "input_lengths", emissions.device, max_value=T)
+        lengths = checks.as_lengths(il, B, "input_lengths", emissions.device, max_value=T)
         return _graph_paths(emissions, lengths, graphs)
     if transitions is not None:
-        from .asg import check_transitions
+        from ..losses.asg import check_transitions
 
         check_transitions(transitions, C, emissions.device)
         transitions = transitions.detach()
-    return _ops.best_paths_op(emissions.detach(), transitions, il)
+    return best_paths_op(emissions.detach(), transitions, il)
 
 
 def viterbi(
@@ -163,8 +119,8 @@ def viterbi(
         ``tokens`` (a list of B lists of ints), or ``(tokens, paths)``. An example whose graph
         has no path of its length gets empty lists.
     """
-    B, T, C = _validate.check_emissions(emissions, "emissions")
-    blank = _validate.check_label(blank, "blank", C, allow_none=True)
+    B, T, C = checks.check_emissions(emissions, "emissions")
+    blank = checks.check_label(blank, "blank", C, allow_none=True)
     paths_t, _ = best_paths(emissions, input_lengths, transitions=transitions, graphs=graphs)
     paths = [[v for v in row if v >= 0] for row in paths_t.cpu().tolist()]
     tokens = [collapse(p, blank) for p in paths]

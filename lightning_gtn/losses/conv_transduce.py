@@ -39,9 +39,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import wfst as _wfst
-from . import _dispatch, _torch_impl, _triton, _validate
-from ._graphs import GraphBatch, compile_graph
-from ._score import pick_impl
+from ..core import dispatch, checks
+from ..kernels import graph_torch, graph_triton
+from ..kernels.batch import GraphBatch, compile_graph
+from ..core.scoring import pick_impl
 
 __all__ = ["kernel_graph", "min_kernel_size", "conv_transduce1d", "KernelBank", "kernel_bank", "conv_transduce_op",
            "SCALES", "NORMALIZATIONS"]
@@ -177,7 +178,7 @@ class KernelBank:
         self.max_label = int(self.batch.max_label)
         self.min_size = max(min_kernel_size(x) for x in self.lexicon)
         self._tables: dict = {}
-        self._problems: "OrderedDict[tuple, _dispatch.Problem]" = OrderedDict()
+        self._problems: "OrderedDict[tuple, dispatch.Problem]" = OrderedDict()
         self._lock = threading.Lock()
         self.handle = _register(self)
 
@@ -227,7 +228,7 @@ class KernelBank:
             self._tables[key] = t
         return t
 
-    def problem(self, windows: int, K: int) -> _dispatch.Problem:
+    def problem(self, windows: int, K: int) -> dispatch.Problem:
         """Examples ``(window i, kernel k)`` in window-major order: example ``i * C_out + k``
         (the last two ``(windows, K)`` are kept: a forward and its backward share one)."""
         key = (int(windows), int(K))
@@ -239,7 +240,7 @@ class KernelBank:
         G = len(self.graphs)
         ex_graph = np.tile(np.arange(G, dtype=np.int64), windows)
         ex_row = np.repeat(np.arange(windows, dtype=np.int64), G)
-        p = _dispatch.Problem(self.batch, ex_graph, ex_row, np.full(windows * G, K, dtype=np.int64))
+        p = dispatch.Problem(self.batch, ex_graph, ex_row, np.full(windows * G, K, dtype=np.int64))
         with self._lock:
             self._problems[key] = p
             while len(self._problems) > 2:  # 16 MB each for 800 windows x 500 kernels
@@ -331,22 +332,22 @@ def _viterbi_forward(bank: KernelBank, E: torch.Tensor, w: torch.Tensor):
 
 
 def _state(bank: KernelBank, E: torch.Tensor, w: torch.Tensor, impl: str, alpha: torch.Tensor,
-           logz: torch.Tensor) -> _dispatch.State:
+           logz: torch.Tensor) -> dispatch.State:
     """The :class:`._dispatch.State` of a forward of the op, rebuilt from its saved tensors."""
     W, K, _ = E.shape
     p = bank.problem(W, K)
-    if impl == "triton" and not _triton.supports(p.batch):
-        impl = "torch"  # what _dispatch.forward fell back to
-    st = _dispatch.State()
+    if impl == "triton" and not graph_triton.supports(p.batch):
+        impl = "torch"  # what dispatch.forward fell back to
+    st = dispatch.State()
     st.problem, st.E, st.w, st.impl, st.logz, st.extra = p, E, w, impl, logz.reshape(-1), None
     N = p.num_examples
     if impl == "numba":
         st.alpha = alpha
     elif impl == "torch":
-        st.extra = _torch_impl._build_tables(st)
+        st.extra = graph_torch._build_tables(st)
         st.alpha = alpha.reshape(N, K + 1, st.extra.Smax)
     else:
-        st.extra = _triton.build_tables(p, E.device)
+        st.extra = graph_triton.build_tables(p, E.device)
         st.alpha = alpha.reshape(N, K + 1, st.extra.S)
     return st
 
@@ -363,7 +364,7 @@ def conv_transduce_op(windows: Tensor, weights: Tensor, handle: int, viterbi: bo
     W, K, _ = E.shape
     if viterbi:
         return _viterbi_forward(bank, E, w)
-    st = _dispatch.forward(bank.problem(W, K), E, w, impl)
+    st = dispatch.forward(bank.problem(W, K), E, w, impl)
     logz = st.logz.to(device=E.device, dtype=E.dtype).reshape(W, bank.num_kernels)
     return logz, st.alpha.reshape(-1), E.new_empty(0, dtype=torch.int64)
 
@@ -400,7 +401,7 @@ def conv_transduce_backward_op(grad: Tensor, windows: Tensor, weights: Tensor, s
             gw.index_add_(0, arcs.reshape(-1), coef.unsqueeze(0).expand(K, W, -1).reshape(-1))
     elif need_e or need_w:
         st = _state(bank, windows.contiguous(), weights.contiguous(), impl, saved1, scores)
-        gE, gw = _dispatch.backward(st, coef.reshape(-1).to(windows.device), need_e, need_w)
+        gE, gw = dispatch.backward(st, coef.reshape(-1).to(windows.device), need_e, need_w)
     gE = gE.to(windows.dtype) if gE is not None else windows.new_empty(0)
     gw = gw.to(weights.dtype) if gw is not None else weights.new_empty(0)
     return gE, gw
@@ -498,7 +499,7 @@ def conv_transduce1d(
         >>> conv_transduce1d(x, [[1], [2, 3], []], kernel_size=3, stride=2, blank_idx=0).shape
         torch.Size([2, 5, 3])
     """
-    B, T, C = _validate.check_emissions(inputs, "inputs")
+    B, T, C = checks.check_emissions(inputs, "inputs")
     kernel_size = _check_int(kernel_size, "kernel_size", 1)
     stride = _check_int(stride, "stride", 1)
     if kernel_size % 2 != 1:
@@ -518,14 +519,14 @@ def conv_transduce1d(
     if bank.max_label >= C:
         raise ValueError(f"inputs must have C_in greater than every lexicon id and blank_idx: the kernels read "
                          f"input class {bank.max_label}, but inputs has C_in={C} (shape {(B, T, C)})")
-    dtype = _validate.compute_dtype(inputs)
+    dtype = checks.compute_dtype(inputs)
     need_bytes = conv_bytes(B, T, C, kernel_size, stride, bank.num_arcs, torch.finfo(dtype).bits // 8)
     if need_bytes > MAX_CONV_BYTES:
         raise ValueError(
             f"kernel_size={kernel_size} and stride={stride} over inputs of shape {(B, T, C)} would need about "
             f"{need_bytes / 2**30:.1f} GiB, more than MAX_CONV_BYTES={MAX_CONV_BYTES} "
             f"({MAX_CONV_BYTES / 2**30:.1f} GiB); use a smaller kernel_size or a larger stride, or raise "
-            "lightning_gtn.functional.conv_transduce.MAX_CONV_BYTES"
+            "lightning_gtn.losses.conv_transduce.MAX_CONV_BYTES"
         )
     x = inputs.to(dtype)
     pad = kernel_size // 2

@@ -39,10 +39,12 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from . import _ops, _stc_numba, _validate
+from ..core import criterion, checks
+from ..kernels import stc_chain
 from .. import wfst as _wfst
-from ._graphs import cached, compile_graph, target_key
-from ._score import Plan, unique_graphs
+from ..core.criterion_graphs import cached, target_key
+from ..kernels.batch import compile_graph
+from ..core.scoring import Plan, unique_graphs
 
 __all__ = ["stc_loss", "stc_graph", "stc_emissions"]
 
@@ -127,7 +129,7 @@ def stc_emissions(emissions: torch.Tensor, blank: int, log_p: Union[float, torch
     return torch.cat([emissions, cols], dim=-1)
 
 
-class _STC(_ops.Criterion):
+class _STC(criterion.Criterion):
     """One STC graph per distinct target, scored against the augmented ``(B, T, 2C)``
     emissions; the loss of a row is ``-log Z`` of its graph."""
 
@@ -147,7 +149,7 @@ class _STC(_ops.Criterion):
         return Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B), None
 
 
-_ops.CRITERIA["stc"] = _STC()
+criterion.CRITERIA["stc"] = _STC()
 
 
 def _star_grad(x: torch.Tensor, g_aug: torch.Tensor, blank: int):
@@ -170,7 +172,7 @@ def _star_grad(x: torch.Tensor, g_aug: torch.Tensor, blank: int):
     return g_in + p * coef - g_tok * r, g_cols.sum(dim=(1, 2))
 
 
-class _STCChain(_ops.Criterion):
+class _STCChain(criterion.Criterion):
     """STC on the CPU: the emissions ``(B, T, C)`` as given and ``log p`` as the single weight;
     each graph is scored as the chain it reduces to, the star columns computed inside
     (:mod:`._stc_numba`). Rows the chain cannot vouch for take the graph path."""
@@ -182,7 +184,7 @@ class _STCChain(_ops.Criterion):
         log_p = float(weights.reshape(-1)[0])
         need_w = w_coef is not None
         need = need_e or need_w
-        logz, flag, gX, gp = _stc_numba.stc_chain(E, log_p, STC_EPS, seqs, lengths, blank, need)
+        logz, flag, gX, gp = stc_chain.stc_chain(E, log_p, STC_EPS, seqs, lengths, blank, need)
         losses = torch.from_numpy(-logz).to(E.dtype)
         gp = torch.from_numpy(gp)
         redo = np.nonzero(flag)[0]
@@ -190,7 +192,7 @@ class _STCChain(_ops.Criterion):
             sub = torch.from_numpy(redo)
             x = E[sub].contiguous()
             aug = stc_emissions(x, blank, log_p)
-            l2, g_aug, _ = _ops.Criterion.score(_ops.CRITERIA["stc"], aug, None, [seqs[i] for i in redo],
+            l2, g_aug, _ = criterion.Criterion.score(criterion.CRITERIA["stc"], aug, None, [seqs[i] for i in redo],
                                                 lengths[redo], blank, "numba", False, need, None)
             losses[sub] = l2
             if need:
@@ -209,7 +211,7 @@ class _STCChain(_ops.Criterion):
         return losses, (gX if need_e else None), gW
 
 
-_ops.CRITERIA["stc_chain"] = _STCChain()
+criterion.CRITERIA["stc_chain"] = _STCChain()
 
 
 def _check_p(p):
@@ -275,24 +277,24 @@ def stc_loss(
         >>> loss.shape
         torch.Size([])
     """
-    B, T, C = _validate.check_emissions(emissions, "emissions")
+    B, T, C = checks.check_emissions(emissions, "emissions")
     if C < 2:
         raise ValueError(f"emissions must have C >= 2 classes (a blank and a token), got shape {(B, T, C)}")
-    _validate.check_reduction(reduction)
-    _validate.check_impl(impl)
+    checks.check_reduction(reduction)
+    checks.check_impl(impl)
     if impl == "gtn":
         raise ValueError("impl='gtn' is not offered for stc_loss; use None, 'numba', 'numba_log', 'torch' or 'triton'")
-    blank = _validate.check_label(blank, "blank", C)
+    blank = checks.check_label(blank, "blank", C)
     log_p = _check_p(p)
-    tg, tl = _validate.targets_tensors(targets, target_lengths, B, emissions.device)
-    il = _validate.int_tensor(input_lengths, "input_lengths")
-    x = emissions.to(_validate.compute_dtype(emissions))
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
+    il = checks.int_tensor(input_lengths, "input_lengths")
+    x = emissions.to(checks.compute_dtype(emissions))
     if x.device.type == "cpu" and impl in (None, "numba"):  # the chains, star columns inside
         lp = log_p.reshape(1) if isinstance(log_p, torch.Tensor) else torch.tensor([log_p], dtype=torch.float64)
-        out = _ops.structured_loss(x, lp.to(x.dtype), tg, il, tl, kind="stc_chain", blank=blank,
+        out = criterion.structured_loss(x, lp.to(x.dtype), tg, il, tl, kind="stc_chain", blank=blank,
                                    reduction=reduction, zero_infinity=zero_infinity, impl=impl)
     else:
         x = stc_emissions(x, blank, log_p)
-        out = _ops.structured_loss(x, None, tg, il, tl, kind="stc", blank=blank, reduction=reduction,
+        out = criterion.structured_loss(x, None, tg, il, tl, kind="stc", blank=blank, reduction=reduction,
                                    zero_infinity=zero_infinity, impl=impl)
     return out.to(emissions.dtype)

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._score import Plan, graph_weights, pick_impl, reduction_coefficients, score
-from ._validate import as_lengths, split_targets
+from .scoring import Plan, graph_weights, pick_impl, reduction_coefficients, score
+from .checks import as_lengths, split_targets
 
-__all__ = ["Criterion", "register_criterion", "loss_op", "best_paths_op", "CRITERIA"]
+__all__ = ["Criterion", "register_criterion", "loss_op", "CRITERIA"]
 
 
 class Criterion:
@@ -276,23 +276,3 @@ def structured_loss(emissions: Tensor, weights: Optional[Tensor], targets: Tenso
     out, _, _ = loss_op(x, w, targets, input_lengths, target_lengths, kind, int(blank), int(handle), reduction,
                         bool(zero_infinity), impl or "", need_e, need_w)
     return out.to(emissions.dtype)
-
-
-# ---------------------------------------------------------------------------
-# best paths
-# ---------------------------------------------------------------------------
-
-
-@torch.library.custom_op("lightning_gtn::best_paths", mutates_args=())
-def best_paths_op(emissions: Tensor, transitions: Optional[Tensor], input_lengths: Tensor) -> Tuple[Tensor, Tensor]:
-    """``(paths (B, T) int64, scores (B,))``: the best label path of each example's first
-    ``input_lengths[b]`` frames (per-frame argmax, or through ASG's transitions), padded with -1."""
-    from .viterbi import _best_paths_impl
-
-    return _best_paths_impl(emissions, transitions, input_lengths)
-
-
-@best_paths_op.register_fake
-def _best_paths_fake(emissions, transitions, input_lengths):
-    B, T = emissions.shape[:2]
-    return emissions.new_empty((B, T), dtype=torch.int64), emissions.new_empty((B,))

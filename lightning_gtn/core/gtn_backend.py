@@ -20,7 +20,7 @@ from typing import List
 import numpy as np
 import torch
 
-from ._graphs import build_force_align
+from .criterion_graphs import build_force_align
 
 __all__ = ["gtn_ctc_losses", "gtn_asg_losses", "gtn_sequence_losses", "import_gtn"]
 

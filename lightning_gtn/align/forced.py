@@ -11,7 +11,7 @@ other devices. Memory on the CPU is bounded per example by checkpointing (at mos
 ``_align_kernels.MAX_ALIGN_BYTES``, 2 GiB, else a ValueError naming T, S and the bytes).
 
 :func:`word_spans` groups token spans into words; :func:`to_json` and :func:`to_ctm` format
-the result (:func:`lightning_gtn.functional.align_plot.plot_alignment` draws it).
+the result (:func:`lightning_gtn.align.plot.plot_alignment` draws it).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 from .. import wfst as _wfst
-from . import _validate
-from ._align_kernels import ctc_states, viterbi_arcs
-from ._dispatch import Problem
-from ._graphs import (GraphBatch, cached, compile_graph, compiled_asg_target, compiled_ctc,
-                      compiled_force_align, target_key)
-from ._score import unique_graphs
+from ..core import checks
+from ..kernels.viterbi_paths import ctc_states, viterbi_arcs
+from ..kernels.batch import Problem
+from ..kernels.batch import GraphBatch, compile_graph
+from ..core.criterion_graphs import cached, compiled_asg_target, compiled_ctc, compiled_force_align, target_key
+from ..core.scoring import unique_graphs
 
 __all__ = ["Alignment", "forced_align", "align_graph", "word_spans", "to_records", "to_json", "to_ctm"]
 
@@ -108,7 +108,7 @@ def align_graph(target: Sequence[int], blank: Optional[int], star_label: Optiona
     L = len(y)
     if star_label is None:
         if blank is None:
-            from ._graphs import force_align_graph
+            from ..core.criterion_graphs import force_align_graph
 
             return force_align_graph(y)
         return _wfst.criterion.ctc_graph(y, blank)
@@ -217,7 +217,7 @@ def forced_align(
 
     With ``star`` (a float), a wildcard may absorb untranscribed stretches before, between and
     after the tokens, as in Star Temporal Classification (see
-    :mod:`lightning_gtn.functional.stc`): each star frame scores its best non-blank label
+    :mod:`lightning_gtn.losses.stc`): each star frame scores its best non-blank label
     plus ``star`` (the star's log-penalty, e.g. ``math.log(p)`` with STC's ``p``; negative
     values make the star costly). In the max semiring STC's "star except the next token"
     column changes nothing (the token's own self-loop is at least as good), so one star
@@ -256,8 +256,8 @@ def forced_align(
         >>> bool((al.token_end[0] > al.token_start[0]).all())
         True
     """
-    B, T, C = _validate.check_emissions(emissions, "emissions")
-    blank = _validate.check_label(blank, "blank", C, allow_none=True)
+    B, T, C = checks.check_emissions(emissions, "emissions")
+    blank = checks.check_label(blank, "blank", C, allow_none=True)
     star = _check_star(star)
     if impl not in (None, "numba", "torch"):
         raise ValueError(f"impl must be None, 'numba' or 'torch', got {impl!r}")
@@ -269,17 +269,17 @@ def forced_align(
             raise ValueError("transitions are ASG's: pass blank=None with them")
         if star is not None:
             raise ValueError("star is not supported together with transitions")
-        from .asg import check_transitions
+        from ..losses.asg import check_transitions
 
         check_transitions(transitions, C, dev)
         transitions = transitions.detach()
-    tg, tl = _validate.targets_tensors(targets, target_lengths, B, dev)
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
     if tg.dim() == 1:  # concatenated: padded here (eager), the op takes (B, S)
-        seqs = _validate.split_targets(tg, tl, B, dev, C, blank)
-        tg, tl = _validate.targets_tensors(seqs, None, B, dev)
+        seqs = checks.split_targets(tg, tl, B, dev, C, blank)
+        tg, tl = checks.targets_tensors(seqs, None, B, dev)
     elif tg.dim() != 2:
         raise ValueError(f"targets must have shape (B, S) or (sum(target_lengths),), got {tuple(tg.shape)}")
-    il = _validate.int_tensor(input_lengths, "input_lengths")
+    il = checks.int_tensor(input_lengths, "input_lengths")
     out = torch.ops.lightning_gtn.forced_align(emissions.detach(), tg, il, tl, transitions,
                                                -1 if blank is None else blank, star, impl or "")
     labels, start, end, tscore, conf, score, star_frames = out
@@ -319,9 +319,9 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
     dev = emissions.device
     if targets.dim() != 2:
         raise ValueError(f"targets must be padded (B, S) here, got shape {tuple(targets.shape)}")
-    lengths = _validate.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
-    seqs = _validate.split_targets(targets, target_lengths, B, dev, C, blank)
-    cdt = _validate.compute_dtype(emissions)
+    lengths = checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
+    seqs = checks.split_targets(targets, target_lengths, B, dev, C, blank)
+    cdt = checks.compute_dtype(emissions)
     x = emissions.detach().to(cdt)
     if x.numel():
         top = float(x.max())  # one reduction: max propagates NaN
@@ -445,8 +445,8 @@ def _seqs_of(alignment: Alignment, targets) -> List[List[int]]:
     dev = alignment.labels.device  # targets may sit there or on the CPU
     if isinstance(targets, (torch.Tensor, np.ndarray)) or (isinstance(targets, (list, tuple)) and targets
                                                             and np.isscalar(targets[0])):
-        return _validate.split_targets(targets, tl, B, dev, 2**62)
-    seqs = _validate.split_targets(targets, None, B, dev, 2**62)
+        return checks.split_targets(targets, tl, B, dev, 2**62)
+    seqs = checks.split_targets(targets, None, B, dev, 2**62)
     if [len(s) for s in seqs] != tl.tolist():
         raise ValueError("targets: the lengths differ from the alignment's target_lengths")
     return seqs
