@@ -84,12 +84,16 @@ def _threads_table(x, lengths, targets, repeats):
     """ours at 1 and 2 threads against torchaudio's loop (when importable), interleaved runs."""
     try:
         import torchaudio.functional  # noqa: F401
+
         have_ta = True
     except ImportError:
         have_ta = False
     old = torch.get_num_threads()
-    lines = ["| torch threads | forced_align (ms) | torchaudio loop (ms) | ours / torchaudio | "
-             "paths equal to torchaudio's |", "|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| torch threads | forced_align (ms) | torchaudio loop (ms) | ours / torchaudio | "
+        "paths equal to torchaudio's |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for n in (1, 2):
         torch.set_num_threads(n)
         ours = lambda: forced_align(x, targets, lengths)  # noqa: E731
@@ -152,8 +156,10 @@ def main(argv=None) -> str:
     sec, al = ours(impl="torch")
     diff = (al.score.double() - ref.score.double()).abs().max().item()
     rows.append(("forced_align impl=torch (CPU)", sec, f"{diff:.1e}"))
-    for name, kw in (("forced_align star=-2 (numba, CPU)", dict(star=-2.0)),
-                     ("forced_align blank=None (numba, CPU)", dict(blank=None))):
+    for name, kw in (
+        ("forced_align star=-2 (numba, CPU)", dict(star=-2.0)),
+        ("forced_align blank=None (numba, CPU)", dict(blank=None)),
+    ):
         sec, _ = ours(**kw)
         rows.append((name, sec, "n/a (another graph)"))
     if torch.cuda.is_available():
@@ -170,15 +176,23 @@ def main(argv=None) -> str:
         rows.append(("torchaudio.functional.forced_align per example", None, "not installed"))
     else:
         sec, scores = _time(lambda: _torchaudio_loop(x, targets), a.repeats)
-        rows.append(("torchaudio.functional.forced_align per example", sec,
-                     f"{(scores - ref.score.double()).abs().max().item():.1e}"))
+        rows.append(
+            (
+                "torchaudio.functional.forced_align per example",
+                sec,
+                f"{(scores - ref.score.double()).abs().max().item():.1e}",
+            )
+        )
     import os
 
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
-    lines = [f"Forced alignment, B={B}, T={T}, C={C}, targets of {L - 10}-{L + 10} tokens "
-             f"(torch threads: {torch.get_num_threads()}, OMP_WAIT_POLICY={policy}):", "",
-             "| method | median time (ms) | speed-up vs engine loop | max score difference |",
-             "|---|---:|---:|---:|"]
+    lines = [
+        f"Forced alignment, B={B}, T={T}, C={C}, targets of {L - 10}-{L + 10} tokens "
+        f"(torch threads: {torch.get_num_threads()}, OMP_WAIT_POLICY={policy}):",
+        "",
+        "| method | median time (ms) | speed-up vs engine loop | max score difference |",
+        "|---|---:|---:|---:|",
+    ]
     loop = next(r[1] for r in rows if r[0].startswith("engine loop"))
     for name, sec, diff in rows:
         if sec is None:
@@ -187,9 +201,13 @@ def main(argv=None) -> str:
             lines.append(f"| {name} | {sec * 1e3:.1f} | {loop / sec:.1f}x | {diff} |")
     import platform
 
-    lines += ["", f"Threads (medians of {max(a.repeats, 5) * 3} interleaved runs, CTC, torch {torch.__version__}, "
-              f"{platform.machine()}, load average {os.getloadavg()[0]:.2f}):", "",
-              _threads_table(x, lengths, targets, max(a.repeats, 5) * 3)]
+    lines += [
+        "",
+        f"Threads (medians of {max(a.repeats, 5) * 3} interleaved runs, CTC, torch {torch.__version__}, "
+        f"{platform.machine()}, load average {os.getloadavg()[0]:.2f}):",
+        "",
+        _threads_table(x, lengths, targets, max(a.repeats, 5) * 3),
+    ]
     table = "\n".join(lines)
     print(table)
     return table

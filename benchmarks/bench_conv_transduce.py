@@ -49,7 +49,7 @@ def reference_step(layer, x, windows: int):
         s = 0
         for k in kernels:
             n = k.num_arcs()
-            k.set_weights(params[s: s + n])
+            k.set_weights(params[s : s + n])
             k.calc_grad = True
             k.zero_grad()
             s += n
@@ -62,11 +62,11 @@ def reference_step(layer, x, windows: int):
                 if done == windows:
                     return grad
                 g_in = gtn.linear_graph(K, C, gtn.Device(gtn.CPU), True)
-                g_in.set_weights(np.ascontiguousarray(xp[b, t: t + K]).reshape(-1))
+                g_in.set_weights(np.ascontiguousarray(xp[b, t : t + K]).reshape(-1))
                 outs = [score(gtn.intersect(g_in, k)) for k in kernels]
                 for o in outs:
                     gtn.backward(o, gtn.scalar_graph(1.0, calc_grad=False))
-                grad[b, t: t + K] += g_in.grad().weights_to_numpy().reshape(K, C)
+                grad[b, t : t + K] += g_in.grad().weights_to_numpy().reshape(K, C)
                 done += 1
         return grad
 
@@ -91,8 +91,10 @@ def main(argv=None) -> str:
     reps = 3 if args.quick else 7
     ref_windows = args.ref_windows or (4 if args.quick else 16)
     total_windows = B * ((T - 1) // STRIDE + 1)
-    lines = ["| lexicon | mode | pairs scored | ConvTransduce1D (ms) | research pattern (ms, scaled) | ratio |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| lexicon | mode | pairs scored | ConvTransduce1D (ms) | research pattern (ms, scaled) | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(B, T, C, generator=g).log_softmax(-1).requires_grad_(True)
     for n in (100, 500):
@@ -104,11 +106,15 @@ def main(argv=None) -> str:
             t_ours = _median(ours_step(layer, x), reps)
             t_ref = _median(reference_step(layer, x, ref_windows), 1) * total_windows / ref_windows
             mode = "viterbi" if viterbi else "forward"
-            lines.append(f"| {n} entries | {mode} | {total_windows * n} | {t_ours * 1e3:.1f} | {t_ref * 1e3:.0f} "
-                         f"| {t_ref / t_ours:.0f}x |")
-    text = (f"CPU, {torch.get_num_threads()} threads, float32, batch {B}, T {T}, C_in {C}, kernel {K}, stride "
-            f"{STRIDE}: forward + backward (input and kernel-weight gradients), median of {reps}. The research "
-            f"pattern is timed on {ref_windows} of the {total_windows} windows and scaled.\n\n")
+            lines.append(
+                f"| {n} entries | {mode} | {total_windows * n} | {t_ours * 1e3:.1f} | {t_ref * 1e3:.0f} "
+                f"| {t_ref / t_ours:.0f}x |"
+            )
+    text = (
+        f"CPU, {torch.get_num_threads()} threads, float32, batch {B}, T {T}, C_in {C}, kernel {K}, stride "
+        f"{STRIDE}: forward + backward (input and kernel-weight gradients), median of {reps}. The research "
+        f"pattern is timed on {ref_windows} of the {total_windows} windows and scaled.\n\n"
+    )
     text += "\n".join(lines) + "\n"
     print(text)
     return text

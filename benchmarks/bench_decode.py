@@ -116,8 +116,9 @@ def main(argv=None) -> str:
     ours_all = add(f"beam {beam}, no LM, all tokens", lambda: free.decode(x), words, 1)
     free5 = BeamSearchDecoder(LETTERS, blank=0, beam_size=beam, beam_threshold=10.0, token_min_logp=-5.0)
     ours_5 = add(f"beam {beam}, no LM, token_min_logp=-5", lambda: free5.decode(x), words, 1)
-    full = BeamSearchDecoder(LETTERS, blank=0, lexicon=lex, lm=lm, lm_weight=0.5, word_score=0.5,
-                             beam_size=beam, beam_threshold=25.0)
+    full = BeamSearchDecoder(
+        LETTERS, blank=0, lexicon=lex, lm=lm, lm_weight=0.5, word_score=0.5, beam_size=beam, beam_threshold=25.0
+    )
     add(f"beam {beam} + lexicon ({len(vocab)} words) + {lm_name}", lambda: full.decode(x), words, 1)
     if threads > 1:
         add(f"beam {beam}, no LM, all tokens", lambda: free.decode(x), words, threads)
@@ -127,28 +128,47 @@ def main(argv=None) -> str:
         pyctc = importlib.import_module("pyctcdecode")
     except ImportError:
         pyctc = None
-        rows.append(("pyctcdecode: not importable (install it outside the venv, put it on PYTHONPATH)", "-", math.nan, math.nan))
+        rows.append(
+            ("pyctcdecode: not importable (install it outside the venv, put it on PYTHONPATH)", "-", math.nan, math.nan)
+        )
     if pyctc is not None:
         ref = pyctc.build_ctcdecoder([""] + LETTERS[1:])
 
         def run(n, tmin):
-            return lambda: [ref.decode_beams(x[b], beam_width=beam, beam_prune_logp=-10.0, token_min_logp=tmin,
-                                             prune_history=False)[0][0] for b in range(n)]
+            return lambda: [
+                ref.decode_beams(
+                    x[b], beam_width=beam, beam_prune_logp=-10.0, token_min_logp=tmin, prune_history=False
+                )[0][0]
+                for b in range(n)
+            ]
 
-        theirs_5 = add(f"pyctcdecode beam {beam}, no LM, token_min_logp=-5", run(B, -5.0),
-                       lambda out: [t.split() for t in out], 1)
+        theirs_5 = add(
+            f"pyctcdecode beam {beam}, no LM, token_min_logp=-5", run(B, -5.0), lambda out: [t.split() for t in out], 1
+        )
         # all tokens is slow in pyctcdecode: timed on the first 4 utterances (WER over those only)
         set_num_threads(1)
         sec, out = _time(run(4, -1e30), 1)
         set_num_threads(threads)
-        rows.append((f"pyctcdecode beam {beam}, no LM, all tokens (4 utterances)", 1, sec / 4 * 1e3,
-                     _wer([t.split() for t in out], refs[:4])))
-        note = (f"One thread, no LM, beam {beam}: {theirs_5 / ours_5:.1f}x faster than pyctcdecode with "
-                f"token_min_logp=-5, {sec / 4 / (ours_all / B):.1f}x with all tokens.\n")
+        rows.append(
+            (
+                f"pyctcdecode beam {beam}, no LM, all tokens (4 utterances)",
+                1,
+                sec / 4 * 1e3,
+                _wer([t.split() for t in out], refs[:4]),
+            )
+        )
+        note = (
+            f"One thread, no LM, beam {beam}: {theirs_5 / ours_5:.1f}x faster than pyctcdecode with "
+            f"token_min_logp=-5, {sec / 4 / (ours_all / B):.1f}x with all tokens.\n"
+        )
     lines = ["| decoder | threads | ms / utterance | WER % |", "|---|---|---|---|"]
     lines += [f"| {n} | {t} | {ms:.2f} | {w:.1f} |" for n, t, ms, w in rows]
-    text = (f"B={B}, T={T}, C={C} letters, synthetic noisy emissions; median of {reps} (numba compile excluded).\n\n"
-            + "\n".join(lines) + "\n\n" + note)
+    text = (
+        f"B={B}, T={T}, C={C} letters, synthetic noisy emissions; median of {reps} (numba compile excluded).\n\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + note
+    )
     print(text)
     return text
 

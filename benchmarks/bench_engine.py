@@ -56,7 +56,13 @@ def layered_graph(layers: int, width: int, degree: int, labels: int, rng, sort: 
     dst = (layer + 1) * width + rng.integers(0, width, size=src.size)
     lab = rng.integers(0, labels, size=src.size)
     g = gtn.Graph._from_arrays(
-        n, range(width), range(layers * width, n), src, dst, lab, lab,
+        n,
+        range(width),
+        range(layers * width, n),
+        src,
+        dst,
+        lab,
+        lab,
         rng.standard_normal(src.size).astype(np.float32),
     )
     if sort:
@@ -79,8 +85,9 @@ def _first_call_ms(cold: bool) -> Optional[float]:
         if cold:
             env["NUMBA_CACHE_DIR"] = tmp
         try:
-            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                                 text=True, timeout=900, check=True)
+            out = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900, check=True
+            )
         except (subprocess.SubprocessError, OSError):
             return None
     return float(out.stdout.strip().splitlines()[-1])
@@ -164,17 +171,27 @@ def _cases(lib, tmp: str, rng_seed: int = 0):
             for h in (h1, h2):
                 h.arc_sort()
                 h.mark_arc_sorted(True)
-        cases.append((f"compose, random layered graphs ({'sorted' if sort else 'unsorted'})",
-                      f"2 x {g1.num_arcs()} arcs -> {out.num_nodes()} nodes, {out.num_arcs()} arcs",
-                      (lambda h1=h1, h2=h2: lib.compose(h1, h2)), "large"))
+        cases.append(
+            (
+                f"compose, random layered graphs ({'sorted' if sort else 'unsorted'})",
+                f"2 x {g1.num_arcs()} arcs -> {out.num_nodes()} nodes, {out.num_arcs()} arcs",
+                (lambda h1=h1, h2=h2: lib.compose(h1, h2)),
+                "large",
+            )
+        )
     big_w = torch.from_numpy(rng.standard_normal(100_000).astype(np.float32))
     big = emissions(1000, 100, big_w)
     ctc100_0 = ctc_graph(rng.integers(1, 100, size=100).tolist(), 0)
     ctc100 = _convert(lib, ctc100_0, tmp)
     n_out = gtn.intersect(gtn.linear_graph(1000, 100), ctc100_0)
-    cases.append(("intersect(linear_graph(1000, 100), ctc_graph)",
-                  f"100000 arcs -> {n_out.num_nodes()} nodes, {n_out.num_arcs()} arcs",
-                  lambda: lib.intersect(big, ctc100), "large"))
+    cases.append(
+        (
+            "intersect(linear_graph(1000, 100), ctc_graph)",
+            f"100000 arcs -> {n_out.num_nodes()} nodes, {n_out.num_arcs()} arcs",
+            lambda: lib.intersect(big, ctc100),
+            "large",
+        )
+    )
 
     # A word-piece decoder's step (gtn_applications' transducer): a short best path composed
     # with a token graph of 1000 tokens where every token may follow every other one
@@ -197,8 +214,14 @@ def _cases(lib, tmp: str, rng_seed: int = 0):
     for t, lab in enumerate(labels):
         path.add_node(False, t == len(labels) - 1)
         path.add_arc(t, t + 1, lab)
-    cases.append(("compose(path of 100 labels, token graph)",
-                  f"token graph {tok.num_arcs()} arcs", lambda: lib.compose(path, tok), None))
+    cases.append(
+        (
+            "compose(path of 100 labels, token graph)",
+            f"token graph {tok.num_arcs()} arcs",
+            lambda: lib.compose(path, tok),
+            None,
+        )
+    )
 
     # GTN's n-gram CTC benchmark shape: CTC graph x bigram transitions x emissions, and the
     # normaliser emissions x transitions, forward scores and backward.
@@ -220,8 +243,14 @@ def _cases(lib, tmp: str, rng_seed: int = 0):
         den = lib.forward_score(lib.intersect(em200, trans))
         lib.backward(lib.subtract(den, num))
 
-    cases.append(("n-gram CTC: intersect(intersect(ctc, bigram), emissions) and normaliser, + backward",
-                  f"T=200, C={M}, 10 tokens, {trans.num_arcs()} bigram arcs", ngram, None))
+    cases.append(
+        (
+            "n-gram CTC: intersect(intersect(ctc, bigram), emissions) and normaliser, + backward",
+            f"T=200, C={M}, 10 tokens, {trans.num_arcs()} bigram arcs",
+            ngram,
+            None,
+        )
+    )
     return cases
 
 
@@ -244,31 +273,39 @@ def main(argv=None) -> str:
                 theirs = statistics.median(times[1])
                 ref = f"{theirs:.1f} | {ours / theirs:.2f}"
             else:
-                ref = (f"{GTN_CTC_MS:.0f} (quoted) | {ours / GTN_CTC_MS:.2f}" if k == 0 else " | ")
+                ref = f"{GTN_CTC_MS:.0f} (quoted) | {ours / GTN_CTC_MS:.2f}" if k == 0 else " | "
             rows.append((name, sizes, f"{ours:.1f}", f"{min(times[0]):.1f}", ref))
             print(f"  {name.strip('* ')}: {ours:.1f} ms", flush=True)
 
     # First calls in a fresh process.
     warm = _first_call_ms(cold=False)
     if warm is not None:
-        rows.append(("first CTC step in a new process (numba cache warm)", "import included",
-                     f"{warm:.0f}", "", " | "))
+        rows.append(("first CTC step in a new process (numba cache warm)", "import included", f"{warm:.0f}", "", " | "))
     if not args.quick:
         cold = _first_call_ms(cold=True)
         if cold is not None:
-            rows.append(("first CTC step in a new process (empty numba cache)", "compilation included",
-                         f"{cold:.0f}", "", " | "))
+            rows.append(
+                (
+                    "first CTC step in a new process (empty numba cache)",
+                    "compilation included",
+                    f"{cold:.0f}",
+                    "",
+                    " | ",
+                )
+            )
 
     gtn_head = "GTN C++ ms (measured, interleaved)" if real is not None else "GTN C++ ms"
-    head = (f"| operation | sizes | median ms | best ms | {gtn_head} | ratio to GTN |\n"
-            "|---|---|---:|---:|---:|---:|\n")
+    head = (
+        f"| operation | sizes | median ms | best ms | {gtn_head} | ratio to GTN |\n" "|---|---|---:|---:|---:|---:|\n"
+    )
     table = head + "\n".join("| " + " | ".join(r) + " |" for r in rows)
-    note = ("the real gtn package was importable: its column is measured in the same process, runs "
-            "interleaved with ours" if real is not None else
-            "the real gtn package is not importable here: the GTN figure is the one quoted in the issue "
-            "(about 130 ms on these machines); put a GTN build on PYTHONPATH to measure it side by side")
-    table += (f"\n\n{reps} runs per row (fewer for the large graphs), {os.cpu_count()} CPU cores; "
-              f"{note}.\n")
+    note = (
+        "the real gtn package was importable: its column is measured in the same process, runs " "interleaved with ours"
+        if real is not None
+        else "the real gtn package is not importable here: the GTN figure is the one quoted in the issue "
+        "(about 130 ms on these machines); put a GTN build on PYTHONPATH to measure it side by side"
+    )
+    table += f"\n\n{reps} runs per row (fewer for the large graphs), {os.cpu_count()} CPU cores; " f"{note}.\n"
     print(table)
     return table
 

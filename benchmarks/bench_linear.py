@@ -33,8 +33,10 @@ def main(argv=None) -> str:
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     reps = 10 if args.quick else 30
-    lines = ["| input shape | out | lightning_gtn.nn.Linear (ms) | torch.nn.Linear (ms) | ratio |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| input shape | out | lightning_gtn.nn.Linear (ms) | torch.nn.Linear (ms) | ratio |",
+        "|---|---|---|---|---|",
+    ]
     for lead, fin, fout in SHAPES:
         torch.manual_seed(0)
         ours = Linear(fin, fout)

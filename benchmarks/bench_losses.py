@@ -215,9 +215,11 @@ def _memory(kind, impl, shape):
 
 def _table(title, rows, ref_name, with_gtn):
     gcols = " GTN pattern (ms) | time ratio to GTN |" if with_gtn else ""
-    head = (f"### {title}\n\n| B, T, C, L | lightning_gtn (ms) | {ref_name} (ms) | time ratio |{gcols} "
-            f"lightning_gtn peak extra (MB) | {ref_name} peak extra (MB) | memory ratio |\n"
-            "|---|---|---|---|" + ("---|---|" if with_gtn else "") + "---|---|---|\n")
+    head = (
+        f"### {title}\n\n| B, T, C, L | lightning_gtn (ms) | {ref_name} (ms) | time ratio |{gcols} "
+        f"lightning_gtn peak extra (MB) | {ref_name} peak extra (MB) | memory ratio |\n"
+        "|---|---|---|---|" + ("---|---|" if with_gtn else "") + "---|---|---|\n"
+    )
     body = ""
     for shape, times, ma, mb in rows:
         a, b = times[0], times[1]
@@ -247,10 +249,12 @@ def _gpu_tables(reps: int, asg_large: bool) -> str:
     from lightning_gtn.kernels import graph_triton
 
     name = torch.cuda.get_device_name(0)
-    head = (f"### GPU ({name}; Triton kernels {'available' if graph_triton.available() else 'NOT available'})\n\n"
-            "| loss | B, T, C, L | lightning_gtn (ms) | per-frame torch impl (ms) | reference (ms) | "
-            "time ratio | lightning_gtn peak (MB) | reference peak (MB) | memory ratio |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+    head = (
+        f"### GPU ({name}; Triton kernels {'available' if graph_triton.available() else 'NOT available'})\n\n"
+        "| loss | B, T, C, L | lightning_gtn (ms) | per-frame torch impl (ms) | reference (ms) | "
+        "time ratio | lightning_gtn peak (MB) | reference peak (MB) | memory ratio |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
     body = ""
     for kind, ref in (("ctc", "torch ctc_loss"), ("seq", "torch DP"), ("asg", "torch DP")):
         for shape in SHAPES:
@@ -260,9 +264,11 @@ def _gpu_tables(reps: int, asg_large: bool) -> str:
             times = _time_interleaved(steps, reps if kind == "ctc" else max(3, reps // 2))
             ma, mb = _gpu_peak_mb(steps[0]), _gpu_peak_mb(steps[2])
             print(f"  gpu {kind} {shape}: " + " / ".join(f"{t * 1e3:.2f} ms" for t in times), flush=True)
-            body += (f"| {kind} ({ref}) | {', '.join(map(str, shape))} | {times[0] * 1e3:.2f} | "
-                     f"{times[1] * 1e3:.2f} | {times[2] * 1e3:.2f} | {times[0] / times[2]:.2f} | "
-                     f"{ma:.1f} | {mb:.1f} | {ma / mb:.2f} |\n")
+            body += (
+                f"| {kind} ({ref}) | {', '.join(map(str, shape))} | {times[0] * 1e3:.2f} | "
+                f"{times[1] * 1e3:.2f} | {times[2] * 1e3:.2f} | {times[0] / times[2]:.2f} | "
+                f"{ma:.1f} | {mb:.1f} | {ma / mb:.2f} |\n"
+            )
     return head + body
 
 
@@ -306,8 +312,10 @@ def _graph_loss_row() -> str:
         warm()
 
     a, b = _time_interleaved([warm, cold], 5)
-    return (f"| graph_loss, same graphs again (cold compile) | {B}, {T}, {C}, {L} | {a * 1e3:.1f} | "
-            f"{b * 1e3:.1f} | {a / b:.2f} | | | | |\n")
+    return (
+        f"| graph_loss, same graphs again (cold compile) | {B}, {T}, {C}, {L} | {a * 1e3:.1f} | "
+        f"{b * 1e3:.1f} | {a / b:.2f} | | | | |\n"
+    )
 
 
 def _long_row(kind: str, ref: str, label: str, shape, memory: bool) -> str:
@@ -319,30 +327,36 @@ def _long_row(kind: str, ref: str, label: str, shape, memory: bool) -> str:
         ma, mb = _memory(kind, "ours", shape), _memory(kind, ref, shape)
     print(f"  long {kind} {shape}: {a:.2f} s vs {b:.2f} s; peak extra {ma:.0f} vs {mb:.0f} MB", flush=True)
     err = f"{ea:.2g} | {eb:.2g}" if kind == "ctc" else " | "
-    return (f"| {label} | {', '.join(map(str, shape))} | {a * 1e3:.0f} | {b * 1e3:.0f} | {a / b:.2f} | {err} | "
-            f"{ma:.0f} | {mb:.0f} |\n")
+    return (
+        f"| {label} | {', '.join(map(str, shape))} | {a * 1e3:.0f} | {b * 1e3:.0f} | {a / b:.2f} | {err} | "
+        f"{ma:.0f} | {mb:.0f} |\n"
+    )
 
 
 def _long_table(memory: bool) -> str:
     """Long CTC inputs against torch's ctc_loss, and ASG with a large alphabet: one run each."""
     _make("ctc", "ours", 2, 600, 30, 60)()  # compiles both kernel paths (one scale, segments)
     _make("asg", "ours", 2, 5, 200, 2)()
-    head = ("### Long inputs and large alphabets, CPU (one run each after a small warm-up)\n\n"
-            "| loss | B, T, C, L | lightning_gtn (ms) | reference (ms) | time ratio | "
-            "lightning_gtn grad error | reference grad error | lightning_gtn peak extra (MB) | "
-            "reference peak extra (MB) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+    head = (
+        "### Long inputs and large alphabets, CPU (one run each after a small warm-up)\n\n"
+        "| loss | B, T, C, L | lightning_gtn (ms) | reference (ms) | time ratio | "
+        "lightning_gtn grad error | reference grad error | lightning_gtn peak extra (MB) | "
+        "reference peak extra (MB) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
     rows = [("ctc", "ref", "CTC (torch ctc_loss)", shape) for shape in LONG_CTC_SHAPES]
     rows.append(("asg", "graph", "ASG (arc-by-arc graph path)", LARGE_ASG_SHAPE))
     body = "".join(_long_row(kind, ref, label, shape, memory) for kind, ref, label, shape in rows)
     body += _graph_loss_row()
-    note = ("\nGrad error: max abs difference of the float32 gradient w.r.t. the logits (through "
-            "log_softmax) from torch's ctc_loss computed in float64 on the same logits. Peak extra: "
-            "the VmHWM - VmRSS method above (a fresh subprocess, one warm-up step, then one measured "
-            "step; the inputs, including ASG's 100 MB transition matrix, are excluded). The ASG row's "
-            "reference is this library's own arc-by-arc graph path, what ASG used before its dense "
-            "normaliser (25 million arcs per frame at C=5000). The graph_loss row: the same 32 user "
-            "graphs (CTC graphs of 50 tokens built with the engine) passed again, against the same call "
-            "with the compiled-graph cache emptied before it (what every call cost before the cache).\n")
+    note = (
+        "\nGrad error: max abs difference of the float32 gradient w.r.t. the logits (through "
+        "log_softmax) from torch's ctc_loss computed in float64 on the same logits. Peak extra: "
+        "the VmHWM - VmRSS method above (a fresh subprocess, one warm-up step, then one measured "
+        "step; the inputs, including ASG's 100 MB transition matrix, are excluded). The ASG row's "
+        "reference is this library's own arc-by-arc graph path, what ASG used before its dense "
+        "normaliser (25 million arcs per frame at C=5000). The graph_loss row: the same 32 user "
+        "graphs (CTC graphs of 50 tokens built with the engine) passed again, against the same call "
+        "with the compiled-graph cache emptied before it (what every call cost before the cache).\n"
+    )
     return head + body + note
 
 
@@ -350,8 +364,9 @@ def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
-    p.add_argument("--asg-large", action="store_true",
-                   help="also run ASG on C=1000 (a dense 1000x1000 transition graph: minutes)")
+    p.add_argument(
+        "--asg-large", action="store_true", help="also run ASG on C=1000 (a dense 1000x1000 transition graph: minutes)"
+    )
     p.add_argument("--memory-worker", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--gpu-only", action="store_true", help="only the GPU table")
     p.add_argument("--long-only", action="store_true", help="only the long-input / large-alphabet table")
@@ -370,14 +385,18 @@ def main(argv=None) -> str:
         print(text)
         return text
     with_gtn = _gtn_available()
-    out = [f"CPU threads: torch {torch.get_num_threads()}, lightning_gtn pool "
-           f"{__import__('lightning_gtn.wfst', fromlist=['x']).get_num_threads()}; forward + backward, "
-           f"median of {reps} interleaved runs; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
-           + ("; the real gtn package is importable, so the GTN pattern is timed too" if with_gtn else "")
-           + ".\n"]
-    for kind, ref, title in [("ctc", "torch ctc_loss", "CTC, CPU"),
-                             ("seq", "torch autograd DP", "Sequence criterion, CPU"),
-                             ("asg", "torch autograd DP", "ASG, CPU")]:
+    out = [
+        f"CPU threads: torch {torch.get_num_threads()}, lightning_gtn pool "
+        f"{__import__('lightning_gtn.wfst', fromlist=['x']).get_num_threads()}; forward + backward, "
+        f"median of {reps} interleaved runs; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+        + ("; the real gtn package is importable, so the GTN pattern is timed too" if with_gtn else "")
+        + ".\n"
+    ]
+    for kind, ref, title in [
+        ("ctc", "torch ctc_loss", "CTC, CPU"),
+        ("seq", "torch autograd DP", "Sequence criterion, CPU"),
+        ("asg", "torch autograd DP", "ASG, CPU"),
+    ]:
         rows = []
         for shape in SHAPES:
             if kind == "asg" and shape[2] > 100 and not args.asg_large:
@@ -389,12 +408,15 @@ def main(argv=None) -> str:
             if not args.no_memory:
                 ma, mb = _memory(kind, "ours", shape), _memory(kind, "ref", shape)
             rows.append((shape, times, ma, mb))
-            print(f"  {kind} {shape}: " + " vs ".join(f"{t * 1e3:.1f} ms ({i})" for i, t in zip(impls, times)),
-                  flush=True)
+            print(
+                f"  {kind} {shape}: " + " vs ".join(f"{t * 1e3:.1f} ms ({i})" for i, t in zip(impls, times)), flush=True
+            )
         table = _table(title, rows, ref, with_gtn)
         if kind == "asg" and not args.asg_large:
-            table += ("\n(8, 250, 1000, 50) left out: ASG's transition graph on C=1000 has a million "
-                      "arcs per frame; run with --asg-large.)\n")
+            table += (
+                "\n(8, 250, 1000, 50) left out: ASG's transition graph on C=1000 has a million "
+                "arcs per frame; run with --asg-large.)\n"
+            )
         out.append(table)
     out.append(_long_table(not args.no_memory))
     out.append(_gpu_tables(reps, args.asg_large))

@@ -22,8 +22,13 @@ import torch
 from lightning_gtn.lightning import ConvRNNEncoder, DigitLinesDataModule, SequenceModule, Vocabulary
 from lightning_gtn.nn import CTCLoss
 
-NETWORK = {"_target_": "lightning_gtn.lightning.ConvRNNEncoder", "conv_channels": 64, "kernel_size": 5,
-           "stride": 2, "hidden_size": 64}
+NETWORK = {
+    "_target_": "lightning_gtn.lightning.ConvRNNEncoder",
+    "conv_channels": 64,
+    "kernel_size": 5,
+    "stride": 2,
+    "hidden_size": 64,
+}
 
 
 class HandWritten(L.LightningModule):
@@ -62,9 +67,18 @@ def _time(make, data, steps: int) -> list[float]:
     torch.manual_seed(0)
     model = make()
     timer = _StepTimer()
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, limit_val_batches=0, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[timer], num_sanity_val_steps=0)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timer],
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, train_dataloaders=data.train_dataloader())
     return timer.times[3:]  # drop warm-up steps
 
@@ -88,8 +102,12 @@ def main(argv=None) -> str:
     makers = {
         "hand-written LightningModule": lambda: HandWritten(chars),
         "StructuredLossMixin (SequenceModule)": lambda: SequenceModule(
-            NETWORK, {"_target_": "lightning_gtn.nn.CTCLoss", "zero_infinity": True}, chars, 8,
-            optimizer={"_target_": "torch.optim.Adam", "lr": 3e-3}),
+            NETWORK,
+            {"_target_": "lightning_gtn.nn.CTCLoss", "zero_infinity": True},
+            chars,
+            8,
+            optimizer={"_target_": "torch.optim.Adam", "lr": 3e-3},
+        ),
     }
     samples: dict[str, list[float]] = {k: [] for k in makers}
     for _ in range(rounds):

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.losses import transducer as td
 from lightning_gtn.functional import transducer_loss, transitions_graph
+from lightning_gtn.losses import transducer as td
 
 B = 32
 
@@ -48,7 +48,7 @@ def make_tokens(words, n_pieces):
     for w in words:
         for n in range(2, 7):
             for i in range(len(w) - n + 1):
-                counts[w[i: i + n]] += 1
+                counts[w[i : i + n]] += 1
     pieces = [s for s, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n_pieces]]
     return letters + pieces, {c: i for i, c in enumerate(letters)}
 
@@ -175,8 +175,16 @@ def _time(fn, reps):
     return statistics.median(wall), statistics.median(cpu)
 
 
-CONFIGS = [("letters", 0, 0), ("letters", 0, 1), ("letters", 0, 2), ("200 pieces", 200, 0), ("200 pieces", 200, 1),
-           ("200 pieces", 200, 2), ("1000 pieces", 1000, 0), ("1000 pieces", 1000, 1)]
+CONFIGS = [
+    ("letters", 0, 0),
+    ("letters", 0, 1),
+    ("letters", 0, 2),
+    ("200 pieces", 200, 0),
+    ("200 pieces", 200, 1),
+    ("200 pieces", 200, 2),
+    ("1000 pieces", 1000, 0),
+    ("1000 pieces", 1000, 1),
+]
 #: the research pattern over a word-piece bigram (52k transition arcs per frame) takes ~10 s a call:
 #: timed twice
 SLOW_RESEARCH_REPS = 2
@@ -189,14 +197,16 @@ def main(argv=None) -> str:
     args = p.parse_args(argv)
     reps = 2 if args.quick else 7
     words = word_list()
-    rows = [f"Transducer loss, CPU, batch {B}, T 100..150, targets 20-40 graphemes, blank optional; "
-            f"forward + backward, median of {reps}; lightning_gtn.wfst pool of "
-            f"{gtn.get_num_threads()} threads (both sides); OMP_WAIT_POLICY="
-            f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; load average at start {os.getloadavg()[0]:.1f} on "
-            f"{os.cpu_count()} cores.\n",
-            "| tokens | C | ngram | ours warm (ms) | ours cold (ms) | research pattern (ms) | research / warm "
-            "| CPU time: ours warm / research (ms) | CPU ratio |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        f"Transducer loss, CPU, batch {B}, T 100..150, targets 20-40 graphemes, blank optional; "
+        f"forward + backward, median of {reps}; lightning_gtn.wfst pool of "
+        f"{gtn.get_num_threads()} threads (both sides); OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; load average at start {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores.\n",
+        "| tokens | C | ngram | ours warm (ms) | ours cold (ms) | research pattern (ms) | research / warm "
+        "| CPU time: ours warm / research (ms) | CPU ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, n_pieces, ngram in CONFIGS:
         tokens, g2i = make_tokens(words, n_pieces)
         C = len(tokens) + 1
@@ -229,13 +239,17 @@ def main(argv=None) -> str:
         research = Research(tokens, g2i, ngram)
         research(x, targets, lengths, params)  # warm-up
         slow = ngram == 2 and n_pieces > 0
-        res_t, res_c = _time(lambda: research(x, targets, lengths, params), min(reps, SLOW_RESEARCH_REPS) if slow else reps)
+        res_t, res_c = _time(
+            lambda: research(x, targets, lengths, params), min(reps, SLOW_RESEARCH_REPS) if slow else reps
+        )
         if args.check:
             want = research(x, targets, lengths, params)[0] * B
             got = float(ours())
             assert abs(got - want) <= 1e-3 * max(1.0, abs(want)), (name, ngram, got, want)
-        rows.append(f"| {name} | {C} | {ngram} | {warm_t * 1e3:.1f} | {cold_t * 1e3:.1f} | {res_t * 1e3:.1f} | "
-                    f"{res_t / warm_t:.1f}x | {warm_c * 1e3:.0f} / {res_c * 1e3:.0f} | {res_c / warm_c:.1f}x |")
+        rows.append(
+            f"| {name} | {C} | {ngram} | {warm_t * 1e3:.1f} | {cold_t * 1e3:.1f} | {res_t * 1e3:.1f} | "
+            f"{res_t / warm_t:.1f}x | {warm_c * 1e3:.0f} / {res_c * 1e3:.0f} | {res_c / warm_c:.1f}x |"
+        )
     text = "\n".join(rows)
     print(text)
     return text

@@ -27,8 +27,34 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 def transcripts(num_lines: int, vocab: int = 20_000, seed: int = 0) -> List[str]:
     rng = random.Random(seed)
     # Made-up words with English-like letter frequencies (vowels common, q/x/z rare).
-    weights = [8, 1.5, 2.8, 4.3, 12.7, 2.2, 2.0, 6.1, 7.0, 0.2, 0.8, 4.0, 2.4, 6.7, 7.5, 1.9, 0.1, 6.0, 6.3,
-               9.1, 2.8, 1.0, 2.4, 0.2, 2.0, 0.1]
+    weights = [
+        8,
+        1.5,
+        2.8,
+        4.3,
+        12.7,
+        2.2,
+        2.0,
+        6.1,
+        7.0,
+        0.2,
+        0.8,
+        4.0,
+        2.4,
+        6.7,
+        7.5,
+        1.9,
+        0.1,
+        6.0,
+        6.3,
+        9.1,
+        2.8,
+        1.0,
+        2.4,
+        0.2,
+        2.0,
+        0.1,
+    ]
     words = sorted({"".join(rng.choices(LETTERS, weights, k=rng.randint(1, 10))) for _ in range(vocab)})
     rng.shuffle(words)
     zipf = [1.0 / (r + 1) for r in range(len(words))]
@@ -68,15 +94,25 @@ def main(argv: Optional[List[str]] = None) -> str:
         "| order | prune | blank | nodes | arcs | num_tokens ** order | build (s) |",
         "|---:|---:|---|---:|---:|---:|---:|",
     ]
-    for order, prune, blank in ((2, 0, "none"), (2, 5, "none"), (2, 5, "optional"), (3, 5, "none"),
-                                (3, 10, "optional")):
-        sec, g = _time(lambda: transitions_graph(seqs, num_tokens, order=order, prune=prune, blank=blank,
-                                                 init="counts"), repeats)
-        rows.append(f"| {order} | {prune} | {blank} | {g.num_nodes()} | {g.num_arcs()} | "
-                    f"{num_tokens ** order} | {sec:.2f} |")
+    for order, prune, blank in (
+        (2, 0, "none"),
+        (2, 5, "none"),
+        (2, 5, "optional"),
+        (3, 5, "none"),
+        (3, 10, "optional"),
+    ):
+        sec, g = _time(
+            lambda: transitions_graph(seqs, num_tokens, order=order, prune=prune, blank=blank, init="counts"), repeats
+        )
+        rows.append(
+            f"| {order} | {prune} | {blank} | {g.num_nodes()} | {g.num_arcs()} | "
+            f"{num_tokens ** order} | {sec:.2f} |"
+        )
     table2 = "\n".join(rows)
-    out = (f"Word pieces from {lines} synthetic transcripts (Zipf vocabulary of 20k words):\n\n{table1}\n\n"
-           f"Transition graphs over those {len(pieces)} pieces (+ blank):\n\n{table2}\n")
+    out = (
+        f"Word pieces from {lines} synthetic transcripts (Zipf vocabulary of 20k words):\n\n{table1}\n\n"
+        f"Transition graphs over those {len(pieces)} pieces (+ blank):\n\n{table2}\n"
+    )
     print(out)
     return out
 

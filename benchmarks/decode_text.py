@@ -68,8 +68,17 @@ def main(argv=None) -> str:
     refs = [t for _, _, texts in batches for t in texts]
     tmp = Path(tempfile.mkdtemp())
     train_texts = list(dm.train_set.texts)
-    cfg = resolve_decoder({"name": "beam_lm", "beam_size": args.beam, "lm_weight": args.lm_weight,
-                           "word_score": args.word_score, "lm_order": args.order}, lambda: train_texts, tmp)
+    cfg = resolve_decoder(
+        {
+            "name": "beam_lm",
+            "beam_size": args.beam,
+            "lm_weight": args.lm_weight,
+            "word_score": args.word_score,
+            "lm_order": args.order,
+        },
+        lambda: train_texts,
+        tmp,
+    )
     rows = []
 
     def run(name, fn):
@@ -88,22 +97,33 @@ def main(argv=None) -> str:
     lex = build_decoder(dict(cfg, lm_weight=0.0), loss, vocab)
     run(f"beam {args.beam} + lexicon ({len(lex.lexicon)} words)", lambda e, n: decode_texts(lex, e, n))
     lm = build_decoder(cfg, loss, vocab)
-    run(f"beam {args.beam} + lexicon + {args.order}-gram KN LM (weight {args.lm_weight})",
-        lambda e, n: decode_texts(lm, e, n))
+    run(
+        f"beam {args.beam} + lexicon + {args.order}-gram KN LM (weight {args.lm_weight})",
+        lambda e, n: decode_texts(lm, e, n),
+    )
     try:
         from pyctcdecode import build_ctcdecoder
     except ImportError:
         build_ctcdecoder = None
     toks, blank = lm.tokens, lm.blank
-    if build_ctcdecoder is not None and blank is not None and all(len(t) == 1 for i, t in enumerate(toks) if i != blank):
+    if (
+        build_ctcdecoder is not None
+        and blank is not None
+        and all(len(t) == 1 for i, t in enumerate(toks) if i != blank)
+    ):
         # CTC, or the letter-token transducer (blank last): pyctcdecode reads them as CTC
         labels = ["" if i == blank else t for i, t in enumerate(toks)]
         words = sorted({w for t in train_texts for w in t.split()})
         try:
             import kenlm  # noqa: F401
 
-            pdec = build_ctcdecoder(labels, kenlm_model_path=str(tmp / "lm.arpa"), unigrams=words,
-                                    alpha=args.lm_weight, beta=args.word_score)
+            pdec = build_ctcdecoder(
+                labels,
+                kenlm_model_path=str(tmp / "lm.arpa"),
+                unigrams=words,
+                alpha=args.lm_weight,
+                beta=args.word_score,
+            )
             name = f"pyctcdecode beam {args.beam} + KenLM (same ARPA, unigrams, weight)"
         except ImportError:
             pdec = build_ctcdecoder(labels)

@@ -16,8 +16,19 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["bench_engine", "bench_losses", "bench_linear", "bench_mixin", "bench_transducer", "bench_conv_transduce",
-         "bench_align", "bench_decode", "bench_lm", "bench_wordpieces", "bench_stc"]
+ORDER = [
+    "bench_engine",
+    "bench_losses",
+    "bench_linear",
+    "bench_mixin",
+    "bench_transducer",
+    "bench_conv_transduce",
+    "bench_align",
+    "bench_decode",
+    "bench_lm",
+    "bench_wordpieces",
+    "bench_stc",
+]
 
 
 def _load(name: str):

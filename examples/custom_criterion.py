@@ -88,9 +88,17 @@ def main(argv=None) -> dict:
     # 2. Train the default model with it through the mixin.
     data = DigitLinesDataModule(num_train=a.num_train, num_val=100, num_test=100)
     model = HandBuiltCTCModel(data.chars)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=a.steps, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        val_check_interval=a.steps, check_val_every_n_epoch=None)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=a.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        val_check_interval=a.steps,
+        check_val_every_n_epoch=None,
+    )
     first = None
 
     class _First(L.Callback):
@@ -103,8 +111,12 @@ def main(argv=None) -> dict:
     trainer.fit(model, datamodule=data)
     last = float(trainer.callback_metrics["train/loss_step"])
     print(f"train/loss {first:.3f} -> {last:.3f}; val/cer {float(trainer.callback_metrics['val/cer']):.3f}")
-    return {"max_diff": max_diff, "first_loss": first, "last_loss": last,
-            "val/cer": float(trainer.callback_metrics["val/cer"])}
+    return {
+        "max_diff": max_diff,
+        "first_loss": first,
+        "last_loss": last,
+        "val/cer": float(trainer.callback_metrics["val/cer"]),
+    }
 
 
 if __name__ == "__main__":

@@ -29,9 +29,12 @@ class ConvTagger(StructuredLossMixin, L.LightningModule):
         # The loss decides the vocabulary (blank or repeat token), hence num_classes.
         self.configure_structured_loss(loss, chars, optimizer=lambda p: torch.optim.Adam(p, lr=lr))
         self.net = nn.Sequential(
-            nn.Conv1d(8, channels, 5, padding=2), nn.ReLU(),
-            nn.Conv1d(channels, channels, 5, padding=2), nn.ReLU(),
-            nn.Conv1d(channels, channels, 5, padding=2), nn.ReLU(),
+            nn.Conv1d(8, channels, 5, padding=2),
+            nn.ReLU(),
+            nn.Conv1d(channels, channels, 5, padding=2),
+            nn.ReLU(),
+            nn.Conv1d(channels, channels, 5, padding=2),
+            nn.ReLU(),
         )
         self.out = lnn.Linear(channels, self.num_classes)
 
@@ -57,9 +60,17 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     data = DigitLinesDataModule(num_train=a.num_train, num_val=a.num_val, num_test=a.num_val)
     model = ConvTagger(data.chars, loss=a.loss)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=a.steps, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        val_check_interval=min(a.steps, 100), check_val_every_n_epoch=None)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=a.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        val_check_interval=min(a.steps, 100),
+        check_val_every_n_epoch=None,
+    )
     trainer.fit(model, datamodule=data)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     print({k: round(v, 4) for k, v in sorted(metrics.items())})

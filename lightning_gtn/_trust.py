@@ -99,24 +99,57 @@ def _add_builtin(module: str, names: Iterable[str], kind: str, public: str | Non
         _BUILTIN[f"{public or module}.{n}"] = (module, n, kind)
 
 
-_add_builtin("lightning_gtn.nn", ["CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "TargetGraphLoss",
-                                  "TransducerLoss"], "loss")
+_add_builtin(
+    "lightning_gtn.nn", ["CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "TargetGraphLoss", "TransducerLoss"], "loss"
+)
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning")  # older configs
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning.losses")
 _add_builtin("lightning_gtn.nn", ["Linear", "ConvTransduce1D"], "module")
 _add_builtin("lightning_gtn.lightning", ["ConvRNNEncoder", "ConvTransduceEncoder"], "model")
-_add_builtin("lightning_gtn.lightning", ["DigitLinesDataModule", "TextLinesDataModule", "FeatureDataModule"],
-             "data")
+_add_builtin("lightning_gtn.lightning", ["DigitLinesDataModule", "TextLinesDataModule", "FeatureDataModule"], "data")
 _add_builtin("lightning_gtn.wfst.criterion", ["ctc_graph"], "builder")
-_add_builtin("torch.optim", ["ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "LBFGS",
-                             "NAdam", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam"], "optimizer")
+_add_builtin(
+    "torch.optim",
+    [
+        "ASGD",
+        "Adadelta",
+        "Adafactor",
+        "Adagrad",
+        "Adam",
+        "AdamW",
+        "Adamax",
+        "LBFGS",
+        "NAdam",
+        "RAdam",
+        "RMSprop",
+        "Rprop",
+        "SGD",
+        "SparseAdam",
+    ],
+    "optimizer",
+)
 # not LambdaLR / MultiplicativeLR (they take functions) nor SequentialLR / ChainedScheduler
 # (they take scheduler objects)
-_add_builtin("torch.optim.lr_scheduler", ["ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts",
-                                          "CyclicLR", "ExponentialLR", "LinearLR", "MultiStepLR", "OneCycleLR",
-                                          "PolynomialLR", "ReduceLROnPlateau", "StepLR"], "scheduler")
-_add_builtin("torch.nn", ["ReLU", "GELU", "Tanh", "Sigmoid", "SiLU", "LeakyReLU", "ELU", "Identity",
-                          "Dropout"], "module")
+_add_builtin(
+    "torch.optim.lr_scheduler",
+    [
+        "ConstantLR",
+        "CosineAnnealingLR",
+        "CosineAnnealingWarmRestarts",
+        "CyclicLR",
+        "ExponentialLR",
+        "LinearLR",
+        "MultiStepLR",
+        "OneCycleLR",
+        "PolynomialLR",
+        "ReduceLROnPlateau",
+        "StepLR",
+    ],
+    "scheduler",
+)
+_add_builtin(
+    "torch.nn", ["ReLU", "GELU", "Tanh", "Sigmoid", "SiLU", "LeakyReLU", "ELU", "Identity", "Dropout"], "module"
+)
 
 _registered: dict[str, tuple[object, str | None]] = {}  # register_type(): name -> (object, kind)
 _added: list[str] = []  # add_trusted(), for the whole process
@@ -378,8 +411,10 @@ def _walk(cfg, key: str, kinds, depth: int, check_data: bool):
         for i, v in enumerate(cfg):
             yield from _walk(v, f"{key}[{i}]", _NESTED_KINDS, depth + 1, check_data)
     elif check_data and not (cfg is None or isinstance(cfg, (bool, int, float, str))):
-        raise UntrustedTargetError(f"{key}: {type(cfg).__name__} is not plain data (None, a boolean, a number, "
-                                   "a string, a list or a mapping)")
+        raise UntrustedTargetError(
+            f"{key}: {type(cfg).__name__} is not plain data (None, a boolean, a number, "
+            "a string, a list or a mapping)"
+        )
 
 
 def targets_in(cfg, key: str = "") -> list[tuple[str, str]]:
@@ -413,11 +448,14 @@ def _build(cfg, key: str, kinds, recursive: bool):
     if isinstance(cfg, Mapping):
         if "_target_" not in cfg:
             return {k: _build(v, f"{key}.{k}", _NESTED_KINDS, recursive) if recursive else v for k, v in cfg.items()}
-        target = _lookup(cfg["_target_"], f"{key}._target_", kinds) if isinstance(cfg["_target_"], str) \
-            else cfg["_target_"]
+        target = (
+            _lookup(cfg["_target_"], f"{key}._target_", kinds) if isinstance(cfg["_target_"], str) else cfg["_target_"]
+        )
         rec = bool(cfg.get("_recursive_", recursive))
-        args = [_build(a, f"{key}._args_[{i}]", _NESTED_KINDS, rec) if rec else a
-                for i, a in enumerate(cfg.get("_args_", ()))]
+        args = [
+            _build(a, f"{key}._args_[{i}]", _NESTED_KINDS, rec) if rec else a
+            for i, a in enumerate(cfg.get("_args_", ()))
+        ]
         kwargs = {}
         for k, v in cfg.items():
             if k in _RESERVED:
@@ -453,4 +491,3 @@ def instantiate(cfg, key: str, kind: str | None = None, *, data: bool = True, **
     cfg = dict(cfg)
     cfg.update(kwargs)
     return _build(cfg, key, (kind,) if kind else None, bool(cfg.get("_recursive_", True)))
-

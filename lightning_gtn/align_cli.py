@@ -46,18 +46,28 @@ class AlignError(Exception):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="lightning-gtn-align", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="lightning-gtn-align",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a checkpoint written by lightning-gtn-train")
     src.add_argument("--emissions", help="a .pt file: a (B, T, C) tensor or {'emissions', 'input_lengths'}")
     p.add_argument("--split", default="val", choices=["val", "test"], help="with --checkpoint (default: val)")
     p.add_argument("--targets", help="with --emissions: one line of integer token ids per example")
     p.add_argument("--blank", default="0", help="with --emissions: the blank id, or 'none' (default: 0)")
-    p.add_argument("--tokens", default=None,
-                   help="with --emissions: the text of each token id as one string (character i for id i)")
-    p.add_argument("--word-separator-id", type=int, default=None,
-                   help="token id between words (default: the space of a checkpoint's vocabulary)")
+    p.add_argument(
+        "--tokens",
+        default=None,
+        help="with --emissions: the text of each token id as one string (character i for id i)",
+    )
+    p.add_argument(
+        "--word-separator-id",
+        type=int,
+        default=None,
+        help="token id between words (default: the space of a checkpoint's vocabulary)",
+    )
     p.add_argument("--star", type=float, default=None, help="allow a star with this log-penalty per frame")
     p.add_argument("--frame-shift", type=float, default=0.01, help="seconds per emission frame (default: 0.01)")
     p.add_argument("--format", default="json", choices=["json", "ctm"])
@@ -120,8 +130,10 @@ def read_targets(path, B: int):
     try:
         return _read_target_lines(f, B)
     except UnicodeDecodeError as e:
-        raise AlignError(f"--targets: {f} is not UTF-8 text (byte {e.start}: {e.reason}); "
-                         f"expected one line of integer token ids per example") from None
+        raise AlignError(
+            f"--targets: {f} is not UTF-8 text (byte {e.start}: {e.reason}); "
+            f"expected one line of integer token ids per example"
+        ) from None
 
 
 def _read_target_lines(f: Path, B: int):
@@ -138,8 +150,9 @@ def _read_target_lines(f: Path, B: int):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise AlignError(f"--targets: line {i} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") \
-                    from None
+                raise AlignError(
+                    f"--targets: line {i} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})"
+                ) from None
             if i > min(B, MAX_TARGET_LINES):
                 if line.strip():
                     raise AlignError(f"--targets: more lines than the {B} examples of the emissions")
@@ -184,8 +197,9 @@ class _Writer:
 
         x = x.float().log_softmax(-1)
         al = forced_align(x, targets, lengths, blank=self.blank, star=self.a.star, transitions=self.transitions)
-        kw = dict(frame_shift=self.a.frame_shift, tokens=self.tokens, utterance_ids=names,
-                  word_separator_id=self.word_sep)
+        kw = dict(
+            frame_shift=self.a.frame_shift, tokens=self.tokens, utterance_ids=names, word_separator_id=self.word_sep
+        )
         if self.a.format == "json":
             self.records += to_records(al, targets, **kw)
         else:
@@ -270,9 +284,11 @@ def _from_checkpoint(a):
         # graphemes' order) and no transition model its frames align like CTC's, blank last
         letters = [t if isinstance(t, str) else None for t in getattr(loss, "tokens", [])]
         if transitions is not None or letters != list(model.vocabulary.chars):
-            raise AlignError("--checkpoint: a transducer loss with word pieces or a transition model cannot be "
-                             "aligned here (only letter tokens without transitions); export its emissions and "
-                             "token targets and use --emissions")
+            raise AlignError(
+                "--checkpoint: a transducer loss with word pieces or a transition model cannot be "
+                "aligned here (only letter tokens without transitions); export its emissions and "
+                "token targets and use --emissions"
+            )
         transitions = None
     if transitions is not None:
         transitions = transitions.detach()
@@ -309,8 +325,10 @@ def main(argv=None) -> int:
         print(f"lightning-gtn-align: error: cannot write {e.filename or a.out}: {e.strerror or e}", file=sys.stderr)
         return 2
     where = "standard output" if a.out == "-" else a.out
-    print(f"aligned {w.count} utterances -> {where}" + (f", {w.plots} plots in {a.plot_dir}" if w.plots else ""),
-          file=sys.stderr)
+    print(
+        f"aligned {w.count} utterances -> {where}" + (f", {w.plots} plots in {a.plot_dir}" if w.plots else ""),
+        file=sys.stderr,
+    )
     return 0
 
 

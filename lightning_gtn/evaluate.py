@@ -82,12 +82,19 @@ def read_checkpoint(ckpt_path) -> dict:
         data = torch.load(str(ckpt), map_location="cpu", weights_only=True)
     except Exception as e:  # zip/pickle errors of a truncated or foreign file
         msg = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-        raise ConfigError(f"ckpt_path: {ckpt} is not a readable checkpoint (truncated, or not written by "
-                          f"lightning-gtn-train): {msg}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("state_dict"), dict) \
-            or not isinstance(data.get("hyper_parameters"), dict):
-        raise ConfigError(f"ckpt_path: {ckpt} is not a lightning-gtn-train checkpoint (it needs 'state_dict' and "
-                          "'hyper_parameters')")
+        raise ConfigError(
+            f"ckpt_path: {ckpt} is not a readable checkpoint (truncated, or not written by "
+            f"lightning-gtn-train): {msg}"
+        ) from None
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("state_dict"), dict)
+        or not isinstance(data.get("hyper_parameters"), dict)
+    ):
+        raise ConfigError(
+            f"ckpt_path: {ckpt} is not a lightning-gtn-train checkpoint (it needs 'state_dict' and "
+            "'hyper_parameters')"
+        )
     return data
 
 
@@ -136,9 +143,7 @@ def build_datamodule(data_cfg: DictConfig, model):
     """The data module of ``data_cfg``, checked to use the characters of ``model``."""
     datamodule = build(data_cfg, "data")
     if datamodule.chars != model.hparams.chars:
-        raise ConfigError(
-            f"data: characters {datamodule.chars!r} differ from the checkpoint's {model.hparams.chars!r}"
-        )
+        raise ConfigError(f"data: characters {datamodule.chars!r} differ from the checkpoint's {model.hparams.chars!r}")
     return datamodule
 
 
@@ -190,8 +195,9 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
     datamodule = build_datamodule(cfg.data, model)
     if own_decoder:
         _set_decoder(cfg, model, datamodule)
-    trainer = build(cfg.trainer, "trainer", callbacks=[SpawnedProcessGroupCleanup()], logger=False,
-                    enable_checkpointing=False)
+    trainer = build(
+        cfg.trainer, "trainer", callbacks=[SpawnedProcessGroupCleanup()], logger=False, enable_checkpointing=False
+    )
     run = trainer.validate if cfg.split == "val" else trainer.test
     results = run(model, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in sorted(results[0].items())}

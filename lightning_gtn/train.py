@@ -44,10 +44,19 @@ from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
-from omegaconf import DictConfig, open_dict, OmegaConf  # noqa: E402
+from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
-__all__ = ["main", "run", "build", "ConfigError", "TrainingFailed", "CONF_DIR", "final_metrics",
-           "check_resume", "check_types"]
+__all__ = [
+    "main",
+    "run",
+    "build",
+    "ConfigError",
+    "TrainingFailed",
+    "CONF_DIR",
+    "final_metrics",
+    "check_resume",
+    "check_types",
+]
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -170,8 +179,10 @@ def _train_texts(datamodule) -> list[str]:
     datamodule.setup("fit")
     texts = getattr(getattr(datamodule, "train_set", None), "texts", None)
     if not texts:
-        raise ConfigError("loss.tokens: word pieces are learned from the training transcripts, but the data "
-                          "module has none (train_set.texts)")
+        raise ConfigError(
+            "loss.tokens: word pieces are learned from the training transcripts, but the data "
+            "module has none (train_set.texts)"
+        )
     return list(texts)
 
 
@@ -194,21 +205,27 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
     tokens = loss.get("tokens", "letters")
     pieces = None
     if isinstance(tokens, bool):
-        raise ConfigError(f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file, got {tokens!r}")
+        raise ConfigError(
+            f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file, got {tokens!r}"
+        )
     if isinstance(tokens, int):
         from lightning_gtn.wordpieces import train_word_pieces
 
         try:
             pieces = train_word_pieces(_train_texts(datamodule), int(tokens))
         except ValueError as e:
-            raise ConfigError(f"loss.tokens={tokens}: {str(e).replace('num_pieces', 'the number of word pieces')}; "
-                              "or loss.tokens=letters") from None
+            raise ConfigError(
+                f"loss.tokens={tokens}: {str(e).replace('num_pieces', 'the number of word pieces')}; "
+                "or loss.tokens=letters"
+            ) from None
     elif isinstance(tokens, str) and tokens != "letters":
         from lightning_gtn.wordpieces import load_word_pieces
 
         if not Path(tokens).is_file():
-            raise ConfigError(f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file; "
-                              f"no such file: {tokens}")
+            raise ConfigError(
+                f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file; "
+                f"no such file: {tokens}"
+            )
         try:
             pieces = load_word_pieces(tokens)
         except (OSError, ValueError) as e:
@@ -223,15 +240,17 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
             cfg.loss.tokens = list(pieces)
     trans = loss.get("transitions")
     if isinstance(trans, DictConfig):
-        from .losses.transducer import segment
         from lightning_gtn.wfst.ngram import save_transitions, transitions_graph
+
+        from .losses.transducer import segment
 
         toks = list(datamodule.chars) if isinstance(cfg.loss.tokens, str) else list(cfg.loss.tokens)
         blank = str(loss.get("blank", "none"))
         seqs = [segment(t, toks) for t in _train_texts(datamodule)]
         num = len(toks) + int(blank != "none")
-        g = transitions_graph(seqs, num, order=int(trans.get("order", 2)), prune=int(trans.get("prune", 0)),
-                              blank=blank, self_loops=True)
+        g = transitions_graph(
+            seqs, num, order=int(trans.get("order", 2)), prune=int(trans.get("prune", 0)), blank=blank, self_loops=True
+        )
         path = output_dir / "transitions.bin"
         save_transitions(str(path), g, num, tokens=toks + (["<blank>"] if blank != "none" else []))
         trans = str(path)
@@ -293,12 +312,18 @@ def check_resume(ckpt_path, model) -> None:
     old = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
     if not isinstance(old, Mapping):
         raise ConfigError(f"ckpt_path: {ckpt_path} has no hyper-parameters (not written by lightning-gtn-train)")
-    for name, key in (("loss", "loss"), ("network", "model"), ("chars", "data.chars"),
-                      ("feature_dim", "data (feature_dim)")):
+    for name, key in (
+        ("loss", "loss"),
+        ("network", "model"),
+        ("chars", "data.chars"),
+        ("feature_dim", "data (feature_dim)"),
+    ):
         d = _first_difference(old.get(name, "<missing>"), model.hparams.get(name), key)
         if d:
-            raise ConfigError(f"{d.split(':')[0]}: cannot resume from {ckpt_path}: {d.split(': ', 1)[1]} "
-                              "(a checkpoint resumes only the run that wrote it; start a new run instead)")
+            raise ConfigError(
+                f"{d.split(':')[0]}: cannot resume from {ckpt_path}: {d.split(': ', 1)[1]} "
+                "(a checkpoint resumes only the run that wrote it; start a new run instead)"
+            )
 
 
 def final_metrics(trainer) -> dict:
@@ -363,16 +388,19 @@ def claim_run_dir(output_dir: Path, ckpt_path) -> Path | None:
         except (OSError, ValueError):
             owner = 0
         if owner and _pid_alive(owner):
-            raise ConfigError(f"hydra.run.dir: {output_dir} is in use by another run (process {owner}, lock file "
-                              f"{lock}); give this run its own directory") from None
+            raise ConfigError(
+                f"hydra.run.dir: {output_dir} is in use by another run (process {owner}, lock file "
+                f"{lock}); give this run its own directory"
+            ) from None
         lock.unlink(missing_ok=True)  # a crashed run's lock
         return claim_run_dir(output_dir, ckpt_path)
     with os.fdopen(fd, "w") as f:
         f.write(f"{os.getpid()}\n")
     resuming = ckpt_path is not None and output_dir.resolve() in Path(str(ckpt_path)).resolve().parents
     if not resuming:
-        other = sorted(p.name for p in output_dir.iterdir() if p.name != RUN_LOCK and not
-                       (p.is_file() and p.suffix == ".log"))
+        other = sorted(
+            p.name for p in output_dir.iterdir() if p.name != RUN_LOCK and not (p.is_file() and p.suffix == ".log")
+        )
         if other:
             lock.unlink(missing_ok=True)
             raise ConfigError(
@@ -465,8 +493,15 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
         trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     except NonFiniteLossError as e:
         metrics = final_metrics(trainer)
-        metrics.update({"train/loss": float("nan"), "epoch": e.epoch, "global_step": e.global_step,
-                        "fit_seconds": round(time.perf_counter() - start, 2), "error": str(e)})
+        metrics.update(
+            {
+                "train/loss": float("nan"),
+                "epoch": e.epoch,
+                "global_step": e.global_step,
+                "fit_seconds": round(time.perf_counter() - start, 2),
+                "error": str(e),
+            }
+        )
         _write_metrics(trainer, output_dir, metrics)
         raise TrainingFailed(str(e), metrics) from e
     fit_seconds = time.perf_counter() - start

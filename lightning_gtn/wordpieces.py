@@ -296,9 +296,7 @@ def greedy_segment(word: str, pieces: Sequence[str]) -> List[int]:
             if None in node:
                 best, best_end = node[None], j
         if best is None:
-            raise ValueError(
-                f"word {word!r}: the grapheme {word[k]!r} at position {k} is not covered by any piece"
-            )
+            raise ValueError(f"word {word!r}: the grapheme {word[k]!r} at position {k} is not covered by any piece")
         out.append(best)
         k = best_end
     return out
@@ -329,9 +327,7 @@ def _unescape(line: str, lineno: int, where: str) -> str:
         c = line[k]
         if c != "\\":
             if not c.isprintable():
-                raise ValueError(
-                    f"{where}: line {lineno}: raw character U+{ord(c):04X}; escape it as \\U{ord(c):08x}"
-                )
+                raise ValueError(f"{where}: line {lineno}: raw character U+{ord(c):04X}; escape it as \\U{ord(c):08x}")
             out.append(c)
             k += 1
             continue

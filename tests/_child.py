@@ -11,8 +11,9 @@ def run_as_child(path: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, os.path.abspath(path)], capture_output=True, text=True,
-                         timeout=timeout, env=env)
+    res = subprocess.run(
+        [sys.executable, os.path.abspath(path)], capture_output=True, text=True, timeout=timeout, env=env
+    )
     assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-8000:]}"
     assert "fuzzed" in res.stdout  # the loop really ran
     return res

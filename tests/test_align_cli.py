@@ -28,9 +28,29 @@ def em_file(tmp_path):
 def test_emissions_file_to_json_plots_and_ctm(em_file, capsys):
     d, x, lengths, targets = em_file
     out = d / "a.json"
-    rc = main(["--emissions", str(d / "em.pt"), "--targets", str(d / "t.txt"), "--out", str(out),
-               "--plot-dir", str(d / "plots"), "--num-plots", "2", "--batch-size", "2", "--tokens", "_abc d",
-               "--word-separator-id", "5", "--frame-shift", "0.02", "--no-progress"])
+    rc = main(
+        [
+            "--emissions",
+            str(d / "em.pt"),
+            "--targets",
+            str(d / "t.txt"),
+            "--out",
+            str(out),
+            "--plot-dir",
+            str(d / "plots"),
+            "--num-plots",
+            "2",
+            "--batch-size",
+            "2",
+            "--tokens",
+            "_abc d",
+            "--word-separator-id",
+            "5",
+            "--frame-shift",
+            "0.02",
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     recs = json.loads(out.read_text())
     ref = forced_align(x.log_softmax(-1), targets, lengths)
@@ -45,8 +65,19 @@ def test_emissions_file_to_json_plots_and_ctm(em_file, capsys):
         assert [t["end"] for t in r["tokens"]] == pytest.approx([0.02 * v for v in ends])
     assert [w["text"] for w in recs[3]["words"]] == ["a", "b", "c"]
     assert sorted(p.name for p in (d / "plots").iterdir()) == ["utt0.png", "utt1.png"]
-    rc = main(["--emissions", str(d / "em.pt"), "--targets", str(d / "t.txt"), "--format", "ctm", "--star", "-2",
-               "--no-progress"])
+    rc = main(
+        [
+            "--emissions",
+            str(d / "em.pt"),
+            "--targets",
+            str(d / "t.txt"),
+            "--format",
+            "ctm",
+            "--star",
+            "-2",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 + 3 + 5  # one word per token by default; the empty and infeasible give none
@@ -55,22 +86,32 @@ def test_emissions_file_to_json_plots_and_ctm(em_file, capsys):
         assert utt.startswith("utt") and ch == "1" and float(dur) > 0 and 0 <= float(conf) <= 1
 
 
-@pytest.mark.parametrize("make,args,msg", [
-    (None, ["--emissions", "{d}/none.pt", "--targets", "{d}/t.txt"], "--emissions: no such file"),
-    ("bad", ["--emissions", "{d}/bad.pt", "--targets", "{d}/t.txt"], "cannot read"),
-    ("shape", ["--emissions", "{d}/shape.pt", "--targets", "{d}/t.txt"], r"shape \(B, T, C\)"),
-    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/short.txt"], "2 lines for 5 examples"),
-    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/words.txt"], "line 1 must hold integer"),
-    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/t.txt", "--blank", "9"], r"--blank must lie in \[0, C=6\)"),
-    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/range.txt"], "label 7 out of range"),
-    (None, ["--checkpoint", "{d}/no.ckpt"], "ckpt_path: no such checkpoint file"),
-    # second probe, finding 17: raw tracebacks before
-    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/latin1.txt"], "line 2 is not UTF-8 text"),
-    (None, ["--emissions", "{d}/mixed.pt", "--targets", "{d}/t.txt"],
-     r"mixed.pt holds a dict without an 'emissions' key \(keys: 'a', 1\)"),
-    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/lenient.txt"], "line 1 must hold integer token ids"),
-    (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/arabic.txt"], "line 1 must hold integer token ids"),
-])
+@pytest.mark.parametrize(
+    "make,args,msg",
+    [
+        (None, ["--emissions", "{d}/none.pt", "--targets", "{d}/t.txt"], "--emissions: no such file"),
+        ("bad", ["--emissions", "{d}/bad.pt", "--targets", "{d}/t.txt"], "cannot read"),
+        ("shape", ["--emissions", "{d}/shape.pt", "--targets", "{d}/t.txt"], r"shape \(B, T, C\)"),
+        (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/short.txt"], "2 lines for 5 examples"),
+        (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/words.txt"], "line 1 must hold integer"),
+        (
+            None,
+            ["--emissions", "{d}/em.pt", "--targets", "{d}/t.txt", "--blank", "9"],
+            r"--blank must lie in \[0, C=6\)",
+        ),
+        (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/range.txt"], "label 7 out of range"),
+        (None, ["--checkpoint", "{d}/no.ckpt"], "ckpt_path: no such checkpoint file"),
+        # second probe, finding 17: raw tracebacks before
+        (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/latin1.txt"], "line 2 is not UTF-8 text"),
+        (
+            None,
+            ["--emissions", "{d}/mixed.pt", "--targets", "{d}/t.txt"],
+            r"mixed.pt holds a dict without an 'emissions' key \(keys: 'a', 1\)",
+        ),
+        (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/lenient.txt"], "line 1 must hold integer token ids"),
+        (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/arabic.txt"], "line 1 must hold integer token ids"),
+    ],
+)
 def test_bad_inputs_give_clear_errors(em_file, capsys, make, args, msg):
     d = em_file[0]
     (d / "bad.pt").write_bytes(b"not a tensor file")
@@ -109,23 +150,48 @@ def test_argument_errors_exit(capsys):
 
 def _run(module, args, cwd, timeout=300):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow  # trains in a subprocess
 def test_checkpoint_trained_a_few_steps(tmp_path, capsys):
     run = tmp_path / "run"
-    p = _run("lightning_gtn.train", ["experiment=smoke", "trainer.max_steps=3", "trainer.enable_progress_bar=false",
-                                     "trainer.num_sanity_val_steps=0", "data.num_train=24", "data.num_val=6",
-                                     "logger=none", f"hydra.run.dir={run}"],
-             tmp_path)
+    p = _run(
+        "lightning_gtn.train",
+        [
+            "experiment=smoke",
+            "trainer.max_steps=3",
+            "trainer.enable_progress_bar=false",
+            "trainer.num_sanity_val_steps=0",
+            "data.num_train=24",
+            "data.num_val=6",
+            "logger=none",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     ckpt = run / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
     out = tmp_path / "val.json"
-    rc = main(["--checkpoint", str(ckpt), "--split", "val", "--out", str(out), "--plot-dir", str(tmp_path / "plots"),
-               "--num-plots", "2", "data=digits_small", "data.num_val=6"])
+    rc = main(
+        [
+            "--checkpoint",
+            str(ckpt),
+            "--split",
+            "val",
+            "--out",
+            str(out),
+            "--plot-dir",
+            str(tmp_path / "plots"),
+            "--num-plots",
+            "2",
+            "data=digits_small",
+            "data.num_val=6",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "aligning" in err  # the progress bar
@@ -166,11 +232,30 @@ def test_checkpoint_of_an_asg_model_uses_its_transitions(tmp_path, capsys):
     with torch.no_grad():
         model.structured_loss.transitions.normal_()
     ckpt = tmp_path / "asg.ckpt"
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "epoch": 0,
-                "global_step": 0, "pytorch-lightning_version": L.__version__}, ckpt)
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": dict(model.hparams),
+            "epoch": 0,
+            "global_step": 0,
+            "pytorch-lightning_version": L.__version__,
+        },
+        ckpt,
+    )
     out = tmp_path / "a.json"
-    rc = main(["--checkpoint", str(ckpt), "--split", "test", "--out", str(out), "--no-progress",
-               "data=digits_small", "data.num_test=4"])
+    rc = main(
+        [
+            "--checkpoint",
+            str(ckpt),
+            "--split",
+            "test",
+            "--out",
+            str(out),
+            "--no-progress",
+            "data=digits_small",
+            "data.num_test=4",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     recs = json.loads(out.read_text())
     assert len(recs) == 4 and all(r["utterance"].startswith("test") for r in recs)
@@ -181,8 +266,9 @@ def test_checkpoint_of_an_asg_model_uses_its_transitions(tmp_path, capsys):
     with torch.no_grad():
         inputs, il, tg, tl, _ = model.unpack_batch(batch)
         em, el = model.emissions(inputs, il)
-    ref = forced_align(em.log_softmax(-1), tg, el, tl, blank=None,
-                       transitions=model.structured_loss.transitions.detach())
+    ref = forced_align(
+        em.log_softmax(-1), tg, el, tl, blank=None, transitions=model.structured_loss.transitions.detach()
+    )
     plain = forced_align(em.log_softmax(-1), tg, el, tl, blank=None)
     for b in range(4):
         if recs[b]["score"] is None:

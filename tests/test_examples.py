@@ -4,8 +4,6 @@ import importlib.util
 import math
 from pathlib import Path
 
-import pytest
-
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 

@@ -117,9 +117,11 @@ def test_bad_configs_name_the_key(tmp_path):
     cfg = _compose(["data=features"], tmp_path)
     with pytest.raises(ConfigError, match=r"^data\.train_features: mandatory value missing"):
         run(cfg, output_dir=tmp_path)
-    for override, key in (("trainer.max_epochs=abc", r"trainer\.max_epochs: expected an integer"),
-                          ("optim.optimizer.lr=abc", r"optim\.optimizer\.lr: expected a number"),
-                          ("model.hidden_size=abc", r"model\.hidden_size: expected an integer")):
+    for override, key in (
+        ("trainer.max_epochs=abc", r"trainer\.max_epochs: expected an integer"),
+        ("optim.optimizer.lr=abc", r"optim\.optimizer\.lr: expected a number"),
+        ("model.hidden_size=abc", r"model\.hidden_size: expected an integer"),
+    ):
         cfg = _compose([override, *SMOKE], tmp_path)
         with pytest.raises(ConfigError, match=rf"^{key}, got 'abc'"):
             run(cfg, output_dir=tmp_path)
@@ -137,8 +139,9 @@ def test_bad_configs_name_the_key(tmp_path):
 
 def _cli(module, args, cwd, timeout=420):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     return json.loads(last), proc.stdout
@@ -157,18 +160,36 @@ def test_cli_train_resume_evaluate_and_ddp_metrics_match(tmp_path):
 
     # resume: continues from the checkpoint's step instead of starting over
     run2 = tmp_path / "run2"
-    m2, _ = _cli("lightning_gtn.train", [*SMOKE, "trainer.max_epochs=2", f"hydra.run.dir={run2}",
-                                         f"ckpt_path={run1 / 'checkpoints' / 'last.ckpt'}"], tmp_path)
+    m2, _ = _cli(
+        "lightning_gtn.train",
+        [*SMOKE, "trainer.max_epochs=2", f"hydra.run.dir={run2}", f"ckpt_path={run1 / 'checkpoints' / 'last.ckpt'}"],
+        tmp_path,
+    )
     assert m2["global_step"] == 2 * steps and m2["epoch"] == 2
 
     best = run2 / "checkpoints" / "last.ckpt"
-    e1, out = _cli("lightning_gtn.evaluate", [f"ckpt_path={best}", "data=digits_small",
-                                             "trainer.enable_progress_bar=false",
-                                             f"hydra.run.dir={tmp_path / 'ev1'}"], tmp_path)
+    e1, out = _cli(
+        "lightning_gtn.evaluate",
+        [
+            f"ckpt_path={best}",
+            "data=digits_small",
+            "trainer.enable_progress_bar=false",
+            f"hydra.run.dir={tmp_path / 'ev1'}",
+        ],
+        tmp_path,
+    )
     assert "->" in out and {"val/cer", "val/wer", "val/loss"} <= set(e1)
-    e2, _ = _cli("lightning_gtn.evaluate", [f"ckpt_path={best}", "data=digits_small", "trainer=ddp_cpu",
-                                           "trainer.enable_progress_bar=false",
-                                           f"hydra.run.dir={tmp_path / 'ev2'}"], tmp_path)
+    e2, _ = _cli(
+        "lightning_gtn.evaluate",
+        [
+            f"ckpt_path={best}",
+            "data=digits_small",
+            "trainer=ddp_cpu",
+            "trainer.enable_progress_bar=false",
+            f"hydra.run.dir={tmp_path / 'ev2'}",
+        ],
+        tmp_path,
+    )
     # sum-reduced metric states: two processes give the single-process figures
     assert e2["val/cer"] == pytest.approx(e1["val/cer"], abs=1e-6)
     assert e2["val/wer"] == pytest.approx(e1["val/wer"], abs=1e-6)
@@ -182,9 +203,21 @@ def test_cli_killed_run_resumes_from_its_step_checkpoint(tmp_path):
     run1 = tmp_path / "killed"
     last = run1 / "checkpoints" / "last.ckpt"
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen([sys.executable, "-m", "lightning_gtn.train", *SMOKE, "trainer.max_epochs=100",
-                             "callbacks.step_checkpoint.every_n_train_steps=3", f"hydra.run.dir={run1}"],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lightning_gtn.train",
+            *SMOKE,
+            "trainer.max_epochs=100",
+            "callbacks.step_checkpoint.every_n_train_steps=3",
+            f"hydra.run.dir={run1}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 300
         while not last.is_file() and proc.poll() is None and time.monotonic() < deadline:
@@ -199,16 +232,26 @@ def test_cli_killed_run_resumes_from_its_step_checkpoint(tmp_path):
     assert step > 0 and epoch < 100
 
     run2 = tmp_path / "resumed"
-    m, _ = _cli("lightning_gtn.train", [*SMOKE, f"trainer.max_epochs={epoch + 1}", f"ckpt_path={last}",
-                                        "callbacks.step_checkpoint.every_n_train_steps=3",
-                                        f"hydra.run.dir={run2}"], tmp_path)
+    m, _ = _cli(
+        "lightning_gtn.train",
+        [
+            *SMOKE,
+            f"trainer.max_epochs={epoch + 1}",
+            f"ckpt_path={last}",
+            "callbacks.step_checkpoint.every_n_train_steps=3",
+            f"hydra.run.dir={run2}",
+        ],
+        tmp_path,
+    )
     assert m["epoch"] == epoch + 1
     assert step < m["global_step"] <= step + 8  # continued from the checkpoint's step
     assert math.isfinite(m["train/loss"])
     # the step and the validation checkpoints share one last.ckpt (no last-v1.ckpt beside it)
     assert sorted(p.name for p in (run2 / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
-    assert torch.load(run2 / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)[
-        "global_step"] == m["global_step"]
+    assert (
+        torch.load(run2 / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+        == m["global_step"]
+    )
 
 
 @pytest.mark.slow
@@ -226,8 +269,9 @@ def test_cli_ddp_relaunch_strategy_prints_one_result(tmp_path):
     # strategy=ddp re-runs the command in a subprocess per extra rank (what trainer=ddp does on
     # GPUs); only rank 0 reports.
     out = tmp_path / "ddp_sub"
-    m, stdout = _cli("lightning_gtn.train", [*SMOKE, "trainer=ddp_cpu", "trainer.strategy=ddp",
-                                            f"hydra.run.dir={out}"], tmp_path)
+    m, stdout = _cli(
+        "lightning_gtn.train", [*SMOKE, "trainer=ddp_cpu", "trainer.strategy=ddp", f"hydra.run.dir={out}"], tmp_path
+    )
     assert m["global_step"] == 4 and "val/cer" in m
     assert sum(line.startswith("{") for line in stdout.splitlines()) == 1
     assert json.loads((out / "metrics.json").read_text()) == m
@@ -239,7 +283,11 @@ def test_cli_multirun_over_two_losses(tmp_path):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.run(
         [sys.executable, "-m", "lightning_gtn.train", "-m", "loss=ctc,seq", *SMOKE, f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = sorted(sweep.glob("*/metrics.json"))
@@ -258,11 +306,38 @@ def test_wheel_ships_the_configs(tmp_path):
 
     repo = Path(__file__).resolve().parents[1]
     src = tmp_path / "src"
-    skip = shutil.ignore_patterns(".venv", ".git", "build", "dist", "outputs", "multirun", "*.egg-info",
-                                  "__pycache__", ".pytest_cache", ".hypothesis", "tests", "benchmarks")
+    skip = shutil.ignore_patterns(
+        ".venv",
+        ".git",
+        "build",
+        "dist",
+        "outputs",
+        "multirun",
+        "*.egg-info",
+        "__pycache__",
+        ".pytest_cache",
+        ".hypothesis",
+        "tests",
+        "benchmarks",
+    )
     shutil.copytree(repo, src, symlinks=True, ignore=skip)
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("lightning_gtn-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -283,13 +358,27 @@ def _checkpoint_of(cfg, path):
 
     dm = instantiate(cfg.data)
     model = SequenceModule(cfg.model, cfg.loss, dm.chars, dm.feature_dim, cfg.optim.optimizer)
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "epoch": 0,
-                "global_step": 0, "pytorch-lightning_version": L.__version__}, path)
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": dict(model.hparams),
+            "epoch": 0,
+            "global_step": 0,
+            "pytorch-lightning_version": L.__version__,
+        },
+        path,
+    )
     return path
 
 
-@pytest.mark.parametrize("override,key", [("loss=seq", r"loss\._target_"), ("model.hidden_size=32", r"model\.hidden_size"),
-                                          ("loss.zero_infinity=false", r"loss\.zero_infinity")])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("loss=seq", r"loss\._target_"),
+        ("model.hidden_size=32", r"model\.hidden_size"),
+        ("loss.zero_infinity=false", r"loss\.zero_infinity"),
+    ],
+)
 def test_resume_refuses_a_checkpoint_of_another_loss_or_model(override, key, tmp_path):
     ckpt = _checkpoint_of(_compose(SMOKE, tmp_path), tmp_path / "ctc.ckpt")
     cfg = _compose([override, f"ckpt_path={ckpt}", *SMOKE], tmp_path)
@@ -306,14 +395,24 @@ def test_resume_refuses_another_vocabulary(tmp_path):
         run(_compose([f"ckpt_path={ckpt}", *SMOKE], tmp_path), output_dir=tmp_path)
 
 
-NAN_RUN = ["optim=sgd", "optim.optimizer.lr=1e30", "trainer.gradient_clip_val=null", "trainer.limit_train_batches=4",
-           "trainer.limit_val_batches=1", "callbacks=none", "logger=none", *SMOKE]
+NAN_RUN = [
+    "optim=sgd",
+    "optim.optimizer.lr=1e30",
+    "trainer.gradient_clip_val=null",
+    "trainer.limit_train_batches=4",
+    "trainer.limit_val_batches=1",
+    "callbacks=none",
+    "logger=none",
+    *SMOKE,
+]
 
 
 def test_nonfinite_loss_stops_the_run_and_is_written(tmp_path):
     from lightning_gtn.train import TrainingFailed
 
-    with pytest.raises(TrainingFailed, match=r"non-finite training loss nan at global step \d+ \(epoch 0, batch \d+\)") as e:
+    with pytest.raises(
+        TrainingFailed, match=r"non-finite training loss nan at global step \d+ \(epoch 0, batch \d+\)"
+    ) as e:
         run(_compose(NAN_RUN, tmp_path), output_dir=tmp_path)
     written = json.loads((tmp_path / "metrics.json").read_text())
     assert math.isnan(written["train/loss"]) and "global step" in written["error"]
@@ -326,8 +425,9 @@ def test_nonfinite_loss_stops_the_run_and_is_written(tmp_path):
 
 def _cli_fail(module, args, cwd, timeout=300):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode != 0, proc.stdout[-3000:]
     return proc
 
@@ -348,17 +448,25 @@ def test_cli_eval_refuses_a_crafted_checkpoint_and_model_overrides(tmp_path):
     ck = torch.load(good, weights_only=True)
     ck["hyper_parameters"]["loss"] = {"_target_": "pydoc.pipepager", "text": "", "cmd": f"touch {marker}"}
     torch.save(ck, tmp_path / "evil.ckpt")
-    proc = _cli_fail("lightning_gtn.evaluate", [f"ckpt_path={tmp_path / 'evil.ckpt'}", "data=digits_small",
-                                               f"hydra.run.dir={tmp_path / 'ev'}"], tmp_path)
+    proc = _cli_fail(
+        "lightning_gtn.evaluate",
+        [f"ckpt_path={tmp_path / 'evil.ckpt'}", "data=digits_small", f"hydra.run.dir={tmp_path / 'ev'}"],
+        tmp_path,
+    )
     assert "loss._target_: 'pydoc.pipepager' is not trusted" in proc.stderr and "trust_modules" in proc.stderr
     assert not marker.exists()
 
     from lightning_gtn.evaluate import evaluate
 
     cfg = _compose([f"ckpt_path={good}", "data=digits_small", "loss=seq"], tmp_path, config_name="eval")
-    for overrides, key in ((["loss=seq"], "loss"), (["model.hidden_size=8"], "model.hidden_size"),
-                           (["+optim.optimizer.foo=1"], "optim.optimizer.foo")):
-        with pytest.raises(ConfigError, match=rf"^{key}: lightning-gtn-eval uses the network, loss and vocabulary stored"):
+    for overrides, key in (
+        (["loss=seq"], "loss"),
+        (["model.hidden_size=8"], "model.hidden_size"),
+        (["+optim.optimizer.foo=1"], "optim.optimizer.foo"),
+    ):
+        with pytest.raises(
+            ConfigError, match=rf"^{key}: lightning-gtn-eval uses the network, loss and vocabulary stored"
+        ):
             evaluate(cfg, overrides=overrides)
 
 
@@ -370,8 +478,13 @@ def test_eval_trust_modules_opts_in(tmp_path):
     ck = torch.load(good, weights_only=True)
     ck["hyper_parameters"]["scheduler"] = {"_target_": "json.dumps", "obj": 1}
     torch.save(ck, tmp_path / "mine.ckpt")
-    base = [f"ckpt_path={tmp_path / 'mine.ckpt'}", "data=digits_small", "data.num_val=10", "num_samples=0",
-            "trainer.enable_progress_bar=false"]
+    base = [
+        f"ckpt_path={tmp_path / 'mine.ckpt'}",
+        "data=digits_small",
+        "data.num_val=10",
+        "num_samples=0",
+        "trainer.enable_progress_bar=false",
+    ]
     with pytest.raises(ConfigError, match=r"optim\.scheduler\._target_: 'json\.dumps' is not trusted"):
         evaluate(_compose(base, tmp_path, config_name="eval"), overrides=[])
     metrics = evaluate(_compose([*base, "trust_modules=[json]"], tmp_path, config_name="eval"), overrides=[])
@@ -385,14 +498,29 @@ def test_cli_readme_own_data_command_with_the_default_logger(tmp_path, rng):
 
     words = ["ab", "ba", "abc", "cab", "a b", "bca"]
     for split, n in (("train", 8), ("val", 4)):
-        np.savez(tmp_path / f"{split}.npz", **{f"u{i}": rng.normal(size=(12 + i, 5)).astype("float32") for i in range(n)})
+        np.savez(
+            tmp_path / f"{split}.npz", **{f"u{i}": rng.normal(size=(12 + i, 5)).astype("float32") for i in range(n)}
+        )
         (tmp_path / f"{split}.txt").write_text("".join(f"u{i} {words[i % len(words)]}\n" for i in range(n)))
     out = tmp_path / "run"
-    m, _ = _cli("lightning_gtn.train", [
-        "data=features", f"data.train_features={tmp_path / 'train.npz'}", f"data.train_transcripts={tmp_path / 'train.txt'}",
-        f"data.val_features={tmp_path / 'val.npz'}", f"data.val_transcripts={tmp_path / 'val.txt'}",
-        "data.batch_size=4", "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "model.conv_channels=8",
-        "model.hidden_size=8", f"hydra.run.dir={out}"], tmp_path, timeout=300)
+    m, _ = _cli(
+        "lightning_gtn.train",
+        [
+            "data=features",
+            f"data.train_features={tmp_path / 'train.npz'}",
+            f"data.train_transcripts={tmp_path / 'train.txt'}",
+            f"data.val_features={tmp_path / 'val.npz'}",
+            f"data.val_transcripts={tmp_path / 'val.txt'}",
+            "data.batch_size=4",
+            "trainer.max_epochs=1",
+            "trainer.enable_progress_bar=false",
+            "model.conv_channels=8",
+            "model.hidden_size=8",
+            f"hydra.run.dir={out}",
+        ],
+        tmp_path,
+        timeout=300,
+    )
     assert {"train/loss", "val/loss", "val/cer", "val/wer"} <= set(m) and m["global_step"] == 2
     assert (out / "csv" / "metrics.csv").is_file() and (out / "csv" / "hparams.yaml").is_file()
 
@@ -440,9 +568,15 @@ def test_second_run_into_the_same_directory_is_refused_and_mixes_nothing(tmp_pat
 
 def test_trainer_flags_users_reach_for_are_plain_overrides(tmp_path):
     # Newcomer edge of the second probe: trainer.max_steps=20 failed ("not in struct").
-    flags = ["trainer.max_steps=20", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
-             "trainer.limit_test_batches=2", "trainer.val_check_interval=0.5", "trainer.precision=bf16-mixed",
-             "trainer.accumulate_grad_batches=2"]
+    flags = [
+        "trainer.max_steps=20",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=2",
+        "trainer.limit_test_batches=2",
+        "trainer.val_check_interval=0.5",
+        "trainer.precision=bf16-mixed",
+        "trainer.accumulate_grad_batches=2",
+    ]
     for trainer in ("cpu", "gpu", "ddp", "ddp_cpu"):
         cfg = _compose([f"trainer={trainer}", *flags], tmp_path)
         assert cfg.trainer.max_steps == 20 and cfg.trainer.accumulate_grad_batches == 2
@@ -454,7 +588,9 @@ def test_trainer_flags_users_reach_for_are_plain_overrides(tmp_path):
 def test_too_few_word_pieces_names_the_key(tmp_path):
     # Newcomer edge: loss=transducer loss.tokens=20 on 27 graphemes gave a raw ValueError.
     cfg = _compose(["loss=transducer", "loss.tokens=5", *SMOKE], tmp_path)
-    with pytest.raises(ConfigError, match=r"^loss\.tokens=5: the number of word pieces must be at least the number "
-                                          r"of distinct graphemes \(\d+"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^loss\.tokens=5: the number of word pieces must be at least the number " r"of distinct graphemes \(\d+",
+    ):
         run(cfg, output_dir=tmp_path)
     assert not any(tmp_path.iterdir()) or sorted(p.name for p in tmp_path.iterdir()) == []

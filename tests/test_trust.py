@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from lightning_gtn import _trust
-from lightning_gtn._trust import (UntrustedTargetError, check_config, check_target, instantiate, register_type,
-                                  resolve, trusted)
+from lightning_gtn._trust import (
+    UntrustedTargetError,
+    check_config,
+    check_target,
+    instantiate,
+    register_type,
+    resolve,
+    trusted,
+)
 
 ALLOWED = [
     "lightning_gtn.lightning.ConvRNNEncoder",
@@ -85,20 +92,25 @@ def test_every_conf_target_is_registered():
 
 
 def test_kinds_keep_sections_apart():
-    with pytest.raises(UntrustedTargetError, match=r"^optim\.scheduler\._target_: 'torch\.optim\.Adam'.*registered optimizer"):
+    with pytest.raises(
+        UntrustedTargetError, match=r"^optim\.scheduler\._target_: 'torch\.optim\.Adam'.*registered optimizer"
+    ):
         check_config({"_target_": "torch.optim.Adam"}, "optim.scheduler", "scheduler")
     with pytest.raises(UntrustedTargetError, match=r"^loss\.builder: 'torch\.optim\.SGD'"):
         check_config({"_target_": "lightning_gtn.nn.TargetGraphLoss", "builder": "torch.optim.SGD"}, "loss", "loss")
     # nested targets are models/modules only: no data module, optimizer or loss inside a network
     for nested in ("lightning_gtn.lightning.TextLinesDataModule", "torch.optim.SGD", "lightning_gtn.nn.CTCLoss"):
         with pytest.raises(UntrustedTargetError, match=r"^model\.x\._target_"):
-            check_config({"_target_": "lightning_gtn.lightning.ConvRNNEncoder", "x": {"_target_": nested}},
-                         "model", "model")
+            check_config(
+                {"_target_": "lightning_gtn.lightning.ConvRNNEncoder", "x": {"_target_": nested}}, "model", "model"
+            )
 
 
 def test_check_config_walks_nested_mappings_lists_and_builders():
-    cfg = {"_target_": "lightning_gtn.lightning.ConvRNNEncoder",
-           "layers": [{"_target_": "torch.nn.ReLU"}, {"act": {"_target_": "subprocess.run"}}]}
+    cfg = {
+        "_target_": "lightning_gtn.lightning.ConvRNNEncoder",
+        "layers": [{"_target_": "torch.nn.ReLU"}, {"act": {"_target_": "subprocess.run"}}],
+    }
     with pytest.raises(UntrustedTargetError, match=r"^model\.layers\[1\]\.act\._target_: 'subprocess\.run'"):
         check_config(cfg, "model")
     with pytest.raises(UntrustedTargetError, match=r"^loss\.builder: 'os\.system'"):
@@ -106,8 +118,9 @@ def test_check_config_walks_nested_mappings_lists_and_builders():
     from omegaconf import OmegaConf
 
     with pytest.raises(UntrustedTargetError, match=r"optim\.optimizer\.lr\._target_"):
-        check_config(OmegaConf.create({"_target_": "torch.optim.Adam", "lr": {"_target_": "pydoc.pipepager"}}),
-                     "optim.optimizer")
+        check_config(
+            OmegaConf.create({"_target_": "torch.optim.Adam", "lr": {"_target_": "pydoc.pipepager"}}), "optim.optimizer"
+        )
     # objects given in Python are the caller's own with data=False, refused as data otherwise
     check_config({"_target_": torch.optim.Adam, "builder": len}, "x", data=False)
     with pytest.raises(UntrustedTargetError, match=r"^x\._target_: <class"):
@@ -139,8 +152,13 @@ def test_instantiate_builds_only_registered_types_and_never_reads_strings():
     net = instantiate({"_target_": "torch.nn.LeakyReLU", "negative_slope": "${oc.env:HOME}"}, "m", data=True)
     assert net.negative_slope == "${oc.env:HOME}"  # a string is data, never interpolated
     with pytest.raises(UntrustedTargetError, match=r"^m\.x\._target_"):
-        instantiate({"_target_": "torch.nn.ReLU", "x": {"_target_": "lightning_gtn.wordpieces.save_word_pieces",
-                                                           "pieces": ["a"], "path": "x.txt"}}, "m")
+        instantiate(
+            {
+                "_target_": "torch.nn.ReLU",
+                "x": {"_target_": "lightning_gtn.wordpieces.save_word_pieces", "pieces": ["a"], "path": "x.txt"},
+            },
+            "m",
+        )
 
 
 def test_opt_in_with_context_manager_and_add_trusted(monkeypatch):
@@ -192,5 +210,8 @@ def test_missing_names_are_refused_without_import():
 
 def test_targets_in():
     cfg = {"_target_": "a.B", "x": [{"_target_": "e.F", "builder": "c.d"}], "y": {"z": 1}}
-    assert _trust.targets_in(cfg, "loss") == [("a.B", "loss._target_"), ("e.F", "loss.x[0]._target_"),
-                                              ("c.d", "loss.x[0].builder")]
+    assert _trust.targets_in(cfg, "loss") == [
+        ("a.B", "loss._target_"),
+        ("e.F", "loss.x[0]._target_"),
+        ("c.d", "loss.x[0].builder"),
+    ]

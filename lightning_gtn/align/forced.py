@@ -26,11 +26,10 @@ import torch
 
 from .. import wfst as _wfst
 from ..core import checks
-from ..kernels.viterbi_paths import ctc_states, viterbi_arcs
-from ..kernels.batch import Problem
-from ..kernels.batch import GraphBatch, compile_graph
 from ..core.criterion_graphs import cached, compiled_asg_target, compiled_ctc, compiled_force_align, target_key
 from ..core.scoring import unique_graphs
+from ..kernels.batch import GraphBatch, Problem, compile_graph
+from ..kernels.viterbi_paths import ctc_states, viterbi_arcs
 
 __all__ = ["Alignment", "forced_align", "align_graph", "word_spans", "to_records", "to_json", "to_ctm"]
 
@@ -76,8 +75,12 @@ class Alignment:
 
     def to(self, device) -> "Alignment":
         """A copy with every tensor on ``device``."""
-        return Alignment(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
-                            for f in fields(self)})
+        return Alignment(
+            **{
+                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
+                for f in fields(self)
+            }
+        )
 
     def __len__(self) -> int:
         return int(self.score.shape[0])
@@ -188,8 +191,11 @@ def _check_star(star) -> Optional[float]:
         return None
     if isinstance(star, torch.Tensor) and star.dim() == 0 and star.is_floating_point():
         star = float(star)
-    if isinstance(star, (bool, np.bool_)) or not isinstance(star, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(float(star)):
+    if (
+        isinstance(star, (bool, np.bool_))
+        or not isinstance(star, (int, float, np.integer, np.floating))
+        or not math.isfinite(float(star))
+    ):
         raise ValueError(f"star must be None or a finite float (the log-score added to each star frame), got {star!r}")
     return float(star)
 
@@ -280,25 +286,40 @@ def forced_align(
     elif tg.dim() != 2:
         raise ValueError(f"targets must have shape (B, S) or (sum(target_lengths),), got {tuple(tg.shape)}")
     il = checks.int_tensor(input_lengths, "input_lengths")
-    out = torch.ops.lightning_gtn.forced_align(emissions.detach(), tg, il, tl, transitions,
-                                               -1 if blank is None else blank, star, impl or "")
+    out = torch.ops.lightning_gtn.forced_align(
+        emissions.detach(), tg, il, tl, transitions, -1 if blank is None else blank, star, impl or ""
+    )
     labels, start, end, tscore, conf, score, star_frames = out
-    return Alignment(labels=labels, token_start=start, token_end=end, token_score=tscore, token_confidence=conf,
-                     score=score, input_lengths=il.to(dev), target_lengths=tl.to(dev),
-                     star_frames=star_frames if star is not None else None)
+    return Alignment(
+        labels=labels,
+        token_start=start,
+        token_end=end,
+        token_score=tscore,
+        token_confidence=conf,
+        score=score,
+        input_lengths=il.to(dev),
+        target_lengths=tl.to(dev),
+        star_frames=star_frames if star is not None else None,
+    )
 
 
 @torch.library.custom_op("lightning_gtn::forced_align", mutates_args=())
-def _forced_align_op(emissions: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
-                     target_lengths: torch.Tensor, transitions: Optional[torch.Tensor], blank: int,
-                     star: Optional[float], impl: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                torch.Tensor]:
+def _forced_align_op(
+    emissions: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    transitions: Optional[torch.Tensor],
+    blank: int,
+    star: Optional[float],
+    impl: str,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(labels, token_start, token_end, token_score, token_confidence, score, star_frames)``
     of :func:`forced_align` (``blank=-1``: no blank; ``impl=""``: the default); padded
     ``(B, S)`` targets; ``star_frames`` all False without a star."""
-    return _forced_align_impl(emissions, targets, input_lengths, target_lengths, transitions,
-                              None if blank < 0 else blank, star, impl or None)
+    return _forced_align_impl(
+        emissions, targets, input_lengths, target_lengths, transitions, None if blank < 0 else blank, star, impl or None
+    )
 
 
 @_forced_align_op.register_fake
@@ -307,10 +328,15 @@ def _forced_align_fake(emissions, targets, input_lengths, target_lengths, transi
     S = targets.shape[1]
     dt = _out_dtype(emissions)
     i64 = dict(dtype=torch.int64)
-    return (emissions.new_empty((B, T), **i64), emissions.new_empty((B, S), **i64),
-            emissions.new_empty((B, S), **i64), emissions.new_empty((B, S), dtype=dt),
-            emissions.new_empty((B, S), dtype=dt), emissions.new_empty((B,), dtype=dt),
-            emissions.new_empty((B, T), dtype=torch.bool))
+    return (
+        emissions.new_empty((B, T), **i64),
+        emissions.new_empty((B, S), **i64),
+        emissions.new_empty((B, S), **i64),
+        emissions.new_empty((B, S), dtype=dt),
+        emissions.new_empty((B, S), dtype=dt),
+        emissions.new_empty((B,), dtype=dt),
+        emissions.new_empty((B, T), dtype=torch.bool),
+    )
 
 
 def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transitions, blank, star, impl):
@@ -387,7 +413,6 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
     return labels, start, end, tscore.to(dt), conf.to(dt), score.to(dt), star_frames
 
 
-
 def _ctc_fast(x, seqs, lengths, blank: int, S: int, dt):
     """CTC on the CPU without graphs (:func:`._align_kernels.ctc_states`): the outputs of
     :func:`_forced_align_impl` from the node of every frame."""
@@ -400,8 +425,9 @@ def _ctc_fast(x, seqs, lengths, blank: int, S: int, dt):
     odd = (states % 2) == 1
     tok = torch.where(odd, (states - 1) // 2, torch.full_like(states, _NO_TOKEN))
     lab_tok = torch.from_numpy(tg).gather(1, tok.clamp(min=0))
-    labels = torch.where(states < 0, torch.full_like(states, -1),
-                         torch.where(odd, lab_tok, torch.full_like(states, blank)))
+    labels = torch.where(
+        states < 0, torch.full_like(states, -1), torch.where(odd, lab_tok, torch.full_like(states, blank))
+    )
     frame_score = x.gather(2, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     frame_score = torch.where(labels >= 0, frame_score, torch.zeros_like(frame_score))
     start, end, tscore, conf = _token_spans(tok, frame_score, S)
@@ -443,8 +469,9 @@ def _seqs_of(alignment: Alignment, targets) -> List[List[int]]:
     B = len(alignment)
     tl = alignment.target_lengths.cpu()
     dev = alignment.labels.device  # targets may sit there or on the CPU
-    if isinstance(targets, (torch.Tensor, np.ndarray)) or (isinstance(targets, (list, tuple)) and targets
-                                                            and np.isscalar(targets[0])):
+    if isinstance(targets, (torch.Tensor, np.ndarray)) or (
+        isinstance(targets, (list, tuple)) and targets and np.isscalar(targets[0])
+    ):
         return checks.split_targets(targets, tl, B, dev, 2**62)
     seqs = checks.split_targets(targets, None, B, dev, 2**62)
     if [len(s) for s in seqs] != tl.tolist():
@@ -521,14 +548,16 @@ def word_spans(
             for wi, (i0, i1) in enumerate(ranges):
                 frames = [end[b][i] - start[b][i] for i in range(i0, i1)]
                 n = sum(frames)
-                words.append({
-                    "word_index": wi,
-                    "start": start[b][i0],
-                    "end": end[b][i1 - 1],
-                    "score": float(sum(tscore[b][i0:i1])),
-                    "confidence": float(sum(c * f for c, f in zip(conf[b][i0:i1], frames)) / max(n, 1)),
-                    "token_range": (i0, i1),
-                })
+                words.append(
+                    {
+                        "word_index": wi,
+                        "start": start[b][i0],
+                        "end": end[b][i1 - 1],
+                        "score": float(sum(tscore[b][i0:i1])),
+                        "confidence": float(sum(c * f for c, f in zip(conf[b][i0:i1], frames)) / max(n, 1)),
+                        "token_range": (i0, i1),
+                    }
+                )
         out.append(words)
     return out
 
@@ -543,8 +572,11 @@ def _token_text(tokens, i: int) -> str:
 
 
 def _check_frame_shift(frame_shift) -> float:
-    if isinstance(frame_shift, bool) or not isinstance(frame_shift, (int, float)) or not \
-            (math.isfinite(frame_shift) and frame_shift > 0):
+    if (
+        isinstance(frame_shift, bool)
+        or not isinstance(frame_shift, (int, float))
+        or not (math.isfinite(frame_shift) and frame_shift > 0)
+    ):
         raise ValueError(f"frame_shift must be a positive number of seconds, got {frame_shift!r}")
     return float(frame_shift)
 
@@ -609,17 +641,38 @@ def to_records(
         toks = []
         if ok:
             for i, tid in enumerate(y):
-                toks.append({"index": i, "id": int(tid), "text": _token_text(tokens, tid),
-                             "start_frame": start[b][i], "end_frame": end[b][i],
-                             "start": round(start[b][i] * fs, 6), "end": round(end[b][i] * fs, 6),
-                             "score": tscore[b][i], "confidence": conf[b][i]})
+                toks.append(
+                    {
+                        "index": i,
+                        "id": int(tid),
+                        "text": _token_text(tokens, tid),
+                        "start_frame": start[b][i],
+                        "end_frame": end[b][i],
+                        "start": round(start[b][i] * fs, 6),
+                        "end": round(end[b][i] * fs, 6),
+                        "score": tscore[b][i],
+                        "confidence": conf[b][i],
+                    }
+                )
         ws = []
         for w in words[b]:
             i0, i1 = w["token_range"]
-            ws.append(dict(w, token_range=[i0, i1], text=_join(tokens, y[i0:i1], joiner),
-                           start_time=round(w["start"] * fs, 6), end_time=round(w["end"] * fs, 6)))
-        rec = {"utterance": names[b], "num_frames": int(n_frames[b]), "score": score[b] if ok else None,
-               "tokens": toks, "words": ws}
+            ws.append(
+                dict(
+                    w,
+                    token_range=[i0, i1],
+                    text=_join(tokens, y[i0:i1], joiner),
+                    start_time=round(w["start"] * fs, 6),
+                    end_time=round(w["end"] * fs, 6),
+                )
+            )
+        rec = {
+            "utterance": names[b],
+            "num_frames": int(n_frames[b]),
+            "score": score[b] if ok else None,
+            "tokens": toks,
+            "words": ws,
+        }
         if star is not None:
             rec["star_frames"] = int(star[b].sum())
         out.append(rec)
@@ -666,12 +719,22 @@ def to_ctm(
     fs = _check_frame_shift(frame_shift)
     if not channel or any(c.isspace() for c in str(channel)):
         raise ValueError(f"channel must be non-empty without white space, got {channel!r}")
-    recs = to_records(alignment, targets, frame_shift=fs, tokens=tokens, utterance_ids=utterance_ids,
-                      word_separator_id=word_separator_id, word_lengths=word_lengths, joiner=joiner)
+    recs = to_records(
+        alignment,
+        targets,
+        frame_shift=fs,
+        tokens=tokens,
+        utterance_ids=utterance_ids,
+        word_separator_id=word_separator_id,
+        word_lengths=word_lengths,
+        joiner=joiner,
+    )
     lines = []
     for r in recs:
         for w in r["words"]:
             text = "_".join(w["text"].split()) or "_"
-            lines.append(f"{r['utterance']} {channel} {w['start'] * fs:.3f} {(w['end'] - w['start']) * fs:.3f} "
-                         f"{text} {w['confidence']:.4f}")
+            lines.append(
+                f"{r['utterance']} {channel} {w['start'] * fs:.3f} {(w['end'] - w['start']) * fs:.3f} "
+                f"{text} {w['confidence']:.4f}"
+            )
     return "\n".join(lines) + ("\n" if lines else "")

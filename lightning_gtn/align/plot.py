@@ -68,11 +68,12 @@ def plot_alignment(emissions: torch.Tensor, alignment: Alignment, b: int, tokens
     if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 <= int(b) < B:
         raise ValueError(f"b must be an integer in [0, B={B}), got {b!r}")
     if len(alignment) != B or alignment.labels.shape[1] != T:
-        raise ValueError(f"alignment has shape {(len(alignment), alignment.labels.shape[1])}, "
-                         f"emissions have (B, T) = {(B, T)}")
+        raise ValueError(
+            f"alignment has shape {(len(alignment), alignment.labels.shape[1])}, " f"emissions have (B, T) = {(B, T)}"
+        )
     b = int(b)
     n = int(alignment.input_lengths[b])
-    x = emissions[b, :max(n, 1)].detach().float().cpu().numpy()
+    x = emissions[b, : max(n, 1)].detach().float().cpu().numpy()
     lab = alignment.labels[b, :n].cpu().numpy()
     width = max(6.0, min(0.06 * n + 2, 30.0))
     fig = Figure(figsize=(width, 5.2))
@@ -100,8 +101,10 @@ def plot_alignment(emissions: torch.Tensor, alignment: Alignment, b: int, tokens
     strip.tick_params(labelbottom=False)
     strip.set_ylabel("tokens", fontsize=7)
     score = float(alignment.score[b])
-    strip.set_title(f"example {b}: {tl} tokens, {n} frames, score {score:.2f}"
-                    + (f" ({skipped} token labels left out: no room)" if skipped else ""))
+    strip.set_title(
+        f"example {b}: {tl} tokens, {n} frames, score {score:.2f}"
+        + (f" ({skipped} token labels left out: no room)" if skipped else "")
+    )
     ax.set_xlabel("frame")
     ax.set_ylabel("class")
     ax.legend(loc="upper right", fontsize=7)

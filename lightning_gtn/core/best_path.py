@@ -53,15 +53,18 @@ def best_paths_impl(emissions: torch.Tensor, transitions: Optional[torch.Tensor]
         return paths.to(dev), scores.to(device=dev, dtype=emissions.dtype)
 
 
-def refuse_nan(emissions: torch.Tensor, lengths: np.ndarray, weights: Optional[torch.Tensor] = None,
-               weights_name: str = "transitions") -> None:
+def refuse_nan(
+    emissions: torch.Tensor,
+    lengths: np.ndarray,
+    weights: Optional[torch.Tensor] = None,
+    weights_name: str = "transitions",
+) -> None:
     """ValueError when an emission within an example's length, or a weight, is NaN: a best
     path through NaN scores is undefined (the max would silently skip them)."""
     rows = nan_rows(emissions.detach(), None, lengths)
     if rows is not None:
         b = int(torch.nonzero(rows)[0, 0])
-        raise ValueError(f"emissions contains NaN (example {b}, within its input length); "
-                         "cannot decode NaN scores")
+        raise ValueError(f"emissions contains NaN (example {b}, within its input length); " "cannot decode NaN scores")
     if weights is not None and bool(torch.isnan(weights.detach()).any()):
         raise ValueError(f"{weights_name} contains NaN; cannot decode NaN scores")
 

@@ -7,7 +7,6 @@ lengths, labels or blanks (``8.5``, ``True``, a float tensor) are errors, never 
 from __future__ import annotations
 
 import itertools
-
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -60,8 +59,12 @@ def check_label(value, name: str, num_classes: int, allow_none: bool = False) ->
     """An integer label in ``[0, num_classes)`` (bool and float values are errors)."""
     if value is None and allow_none:
         return None
-    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point() \
-            and value.dtype != torch.bool:
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 0
+        and not value.is_floating_point()
+        and value.dtype != torch.bool
+    ):
         value = int(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         also = " or None" if allow_none else ""
@@ -90,8 +93,9 @@ def int_tensor(x, name: str, device: Optional[torch.device] = None) -> torch.Ten
     if arr.dtype == object:
         raise ValueError(f"{name} must be a rectangular tensor or sequence of integers (ragged or mixed types)")
     if arr.size and arr.dtype.kind not in "iu":
-        raise ValueError(f"{name} must hold integers, got values of dtype {arr.dtype} "
-                         f"(e.g. {arr.reshape(-1)[0]!r})")
+        raise ValueError(
+            f"{name} must hold integers, got values of dtype {arr.dtype} " f"(e.g. {arr.reshape(-1)[0]!r})"
+        )
     return torch.as_tensor(arr.astype(np.int64, copy=False), device=device)
 
 
@@ -115,8 +119,9 @@ def as_lengths(x, B: int, name: str, device: torch.device, max_value: Optional[i
     """Lengths ``(B,)`` as int64 numpy (a tensor on the emissions' device or the CPU, or a
     sequence of integers), each in ``[0, max_value]``."""
     if isinstance(x, torch.Tensor) and not _host_device_ok(x, device):
-        raise ValueError(f"{name} is on {x.device} but the emissions are on {device}; "
-                         f"put {name} on {device} or the CPU")
+        raise ValueError(
+            f"{name} is on {x.device} but the emissions are on {device}; " f"put {name} on {device} or the CPU"
+        )
     t = int_tensor(x, name)
     if t.dim() != 1 or t.shape[0] != B:
         raise ValueError(f"{name} must have shape (B,) = ({B},), got {tuple(t.shape)}")
@@ -169,8 +174,15 @@ def _as_sequences(targets, name: str) -> Optional[List[List[int]]]:
     return out
 
 
-def split_targets(targets, target_lengths, B: int, device: torch.device, num_classes: int,
-                  blank: Optional[int] = None, name: str = "targets") -> List[List[int]]:
+def split_targets(
+    targets,
+    target_lengths,
+    B: int,
+    device: torch.device,
+    num_classes: int,
+    blank: Optional[int] = None,
+    name: str = "targets",
+) -> List[List[int]]:
     """Targets as B lists of ints, checked: padded ``(B, S)`` or concatenated 1-D with
     ``target_lengths`` (torch's two layouts), or a list of B sequences (then ``target_lengths``
     may be None; when given it must agree)."""
@@ -196,16 +208,18 @@ def split_targets(targets, target_lengths, B: int, device: torch.device, num_cla
         if arr.shape[0] != B:
             raise ValueError(f"{name} must have shape (B, S) with B={B}, got {arr.shape}")
         if len(lengths) and lengths.max() > arr.shape[1]:
-            raise ValueError(f"target_lengths must be <= S={arr.shape[1]} (targets of shape (B, S)), "
-                             f"got {int(lengths.max())}")
+            raise ValueError(
+                f"target_lengths must be <= S={arr.shape[1]} (targets of shape (B, S)), " f"got {int(lengths.max())}"
+            )
         flat = arr[np.arange(arr.shape[1])[None, :] < lengths[:, None]]
         rows = arr.tolist()
         seqs = [rows[b][: lengths[b]] for b in range(B)]
     elif arr.ndim == 1:
         total = int(lengths.sum())
         if arr.shape[0] != total:
-            raise ValueError(f"concatenated 1-D {name} must have sum(target_lengths)={total} labels, "
-                             f"got shape {arr.shape}")
+            raise ValueError(
+                f"concatenated 1-D {name} must have sum(target_lengths)={total} labels, " f"got shape {arr.shape}"
+            )
         flat = arr
         lst = arr.tolist()
         off = np.concatenate([[0], np.cumsum(lengths)]).tolist()
@@ -235,8 +249,9 @@ def targets_tensors(targets, target_lengths, B: int, device: torch.device, name:
         ln = np.asarray(lens, dtype=np.int64)
         padded = np.zeros((B, S), dtype=np.int64)
         try:
-            padded[np.arange(S)[None, :] < ln[:, None]] = np.fromiter(itertools.chain.from_iterable(seqs),
-                                                                      dtype=np.int64, count=int(ln.sum()))
+            padded[np.arange(S)[None, :] < ln[:, None]] = np.fromiter(
+                itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(ln.sum())
+            )
         except OverflowError:
             raise ValueError(f"{name}: labels must fit in int64") from None
         return torch.from_numpy(padded), torch.from_numpy(ln)

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .scoring import Plan, graph_weights, pick_impl, reduction_coefficients, score
 from .checks import as_lengths, split_targets
+from .scoring import Plan, graph_weights, pick_impl, reduction_coefficients, score
 
 __all__ = ["Criterion", "register_criterion", "loss_op", "CRITERIA"]
 
@@ -54,8 +54,18 @@ class Criterion:
     def plan(self, seqs: List[List[int]], lengths: np.ndarray, C: int, blank: int) -> Tuple[Plan, Optional[np.ndarray]]:
         raise NotImplementedError
 
-    def score(self, E: Tensor, weights: Optional[Tensor], seqs, lengths, blank: int, impl: str,
-              zero_infinity: bool, need_e: bool, w_coef: Optional[Tensor]):
+    def score(
+        self,
+        E: Tensor,
+        weights: Optional[Tensor],
+        seqs,
+        lengths,
+        blank: int,
+        impl: str,
+        zero_infinity: bool,
+        need_e: bool,
+        w_coef: Optional[Tensor],
+    ):
         """``(losses (B,), grad_E (B, T, C) or None, grad_weights or None)``, see
         :func:`~._score.score` for the meaning of ``need_e`` and ``w_coef``."""
         C = E.shape[2]
@@ -111,20 +121,45 @@ def _empty(like: Tensor) -> Tensor:
 
 
 @torch.library.custom_op("lightning_gtn::structured_loss", mutates_args=())
-def loss_op(emissions: Tensor, weights: Optional[Tensor], targets: Tensor, input_lengths: Tensor,
-            target_lengths: Tensor, kind: str, blank: int, handle: int, reduction: str, zero_infinity: bool,
-            impl: str, need_e: bool, need_w: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def loss_op(
+    emissions: Tensor,
+    weights: Optional[Tensor],
+    targets: Tensor,
+    input_lengths: Tensor,
+    target_lengths: Tensor,
+    kind: str,
+    blank: int,
+    handle: int,
+    reduction: str,
+    zero_infinity: bool,
+    impl: str,
+    need_e: bool,
+    need_w: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, d out / d emissions, d out / d weights)``; ``out`` is ``(B,)`` for
     ``reduction="none"`` (then the emission gradient is per row and no weight gradient is
     returned), else a scalar. Unrequested gradients are empty tensors."""
     B, T, C = emissions.shape
     crit = _criterion(kind, handle)
     lengths = as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-    seqs = split_targets(targets, target_lengths, B, emissions.device, crit.target_classes(C),
-                         blank=crit.forbidden_label(blank))
+    seqs = split_targets(
+        targets, target_lengths, B, emissions.device, crit.target_classes(C), blank=crit.forbidden_label(blank)
+    )
     tlen = np.asarray([len(s) for s in seqs], dtype=np.int64)
-    out, gE, gW = run_loss(crit, emissions, weights, seqs, lengths, tlen, blank, reduction, zero_infinity,
-                           pick_impl(emissions, impl or None), need_e, need_w)
+    out, gE, gW = run_loss(
+        crit,
+        emissions,
+        weights,
+        seqs,
+        lengths,
+        tlen,
+        blank,
+        reduction,
+        zero_infinity,
+        pick_impl(emissions, impl or None),
+        need_e,
+        need_w,
+    )
     return (out, gE if gE is not None else _empty(emissions), gW if gW is not None else _empty(emissions))
 
 
@@ -142,7 +177,8 @@ def nan_rows(E: Tensor, weights: Optional[Tensor], lengths: np.ndarray) -> Optio
     if w_nan:
         return torch.ones(B, dtype=torch.bool, device=E.device)
     valid = torch.arange(T, device=E.device).reshape(1, T) < torch.as_tensor(
-        np.asarray(lengths, dtype=np.int64), device=E.device).reshape(B, 1)
+        np.asarray(lengths, dtype=np.int64), device=E.device
+    ).reshape(B, 1)
     rows = (torch.isnan(E).any(2) & valid).any(1)
     return rows if bool(rows.any()) else None
 
@@ -159,9 +195,20 @@ def _poison(rows: Optional[Tensor], losses: Tensor, gE: Optional[Tensor], gW: Op
     return losses, gE, gW
 
 
-def run_loss(crit: Criterion, E: Tensor, weights: Optional[Tensor], seqs, lengths: np.ndarray,
-             divisors: Optional[np.ndarray], blank: int, reduction: str, zero_infinity: bool, impl: str,
-             need_e: bool, need_w: bool):
+def run_loss(
+    crit: Criterion,
+    E: Tensor,
+    weights: Optional[Tensor],
+    seqs,
+    lengths: np.ndarray,
+    divisors: Optional[np.ndarray],
+    blank: int,
+    reduction: str,
+    zero_infinity: bool,
+    impl: str,
+    need_e: bool,
+    need_w: bool,
+):
     """``(out, d out / d E, d out / d weights)`` with the reduction applied inside.
 
     ``divisors`` are the per-example target lengths that ``"mean"`` divides by (None: plain
@@ -184,30 +231,66 @@ def run_loss(crit: Criterion, E: Tensor, weights: Optional[Tensor], seqs, length
 
 
 @loss_op.register_fake
-def _loss_fake(emissions, weights, targets, input_lengths, target_lengths, kind, blank, handle, reduction,
-               zero_infinity, impl, need_e, need_w):
+def _loss_fake(
+    emissions,
+    weights,
+    targets,
+    input_lengths,
+    target_lengths,
+    kind,
+    blank,
+    handle,
+    reduction,
+    zero_infinity,
+    impl,
+    need_e,
+    need_w,
+):
     B = emissions.shape[0]
     out = emissions.new_empty((B,) if reduction == "none" else ())
     gE = torch.empty_like(emissions) if need_e else emissions.new_empty(0)
-    gW = weights.new_empty(weights.shape) if (need_w and weights is not None and reduction != "none") \
+    gW = (
+        weights.new_empty(weights.shape)
+        if (need_w and weights is not None and reduction != "none")
         else emissions.new_empty(0)
+    )
     return out, gE, gW
 
 
 @torch.library.custom_op("lightning_gtn::structured_loss_weight_grad", mutates_args=())
-def weight_grad_op(emissions: Tensor, weights: Tensor, targets: Tensor, input_lengths: Tensor,
-                   target_lengths: Tensor, kind: str, blank: int, handle: int, zero_infinity: bool, impl: str,
-                   coef: Tensor) -> Tensor:
+def weight_grad_op(
+    emissions: Tensor,
+    weights: Tensor,
+    targets: Tensor,
+    input_lengths: Tensor,
+    target_lengths: Tensor,
+    kind: str,
+    blank: int,
+    handle: int,
+    zero_infinity: bool,
+    impl: str,
+    coef: Tensor,
+) -> Tensor:
     """``sum_b coef[b] * d loss[b] / d weights`` (recomputed; the backward of
     ``reduction="none"`` losses with learned weights)."""
     B, T, C = emissions.shape
     crit = _criterion(kind, handle)
     lengths = as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-    seqs = split_targets(targets, target_lengths, B, emissions.device, crit.target_classes(C),
-                         blank=crit.forbidden_label(blank))
+    seqs = split_targets(
+        targets, target_lengths, B, emissions.device, crit.target_classes(C), blank=crit.forbidden_label(blank)
+    )
     impl = pick_impl(emissions, impl or None)
-    _, _, gW = crit.score(emissions, weights, seqs, lengths, blank, impl, zero_infinity, False,
-                          coef.to(device=emissions.device, dtype=emissions.dtype))
+    _, _, gW = crit.score(
+        emissions,
+        weights,
+        seqs,
+        lengths,
+        blank,
+        impl,
+        zero_infinity,
+        False,
+        coef.to(device=emissions.device, dtype=emissions.dtype),
+    )
     rows = nan_rows(emissions, weights, lengths)
     if rows is not None and gW is not None:
         gW = gW.clone().fill_(float("nan"))
@@ -215,14 +298,28 @@ def weight_grad_op(emissions: Tensor, weights: Tensor, targets: Tensor, input_le
 
 
 @weight_grad_op.register_fake
-def _weight_grad_fake(emissions, weights, targets, input_lengths, target_lengths, kind, blank, handle,
-                      zero_infinity, impl, coef):
+def _weight_grad_fake(
+    emissions, weights, targets, input_lengths, target_lengths, kind, blank, handle, zero_infinity, impl, coef
+):
     return weights.new_empty(weights.shape)
 
 
 def _loss_setup(ctx, inputs, output):
-    (emissions, weights, targets, input_lengths, target_lengths, kind, blank, handle, reduction,
-     zero_infinity, impl, need_e, need_w) = inputs
+    (
+        emissions,
+        weights,
+        targets,
+        input_lengths,
+        target_lengths,
+        kind,
+        blank,
+        handle,
+        reduction,
+        zero_infinity,
+        impl,
+        need_e,
+        need_w,
+    ) = inputs
     ctx.reduction = reduction
     ctx.need_e, ctx.need_w = need_e, need_w
     ctx.args = (kind, blank, handle, zero_infinity, impl)
@@ -246,8 +343,19 @@ def _loss_backward(ctx, g_out, _g_ge, _g_gw):
         if ctx.need_w:
             emissions, weights, targets, input_lengths, target_lengths = saved[2:]
             kind, blank, handle, zero_infinity, impl = ctx.args
-            gW = weight_grad_op(emissions, weights, targets, input_lengths, target_lengths, kind, blank, handle,
-                                zero_infinity, impl, g_out)
+            gW = weight_grad_op(
+                emissions,
+                weights,
+                targets,
+                input_lengths,
+                target_lengths,
+                kind,
+                blank,
+                handle,
+                zero_infinity,
+                impl,
+                g_out,
+            )
     else:
         if ctx.need_e:
             gE = gE_s * g_out.to(gE_s.dtype)
@@ -259,9 +367,20 @@ def _loss_backward(ctx, g_out, _g_ge, _g_gw):
 loss_op.register_autograd(_loss_backward, setup_context=_loss_setup)
 
 
-def structured_loss(emissions: Tensor, weights: Optional[Tensor], targets: Tensor, input_lengths: Tensor,
-                    target_lengths: Tensor, *, kind: str, blank: int = 0, handle: int = 0,
-                    reduction: str = "mean", zero_infinity: bool = False, impl: Optional[str] = None) -> Tensor:
+def structured_loss(
+    emissions: Tensor,
+    weights: Optional[Tensor],
+    targets: Tensor,
+    input_lengths: Tensor,
+    target_lengths: Tensor,
+    *,
+    kind: str,
+    blank: int = 0,
+    handle: int = 0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+) -> Tensor:
     """Calls :func:`loss_op` with the emissions in their compute dtype; returns the loss in
     the emissions' dtype. Arguments are checked by the public functions."""
     dtype = torch.float64 if emissions.dtype == torch.float64 else torch.float32
@@ -273,6 +392,19 @@ def structured_loss(emissions: Tensor, weights: Optional[Tensor], targets: Tenso
     if weights is not None:
         w = weights.to(dtype)
         need_w = bool(grad and weights.requires_grad)
-    out, _, _ = loss_op(x, w, targets, input_lengths, target_lengths, kind, int(blank), int(handle), reduction,
-                        bool(zero_infinity), impl or "", need_e, need_w)
+    out, _, _ = loss_op(
+        x,
+        w,
+        targets,
+        input_lengths,
+        target_lengths,
+        kind,
+        int(blank),
+        int(handle),
+        reduction,
+        bool(zero_infinity),
+        impl or "",
+        need_e,
+        need_w,
+    )
     return out.to(emissions.dtype)

@@ -15,15 +15,15 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Callable, Dict, Hashable, List, Optional, Sequence
+from typing import Callable, Dict, Hashable, List, Sequence
 
 import numpy as np
 
 from .. import wfst as _wfst
-from ..wfst import Graph
-from ..wfst.criterion import ctc_graph
 from ..kernels.batch import INDEX_DTYPE as _INT
 from ..kernels.batch import CompiledGraph, compile_graph
+from ..wfst import Graph
+from ..wfst.criterion import ctc_graph
 
 __all__ = [
     "compiled_user_graph",

@@ -90,8 +90,12 @@ def device_impl(device: torch.device) -> str:
             else:
                 import warnings
 
-                warnings.warn(f"lightning_gtn: the Triton kernels failed their self-check on {device} ({err}); "
-                              "scoring with the torch implementation instead", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"lightning_gtn: the Triton kernels failed their self-check on {device} ({err}); "
+                    "scoring with the torch implementation instead",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         _device_impl[key] = impl
     return impl
 
@@ -115,8 +119,11 @@ def _self_check_error(problem: Problem, device: torch.device):
     ga = graph_triton.backward(problem, tables, E, w, alpha, logz, coef, True, True, tile=tile)
     b = forward(problem, E, w, "torch")
     gb = backward(b, coef, True, True)
-    for name, x, y in (("scores", logz, b.logz), ("emission gradient", ga[0], gb[0]),
-                       ("weight gradient", ga[1], gb[1])):
+    for name, x, y in (
+        ("scores", logz, b.logz),
+        ("emission gradient", ga[0], gb[0]),
+        ("weight gradient", ga[1], gb[1]),
+    ):
         if not torch.allclose(x, y, rtol=1e-6, atol=1e-8):
             return f"{name} differ by up to {(x - y).abs().nan_to_num(0.0).max().item():.3g}"
     return None
@@ -131,10 +138,7 @@ def backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
     return graph_torch.torch_backward(st, coef, need_e, need_w)
 
 
-
-
-def fused(problem: Problem, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: bool,
-          need_w: bool = False):
+def fused(problem: Problem, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: bool, need_w: bool = False):
     """Scores and differentiates all examples at once (CPU).
 
     Returns ``(logz (N,), grad_E, arc_occ)``: ``grad_E`` ``(B, T, C)`` (or None) holds
@@ -169,8 +173,7 @@ def fused(problem: Problem, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, 
         ex = np.repeat(np.arange(N), arcs)
         local = np.arange(int(gw_off[-1])) - np.repeat(gw_off[:-1], arcs)
         arc_ids = bt.arc_off[p.ex_graph][ex] + local
-        occ = (torch.from_numpy(gw_ex[: int(gw_off[-1])]).to(dtype), torch.from_numpy(arc_ids),
-               torch.from_numpy(ex))
+        occ = (torch.from_numpy(gw_ex[: int(gw_off[-1])]).to(dtype), torch.from_numpy(arc_ids), torch.from_numpy(ex))
     return out, (gE if need_e else None), occ
 
 

@@ -131,8 +131,9 @@ class _GTNFunction(torch.autograd.Function):
 
 def _run(kind, emissions, transitions, seqs, lengths, blank, zero_infinity) -> torch.Tensor:
     import_gtn()  # fail early with the clear message
-    return _GTNFunction.apply(emissions, transitions, kind, [list(s) for s in seqs],
-                              np.asarray(lengths), blank, bool(zero_infinity))
+    return _GTNFunction.apply(
+        emissions, transitions, kind, [list(s) for s in seqs], np.asarray(lengths), blank, bool(zero_infinity)
+    )
 
 
 def gtn_ctc_losses(log_probs, seqs: List[List[int]], lengths, blank: int, zero_infinity: bool) -> torch.Tensor:

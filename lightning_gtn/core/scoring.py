@@ -15,9 +15,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from . import dispatch
 from ..kernels import graph_triton
 from ..kernels.batch import CompiledGraph, GraphBatch
+from . import dispatch
 
 __all__ = ["Plan", "normalised_plan", "unique_graphs", "graph_weights", "pick_impl", "score", "reduce_losses"]
 
@@ -35,8 +35,9 @@ class Plan:
     def __init__(self, graphs: Sequence[CompiledGraph], ex_graph, ex_row, ex_len, ex_sign, B: int) -> None:
         self.batch = GraphBatch(graphs)
         order = np.argsort(np.asarray(ex_row), kind="stable")
-        self.problem = dispatch.Problem(self.batch, np.asarray(ex_graph)[order], np.asarray(ex_row)[order],
-                                      np.asarray(ex_len)[order])
+        self.problem = dispatch.Problem(
+            self.batch, np.asarray(ex_graph)[order], np.asarray(ex_row)[order], np.asarray(ex_len)[order]
+        )
         self.sign = np.asarray(ex_sign, dtype=np.float64)[order]
         self.B = B
 
@@ -83,8 +84,15 @@ def pick_impl(x: torch.Tensor, impl: Optional[str]) -> str:
     return impl
 
 
-def score(plan: Plan, E: torch.Tensor, w: torch.Tensor, impl: str, zero_infinity: bool, need_e: bool,
-          w_coef: Optional[torch.Tensor] = None):
+def score(
+    plan: Plan,
+    E: torch.Tensor,
+    w: torch.Tensor,
+    impl: str,
+    zero_infinity: bool,
+    need_e: bool,
+    w_coef: Optional[torch.Tensor] = None,
+):
     """Losses of a plan and their gradients.
 
     Args:
@@ -148,8 +156,9 @@ def score(plan: Plan, E: torch.Tensor, w: torch.Tensor, impl: str, zero_infinity
     return losses, (gE if need_e else None), gw
 
 
-def reduction_coefficients(reduction: str, target_lengths: Optional[torch.Tensor], B: int,
-                           like: torch.Tensor) -> torch.Tensor:
+def reduction_coefficients(
+    reduction: str, target_lengths: Optional[torch.Tensor], B: int, like: torch.Tensor
+) -> torch.Tensor:
     """``(B,)`` weights ``r`` with ``reduce(losses) = sum_b r[b] * losses[b]`` ("mean" divides
     by the target lengths clamped to at least 1 when given, then by B; "sum" is all ones)."""
     if reduction == "sum":

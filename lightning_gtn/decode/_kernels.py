@@ -102,8 +102,23 @@ def _tr(trans, prev, c):
 
 
 @njit(cache=False, nogil=True)
-def smear_kernel(ch_off, ch_node, wd_off, wd_id, word_lm, word_extra, has_lm, root,
-                 st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state, lm_weight):
+def smear_kernel(
+    ch_off,
+    ch_node,
+    wd_off,
+    wd_id,
+    word_lm,
+    word_extra,
+    has_lm,
+    root,
+    st_off,
+    arc_word,
+    arc_logp,
+    arc_next,
+    bo_logp,
+    bo_state,
+    lm_weight,
+):
     """Per trie node: ``lm_weight`` x the best unigram log-prob of the allowed words below it
     (-inf if none; 0 at the root). Children have larger ids than parents (built so)."""
     N = ch_off.shape[0] - 1
@@ -164,7 +179,13 @@ def _merge(ci, ch, cf, n, slot, stamp, gen, uniq):
                 nu += 1
                 break
             j = slot[p]
-            if ch[j] == ch[i] and ci[j, 1] == ci[i, 1] and ci[j, 2] == ci[i, 2] and ci[j, 3] == ci[i, 3] and ci[j, 4] == ci[i, 4]:
+            if (
+                ch[j] == ch[i]
+                and ci[j, 1] == ci[i, 1]
+                and ci[j, 2] == ci[i, 2]
+                and ci[j, 3] == ci[i, 3]
+                and ci[j, 4] == ci[i, 4]
+            ):
                 tot = _logadd(cf[j, 3], cf[i, 3])
                 ac = _logadd(cf[j, 0], cf[i, 0])
                 if cf[i, 3] > cf[j, 3]:  # the better one keeps its tokens, frames and LM score
@@ -181,11 +202,40 @@ def _merge(ci, ch, cf, n, slot, stamp, gen, uniq):
 
 @njit(cache=False, nogil=True)
 def beam_kernel(
-    em, T, blank, rep, sep, lexfree,
-    ch_off, ch_tok, ch_node, wd_off, wd_id, smear,
-    word_lm, word_extra, tok_lm, tok_starts, word_score,
-    has_lm, st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state, lm_start, lm_eos, lm_weight,
-    beam_size, beam_threshold, token_beam, token_min_logp, nbest, per_hyp, trans,
+    em,
+    T,
+    blank,
+    rep,
+    sep,
+    lexfree,
+    ch_off,
+    ch_tok,
+    ch_node,
+    wd_off,
+    wd_id,
+    smear,
+    word_lm,
+    word_extra,
+    tok_lm,
+    tok_starts,
+    word_score,
+    has_lm,
+    st_off,
+    arc_word,
+    arc_logp,
+    arc_next,
+    bo_logp,
+    bo_state,
+    lm_start,
+    lm_eos,
+    lm_weight,
+    beam_size,
+    beam_threshold,
+    token_beam,
+    token_min_logp,
+    nbest,
+    per_hyp,
+    trans,
 ):
     """Decodes one utterance ``em`` (T_max, C) float32 over its first ``T`` frames.
 
@@ -262,11 +312,28 @@ def beam_kernel(
             ext = hf[h, 2]
             tot = hf[h, 3]
             if blank >= 0 and allowed[blank] and e[blank] > NEG_INF:
-                n = _push(ci, ch, cf, n, h, node, lmst, blank, inw, -1, -1, hist,
-                          ac + e[blank], lms, ext, tot + e[blank])  # (ASG has no blank)
+                n = _push(
+                    ci, ch, cf, n, h, node, lmst, blank, inw, -1, -1, hist, ac + e[blank], lms, ext, tot + e[blank]
+                )  # (ASG has no blank)
             if last >= 0 and last != blank and allowed[last] and e[last] > NEG_INF:
-                n = _push(ci, ch, cf, n, h, node, lmst, last, inw, -1, -1, hist,
-                          ac + e[last] + _tr(trans, last, last), lms, ext, tot + e[last] + _tr(trans, last, last))
+                n = _push(
+                    ci,
+                    ch,
+                    cf,
+                    n,
+                    h,
+                    node,
+                    lmst,
+                    last,
+                    inw,
+                    -1,
+                    -1,
+                    hist,
+                    ac + e[last] + _tr(trans, last, last),
+                    lms,
+                    ext,
+                    tot + e[last] + _tr(trans, last, last),
+                )
             prev = rec_tok[rec] if rec >= 0 else -1  # the last token emitted (for ASG's repeat)
             if lexfree:
                 for c in range(C):
@@ -309,12 +376,29 @@ def beam_kernel(
                         if not lp > NEG_INF:
                             continue
                         lms2 = lms + lp
-                    n = _push(ci, ch, cf, n, h, node2, lm2, c, inw2, eff, -1, h2,
-                              a2, lms2, ext2, a2 + lm_weight * lms2 + ext2)
+                    n = _push(
+                        ci, ch, cf, n, h, node2, lm2, c, inw2, eff, -1, h2, a2, lms2, ext2, a2 + lm_weight * lms2 + ext2
+                    )
             else:
                 if sep >= 0 and node == 0 and sep != last and allowed[sep] and e[sep] > NEG_INF:
-                    n = _push(ci, ch, cf, n, h, 0, lmst, sep, inw, sep, -1, hist,
-                              ac + e[sep] + _tr(trans, last, sep), lms, ext, tot + e[sep] + _tr(trans, last, sep))
+                    n = _push(
+                        ci,
+                        ch,
+                        cf,
+                        n,
+                        h,
+                        0,
+                        lmst,
+                        sep,
+                        inw,
+                        sep,
+                        -1,
+                        hist,
+                        ac + e[sep] + _tr(trans, last, sep),
+                        lms,
+                        ext,
+                        tot + e[sep] + _tr(trans, last, sep),
+                    )
                 k0 = ch_off[node]
                 k1 = ch_off[node + 1]
                 ktry = k1 - k0
@@ -348,22 +432,56 @@ def beam_kernel(
                     a2 = ac + e[c] + _tr(trans, last, c)
                     if ch_off[m + 1] > ch_off[m] and smear[m] > NEG_INF:
                         # LM look-ahead: the best word below m, replaced by the real score at the end
-                        n = _push(ci, ch, cf, n, h, m, lmst, c, 0, eff, -1, hist,
-                                  a2, lms, ext, tot + (a2 - ac) + smear[m] - smear[node])
+                        n = _push(
+                            ci,
+                            ch,
+                            cf,
+                            n,
+                            h,
+                            m,
+                            lmst,
+                            c,
+                            0,
+                            eff,
+                            -1,
+                            hist,
+                            a2,
+                            lms,
+                            ext,
+                            tot + (a2 - ac) + smear[m] - smear[node],
+                        )
                     for q in range(wd_off[m], wd_off[m + 1]):
                         w = wd_id[q]
                         lm2 = lmst
                         lms2 = lms
                         if has_lm:
-                            lp, lm2 = lm_score(lmst, word_lm[w], st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state)
+                            lp, lm2 = lm_score(
+                                lmst, word_lm[w], st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state
+                            )
                             if not lp > NEG_INF:
                                 continue
                             lms2 = lms + lp
                         ext2 = ext + word_extra[w]
                         if not ext2 > NEG_INF:
                             continue
-                        n = _push(ci, ch, cf, n, h, 0, lm2, c, 0, eff, w, _mix(hist, w),
-                                  a2, lms2, ext2, a2 + lm_weight * lms2 + ext2)
+                        n = _push(
+                            ci,
+                            ch,
+                            cf,
+                            n,
+                            h,
+                            0,
+                            lm2,
+                            c,
+                            0,
+                            eff,
+                            w,
+                            _mix(hist, w),
+                            a2,
+                            lms2,
+                            ext2,
+                            a2 + lm_weight * lms2 + ext2,
+                        )
         gen += 1
         nu = _merge(ci, ch, cf, n, slot, stamp, gen, uniq)
         best = NEG_INF

@@ -60,8 +60,12 @@ def check_lm_arrays(a, num_words: Optional[int] = None):
         raise ValueError(f"lm.arrays() must return an LMArrays tuple of numpy arrays and ints: {exc}") from None
     S = bo_logp.shape[0]
     A = arc_word.shape[0]
-    for name, arr, n in (("state_offsets", st_off, S + 1), ("arc_logp", arc_logp, A), ("arc_next", arc_next, A),
-                         ("backoff_state", bo_state, S)):
+    for name, arr, n in (
+        ("state_offsets", st_off, S + 1),
+        ("arc_logp", arc_logp, A),
+        ("arc_next", arc_next, A),
+        ("backoff_state", bo_state, S),
+    ):
         if arr.ndim != 1 or arr.shape[0] != n:
             raise ValueError(f"LM arrays: {name} must have shape ({n},), got {arr.shape}")
     if S == 0:
@@ -155,13 +159,29 @@ class BeamSearchDecoder:
         ['ab']
     """
 
-    def __init__(self, tokens: Sequence[str], *, topology: str = "ctc", blank: Optional[int] = None,
-                 repeat: Optional[int] = None, lexicon=None, lm=None, lm_weight: float = 0.5,
-                 word_score: float = 0.0, unk_score: float = -math.inf, beam_size: int = 50,
-                 beam_threshold: float = 25.0, token_beam: Optional[int] = None,
-                 token_min_logp: Optional[float] = None, nbest: int = 1,
-                 hotwords: Optional[Mapping[str, float]] = None, word_separator: str = " ",
-                 lexicon_free: bool = False, transitions=None, max_work_bytes: int = 1 << 30):
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        *,
+        topology: str = "ctc",
+        blank: Optional[int] = None,
+        repeat: Optional[int] = None,
+        lexicon=None,
+        lm=None,
+        lm_weight: float = 0.5,
+        word_score: float = 0.0,
+        unk_score: float = -math.inf,
+        beam_size: int = 50,
+        beam_threshold: float = 25.0,
+        token_beam: Optional[int] = None,
+        token_min_logp: Optional[float] = None,
+        nbest: int = 1,
+        hotwords: Optional[Mapping[str, float]] = None,
+        word_separator: str = " ",
+        lexicon_free: bool = False,
+        transitions=None,
+        max_work_bytes: int = 1 << 30,
+    ):
         if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
             raise ValueError("tokens must be a list of strings (one per output class)")
         self.tokens = list(tokens)
@@ -173,7 +193,9 @@ class BeamSearchDecoder:
         for name, v, lo in (("beam_size", beam_size, 1), ("nbest", nbest, 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or v > 1_000_000:
                 raise ValueError(f"{name} must be an integer in [1, 1000000], got {v!r}")
-        if token_beam is not None and (isinstance(token_beam, bool) or not isinstance(token_beam, (int, np.integer)) or token_beam < 1):
+        if token_beam is not None and (
+            isinstance(token_beam, bool) or not isinstance(token_beam, (int, np.integer)) or token_beam < 1
+        ):
             raise ValueError(f"token_beam must be a positive integer or None, got {token_beam!r}")
         for name, v in (("lm_weight", lm_weight), ("word_score", word_score), ("beam_threshold", beam_threshold)):
             if not isinstance(v, numbers.Real) or math.isnan(v) or math.isinf(v) and name != "beam_threshold":
@@ -190,7 +212,11 @@ class BeamSearchDecoder:
             raise ValueError(f"max_work_bytes must be a positive integer, got {max_work_bytes!r}")
         self.max_work_bytes = int(max_work_bytes)
         self.token_beam = 0 if token_beam is None else int(token_beam)
-        self.beam_threshold, self.lm_weight, self.word_score = float(beam_threshold), float(lm_weight), float(word_score)
+        self.beam_threshold, self.lm_weight, self.word_score = (
+            float(beam_threshold),
+            float(lm_weight),
+            float(word_score),
+        )
         self.unk_score = float(unk_score)
         if not isinstance(word_separator, str) or not word_separator:
             raise ValueError(f"word_separator must be a non-empty string, got {word_separator!r}")
@@ -214,8 +240,10 @@ class BeamSearchDecoder:
                 transitions = transitions.detach().cpu().double().numpy()
             tr = np.asarray(transitions)
             if tr.shape != (C + 1, C) or not np.issubdtype(tr.dtype, np.floating):
-                raise ValueError(f"transitions must be a float array of shape (C + 1, C) = ({C + 1}, {C}), "
-                                 f"got {tr.dtype} {tr.shape}")
+                raise ValueError(
+                    f"transitions must be a float array of shape (C + 1, C) = ({C + 1}, {C}), "
+                    f"got {tr.dtype} {tr.shape}"
+                )
             if not np.isfinite(tr).all():
                 raise ValueError("transitions must be finite")
             self._trans = np.ascontiguousarray(tr, dtype=np.float64)
@@ -244,7 +272,9 @@ class BeamSearchDecoder:
         extra = np.full(W, self.word_score, dtype=np.float64)
         if lex is None and hotwords:
             # lexicon-free: a trie of the hotwords' letter spellings, walked beside the text
-            single = {t: i for i, t in enumerate(self.tokens) if len(t) == 1 and i not in (self.blank, self.repeat, self.sep)}
+            single = {
+                t: i for i, t in enumerate(self.tokens) if len(t) == 1 and i not in (self.blank, self.repeat, self.sep)
+            }
             if not isinstance(hotwords, Mapping):
                 raise ValueError(f"hotwords must be a dict word -> bonus, got {type(hotwords).__name__}")
             for w in hotwords:
@@ -280,8 +310,17 @@ class BeamSearchDecoder:
                 tok_lm[c] = self._lm_id(t, nlm)
         else:
             z = np.zeros(0, dtype=np.float32)
-            self._lm = (False, np.zeros(2, dtype=np.int64), np.zeros(0, dtype=np.int32), z, np.zeros(0, dtype=np.int32),
-                        np.zeros(1, dtype=np.float32), np.full(1, -1, dtype=np.int32), 0, 0)
+            self._lm = (
+                False,
+                np.zeros(2, dtype=np.int64),
+                np.zeros(0, dtype=np.int32),
+                z,
+                np.zeros(0, dtype=np.int32),
+                np.zeros(1, dtype=np.float32),
+                np.full(1, -1, dtype=np.int32),
+                0,
+                0,
+            )
         self._word_lm, self._word_extra, self._tok_lm = word_lm, extra, tok_lm
         self._smear = self._smearing(lex, C)
         sepstr = self.word_separator
@@ -299,9 +338,23 @@ class BeamSearchDecoder:
         else:
             has_lm, st_off, aw, alp, an, bol, bos = self._lm[:7]
             root = 0
-        return _kernels.smear_kernel(lex.child_offsets, lex.child_node, lex.word_offsets, lex.node_word,
-                                     self._word_lm, self._word_extra, has_lm, root, st_off, aw, alp, an, bol, bos,
-                                     self.lm_weight)
+        return _kernels.smear_kernel(
+            lex.child_offsets,
+            lex.child_node,
+            lex.word_offsets,
+            lex.node_word,
+            self._word_lm,
+            self._word_extra,
+            has_lm,
+            root,
+            st_off,
+            aw,
+            alp,
+            an,
+            bol,
+            bos,
+            self.lm_weight,
+        )
 
     def _lm_id(self, word: str, nlm) -> int:
         i = int(self.lm.word_id(word))
@@ -317,9 +370,29 @@ class BeamSearchDecoder:
 
     def _decode_one(self, x: np.ndarray, T: int):
         return _kernels.beam_kernel(
-            x, T, self.blank, self.repeat, self.sep, self.lexicon_free, *self._trie, self._smear,
-            self._word_lm, self._word_extra, self._tok_lm, self._tok_starts, self.word_score, *self._lm,
-            self.lm_weight, self.beam_size, self.beam_threshold, self.token_beam, self.token_min_logp, self.nbest, self._per_hyp, self._trans)
+            x,
+            T,
+            self.blank,
+            self.repeat,
+            self.sep,
+            self.lexicon_free,
+            *self._trie,
+            self._smear,
+            self._word_lm,
+            self._word_extra,
+            self._tok_lm,
+            self._tok_starts,
+            self.word_score,
+            *self._lm,
+            self.lm_weight,
+            self.beam_size,
+            self.beam_threshold,
+            self.token_beam,
+            self.token_min_logp,
+            self.nbest,
+            self._per_hyp,
+            self._trans,
+        )
 
     def decode(self, emissions, lengths=None) -> List[List[Hypothesis]]:
         """Decodes a batch.
@@ -340,9 +413,11 @@ class BeamSearchDecoder:
         lens = _as_lengths(lengths, B, T)
         need = self._work_bytes(int(lens.max()) if B else 0)
         if need > self.max_work_bytes:
-            raise ValueError(f"beam_size={self.beam_size} with T={T} frames and C={C} tokens needs about "
-                             f"{need / 2**20:.0f} MiB per utterance, more than max_work_bytes="
-                             f"{self.max_work_bytes / 2**20:.0f} MiB: lower beam_size (or raise max_work_bytes)")
+            raise ValueError(
+                f"beam_size={self.beam_size} with T={T} frames and C={C} tokens needs about "
+                f"{need / 2**20:.0f} MiB per utterance, more than max_work_bytes="
+                f"{self.max_work_bytes / 2**20:.0f} MiB: lower beam_size (or raise max_work_bytes)"
+            )
         raw = parallel_map(self._decode_one, [x[b] for b in range(B)], [int(n) for n in lens])
         return [self._hyps(r) for r in raw]
 
@@ -366,5 +441,7 @@ class BeamSearchDecoder:
             else:
                 words = [self.lexicon.words[w] for w in wids if w >= 0]
                 text = self.word_separator.join(words)
-            out.append(Hypothesis(words, toks, frames, float(out_f[k, 0]), float(out_f[k, 1]), float(out_f[k, 2]), text))
+            out.append(
+                Hypothesis(words, toks, frames, float(out_f[k, 0]), float(out_f[k, 1]), float(out_f[k, 2]), text)
+            )
         return out

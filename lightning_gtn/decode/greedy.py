@@ -24,7 +24,9 @@ def _as_emissions(emissions, name: str = "emissions") -> np.ndarray:
             raise ValueError(f"{name} must be a floating point array of shape (B, T, C), got {emissions.dtype}")
         x = emissions.astype(np.float32, copy=False)
     else:
-        raise ValueError(f"{name} must be a torch.Tensor or numpy array of shape (B, T, C), got {type(emissions).__name__}")
+        raise ValueError(
+            f"{name} must be a torch.Tensor or numpy array of shape (B, T, C), got {type(emissions).__name__}"
+        )
     if x.ndim != 3:
         raise ValueError(f"{name} must have shape (B, T, C) (batch first), got {x.ndim} dims: {tuple(x.shape)}")
     if x.shape[2] == 0:
@@ -81,8 +83,9 @@ def _check_topology(topology: str, C: int, blank, repeat) -> tuple:
     return b, r
 
 
-def greedy_decode(emissions, lengths=None, *, topology: str = "ctc", blank: Optional[int] = None,
-                  repeat: Optional[int] = None) -> List[List[int]]:
+def greedy_decode(
+    emissions, lengths=None, *, topology: str = "ctc", blank: Optional[int] = None, repeat: Optional[int] = None
+) -> List[List[int]]:
     """Best token of each frame, then the topology's collapse: the baseline decoder.
 
     CTC and the word-piece transducer merge repeated frames and drop the blank; ASG merges

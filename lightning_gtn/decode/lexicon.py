@@ -31,7 +31,9 @@ class Lexicon:
 
     def __init__(self, words_to_spellings: Mapping[str, Sequence[Sequence[int]]]):
         if not isinstance(words_to_spellings, Mapping):
-            raise ValueError(f"words_to_spellings must be a dict word -> list of spellings, got {type(words_to_spellings).__name__}")
+            raise ValueError(
+                f"words_to_spellings must be a dict word -> list of spellings, got {type(words_to_spellings).__name__}"
+            )
         if len(words_to_spellings) == 0:
             raise ValueError("words_to_spellings is empty: a lexicon needs at least one word")
         self.words: List[str] = []
@@ -48,7 +50,9 @@ class Lexicon:
             n_sp = 0
             for sp in spellings:
                 if isinstance(sp, (str, bytes)) or not isinstance(sp, Iterable):
-                    raise ValueError(f"words_to_spellings[{word!r}]: a spelling must be a list of token ids, got {sp!r}")
+                    raise ValueError(
+                        f"words_to_spellings[{word!r}]: a spelling must be a list of token ids, got {sp!r}"
+                    )
                 sp = list(sp)
                 if not sp:
                     raise ValueError(f"words_to_spellings[{word!r}]: empty spelling")
@@ -115,8 +119,9 @@ class Lexicon:
         return cls(spell)
 
     @classmethod
-    def from_pieces(cls, words: Iterable[str], pieces: Sequence[str], *, max_spellings: int = 16,
-                    skip: Iterable[int] = ()) -> "Lexicon":
+    def from_pieces(
+        cls, words: Iterable[str], pieces: Sequence[str], *, max_spellings: int = 16, skip: Iterable[int] = ()
+    ) -> "Lexicon":
         """A lexicon of word-piece spellings: every way to write each word with the pieces.
 
         Each word gets its decompositions into ``pieces`` (as the word-piece transducer's

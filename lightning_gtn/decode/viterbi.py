@@ -7,11 +7,10 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ..wfst import Graph
 from ..core import checks
 from ..core.best_path import best_paths_op, max_semiring_paths, refuse_nan
-from ..core.criterion_graphs import compiled_asg_full
 from ..core.scoring import Plan
+from ..wfst import Graph
 
 __all__ = ["viterbi", "best_paths", "collapse"]
 

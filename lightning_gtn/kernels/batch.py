@@ -250,8 +250,6 @@ def batch_graphs(graphs: Sequence[CompiledGraph]) -> GraphBatch:
     return GraphBatch(graphs)
 
 
-
-
 class Problem:
     """A batch of (graph, emission row, length) examples and what the passes need.
 
@@ -268,7 +266,9 @@ class Problem:
         self.ex_row = np.ascontiguousarray(ex_row, dtype=np.int64)
         self.ex_len = np.ascontiguousarray(ex_len, dtype=np.int64)
         self.num_examples = len(self.ex_graph)
-        sizes = np.asarray(batch.num_nodes, dtype=np.int64)[self.ex_graph] if self.num_examples else np.zeros(0, np.int64)
+        sizes = (
+            np.asarray(batch.num_nodes, dtype=np.int64)[self.ex_graph] if self.num_examples else np.zeros(0, np.int64)
+        )
         self.ex_nodes = sizes
         self._set_alpha_off()
 

@@ -158,8 +158,7 @@ def run_rows(run, cost: np.ndarray, min_total: float) -> None:
     if threads <= 1 or B <= 1 or cum[-1] < min_total:
         run(0, B)
         return
-    cuts = sorted({0, B, *[min(B, int(np.searchsorted(cum, cum[-1] * i / threads)) + 1)
-                           for i in range(1, threads)]})
+    cuts = sorted({0, B, *[min(B, int(np.searchsorted(cum, cum[-1] * i / threads)) + 1) for i in range(1, threads)]})
     parallel_map(run, cuts[:-1], cuts[1:])
 
 
@@ -259,7 +258,7 @@ def _unigram_torch(E, w, ln, gE, new_buffer):
         return logz, None
     z.div_(sums.unsqueeze(-1))  # the softmax (NaN in dead frames: zeroed below)
     for b in np.nonzero(ln < T)[0].tolist():  # frames past each length
-        z[b, int(ln[b]):] = 0
+        z[b, int(ln[b]) :] = 0
     if not all_fin or not bool(torch.isfinite(lse).all()):
         z.masked_fill_(~torch.isfinite(lse).unsqueeze(-1), 0.0)
     psum = z.sum(1).to(torch.float64)
@@ -269,8 +268,7 @@ def _unigram_torch(E, w, ln, gE, new_buffer):
     return logz, psum
 
 
-def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.Tensor = None,
-                 new_buffer: bool = False):
+def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.Tensor = None, new_buffer: bool = False):
     """``(logz (B,), psum (B, C) or None)`` of the unigram normaliser of emissions ``(B, T, C)``
     with label weights ``w (C,)``; when ``gE`` (a ``(B, T, C)`` buffer) is given, each valid
     frame's softmax is added into it and ``psum[b]`` is its sum over the frames of row b. With
@@ -281,8 +279,9 @@ def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.T
     ln = np.ascontiguousarray(np.asarray(lens, dtype=np.int64))
     if w.numel() != C or ln.shape != (B,) or (B and (ln.min() < 0 or ln.max() > T)):
         raise ValueError(f"unigram_pass: w must be ({C},) and lengths {B} values in [0, {T}]")
-    if gE is not None and (tuple(gE.shape) != (B, T, C) or not gE.is_contiguous() or gE.dtype != E.dtype
-                           or gE.device != E.device):
+    if gE is not None and (
+        tuple(gE.shape) != (B, T, C) or not gE.is_contiguous() or gE.dtype != E.dtype or gE.device != E.device
+    ):
         raise ValueError(f"unigram_pass: gE must be a contiguous {E.dtype} buffer of shape {(B, T, C)} on {E.device}")
     new_buffer = new_buffer and gE is None
     if E.device.type != "cpu" or C >= UNIGRAM_TORCH_MIN_CLASSES:

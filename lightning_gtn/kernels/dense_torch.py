@@ -27,7 +27,6 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-
 # Off the CPU, ASG losses score their normaliser here from this many classes on. Measured with
 # the torch recursion (B=2, T=50, forward + backward of the whole loss): C=64 15 vs 5 ms for the
 # arc-by-arc kernels, C=128 11-17 vs 10-22 ms, C=192 14-17 vs 27-28 ms; the kernels grow as
@@ -56,8 +55,9 @@ def _as_lengths(lengths, B: int, device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def asg_full_scores(emissions: torch.Tensor, transitions: torch.Tensor, lengths, need_grad: bool
-                    ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+def asg_full_scores(
+    emissions: torch.Tensor, transitions: torch.Tensor, lengths, need_grad: bool
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """log Z of ASG's fully connected graph per example, and its gradients.
 
     Args:
@@ -183,9 +183,11 @@ def _torch_pass(E, tr, lens, need_grad):
     R = L = None
     if T > 1:
         # arc j -> i entered at frame t >= 1: a_{t-1}[j] K[i, j] Q_t[i] b_t[i] exp(m_{t-1} + qm_t + mb_t - logZ)
-        f = torch.where(live[:, 1:], torch.exp(m[:, :-1] + finite_or_0(qm[:, 1:]).to(f64) + mb[:, 1:]
-                                               - lz.unsqueeze(1)), zero)
-        R = torch.where(live[:, 1:].unsqueeze(2), Q[:, 1:] * bvec[:, 1:] * f.to(dtype).unsqueeze(2),
-                        zero_d)  # (B, T - 1, C) over i
+        f = torch.where(
+            live[:, 1:], torch.exp(m[:, :-1] + finite_or_0(qm[:, 1:]).to(f64) + mb[:, 1:] - lz.unsqueeze(1)), zero
+        )
+        R = torch.where(
+            live[:, 1:].unsqueeze(2), Q[:, 1:] * bvec[:, 1:] * f.to(dtype).unsqueeze(2), zero_d
+        )  # (B, T - 1, C) over i
         L = torch.where(live[:, 1:].unsqueeze(2), a[:, :-1], zero_d)  # over j
     return logz.to(dtype), gE, (R, L, K)

@@ -73,9 +73,31 @@ def _eps_forward(alpha, r, g, w, src, eps_node_off, eps_nodes, eps_off, eps_arc,
 
 @njit(cache=True, nogil=True)
 def _forward_kernel(
-    e0, e1, ex_graph, ex_row, ex_len, alpha_off, E, w, src, label,
-    node_off, in_off, in_arc, start_off, start, accept_off, accept,
-    eps_node_off, eps_nodes, eps_off, eps_arc, alpha, logz, max_in, use_max,
+    e0,
+    e1,
+    ex_graph,
+    ex_row,
+    ex_len,
+    alpha_off,
+    E,
+    w,
+    src,
+    label,
+    node_off,
+    in_off,
+    in_arc,
+    start_off,
+    start,
+    accept_off,
+    accept,
+    eps_node_off,
+    eps_nodes,
+    eps_off,
+    eps_arc,
+    alpha,
+    logz,
+    max_in,
+    use_max,
 ):
     buf = np.empty(max(max_in, 1), dtype=alpha.dtype)
     for e in range(e0, e1):
@@ -120,8 +142,7 @@ def _forward_kernel(
 
 
 @njit(cache=True, nogil=True)
-def _eps_backward(beta, alpha, ar, g, w, dst, eps_node_off, eps_nodes, eps_off, eps_arc,
-                  buf, lz, coef, gw, need_w):
+def _eps_backward(beta, alpha, ar, g, w, dst, eps_node_off, eps_nodes, eps_off, eps_arc, buf, lz, coef, gw, need_w):
     for i in range(eps_node_off[g], eps_node_off[g + 1]):
         n = eps_nodes[i]
         cur = beta[n]
@@ -151,10 +172,34 @@ def _eps_backward(beta, alpha, ar, g, w, dst, eps_node_off, eps_nodes, eps_off, 
 
 @njit(cache=True, nogil=True)
 def _backward_kernel(
-    e0, e1, ex_graph, ex_row, ex_len, ex_coef, alpha_off, E, w, dst, label,
-    node_off, out_off, out_arc, accept_off, accept,
-    eps_node_off, eps_nodes, eps_off, eps_arc, alpha, logz, max_nodes, max_out,
-    gE, gw, need_e, need_w,
+    e0,
+    e1,
+    ex_graph,
+    ex_row,
+    ex_len,
+    ex_coef,
+    alpha_off,
+    E,
+    w,
+    dst,
+    label,
+    node_off,
+    out_off,
+    out_arc,
+    accept_off,
+    accept,
+    eps_node_off,
+    eps_nodes,
+    eps_off,
+    eps_arc,
+    alpha,
+    logz,
+    max_nodes,
+    max_out,
+    gE,
+    gw,
+    need_e,
+    need_w,
 ):
     buf = np.empty(max(max_out, 1), dtype=alpha.dtype)
     beta_a = np.empty(max(max_nodes, 1), dtype=alpha.dtype)
@@ -169,8 +214,9 @@ def _backward_kernel(
         nxt = beta_a
         cur = beta_b
         _init_frame(nxt, 0, S, accept, accept_off[g], accept_off[g + 1])
-        _eps_backward(nxt, alpha, base + T * S, g, w, dst, eps_node_off, eps_nodes, eps_off,
-                      eps_arc, buf, lz, coef, gw, need_w)
+        _eps_backward(
+            nxt, alpha, base + T * S, g, w, dst, eps_node_off, eps_nodes, eps_off, eps_arc, buf, lz, coef, gw, need_w
+        )
         for t in range(T - 1, -1, -1):
             ar = base + t * S
             for n in range(S):
@@ -201,17 +247,37 @@ def _backward_kernel(
                             gE[b, t, label[a]] += o
                         if need_w:
                             gw[a] += o
-            _eps_backward(cur, alpha, ar, g, w, dst, eps_node_off, eps_nodes, eps_off,
-                          eps_arc, buf, lz, coef, gw, need_w)
+            _eps_backward(
+                cur, alpha, ar, g, w, dst, eps_node_off, eps_nodes, eps_off, eps_arc, buf, lz, coef, gw, need_w
+            )
             tmp = nxt
             nxt = cur
             cur = tmp
 
 
 @njit(cache=True, nogil=True)
-def _viterbi_backtrack(e, ex_graph, ex_row, ex_len, alpha_off, E, w, src, label,
-                       node_off, in_off, in_arc, accept_off, accept,
-                       eps_node_off, eps_nodes, eps_off, eps_arc, alpha, out_labels):
+def _viterbi_backtrack(
+    e,
+    ex_graph,
+    ex_row,
+    ex_len,
+    alpha_off,
+    E,
+    w,
+    src,
+    label,
+    node_off,
+    in_off,
+    in_arc,
+    accept_off,
+    accept,
+    eps_node_off,
+    eps_nodes,
+    eps_off,
+    eps_arc,
+    alpha,
+    out_labels,
+):
     """Frame labels of the best path of example ``e`` (after a max-semiring forward)."""
     g, b, T, n0, S = _example(e, ex_graph, ex_row, ex_len, node_off)
     base = alpha_off[e]
@@ -282,8 +348,9 @@ def _scaled_eps_in(A, r, g, ew_all, a0, src, ein_node_off, ein_nodes, ein_off, e
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _scaled_eps_out(beta, A, r, F, g, ew_all, a0, dst, eout_node_off, eout_nodes, eout_off, eout_arc,
-                    gw_ex, wo, need_w):
+def _scaled_eps_out(
+    beta, A, r, F, g, ew_all, a0, dst, eout_node_off, eout_nodes, eout_off, eout_arc, gw_ex, wo, need_w
+):
     """Linear-domain epsilon closure of ``beta`` (backward); with ``need_w`` each epsilon arc's
     occupancy ``A[r + n] * v * F`` goes to ``gw_ex[wo + local arc id]``."""
     for i in range(eout_node_off[g], eout_node_off[g + 1]):
@@ -394,11 +461,49 @@ def _normalise_segments(vec, r, src, S, W, nseg, ref, add, scale):
 
 @njit(cache=True, nogil=True)
 def _fused_kernel(
-    e0, e1, ex_graph, ex_row, ex_len, ex_sign, E, w, src, dst,
-    node_off, arc_off, in_off, in_arc, in_src, in_lp, out_off, out_arc, out_dst, out_lp,
-    start_off, start, accept_off, accept,
-    ein_node_off, ein_nodes, ein_off, ein_arc, eout_node_off, eout_nodes, eout_off, eout_arc,
-    lab_off, labs, logz, flag, gE, need_e, tol, gw_ex, gw_off, need_w, ex_seg,
+    e0,
+    e1,
+    ex_graph,
+    ex_row,
+    ex_len,
+    ex_sign,
+    E,
+    w,
+    src,
+    dst,
+    node_off,
+    arc_off,
+    in_off,
+    in_arc,
+    in_src,
+    in_lp,
+    out_off,
+    out_arc,
+    out_dst,
+    out_lp,
+    start_off,
+    start,
+    accept_off,
+    accept,
+    ein_node_off,
+    ein_nodes,
+    ein_off,
+    ein_arc,
+    eout_node_off,
+    eout_nodes,
+    eout_off,
+    eout_arc,
+    lab_off,
+    labs,
+    logz,
+    flag,
+    gE,
+    need_e,
+    tol,
+    gw_ex,
+    gw_off,
+    need_w,
+    ex_seg,
 ):
     """Scaled linear-domain forward-backward with the emission gradient, per example.
 
@@ -450,9 +555,11 @@ def _fused_kernel(
         W = S if has_eps or ex_seg[e] == 0 else max(1, min(ex_seg[e], S))
         nseg = (S + W - 1) // W
         (ioff, isrc, ilp, iew, _, gin_node, gin_seg) = _ghost_table(
-            S, W, n0, k0, in_off, in_src, in_lp, in_arc, ew_all, a0)
+            S, W, n0, k0, in_off, in_src, in_lp, in_arc, ew_all, a0
+        )
         (ooff, odst, olp, oew, oarc, gout_node, gout_seg) = _ghost_table(
-            S, W, n0, k0, out_off, out_dst, out_lp, out_arc, ew_all, a0)
+            S, W, n0, k0, out_off, out_dst, out_lp, out_arc, ew_all, a0
+        )
         R = S + len(gin_node)  # alpha row: the nodes, then this frame's ghosts
         Fseg = np.empty(nseg)
         l0 = lab_off[g]
@@ -523,8 +630,23 @@ def _fused_kernel(
             ds[accept[k] // W] = 0.0
         wo = gw_off[e]
         if has_eps:  # one segment
-            _scaled_eps_out(cur_b, A, last, math.exp(cs[T, 0] + ds[0] - lz), g, ew_all, a0, dst,
-                            eout_node_off, eout_nodes, eout_off, eout_arc, gw_ex, wo, need_w)
+            _scaled_eps_out(
+                cur_b,
+                A,
+                last,
+                math.exp(cs[T, 0] + ds[0] - lz),
+                g,
+                ew_all,
+                a0,
+                dst,
+                eout_node_off,
+                eout_nodes,
+                eout_off,
+                eout_arc,
+                gw_ex,
+                wo,
+                need_w,
+            )
         if not _normalise_segments(nxt, 0, cur_b, S, W, nseg, ds, 0.0, ds):
             continue
         for t in range(T - 1, -1, -1):
@@ -564,8 +686,23 @@ def _fused_kernel(
                 ok = False
                 break
             if has_eps:
-                _scaled_eps_out(cur_b, A, prev, Fseg[0], g, ew_all, a0, dst, eout_node_off, eout_nodes,
-                                eout_off, eout_arc, gw_ex, wo, need_w)
+                _scaled_eps_out(
+                    cur_b,
+                    A,
+                    prev,
+                    Fseg[0],
+                    g,
+                    ew_all,
+                    a0,
+                    dst,
+                    eout_node_off,
+                    eout_nodes,
+                    eout_off,
+                    eout_arc,
+                    gw_ex,
+                    wo,
+                    need_w,
+                )
             if not _normalise_segments(nxt, 0, cur_b, S, W, nseg, ds, mx, ds):
                 ok = False
                 break
@@ -583,14 +720,12 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
-
 def _run_chunks(fn, chunks):
     if len(chunks) <= 1:
         for c in chunks:
             fn(*c)
         return
     parallel_map(fn, [c[0] for c in chunks], [c[1] for c in chunks])
-
 
 
 def numba_forward(st, use_max: bool) -> None:
@@ -603,10 +738,31 @@ def numba_forward(st, use_max: bool) -> None:
 
     def run(e0, e1):
         _forward_kernel(
-            e0, e1, p.ex_graph, p.ex_row, p.ex_len, p.alpha_off, En, wn, bt.src, bt.label,
-            bt.node_off, bt.in_off, bt.in_arc, bt.start_off, bt.start, bt.accept_off, bt.accept,
-            bt.eps_in_node_off, bt.eps_in_nodes, bt.eps_in_off, bt.eps_in_arc, an, ln,
-            max(bt.max_in, bt.max_eps), use_max,
+            e0,
+            e1,
+            p.ex_graph,
+            p.ex_row,
+            p.ex_len,
+            p.alpha_off,
+            En,
+            wn,
+            bt.src,
+            bt.label,
+            bt.node_off,
+            bt.in_off,
+            bt.in_arc,
+            bt.start_off,
+            bt.start,
+            bt.accept_off,
+            bt.accept,
+            bt.eps_in_node_off,
+            bt.eps_in_nodes,
+            bt.eps_in_off,
+            bt.eps_in_arc,
+            an,
+            ln,
+            max(bt.max_in, bt.max_eps),
+            use_max,
         )
 
     _run_chunks(run, p.chunks(get_num_threads()))
@@ -626,10 +782,34 @@ def numba_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
 
     def run(i, e0, e1):
         _backward_kernel(
-            e0, e1, p.ex_graph, p.ex_row, p.ex_len, coefn, p.alpha_off, En, wn, bt.dst, bt.label,
-            bt.node_off, bt.out_off, bt.out_arc, bt.accept_off, bt.accept,
-            bt.eps_out_node_off, bt.eps_out_nodes, bt.eps_out_off, bt.eps_out_arc, an, ln,
-            bt.max_nodes, max(bt.max_out, bt.max_eps), gEn, gwn[i], need_e, need_w,
+            e0,
+            e1,
+            p.ex_graph,
+            p.ex_row,
+            p.ex_len,
+            coefn,
+            p.alpha_off,
+            En,
+            wn,
+            bt.dst,
+            bt.label,
+            bt.node_off,
+            bt.out_off,
+            bt.out_arc,
+            bt.accept_off,
+            bt.accept,
+            bt.eps_out_node_off,
+            bt.eps_out_nodes,
+            bt.eps_out_off,
+            bt.eps_out_arc,
+            an,
+            ln,
+            bt.max_nodes,
+            max(bt.max_out, bt.max_eps),
+            gEn,
+            gwn[i],
+            need_e,
+            need_w,
         )
 
     if len(chunks) <= 1:
@@ -638,7 +818,6 @@ def numba_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
     else:
         parallel_map(run, list(range(len(chunks))), [c[0] for c in chunks], [c[1] for c in chunks])
     return (gE if need_e else None), (gw.sum(0) if need_w else None)
-
 
 
 FUSED_TOL = 1e-6
@@ -670,12 +849,49 @@ def fused_scaled(p, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: 
 
     def run(e0, e1):
         _fused_kernel(
-            e0, e1, p.ex_graph, p.ex_row, p.ex_len, signn, En, wn, bt.src, bt.dst,
-            bt.node_off, bt.arc_off, bt.in_off, bt.in_arc, bt.in_src, bt.in_lp,
-            bt.out_off, bt.out_arc, bt.out_dst, bt.out_lp, bt.start_off, bt.start, bt.accept_off, bt.accept,
-            bt.eps_in_node_off, bt.eps_in_nodes, bt.eps_in_off, bt.eps_in_arc,
-            bt.eps_out_node_off, bt.eps_out_nodes, bt.eps_out_off, bt.eps_out_arc,
-            bt.lab_off, bt.labels, logz, flag, gEn, need_e, FUSED_TOL, gw_ex, gw_off, need_w, ex_seg,
+            e0,
+            e1,
+            p.ex_graph,
+            p.ex_row,
+            p.ex_len,
+            signn,
+            En,
+            wn,
+            bt.src,
+            bt.dst,
+            bt.node_off,
+            bt.arc_off,
+            bt.in_off,
+            bt.in_arc,
+            bt.in_src,
+            bt.in_lp,
+            bt.out_off,
+            bt.out_arc,
+            bt.out_dst,
+            bt.out_lp,
+            bt.start_off,
+            bt.start,
+            bt.accept_off,
+            bt.accept,
+            bt.eps_in_node_off,
+            bt.eps_in_nodes,
+            bt.eps_in_off,
+            bt.eps_in_arc,
+            bt.eps_out_node_off,
+            bt.eps_out_nodes,
+            bt.eps_out_off,
+            bt.eps_out_arc,
+            bt.lab_off,
+            bt.labels,
+            logz,
+            flag,
+            gEn,
+            need_e,
+            FUSED_TOL,
+            gw_ex,
+            gw_off,
+            need_w,
+            ex_seg,
         )
 
     # short examples first try one scale per frame; those it cannot vouch for, and all long ones,
@@ -698,9 +914,26 @@ def viterbi_labels(st) -> list:
     for e in range(p.num_examples):
         labels = np.full(int(p.ex_len[e]), -1, dtype=np.int64)
         ok = _viterbi_backtrack(
-            e, p.ex_graph, p.ex_row, p.ex_len, p.alpha_off, En, wn, bt.src, bt.label,
-            bt.node_off, bt.in_off, bt.in_arc, bt.accept_off, bt.accept,
-            bt.eps_in_node_off, bt.eps_in_nodes, bt.eps_in_off, bt.eps_in_arc, an, labels,
+            e,
+            p.ex_graph,
+            p.ex_row,
+            p.ex_len,
+            p.alpha_off,
+            En,
+            wn,
+            bt.src,
+            bt.label,
+            bt.node_off,
+            bt.in_off,
+            bt.in_arc,
+            bt.accept_off,
+            bt.accept,
+            bt.eps_in_node_off,
+            bt.eps_in_nodes,
+            bt.eps_in_off,
+            bt.eps_in_arc,
+            an,
+            labels,
         )
         out.append(labels if ok else None)
     return out

@@ -95,8 +95,12 @@ def _build_tables(st) -> _Tables:
         # reorder arc groups by global node id
         order_in = np.argsort(gin, kind="stable")
         order_out = np.argsort(gout, kind="stable")
-        ein_arcs = np.concatenate([bt.eps_in_arc[bt.eps_in_off[i] : bt.eps_in_off[i + 1]] for i in order_in]).astype(np.int64)
-        eout_arcs = np.concatenate([bt.eps_out_arc[bt.eps_out_off[i] : bt.eps_out_off[i + 1]] for i in order_out]).astype(np.int64)
+        ein_arcs = np.concatenate([bt.eps_in_arc[bt.eps_in_off[i] : bt.eps_in_off[i + 1]] for i in order_in]).astype(
+            np.int64
+        )
+        eout_arcs = np.concatenate(
+            [bt.eps_out_arc[bt.eps_out_off[i] : bt.eps_out_off[i + 1]] for i in order_out]
+        ).astype(np.int64)
         ein_off = np.zeros(N + 1, dtype=np.int64)
         np.cumsum(ein_cnt, out=ein_off[1:])
         eout_off = np.zeros(N + 1, dtype=np.int64)
@@ -246,8 +250,9 @@ def torch_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
         a_src = alphas[:, t0:t1].gather(2, src_idx.expand(Ne, n, S * K)).reshape(Ne, n, S, K)
         em = Er[:, t0:t1].gather(2, lab_idx.expand(Ne, n, S * K)).reshape(Ne, n, S, K)
         tmask = (torch.arange(t0, t1, device=dev).unsqueeze(0) < tb.lens.unsqueeze(1)).reshape(Ne, n, 1, 1)
-        occ = torch.exp(a_src + w_in.unsqueeze(1) + em + betas[:, t0 + 1 : t1 + 1].unsqueeze(-1)
-                        - lz.reshape(Ne, 1, 1, 1))
+        occ = torch.exp(
+            a_src + w_in.unsqueeze(1) + em + betas[:, t0 + 1 : t1 + 1].unsqueeze(-1) - lz.reshape(Ne, 1, 1, 1)
+        )
         occ = torch.where(tmask & tb.in_mask.unsqueeze(1), occ, zero) * scale.reshape(Ne, 1, 1, 1)
         if need_e:
             gEe = torch.zeros((Ne, n, E.shape[2]), dtype=dtype, device=dev)
@@ -260,7 +265,9 @@ def torch_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
         gw.index_add_(0, tb.in_arc.reshape(-1), occ_w.reshape(-1))
         if tb.has_eps:
             _, _, Ke = tb.ein_src.shape
-            a_e = alphas.gather(2, tb.ein_src.reshape(Ne, 1, S * Ke).expand(Ne, T + 1, S * Ke)).reshape(Ne, T + 1, S, Ke)
+            a_e = alphas.gather(2, tb.ein_src.reshape(Ne, 1, S * Ke).expand(Ne, T + 1, S * Ke)).reshape(
+                Ne, T + 1, S, Ke
+            )
             we = torch.where(tb.ein_mask, w[tb.ein_arc], ninf)
             occe = torch.exp(a_e + we.unsqueeze(1) + betas.unsqueeze(-1) - lz.reshape(Ne, 1, 1, 1))
             tm = (torch.arange(T + 1, device=dev).unsqueeze(0) <= tb.lens.unsqueeze(1)).reshape(Ne, T + 1, 1, 1)

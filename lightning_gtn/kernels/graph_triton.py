@@ -60,9 +60,31 @@ def supports(batch) -> bool:
 class Tables:
     """Arc tables of a batch's graphs on a device (see :func:`build_tables`)."""
 
-    __slots__ = ("S", "K_in", "K_out", "g_nodes", "g_kin", "g_kout", "g_tin", "g_tout", "g_node", "g_arc",
-                 "in_src", "in_lab", "in_arc", "out_dst", "out_lab", "out_arc", "start", "accept",
-                 "node_lab", "ex_graph", "ex_row", "ex_len", "ex_occ_size")
+    __slots__ = (
+        "S",
+        "K_in",
+        "K_out",
+        "g_nodes",
+        "g_kin",
+        "g_kout",
+        "g_tin",
+        "g_tout",
+        "g_node",
+        "g_arc",
+        "in_src",
+        "in_lab",
+        "in_arc",
+        "out_dst",
+        "out_lab",
+        "out_arc",
+        "start",
+        "accept",
+        "node_lab",
+        "ex_graph",
+        "ex_row",
+        "ex_len",
+        "ex_occ_size",
+    )
 
 
 def _graph_tables(cg) -> dict:
@@ -116,8 +138,9 @@ def _device_tables(cg, device: torch.device) -> dict:
     key = str(device)
     d = cache.get(key)
     if d is None:
-        d = {k: torch.from_numpy(np.ascontiguousarray(t[k].ravel())).to(device)
-             for k in _TABLE_KEYS if t[k] is not None}
+        d = {
+            k: torch.from_numpy(np.ascontiguousarray(t[k].ravel())).to(device) for k in _TABLE_KEYS if t[k] is not None
+        }
         cache[key] = d
     return d
 
@@ -153,8 +176,11 @@ def build_tables(problem, device: torch.device) -> Tables:
     t.S = max(int(sizes.max(initial=0)), 1)
     t.K_in, t.K_out = int(kin.max(initial=1)), int(kout.max(initial=1))
     t.g_nodes, t.g_kin, t.g_kout = dev(sizes), dev(kin), dev(kout)
-    t.g_tin, t.g_tout, t.g_node = dev(starts(sizes * kin), np.int64), dev(starts(sizes * kout), np.int64), \
-        dev(starts(sizes), np.int64)
+    t.g_tin, t.g_tout, t.g_node = (
+        dev(starts(sizes * kin), np.int64),
+        dev(starts(sizes * kout), np.int64),
+        dev(starts(sizes), np.int64),
+    )
     t.g_arc = dev(bt.arc_off[:-1], np.int64)
     t.in_src, t.in_lab, t.in_arc = cat("in_node"), cat("in_lab"), cat("in_arc")
     t.out_dst, t.out_lab, t.out_arc = cat("out_node"), cat("out_lab"), cat("out_arc")
@@ -174,8 +200,9 @@ def _blocks(S: int, K: int, tile: Optional[int] = None) -> Tuple[int, int, int]:
     return bs, bk, 4 if tile <= 1024 else 8
 
 
-def forward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, use_max: bool = False,
-            tile: Optional[int] = None):
+def forward(
+    problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, use_max: bool = False, tile: Optional[int] = None
+):
     """Alpha pass: ``(alpha (N, T + 1, S), logz (N,))`` in ``E``'s dtype and device.
 
     ``E`` is ``(B, T, C)`` and contiguous, ``w`` the ``(num_arcs,)`` arc weights (same dtype and
@@ -187,17 +214,48 @@ def forward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, use_max: 
         return alpha[:0], logz
     bs, bk, nw = _blocks(tables.S, tables.K_in, tile)
     _forward_kernel[(N,)](
-        E, E.stride(0), E.stride(1), tables.ex_graph, tables.ex_row, tables.ex_len,
-        tables.g_nodes, tables.g_kin, tables.g_tin, tables.g_node, tables.g_arc,
-        tables.in_src, tables.in_lab, tables.in_arc, w.contiguous(), tables.start, tables.accept,
-        alpha, logz, tables.S, T1,
-        BLOCK_S=bs, BLOCK_K=bk, ONE_K=bk >= tables.K_in, USE_MAX=use_max, num_warps=nw,
+        E,
+        E.stride(0),
+        E.stride(1),
+        tables.ex_graph,
+        tables.ex_row,
+        tables.ex_len,
+        tables.g_nodes,
+        tables.g_kin,
+        tables.g_tin,
+        tables.g_node,
+        tables.g_arc,
+        tables.in_src,
+        tables.in_lab,
+        tables.in_arc,
+        w.contiguous(),
+        tables.start,
+        tables.accept,
+        alpha,
+        logz,
+        tables.S,
+        T1,
+        BLOCK_S=bs,
+        BLOCK_K=bk,
+        ONE_K=bk >= tables.K_in,
+        USE_MAX=use_max,
+        num_warps=nw,
     )
     return alpha, logz
 
 
-def backward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, alpha: torch.Tensor,
-             logz: torch.Tensor, coef: torch.Tensor, need_e: bool, need_w: bool, tile: Optional[int] = None):
+def backward(
+    problem,
+    tables: Tables,
+    E: torch.Tensor,
+    w: torch.Tensor,
+    alpha: torch.Tensor,
+    logz: torch.Tensor,
+    coef: torch.Tensor,
+    need_e: bool,
+    need_w: bool,
+    tile: Optional[int] = None,
+):
     """Gradient of ``sum_e coef[e] * logz[e]`` (``coef`` ``(N,)``) after :func:`forward`:
     ``(grad_E (B, T, C) or None, grad_w (num_arcs,) or None)``; ``tile`` overrides ``MAX_TILE``."""
     N = problem.num_examples
@@ -218,13 +276,40 @@ def backward(problem, tables: Tables, E: torch.Tensor, w: torch.Tensor, alpha: t
     occ = torch.zeros(int(sizes.sum()), dtype=dtype, device=dev) if need_w and not one_k else beta
     node_lab = tables.node_lab
     _backward_kernel[(N,)](
-        E, gE if need_e else E, E.stride(0), E.stride(1), tables.ex_graph, tables.ex_row, tables.ex_len,
-        coef, logz, tables.g_nodes, tables.g_kout, tables.g_tout, tables.g_node, tables.g_arc,
-        tables.out_dst, tables.out_lab, tables.out_arc, w.contiguous(), tables.accept,
-        node_lab if node_lab is not None else tables.accept, alpha, beta, occ, ex_occ,
-        gw if need_w else beta, S, alpha.shape[1],
-        BLOCK_S=bs, BLOCK_K=bk, ONE_K=one_k, NODE_E=need_e and node_lab is not None,
-        ARC_E=need_e and node_lab is None, NEED_W=need_w, num_warps=nw,
+        E,
+        gE if need_e else E,
+        E.stride(0),
+        E.stride(1),
+        tables.ex_graph,
+        tables.ex_row,
+        tables.ex_len,
+        coef,
+        logz,
+        tables.g_nodes,
+        tables.g_kout,
+        tables.g_tout,
+        tables.g_node,
+        tables.g_arc,
+        tables.out_dst,
+        tables.out_lab,
+        tables.out_arc,
+        w.contiguous(),
+        tables.accept,
+        node_lab if node_lab is not None else tables.accept,
+        alpha,
+        beta,
+        occ,
+        ex_occ,
+        gw if need_w else beta,
+        S,
+        alpha.shape[1],
+        BLOCK_S=bs,
+        BLOCK_K=bk,
+        ONE_K=one_k,
+        NODE_E=need_e and node_lab is not None,
+        ARC_E=need_e and node_lab is None,
+        NEED_W=need_w,
+        num_warps=nw,
     )
     return gE, (gw[: w.shape[0]] if need_w else None)
 
@@ -285,9 +370,31 @@ if triton is not None:
 
     @triton.jit
     def _forward_kernel(
-        E, sEb, sEt, ex_graph, ex_row, ex_len, g_nodes, g_k, g_tab, g_node, g_arc, in_src, in_lab, in_arc, w,
-        start, accept, alpha, logz, S, T1,
-        BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, USE_MAX: tl.constexpr,
+        E,
+        sEb,
+        sEt,
+        ex_graph,
+        ex_row,
+        ex_len,
+        g_nodes,
+        g_k,
+        g_tab,
+        g_node,
+        g_arc,
+        in_src,
+        in_lab,
+        in_arc,
+        w,
+        start,
+        accept,
+        alpha,
+        logz,
+        S,
+        T1,
+        BLOCK_S: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        ONE_K: tl.constexpr,
+        USE_MAX: tl.constexpr,
     ):
         e = tl.program_id(0)
         Sg, K, tbase, nbase, arc0 = _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node, g_arc)
@@ -329,10 +436,39 @@ if triton is not None:
 
     @triton.jit
     def _backward_kernel(
-        E, gE, sEb, sEt, ex_graph, ex_row, ex_len, coef, logz, g_nodes, g_k, g_tab, g_node, g_arc,
-        out_dst, out_lab, out_arc, w, accept, node_lab, alpha, beta, occ, ex_occ, gw, S, T1,
-        BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, NODE_E: tl.constexpr,
-        ARC_E: tl.constexpr, NEED_W: tl.constexpr,
+        E,
+        gE,
+        sEb,
+        sEt,
+        ex_graph,
+        ex_row,
+        ex_len,
+        coef,
+        logz,
+        g_nodes,
+        g_k,
+        g_tab,
+        g_node,
+        g_arc,
+        out_dst,
+        out_lab,
+        out_arc,
+        w,
+        accept,
+        node_lab,
+        alpha,
+        beta,
+        occ,
+        ex_occ,
+        gw,
+        S,
+        T1,
+        BLOCK_S: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        ONE_K: tl.constexpr,
+        NODE_E: tl.constexpr,
+        ARC_E: tl.constexpr,
+        NEED_W: tl.constexpr,
     ):
         e = tl.program_id(0)
         Sg, K, tbase, nbase, arc0 = _graph_of(e, ex_graph, g_nodes, g_k, g_tab, g_node, g_arc)

@@ -222,8 +222,9 @@ def stc_chain(X: torch.Tensor, log_p: float, eps: float, seqs, lengths: np.ndarr
     gXn = gX.numpy()
 
     def run(e0, e1):
-        _stc_kernel(e0, e1, Xn, float(log_p), float(eps), tok, tok_off, ln, int(blank), logz, flag, gXn, gp,
-                    need_grad, TOL)
+        _stc_kernel(
+            e0, e1, Xn, float(log_p), float(eps), tok, tok_off, ln, int(blank), logz, flag, gXn, gp, need_grad, TOL
+        )
 
     run_rows(run, (ln + 1) * (sizes + 1), 20_000)
     return logz, flag, (gX if need_grad else None), gp

@@ -36,8 +36,9 @@ MODES = {"none": 0, "optional": 1, "forced": 2}
 
 
 @njit(cache=True, nogil=True)
-def _hub_kernel(e0, e1, E, wl, lat_off, Lp, Kp, Qp, tlen, lab_off, labs, lens, mode, logz, flag, gE, lsum, need_e,
-                need_l, tol):
+def _hub_kernel(
+    e0, e1, E, wl, lat_off, Lp, Kp, Qp, tlen, lab_off, labs, lens, mode, logz, flag, gE, lsum, need_e, need_l, tol
+):
     """Examples (rows) ``e0 .. e1 - 1``: ``logz[e]`` of the numerator, ``gE[e] = -d logZ / d E[e]``
     (with ``need_e``) and ``lsum[e, c]`` = the occupancy of label ``c`` summed over the frames
     (with ``need_l``); ``flag[e] = 1``: left to the graph kernels (nothing written). Label ``c``
@@ -234,8 +235,17 @@ def _hub_kernel(e0, e1, E, wl, lat_off, Lp, Kp, Qp, tlen, lab_off, labs, lens, m
 TOL = 1e-6
 
 
-def numerators(E: torch.Tensor, lattices, lengths: np.ndarray, mode: str, blank: int, need_e: bool,
-               need_l: bool, w: torch.Tensor = None, gE: torch.Tensor = None):
+def numerators(
+    E: torch.Tensor,
+    lattices,
+    lengths: np.ndarray,
+    mode: str,
+    blank: int,
+    need_e: bool,
+    need_l: bool,
+    w: torch.Tensor = None,
+    gE: torch.Tensor = None,
+):
     """``(logz (B,) numpy, flag (B,) numpy, gE (B, T, C) or None, lsum (B, C) numpy or None)`` of
     the numerator graphs given as lattices ``(P, Q, K, L)`` per row (see the module's text),
     against ``E + w`` (``w``: ``(C,)`` label weights, default none); ``gE``, when given, is the
@@ -246,8 +256,11 @@ def numerators(E: torch.Tensor, lattices, lengths: np.ndarray, mode: str, blank:
     sizes = np.asarray([len(lat[0]) for lat in lattices], dtype=np.int64)
     lat_off = np.zeros(B + 1, dtype=np.int64)
     np.cumsum(sizes, out=lat_off[1:])
-    cat = (lambda k: np.ascontiguousarray(np.concatenate([lat[k] for lat in lattices]), dtype=np.int64)) \
-        if B else (lambda k: np.zeros(0, np.int64))
+    cat = (
+        (lambda k: np.ascontiguousarray(np.concatenate([lat[k] for lat in lattices]), dtype=np.int64))
+        if B
+        else (lambda k: np.zeros(0, np.int64))
+    )
     Pp, Qp, Kp = cat(0), cat(1), cat(2)
     tlen = np.asarray([lat[3] for lat in lattices], dtype=np.int64)
     # the kernel indexes by all of these: checked whatever the caller did
@@ -288,8 +301,28 @@ def numerators(E: torch.Tensor, lattices, lengths: np.ndarray, mode: str, blank:
     gEn = gE.numpy()
 
     def run(e0, e1):
-        _hub_kernel(e0, e1, En, wl, lat_off, Pp, Kloc, Qp, tlen, lab_off, labs, ln, m, logz, flag, gEn, lsum, need_e,
-                    need_l, TOL)
+        _hub_kernel(
+            e0,
+            e1,
+            En,
+            wl,
+            lat_off,
+            Pp,
+            Kloc,
+            Qp,
+            tlen,
+            lab_off,
+            labs,
+            ln,
+            m,
+            logz,
+            flag,
+            gEn,
+            lsum,
+            need_e,
+            need_l,
+            TOL,
+        )
 
     run_rows(run, (ln + 1) * (sizes + tlen + 2), 20_000)
     return logz, flag, (gE if need_e else None), (lsum if need_l else None)

@@ -44,8 +44,15 @@ from ..wfst.parallel import get_num_threads, parallel_map
 
 NEG_INF = -math.inf
 
-__all__ = ["viterbi_arcs", "numba_viterbi_arcs", "torch_viterbi_arcs", "ctc_states", "check_problem", "BP_BUDGET",
-           "MAX_ALIGN_BYTES"]
+__all__ = [
+    "viterbi_arcs",
+    "numba_viterbi_arcs",
+    "torch_viterbi_arcs",
+    "ctc_states",
+    "check_problem",
+    "BP_BUDGET",
+    "MAX_ALIGN_BYTES",
+]
 
 #: backpointer entries (frames x nodes) one example holds at once on the CPU (more: checkpointed
 #: chunks), and of one pass over a group of examples with torch (padded)
@@ -77,8 +84,29 @@ def _viterbi_frames(E, b, n0, S, in_w, in_src, in_lab, in_off, t0, t1, prev, cur
 
 
 @njit(cache=True, nogil=True)
-def _viterbi_kernel(e0, e1, stride, ex_graph, ex_row, ex_len, E, in_w, in_src, in_lab, node_off, in_off,
-                    in_arc, start_off, start, accept_off, accept, cells, bp_proto, score, out_arc):
+def _viterbi_kernel(
+    e0,
+    e1,
+    stride,
+    ex_graph,
+    ex_row,
+    ex_len,
+    E,
+    in_w,
+    in_src,
+    in_lab,
+    node_off,
+    in_off,
+    in_arc,
+    start_off,
+    start,
+    accept_off,
+    accept,
+    cells,
+    bp_proto,
+    score,
+    out_arc,
+):
     """Examples ``e0, e0 + stride, ... < e1``. ``in_w``, ``in_src``, ``in_lab``: weight,
     source node and label of each incoming-arc position (``in_arc[k]``), so the inner loop
     reads three arrays in order. Each example holds its own buffers: the backpointers of all
@@ -105,8 +133,9 @@ def _viterbi_kernel(e0, e1, stride, ex_graph, ex_row, ex_len, E, in_w, in_src, i
         if nck > 1:
             for c in range(nck):
                 ck[c, :] = prev
-                prev, cur = _viterbi_frames(E, b, n0, S, in_w, in_src, in_lab, in_off, c * K,
-                                            min(T, (c + 1) * K), prev, cur, bp, False)
+                prev, cur = _viterbi_frames(
+                    E, b, n0, S, in_w, in_src, in_lab, in_off, c * K, min(T, (c + 1) * K), prev, cur, bp, False
+                )
         else:
             prev, cur = _viterbi_frames(E, b, n0, S, in_w, in_src, in_lab, in_off, 0, T, prev, cur, bp, True)
         m = NEG_INF
@@ -171,9 +200,29 @@ def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     in_lab = np.ascontiguousarray(bt.label[bt.in_arc])
 
     def run(j, k):
-        _viterbi_kernel(j, N, k, p.ex_graph, p.ex_row, p.ex_len, En, in_w, bt.in_src, in_lab,
-                        bt.node_off, bt.in_off, bt.in_arc, bt.start_off, bt.start, bt.accept_off,
-                        bt.accept, BP_BUDGET, bp_proto, score, out)
+        _viterbi_kernel(
+            j,
+            N,
+            k,
+            p.ex_graph,
+            p.ex_row,
+            p.ex_len,
+            En,
+            in_w,
+            bt.in_src,
+            in_lab,
+            bt.node_off,
+            bt.in_off,
+            bt.in_arc,
+            bt.start_off,
+            bt.start,
+            bt.accept_off,
+            bt.accept,
+            BP_BUDGET,
+            bp_proto,
+            score,
+            out,
+        )
 
     k = min(num_threads(), N) if len(p.chunks(2)) > 1 else 1
     if k <= 1:
@@ -213,10 +262,12 @@ def torch_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     bp_dtype = torch.uint8 if K <= 255 else torch.int64
     need = N * Tm * S * (1 if K <= 255 else 8)
     if need > MAX_ALIGN_BYTES:
-        raise ValueError(f"forced alignment (impl='torch') of T={Tm} frames against a graph of S={S} nodes needs "
-                         f"{need} bytes, more than the limit of {MAX_ALIGN_BYTES} (backpointers) "
-                         f"(lightning_gtn.kernels.viterbi_paths.MAX_ALIGN_BYTES); split the utterance or "
-                         f"use impl='numba' on the CPU (checkpointed)")
+        raise ValueError(
+            f"forced alignment (impl='torch') of T={Tm} frames against a graph of S={S} nodes needs "
+            f"{need} bytes, more than the limit of {MAX_ALIGN_BYTES} (backpointers) "
+            f"(lightning_gtn.kernels.viterbi_paths.MAX_ALIGN_BYTES); split the utterance or "
+            f"use impl='numba' on the CPU (checkpointed)"
+        )
     bp = torch.zeros((N, max(Tm, 1), S), dtype=bp_dtype, device=dev)
     delta = torch.where(tb.start, torch.zeros((), dtype=dtype, device=dev), ninf)
     for t in range(Tm):
@@ -311,9 +362,11 @@ def check_search_bytes(T: int, S: int, itemsize: int, what: str = "") -> None:
     """Raises ValueError when one example needs more than :data:`MAX_ALIGN_BYTES`."""
     need = search_bytes(T, S, itemsize, BP_BUDGET)
     if need > MAX_ALIGN_BYTES:
-        raise ValueError(f"forced alignment of {what}T={T} frames against a graph of S={S} nodes needs "
-                         f"{need} bytes, more than the limit of {MAX_ALIGN_BYTES} "
-                         f"(lightning_gtn.kernels.viterbi_paths.MAX_ALIGN_BYTES); split the utterance")
+        raise ValueError(
+            f"forced alignment of {what}T={T} frames against a graph of S={S} nodes needs "
+            f"{need} bytes, more than the limit of {MAX_ALIGN_BYTES} "
+            f"(lightning_gtn.kernels.viterbi_paths.MAX_ALIGN_BYTES); split the utterance"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -339,21 +392,21 @@ def _ctc_frames(E, b, lab, skip_add, band_a, band_z, t0, t1, prev, cur, em, bp, 
         # numba test every index for wraparound, and the loops would not vectorise)
         n = z + 1 - a
         Et = E[b, t]
-        lb = lab[a:a + n]
+        lb = lab[a : a + n]
         ev = em[:n]
         for j in range(n):
             ev[j] = Et[lb[j]]
-        p0 = prev[a + 2:a + 2 + n]
-        p1 = prev[a + 1:a + 1 + n]
-        p2 = prev[a:a + n]
-        sk = skip_add[a:a + n]
-        cv = cur[a + 2:a + 2 + n]
+        p0 = prev[a + 2 : a + 2 + n]
+        p1 = prev[a + 1 : a + 1 + n]
+        p2 = prev[a : a + n]
+        sk = skip_add[a : a + n]
+        cv = cur[a + 2 : a + 2 + n]
         # torchaudio's order: stay, then from s - 1, then the skip from s - 2 (skip_add is
         # -inf where CTC has no skip); the first strictly larger predecessor wins, compared
         # before the frame's score is added. Two copies of the loop: without the test of
         # ``store`` inside, each compiles to selects.
         if store:
-            brow = bp[t - t0, a:a + n]
+            brow = bp[t - t0, a : a + n]
             for j in range(n):
                 x0 = p0[j]
                 x1 = p1[j]
@@ -447,8 +500,9 @@ def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states,
         if n > 1:
             for c in range(n):
                 ck[c, :] = prev
-                prev, cur = _ctc_frames(E, b, lab, skip_add, band_a, band_z, c * K, min(T, (c + 1) * K), prev, cur, em,
-                                        bp, False)
+                prev, cur = _ctc_frames(
+                    E, b, lab, skip_add, band_a, band_z, c * K, min(T, (c + 1) * K), prev, cur, em, bp, False
+                )
         else:
             prev, cur = _ctc_frames(E, b, lab, skip_add, band_a, band_z, 0, T, prev, cur, em, bp, True)
         node = S - 1
@@ -475,8 +529,7 @@ def num_threads() -> int:
     return max(1, min(torch.get_num_threads(), get_num_threads()))
 
 
-def ctc_states(E: torch.Tensor, targets: np.ndarray, target_lengths: np.ndarray, input_lengths: np.ndarray,
-               blank: int):
+def ctc_states(E: torch.Tensor, targets: np.ndarray, target_lengths: np.ndarray, input_lengths: np.ndarray, blank: int):
     """CTC's best paths on the CPU without graphs: ``(states (B, T) int64, score (B,))``.
 
     ``states[b, t]`` is the node of CTC's graph (``2 l + 1`` token ``l``, even nodes the blank)

@@ -88,8 +88,9 @@ class TrainingPlots(Callback):
         self.output_dir.mkdir(parents=True, exist_ok=True)
         plot_training_curves(self.history, self.output_dir / "curves.png")
         if self.num_alignments > 0 and trainer.datamodule is not None:
-            write_alignments(pl_module, trainer.datamodule.val_dataloader(), self.output_dir / "alignments.png",
-                             self.num_alignments)
+            write_alignments(
+                pl_module, trainer.datamodule.val_dataloader(), self.output_dir / "alignments.png", self.num_alignments
+            )
 
 
 @torch.no_grad()

@@ -176,8 +176,9 @@ def drop_labels(texts: Sequence[str], fraction: float, seed: int) -> list[str]:
 
 
 class _BaseDataModule(L.LightningDataModule):
-    def __init__(self, batch_size: int = 32, num_workers: int = 0, eval_batch_size: int | None = None,
-                 label_drop: float = 0.0):
+    def __init__(
+        self, batch_size: int = 32, num_workers: int = 0, eval_batch_size: int | None = None, label_drop: float = 0.0
+    ):
         super().__init__()
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
@@ -253,9 +254,7 @@ class DigitLinesDataModule(_BaseDataModule):
     ):
         super().__init__(batch_size, num_workers, eval_batch_size, label_drop)
         self.save_hyperparameters()
-        self.line_args = dict(
-            min_len=min_len, max_len=max_len, max_gap=max_gap, space_prob=space_prob, noise=noise
-        )
+        self.line_args = dict(min_len=min_len, max_len=max_len, max_gap=max_gap, space_prob=space_prob, noise=noise)
         self.augment_train = augment_train
         self.sizes = (num_train, num_val, num_test)
         self.seed = seed
@@ -270,8 +269,13 @@ class DigitLinesDataModule(_BaseDataModule):
         self.source_images = {}
         for k, (name, idx, n) in enumerate(zip(("train", "val", "test"), splits, self.sizes)):
             feats, texts, src = make_digit_lines(
-                images[idx], labels[idx], n, seed=self.seed * 1000 + k + 1, return_sources=True,
-                augment=self.augment_train and name == "train", **self.line_args,
+                images[idx],
+                labels[idx],
+                n,
+                seed=self.seed * 1000 + k + 1,
+                return_sources=True,
+                augment=self.augment_train and name == "train",
+                **self.line_args,
             )
             self.source_images[name] = np.unique(idx[np.concatenate(src)]) if n else idx[:0]
             sets.append(SequenceDataset(feats, texts))
@@ -298,8 +302,10 @@ def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
                 continue
             parts = line.split(maxsplit=1)
             if parts[0] in out:
-                raise ValueError(f"{path}:{n}: duplicate utterance id {parts[0]!r} (first on line "
-                                 f"{first_line[parts[0]]}); ids must be unique")
+                raise ValueError(
+                    f"{path}:{n}: duplicate utterance id {parts[0]!r} (first on line "
+                    f"{first_line[parts[0]]}); ids must be unique"
+                )
             first_line[parts[0]] = n
             out[parts[0]] = parts[1] if len(parts) > 1 else ""
     if not out:
@@ -315,28 +321,32 @@ def _load_split(features: str | os.PathLike, transcripts: str | os.PathLike) -> 
     with np.load(feats_path) as arrays:
         missing = [k for k in texts if k not in arrays.files]
         if missing:
-            raise ValueError(
-                f"{len(missing)} transcript ids have no array in {feats_path}, e.g. {missing[:3]}"
-            )
+            raise ValueError(f"{len(missing)} transcript ids have no array in {feats_path}, e.g. {missing[:3]}")
         ids = list(texts)
         feats = []
         for k in ids:
             a = arrays[k]
             if a.ndim != 2 or a.dtype.kind not in "fiu":
-                raise ValueError(f"{feats_path}: utterance {k!r} must be a real array of shape (T, F), "
-                                 f"got shape {a.shape} and dtype {a.dtype}")
+                raise ValueError(
+                    f"{feats_path}: utterance {k!r} must be a real array of shape (T, F), "
+                    f"got shape {a.shape} and dtype {a.dtype}"
+                )
             if feats and a.shape[1] != feats[0].shape[1]:
-                raise ValueError(f"{feats_path}: utterance {k!r} has {a.shape[1]} features per frame but "
-                                 f"{ids[0]!r} has {feats[0].shape[1]}; every utterance needs the same F "
-                                 f"(shape (T, F))")
+                raise ValueError(
+                    f"{feats_path}: utterance {k!r} has {a.shape[1]} features per frame but "
+                    f"{ids[0]!r} has {feats[0].shape[1]}; every utterance needs the same F "
+                    f"(shape (T, F))"
+                )
             feats.append(a)
     return SequenceDataset(feats, [texts[k] for k in ids])
 
 
 def _check_dim(ds: SequenceDataset, dim: int, split: str, path) -> None:
     if ds.features and int(ds.features[0].shape[1]) != dim:
-        raise ValueError(f"data.{split}_features: {path} has {ds.features[0].shape[1]} features per frame but "
-                         f"the training split has {dim}")
+        raise ValueError(
+            f"data.{split}_features: {path} has {ds.features[0].shape[1]} features per frame but "
+            f"the training split has {dim}"
+        )
 
 
 class FeatureDataModule(_BaseDataModule):

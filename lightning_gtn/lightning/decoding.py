@@ -47,13 +47,37 @@ from pathlib import Path
 
 from lightning_gtn import _trust
 
-__all__ = ["DECODERS", "resolve_decoder", "build_decoder", "decode_texts", "lexicon_to_data", "lm_to_data",
-           "lexicon_from_data", "lm_from_data", "MAX_LEXICON_ENTRIES", "MAX_LEXICON_CHARS", "MAX_SPELLING_CHARS",
-           "MAX_LM_CHARS", "MAX_LM_BYTES"]
+__all__ = [
+    "DECODERS",
+    "resolve_decoder",
+    "build_decoder",
+    "decode_texts",
+    "lexicon_to_data",
+    "lm_to_data",
+    "lexicon_from_data",
+    "lm_from_data",
+    "MAX_LEXICON_ENTRIES",
+    "MAX_LEXICON_CHARS",
+    "MAX_SPELLING_CHARS",
+    "MAX_LM_CHARS",
+    "MAX_LM_BYTES",
+]
 
 DECODERS = ("greedy", "beam", "beam_lm")
-_KEYS = {"name", "beam_size", "beam_threshold", "lm_weight", "word_score", "lexicon", "lm", "lm_order",
-         "lm_method", "token_beam", "nbest", "unk_score"}
+_KEYS = {
+    "name",
+    "beam_size",
+    "beam_threshold",
+    "lm_weight",
+    "word_score",
+    "lexicon",
+    "lm",
+    "lm_order",
+    "lm_method",
+    "token_beam",
+    "nbest",
+    "unk_score",
+}
 
 #: The most lexicon entries (one per spelling of a word) a decoder config may carry.
 MAX_LEXICON_ENTRIES = 1_000_000
@@ -109,16 +133,21 @@ def _check_entries(entries, key: str) -> None:
         if not isinstance(e, (list, tuple)) or len(e) < 2:
             raise ValueError(f"{key}[{i}]: expected [word, token, ...] with at least one token, got {str(e)[:100]}")
         if len(e) > MAX_SPELLING_CHARS + 1 or not all(_is_token(s) for s in e):
-            raise ValueError(f"{key}[{i}]: the word and tokens must be non-empty strings without whitespace, of at "
-                             f"most {MAX_SPELLING_CHARS} characters, got {str(e)[:100]}")
+            raise ValueError(
+                f"{key}[{i}]: the word and tokens must be non-empty strings without whitespace, of at "
+                f"most {MAX_SPELLING_CHARS} characters, got {str(e)[:100]}"
+            )
         chars = sum(len(s) for s in e[1:])
         if chars > MAX_SPELLING_CHARS:
-            raise ValueError(f"{key}[{i}]: the spelling of {e[0][:40]!r} has {chars} characters; at most "
-                             f"{MAX_SPELLING_CHARS}")
+            raise ValueError(
+                f"{key}[{i}]: the spelling of {e[0][:40]!r} has {chars} characters; at most " f"{MAX_SPELLING_CHARS}"
+            )
         total += chars + len(e[0]) + len(e)
         if total > MAX_LEXICON_CHARS:
-            raise ValueError(f"{key}: over {MAX_LEXICON_CHARS} characters; a lexicon that large does not travel as "
-                             "data (in a checkpoint)")
+            raise ValueError(
+                f"{key}: over {MAX_LEXICON_CHARS} characters; a lexicon that large does not travel as "
+                "data (in a checkpoint)"
+            )
 
 
 def lexicon_to_data(lexicon: Mapping, key: str = "decoder.lexicon") -> dict:
@@ -156,8 +185,9 @@ def lexicon_from_data(data, key: str = "decoder.lexicon") -> dict[str, list[list
 def _check_data(data, key: str, what: str, fmt: str, field: str, writer: str) -> None:
     """``data`` must be ``{"format": fmt, field: ...}`` and nothing else."""
     if not isinstance(data, Mapping) or data.get("format") != fmt:
-        raise ValueError(f"{key}: expected {what} as data with format {fmt!r} "
-                         f"(see lightning_gtn.lightning.decoding.{writer})")
+        raise ValueError(
+            f"{key}: expected {what} as data with format {fmt!r} " f"(see lightning_gtn.lightning.decoding.{writer})"
+        )
     unknown = sorted(set(data) - {"format", field})
     if unknown:
         raise ValueError(f"{key}.{unknown[0]}: unknown key")
@@ -172,8 +202,10 @@ def lm_to_data(lm, key: str = "decoder.lm") -> dict:
     """
     text = lm.to_arpa()
     if len(text) > MAX_LM_CHARS:
-        raise ValueError(f"{key}: the LM's ARPA text has {len(text)} characters; at most {MAX_LM_CHARS} travel "
-                         "inside a checkpoint (prune the LM or lower decoder.lm_order)")
+        raise ValueError(
+            f"{key}: the LM's ARPA text has {len(text)} characters; at most {MAX_LM_CHARS} travel "
+            "inside a checkpoint (prune the LM or lower decoder.lm_order)"
+        )
     return {"format": _LM_FORMAT, "text": text}
 
 
@@ -247,8 +279,11 @@ def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -
         from lightning_gtn.lm import estimate
 
         texts = texts if texts is not None else train_texts()
-        lm = estimate([t.split() for t in texts], order=int(cfg.get("lm_order", 3)),
-                      method=str(cfg.get("lm_method", "kneser_ney")))
+        lm = estimate(
+            [t.split() for t in texts],
+            order=int(cfg.get("lm_order", 3)),
+            method=str(cfg.get("lm_method", "kneser_ney")),
+        )
         cfg["lm"] = lm_to_data(lm)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "lm.arpa").write_text(cfg["lm"]["text"], encoding="utf-8")
@@ -263,8 +298,10 @@ def _topology(loss, vocabulary) -> dict:
         if loss.blank is None:  # no blank: frames of a token merge, as ASG's without a repeat token
             return {"tokens": toks, "topology": "asg"}
         if getattr(loss, "blank_mode", "optional") != "optional" or not getattr(loss, "allow_repeats", True):
-            raise ValueError("decoder: beam search decodes the transducer with blank='optional' and allow_repeats=True "
-                             "(or blank='none'); use decoder=greedy for this loss")
+            raise ValueError(
+                "decoder: beam search decodes the transducer with blank='optional' and allow_repeats=True "
+                "(or blank='none'); use decoder=greedy for this loss"
+            )
         return {"tokens": toks + ["<blank>"], "topology": "transducer", "blank": loss.blank}
     chars = list(vocabulary.chars)
     if vocabulary.blank:
@@ -279,15 +316,18 @@ def _artefact(cfg: dict, key: str, from_data):
     if isinstance(v, Mapping):
         return from_data(v, f"decoder.{key}")
     if not isinstance(v, str) or v == "train":
-        raise ValueError(f"decoder.{key}: expected the {key} as data (or 'train' or a file, resolved by the "
-                         f"training/eval CLI with lightning_gtn.lightning.decoding.resolve_decoder), got {str(v)[:100]!r}")
+        raise ValueError(
+            f"decoder.{key}: expected the {key} as data (or 'train' or a file, resolved by the "
+            f"training/eval CLI with lightning_gtn.lightning.decoding.resolve_decoder), got {str(v)[:100]!r}"
+        )
     if not _trust.is_trusted_path(v):
         raise _trust.UntrustedTargetError(
             f"decoder.{key}: {v!r} names a file; a decoder config read from a checkpoint carries its lexicon and "
             "LM as data, and files it names are not read (a checkpoint written by an older lightning_gtn: if you "
             f"trust that file, load inside `with lightning_gtn._trust.trusted(paths=[{v!r}]):` and save the "
             "checkpoint again, or give lightning-gtn-eval the files on its command line: decoder=beam_lm "
-            "decoder.lexicon=<file> decoder.lm=<file>)")
+            "decoder.lexicon=<file> decoder.lm=<file>)"
+        )
     return from_data(_read_files({key: v})[key], f"decoder.{key}")
 
 
@@ -327,8 +367,10 @@ def _lexicon(spellings: dict[str, list[list[str]]], topo: dict):
             for sp in sps:
                 bad = [t for t in sp if t not in token_of]
                 if bad:
-                    raise ValueError(f"decoder.lexicon: the spelling {' '.join(sp)[:80]!r} of {w[:40]!r} has "
-                                     f"{bad[0][:40]!r}, not a token of this loss (one of {''.join(token_of)[:80]!r})")
+                    raise ValueError(
+                        f"decoder.lexicon: the spelling {' '.join(sp)[:80]!r} of {w[:40]!r} has "
+                        f"{bad[0][:40]!r}, not a token of this loss (one of {''.join(token_of)[:80]!r})"
+                    )
                 ids.setdefault(w, []).append([token_of[t] for t in sp])
     return Lexicon(ids)
 
@@ -356,17 +398,27 @@ def build_decoder(cfg, loss, vocabulary):
     from lightning_gtn.decode import BeamSearchDecoder
 
     topo = _topology(loss, vocabulary)
-    common = dict(beam_size=int(cfg.get("beam_size", 50)), beam_threshold=float(cfg.get("beam_threshold", 25.0)),
-                  token_beam=cfg.get("token_beam"), nbest=int(cfg.get("nbest", 1)), **topo)
+    common = dict(
+        beam_size=int(cfg.get("beam_size", 50)),
+        beam_threshold=float(cfg.get("beam_threshold", 25.0)),
+        token_beam=cfg.get("token_beam"),
+        nbest=int(cfg.get("nbest", 1)),
+        **topo,
+    )
     if name == "beam":
         return BeamSearchDecoder(lexicon_free=True, **common)
     spellings = _artefact(cfg, "lexicon", lexicon_from_data)
     lm = _artefact(cfg, "lm", lm_from_data)
     lexicon = _lexicon(spellings, topo)
     unk = cfg.get("unk_score", -math.inf)
-    return BeamSearchDecoder(lexicon=lexicon, lm=lm, lm_weight=float(cfg.get("lm_weight", 0.5)),
-                             word_score=float(cfg.get("word_score", 0.0)),
-                             unk_score=float(unk) if unk is not None else -math.inf, **common)
+    return BeamSearchDecoder(
+        lexicon=lexicon,
+        lm=lm,
+        lm_weight=float(cfg.get("lm_weight", 0.5)),
+        word_score=float(cfg.get("word_score", 0.0)),
+        unk_score=float(unk) if unk is not None else -math.inf,
+        **common,
+    )
 
 
 def decode_texts(decoder, emissions, lengths) -> list[str]:

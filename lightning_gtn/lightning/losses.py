@@ -41,8 +41,10 @@ BUILTIN_LOSSES = {
 }
 
 # configs written before the loss classes moved or stated their own convention
-_MOVED = {"lightning_gtn.lightning.TargetGraphLoss": "lightning_gtn.nn.TargetGraphLoss",
-          "lightning_gtn.lightning.losses.TargetGraphLoss": "lightning_gtn.nn.TargetGraphLoss"}
+_MOVED = {
+    "lightning_gtn.lightning.TargetGraphLoss": "lightning_gtn.nn.TargetGraphLoss",
+    "lightning_gtn.lightning.losses.TargetGraphLoss": "lightning_gtn.nn.TargetGraphLoss",
+}
 
 
 def _import(path) -> type:
@@ -58,7 +60,8 @@ def _check_transitions(cfg: dict) -> None:
             f"loss.transitions: {t!r} names a file; a config read from a checkpoint carries the transitions "
             "graph as data (lightning_gtn.nn.transducer.transitions_to_data), and files it names are not read "
             "(a checkpoint written by an older lightning_gtn: if you trust that file, load inside "
-            f"`with lightning_gtn._trust.trusted(paths=[{t!r}]):` and save the checkpoint again)")
+            f"`with lightning_gtn._trust.trusted(paths=[{t!r}]):` and save the checkpoint again)"
+        )
 
 
 def _fill_graphemes(cfg: dict, chars: list) -> None:
@@ -70,8 +73,10 @@ def _fill_graphemes(cfg: dict, chars: list) -> None:
     if tokens is None or tokens == "letters":
         cfg["tokens"] = list(chars)
     elif isinstance(tokens, str) or not isinstance(tokens, (list, tuple)):
-        raise ValueError(f"loss.tokens: expected 'letters' or a list of token spellings, got {tokens!r} (a number "
-                         "of word pieces is resolved by lightning-gtn-train from the training transcripts)")
+        raise ValueError(
+            f"loss.tokens: expected 'letters' or a list of token spellings, got {tokens!r} (a number "
+            "of word pieces is resolved by lightning-gtn-train from the training transcripts)"
+        )
 
 
 def _from_config(cfg: dict, chars: list) -> StructuredLoss:
@@ -96,8 +101,9 @@ def _from_config(cfg: dict, chars: list) -> StructuredLoss:
         _fill_graphemes(cfg, chars)
     if "num_classes" in params and cfg.get("num_classes") is None:
         has_blank = cfg.get("blank", getattr(cls, "blank", None)) is not None
-        cfg["num_classes"] = num_chars + int(has_blank) + int(bool(cfg.get("repeat_label",
-                                                                            getattr(cls, "repeat_label", False))))
+        cfg["num_classes"] = (
+            num_chars + int(has_blank) + int(bool(cfg.get("repeat_label", getattr(cls, "repeat_label", False))))
+        )
     try:
         module = _trust.instantiate(cfg, "loss", "loss")
     except _trust.UntrustedTargetError:
@@ -107,8 +113,10 @@ def _from_config(cfg: dict, chars: list) -> StructuredLoss:
         msg = " ".join(str(root).split())
         raise ValueError(f"loss: cannot build {cfg['_target_']}: {msg}") from e
     if not isinstance(module, StructuredLoss):
-        raise ValueError(f"loss._target_: {cfg['_target_']} is not a lightning_gtn.nn.StructuredLoss; wrap "
-                         "your module in lightning_gtn.nn.ModuleLoss(module, blank=..., repeat_label=...)")
+        raise ValueError(
+            f"loss._target_: {cfg['_target_']} is not a lightning_gtn.nn.StructuredLoss; wrap "
+            "your module in lightning_gtn.nn.ModuleLoss(module, blank=..., repeat_label=...)"
+        )
     return module
 
 
@@ -117,14 +125,18 @@ def _grapheme_vocabulary(module: StructuredLoss, chars, char_list: list) -> Voca
     ``0 .. target_classes - 1``, no blank) while its emissions have ``num_classes`` columns."""
     if isinstance(chars, Vocabulary):
         if chars.blank or chars.repeat_label:
-            raise ValueError(f"vocabulary {chars!r} does not match the loss: {type(module).__qualname__} takes "
-                             "grapheme targets (no blank, no repeat label)")
+            raise ValueError(
+                f"vocabulary {chars!r} does not match the loss: {type(module).__qualname__} takes "
+                "grapheme targets (no blank, no repeat label)"
+            )
         vocab = chars
     else:
         vocab = Vocabulary(char_list, blank=False, repeat_label=False)
     if module.target_classes != len(vocab.chars):
-        raise ValueError(f"loss.graphemes_to_idx: the loss reads {module.target_classes} graphemes but the data "
-                         f"has {len(vocab.chars)} characters")
+        raise ValueError(
+            f"loss.graphemes_to_idx: the loss reads {module.target_classes} graphemes but the data "
+            f"has {len(vocab.chars)} characters"
+        )
     return vocab
 
 
@@ -132,8 +144,10 @@ def _check_blank(loss: StructuredLoss) -> None:
     if getattr(loss, "target_classes", None) is not None:
         return  # the blank is an emission class of the loss, not a vocabulary id
     if loss.blank is not None and loss.blank != 0:
-        raise ValueError(f"loss.blank: the loss uses blank id {loss.blank} but the vocabulary puts the blank "
-                         "at id 0; remove the override or set loss.blank=0")
+        raise ValueError(
+            f"loss.blank: the loss uses blank id {loss.blank} but the vocabulary puts the blank "
+            "at id 0; remove the override or set loss.blank=0"
+        )
 
 
 def build_loss(
@@ -168,8 +182,9 @@ def build_loss(
 
     if isinstance(loss, StructuredLoss):
         module = loss
-        if (blank is not None and bool(blank) != (loss.blank is not None)) or \
-                (repeat_label is not None and bool(repeat_label) != loss.repeat_label):
+        if (blank is not None and bool(blank) != (loss.blank is not None)) or (
+            repeat_label is not None and bool(repeat_label) != loss.repeat_label
+        ):
             raise ValueError(
                 f"loss: {type(loss).__qualname__} states blank={loss.blank}, repeat_label={loss.repeat_label}, "
                 f"which contradicts blank={blank}, repeat_label={repeat_label}; set the convention on the loss "

@@ -264,8 +264,9 @@ class StructuredLossMixin:
         loss = self.compute_loss(emissions, lengths, targets, target_lengths)
         if self._skip_nonfinite(loss, batch_idx):
             return None  # Lightning skips backward and the optimizer step
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True,
-                 batch_size=inputs.shape[0], sync_dist=True)
+        self.log(
+            "train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=inputs.shape[0], sync_dist=True
+        )
         return loss
 
     def _skip_nonfinite(self, loss: torch.Tensor, batch_idx: int) -> bool:
@@ -290,13 +291,24 @@ class StructuredLossMixin:
             raise NonFiniteLossError(
                 f"non-finite training loss {value} at {where}; training stopped before the optimizer "
                 "step (lower optim.optimizer.lr, check the data, or set nonfinite.action=skip)",
-                step, batch_idx, epoch)
+                step,
+                batch_idx,
+                epoch,
+            )
         if self._nonfinite_run > limit:
             raise NonFiniteLossError(
                 f"non-finite training loss {value} at {where}: {self._nonfinite_run} batches in a row "
-                f"(nonfinite.max_consecutive={limit}); training stopped", step, batch_idx, epoch)
-        warnings.warn(f"non-finite training loss {value} at {where}: batch skipped "
-                      f"({self._nonfinite_run} in a row, at most {limit})", RuntimeWarning, stacklevel=2)
+                f"(nonfinite.max_consecutive={limit}); training stopped",
+                step,
+                batch_idx,
+                epoch,
+            )
+        warnings.warn(
+            f"non-finite training loss {value} at {where}: batch skipped "
+            f"({self._nonfinite_run} in a row, at most {limit})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return True
 
     def _eval_step(self, batch, prefix: str):
@@ -307,7 +319,8 @@ class StructuredLossMixin:
             texts = [self.vocabulary.decode_tokens(t[: int(n)].tolist()) for t, n in zip(targets, target_lengths)]
         preds = self.decode(emissions, lengths)
         cer, wer, mean = (
-            (self.val_cer, self.val_wer, self.val_loss_mean) if prefix == "val"
+            (self.val_cer, self.val_wer, self.val_loss_mean)
+            if prefix == "val"
             else (self.test_cer, self.test_wer, self.test_loss_mean)
         )
         cer.update(preds, texts)

@@ -56,8 +56,9 @@ class ConvRNNEncoder(nn.Module):
         channels = feature_dim
         for i in range(conv_layers):
             layers += [
-                nn.Conv1d(channels, conv_channels, kernel_size, stride=stride if i == 0 else 1,
-                          padding=kernel_size // 2),
+                nn.Conv1d(
+                    channels, conv_channels, kernel_size, stride=stride if i == 0 else 1, padding=kernel_size // 2
+                ),
                 nn.ReLU(),
             ]
             channels = conv_channels
@@ -65,7 +66,11 @@ class ConvRNNEncoder(nn.Module):
         self.stride = stride if conv_layers > 0 else 1
         rnn_cls = nn.GRU if rnn == "gru" else nn.LSTM
         self.rnn = rnn_cls(
-            channels, hidden_size, num_layers=rnn_layers, batch_first=True, bidirectional=True,
+            channels,
+            hidden_size,
+            num_layers=rnn_layers,
+            batch_first=True,
+            bidirectional=True,
             dropout=dropout if rnn_layers > 1 else 0.0,
         )
         self.dropout = nn.Dropout(dropout)
@@ -93,9 +98,7 @@ class ConvRNNEncoder(nn.Module):
                 h = h * mask[:, None, :].to(h.dtype)
         h = h.transpose(1, 2)  # (B, T', H)
         lengths = self.output_lengths(input_lengths.to(h.device)).clamp(min=1, max=h.shape[1])
-        packed = nn.utils.rnn.pack_padded_sequence(
-            h, lengths.cpu(), batch_first=True, enforce_sorted=False
-        )
+        packed = nn.utils.rnn.pack_padded_sequence(h, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = self.rnn(packed)
         out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=h.shape[1])
         # The output layer and log-softmax run in float32 even under autocast (bf16-mixed): the
@@ -177,14 +180,17 @@ class ConvTransduceEncoder(nn.Module):
             if letters is None:
                 letters = num_classes - 1
             if num_classes - 1 != letters:
-                raise ValueError(f"model.letters must be num_classes - 1 = {num_classes - 1} with the identity "
-                                 f"lexicon (model.lexicon: null), got {letters}")
+                raise ValueError(
+                    f"model.letters must be num_classes - 1 = {num_classes - 1} with the identity "
+                    f"lexicon (model.lexicon: null), got {letters}"
+                )
             lexicon = [[]] + [[j] for j in range(1, letters + 1)]
         else:
             lexicon = [[int(v) for v in entry] for entry in lexicon]
             if len(lexicon) != num_classes:
-                raise ValueError(f"model.lexicon must have one entry per output class ({num_classes}), "
-                                 f"got {len(lexicon)}")
+                raise ValueError(
+                    f"model.lexicon must have one entry per output class ({num_classes}), " f"got {len(lexicon)}"
+                )
             top = max((max(e) for e in lexicon if e), default=0)
             letters = top if letters is None else int(letters)
             if top > letters:
@@ -193,13 +199,31 @@ class ConvTransduceEncoder(nn.Module):
             raise ValueError(f"model.letters must be at least 1, got {letters}")
         self.letters = int(letters)
         self.num_classes = num_classes
-        self.encoder = ConvRNNEncoder(feature_dim, self.letters + 1, conv_channels=conv_channels,
-                                      conv_layers=conv_layers, kernel_size=kernel_size, stride=stride,
-                                      hidden_size=hidden_size, rnn_layers=rnn_layers, rnn=rnn, dropout=dropout,
-                                      log_softmax=True)
-        self.transduce = ConvTransduce1D(lexicon, transduce_kernel_size, transduce_stride, 0,
-                                         blank_optional=blank_optional, learn_params=learn_params, scale=scale,
-                                         normalize="none", viterbi=viterbi, spike=spike)
+        self.encoder = ConvRNNEncoder(
+            feature_dim,
+            self.letters + 1,
+            conv_channels=conv_channels,
+            conv_layers=conv_layers,
+            kernel_size=kernel_size,
+            stride=stride,
+            hidden_size=hidden_size,
+            rnn_layers=rnn_layers,
+            rnn=rnn,
+            dropout=dropout,
+            log_softmax=True,
+        )
+        self.transduce = ConvTransduce1D(
+            lexicon,
+            transduce_kernel_size,
+            transduce_stride,
+            0,
+            blank_optional=blank_optional,
+            learn_params=learn_params,
+            scale=scale,
+            normalize="none",
+            viterbi=viterbi,
+            spike=spike,
+        )
 
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
         letters, lengths = self.encoder(inputs, input_lengths)  # (B, T', letters + 1) log-probabilities

@@ -20,8 +20,12 @@ __all__ = ["SequenceModule", "check_hyperparameters", "HPARAM_SECTIONS"]
 
 #: hyper-parameter -> (config key in messages, kind of its ``_target_``); the other
 #: hyper-parameters must be plain data.
-HPARAM_SECTIONS = {"network": ("model", "model"), "loss": ("loss", "loss"),
-                   "optimizer": ("optim.optimizer", "optimizer"), "scheduler": ("optim.scheduler", "scheduler")}
+HPARAM_SECTIONS = {
+    "network": ("model", "model"),
+    "loss": ("loss", "loss"),
+    "optimizer": ("optim.optimizer", "optimizer"),
+    "scheduler": ("optim.scheduler", "scheduler"),
+}
 
 
 def check_hyperparameters(hparams: Mapping) -> None:
@@ -98,19 +102,34 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
     ):
         super().__init__()
         network, loss, optimizer, scheduler, nonfinite, decoder = map(
-            _plain, (network, loss, optimizer, scheduler, nonfinite, decoder))
+            _plain, (network, loss, optimizer, scheduler, nonfinite, decoder)
+        )
         self.save_hyperparameters(
-            {"network": network, "loss": loss, "chars": chars, "feature_dim": feature_dim,
-             "optimizer": optimizer, "scheduler": scheduler, "scheduler_interval": scheduler_interval,
-             "nonfinite": nonfinite, "decoder": decoder}
+            {
+                "network": network,
+                "loss": loss,
+                "chars": chars,
+                "feature_dim": feature_dim,
+                "optimizer": optimizer,
+                "scheduler": scheduler,
+                "scheduler_interval": scheduler_interval,
+                "nonfinite": nonfinite,
+                "decoder": decoder,
+            }
         )
         if not isinstance(network, Mapping) or "_target_" not in network:
             raise ValueError(f"model: expected a config with '_target_', got {network!r}")
         # every section checked before the first call
         check_hyperparameters(dict(self.hparams))
-        self.configure_structured_loss(loss, chars, optimizer=optimizer, scheduler=scheduler,
-                                       scheduler_interval=scheduler_interval, nonfinite=nonfinite,
-                                       decoder=decoder)
+        self.configure_structured_loss(
+            loss,
+            chars,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scheduler_interval=scheduler_interval,
+            nonfinite=nonfinite,
+            decoder=decoder,
+        )
         try:
             self.net: nn.Module = _trust.instantiate(
                 dict(network), "model", "model", feature_dim=feature_dim, num_classes=self.num_classes

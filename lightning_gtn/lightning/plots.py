@@ -41,8 +41,13 @@ def plot_training_curves(history: Mapping[str, Sequence[tuple[float, float]]], p
         x, y = zip(*series)
         ax = ax_err if name.endswith(("cer", "wer")) else ax_loss
         style = _STYLES.get(name.rsplit("/", 1)[-1], {})
-        ax.plot(x, y, marker=style.get("marker", "." if len(x) < 50 else None), label=name,
-                **{k: v for k, v in style.items() if k != "marker"})
+        ax.plot(
+            x,
+            y,
+            marker=style.get("marker", "." if len(x) < 50 else None),
+            label=name,
+            **{k: v for k, v in style.items() if k != "marker"},
+        )
     ax_loss.set_xlabel("step"), ax_loss.set_ylabel("loss"), ax_loss.set_title("loss")
     ax_err.set_xlabel("step"), ax_err.set_ylabel("error rate"), ax_err.set_title("validation error")
     ax_err.set_ylim(bottom=0)
@@ -69,8 +74,11 @@ def class_ticks(num_classes: int, path: Sequence[int], max_ticks: int = MAX_CLAS
     if len(on_path) >= max_ticks:
         keep = np.linspace(0, len(on_path) - 1, max_ticks).round().astype(int)
         return [on_path[i] for i in sorted(set(keep.tolist()))]
-    rest = [c for c in np.linspace(0, num_classes - 1, max_ticks - len(on_path)).round().astype(int).tolist()
-            if c not in on_path]
+    rest = [
+        c
+        for c in np.linspace(0, num_classes - 1, max_ticks - len(on_path)).round().astype(int).tolist()
+        if c not in on_path
+    ]
     # spread fillers must not crowd the path's classes: keep them a few rows away
     gap = max(2, num_classes // (2 * max_ticks))
     fill = [c for c in rest if all(abs(c - q) >= gap for q in on_path)]
@@ -112,15 +120,26 @@ def plot_alignments(
             ax = axes[rows * i]
             x = np.asarray(inputs[i])
             # the input's columns spread over the emissions' frames: both share the frame axis
-            ax.imshow(x.T, aspect="auto", cmap="gray_r", interpolation="nearest",
-                      extent=(-0.5, T - 0.5, x.shape[1] - 0.5, -0.5))
+            ax.imshow(
+                x.T,
+                aspect="auto",
+                cmap="gray_r",
+                interpolation="nearest",
+                extent=(-0.5, T - 0.5, x.shape[1] - 0.5, -0.5),
+            )
             ax.set_xlim(-0.5, T - 0.5)
             ax.set_title(titles[i], fontsize=9)
             ax.set_yticks([])
             ax.tick_params(axis="x", labelbottom=False)
         ax = axes[rows * i + rows - 1]
-        ax.imshow(e.T, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
-                  extent=(-0.5, T - 0.5, -0.5, C - 0.5))
+        ax.imshow(
+            e.T,
+            aspect="auto",
+            origin="lower",
+            cmap="viridis",
+            interpolation="nearest",
+            extent=(-0.5, T - 0.5, -0.5, C - 0.5),
+        )
         ax.set_xlim(-0.5, T - 0.5)
         p = np.asarray(paths[i])
         ax.plot(np.arange(len(p)), p, color="red", lw=1.2, marker=".", ms=3)

@@ -39,9 +39,17 @@ TEXT_CHARS = "abcdefghijklmnopqrstuvwxyz '"
 
 #: DejaVu Sans, Serif and Sans Mono in regular, bold, oblique/italic and bold oblique/italic
 DEFAULT_FONTS = (
-    "DejaVuSans", "DejaVuSans-Bold", "DejaVuSans-Oblique", "DejaVuSans-BoldOblique",
-    "DejaVuSerif", "DejaVuSerif-Bold", "DejaVuSerif-Italic", "DejaVuSerif-BoldItalic",
-    "DejaVuSansMono", "DejaVuSansMono-Bold", "DejaVuSansMono-Oblique",
+    "DejaVuSans",
+    "DejaVuSans-Bold",
+    "DejaVuSans-Oblique",
+    "DejaVuSans-BoldOblique",
+    "DejaVuSerif",
+    "DejaVuSerif-Bold",
+    "DejaVuSerif-Italic",
+    "DejaVuSerif-BoldItalic",
+    "DejaVuSansMono",
+    "DejaVuSansMono-Bold",
+    "DejaVuSansMono-Oblique",
     "DejaVuSansMono-BoldOblique",
 )
 
@@ -57,14 +65,22 @@ table chair book letter song story picture car train boat ship bridge tower cast
 market shop kitchen room apple bread cake cheese soup coffee tea milk box bag hat coat
 shoe ball kite clock lamp key map phone computer flower tree stone island""".split()
 _IRREGULAR_PLURALS = {
-    "mouse": "mice", "sheep": "sheep", "fish": "fish", "child": "children", "woman": "women",
-    "man": "men", "wolf": "wolves", "knife": "knives",
+    "mouse": "mice",
+    "sheep": "sheep",
+    "fish": "fish",
+    "child": "children",
+    "woman": "women",
+    "man": "men",
+    "wolf": "wolves",
+    "knife": "knives",
 }
-_ANIMATE = set("""
+_ANIMATE = set(
+    """
 cat dog bird fish horse cow sheep goat pig duck mouse rabbit fox wolf bear lion tiger monkey
 snake frog teacher doctor farmer baker driver singer writer painter player student child girl
 boy woman man king queen friend neighbour sister brother mother father pilot nurse cook
-soldier sailor""".split())
+soldier sailor""".split()
+)
 _ADJECTIVES = """
 big small old young new happy sad quiet loud quick slow tall short red green blue yellow
 black white brown dark bright warm cold hot wet dry clean dirty strong weak rich poor kind
@@ -73,31 +89,93 @@ soft hard sweet fresh strange famous lonely friendly funny proud shy curious car
 pretty ugly empty full broken golden silver wooden""".split()
 # transitive verbs: (base, third person singular, past)
 _VERBS_T = [
-    (v, v + "es" if v.endswith(("s", "sh", "ch", "x", "o")) else v[:-1] + "ies"
-     if v.endswith("y") and v[-2] not in "aeiou" else v + "s", p)
+    (
+        v,
+        v + "es"
+        if v.endswith(("s", "sh", "ch", "x", "o"))
+        else v[:-1] + "ies"
+        if v.endswith("y") and v[-2] not in "aeiou"
+        else v + "s",
+        p,
+    )
     for v, p in [
-        ("see", "saw"), ("find", "found"), ("like", "liked"), ("love", "loved"),
-        ("watch", "watched"), ("follow", "followed"), ("help", "helped"), ("call", "called"),
-        ("paint", "painted"), ("carry", "carried"), ("take", "took"), ("bring", "brought"),
-        ("buy", "bought"), ("sell", "sold"), ("build", "built"), ("open", "opened"),
-        ("close", "closed"), ("clean", "cleaned"), ("visit", "visited"), ("miss", "missed"),
-        ("push", "pushed"), ("pull", "pulled"), ("chase", "chased"), ("hide", "hid"),
-        ("keep", "kept"), ("want", "wanted"), ("need", "needed"), ("know", "knew"),
-        ("remember", "remembered"), ("forget", "forgot"), ("draw", "drew"), ("catch", "caught"),
-        ("throw", "threw"), ("wash", "washed"), ("fix", "fixed"), ("lose", "lost"),
-        ("meet", "met"), ("leave", "left"), ("hold", "held"), ("teach", "taught"),
+        ("see", "saw"),
+        ("find", "found"),
+        ("like", "liked"),
+        ("love", "loved"),
+        ("watch", "watched"),
+        ("follow", "followed"),
+        ("help", "helped"),
+        ("call", "called"),
+        ("paint", "painted"),
+        ("carry", "carried"),
+        ("take", "took"),
+        ("bring", "brought"),
+        ("buy", "bought"),
+        ("sell", "sold"),
+        ("build", "built"),
+        ("open", "opened"),
+        ("close", "closed"),
+        ("clean", "cleaned"),
+        ("visit", "visited"),
+        ("miss", "missed"),
+        ("push", "pushed"),
+        ("pull", "pulled"),
+        ("chase", "chased"),
+        ("hide", "hid"),
+        ("keep", "kept"),
+        ("want", "wanted"),
+        ("need", "needed"),
+        ("know", "knew"),
+        ("remember", "remembered"),
+        ("forget", "forgot"),
+        ("draw", "drew"),
+        ("catch", "caught"),
+        ("throw", "threw"),
+        ("wash", "washed"),
+        ("fix", "fixed"),
+        ("lose", "lost"),
+        ("meet", "met"),
+        ("leave", "left"),
+        ("hold", "held"),
+        ("teach", "taught"),
     ]
 ]
 _VERBS_I = [
-    (v, v + "es" if v.endswith(("s", "sh", "ch", "x", "o")) else v[:-1] + "ies"
-     if v.endswith("y") and v[-2] not in "aeiou" else v + "s", p)
+    (
+        v,
+        v + "es"
+        if v.endswith(("s", "sh", "ch", "x", "o"))
+        else v[:-1] + "ies"
+        if v.endswith("y") and v[-2] not in "aeiou"
+        else v + "s",
+        p,
+    )
     for v, p in [
-        ("sleep", "slept"), ("run", "ran"), ("walk", "walked"), ("sing", "sang"),
-        ("dance", "danced"), ("laugh", "laughed"), ("cry", "cried"), ("smile", "smiled"),
-        ("wait", "waited"), ("work", "worked"), ("play", "played"), ("swim", "swam"),
-        ("jump", "jumped"), ("fall", "fell"), ("sit", "sat"), ("stand", "stood"),
-        ("talk", "talked"), ("rest", "rested"), ("shout", "shouted"), ("arrive", "arrived"),
-        ("listen", "listened"), ("stay", "stayed"), ("travel", "travelled"), ("go", "went"),
+        ("sleep", "slept"),
+        ("run", "ran"),
+        ("walk", "walked"),
+        ("sing", "sang"),
+        ("dance", "danced"),
+        ("laugh", "laughed"),
+        ("cry", "cried"),
+        ("smile", "smiled"),
+        ("wait", "waited"),
+        ("work", "worked"),
+        ("play", "played"),
+        ("swim", "swam"),
+        ("jump", "jumped"),
+        ("fall", "fell"),
+        ("sit", "sat"),
+        ("stand", "stood"),
+        ("talk", "talked"),
+        ("rest", "rested"),
+        ("shout", "shouted"),
+        ("arrive", "arrived"),
+        ("listen", "listened"),
+        ("stay", "stayed"),
+        ("travel", "travelled"),
+        ("go", "went"),
     ]
 ]
 _ADVERBS = """
@@ -106,12 +184,18 @@ tonight again together alone carefully gently badly well outside inside""".split
 _PLACES_PREP = "in near under behind beside across over through into past".split()
 _WITH_PREP = "with without for".split()
 _DET_SING = ["the", "the", "the", "a", "this", "that", "every", "my", "your", "our", "her", "his"]
-_DET_PLUR = ["the", "the", "some", "many", "these", "those", "two", "three", "all the", "my",
-             "our", "their", "few"]
+_DET_PLUR = ["the", "the", "some", "many", "these", "those", "two", "three", "all the", "my", "our", "their", "few"]
 _PLACES = """house garden river road city village forest mountain lake field school market
 shop kitchen room bridge tower castle island park station""".split()
-_SUBJ_PRONOUNS = [("he", False), ("she", False), ("it", False), ("they", True), ("we", True),
-                  ("you", True), ("i", True)]
+_SUBJ_PRONOUNS = [
+    ("he", False),
+    ("she", False),
+    ("it", False),
+    ("they", True),
+    ("we", True),
+    ("you", True),
+    ("i", True),
+]
 
 
 def _plural(noun: str) -> str:
@@ -130,15 +214,13 @@ def vocabulary_words() -> list[str]:
     words |= {w for forms in _VERBS_T + _VERBS_I for w in forms}
     words |= set(_PLACES_PREP) | set(_WITH_PREP) | set(_PLACES)
     words |= {w for d in _DET_SING + _DET_PLUR for w in d.split()}
-    words |= {p for p, _ in _SUBJ_PRONOUNS} | {"and", "but", "did", "not", "doesn't",
-                                               "don't", "didn't", "a", "an"}
+    words |= {p for p, _ in _SUBJ_PRONOUNS} | {"and", "but", "did", "not", "doesn't", "don't", "didn't", "a", "an"}
     return sorted(words)
 
 
 def _noun_phrase(rng: np.random.Generator, plural: bool, nouns=_NOUNS) -> str:
     noun = nouns[rng.integers(len(nouns))]
-    words = [_DET_PLUR[rng.integers(len(_DET_PLUR))] if plural
-             else _DET_SING[rng.integers(len(_DET_SING))]]
+    words = [_DET_PLUR[rng.integers(len(_DET_PLUR))] if plural else _DET_SING[rng.integers(len(_DET_SING))]]
     if rng.random() < 0.45:
         words.append(_ADJECTIVES[rng.integers(len(_ADJECTIVES))])
     words.append(_plural(noun) if plural else noun)
@@ -157,15 +239,17 @@ def _clause(rng: np.random.Generator) -> str:
         subject = _noun_phrase(rng, plural, animate)
     tense = rng.choice(3, p=[0.5, 0.35, 0.15])  # present, past, negated
     transitive = rng.random() < 0.55
-    base, third, past = (_VERBS_T if transitive else _VERBS_I)[
-        rng.integers(len(_VERBS_T if transitive else _VERBS_I))]
+    base, third, past = (_VERBS_T if transitive else _VERBS_I)[rng.integers(len(_VERBS_T if transitive else _VERBS_I))]
     if tense == 0:
         verb = base if plural or subject == "i" else third
     elif tense == 1:
         verb = past
     else:
-        neg = ["didn't", "did not"][int(rng.random() < 0.3)] if rng.random() < 0.5 else (
-            "don't" if plural or subject == "i" else "doesn't")
+        neg = (
+            ["didn't", "did not"][int(rng.random() < 0.3)]
+            if rng.random() < 0.5
+            else ("don't" if plural or subject == "i" else "doesn't")
+        )
         verb = f"{neg} {base}"
     words = [subject, verb]
     if transitive:
@@ -194,8 +278,10 @@ def make_sentences(num: int, seed: int, max_chars: int = 40, exclude: Sequence[s
     while len(out) < num:
         tries += 1
         if tries > 50 * num + 1000:
-            raise ValueError(f"could not draw {num} distinct sentences of at most {max_chars} "
-                             f"characters (got {len(out)}); raise max_chars")
+            raise ValueError(
+                f"could not draw {num} distinct sentences of at most {max_chars} "
+                f"characters (got {len(out)}); raise max_chars"
+            )
         s = _clause(rng)
         if rng.random() < 0.2:
             s = f"{s} {['and', 'but'][int(rng.random() < 0.3)]} {_clause(rng)}"
@@ -277,8 +363,7 @@ def render_line(
     if slant:
         # x_src = x + slant * (y - baseline): rows above the baseline move right for slant > 0
         baseline = top + ascent
-        img = img.transform(img.size, Image.AFFINE, (1, slant, -slant * baseline, 0, 1, 0),
-                            resample=Image.BILINEAR)
+        img = img.transform(img.size, Image.AFFINE, (1, slant, -slant * baseline, 0, 1, 0), resample=Image.BILINEAR)
     if blur > 0:
         img = img.filter(ImageFilter.GaussianBlur(blur))
     x = np.asarray(img, dtype=np.float32) * (contrast / 255.0)
@@ -328,10 +413,16 @@ def make_text_lines(
     for text in sentences:
         face = fonts[int(rng.integers(len(fonts)))]
         img = render_line(
-            text, face, int(rng.integers(sizes[0], sizes[1] + 1)), height,
-            slant=float(rng.uniform(-slant, slant)), blur=float(rng.uniform(*blur)),
-            noise=noise, contrast=float(rng.uniform(*contrast)),
-            offset=int(rng.integers(-jitter, jitter + 1)), rng=rng,
+            text,
+            face,
+            int(rng.integers(sizes[0], sizes[1] + 1)),
+            height,
+            slant=float(rng.uniform(-slant, slant)),
+            blur=float(rng.uniform(*blur)),
+            noise=noise,
+            contrast=float(rng.uniform(*contrast)),
+            offset=int(rng.integers(-jitter, jitter + 1)),
+            rng=rng,
         )
         feats.append(np.ascontiguousarray(_pool_rows(img, downsample).T, dtype=np.float32))
         used.append(face)
@@ -340,8 +431,9 @@ def make_text_lines(
     return feats, list(sentences)
 
 
-def save_text_lines_png(features: Sequence[np.ndarray], texts: Sequence[str], path: str | os.PathLike,
-                        max_lines: int = 8) -> None:
+def save_text_lines_png(
+    features: Sequence[np.ndarray], texts: Sequence[str], path: str | os.PathLike, max_lines: int = 8
+) -> None:
     """Saves a picture of a few feature arrays ``(T, F)`` (as images, F rows) with their texts."""
     import matplotlib
 
@@ -420,9 +512,15 @@ class TextLinesDataModule(_BaseDataModule):
         self.max_chars = max_chars
         self.feature_dim = height // downsample
         self.render_args = dict(
-            fonts=fonts, sizes=(int(sizes[0]), int(sizes[1])), height=height,
-            downsample=downsample, slant=slant, blur=(float(blur[0]), float(blur[1])), noise=noise,
-            contrast=(float(contrast[0]), float(contrast[1])), jitter=jitter,
+            fonts=fonts,
+            sizes=(int(sizes[0]), int(sizes[1])),
+            height=height,
+            downsample=downsample,
+            slant=slant,
+            blur=(float(blur[0]), float(blur[1])),
+            noise=noise,
+            contrast=(float(contrast[0]), float(contrast[1])),
+            jitter=jitter,
         )
 
     def setup(self, stage: str | None = None) -> None:
@@ -430,14 +528,14 @@ class TextLinesDataModule(_BaseDataModule):
             return
         sentences = make_sentences(sum(self.sizes), self.seed, self.max_chars)
         n_train, n_val, _ = self.sizes
-        parts = (sentences[:n_train], sentences[n_train:n_train + n_val],
-                 sentences[n_train + n_val:])
+        parts = (sentences[:n_train], sentences[n_train : n_train + n_val], sentences[n_train + n_val :])
         sets = []
         #: per split, the face of each line
         self.fonts_used = {}
         for k, (name, part) in enumerate(zip(("train", "val", "test"), parts)):
-            feats, texts, used = make_text_lines(part, seed=self.seed * 1000 + k + 1,
-                                                 return_fonts=True, **self.render_args)
+            feats, texts, used = make_text_lines(
+                part, seed=self.seed * 1000 + k + 1, return_fonts=True, **self.render_args
+            )
             self.fonts_used[name] = used
             sets.append(SequenceDataset(feats, texts))
         self.train_set, self.val_set, self.test_set = sets

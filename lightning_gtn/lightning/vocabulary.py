@@ -76,10 +76,7 @@ class Vocabulary:
         return self.num_classes
 
     def __repr__(self) -> str:
-        return (
-            f"Vocabulary({''.join(self.chars)!r}, blank={self.blank}, "
-            f"repeat_label={self.repeat_label})"
-        )
+        return f"Vocabulary({''.join(self.chars)!r}, blank={self.blank}, " f"repeat_label={self.repeat_label})"
 
     def encode(self, text: str) -> list[int]:
         """Text to target ids (no blanks; repeats replaced by the repeat token if enabled).

@@ -226,8 +226,10 @@ def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NG
                 # the word string is stored: count it (a line may hold one very long word)
                 used += sys.getsizeof(w) + BYTES_PER_WORD
                 if used > max_bytes:
-                    raise ValueError(f"ARPA line {no}: the words read so far take about {used} bytes "
-                                     f"with the declared n-grams, over max_bytes={max_bytes}")
+                    raise ValueError(
+                        f"ARPA line {no}: the words read so far take about {used} bytes "
+                        f"with the declared n-grams, over max_bytes={max_bytes}"
+                    )
                 ids[w] = len(words)
                 words.append(w)
                 g = (ids[w],)
@@ -236,13 +238,21 @@ def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NG
                     g = tuple(ids[w] for w in f[1 : n + 1])
                 except KeyError as e:
                     raise ValueError(f"ARPA line {no}: word {e.args[0][:60]!r} has no unigram") from None
-            if math.isnan(p) or p > 0 or p == math.inf or (p < MIN_LOG10_PROB and not (
-                    p == -math.inf and n == 1 and f[1] == BOS)):
-                raise ValueError(f"ARPA line {no}: log10 probability {f[0][:40]!r} must be in "
-                                 f"[{MIN_LOG10_PROB:g}, 0] (or -inf for <s>)")
+            if (
+                math.isnan(p)
+                or p > 0
+                or p == math.inf
+                or (p < MIN_LOG10_PROB and not (p == -math.inf and n == 1 and f[1] == BOS))
+            ):
+                raise ValueError(
+                    f"ARPA line {no}: log10 probability {f[0][:40]!r} must be in "
+                    f"[{MIN_LOG10_PROB:g}, 0] (or -inf for <s>)"
+                )
             if not MIN_LOG10_PROB <= b <= MAX_LOG10_BACKOFF:
-                raise ValueError(f"ARPA line {no}: log10 back-off weight {f[n + 1][:40]!r} must be in "
-                                 f"[{MIN_LOG10_PROB:g}, {MAX_LOG10_BACKOFF:g}]")
+                raise ValueError(
+                    f"ARPA line {no}: log10 back-off weight {f[n + 1][:40]!r} must be in "
+                    f"[{MIN_LOG10_PROB:g}, {MAX_LOG10_BACKOFF:g}]"
+                )
             if n > 1 and g in table:
                 raise ValueError(f"ARPA line {no}: the {n}-gram {' '.join(f[1 : n + 1])[:60]!r} repeats")
             table[g] = (p * LN10, b * LN10 if n < N else 0.0)

@@ -17,7 +17,7 @@ import itertools
 import json
 import os
 import sys
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 from .estimate import estimate, perplexity
 
@@ -129,8 +129,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ValueError, TypeError, OSError) as e:
         print(f"lightning-gtn-lm: error: {e}", file=sys.stderr)
         return 2
-    result = {"out": args.out, "order": lm.order, "ngrams": lm.counts(), "words": len(lm.words),
-              "train_perplexity": perplexity(lm, sentences)}
+    result = {
+        "out": args.out,
+        "order": lm.order,
+        "ngrams": lm.counts(),
+        "words": len(lm.words),
+        "train_perplexity": perplexity(lm, sentences),
+    }
     print(json.dumps(result))
     return 0
 

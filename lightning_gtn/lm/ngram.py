@@ -248,7 +248,9 @@ class NGramLM:
                 if p > 1e-6:
                     raise ValueError(f"ngrams[{n - 1}]: {tuple(W[i] for i in g)!r}: ln probability {p} is above 0")
                 if bos in g[1:] or eos in g[:-1]:
-                    raise ValueError(f"ngrams[{n - 1}]: {tuple(W[i] for i in g)!r}: <s> may only begin and </s> only end an n-gram")
+                    raise ValueError(
+                        f"ngrams[{n - 1}]: {tuple(W[i] for i in g)!r}: <s> may only begin and </s> only end an n-gram"
+                    )
                 if n > 1 and g[-1] == bos:
                     raise ValueError(f"ngrams[{n - 1}]: {tuple(W[i] for i in g)!r}: <s> is never predicted")
         key = (bos,)
@@ -407,7 +409,7 @@ class NGramLM:
         S = len(hists)
 
         def longest_state(g: tuple) -> int:
-            g = g[-(N - 1):] if N > 1 else ()
+            g = g[-(N - 1) :] if N > 1 else ()
             while g not in state_of:
                 g = g[1:]
             return state_of[g]

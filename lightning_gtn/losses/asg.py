@@ -7,10 +7,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..kernels import dense_torch
-from ..core import criterion, checks
+from ..core import checks, criterion
 from ..core.criterion_graphs import compiled_asg_full, compiled_asg_target
 from ..core.scoring import Plan, normalised_plan, reduce_losses, score, unique_graphs
+from ..kernels import dense_torch
 
 __all__ = ["asg_loss"]
 
@@ -120,5 +120,6 @@ def asg_loss(
         return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
     tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
     il = checks.int_tensor(input_lengths, "input_lengths")
-    return criterion.structured_loss(emissions, transitions, tg, il, tl, kind="asg", reduction=reduction,
-                                zero_infinity=zero_infinity, impl=impl)
+    return criterion.structured_loss(
+        emissions, transitions, tg, il, tl, kind="asg", reduction=reduction, zero_infinity=zero_infinity, impl=impl
+    )

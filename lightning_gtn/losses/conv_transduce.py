@@ -39,20 +39,34 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import wfst as _wfst
-from ..core import dispatch, checks
+from ..core import checks, dispatch
+from ..core.scoring import pick_impl
 from ..kernels import graph_torch, graph_triton
 from ..kernels.batch import GraphBatch, compile_graph
-from ..core.scoring import pick_impl
 
-__all__ = ["kernel_graph", "min_kernel_size", "conv_transduce1d", "KernelBank", "kernel_bank", "conv_transduce_op",
-           "SCALES", "NORMALIZATIONS"]
+__all__ = [
+    "kernel_graph",
+    "min_kernel_size",
+    "conv_transduce1d",
+    "KernelBank",
+    "kernel_bank",
+    "conv_transduce_op",
+    "SCALES",
+    "NORMALIZATIONS",
+]
 
 SCALES = ("none", "sqrt", "linear")
 NORMALIZATIONS = ("none", "pre", "post")
 
 
-def kernel_graph(tokens: Sequence[int], blank_idx: int, blank_optional: bool = True, spike: bool = False,
-                 calc_grad: bool = False, gtn=None):
+def kernel_graph(
+    tokens: Sequence[int],
+    blank_idx: int,
+    blank_optional: bool = True,
+    spike: bool = False,
+    calc_grad: bool = False,
+    gtn=None,
+):
     """The kernel acceptor of one lexicon entry (the research code's ``make_kernel_graph``).
 
     Node 0 starts and loops on the blank. Token ``i`` of ``tokens`` owns nodes ``2i + 1`` (the
@@ -169,8 +183,7 @@ class KernelBank:
         self.blank_idx = _check_int(blank_idx, "blank_idx", 0)
         self.blank_optional = bool(blank_optional)
         self.spike = bool(spike)
-        graphs = [compile_graph(kernel_graph(x, self.blank_idx, self.blank_optional, self.spike))
-                  for x in self.lexicon]
+        graphs = [compile_graph(kernel_graph(x, self.blank_idx, self.blank_optional, self.spike)) for x in self.lexicon]
         self.graphs: list = graphs
         self.batch = GraphBatch(graphs)
         self.num_arcs = self.batch.num_arcs
@@ -331,8 +344,9 @@ def _viterbi_forward(bank: KernelBank, E: torch.Tensor, w: torch.Tensor):
     return score, arcs, labels
 
 
-def _state(bank: KernelBank, E: torch.Tensor, w: torch.Tensor, impl: str, alpha: torch.Tensor,
-           logz: torch.Tensor) -> dispatch.State:
+def _state(
+    bank: KernelBank, E: torch.Tensor, w: torch.Tensor, impl: str, alpha: torch.Tensor, logz: torch.Tensor
+) -> dispatch.State:
     """The :class:`._dispatch.State` of a forward of the op, rebuilt from its saved tensors."""
     W, K, _ = E.shape
     p = bank.problem(W, K)
@@ -353,8 +367,9 @@ def _state(bank: KernelBank, E: torch.Tensor, w: torch.Tensor, impl: str, alpha:
 
 
 @torch.library.custom_op("lightning_gtn::conv_transduce", mutates_args=())
-def conv_transduce_op(windows: Tensor, weights: Tensor, handle: int, viterbi: bool,
-                      impl: str) -> Tuple[Tensor, Tensor, Tensor]:
+def conv_transduce_op(
+    windows: Tensor, weights: Tensor, handle: int, viterbi: bool, impl: str
+) -> Tuple[Tensor, Tensor, Tensor]:
     """Scores ``(W, G)`` of windows ``(W, K, C)`` against the kernels of bank ``handle``, and what
     the backward needs: the forward's alphas (flat) and an empty tensor, or with ``viterbi`` the
     best paths' arcs and labels ``(K, W, G)`` int64."""
@@ -381,9 +396,19 @@ def _conv_transduce_fake(windows, weights, handle, viterbi, impl):
 
 
 @torch.library.custom_op("lightning_gtn::conv_transduce_backward", mutates_args=())
-def conv_transduce_backward_op(grad: Tensor, windows: Tensor, weights: Tensor, scores: Tensor, saved1: Tensor,
-                               saved2: Tensor, handle: int, viterbi: bool, impl: str, need_e: bool,
-                               need_w: bool) -> Tuple[Tensor, Tensor]:
+def conv_transduce_backward_op(
+    grad: Tensor,
+    windows: Tensor,
+    weights: Tensor,
+    scores: Tensor,
+    saved1: Tensor,
+    saved2: Tensor,
+    handle: int,
+    viterbi: bool,
+    impl: str,
+    need_e: bool,
+    need_w: bool,
+) -> Tuple[Tensor, Tensor]:
     """``(d<scores, grad>/d windows, d<scores, grad>/d weights)``; an unrequested one is empty.
     Pairs without a path (``-inf``) pass no gradient."""
     bank = _bank(handle)
@@ -408,10 +433,13 @@ def conv_transduce_backward_op(grad: Tensor, windows: Tensor, weights: Tensor, s
 
 
 @conv_transduce_backward_op.register_fake
-def _conv_transduce_backward_fake(grad, windows, weights, scores, saved1, saved2, handle, viterbi, impl, need_e,
-                                  need_w):
-    return (torch.empty_like(windows) if need_e else windows.new_empty(0),
-            torch.empty_like(weights) if need_w else weights.new_empty(0))
+def _conv_transduce_backward_fake(
+    grad, windows, weights, scores, saved1, saved2, handle, viterbi, impl, need_e, need_w
+):
+    return (
+        torch.empty_like(windows) if need_e else windows.new_empty(0),
+        torch.empty_like(weights) if need_w else weights.new_empty(0),
+    )
 
 
 def _setup(ctx, inputs, output):
@@ -428,8 +456,7 @@ def _backward(ctx, grad, _g1, _g2):
         return None, None, None, None, None
     windows, weights, scores, s1, s2 = ctx.saved_tensors
     handle, viterbi, impl = ctx.args
-    gE, gw = conv_transduce_backward_op(grad, windows, weights, scores, s1, s2, handle, viterbi, impl,
-                                        need_e, need_w)
+    gE, gw = conv_transduce_backward_op(grad, windows, weights, scores, s1, s2, handle, viterbi, impl, need_e, need_w)
     return (gE if need_e else None), (gw if need_w else None), None, None, None
 
 
@@ -439,11 +466,17 @@ conv_transduce_op.register_autograd(_backward, setup_context=_setup)
 def _weights_for(bank: KernelBank, kernel_params: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     if kernel_params is None:
         return torch.zeros(bank.num_arcs, dtype=like.dtype, device=like.device)
-    if not isinstance(kernel_params, torch.Tensor) or kernel_params.dim() != 1 \
-            or kernel_params.shape[0] != bank.num_arcs or not kernel_params.is_floating_point():
+    if (
+        not isinstance(kernel_params, torch.Tensor)
+        or kernel_params.dim() != 1
+        or kernel_params.shape[0] != bank.num_arcs
+        or not kernel_params.is_floating_point()
+    ):
         shape = tuple(kernel_params.shape) if isinstance(kernel_params, torch.Tensor) else type(kernel_params).__name__
-        raise ValueError(f"kernel_params must be a float tensor of shape (num_arcs,) = ({bank.num_arcs},) "
-                         f"(one weight per kernel arc), got {shape}")
+        raise ValueError(
+            f"kernel_params must be a float tensor of shape (num_arcs,) = ({bank.num_arcs},) "
+            f"(one weight per kernel arc), got {shape}"
+        )
     return kernel_params.to(device=like.device, dtype=like.dtype)
 
 
@@ -503,8 +536,9 @@ def conv_transduce1d(
     kernel_size = _check_int(kernel_size, "kernel_size", 1)
     stride = _check_int(stride, "stride", 1)
     if kernel_size % 2 != 1:
-        raise ValueError(f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both sides), "
-                         f"got {kernel_size}")
+        raise ValueError(
+            f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both sides), " f"got {kernel_size}"
+        )
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     if normalize not in NORMALIZATIONS:
@@ -514,11 +548,15 @@ def conv_transduce1d(
     bank = lexicon if isinstance(lexicon, KernelBank) else kernel_bank(lexicon, blank_idx, blank_optional, spike)
     need = bank.min_size
     if kernel_size < need:
-        raise ValueError(f"kernel_size must be at least {need} for this lexicon (an entry's length plus one "
-                         f"frame per repeated neighbour), got {kernel_size}")
+        raise ValueError(
+            f"kernel_size must be at least {need} for this lexicon (an entry's length plus one "
+            f"frame per repeated neighbour), got {kernel_size}"
+        )
     if bank.max_label >= C:
-        raise ValueError(f"inputs must have C_in greater than every lexicon id and blank_idx: the kernels read "
-                         f"input class {bank.max_label}, but inputs has C_in={C} (shape {(B, T, C)})")
+        raise ValueError(
+            f"inputs must have C_in greater than every lexicon id and blank_idx: the kernels read "
+            f"input class {bank.max_label}, but inputs has C_in={C} (shape {(B, T, C)})"
+        )
     dtype = checks.compute_dtype(inputs)
     need_bytes = conv_bytes(B, T, C, kernel_size, stride, bank.num_arcs, torch.finfo(dtype).bits // 8)
     if need_bytes > MAX_CONV_BYTES:

@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..core import criterion, checks
+from ..core import checks, criterion
 from ..core.criterion_graphs import compiled_ctc
 from ..core.scoring import Plan, reduce_losses, unique_graphs
 
@@ -91,5 +91,15 @@ def ctc_loss(
         return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
     tg, tl = checks.targets_tensors(targets, target_lengths, B, log_probs.device)
     il = checks.int_tensor(input_lengths, "input_lengths")
-    return criterion.structured_loss(log_probs, None, tg, il, tl, kind="ctc", blank=blank, reduction=reduction,
-                                zero_infinity=zero_infinity, impl=impl)
+    return criterion.structured_loss(
+        log_probs,
+        None,
+        tg,
+        il,
+        tl,
+        kind="ctc",
+        blank=blank,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
+    )

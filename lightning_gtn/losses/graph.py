@@ -7,10 +7,10 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..wfst import Graph
-from ..core import criterion, checks
+from ..core import checks, criterion
 from ..core.criterion_graphs import compiled_user_graph
 from ..core.scoring import Plan, pick_impl
+from ..wfst import Graph
 
 __all__ = ["graph_loss", "compile_criteria", "check_labels"]
 
@@ -31,11 +31,13 @@ class _GraphLossFunction(torch.autograd.Function):
     """``out`` of :func:`graph_loss` (reduced inside, see :func:`._ops.run_loss`)."""
 
     @staticmethod
-    def forward(ctx, emissions, arc_weights, crit, lengths, divisors, reduction, zero_infinity, impl, need_w,
-                graphs, arc_off):
+    def forward(
+        ctx, emissions, arc_weights, crit, lengths, divisors, reduction, zero_infinity, impl, need_w, graphs, arc_off
+    ):
         need_e = bool(ctx.needs_input_grad[0])
-        out, gE, gw = criterion.run_loss(crit, emissions, arc_weights, None, lengths, divisors, 0, reduction,
-                                    zero_infinity, impl, need_e, need_w)
+        out, gE, gw = criterion.run_loss(
+            crit, emissions, arc_weights, None, lengths, divisors, 0, reduction, zero_infinity, impl, need_e, need_w
+        )
         ctx.save_for_backward(emissions, arc_weights)
         ctx.gE, ctx.gw = gE, gw
         ctx.args = (crit, lengths, reduction, zero_infinity, impl, need_w, graphs, arc_off)
@@ -98,8 +100,9 @@ def check_labels(cg, C: int, name: str):
     ValueError naming ``name``. The kernels index emissions with these labels."""
     if cg.max_label >= C or (cg.num_arcs and cg.label.min() < -1):
         bad = cg.max_label if cg.max_label >= C else int(cg.label.min())
-        raise ValueError(f"{name}: arc label {bad} out of range; labels must lie in [0, C) with C={C} "
-                         "(or be -1 for epsilon)")
+        raise ValueError(
+            f"{name}: arc label {bad} out of range; labels must lie in [0, C) with C={C} " "(or be -1 for epsilon)"
+        )
     return cg
 
 
@@ -160,14 +163,16 @@ def graph_loss(
     if checks.check_impl(impl) == "gtn":
         raise ValueError("graph_loss: impl='gtn' is not available; use None, 'numba', 'numba_log', 'torch' or 'triton'")
     dev = emissions.device
-    lengths = (np.full(B, T, dtype=np.int64) if input_lengths is None
-               else checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T))
+    lengths = (
+        np.full(B, T, dtype=np.int64)
+        if input_lengths is None
+        else checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
+    )
     divisors = None
     if target_lengths is not None:
         divisors = checks.as_lengths(target_lengths, B, "target_lengths", dev)
     elif targets is not None:
-        divisors = np.asarray([len(t) for t in checks.split_targets(targets, None, B, dev, 2**62)],
-                              dtype=np.int64)
+        divisors = np.asarray([len(t) for t in checks.split_targets(targets, None, B, dev, 2**62)], dtype=np.int64)
     nums = _as_graph_list(graphs, B, "graphs")
     dens = None if denominators is None else _as_graph_list(denominators, B, "denominators")
     impl = pick_impl(emissions, impl)
@@ -196,6 +201,17 @@ def graph_loss(
     if need_w and not w.requires_grad:
         # only graphs with calc_grad want the gradient: a private leaf makes autograd call backward
         w = w.detach().requires_grad_(True)
-    out = _GraphLossFunction.apply(x, w, _FixedPlan(plan), lengths, divisors, reduction, bool(zero_infinity),
-                                   impl, need_w, order, plan.batch.arc_off)
+    out = _GraphLossFunction.apply(
+        x,
+        w,
+        _FixedPlan(plan),
+        lengths,
+        divisors,
+        reduction,
+        bool(zero_infinity),
+        impl,
+        need_w,
+        order,
+        plan.batch.arc_off,
+    )
     return out.to(emissions.dtype)

@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..core import criterion, checks
+from ..core import checks, criterion
 from ..core.criterion_graphs import compiled_all_paths, compiled_force_align
 from ..core.scoring import normalised_plan, reduce_losses
 
@@ -68,5 +68,6 @@ def sequence_loss(
         return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
     tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
     il = checks.int_tensor(input_lengths, "input_lengths")
-    return criterion.structured_loss(emissions, None, tg, il, tl, kind="seq", reduction=reduction,
-                                zero_infinity=zero_infinity, impl=impl)
+    return criterion.structured_loss(
+        emissions, None, tg, il, tl, kind="seq", reduction=reduction, zero_infinity=zero_infinity, impl=impl
+    )

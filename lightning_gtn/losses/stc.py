@@ -39,12 +39,12 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..core import criterion, checks
-from ..kernels import stc_chain
 from .. import wfst as _wfst
+from ..core import checks, criterion
 from ..core.criterion_graphs import cached, target_key
-from ..kernels.batch import compile_graph
 from ..core.scoring import Plan, unique_graphs
+from ..kernels import stc_chain
+from ..kernels.batch import compile_graph
 
 __all__ = ["stc_loss", "stc_graph", "stc_emissions"]
 
@@ -111,7 +111,7 @@ def stc_emissions(emissions: torch.Tensor, blank: int, log_p: Union[float, torch
     tensor) is added to all star columns. Differentiable torch ops.
     """
     C = emissions.shape[-1]
-    tokens = torch.cat([emissions[..., :blank], emissions[..., blank + 1:]], dim=-1)  # (B, T, C - 1)
+    tokens = torch.cat([emissions[..., :blank], emissions[..., blank + 1 :]], dim=-1)  # (B, T, C - 1)
     # A frame whose tokens are all -inf (log 0) has star = -inf and star - star = NaN: such
     # frames are computed on zeros and masked to -inf, so neither values nor gradients see a NaN.
     dead = (tokens == float("-inf")).all(dim=-1, keepdim=True)
@@ -168,7 +168,7 @@ def _star_grad(x: torch.Tensor, g_aug: torch.Tensor, blank: int):
     p = torch.exp(xm - star)  # 0 at the blank and in dead frames
     r = p / (1.0 + STC_EPS - p)
     g_tok = g_cols.masked_fill(~tok, 0.0)
-    coef = g_cols[..., blank: blank + 1] + (g_tok * (1.0 + r)).sum(-1, keepdim=True)
+    coef = g_cols[..., blank : blank + 1] + (g_tok * (1.0 + r)).sum(-1, keepdim=True)
     return g_in + p * coef - g_tok * r, g_cols.sum(dim=(1, 2))
 
 
@@ -192,8 +192,18 @@ class _STCChain(criterion.Criterion):
             sub = torch.from_numpy(redo)
             x = E[sub].contiguous()
             aug = stc_emissions(x, blank, log_p)
-            l2, g_aug, _ = criterion.Criterion.score(criterion.CRITERIA["stc"], aug, None, [seqs[i] for i in redo],
-                                                lengths[redo], blank, "numba", False, need, None)
+            l2, g_aug, _ = criterion.Criterion.score(
+                criterion.CRITERIA["stc"],
+                aug,
+                None,
+                [seqs[i] for i in redo],
+                lengths[redo],
+                blank,
+                "numba",
+                False,
+                need,
+                None,
+            )
             losses[sub] = l2
             if need:
                 g_x, g_lp = _star_grad(x, g_aug, blank)
@@ -217,8 +227,10 @@ criterion.CRITERIA["stc_chain"] = _STCChain()
 def _check_p(p):
     if isinstance(p, torch.Tensor):
         if p.dim() != 0 or not p.is_floating_point():
-            raise ValueError(f"p must be a positive float or a 0-dim float tensor, got a tensor of shape "
-                             f"{tuple(p.shape)} and dtype {p.dtype}")
+            raise ValueError(
+                f"p must be a positive float or a 0-dim float tensor, got a tensor of shape "
+                f"{tuple(p.shape)} and dtype {p.dtype}"
+            )
         return torch.log(p)
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not (math.isfinite(p) and p > 0):
         raise ValueError(f"p must be a positive finite number (the token insertion penalty), got {p!r}")
@@ -291,10 +303,21 @@ def stc_loss(
     x = emissions.to(checks.compute_dtype(emissions))
     if x.device.type == "cpu" and impl in (None, "numba"):  # the chains, star columns inside
         lp = log_p.reshape(1) if isinstance(log_p, torch.Tensor) else torch.tensor([log_p], dtype=torch.float64)
-        out = criterion.structured_loss(x, lp.to(x.dtype), tg, il, tl, kind="stc_chain", blank=blank,
-                                   reduction=reduction, zero_infinity=zero_infinity, impl=impl)
+        out = criterion.structured_loss(
+            x,
+            lp.to(x.dtype),
+            tg,
+            il,
+            tl,
+            kind="stc_chain",
+            blank=blank,
+            reduction=reduction,
+            zero_infinity=zero_infinity,
+            impl=impl,
+        )
     else:
         x = stc_emissions(x, blank, log_p)
-        out = criterion.structured_loss(x, None, tg, il, tl, kind="stc", blank=blank, reduction=reduction,
-                                   zero_infinity=zero_infinity, impl=impl)
+        out = criterion.structured_loss(
+            x, None, tg, il, tl, kind="stc", blank=blank, reduction=reduction, zero_infinity=zero_infinity, impl=impl
+        )
     return out.to(emissions.dtype)

@@ -37,17 +37,18 @@ import numpy as np
 import torch
 
 from .. import wfst as _wfst
-from ..wfst import Graph
-from ..kernels import dense_torch, dense_numba, transducer_hubs
-from ..core import criterion, checks
-from ..kernels.batch import CompiledGraph, compile_graph
+from ..core import checks, criterion
+from ..core.best_path import best_paths_op, max_semiring_paths, refuse_nan
 from ..core.scoring import Plan, normalised_plan, unique_graphs
 from ..core.scoring import score as _score_plan_full
-from ..core.best_path import best_paths_op, max_semiring_paths, refuse_nan
+from ..kernels import dense_numba, dense_torch, transducer_hubs
+from ..kernels.batch import CompiledGraph, compile_graph
+from ..wfst import Graph
 
 
 def _score_plan(plan, E, w, impl, need_e, w_coef):
     return _score_plan_full(plan, E, w, impl, False, need_e, w_coef)
+
 
 def _combine(logz, num_loss, zero_infinity: bool):
     """``(losses, feasible mask, its float)`` of a dense normaliser and the numerators; no path
@@ -76,8 +77,14 @@ def _is_research_bigram(crit, num_nodes: int) -> bool:
     return bool(np.array_equal(crit.t_src, src) and np.array_equal(crit.t_dst, dst) and np.array_equal(crit.t_il, il))
 
 
-__all__ = ["transducer_loss", "transitions_graph", "segment", "transducer_criterion", "TransducerCriterion",
-           "BLANK_MODES"]
+__all__ = [
+    "transducer_loss",
+    "transitions_graph",
+    "segment",
+    "transducer_criterion",
+    "TransducerCriterion",
+    "BLANK_MODES",
+]
 
 #: the research code's ``blank`` options
 BLANK_MODES = ("none", "optional", "forced")
@@ -123,10 +130,12 @@ def transitions_graph(ngram: int, num_classes: int, calc_grad: bool = False) -> 
     ngram, C = _check_ngram(ngram, allow_zero=False), int(num_classes)
     if C < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    total = sum(C ** n for n in range(1, ngram + 1))
+    total = sum(C**n for n in range(1, ngram + 1))
     if total > MAX_TRANSITION_ARCS:
-        raise ValueError(f"ngram={ngram} over {C} classes makes {total} arcs, more than "
-                         f"MAX_TRANSITION_ARCS={MAX_TRANSITION_ARCS}")
+        raise ValueError(
+            f"ngram={ngram} over {C} classes makes {total} arcs, more than "
+            f"MAX_TRANSITION_ARCS={MAX_TRANSITION_ARCS}"
+        )
     if total * BYTES_PER_TRANSITION_ARC > MAX_TRANSITION_BYTES:
         raise ValueError(
             f"ngram={ngram} over {C} classes makes {total} transition arcs, about "
@@ -139,11 +148,11 @@ def transitions_graph(ngram: int, num_classes: int, calc_grad: bool = False) -> 
         off.append(off[-1] + C ** (n - 1))
     srcs, dsts, labs = [], [], []
     for n in range(1, ngram):
-        idx = np.arange(C ** n, dtype=np.int64)
+        idx = np.arange(C**n, dtype=np.int64)
         srcs.append(off[n - 1] + idx // C)
         dsts.append(off[n] + idx)
         labs.append(idx % C)
-    idx = np.arange(C ** ngram, dtype=np.int64)
+    idx = np.arange(C**ngram, dtype=np.int64)
     srcs.append(off[ngram - 1] + idx // C)
     dsts.append(off[ngram - 1] + idx % (C ** (ngram - 1)))
     labs.append(idx % C)
@@ -289,8 +298,9 @@ def _check_blank(blank, allow_repeats) -> str:
     if not isinstance(blank, str) or blank not in BLANK_MODES:
         raise ValueError(f"blank must be one of {BLANK_MODES}, got {blank!r}")
     if not allow_repeats and blank != "optional":
-        raise ValueError("allow_repeats=False needs blank='optional' (as in the research code), "
-                         f"got blank={blank!r}")
+        raise ValueError(
+            "allow_repeats=False needs blank='optional' (as in the research code), " f"got blank={blank!r}"
+        )
     return blank
 
 
@@ -337,8 +347,16 @@ class TransducerCriterion(criterion.Criterion):
         cache_size: compiled numerator graphs kept (least recently used dropped first).
     """
 
-    def __init__(self, tokens, num_graphemes: int, blank: str = "none", allow_repeats: bool = True,
-                 decompositions: bool = True, transitions: Optional[Graph] = None, cache_size: int = 4096):
+    def __init__(
+        self,
+        tokens,
+        num_graphemes: int,
+        blank: str = "none",
+        allow_repeats: bool = True,
+        decompositions: bool = True,
+        transitions: Optional[Graph] = None,
+        cache_size: int = 4096,
+    ):
         self.tokens = tuple(tuple(int(g) for g in t) for t in tokens)
         self.num_graphemes = int(num_graphemes)
         self.blank_mode = _check_blank(blank, allow_repeats)
@@ -358,8 +376,10 @@ class TransducerCriterion(criterion.Criterion):
             il = np.asarray(a.ilabel, dtype=np.int64)
             if len(il) and (il.max() >= self.C or il.min() < -1):
                 bad = int(il.max()) if il.max() >= self.C else int(il.min())
-                raise ValueError(f"transitions: label {bad} out of range; arcs read frame labels in [0, C) "
-                                 f"with C={self.C} (tokens plus blank) or epsilon")
+                raise ValueError(
+                    f"transitions: label {bad} out of range; arcs read frame labels in [0, C) "
+                    f"with C={self.C} (tokens plus blank) or epsilon"
+                )
             self.num_arcs = len(il)
             self.t_src = np.asarray(a.src, dtype=np.int64)
             self.t_dst = np.asarray(a.dst, dtype=np.int64)
@@ -379,13 +399,18 @@ class TransducerCriterion(criterion.Criterion):
             self.num_arcs = 0
         # the unigram graph (one start and accept node, one self-loop per label in label order):
         # its normaliser is dense
-        self.dense_unigram = (transitions is not None and self.num_arcs == self.C
-                              and transitions.num_nodes() == 1 and bool(self.t_accept[0]) and self.t_start == [0]
-                              and np.array_equal(self.t_il, np.arange(self.C)))
+        self.dense_unigram = (
+            transitions is not None
+            and self.num_arcs == self.C
+            and transitions.num_nodes() == 1
+            and bool(self.t_accept[0])
+            and self.t_start == [0]
+            and np.array_equal(self.t_il, np.arange(self.C))
+        )
         # the research bigram graph (``transitions_graph(2, C)``): its normaliser is ASG's fully
         # connected recursion with start weights, plus end weights, scored by :mod:`._asg_dense`
         # where ASG's is (see ``dense_torch.use_dense``)
-        self.research_bigram = (transitions is not None and _is_research_bigram(self, transitions.num_nodes()))
+        self.research_bigram = transitions is not None and _is_research_bigram(self, transitions.num_nodes())
         # the plain numerators can be scored through their hubs (:mod:`._hub_numba`) on the CPU
         self.hub_ok = self.blank_mode != "optional" or self.allow_repeats
 
@@ -409,8 +434,12 @@ class TransducerCriterion(criterion.Criterion):
         label: ``log Z = sum_t logsumexp_c(E[t, c] + w[c])``) is computed densely (see
         :meth:`_unigram_folded`) instead of arc by arc, the research bigram's by :mod:`._asg_dense`;
         on the CPU the plain numerators go through their hubs (:mod:`._hub_numba`)."""
-        if self.research_bigram and dense_torch.use_dense(self.C, E.device) and E.shape[1] > 0 \
-                and bool((lengths > 0).all()):
+        if (
+            self.research_bigram
+            and dense_torch.use_dense(self.C, E.device)
+            and E.shape[1] > 0
+            and bool((lengths > 0).all())
+        ):
             return self._bigram_score(E, weights, seqs, lengths, impl, zero_infinity, need_e, w_coef)
         if self.transitions is None and self._use_hub(E, impl):
             num_loss, gE, _ = self._hub_numerators(E, seqs, lengths, impl, need_e, None)
@@ -500,8 +529,16 @@ class TransducerCriterion(criterion.Criterion):
         B, T, C = E.shape
         need_l = coef is not None
         logz, flag, gE, lsum = transducer_hubs.numerators(
-            E, [self._lattice_arrays(s) for s in seqs], lengths, self.blank_mode, self.num_tokens, need_e, need_l,
-            w=w, gE=gE)
+            E,
+            [self._lattice_arrays(s) for s in seqs],
+            lengths,
+            self.blank_mode,
+            self.num_tokens,
+            need_e,
+            need_l,
+            w=w,
+            gE=gE,
+        )
         losses = torch.from_numpy(-logz).to(E.dtype)
         gw_lab = None
         if need_l:
@@ -510,8 +547,9 @@ class TransducerCriterion(criterion.Criterion):
         redo = np.nonzero(flag)[0]
         if len(redo):
             sub = torch.from_numpy(redo)
-            l2, g2, gw2 = self._plain_numerators(E[sub], [seqs[i] for i in redo], lengths[redo], impl, need_e,
-                                                 None if coef is None else coef[sub], w=w)
+            l2, g2, gw2 = self._plain_numerators(
+                E[sub], [seqs[i] for i in redo], lengths[redo], impl, need_e, None if coef is None else coef[sub], w=w
+            )
             losses[sub] = l2
             if need_e:
                 gE[sub] += g2
@@ -542,15 +580,16 @@ class TransducerCriterion(criterion.Criterion):
         B, T, C = E.shape
         need_w = w_coef is not None
         w = weights.detach().reshape(-1).to(E.dtype)
-        trans = torch.cat([w[:C].unsqueeze(0), w[C:C + C * C].reshape(C, C).t()], dim=0)  # (C + 1, C)
-        end = w[C + C * C + 1:C + C * C + 1 + C]
+        trans = torch.cat([w[:C].unsqueeze(0), w[C : C + C * C].reshape(C, C).t()], dim=0)  # (C + 1, C)
+        end = w[C + C * C + 1 : C + C * C + 1 + C]
         rows = torch.arange(B, device=E.device)
         last = torch.from_numpy(np.asarray(lengths, dtype=np.int64) - 1).to(E.device)
         x = E.detach().clone()
         x[rows, last] += end
         # the numerators read the same end-weighted frames, through their bigram graphs
-        widx, w, num_loss, gE_n, gw_n = self._numerator_scores(x, weights, seqs, lengths, impl, need_e or need_w,
-                                                               w_coef, bigram=True)
+        widx, w, num_loss, gE_n, gw_n = self._numerator_scores(
+            x, weights, seqs, lengths, impl, need_e or need_w, w_coef, bigram=True
+        )
         logz, gE_f, parts = dense_torch._full_pass(x, trans, lengths, need_e or need_w)
         losses, ok, okf = _combine(logz, num_loss, zero_infinity)
         gE = gW = None
@@ -559,8 +598,8 @@ class TransducerCriterion(criterion.Criterion):
             gT = dense_torch._transition_grad(gE_f, parts, c)
             gW = torch.zeros_like(w)
             gW[:C] = gT[0]
-            gW[C:C + C * C] = gT[1:].t().reshape(-1)
-            gW[C + C * C + 1:C + C * C + 1 + C] = ((gE_f[rows, last] + gE_n[rows, last]) * c.unsqueeze(1)).sum(0)
+            gW[C : C + C * C] = gT[1:].t().reshape(-1)
+            gW[C + C * C + 1 : C + C * C + 1 + C] = ((gE_f[rows, last] + gE_n[rows, last]) * c.unsqueeze(1)).sum(0)
             if gw_n is not None:
                 gW = gW.index_add_(0, widx, gw_n)
             gW = gW.reshape(weights.shape)
@@ -695,7 +734,7 @@ class TransducerCriterion(criterion.Criterion):
         """``(label -> transitions arc ids, epsilon arc ids)`` out of transitions node ``v``."""
         hit = self.t_nodes.get(v)
         if hit is None:
-            arcs = self.t_order[self.t_off[v]: self.t_off[v + 1]]
+            arcs = self.t_order[self.t_off[v] : self.t_off[v + 1]]
             by_label: Dict[int, list] = {}
             eps = []
             for e, lab in zip(arcs.tolist(), self.t_il[arcs].tolist()):
@@ -751,8 +790,15 @@ class TransducerCriterion(criterion.Criterion):
                 widx.append(e)
         accept = [i for i, (u, v) in enumerate(pairs) if acc_a[u] and self.t_accept[v]]
         start = list(range(len(self.t_start)))
-        return (len(pairs), start, accept, np.asarray(src, np.int64), np.asarray(dst, np.int64),
-                np.asarray(lab, np.int64), np.asarray(widx, np.int64))
+        return (
+            len(pairs),
+            start,
+            accept,
+            np.asarray(src, np.int64),
+            np.asarray(dst, np.int64),
+            np.asarray(lab, np.int64),
+            np.asarray(widx, np.int64),
+        )
 
     # -- decoding ---------------------------------------------------------------
     def best_paths(self, emissions: torch.Tensor, lengths: np.ndarray, params: Optional[torch.Tensor]):
@@ -774,8 +820,15 @@ _CRITERIA_LOCK = threading.Lock()
 CRITERIA_CACHE_SIZE = 16
 
 
-def transducer_criterion(tokens, graphemes_to_idx, ngram: int = 0, transitions: Optional[Graph] = None,
-                         blank: str = "none", allow_repeats: bool = True, decompositions: bool = True):
+def transducer_criterion(
+    tokens,
+    graphemes_to_idx,
+    ngram: int = 0,
+    transitions: Optional[Graph] = None,
+    blank: str = "none",
+    allow_repeats: bool = True,
+    decompositions: bool = True,
+):
     """``(criterion, handle)`` for a configuration, cached (the last
     ``CRITERIA_CACHE_SIZE`` configurations): the numerator graphs of a configuration are
     built once per target across calls of :func:`transducer_loss`."""
@@ -787,9 +840,15 @@ def transducer_criterion(tokens, graphemes_to_idx, ngram: int = 0, transitions: 
         raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph, got {type(transitions).__name__}")
     tkey = None if transitions is None else (id(transitions), transitions.version)
     try:  # a cheap key first (hashable tokens and graphemes): the ids are made on a miss only
-        key = (tuple(t if isinstance(t, str) else tuple(t) for t in tokens),
-               tuple(graphemes_to_idx.items()) if isinstance(graphemes_to_idx, dict) else None,
-               ngram, tkey, blank, bool(allow_repeats), bool(decompositions))
+        key = (
+            tuple(t if isinstance(t, str) else tuple(t) for t in tokens),
+            tuple(graphemes_to_idx.items()) if isinstance(graphemes_to_idx, dict) else None,
+            ngram,
+            tkey,
+            blank,
+            bool(allow_repeats),
+            bool(decompositions),
+        )
         hit = _CRITERIA.get(key)  # no lock on a hit (an atomic get): torch.compile traces this function
     except TypeError:  # unhashable graphemes: checked (and reported) by token_ids
         key, hit = None, None
@@ -813,31 +872,52 @@ def _new_criterion(key, toks, n_graph, ngram, transitions, blank, allow_repeats,
     return crit, handle
 
 
-def apply_criterion(crit: TransducerCriterion, handle: int, emissions: torch.Tensor, targets, input_lengths,
-                    target_lengths, transition_params: Optional[torch.Tensor], reduction: str,
-                    zero_infinity: bool, impl: Optional[str]) -> torch.Tensor:
+def apply_criterion(
+    crit: TransducerCriterion,
+    handle: int,
+    emissions: torch.Tensor,
+    targets,
+    input_lengths,
+    target_lengths,
+    transition_params: Optional[torch.Tensor],
+    reduction: str,
+    zero_infinity: bool,
+    impl: Optional[str],
+) -> torch.Tensor:
     """Checks the call's arguments and runs the loss op (shared by the function and module)."""
     B, T, C = checks.check_emissions(emissions, "emissions")
     checks.check_reduction(reduction)
     checks.check_impl(impl)
     if impl == "gtn":
-        raise ValueError("impl='gtn' is not offered for the transducer loss; use None, 'numba', 'numba_log', "
-                         "'torch' or 'triton'")
+        raise ValueError(
+            "impl='gtn' is not offered for the transducer loss; use None, 'numba', 'numba_log', " "'torch' or 'triton'"
+        )
     if C != crit.C:
-        raise ValueError(f"emissions must have C = len(tokens) + (blank != 'none') = {crit.C} classes "
-                         f"(tokens, then the blank last), got shape {(B, T, C)}")
+        raise ValueError(
+            f"emissions must have C = len(tokens) + (blank != 'none') = {crit.C} classes "
+            f"(tokens, then the blank last), got shape {(B, T, C)}"
+        )
     if crit.denominator is not None:
-        if not isinstance(transition_params, torch.Tensor) or transition_params.numel() != crit.num_arcs \
-                or transition_params.dim() != 1:
-            got = tuple(transition_params.shape) if isinstance(transition_params, torch.Tensor) \
+        if (
+            not isinstance(transition_params, torch.Tensor)
+            or transition_params.numel() != crit.num_arcs
+            or transition_params.dim() != 1
+        ):
+            got = (
+                tuple(transition_params.shape)
+                if isinstance(transition_params, torch.Tensor)
                 else type(transition_params).__name__
-            raise ValueError(f"transition_params must be a tensor of shape (num_arcs,) = ({crit.num_arcs},) "
-                             f"(one weight per transitions arc), got {got}")
+            )
+            raise ValueError(
+                f"transition_params must be a tensor of shape (num_arcs,) = ({crit.num_arcs},) "
+                f"(one weight per transitions arc), got {got}"
+            )
         if not transition_params.is_floating_point():
             raise ValueError(f"transition_params must be a floating point tensor, got {transition_params.dtype}")
         if transition_params.device != emissions.device:
-            raise ValueError(f"transition_params is on {transition_params.device} but the emissions are on "
-                             f"{emissions.device}")
+            raise ValueError(
+                f"transition_params is on {transition_params.device} but the emissions are on " f"{emissions.device}"
+            )
     elif transition_params is not None:
         raise ValueError("transition_params is given but there are no transitions (ngram=0, transitions=None)")
     tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
@@ -845,8 +925,19 @@ def apply_criterion(crit: TransducerCriterion, handle: int, emissions: torch.Ten
         il = torch.full((B,), T, dtype=torch.int64, device=emissions.device)
     else:
         il = checks.int_tensor(input_lengths, "input_lengths")
-    return criterion.structured_loss(emissions, transition_params, tg, il, tl, kind="handle", blank=-1, handle=handle,
-                                reduction=reduction, zero_infinity=zero_infinity, impl=impl)
+    return criterion.structured_loss(
+        emissions,
+        transition_params,
+        tg,
+        il,
+        tl,
+        kind="handle",
+        blank=-1,
+        handle=handle,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
+    )
 
 
 def transducer_loss(
@@ -923,7 +1014,18 @@ def transducer_loss(
         >>> loss.shape
         torch.Size([])
     """
-    crit, handle = transducer_criterion(tokens, graphemes_to_idx, ngram, transitions, blank, allow_repeats,
-                                        decompositions)
-    return apply_criterion(crit, handle, emissions, targets, input_lengths, target_lengths, transition_params,
-                           reduction, zero_infinity, impl)
+    crit, handle = transducer_criterion(
+        tokens, graphemes_to_idx, ngram, transitions, blank, allow_repeats, decompositions
+    )
+    return apply_criterion(
+        crit,
+        handle,
+        emissions,
+        targets,
+        input_lengths,
+        target_lengths,
+        transition_params,
+        reduction,
+        zero_infinity,
+        impl,
+    )

@@ -5,5 +5,16 @@ from .linear import Linear
 from .losses import ASGLoss, CTCLoss, GraphLoss, ModuleLoss, SequenceLoss, STCLoss, StructuredLoss, TargetGraphLoss
 from .transducer import TransducerLoss
 
-__all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "GraphLoss", "TargetGraphLoss",
-           "ModuleLoss", "TransducerLoss", "Linear", "ConvTransduce1D"]
+__all__ = [
+    "StructuredLoss",
+    "CTCLoss",
+    "ASGLoss",
+    "SequenceLoss",
+    "STCLoss",
+    "GraphLoss",
+    "TargetGraphLoss",
+    "ModuleLoss",
+    "TransducerLoss",
+    "Linear",
+    "ConvTransduce1D",
+]

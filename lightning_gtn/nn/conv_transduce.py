@@ -77,14 +77,18 @@ class ConvTransduce1D(nn.Module):
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
         self.kernel_size = _check_int(kernel_size, "kernel_size", 1)
         if self.kernel_size % 2 != 1:
-            raise ValueError(f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both "
-                             f"sides), got {self.kernel_size}")
+            raise ValueError(
+                f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both "
+                f"sides), got {self.kernel_size}"
+            )
         self.stride = _check_int(stride, "stride", 1)
         self.bank = KernelBank(lexicon, blank_idx, blank_optional, spike)
         need = self.bank.min_size
         if self.kernel_size < need:
-            raise ValueError(f"kernel_size must be at least {need} for this lexicon (an entry's length plus one "
-                             f"frame per repeated neighbour), got {self.kernel_size}")
+            raise ValueError(
+                f"kernel_size must be at least {need} for this lexicon (an entry's length plus one "
+                f"frame per repeated neighbour), got {self.kernel_size}"
+            )
         self.lexicon = [list(x) for x in self.bank.lexicon]
         self.blank_idx = self.bank.blank_idx
         self.blank_optional = self.bank.blank_optional
@@ -105,12 +109,23 @@ class ConvTransduce1D(nn.Module):
         return torch.div(input_lengths + self.stride - 1, self.stride, rounding_mode="floor")
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return conv_transduce1d(inputs, self.bank, self.kernel_size, self.stride, self.blank_idx,
-                                kernel_params=self.kernel_params, scale=self.scale, normalize=self.normalize,
-                                viterbi=self.viterbi, impl=self.impl)
+        return conv_transduce1d(
+            inputs,
+            self.bank,
+            self.kernel_size,
+            self.stride,
+            self.blank_idx,
+            kernel_params=self.kernel_params,
+            scale=self.scale,
+            normalize=self.normalize,
+            viterbi=self.viterbi,
+            impl=self.impl,
+        )
 
     def extra_repr(self) -> str:
-        return (f"out_features={self.out_features}, kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"blank_idx={self.blank_idx}, blank_optional={self.blank_optional}, spike={self.spike}, "
-                f"learn_params={self.kernel_params is not None}, scale={self.scale!r}, "
-                f"normalize={self.normalize!r}, viterbi={self.viterbi}")
+        return (
+            f"out_features={self.out_features}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"blank_idx={self.blank_idx}, blank_optional={self.blank_optional}, spike={self.spike}, "
+            f"learn_params={self.kernel_params is not None}, scale={self.scale!r}, "
+            f"normalize={self.normalize!r}, viterbi={self.viterbi}"
+        )

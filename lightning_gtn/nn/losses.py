@@ -25,14 +25,22 @@ from torch import nn
 
 from .. import functional as lgf  # not torch.nn.functional: the engine computes every loss
 from ..core import checks, criterion
-from ..kernels.batch import compile_graph
+from ..core.checks import check_label, check_reduction
 from ..core.criterion_graphs import compiled_all_paths
 from ..core.scoring import Plan, unique_graphs
+from ..kernels.batch import compile_graph
 from ..losses.graph import check_labels
-from ..core.checks import check_label, check_reduction
 
-__all__ = ["StructuredLoss", "CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "GraphLoss", "TargetGraphLoss",
-           "ModuleLoss"]
+__all__ = [
+    "StructuredLoss",
+    "CTCLoss",
+    "ASGLoss",
+    "SequenceLoss",
+    "STCLoss",
+    "GraphLoss",
+    "TargetGraphLoss",
+    "ModuleLoss",
+]
 
 
 class StructuredLoss(nn.Module):
@@ -83,8 +91,9 @@ class CTCLoss(StructuredLoss):
 
     blank = 0
 
-    def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False,
-                 impl: Optional[str] = None) -> None:
+    def __init__(
+        self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False, impl: Optional[str] = None
+    ) -> None:
         super().__init__()
         _check_common(reduction, impl)
         self.blank = check_label(blank, "blank", 2**62)
@@ -93,8 +102,16 @@ class CTCLoss(StructuredLoss):
         self.impl = impl
 
     def forward(self, log_probs, targets, input_lengths, target_lengths):
-        return lgf.ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction,
-                            self.zero_infinity, impl=self.impl)
+        return lgf.ctc_loss(
+            log_probs,
+            targets,
+            input_lengths,
+            target_lengths,
+            self.blank,
+            self.reduction,
+            self.zero_infinity,
+            impl=self.impl,
+        )
 
     def extra_repr(self) -> str:
         return f"blank={self.blank}, reduction={self.reduction!r}, zero_infinity={self.zero_infinity}"
@@ -117,8 +134,9 @@ class ASGLoss(StructuredLoss):
 
     repeat_label = True
 
-    def __init__(self, num_classes: int, reduction: str = "mean", zero_infinity: bool = False,
-                 impl: Optional[str] = None) -> None:
+    def __init__(
+        self, num_classes: int, reduction: str = "mean", zero_infinity: bool = False, impl: Optional[str] = None
+    ) -> None:
         super().__init__()
         _check_common(reduction, impl)
         if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
@@ -130,8 +148,16 @@ class ASGLoss(StructuredLoss):
         self.impl = impl
 
     def forward(self, emissions, targets, input_lengths, target_lengths=None):
-        return lgf.asg_loss(emissions, targets, input_lengths, target_lengths, transitions=self.transitions,
-                            reduction=self.reduction, zero_infinity=self.zero_infinity, impl=self.impl)
+        return lgf.asg_loss(
+            emissions,
+            targets,
+            input_lengths,
+            target_lengths,
+            transitions=self.transitions,
+            reduction=self.reduction,
+            zero_infinity=self.zero_infinity,
+            impl=self.impl,
+        )
 
     def best_paths(self, emissions, input_lengths=None):
         """Best paths through emissions plus these transitions."""
@@ -159,9 +185,15 @@ class SequenceLoss(StructuredLoss):
         self.impl = impl
 
     def forward(self, emissions, targets, input_lengths, target_lengths=None):
-        return lgf.sequence_loss(emissions, targets, input_lengths, target_lengths, reduction=self.reduction,
-                                 zero_infinity=self.zero_infinity, impl=self.impl)
-
+        return lgf.sequence_loss(
+            emissions,
+            targets,
+            input_lengths,
+            target_lengths,
+            reduction=self.reduction,
+            zero_infinity=self.zero_infinity,
+            impl=self.impl,
+        )
 
 
 class STCLoss(StructuredLoss):
@@ -196,8 +228,16 @@ class STCLoss(StructuredLoss):
 
     blank = 0
 
-    def __init__(self, blank_idx: int = 0, p0: float = 1, plast: float = 1, thalf: float = 1,
-                 reduction: str = "none", zero_infinity: bool = False, impl: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        blank_idx: int = 0,
+        p0: float = 1,
+        plast: float = 1,
+        thalf: float = 1,
+        reduction: str = "none",
+        zero_infinity: bool = False,
+        impl: Optional[str] = None,
+    ) -> None:
         super().__init__()
         _check_common(reduction, impl)
         if impl == "gtn":
@@ -224,13 +264,23 @@ class STCLoss(StructuredLoss):
     def forward(self, log_probs, targets, input_lengths, target_lengths=None):
         if self.training:
             self.nstep.add_(1)
-        return lgf.stc_loss(log_probs, targets, input_lengths, target_lengths, blank=self.blank,
-                            p=self.penalty(), reduction=self.reduction, zero_infinity=self.zero_infinity,
-                            impl=self.impl)
+        return lgf.stc_loss(
+            log_probs,
+            targets,
+            input_lengths,
+            target_lengths,
+            blank=self.blank,
+            p=self.penalty(),
+            reduction=self.reduction,
+            zero_infinity=self.zero_infinity,
+            impl=self.impl,
+        )
 
     def extra_repr(self) -> str:
-        return (f"blank_idx={self.blank}, p0={self.p0}, plast={self.plast}, thalf={self.thalf}, "
-                f"reduction={self.reduction!r}, zero_infinity={self.zero_infinity}")
+        return (
+            f"blank_idx={self.blank}, p0={self.p0}, plast={self.plast}, thalf={self.thalf}, "
+            f"reduction={self.reduction!r}, zero_infinity={self.zero_infinity}"
+        )
 
 
 class GraphLoss(StructuredLoss):
@@ -250,8 +300,14 @@ class GraphLoss(StructuredLoss):
         graphs, denominators=None, weights=None)``.
     """
 
-    def __init__(self, reduction: str = "mean", zero_infinity: bool = False, impl: Optional[str] = None,
-                 blank: Optional[int] = None, repeat_label: bool = False) -> None:
+    def __init__(
+        self,
+        reduction: str = "mean",
+        zero_infinity: bool = False,
+        impl: Optional[str] = None,
+        blank: Optional[int] = None,
+        repeat_label: bool = False,
+    ) -> None:
         super().__init__()
         _check_common(reduction, impl)
         self.reduction = reduction
@@ -260,11 +316,29 @@ class GraphLoss(StructuredLoss):
         self.blank = check_label(blank, "blank", 2**62, allow_none=True)
         self.repeat_label = bool(repeat_label)
 
-    def forward(self, emissions, targets=None, input_lengths=None, target_lengths=None, *, graphs,
-                denominators=None, weights=None):
-        return lgf.graph_loss(emissions, targets, input_lengths, target_lengths, graphs=graphs,
-                              denominators=denominators, weights=weights, reduction=self.reduction,
-                              zero_infinity=self.zero_infinity, impl=self.impl)
+    def forward(
+        self,
+        emissions,
+        targets=None,
+        input_lengths=None,
+        target_lengths=None,
+        *,
+        graphs,
+        denominators=None,
+        weights=None,
+    ):
+        return lgf.graph_loss(
+            emissions,
+            targets,
+            input_lengths,
+            target_lengths,
+            graphs=graphs,
+            denominators=denominators,
+            weights=weights,
+            reduction=self.reduction,
+            zero_infinity=self.zero_infinity,
+            impl=self.impl,
+        )
 
 
 class _TargetGraphs(criterion.Criterion):
@@ -398,9 +472,19 @@ class TargetGraphLoss(StructuredLoss):
         B, T, C = checks.check_emissions(emissions, "emissions")
         tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
         il = checks.int_tensor(input_lengths, "input_lengths")
-        return criterion.structured_loss(emissions, None, tg, il, tl, kind="handle",
-                                    blank=-1 if self.blank is None else self.blank, handle=self._handle,
-                                    reduction=self.reduction, zero_infinity=self.zero_infinity, impl=self.impl)
+        return criterion.structured_loss(
+            emissions,
+            None,
+            tg,
+            il,
+            tl,
+            kind="handle",
+            blank=-1 if self.blank is None else self.blank,
+            handle=self._handle,
+            reduction=self.reduction,
+            zero_infinity=self.zero_infinity,
+            impl=self.impl,
+        )
 
     def extra_repr(self) -> str:
         name = getattr(self.builder, "__qualname__", repr(self.builder))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -12,8 +11,8 @@ from torch import nn
 
 from ..core import checks
 from ..core.criterion import register_criterion
-from ..losses import transducer as _td
 from ..decode.viterbi import collapse
+from ..losses import transducer as _td
 from ..wfst import Graph
 from .losses import StructuredLoss, _check_common
 
@@ -43,15 +42,24 @@ def transitions_to_data(graph: Graph) -> dict:
     if not np.array_equal(a.ilabel, a.olabel):
         raise ValueError("transitions must be an acceptor (input label == output label on every arc)")
     rows = np.stack([a.src, a.dst, a.ilabel], axis=1).astype(np.int64)
-    return {"format": _DATA_FORMAT, "num_nodes": int(a.num_nodes), "start": [int(i) for i in a.start],
-            "accept": [int(i) for i in a.accept], "arcs": "\n".join(f"{s} {d} {l}" for s, d, l in rows.tolist())}
+    return {
+        "format": _DATA_FORMAT,
+        "num_nodes": int(a.num_nodes),
+        "start": [int(i) for i in a.start],
+        "accept": [int(i) for i in a.accept],
+        "arcs": "\n".join(f"{s} {d} {l}" for s, d, l in rows.tolist()),
+    }
 
 
 def _ids(v, key: str, num_nodes: int) -> np.ndarray:
-    if not isinstance(v, (list, tuple)) or len(v) > num_nodes or not all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_nodes for i in v):
-        raise ValueError(f"loss.transitions.{key}: expected a list of distinct node ids in [0, {num_nodes}), got "
-                         f"{str(v)[:200]}")
+    if (
+        not isinstance(v, (list, tuple))
+        or len(v) > num_nodes
+        or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_nodes for i in v)
+    ):
+        raise ValueError(
+            f"loss.transitions.{key}: expected a list of distinct node ids in [0, {num_nodes}), got " f"{str(v)[:200]}"
+        )
     if len(set(v)) != len(v):
         raise ValueError(f"loss.transitions.{key}: node ids must be distinct")
     return np.asarray(v, dtype=np.int32)
@@ -68,8 +76,10 @@ def transitions_from_data(data) -> Graph:
     import re
 
     if not isinstance(data, dict) or data.get("format") != _DATA_FORMAT:
-        raise ValueError(f"loss.transitions: expected a graph as data with format {_DATA_FORMAT!r} "
-                         "(see lightning_gtn.nn.transducer.transitions_to_data)")
+        raise ValueError(
+            f"loss.transitions: expected a graph as data with format {_DATA_FORMAT!r} "
+            "(see lightning_gtn.nn.transducer.transitions_to_data)"
+        )
     unknown = sorted(set(data) - {"format", "num_nodes", "start", "accept", "arcs"})
     if unknown:
         raise ValueError(f"loss.transitions.{unknown[0]}: unknown key")
@@ -80,8 +90,10 @@ def transitions_from_data(data) -> Graph:
     arcs = data.get("arcs")
     max_chars = MAX_DATA_ARCS * 36  # three int32 and separators per arc
     if not isinstance(arcs, str) or len(arcs) > max_chars:
-        raise ValueError(f"loss.transitions.arcs: expected a string of at most {max_chars} characters "
-                         f"(lines 'src dst label'), got {type(arcs).__name__} of {len(arcs) if isinstance(arcs, str) else '?'}")
+        raise ValueError(
+            f"loss.transitions.arcs: expected a string of at most {max_chars} characters "
+            f"(lines 'src dst label'), got {type(arcs).__name__} of {len(arcs) if isinstance(arcs, str) else '?'}"
+        )
     if not re.fullmatch(r"[0-9 \n-]*", arcs):
         raise ValueError("loss.transitions.arcs: only decimal integers, spaces and newlines are allowed")
     try:
@@ -98,8 +110,9 @@ def transitions_from_data(data) -> Graph:
     if len(rows) and (rows[:, 2].min() < -1 or rows[:, 2].max() > 2**31 - 1):
         raise ValueError("loss.transitions.arcs: a label below -1 (epsilon) or beyond int32")
     lab = rows[:, 2].astype(np.int32)
-    return Graph.from_arrays(n, start, accept, rows[:, 0].astype(np.int32), rows[:, 1].astype(np.int32),
-                             lab, lab.copy())
+    return Graph.from_arrays(
+        n, start, accept, rows[:, 0].astype(np.int32), rows[:, 1].astype(np.int32), lab, lab.copy()
+    )
 
 
 class TransducerLoss(StructuredLoss):
@@ -160,10 +173,19 @@ class TransducerLoss(StructuredLoss):
 
     repeat_label = False
 
-    def __init__(self, tokens: Sequence[Sequence], graphemes_to_idx: dict, ngram: int = 0,
-                 transitions: Optional[Graph] = None, blank: str = "none", allow_repeats: bool = True,
-                 reduction: str = "mean", decompositions: bool = True, zero_infinity: bool = False,
-                 impl: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        tokens: Sequence[Sequence],
+        graphemes_to_idx: dict,
+        ngram: int = 0,
+        transitions: Optional[Graph] = None,
+        blank: str = "none",
+        allow_repeats: bool = True,
+        reduction: str = "mean",
+        decompositions: bool = True,
+        zero_infinity: bool = False,
+        impl: Optional[str] = None,
+    ) -> None:
         super().__init__()
         _check_common(reduction, impl)
         if impl == "gtn":
@@ -180,7 +202,9 @@ class TransducerLoss(StructuredLoss):
         elif isinstance(transitions, dict):
             transitions = transitions_from_data(transitions)
         if transitions is not None and not isinstance(transitions, Graph):
-            raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph, its data (transitions_to_data) or a transitions file, got {type(transitions).__name__}")
+            raise ValueError(
+                f"transitions must be a lightning_gtn.wfst.Graph, its data (transitions_to_data) or a transitions file, got {type(transitions).__name__}"
+            )
         self.tokens = [t if isinstance(t, str) else tuple(t) for t in tokens]
         self.graphemes_to_idx = dict(graphemes_to_idx)
         toks, n_graph = _td.token_ids(self.tokens, self.graphemes_to_idx)
@@ -206,8 +230,9 @@ class TransducerLoss(StructuredLoss):
     def _make_criterion(self) -> None:
         toks, n_graph = _td.token_ids(self.tokens, self.graphemes_to_idx)
         self._token_ids = toks
-        self._criterion = _td.TransducerCriterion(toks, n_graph, self.blank_mode, self.allow_repeats,
-                                                  self.decompositions, self.transitions)
+        self._criterion = _td.TransducerCriterion(
+            toks, n_graph, self.blank_mode, self.allow_repeats, self.decompositions, self.transitions
+        )
         self._handle = register_criterion(self._criterion)
 
     def __getstate__(self):
@@ -223,8 +248,18 @@ class TransducerLoss(StructuredLoss):
     def forward(self, emissions, targets, input_lengths=None, target_lengths=None):
         if self.transitions is None:
             emissions = torch.nn.functional.log_softmax(emissions, dim=2)
-        return _td.apply_criterion(self._criterion, self._handle, emissions, targets, input_lengths, target_lengths,
-                                   self.transition_params, self.reduction, self.zero_infinity, self.impl)
+        return _td.apply_criterion(
+            self._criterion,
+            self._handle,
+            emissions,
+            targets,
+            input_lengths,
+            target_lengths,
+            self.transition_params,
+            self.reduction,
+            self.zero_infinity,
+            self.impl,
+        )
 
     # -- decoding ---------------------------------------------------------------
     def best_paths(self, emissions: torch.Tensor, input_lengths=None):
@@ -256,6 +291,8 @@ class TransducerLoss(StructuredLoss):
         return [[g for k in collapse(p, self.blank) for g in spell[k]] for p in paths.cpu().tolist()]
 
     def extra_repr(self) -> str:
-        return (f"num_tokens={len(self.tokens)}, ngram={self.ngram}, blank={self.blank_mode!r}, "
-                f"allow_repeats={self.allow_repeats}, decompositions={self.decompositions}, "
-                f"reduction={self.reduction!r}")
+        return (
+            f"num_tokens={len(self.tokens)}, ngram={self.ngram}, blank={self.blank_mode!r}, "
+            f"allow_repeats={self.allow_repeats}, decompositions={self.decompositions}, "
+            f"reduction={self.reduction!r}"
+        )

@@ -38,8 +38,8 @@ from .openfst import (
 from .parallel import get_num_threads, parallel_for, parallel_map, set_num_threads
 from .rand import rand_equivalent, sample
 from .utils import (
-    draw,
     dot_text,
+    draw,
     equal,
     graph_from_text,
     graph_to_text,

@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 
 from . import _kernels as K
-from .graph import Graph, _INT, epsilon
+from .graph import _INT, Graph, epsilon
 
 __all__ = ["compose", "intersect", "remove", "adjacency"]
 
@@ -79,15 +79,39 @@ def _compose(g1: Graph, g2: Graph, kind: int, dense_limit: Optional[int] = None)
     tab1, w1 = _lower_bounds(g1, ol1, "o") if kind in (K.SEARCH_FIRST, K.DOUBLY) else _NO_TABLE
     tab2, w2 = _lower_bounds(g2, il2, "i") if kind in (K.SEARCH_SECOND, K.DOUBLY) else _NO_TABLE
     num_nodes, num_start, node_acc, src, dst, arc1, arc2 = K.compose(
-        s1.num_nodes, dst1, ol1, out_off1, out_arcs1, _ids(s1.start_ids), _ids(s1.accept_ids),
-        bool(s1.olabel_sorted), tab1, w1,
-        s2.num_nodes, dst2, il2, out_off2, out_arcs2, _ids(s2.start_ids), _ids(s2.accept_ids),
-        bool(s2.ilabel_sorted), tab2, w2,
-        kind, dense_limit,
+        s1.num_nodes,
+        dst1,
+        ol1,
+        out_off1,
+        out_arcs1,
+        _ids(s1.start_ids),
+        _ids(s1.accept_ids),
+        bool(s1.olabel_sorted),
+        tab1,
+        w1,
+        s2.num_nodes,
+        dst2,
+        il2,
+        out_off2,
+        out_arcs2,
+        _ids(s2.start_ids),
+        _ids(s2.accept_ids),
+        bool(s2.ilabel_sorted),
+        tab2,
+        w2,
+        kind,
+        dense_limit,
     )
     il, ol, w = K.compose_arcs(arc1, arc2, il1, g1._weights(), ol2, g2._weights())
     out = Graph._from_arrays(
-        num_nodes, range(num_start), np.flatnonzero(node_acc).tolist(), src, dst, il, ol, w,
+        num_nodes,
+        range(num_start),
+        np.flatnonzero(node_acc).tolist(),
+        src,
+        dst,
+        il,
+        ol,
+        w,
         calc_grad=g1.calc_grad or g2.calc_grad,
     )
     # Output arcs are grouped by source node in node order; store the adjacency now so
@@ -145,9 +169,7 @@ def intersect(g1: Graph, g2: Graph) -> Graph:
     sorted when either label order was sorted.
     """
     s1, s2 = g1._s, g2._s
-    return _compose(
-        g1, g2, _matcher(s1.ilabel_sorted or s1.olabel_sorted, s2.ilabel_sorted or s2.olabel_sorted)
-    )
+    return _compose(g1, g2, _matcher(s1.ilabel_sorted or s1.olabel_sorted, s2.ilabel_sorted or s2.olabel_sorted))
 
 
 def _remove_grad(inputs, deltas):
@@ -167,14 +189,32 @@ def remove(g: Graph, ilabel: int = epsilon, olabel: int = epsilon) -> Graph:
     src, dst, il, ol = s.arrays()
     in_off, in_arcs, out_off, out_arcs = adjacency(g)
     new_id, count, accept_order, osrc, odst, oarc = K.remove(
-        s.num_nodes, src, dst, il, ol, in_off, in_arcs, out_off, out_arcs,
-        _ids(s.start_ids), _ids(s.accept_ids), int(ilabel), int(olabel),
+        s.num_nodes,
+        src,
+        dst,
+        il,
+        ol,
+        in_off,
+        in_arcs,
+        out_off,
+        out_arcs,
+        _ids(s.start_ids),
+        _ids(s.accept_ids),
+        int(ilabel),
+        int(olabel),
     )
     starts = new_id[np.asarray(s.start_ids, dtype=np.int64)] if s.start_ids else []
     starts = sorted(int(x) for x in starts)
     out = Graph._from_arrays(
-        count, starts, accept_order.tolist(), osrc, odst, il[oarc], ol[oarc],
-        np.zeros(len(oarc), dtype=np.float32), calc_grad=g.calc_grad,
+        count,
+        starts,
+        accept_order.tolist(),
+        osrc,
+        odst,
+        il[oarc],
+        ol[oarc],
+        np.zeros(len(oarc), dtype=np.float32),
+        calc_grad=g.calc_grad,
     )
     out._set_grad_func([g._alias(weights=False)], _remove_grad)
     return out

@@ -160,9 +160,28 @@ def lower_bound_table(num_nodes, off, arcs, lab):
 
 @njit(cache=True, nogil=True)
 def compose(
-    n1, dst1, ol1, out_off1, out_arcs1, start1, accept1, sorted1, tab1, w1,
-    n2, dst2, il2, out_off2, out_arcs2, start2, accept2, sorted2, tab2, w2,
-    kind, dense_limit,
+    n1,
+    dst1,
+    ol1,
+    out_off1,
+    out_arcs1,
+    start1,
+    accept1,
+    sorted1,
+    tab1,
+    w1,
+    n2,
+    dst2,
+    il2,
+    out_off2,
+    out_arcs2,
+    start2,
+    accept2,
+    sorted2,
+    tab2,
+    w2,
+    kind,
+    dense_limit,
 ):
     """GTN's composition of two graphs, producing the same nodes and arcs in the same order.
 
@@ -196,16 +215,56 @@ def compose(
     second (-1 for none: an epsilon arc of the other graph).
     """
     num_nodes, num_start, node_acc, src, dst, arc1, arc2 = explore(
-        n1, n2, dst1, ol1, out_off1, out_arcs1, dst2, il2, out_off2, out_arcs2,
-        start1, start2, accept1, accept2, sorted1, sorted2, kind, tab1, w1, tab2, w2, dense_limit,
+        n1,
+        n2,
+        dst1,
+        ol1,
+        out_off1,
+        out_arcs1,
+        dst2,
+        il2,
+        out_off2,
+        out_arcs2,
+        start1,
+        start2,
+        accept1,
+        accept2,
+        sorted1,
+        sorted2,
+        kind,
+        tab1,
+        w1,
+        tab2,
+        w2,
+        dense_limit,
     )
     return trim(num_nodes, num_start, node_acc, src, dst, arc1, arc2)
 
 
 @njit(cache=True, nogil=True)
 def explore(
-    n1, n2, dst1, lab1, off1, arcs1, dst2, lab2, off2, arcs2, start1, start2, accept1, accept2,
-    sorted1, sorted2, kind, tab1, w1, tab2, w2, dense_limit,
+    n1,
+    n2,
+    dst1,
+    lab1,
+    off1,
+    arcs1,
+    dst2,
+    lab2,
+    off2,
+    arcs2,
+    start1,
+    start2,
+    accept1,
+    accept2,
+    sorted1,
+    sorted2,
+    kind,
+    tab1,
+    w1,
+    tab2,
+    w2,
+    dense_limit,
 ):
     """Breadth-first walk of the product from the pairs of start nodes (see :func:`compose`).
 
@@ -264,9 +323,35 @@ def explore(
     num_arcs = 0
     while True:
         head, num_nodes, num_arcs, need_pairs, need = _explore_batch(
-            dst1, lab1, off1, arcs1, dst2, lab2, off2, arcs2, kind, tab1, w1, tab2, w2, sorted1, sorted2,
-            dense, table, hashed, stride_a, stride_b, acc1, acc2,
-            pairs, nodes, node_acc, out, head, num_nodes, num_arcs,
+            dst1,
+            lab1,
+            off1,
+            arcs1,
+            dst2,
+            lab2,
+            off2,
+            arcs2,
+            kind,
+            tab1,
+            w1,
+            tab2,
+            w2,
+            sorted1,
+            sorted2,
+            dense,
+            table,
+            hashed,
+            stride_a,
+            stride_b,
+            acc1,
+            acc2,
+            pairs,
+            nodes,
+            node_acc,
+            out,
+            head,
+            num_nodes,
+            num_arcs,
         )
         if need_pairs:
             pairs = _grow2(pairs)
@@ -291,9 +376,35 @@ def explore(
 
 @njit(cache=True, nogil=True)
 def _explore_batch(
-    dst1, lab1, off1, arcs1, dst2, lab2, off2, arcs2, kind, tab1, w1, tab2, w2, sorted1, sorted2,
-    dense, table, hashed, stride_a, stride_b, acc1, acc2,
-    pairs, nodes, node_acc, out, head, num_nodes, num_arcs,
+    dst1,
+    lab1,
+    off1,
+    arcs1,
+    dst2,
+    lab2,
+    off2,
+    arcs2,
+    kind,
+    tab1,
+    w1,
+    tab2,
+    w2,
+    sorted1,
+    sorted2,
+    dense,
+    table,
+    hashed,
+    stride_a,
+    stride_b,
+    acc1,
+    acc2,
+    pairs,
+    nodes,
+    node_acc,
+    out,
+    head,
+    num_nodes,
+    num_arcs,
 ):
     """Expands queued nodes from ``head`` until the queue is empty or a buffer is full.
 
@@ -362,7 +473,8 @@ def _explore_batch(
                 # hasNext()
                 found = False
                 if s_it != s_hi and (
-                    (lab2[arcs2[q_it]] == lab1[arcs1[s_it]]) if search_first
+                    (lab2[arcs2[q_it]] == lab1[arcs1[s_it]])
+                    if search_first
                     else (lab1[arcs1[q_it]] == lab2[arcs2[s_it]])
                 ):
                     found = True
@@ -829,8 +941,7 @@ def forward(num_nodes, src, w, in_off, in_arcs, order, count, start, accept, tro
 
 
 @njit(cache=True, nogil=True)
-def forward_grad(num_nodes, dst, out_off, out_arcs, order, count, accept, scores, ratio, node_sum,
-                 total, delta):
+def forward_grad(num_nodes, dst, out_off, out_arcs, order, count, accept, scores, ratio, node_sum, total, delta):
     """Gradient of the log-semiring forward score: arc posteriors times ``delta``.
 
     ``grad[a] = delta * exp(alpha[src] + w[a] + beta[dst] - total)``, accumulated

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _kernels as K
 from ._compose import adjacency
-from .graph import Graph, _INT, _FLOAT
+from .graph import _FLOAT, _INT, Graph
 
 __all__ = ["forward_score", "viterbi_score", "viterbi_path"]
 
@@ -31,8 +31,7 @@ def _prepare(g: Graph, name: str):
 
 def _scalar(value: float, calc_grad: bool) -> Graph:
     z = np.zeros(1, dtype=_INT)
-    return Graph._from_arrays(2, [0], [1], z, z + 1, z, z.copy(), np.array([value], dtype=_FLOAT),
-                              calc_grad=calc_grad)
+    return Graph._from_arrays(2, [0], [1], z, z + 1, z, z.copy(), np.array([value], dtype=_FLOAT), calc_grad=calc_grad)
 
 
 def _shortest_distance(g: Graph, tropical: bool, name: str) -> Graph:
@@ -49,10 +48,22 @@ def _shortest_distance(g: Graph, tropical: bool, name: str) -> Graph:
     else:
 
         def grad(inputs, deltas):
-            inputs[0]._add_grad(K.forward_grad(
-                s.num_nodes, dst, out_off, out_arcs, order, count, accept, scores, ratio, node_sum,
-                total, float(deltas._weights()[0]),
-            ))
+            inputs[0]._add_grad(
+                K.forward_grad(
+                    s.num_nodes,
+                    dst,
+                    out_off,
+                    out_arcs,
+                    order,
+                    count,
+                    accept,
+                    scores,
+                    ratio,
+                    node_sum,
+                    total,
+                    float(deltas._weights()[0]),
+                )
+            )
 
     out._set_grad_func([g._alias(weights=False)], grad)
     return out
@@ -115,18 +126,18 @@ def viterbi_path(g: Graph) -> Graph:
     w = g._weights()
     if len(w) and np.isnan(w.sum(dtype=np.float64)) and np.isnan(w).any():
         # NaN in, NaN out: no path can be called best (viterbi_score gives NaN)
-        raise ValueError(f"viterbi_path: the graph has NaN arc weights (arc {int(np.flatnonzero(np.isnan(w))[0])}); "
-                         "its best path is undefined")
+        raise ValueError(
+            f"viterbi_path: the graph has NaN arc weights (arc {int(np.flatnonzero(np.isnan(w))[0])}); "
+            "its best path is undefined"
+        )
     found, arcs = K.best_path(s.num_nodes, src, w, in_off, in_arcs, order, count, start, accept)
     _, _, il, ol = s.arrays()
     k = len(arcs)
     if found:
         nodes = np.arange(k, dtype=_INT)
-        out = Graph._from_arrays(k + 1, [0], [k], nodes, nodes + 1, il[arcs], ol[arcs], w[arcs],
-                                 calc_grad=g.calc_grad)
+        out = Graph._from_arrays(k + 1, [0], [k], nodes, nodes + 1, il[arcs], ol[arcs], w[arcs], calc_grad=g.calc_grad)
     else:
-        out = Graph._from_arrays(0, [], [], arcs, arcs, arcs, arcs, np.zeros(0, dtype=_FLOAT),
-                                 calc_grad=g.calc_grad)
+        out = Graph._from_arrays(0, [], [], arcs, arcs, arcs, arcs, np.zeros(0, dtype=_FLOAT), calc_grad=g.calc_grad)
     n_arcs = len(src)
 
     def grad(inputs, deltas):

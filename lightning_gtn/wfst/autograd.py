@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import numpy as np
 
@@ -46,8 +46,8 @@ class GradSizeError(RuntimeError, ValueError):
 
 
 def _is_retain_list(x) -> bool:
-    return isinstance(x, (list, tuple)) and len(x) > 0 and all(
-        isinstance(r, (bool, int, np.bool_, np.integer)) for r in x
+    return (
+        isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(r, (bool, int, np.bool_, np.integer)) for r in x)
     )
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .device import _check_cpu, CPU
-from .graph import Graph, _INT, _FLOAT, epsilon
+from .device import CPU, _check_cpu
+from .graph import _FLOAT, _INT, Graph, epsilon
 
 
 def _device_and_grad(device, calc_grad: bool):
@@ -48,8 +48,9 @@ def linear_graph(M: int, N: int, device=CPU, calc_grad: bool = True) -> Graph:
         raise ValueError(f"M and N must be >= 0, got M={M}, N={N}")
     node = np.repeat(np.arange(M, dtype=_INT), N)
     labels = np.tile(np.arange(N, dtype=_INT), M)
-    g = Graph._from_arrays(M + 1, [0], [M], node, node + 1, labels, labels.copy(),
-                           np.zeros(M * N, dtype=_FLOAT), calc_grad=calc_grad)
+    g = Graph._from_arrays(
+        M + 1, [0], [M], node, node + 1, labels, labels.copy(), np.zeros(M * N, dtype=_FLOAT), calc_grad=calc_grad
+    )
     g.mark_arc_sorted()
     g.mark_arc_sorted(True)
     return g

@@ -15,7 +15,7 @@ from typing import List, Sequence
 import numpy as np
 
 from . import _compose, _shortest
-from .graph import MAX_NODES, Graph, _deep_copy, _INT, _FLOAT, epsilon
+from .graph import _FLOAT, _INT, MAX_NODES, Graph, _deep_copy, epsilon
 from .parallel import parallel_map
 
 __all__ = [
@@ -229,7 +229,10 @@ def _concat(graphs: Sequence[Graph]) -> Graph:
     starts = sorted(graphs[0]._s.start_ids)  # node order, as GTN's
     accepts = [int(a + node_off[-2]) for a in sorted(graphs[-1]._s.accept_ids)]
     out = _from_op(
-        graphs, int(node_off[-1]), starts, accepts,
+        graphs,
+        int(node_off[-1]),
+        starts,
+        accepts,
         *(np.concatenate(x) for x in (srcs, dsts, ils, ols, ws)),
     )
     out._set_grad_func([g._alias(weights=False) for g in graphs], lambda inp, d: _gather_grad(inp, d, arc_off))
@@ -245,7 +248,10 @@ def _closure(g: Graph) -> Graph:
     e_dst = np.array([s + 1 for s in starts] + [0] * len(accepts), dtype=_INT)
     eps = np.full(len(e_src), epsilon, dtype=_INT)
     out = _from_op(
-        [g], g.num_nodes() + 1, [0], [0],
+        [g],
+        g.num_nodes() + 1,
+        [0],
+        [0],
         np.concatenate([src + 1, e_src]),
         np.concatenate([dst + 1, e_dst]),
         np.concatenate([il, eps]),

@@ -116,8 +116,7 @@ class _Structure:
             with _MERGE_LOCK:
                 if self._pending is not None:
                     self._arrays = tuple(
-                        np.concatenate([a, np.asarray(p, dtype=_INT)])
-                        for a, p in zip(self._arrays, self._pending)
+                        np.concatenate([a, np.asarray(p, dtype=_INT)]) for a, p in zip(self._arrays, self._pending)
                     )
                     self._pending = None
         return self._arrays
@@ -347,8 +346,19 @@ def _check_node_budget(num_nodes: int, ids: Sequence[np.ndarray], where: str) ->
         )
 
 
-def _validate_arrays(num_nodes, start, accept, src, dst, ilabel, olabel, weights, where: str,
-                     copy: bool = False, node_budget: bool = False):
+def _validate_arrays(
+    num_nodes,
+    start,
+    accept,
+    src,
+    dst,
+    ilabel,
+    olabel,
+    weights,
+    where: str,
+    copy: bool = False,
+    node_budget: bool = False,
+):
     """Checks a graph given as arrays; returns them as the engine stores them.
 
     Returns ``(num_nodes, start_ids, accept_ids, src, dst, ilabel, olabel, weights)`` with
@@ -590,9 +600,15 @@ class Graph:
         s = self._s
         n = s.num_nodes
         # Plain ints in range (the common case) skip the checks' conversions.
-        if (type(src_node) is int and type(dst_node) is int and type(ilabel) is int
-                and 0 <= src_node < n and 0 <= dst_node < n and epsilon <= ilabel <= MAX_NODES
-                and (olabel is None or (type(olabel) is int and epsilon <= olabel <= MAX_NODES))):
+        if (
+            type(src_node) is int
+            and type(dst_node) is int
+            and type(ilabel) is int
+            and 0 <= src_node < n
+            and 0 <= dst_node < n
+            and epsilon <= ilabel <= MAX_NODES
+            and (olabel is None or (type(olabel) is int and epsilon <= olabel <= MAX_NODES))
+        ):
             self._w.append(float(weight))
             return s.add_arc(src_node, dst_node, ilabel, ilabel if olabel is None else olabel)
         if ilabel is None:
@@ -924,7 +940,7 @@ class Graph:
     @property
     def device(self):
         """The graph's device: always the CPU (``gtn.Device(gtn.CPU)``)."""
-        from .device import Device, CPU
+        from .device import CPU, Device
 
         return Device(CPU)
 
@@ -987,15 +1003,23 @@ class Graph:
         if state["weights"] is None:
             raise ValueError(f"{where}: weights must be a 1-D sequence of numbers, got None")
         n, start, accept, src, dst, il, ol, w = _validate_arrays(
-            state["num_nodes"], state["start_ids"], state["accept_ids"], *arcs, state["weights"],
-            where, copy=True, node_budget=True,
+            state["num_nodes"],
+            state["start_ids"],
+            state["accept_ids"],
+            *arcs,
+            state["weights"],
+            where,
+            copy=True,
+            node_budget=True,
         )
         calc_grad = state.get("calc_grad", True)
         if not isinstance(calc_grad, (bool, np.bool_, int, np.integer)):
             raise ValueError(f"{where}: calc_grad must be a bool, got {type(calc_grad).__name__}")
         flags = state.get("sorted", (False, False))
-        if not isinstance(flags, (tuple, list)) or len(flags) != 2 or not all(
-            isinstance(f, (bool, np.bool_)) for f in flags
+        if (
+            not isinstance(flags, (tuple, list))
+            or len(flags) != 2
+            or not all(isinstance(f, (bool, np.bool_)) for f in flags)
         ):
             raise ValueError(f"{where}: sorted must be a pair of bools")
         order = state.get("order")

@@ -52,7 +52,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .graph import Graph, _FLOAT, _INT, epsilon
+from .graph import _FLOAT, _INT, Graph, epsilon
 from .utils import load, save
 
 __all__ = [
@@ -472,8 +472,9 @@ def _sidecar(path) -> str:
     return os.fspath(path) + ".json"
 
 
-def save_transitions(path, graph: Graph, num_tokens: int, *, tokens: Optional[Sequence[str]] = None,
-                     info: Optional[dict] = None) -> None:
+def save_transitions(
+    path, graph: Graph, num_tokens: int, *, tokens: Optional[Sequence[str]] = None, info: Optional[dict] = None
+) -> None:
     """Saves a transition graph: the graph in the engine's binary format at ``path`` and a
     JSON sidecar at ``path + ".json"`` with the label count, the token names and free-form
     build information.
@@ -582,5 +583,10 @@ def load_transitions(path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Tuple[Graph
             f"its sidecar says {num_nodes} and {num_arcs}"
         )
     _check_labels(graph, num_tokens, repr(gpath))
-    return graph, {"num_tokens": num_tokens, "tokens": tokens, "info": info,
-                   "num_nodes": num_nodes, "num_arcs": num_arcs}
+    return graph, {
+        "num_tokens": num_tokens,
+        "tokens": tokens,
+        "info": info,
+        "num_nodes": num_nodes,
+        "num_arcs": num_arcs,
+    }

@@ -36,8 +36,8 @@ from __future__ import annotations
 import array
 import io
 import math
-import re
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Optional, Union
 
@@ -144,8 +144,10 @@ def _cost(s: str, no: int) -> float:
     if x > _FLOAT32_MAX:
         return math.inf
     if x < -_FLOAT32_MAX:
-        raise ValueError(f"FST text line {no}: weight {s[:40]!r} is below float32's range (a cost of "
-                         "-Infinity, which OpenFST's semirings do not have)")
+        raise ValueError(
+            f"FST text line {no}: weight {s[:40]!r} is below float32's range (a cost of "
+            "-Infinity, which OpenFST's semirings do not have)"
+        )
     return x
 
 
@@ -337,7 +339,9 @@ def read_fst_text(
             continue
         if len(f) not in arc_fields:
             kind = "an acceptor" if acceptor else "a transducer"
-            raise ValueError(f"FST text line {no}: an arc of {kind} has {arc_fields[0]} or {arc_fields[1]} fields, got {len(f)}")
+            raise ValueError(
+                f"FST text line {no}: an arc of {kind} has {arc_fields[0]} or {arc_fields[1]} fields, got {len(f)}"
+            )
         d = _int(f[1], no, "state", 0, max_states - 1)
         max_id = max(max_id, d)
         a = label(f[2], no, imap, "input label")
@@ -357,8 +361,12 @@ def read_fst_text(
         g = Graph.from_arrays(0, [], [], [], [], [], [], [], calc_grad=calc_grad)
         return g, imap, omap
     num_nodes = max_id + 1
-    named = len(np.union1d(np.union1d(np.frombuffer(src, np.int32), np.frombuffer(dst, np.int32)),
-                           np.fromiter(finals, np.int64, len(finals))))
+    named = len(
+        np.union1d(
+            np.union1d(np.frombuffer(src, np.int32), np.frombuffer(dst, np.int32)),
+            np.fromiter(finals, np.int64, len(finals)),
+        )
+    )
     if num_nodes - named > MAX_UNREFERENCED_NODES:
         # each node costs memory named or not: a few bytes must not allocate gigabytes
         raise ValueError(
@@ -603,9 +611,7 @@ def from_pywrapfst(f, *, calc_grad: bool = True) -> Graph:
             ol.append(epsilon)
             w.append(-c)
         accept.append(sink)
-    return Graph.from_arrays(
-        n, [start], accept, src, dst, il, ol, np.asarray(w, dtype=np.float32), calc_grad=calc_grad
-    )
+    return Graph.from_arrays(n, [start], accept, src, dst, il, ol, np.asarray(w, dtype=np.float32), calc_grad=calc_grad)
 
 
 def _weight_value(weight) -> float:

@@ -68,7 +68,9 @@ def _get_pool() -> ThreadPoolExecutor:
     global _pool, _pool_pid
     with _lock:
         if _pool is None or _pool_pid != os.getpid():  # a forked child must not reuse the parent's
-            _pool = ThreadPoolExecutor(max_workers=get_num_threads(), thread_name_prefix="gtn", initializer=_mark_worker)
+            _pool = ThreadPoolExecutor(
+                max_workers=get_num_threads(), thread_name_prefix="gtn", initializer=_mark_worker
+            )
             _pool_pid = os.getpid()
         return _pool
 

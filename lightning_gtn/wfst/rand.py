@@ -10,7 +10,7 @@ import random
 
 import numpy as np
 
-from .graph import Graph, _FLOAT, _INT
+from .graph import _FLOAT, _INT, Graph
 
 __all__ = ["sample", "rand_equivalent"]
 
@@ -63,7 +63,14 @@ def sample(g: Graph, max_length: int = 1000) -> Graph:
     n = len(picked)
     chain = np.arange(n, dtype=_INT)
     path = Graph._from_arrays(
-        n + 1, [0], [n], chain, chain + 1, il[picked], ol[picked], g._weights()[picked].astype(_FLOAT),
+        n + 1,
+        [0],
+        [n],
+        chain,
+        chain + 1,
+        il[picked],
+        ol[picked],
+        g._weights()[picked].astype(_FLOAT),
         calc_grad=g.calc_grad,
     )
 
@@ -77,9 +84,7 @@ def sample(g: Graph, max_length: int = 1000) -> Graph:
     return path
 
 
-def rand_equivalent(
-    g1: Graph, g2: Graph, num_samples: int = 1000, tol: float = 1e-4, max_length: int = 1000
-) -> bool:
+def rand_equivalent(g1: Graph, g2: Graph, num_samples: int = 1000, tol: float = 1e-4, max_length: int = 1000) -> bool:
     """Whether two graphs look equivalent on random paths (a probabilistic check).
 
     As GTN: ``num_samples`` times, a path is sampled from ``g1`` or ``g2`` (chosen at

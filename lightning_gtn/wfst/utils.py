@@ -20,7 +20,6 @@ significant digits, as GTN does, so a text round trip is exact only for such wei
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ._text import fmt_weight, format_graph
-from .graph import MAX_NODES, MAX_UNREFERENCED_NODES, Graph, _FLOAT, _INT, _validate_arrays, epsilon
+from .graph import _FLOAT, _INT, MAX_NODES, MAX_UNREFERENCED_NODES, Graph, _validate_arrays, epsilon
 
 #: The most bytes ``load`` and ``loadtxt`` read from one file (or stream); larger input is
 #: refused. Counted on what is really read, so devices such as ``/dev/zero`` stop there too.
@@ -82,6 +81,7 @@ def _read_bounded(f, source: str, max_bytes: int):
     if len(data) > max_bytes:
         raise ValueError(f"{source}: longer than max_bytes={max_bytes} bytes (refused)")
     return data
+
 
 __all__ = [
     "equal",
@@ -327,8 +327,15 @@ def _parse_lines(lines: Iterable[str], source: str) -> Graph:
                 f"named; at most {MAX_UNREFERENCED_NODES} nodes may be unused"
             )
     args = _validate_arrays(
-        max_node + 1, start, accept, np.array(src, dtype=_INT), np.array(dst, dtype=_INT),
-        np.array(il, dtype=_INT), np.array(ol, dtype=_INT), np.array(w, dtype=_FLOAT), source,
+        max_node + 1,
+        start,
+        accept,
+        np.array(src, dtype=_INT),
+        np.array(dst, dtype=_INT),
+        np.array(il, dtype=_INT),
+        np.array(ol, dtype=_INT),
+        np.array(w, dtype=_FLOAT),
+        source,
     )
     return Graph._from_arrays(*args)
 
@@ -453,7 +460,9 @@ def load(file_name, max_bytes: int = MAX_FILE_BYTES) -> Graph:
         raise ValueError(f"{name!r}: not a graph file (negative counts in its header)")
     expected = 4 * (4 + n_start + n_accept + 4 * n_arcs) + 4 * n_arcs
     if len(data) != expected:
-        raise ValueError(f"{name!r}: a graph file of {n_nodes} nodes and {n_arcs} arcs has {expected} bytes, got {len(data)}")
+        raise ValueError(
+            f"{name!r}: a graph file of {n_nodes} nodes and {n_arcs} arcs has {expected} bytes, got {len(data)}"
+        )
     body = np.frombuffer(data, dtype="<i4", count=4 + n_start + n_accept + 4 * n_arcs)
     start = body[4 : 4 + n_start]
     accept = body[4 + n_start : 4 + n_start + n_accept]
@@ -467,8 +476,13 @@ def load(file_name, max_bytes: int = MAX_FILE_BYTES) -> Graph:
     if len(set(start.tolist())) != n_start or len(set(accept.tolist())) != n_accept:
         raise ValueError(f"{name!r}: repeated start or accept node ids")
     args = _validate_arrays(
-        n_nodes, start, accept, *(arcs[:, k].astype(_INT) for k in range(4)), weights.astype(_FLOAT),
-        repr(name), node_budget=True,
+        n_nodes,
+        start,
+        accept,
+        *(arcs[:, k].astype(_INT) for k in range(4)),
+        weights.astype(_FLOAT),
+        repr(name),
+        node_budget=True,
     )
     return Graph._from_arrays(*args)
 
@@ -487,7 +501,9 @@ def _symbol(symbols: Mapping[int, str], label: int, which: str) -> str:
         raise SymbolNotFoundError(f"{which} has no symbol for label {label}") from None
 
 
-def dot_text(g: Graph, isymbols: Optional[Mapping[int, str]] = None, osymbols: Optional[Mapping[int, str]] = None) -> str:
+def dot_text(
+    g: Graph, isymbols: Optional[Mapping[int, str]] = None, osymbols: Optional[Mapping[int, str]] = None
+) -> str:
     """The graph in Graphviz DOT, as GTN's ``write_dot`` writes it.
 
     Start nodes are drawn bold (pen width 2), accept nodes as double circles; an arc
@@ -533,7 +549,9 @@ def dot_text(g: Graph, isymbols: Optional[Mapping[int, str]] = None, osymbols: O
     return "\n".join(lines) + "\n}"
 
 
-def write_dot(g: Graph, file_name, isymbols: Optional[Mapping[int, str]] = None, osymbols: Optional[Mapping[int, str]] = None) -> None:
+def write_dot(
+    g: Graph, file_name, isymbols: Optional[Mapping[int, str]] = None, osymbols: Optional[Mapping[int, str]] = None
+) -> None:
     """Writes the graph in Graphviz DOT format (see :func:`dot_text`).
 
     Args:
@@ -555,7 +573,9 @@ def write_dot(g: Graph, file_name, isymbols: Optional[Mapping[int, str]] = None,
         raise RuntimeError(f"Could not open file [{os.fspath(file_name)}]: {err}") from err
 
 
-def draw(g: Graph, file_name, isymbols: Optional[Mapping[int, str]] = None, osymbols: Optional[Mapping[int, str]] = None) -> None:
+def draw(
+    g: Graph, file_name, isymbols: Optional[Mapping[int, str]] = None, osymbols: Optional[Mapping[int, str]] = None
+) -> None:
     """Renders the graph with Graphviz; the format follows the extension of ``file_name``.
 
     ``draw(g, "graph.pdf")`` runs ``dot -Tpdf``, ``"graph.png"`` ``dot -Tpng`` and so on.

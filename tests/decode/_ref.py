@@ -21,8 +21,9 @@ class TinyLM:
 
     order = 2
 
-    def __init__(self, vocab: Sequence[str], uni: Dict[str, float], bi: Dict[Tuple[str, str], float],
-                 bo: Dict[str, float]):
+    def __init__(
+        self, vocab: Sequence[str], uni: Dict[str, float], bi: Dict[Tuple[str, str], float], bo: Dict[str, float]
+    ):
         self.words = ["<s>", "</s>", "<unk>"] + [w for w in vocab if w not in ("<s>", "</s>", "<unk>")]
         self._id = {w: i for i, w in enumerate(self.words)}
         self.uni, self.bi, self.bo = uni, bi, bo
@@ -87,9 +88,18 @@ class TinyLM:
                 aw.append(wid), alp.append(lp), an.append(self._state_of(self.words[wid]))
             offs.append(len(aw))
             bol.append(self.bo.get(u, 0.0)), bos.append(0)
-        return LMArrays(np.array(offs, np.int64), np.array(aw, np.int32), np.array(alp, np.float32),
-                        np.array(an, np.int32), np.array(bol, np.float32), np.array(bos, np.int32),
-                        self.start_state(), 0, 1, 2)
+        return LMArrays(
+            np.array(offs, np.int64),
+            np.array(aw, np.int32),
+            np.array(alp, np.float32),
+            np.array(an, np.int32),
+            np.array(bol, np.float32),
+            np.array(bos, np.int32),
+            self.start_state(),
+            0,
+            1,
+            2,
+        )
 
 
 def collapse(path, topology: str, blank: Optional[int], rep: Optional[int], sep: Optional[int]):
@@ -123,7 +133,7 @@ def segmentations(toks: Sequence[int], spell: Dict[str, List[List[int]]], sep: O
             return
         for w, sps in spell.items():
             for sp in {tuple(s) for s in sps}:
-                if toks[i:i + len(sp)] == sp:
+                if toks[i : i + len(sp)] == sp:
                     rec(i + len(sp), acc + [w])
 
     rec(0, [])
@@ -142,8 +152,9 @@ def _trans_score(trans, path):
     return s + sum(float(trans[path[t] + 1, path[t - 1]]) for t in range(1, len(path)))
 
 
-def brute_lexicon(em, topology, blank, rep, sep, spell, lm=None, lm_weight=0.0, word_score=0.0, hotwords=None,
-                  trans=None):
+def brute_lexicon(
+    em, topology, blank, rep, sep, spell, lm=None, lm_weight=0.0, word_score=0.0, hotwords=None, trans=None
+):
     """Word sequence -> total score, summing over (frame path, segmentation) pairs."""
     T, C = em.shape
     acc = defaultdict(list)

@@ -68,8 +68,9 @@ def test_asg_transitions_match_brute_force():
     spell = {"aa": [[0, 0]], "ab": [[0, 1]], "b": [[1]]}
     em = random_emissions(rng, 6, 4)
     trans = rng.normal(size=(5, 4))
-    dec = BeamSearchDecoder(tokens, topology="asg", repeat=3, lexicon=spell, transitions=torch.from_numpy(trans),
-                            nbest=3, **WIDE)
+    dec = BeamSearchDecoder(
+        tokens, topology="asg", repeat=3, lexicon=spell, transitions=torch.from_numpy(trans), nbest=3, **WIDE
+    )
     ref = brute_lexicon(em, "asg", None, 3, 2, spell, trans=trans)
     _check_nbest(dec.decode(em[None])[0], ref, 3)
     with pytest.raises(ValueError, match=r"\(C \+ 1, C\)"):
@@ -208,7 +209,9 @@ def test_token_beam_and_threshold_prune():
     rng = np.random.default_rng(100)
     x = np.stack([random_emissions(rng, 30, 4, peak=3.0)])
     wide = BeamSearchDecoder(TOK, blank=0, lexicon=SPELL, beam_size=50).decode(x)[0][0]
-    narrow = BeamSearchDecoder(TOK, blank=0, lexicon=SPELL, beam_size=50, token_beam=2, beam_threshold=10.0).decode(x)[0][0]
+    narrow = BeamSearchDecoder(TOK, blank=0, lexicon=SPELL, beam_size=50, token_beam=2, beam_threshold=10.0).decode(x)[
+        0
+    ][0]
     assert narrow.score <= wide.score + 1e-6
 
 

@@ -34,6 +34,7 @@ def main():
     def loop(data):
         C = data.draw(st.integers(1, 6))
         topology = data.draw(st.sampled_from(["ctc", "asg", "transducer"]))
+
         def rare(valid, invalid):  # mostly valid values, a malformed one one time in eight
             return data.draw(invalid) if data.draw(st.integers(0, 7)) == 0 else data.draw(valid)
 
@@ -43,10 +44,16 @@ def main():
         use_lex = data.draw(st.booleans())
         lexicon = None
         if use_lex:
-            lexicon = {f"w{i}": [rare(st.lists(st.integers(0, C - 1), min_size=1, max_size=3),
-                                      st.lists(st.integers(-1, C + 1), min_size=0, max_size=3))
-                                 for _ in range(data.draw(st.integers(1, 2)))]
-                       for i in range(rare(st.integers(1, 4), st.just(0)))}
+            lexicon = {
+                f"w{i}": [
+                    rare(
+                        st.lists(st.integers(0, C - 1), min_size=1, max_size=3),
+                        st.lists(st.integers(-1, C + 1), min_size=0, max_size=3),
+                    )
+                    for _ in range(data.draw(st.integers(1, 2)))
+                ]
+                for i in range(rare(st.integers(1, 4), st.just(0)))
+            }
         lm = None
         if data.draw(st.booleans()):
             rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
@@ -60,22 +67,33 @@ def main():
                 bad = arr._replace(**{field: a})
                 lm.arrays = lambda bad=bad: bad
         hot = rare(st.none(), st.dictionaries(st.sampled_from(["a", "ab", "w0", "zz"]), st.floats(-5, 5), max_size=2))
-        kwargs = dict(topology=topology, blank=blank, repeat=repeat, lexicon=lexicon, lm=lm,
-                      lexicon_free=lm is not None and lexicon is None, hotwords=hot,
-                      beam_size=data.draw(st.integers(1, 8)), nbest=data.draw(st.integers(1, 4)),
-                      beam_threshold=data.draw(st.sampled_from([0.0, 3.0, math.inf])),
-                      token_beam=data.draw(st.one_of(st.none(), st.integers(1, C + 2))),
-                      token_min_logp=data.draw(st.one_of(st.none(), st.floats(-10, 0))),
-                      unk_score=data.draw(st.sampled_from([-math.inf, -1.0])))
+        kwargs = dict(
+            topology=topology,
+            blank=blank,
+            repeat=repeat,
+            lexicon=lexicon,
+            lm=lm,
+            lexicon_free=lm is not None and lexicon is None,
+            hotwords=hot,
+            beam_size=data.draw(st.integers(1, 8)),
+            nbest=data.draw(st.integers(1, 4)),
+            beam_threshold=data.draw(st.sampled_from([0.0, 3.0, math.inf])),
+            token_beam=data.draw(st.one_of(st.none(), st.integers(1, C + 2))),
+            token_min_logp=data.draw(st.one_of(st.none(), st.floats(-10, 0))),
+            unk_score=data.draw(st.sampled_from([-math.inf, -1.0])),
+        )
         B = data.draw(st.integers(0, 3))
         T = data.draw(st.integers(0, 7))
         C_in = C if data.draw(st.integers(0, 9)) else data.draw(st.integers(1, 7))
         x = np.random.default_rng(data.draw(st.integers(0, 1000))).normal(size=(B, T, C_in)).astype(np.float32)
         if x.size and data.draw(st.integers(0, 3)) == 0:
             x.reshape(-1)[data.draw(st.integers(0, x.size - 1))] = data.draw(
-                st.sampled_from([-math.inf, math.inf, math.nan, -1e30, 1e30]))
-        lengths = rare(st.one_of(st.none(), st.lists(st.integers(0, T), min_size=B, max_size=B)),
-                       st.lists(st.integers(-1, T + 1), min_size=B, max_size=B))
+                st.sampled_from([-math.inf, math.inf, math.nan, -1e30, 1e30])
+            )
+        lengths = rare(
+            st.one_of(st.none(), st.lists(st.integers(0, T), min_size=B, max_size=B)),
+            st.lists(st.integers(-1, T + 1), min_size=B, max_size=B),
+        )
         try:
             dec = BeamSearchDecoder(tokens, **kwargs)
             out = dec.decode(x, lengths)

@@ -34,8 +34,10 @@ def _logprobs(rng, T, C, peak):
     return np.clip(x, np.log(1e-15), 0).astype(np.float32)
 
 
-@pytest.mark.parametrize("peak,beam,tmin", [(0.0, 8, None), (0.0, 25, None), (6.0, 16, None), (12.0, 50, None),
-                                            (6.0, 16, -5.0), (0.0, 25, -4.0)])
+@pytest.mark.parametrize(
+    "peak,beam,tmin",
+    [(0.0, 8, None), (0.0, 25, None), (6.0, 16, None), (12.0, 50, None), (6.0, 16, -5.0), (0.0, 25, -4.0)],
+)
 def test_best_text_equals_pyctcdecode(peak, beam, tmin):
     rng = np.random.default_rng(int(peak) * 100 + beam)
     ref = pyctcdecode.build_ctcdecoder([""] + LETTERS[1:])
@@ -43,8 +45,13 @@ def test_best_text_equals_pyctcdecode(peak, beam, tmin):
     x = np.stack([_logprobs(rng, 40, len(LETTERS), peak) for _ in range(4)])
     ours = dec.decode(x)
     for b in range(len(x)):
-        theirs = ref.decode_beams(x[b], beam_width=beam, beam_prune_logp=-10.0, token_min_logp=-1e30 if tmin is None else tmin,
-                                  prune_history=False)
+        theirs = ref.decode_beams(
+            x[b],
+            beam_width=beam,
+            beam_prune_logp=-10.0,
+            token_min_logp=-1e30 if tmin is None else tmin,
+            prune_history=False,
+        )
         text, _, _, logit_score, _ = theirs[0]
         assert " ".join(ours[b][0].words) == text
         assert ours[b][0].score == pytest.approx(logit_score, abs=1e-3)

@@ -24,8 +24,9 @@ def test_trigram_matches_brute_force(method):
     rng = np.random.default_rng(7)
     em = random_emissions(rng, 5, 4)
     kw = dict(lm_weight=0.8, word_score=0.5)
-    dec = BeamSearchDecoder(TOK, blank=0, lexicon=SPELL, lm=lm, unk_score=-2.0, nbest=3,
-                            beam_size=100000, beam_threshold=math.inf, **kw)
+    dec = BeamSearchDecoder(
+        TOK, blank=0, lexicon=SPELL, lm=lm, unk_score=-2.0, nbest=3, beam_size=100000, beam_threshold=math.inf, **kw
+    )
     hyps = dec.decode(em[None])[0]
     ref = brute_lexicon(em, "ctc", 0, None, 3, SPELL, lm=lm, hotwords={"bb": -2.0}, **kw)
     want = sorted(ref.items(), key=lambda kv: -kv[1])[:3]

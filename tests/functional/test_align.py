@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.functional import (collapse, forced_align, plot_alignment, to_ctm, to_json, to_records,
-                                      word_spans)
 from lightning_gtn.align.forced import align_graph
+from lightning_gtn.functional import collapse, forced_align, plot_alignment, to_ctm, to_json, to_records, word_spans
 
 from ._brute import asg_path_score, ctc_paths, segmentations
 
@@ -71,7 +70,7 @@ def _check_spans(al, b, target):
         assert prev_end <= st[i] < en[i] <= n
         assert all(lab[t] == y for t in range(st[i], en[i]))
         prev_end = en[i]
-    assert all(v == -1 for v in st[len(target):]) and all(v == -1 for v in en[len(target):])
+    assert all(v == -1 for v in st[len(target) :]) and all(v == -1 for v in en[len(target) :])
     assert all(v == -1 for v in lab[n:])
 
 
@@ -223,8 +222,9 @@ def test_batched_equals_one_by_one_and_impls_agree(blank, star):
     x = torch.randn(B, T, C, generator=g).log_softmax(-1)
     lengths = torch.randint(10, T + 1, (B,), generator=g)
     lo = 0 if blank is None else 1
-    targets = [torch.randint(lo, C, (int(torch.randint(0, 8, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(B)]
+    targets = [
+        torch.randint(lo, C, (int(torch.randint(0, 8, (1,), generator=g)),), generator=g).tolist() for _ in range(B)
+    ]
     al = forced_align(x, targets, lengths, blank=blank, star=star)
     al_t = forced_align(x, targets, lengths, blank=blank, star=star, impl="torch")
     assert torch.equal(al.labels, al_t.labels) and torch.allclose(al.score, al_t.score)
@@ -314,10 +314,12 @@ def test_json_and_ctm_formats(tmp_path):
     targets = [[1, 2, 3, 4], [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4]]
     al = forced_align(x, targets, [20, 8])  # the second is infeasible
     chars = "_ab c"
-    recs = json.loads(to_json(al, targets, frame_shift=0.04, tokens=chars, utterance_ids=["u1", "u2"],
-                              word_separator_id=3))
-    assert recs == to_records(al, targets, frame_shift=0.04, tokens=chars, utterance_ids=["u1", "u2"],
-                              word_separator_id=3)
+    recs = json.loads(
+        to_json(al, targets, frame_shift=0.04, tokens=chars, utterance_ids=["u1", "u2"], word_separator_id=3)
+    )
+    assert recs == to_records(
+        al, targets, frame_shift=0.04, tokens=chars, utterance_ids=["u1", "u2"], word_separator_id=3
+    )
     r = recs[0]
     assert r["utterance"] == "u1" and r["num_frames"] == 20
     assert r["score"] == pytest.approx(float(al.score[0]), rel=1e-6)
@@ -361,8 +363,12 @@ def test_file_writers_are_refused_in_checkpoint_configs():
     # checkpoints are data: only registered types may be named, and functions such as the aligner
     # and the file writers are none
     _trust.check_target("lightning_gtn.nn.CTCLoss", "loss._target_")
-    for path in ("lightning_gtn.functional.forced_align", "lightning_gtn.functional.plot_alignment",
-                 "lightning_gtn.align.plot.plot_alignment", "lightning_gtn.align_cli.main"):
+    for path in (
+        "lightning_gtn.functional.forced_align",
+        "lightning_gtn.functional.plot_alignment",
+        "lightning_gtn.align.plot.plot_alignment",
+        "lightning_gtn.align_cli.main",
+    ):
         with pytest.raises(_trust.UntrustedTargetError):
             _trust.check_target(path, "decoder._target_")
 
@@ -385,15 +391,15 @@ def test_small_backpointer_budget_runs_in_groups_with_the_same_result(impl, monk
 def _problem_of(targets, lengths):
     import numpy as np
 
-    from lightning_gtn.kernels.batch import Problem
-    from lightning_gtn.kernels.batch import GraphBatch
     from lightning_gtn.core.criterion_graphs import compiled_ctc
+    from lightning_gtn.kernels.batch import GraphBatch, Problem
 
     graphs = [compiled_ctc(tuple(t), 0) for t in targets]
     return Problem(GraphBatch(graphs), np.arange(len(graphs)), np.arange(len(graphs)), np.array(lengths))
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 
 @settings(max_examples=30, deadline=None)
@@ -505,8 +511,10 @@ def test_byte_limit_error_names_the_sizes(monkeypatch):
     x = _lp(2, 50, 4, seed=22, dtype=torch.float32)
     monkeypatch.setattr(viterbi_paths, "MAX_ALIGN_BYTES", 200)
     for impl, blank in (("numba", 0), ("numba", None), ("torch", 0)):
-        with pytest.raises(ValueError, match=r"T=50 frames against a graph of S=(7|4) nodes needs \d+ bytes, more "
-                                             r"than the limit of 200"):
+        with pytest.raises(
+            ValueError,
+            match=r"T=50 frames against a graph of S=(7|4) nodes needs \d+ bytes, more " r"than the limit of 200",
+        ):
             forced_align(x, [[1, 2, 3], [1]], [50, 50], blank=blank, impl=impl)
 
 
@@ -527,4 +535,4 @@ def test_plot_token_labels_do_not_overlap():
     assert len(boxes) >= 30  # most tokens are labelled
     ticks = [t.get_window_extent(r) for t in fig.axes[0].get_xticklabels() if t.get_text()]
     for i, p in enumerate(boxes):
-        assert not any(p.overlaps(q) for q in boxes[i + 1:] + ticks)
+        assert not any(p.overlaps(q) for q in boxes[i + 1 :] + ticks)

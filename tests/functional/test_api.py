@@ -90,8 +90,9 @@ def test_graph_loss_non_integer_targets_are_errors():
         graph_loss(X, [[1, 2.5], [3]], graphs=GRAPH)
 
 
-@pytest.mark.parametrize("blank", [True, 1.5, 1.0, np.float64(1.0), np.bool_(True), torch.tensor(1.0),
-                                   torch.tensor(True), "1"], ids=repr)
+@pytest.mark.parametrize(
+    "blank", [True, 1.5, 1.0, np.float64(1.0), np.bool_(True), torch.tensor(1.0), torch.tensor(True), "1"], ids=repr
+)
 def test_non_integer_blank_is_an_error(blank):
     with pytest.raises(ValueError, match=r"blank must be an integer label in \[0, C\)"):
         ctc_loss(X, TG, IL, TL, blank=blank)
@@ -101,9 +102,10 @@ def test_non_integer_blank_is_an_error(blank):
 
 def test_integer_types_are_accepted():
     ref = ctc_loss(X, TG, IL, TL)
-    for il, tl, blank in [(np.array(IL, dtype=np.int32), np.array(TL, dtype=np.uint8), np.int64(0)),
-                          (torch.tensor(IL, dtype=torch.int32), torch.tensor(TL, dtype=torch.int16),
-                           torch.tensor(0))]:
+    for il, tl, blank in [
+        (np.array(IL, dtype=np.int32), np.array(TL, dtype=np.uint8), np.int64(0)),
+        (torch.tensor(IL, dtype=torch.int32), torch.tensor(TL, dtype=torch.int16), torch.tensor(0)),
+    ]:
         torch.testing.assert_close(ctc_loss(X, TG.int(), il, tl, blank=blank), ref)
 
 
@@ -114,10 +116,12 @@ def test_integer_types_are_accepted():
 
 @pytest.mark.parametrize("impl", ["k2", "native", "", "NUMBA", 0])
 def test_unknown_impl_is_an_error(impl):
-    for f in (lambda: ctc_loss(X, TG, IL, TL, impl=impl),
-              lambda: asg_loss(X, TG, IL, TL, transitions=TR, impl=impl),
-              lambda: sequence_loss(X, TG, IL, TL, impl=impl),
-              lambda: graph_loss(X, input_lengths=IL, graphs=GRAPH, impl=impl)):
+    for f in (
+        lambda: ctc_loss(X, TG, IL, TL, impl=impl),
+        lambda: asg_loss(X, TG, IL, TL, transitions=TR, impl=impl),
+        lambda: sequence_loss(X, TG, IL, TL, impl=impl),
+        lambda: graph_loss(X, input_lengths=IL, graphs=GRAPH, impl=impl),
+    ):
         with pytest.raises(ValueError, match="impl must be one of"):
             f()
 
@@ -146,8 +150,9 @@ def test_options_are_keyword_only():
     with pytest.raises(TypeError):
         viterbi(X, IL, 0)
     # ctc_loss keeps torch's positional blank, reduction, zero_infinity
-    torch.testing.assert_close(ctc_loss(X, TG, IL, TL, 0, "sum", True),
-                               ctc_loss(X, TG, IL, TL, blank=0, reduction="sum", zero_infinity=True))
+    torch.testing.assert_close(
+        ctc_loss(X, TG, IL, TL, 0, "sum", True), ctc_loss(X, TG, IL, TL, blank=0, reduction="sum", zero_infinity=True)
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -172,8 +177,10 @@ def test_graph_loss_mean_without_target_lengths_is_the_batch_mean():
     x, _, graphs, w, il = _graph_inputs()
     none = graph_loss(x, input_lengths=il, graphs=graphs, weights=w, reduction="none")
     assert none.shape == (3,)
-    for out in (graph_loss(x, input_lengths=il, graphs=graphs, weights=w, reduction="mean"),
-                graph_loss(x, input_lengths=il, graphs=graphs, weights=w)):  # the default
+    for out in (
+        graph_loss(x, input_lengths=il, graphs=graphs, weights=w, reduction="mean"),
+        graph_loss(x, input_lengths=il, graphs=graphs, weights=w),
+    ):  # the default
         assert out.shape == ()
         torch.testing.assert_close(out, none.mean())
         for a, b in zip(_grads(out, x, w), _grads(none.mean(), x, w)):

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_gtn.kernels import dense_torch
 from lightning_gtn.core import dispatch, scoring
-from lightning_gtn.functional import asg_loss
-from lightning_gtn.kernels.dense_torch import asg_full_scores
 from lightning_gtn.core.criterion_graphs import compiled_asg_full
+from lightning_gtn.functional import asg_loss
+from lightning_gtn.kernels import dense_torch
+from lightning_gtn.kernels.dense_torch import asg_full_scores
 
 from ._brute import asg_path_score, lse
 
@@ -54,9 +54,18 @@ def test_brute_force_values_and_grads():
     lengths = np.array([4, 2])
     logz, gE, gT = asg_full_scores(x, tr, lengths, True)
     xr, trr = x.clone().requires_grad_(True), tr.clone().requires_grad_(True)
-    ref = torch.stack([lse([asg_path_score(xr[b, : lengths[b]], trr, p)
-                            for p in itertools.product(range(C), repeat=int(lengths[b]))], xr)
-                       for b in range(2)])
+    ref = torch.stack(
+        [
+            lse(
+                [
+                    asg_path_score(xr[b, : lengths[b]], trr, p)
+                    for p in itertools.product(range(C), repeat=int(lengths[b]))
+                ],
+                xr,
+            )
+            for b in range(2)
+        ]
+    )
     torch.testing.assert_close(logz, ref.detach())
     rE, rT = torch.autograd.grad(ref.sum(), (xr, trr))
     torch.testing.assert_close(gE, rE)
@@ -115,8 +124,9 @@ def test_asg_loss_dense_normaliser_matches_graph_path(monkeypatch, reduction, ze
     def run(threshold):
         _threshold(monkeypatch, threshold)
         xa, ta = x.clone().requires_grad_(True), tr.clone().requires_grad_(True)
-        loss = asg_loss(xa, transitions=ta, targets=targets, input_lengths=lengths, reduction=reduction,
-                        zero_infinity=zero_infinity)
+        loss = asg_loss(
+            xa, transitions=ta, targets=targets, input_lengths=lengths, reduction=reduction, zero_infinity=zero_infinity
+        )
         fin = loss[torch.isfinite(loss)].sum() if reduction == "none" else loss
         if not torch.isfinite(fin):
             return loss, None

@@ -4,7 +4,8 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn.functional import asg_loss, asg_target_graph, force_align_graph, sequence_loss
@@ -92,7 +93,7 @@ def test_infeasible_and_zero_infinity():
     assert math.isinf(loss[0].item()) and math.isfinite(loss[1].item())
     z = sequence_loss(x[:2], [[0, 1, 2, 0, 1], [1]], [4, 3], reduction="none", zero_infinity=True)
     assert z[0].item() == 0.0
-    g, = torch.autograd.grad(z.sum(), x)
+    (g,) = torch.autograd.grad(z.sum(), x)
     assert torch.all(g[0] == 0) and torch.any(g[1] != 0)
 
 
@@ -103,13 +104,17 @@ def test_batched_equals_one_by_one(B, T, C, seed):
     x = torch.randn(B, T, C, generator=g, dtype=torch.float64)
     tr = torch.randn(C + 1, C, generator=g, dtype=torch.float64)
     lens = torch.randint(1, T + 1, (B,), generator=g).tolist()
-    targets = [torch.randint(0, C, (int(torch.randint(0, l + 1, (1,), generator=g)),), generator=g).tolist() for l in lens]
+    targets = [
+        torch.randint(0, C, (int(torch.randint(0, l + 1, (1,), generator=g)),), generator=g).tolist() for l in lens
+    ]
     full = asg_loss(x, targets, lens, transitions=tr, reduction="none")
     seq = sequence_loss(x, targets, lens, reduction="none")
     for b in range(B):
         one = asg_loss(x[b : b + 1], [targets[b]], [lens[b]], transitions=tr, reduction="none")
         torch.testing.assert_close(full[b : b + 1], one)
-        torch.testing.assert_close(seq[b : b + 1], sequence_loss(x[b : b + 1], [targets[b]], [lens[b]], reduction="none"))
+        torch.testing.assert_close(
+            seq[b : b + 1], sequence_loss(x[b : b + 1], [targets[b]], [lens[b]], reduction="none")
+        )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -117,7 +122,8 @@ def test_gradcheck_float64(impl):
     x, tr = _inputs(7, B=2, T=4, C=3)
     tg = [[0, 2], [1]]
     assert torch.autograd.gradcheck(
-        lambda a, b: asg_loss(a, tg, [4, 3], transitions=b, reduction="none", impl=impl), (x, tr))
+        lambda a, b: asg_loss(a, tg, [4, 3], transitions=b, reduction="none", impl=impl), (x, tr)
+    )
     assert torch.autograd.gradcheck(lambda a: sequence_loss(a, tg, [4, 3], reduction="none", impl=impl), (x,))
 
 

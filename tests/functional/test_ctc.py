@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as TF
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn.functional import ctc_loss
@@ -26,8 +27,7 @@ def _batch(seed, B, T, C, S, dtype=torch.float64, min_len=0):
 
 
 def _torch_ctc(x, tg, il, tl, reduction="none", zero_infinity=False):
-    return TF.ctc_loss(x.log_softmax(-1).transpose(0, 1), tg, il, tl, reduction=reduction,
-                       zero_infinity=zero_infinity)
+    return TF.ctc_loss(x.log_softmax(-1).transpose(0, 1), tg, il, tl, reduction=reduction, zero_infinity=zero_infinity)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -38,8 +38,8 @@ def test_values_and_grads_match_torch(impl, reduction):
     ours = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction=reduction, zero_infinity=True, impl=impl)
     ref = _torch_ctc(x, tg, il, tl, reduction, zero_infinity=True)
     torch.testing.assert_close(ours, ref)
-    g1, = torch.autograd.grad(ours.sum(), x)
-    g2, = torch.autograd.grad(ref.sum(), x)
+    (g1,) = torch.autograd.grad(ours.sum(), x)
+    (g2,) = torch.autograd.grad(ref.sum(), x)
     torch.testing.assert_close(g1, g2)
 
 
@@ -57,8 +57,8 @@ def test_random_shapes_repeats_empty_and_concatenated_targets(impl):
         ours = ctc_loss(x.log_softmax(-1), flat, il, tl, reduction="none", impl=impl)
         ref = _torch_ctc(x, tg, il, tl)
         torch.testing.assert_close(ours, ref)
-        g1, = torch.autograd.grad(ours.sum(), x)
-        g2, = torch.autograd.grad(ref.sum(), x)
+        (g1,) = torch.autograd.grad(ours.sum(), x)
+        (g2,) = torch.autograd.grad(ref.sum(), x)
         torch.testing.assert_close(g1, g2)
 
 
@@ -73,7 +73,7 @@ def test_infeasible_targets(impl):
     torch.testing.assert_close(loss[1], _torch_ctc(x, tg, il, tl)[1])
     z = ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none", zero_infinity=True, impl=impl)
     assert z[0].item() == 0.0 and z[2].item() == 0.0
-    g, = torch.autograd.grad(z.sum(), x)
+    (g,) = torch.autograd.grad(z.sum(), x)
     assert torch.all(g[0] == 0) and torch.all(g[2] == 0) and torch.any(g[1] != 0)
     # mean over a batch with an infinite member is infinite, as torch's
     assert math.isinf(ctc_loss(x.log_softmax(-1), tg, il, tl, impl=impl).item())
@@ -96,8 +96,9 @@ def test_blank_not_zero():
     x = torch.randn(2, 8, 4, dtype=torch.float64, requires_grad=True)
     tg = torch.tensor([[0, 1], [2, 2]])
     ours = ctc_loss(x.log_softmax(-1), tg, [8, 7], [2, 2], blank=3, reduction="none")
-    ref = TF.ctc_loss(x.log_softmax(-1).transpose(0, 1), tg, torch.tensor([8, 7]), torch.tensor([2, 2]),
-                      blank=3, reduction="none")
+    ref = TF.ctc_loss(
+        x.log_softmax(-1).transpose(0, 1), tg, torch.tensor([8, 7]), torch.tensor([2, 2]), blank=3, reduction="none"
+    )
     torch.testing.assert_close(ours, ref)
 
 
@@ -119,7 +120,9 @@ def test_batched_equals_one_by_one(B, T, C, seed):
     tl = torch.minimum(tl, il)
     full = ctc_loss(x, tg, il, tl, reduction="none")
     for b in range(B):
-        one = ctc_loss(x[b : b + 1, : max(int(il[b]), 0)], tg[b : b + 1], il[b : b + 1], tl[b : b + 1], reduction="none")
+        one = ctc_loss(
+            x[b : b + 1, : max(int(il[b]), 0)], tg[b : b + 1], il[b : b + 1], tl[b : b + 1], reduction="none"
+        )
         torch.testing.assert_close(full[b : b + 1], one)
 
 
@@ -197,8 +200,8 @@ def test_cuda_matches_cpu():
     b = ctc_loss(xc.log_softmax(-1), tg.cuda(), il.cuda(), tl.cuda(), reduction="none")
     assert b.device.type == "cuda"
     torch.testing.assert_close(a, b.cpu(), rtol=1e-4, atol=1e-4)
-    ga, = torch.autograd.grad(a.sum(), x)
-    gb, = torch.autograd.grad(b.sum(), xc)
+    (ga,) = torch.autograd.grad(a.sum(), x)
+    (gb,) = torch.autograd.grad(b.sum(), xc)
     torch.testing.assert_close(ga, gb.cpu(), rtol=1e-4, atol=1e-4)
 
 

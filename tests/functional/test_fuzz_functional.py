@@ -43,8 +43,7 @@ def test_adapter_calls_work_on_valid_input():
     x = torch.randn(2, 6, 4).log_softmax(-1)
     extra = {"blank": 0, "transitions": torch.zeros(5, 4), "graphs": [ctc_graph([1], 0), ctc_graph([2, 3], 0)]}
     for name in LOSSES:
-        out = call_loss(F, name, x, torch.tensor([[1, 0], [2, 3]]), torch.tensor([6, 5]), torch.tensor([1, 2]),
-                        extra)
+        out = call_loss(F, name, x, torch.tensor([[1, 0], [2, 3]]), torch.tensor([6, 5]), torch.tensor([1, 2]), extra)
         assert out is not None, name
 
 
@@ -60,8 +59,9 @@ def main():
     import lightning_gtn.functional as F
     import lightning_gtn.wfst as gtn
 
-    cfg = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                   suppress_health_check=list(HealthCheck))
+    cfg = settings(
+        max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     odd = st.sampled_from([-1, -(2**31), 2**31, 2**40, 2**63 - 1, 10**6])
 
     @st.composite
@@ -72,8 +72,7 @@ def main():
             g.add_node(i == 0 or draw(st.booleans()), i == n - 1 or draw(st.booleans()))
         for _ in range(draw(st.integers(0, 6))):
             lab = draw(st.one_of(st.integers(-1, C + 1), st.just(2**31 - 1)))
-            g.add_arc(draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1)), lab, lab,
-                      draw(st.floats(-3, 3)))
+            g.add_arc(draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1)), lab, lab, draw(st.floats(-3, 3)))
         return g
 
     @st.composite
@@ -83,34 +82,53 @@ def main():
         dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.float16, torch.int64]))
         x = torch.randn(shape).to(dtype) if dtype != torch.int64 else torch.randint(0, 3, shape)
         if draw(st.booleans()) and x.numel() and x.is_floating_point():
-            x.view(-1)[draw(st.integers(0, x.numel() - 1))] = draw(st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e30]))
+            x.view(-1)[draw(st.integers(0, x.numel() - 1))] = draw(
+                st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e30])
+            )
         if draw(st.booleans()) and x.is_floating_point():
             x.requires_grad_(True)
 
         def lengths(n, hi):
-            return draw(st.one_of(
-                st.lists(st.integers(0, hi), min_size=n, max_size=n).map(torch.tensor),
-                st.lists(st.one_of(st.integers(-3, hi + 3), odd), min_size=n, max_size=n).map(torch.tensor),
-                st.lists(st.floats(-2, hi + 2), min_size=n, max_size=n).map(torch.tensor),
-                st.lists(st.integers(0, hi), max_size=4),
-                st.none(), st.just("x"), st.just(torch.zeros(2, 2, dtype=torch.long)),
-            ))
+            return draw(
+                st.one_of(
+                    st.lists(st.integers(0, hi), min_size=n, max_size=n).map(torch.tensor),
+                    st.lists(st.one_of(st.integers(-3, hi + 3), odd), min_size=n, max_size=n).map(torch.tensor),
+                    st.lists(st.floats(-2, hi + 2), min_size=n, max_size=n).map(torch.tensor),
+                    st.lists(st.integers(0, hi), max_size=4),
+                    st.none(),
+                    st.just("x"),
+                    st.just(torch.zeros(2, 2, dtype=torch.long)),
+                )
+            )
 
         S = draw(st.integers(0, 4))
-        targets = draw(st.one_of(
-            st.lists(st.lists(st.integers(0, C - 1), min_size=S, max_size=S), min_size=B, max_size=B).map(
-                lambda v: torch.tensor(v, dtype=torch.long).reshape(B, S)),
-            st.lists(st.lists(st.one_of(st.integers(-2, C + 2), odd), min_size=S, max_size=S), min_size=B,
-                     max_size=B).map(lambda v: torch.tensor(v).reshape(B, S)),
-            st.lists(st.integers(-1, C), max_size=8).map(lambda v: torch.tensor(v, dtype=torch.long)),
-            st.just(torch.zeros(0)), st.just(torch.rand(B, S)), st.none(),
-        ))
+        targets = draw(
+            st.one_of(
+                st.lists(st.lists(st.integers(0, C - 1), min_size=S, max_size=S), min_size=B, max_size=B).map(
+                    lambda v: torch.tensor(v, dtype=torch.long).reshape(B, S)
+                ),
+                st.lists(
+                    st.lists(st.one_of(st.integers(-2, C + 2), odd), min_size=S, max_size=S), min_size=B, max_size=B
+                ).map(lambda v: torch.tensor(v).reshape(B, S)),
+                st.lists(st.integers(-1, C), max_size=8).map(lambda v: torch.tensor(v, dtype=torch.long)),
+                st.just(torch.zeros(0)),
+                st.just(torch.rand(B, S)),
+                st.none(),
+            )
+        )
         extra = {
             "blank": draw(st.one_of(st.integers(-1, C), odd, st.none())),
-            "transitions": torch.randn(draw(st.one_of(
-                st.just((C + 1, C)), st.lists(st.integers(0, 4), max_size=3).map(tuple)))),
-            "graphs": draw(st.one_of(st.lists(graph(C), min_size=B, max_size=B), graph(C),
-                                     st.lists(graph(C), max_size=4), st.just(["not a graph"] * B))),
+            "transitions": torch.randn(
+                draw(st.one_of(st.just((C + 1, C)), st.lists(st.integers(0, 4), max_size=3).map(tuple)))
+            ),
+            "graphs": draw(
+                st.one_of(
+                    st.lists(graph(C), min_size=B, max_size=B),
+                    graph(C),
+                    st.lists(graph(C), max_size=4),
+                    st.just(["not a graph"] * B),
+                )
+            ),
         }
         return x, targets, lengths(B, T), lengths(B, S), extra
 

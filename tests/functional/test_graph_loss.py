@@ -15,10 +15,10 @@ IMPLS = ["numba", "numba_log", "torch"]
 def _eps_graph(calc_grad=False):
     # two start nodes, two accept nodes, epsilon arcs in a chain (0 -eps-> 1 -eps-> 2)
     g = gtn.Graph(calc_grad)
-    g.add_node(True)          # 0
-    g.add_node(True)          # 1
-    g.add_node(False, True)   # 2
-    g.add_node(False, True)   # 3
+    g.add_node(True)  # 0
+    g.add_node(True)  # 1
+    g.add_node(False, True)  # 2
+    g.add_node(False, True)  # 3
     g.add_arc(0, 1, gtn.epsilon, gtn.epsilon, 0.3)
     g.add_arc(1, 2, gtn.epsilon, gtn.epsilon, -0.2)
     g.add_arc(0, 0, 0, 0, 0.1)
@@ -119,7 +119,8 @@ def test_gradcheck(impl):
     x = torch.randn(2, 3, 3, dtype=torch.float64, requires_grad=True)
     w = torch.tensor(g.weights_to_list(), dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda a, b: graph_loss(a, input_lengths=[3, 2], graphs=g, weights=[b], reduction="none", impl=impl), (x, w))
+        lambda a, b: graph_loss(a, input_lengths=[3, 2], graphs=g, weights=[b], reduction="none", impl=impl), (x, w)
+    )
 
 
 def test_epsilon_cycle_is_an_error():
@@ -140,7 +141,8 @@ def test_label_out_of_range():
         graph_loss(torch.randn(1, 2, 3), input_lengths=[2], graphs=g, reduction="none")
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 
 @st.composite
@@ -179,8 +181,7 @@ def test_random_graphs_count_paths_and_agree_across_impls(g, T, seed):
     ref_grads = torch.autograd.grad(ref, (xr, wr), allow_unused=True) if ref.requires_grad else None
     for impl in IMPLS:
         xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-        out = graph_loss(xi, input_lengths=[T], graphs=g, weights=[wi], reduction="none", zero_infinity=True,
-                         impl=impl)
+        out = graph_loss(xi, input_lengths=[T], graphs=g, weights=[wi], reduction="none", zero_infinity=True, impl=impl)
         if math.isinf(ref.item()):
             assert out.item() == 0.0
             continue

@@ -26,8 +26,16 @@ def _run(name, x, trans=None, **kw):
     if name == "transducer":
         tokens = [["a"], ["b"], ["c"], ["d"], ["a", "b"]]
         g2i = {"a": 0, "b": 1, "c": 2, "d": 3}
-        return F.transducer_loss(x, [[0, 1], [2], [1, 3, 0]], LENGTHS, tokens=tokens, graphemes_to_idx=g2i,
-                                 ngram=1, transition_params=trans, **kw)
+        return F.transducer_loss(
+            x,
+            [[0, 1], [2], [1, 3, 0]],
+            LENGTHS,
+            tokens=tokens,
+            graphemes_to_idx=g2i,
+            ngram=1,
+            transition_params=trans,
+            **kw,
+        )
     raise AssertionError(name)
 
 

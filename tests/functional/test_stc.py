@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn import nn as lnn
@@ -147,7 +148,7 @@ def test_equals_gtn_reference(impl, ragged):
     x.requires_grad_(True)
     p = 0.3
     ours = stc_loss(x, tg, il, tl, p=p, reduction="none", impl=impl)
-    g, = torch.autograd.grad(ours.sum(), x)
+    (g,) = torch.autograd.grad(ours.sum(), x)
     targets = [tg[b, : tl[b]].tolist() for b in range(5)]
     ref, ref_g = gtn_reference(x, targets, il.tolist(), p)
     torch.testing.assert_close(ours.detach(), ref)
@@ -166,8 +167,8 @@ def test_brute_force_enumeration(p):
                 ref = brute_force(x[0], list(target), p)
                 torch.testing.assert_close(ours[0], ref)
                 if torch.isfinite(ref):
-                    g1, = torch.autograd.grad(ours.sum(), x)
-                    g2, = torch.autograd.grad(ref, x)
+                    (g1,) = torch.autograd.grad(ours.sum(), x)
+                    (g2,) = torch.autograd.grad(ref, x)
                     torch.testing.assert_close(g1, g2)
 
 
@@ -190,7 +191,7 @@ def test_known_values():
     x = torch.log(torch.tensor([[[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]])).requires_grad_(True)
     loss = stc_loss(x, [[1, 1]], [3], reduction="none")
     assert loss.item() == pytest.approx(0.0, abs=1e-6)
-    g, = torch.autograd.grad(loss.sum(), x)
+    (g,) = torch.autograd.grad(loss.sum(), x)
     assert torch.isfinite(g).all()
     # uniform over 4 labels, target (1, 2) in 3 frames: "x 1 2" with x a blank (1/4) or a star
     # except 1 (1/2); "1 x 2" with x a blank or a star except 2; "1 2 x" with x a blank or the
@@ -223,14 +224,14 @@ def test_batched_equals_one_by_one_and_p_as_tensor():
     x, tg, il, tl = _batch(4, 6, 10, 5, 4, True)
     x.requires_grad_(True)
     full = stc_loss(x, tg, il, tl, p=torch.tensor(0.6, dtype=torch.float64), reduction="none")
-    g, = torch.autograd.grad(full.sum(), x)
+    (g,) = torch.autograd.grad(full.sum(), x)
     for b in range(6):
         xb = x[b : b + 1, : il[b]].detach().requires_grad_(True)
         one = stc_loss(xb, tg[b : b + 1], il[b : b + 1], tl[b : b + 1], p=0.6, reduction="none")
-        gb, = torch.autograd.grad(one.sum(), xb)
+        (gb,) = torch.autograd.grad(one.sum(), xb)
         torch.testing.assert_close(one[0], full[b].detach())
         torch.testing.assert_close(gb[0], g[b, : il[b]])
-        assert (g[b, il[b]:] == 0).all()
+        assert (g[b, il[b] :] == 0).all()
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
@@ -251,7 +252,7 @@ def test_zero_infinity():
     assert torch.isfinite(inf[0]) and torch.isinf(inf[1])
     zero = stc_loss(x, tg, il, tl, reduction="none", zero_infinity=True)
     assert zero[1] == 0 and zero[0] == inf[0]
-    g, = torch.autograd.grad(zero.sum(), x)
+    (g,) = torch.autograd.grad(zero.sum(), x)
     assert torch.isfinite(g).all() and (g[1] == 0).all() and g[0].abs().sum() > 0
 
 
@@ -263,11 +264,20 @@ def test_float32_and_bfloat16_follow_float64():
     assert bf.dtype == torch.bfloat16 and abs(bf.double() - ref) < 0.1
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    (dict(p=0.0), "p"), (dict(p=-1.0), "p"), (dict(p=float("nan")), "p"), (dict(p=True), "p"),
-    (dict(p=torch.ones(2)), "p"), (dict(blank=4), "blank"), (dict(blank=1.5), "blank"),
-    (dict(reduction="avg"), "reduction"), (dict(impl="gtn"), "impl"),
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(p=0.0), "p"),
+        (dict(p=-1.0), "p"),
+        (dict(p=float("nan")), "p"),
+        (dict(p=True), "p"),
+        (dict(p=torch.ones(2)), "p"),
+        (dict(blank=4), "blank"),
+        (dict(blank=1.5), "blank"),
+        (dict(reduction="avg"), "reduction"),
+        (dict(impl="gtn"), "impl"),
+    ],
+)
 def test_bad_options(kwargs, name):
     x = torch.randn(2, 5, 4).log_softmax(-1)
     with pytest.raises(ValueError, match=name):
@@ -459,8 +469,7 @@ def test_triton_kernels_under_the_interpreter_equal_numba():
         pytest.skip("triton is not installed")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    res = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=600)
+    res = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "STC-TRITON-OK" in res.stdout, res.stdout + res.stderr
 
 

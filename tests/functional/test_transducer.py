@@ -95,8 +95,9 @@ def ref_alignments(target, tokens_g, lexicon):
     return a
 
 
-def reference(x, targets, lengths, tokens, g2i, blank="none", allow_repeats=True, trans=None, params=None,
-              decomp_tokens=None):
+def reference(
+    x, targets, lengths, tokens, g2i, blank="none", allow_repeats=True, trans=None, params=None, decomp_tokens=None
+):
     """Per-example losses and gradients (emissions, params), float64. ``decomp_tokens``: a
     per-example token-id sequence replacing the lexicon (the one-segmentation baseline)."""
     B, T, C = x.shape
@@ -149,8 +150,9 @@ def _data(C, lengths=(9, 7, 8, 5), seed=0, T=9):
     return torch.randn(len(lengths), T, C, generator=g, dtype=torch.float64)
 
 
-def _check(tokens, blank, reps, ngram=0, trans=None, lengths=(9, 7, 8, 5), T=9, targets=TARGETS,
-           decompositions=True, g2i=G2I):
+def _check(
+    tokens, blank, reps, ngram=0, trans=None, lengths=(9, 7, 8, 5), T=9, targets=TARGETS, decompositions=True, g2i=G2I
+):
     C = len(tokens) + (blank != "none")
     x = _data(C, lengths, T=T)
     if ngram == 0 and trans is None:
@@ -159,11 +161,23 @@ def _check(tokens, blank, reps, ngram=0, trans=None, lengths=(9, 7, 8, 5), T=9, 
     params = None
     if ngram or trans is not None:
         ng = transitions_graph(ngram, C) if ngram else trans
-        params = (0.3 * torch.randn(ng.num_arcs(), generator=torch.Generator().manual_seed(3),
-                                    dtype=torch.float64)).requires_grad_()
-    out = transducer_loss(xg, targets, torch.tensor(lengths), tokens=tokens, graphemes_to_idx=g2i, ngram=ngram,
-                          transitions=trans, transition_params=params, blank=blank, allow_repeats=reps,
-                          decompositions=decompositions, reduction="none")
+        params = (
+            0.3 * torch.randn(ng.num_arcs(), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        ).requires_grad_()
+    out = transducer_loss(
+        xg,
+        targets,
+        torch.tensor(lengths),
+        tokens=tokens,
+        graphemes_to_idx=g2i,
+        ngram=ngram,
+        transitions=trans,
+        transition_params=params,
+        blank=blank,
+        allow_repeats=reps,
+        decompositions=decompositions,
+        reduction="none",
+    )
     out.sum().backward()
     rtrans = ref_transitions(ngram, C) if ngram else (trans_copy(trans) if trans is not None else None)
     dec = None
@@ -204,8 +218,16 @@ def test_against_reference_ngram(ngram, blank, reps):
 
 
 def test_trigram():
-    _check(["a", "b"], "optional", True, ngram=3, targets=[[0, 1], [1, 1, 0], [0], [1]], g2i={"a": 0, "b": 1},
-           lengths=(6, 5, 4, 6), T=6)
+    _check(
+        ["a", "b"],
+        "optional",
+        True,
+        ngram=3,
+        targets=[[0, 1], [1, 1, 0], [0], [1]],
+        g2i={"a": 0, "b": 1},
+        lengths=(6, 5, 4, 6),
+        T=6,
+    )
 
 
 @pytest.mark.parametrize("blank,reps", MODES)
@@ -222,9 +244,9 @@ def test_user_transitions_with_epsilon_arcs():
     # class "a-ish" (0, 3) with an epsilon back-off to the unigram node and an epsilon end
     C = 5
     g = gtn.Graph(False)
-    g.add_node(True, False)   # 0: unigram
+    g.add_node(True, False)  # 0: unigram
     g.add_node(False, False)  # 1: after a or ab
-    g.add_node(False, True)   # 2: end
+    g.add_node(False, True)  # 2: end
     for c in range(C):
         g.add_arc(0, 1 if c in (0, 3) else 0, c)
     for c in (1, 4):
@@ -311,8 +333,17 @@ def test_brute_force(blank, reps, ngram):
     params = None
     if ngram:
         params = 0.5 * torch.randn(transitions_graph(ngram, C).num_arcs(), generator=g, dtype=torch.float64)
-    got = transducer_loss(x, targets, tokens=tokens, graphemes_to_idx={"a": 0, "b": 1}, ngram=ngram,
-                          transition_params=params, blank=blank, allow_repeats=reps, reduction="none")
+    got = transducer_loss(
+        x,
+        targets,
+        tokens=tokens,
+        graphemes_to_idx={"a": 0, "b": 1},
+        ngram=ngram,
+        transition_params=params,
+        blank=blank,
+        allow_repeats=reps,
+        reduction="none",
+    )
 
     def trans_score(path):
         if ngram == 0:
@@ -359,8 +390,9 @@ def test_impls_agree(impl, ngram):
     tokens = ["a", "b", "c", "ab"]
     C = 5
     x = _data(C).requires_grad_()
-    params = torch.randn(transitions_graph(ngram, C).num_arcs(), dtype=torch.float64).requires_grad_() \
-        if ngram else None
+    params = (
+        torch.randn(transitions_graph(ngram, C).num_arcs(), dtype=torch.float64).requires_grad_() if ngram else None
+    )
     kw = dict(tokens=tokens, graphemes_to_idx=G2I, ngram=ngram, transition_params=params, blank="optional")
     il = torch.tensor([9, 7, 8, 5])
     outs = []
@@ -412,8 +444,17 @@ def test_compiled_equals_eager(ngram=1):
             x = model(feats)
             if not ngram:
                 x = x.log_softmax(-1)
-            return transducer_loss(x, tg, il, tl, tokens=PIECES, graphemes_to_idx=G2I, ngram=ngram,
-                                   transition_params=params, blank="optional")
+            return transducer_loss(
+                x,
+                tg,
+                il,
+                tl,
+                tokens=PIECES,
+                graphemes_to_idx=G2I,
+                ngram=ngram,
+                transition_params=params,
+                blank="optional",
+            )
 
         if compiled:
             torch._dynamo.reset()
@@ -490,10 +531,10 @@ def test_infeasible_rows_with_transitions(ngram):
     tokens, g2i = ["a", "b", "ab"], {"a": 0, "b": 1, "c": 2}
     C = 4
     x = _data(C, (6, 6, 6), T=6)
-    params = 0.3 * torch.randn(transitions_graph(ngram, C).num_arcs(), dtype=torch.float64,
-                               generator=torch.Generator().manual_seed(1))
-    kw = dict(tokens=tokens, graphemes_to_idx=g2i, ngram=ngram, blank="optional", zero_infinity=True,
-              reduction="sum")
+    params = 0.3 * torch.randn(
+        transitions_graph(ngram, C).num_arcs(), dtype=torch.float64, generator=torch.Generator().manual_seed(1)
+    )
+    kw = dict(tokens=tokens, graphemes_to_idx=g2i, ngram=ngram, blank="optional", zero_infinity=True, reduction="sum")
 
     def run(xs, tg):
         xs = xs.clone().requires_grad_()
@@ -525,15 +566,24 @@ def test_dense_bigram_normaliser_equals_the_graph_path(reduction):
     assert crit.research_bigram and crit.C >= dense_torch.DENSE_MIN_CLASSES
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(3, 9, crit.C, generator=gen, dtype=torch.float64)
-    params = (0.3 * torch.randn(crit.num_arcs, generator=gen, dtype=torch.float64))
+    params = 0.3 * torch.randn(crit.num_arcs, generator=gen, dtype=torch.float64)
     targets = [[0, 1, 2, 3], [4, 4, 5], [7]]
     lengths = torch.tensor([9, 7, 4])
 
     def run():
         xx = x.clone().requires_grad_()
         pp = params.clone().requires_grad_()
-        out = transducer_loss(xx, targets, lengths, tokens=pieces, graphemes_to_idx=g2i, ngram=2,
-                              transition_params=pp, blank="optional", reduction=reduction)
+        out = transducer_loss(
+            xx,
+            targets,
+            lengths,
+            tokens=pieces,
+            graphemes_to_idx=g2i,
+            ngram=2,
+            transition_params=pp,
+            blank="optional",
+            reduction=reduction,
+        )
         out.sum().backward() if reduction == "none" else out.backward()
         return out.detach(), xx.grad, pp.grad
 
@@ -557,13 +607,26 @@ def _hub_vs_graph(tokens, g2i, targets, x, lengths, blank, ngram=0, monkeypatch=
     kernels (impl="numba_log")."""
     crit, _ = transducer_criterion(tokens, g2i, ngram, None, blank)
     out = []
-    params = None if ngram == 0 else 0.2 * torch.randn(crit.num_arcs, generator=torch.Generator().manual_seed(1),
-                                                       dtype=x.dtype)
+    params = (
+        None
+        if ngram == 0
+        else 0.2 * torch.randn(crit.num_arcs, generator=torch.Generator().manual_seed(1), dtype=x.dtype)
+    )
     for impl in ("numba", "numba_log"):
         xi = x.clone().requires_grad_()
         pi = None if params is None else params.clone().requires_grad_()
-        loss = transducer_loss(xi, targets, lengths, tokens=tokens, graphemes_to_idx=g2i, ngram=ngram,
-                               transition_params=pi, blank=blank, reduction="none", impl=impl)
+        loss = transducer_loss(
+            xi,
+            targets,
+            lengths,
+            tokens=tokens,
+            graphemes_to_idx=g2i,
+            ngram=ngram,
+            transition_params=pi,
+            blank=blank,
+            reduction="none",
+            impl=impl,
+        )
         fin = torch.isfinite(loss)
         (loss[fin] * torch.arange(1, int(fin.sum()) + 1, dtype=x.dtype)).sum().backward()
         out.append((loss.detach(), xi.grad, None if pi is None else pi.grad))
@@ -613,7 +676,7 @@ def test_hub_kernel_long_peaked_inputs():
     # graph kernels, which scale per segment)
     letters = ["a", "b", "c"]
     g2i = {c: i for i, c in enumerate(letters)}
-    x = (torch.randn(2, 3000, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 30)
+    x = torch.randn(2, 3000, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 30
     x = x.log_softmax(-1)
     targets = [[0, 1, 2] * 60, [1]]
     (a, ga, _), (b, gb, _) = _hub_vs_graph(letters, g2i, targets, x, [3000, 2000], "optional")

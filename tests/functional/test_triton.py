@@ -20,14 +20,15 @@ import torch
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn.core import dispatch, scoring
-from lightning_gtn.kernels import graph_triton
 from lightning_gtn.functional import asg_loss, ctc_loss, graph_loss, sequence_loss
+from lightning_gtn.kernels import graph_triton
 from lightning_gtn.kernels.graph_triton import triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else ("cpu" if INTERPRETED else None)
-needs_kernels = pytest.mark.skipif(not graph_triton.available() or DEVICE is None,
-                                   reason="needs triton and a CUDA device (or TRITON_INTERPRET=1)")
+needs_kernels = pytest.mark.skipif(
+    not graph_triton.available() or DEVICE is None, reason="needs triton and a CUDA device (or TRITON_INTERPRET=1)"
+)
 
 TARGETS = [[1, 2, 2], [3, 1], [5, 4, 3, 2], []]
 LENS = [12, 9, 11, 5]
@@ -79,10 +80,18 @@ def test_ctc_infeasible_and_zero_infinity():
     tg = torch.tensor([[1, 1, 1, 1]] * 4)
     il = torch.tensor([12, 6, 3, 7])  # repeats need blanks between them: 7 frames at least
     for zi in (False, True):
+
         def fn(x, impl):
             dev = x.device
-            return ctc_loss(x, tg.to(dev), il.to(dev), torch.full((4,), 4, device=dev), reduction="none",
-                            zero_infinity=zi, impl=impl)
+            return ctc_loss(
+                x,
+                tg.to(dev),
+                il.to(dev),
+                torch.full((4,), 4, device=dev),
+                reduction="none",
+                zero_infinity=zi,
+                impl=impl,
+            )
 
         a, b = _both(fn, x)
         assert torch.isinf(a[0][1:3]).all() != zi
@@ -96,8 +105,9 @@ def test_asg_with_transition_gradient(dtype):
     tr = torch.randn(7, 6, generator=torch.Generator().manual_seed(3), dtype=dtype) * 0.5
 
     def fn(x, tr, impl):
-        return asg_loss(x, TARGETS[:3] + [[2]], torch.tensor(LENS, device=x.device), transitions=tr,
-                        reduction="none", impl=impl)
+        return asg_loss(
+            x, TARGETS[:3] + [[2]], torch.tensor(LENS, device=x.device), transitions=tr, reduction="none", impl=impl
+        )
 
     a, b = _both(fn, x, tr)
     assert a[2].abs().sum() > 0
@@ -117,8 +127,7 @@ def test_sequence_criterion():
     x = _emissions(torch.float64)
 
     def fn(x, impl):
-        return sequence_loss(x, TARGETS[:3] + [[4]], torch.tensor(LENS, device=x.device), reduction="none",
-                             impl=impl)
+        return sequence_loss(x, TARGETS[:3] + [[4]], torch.tensor(LENS, device=x.device), reduction="none", impl=impl)
 
     _close(*_both(fn, x), torch.float64)
 
@@ -149,8 +158,14 @@ def test_graph_loss_arc_labels_and_weight_gradient(dtype):
     w0 = torch.tensor(g.weights_to_list(), dtype=dtype)
 
     def fn(x, w, impl):
-        return graph_loss(x, input_lengths=torch.tensor(LENS, device=x.device), graphs=[g] * 4, weights=[w],
-                          reduction="none", impl=impl)
+        return graph_loss(
+            x,
+            input_lengths=torch.tensor(LENS, device=x.device),
+            graphs=[g] * 4,
+            weights=[w],
+            reduction="none",
+            impl=impl,
+        )
 
     a, b = _both(fn, x, w0)
     assert a[2].abs().sum() > 0
@@ -173,8 +188,7 @@ def test_epsilon_graphs_fall_back_to_torch():
     g.add_arc(1, 1, 2, 2, 0.0)
     plan = scoring.Plan([_compile(g)], [0], [0], [5], [1.0], 1)
     x = _emissions(torch.float64, B=1, T=5, C=3).to(DEVICE)
-    st = dispatch.forward(plan.problem, x, torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64, device=DEVICE),
-                        "triton")
+    st = dispatch.forward(plan.problem, x, torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64, device=DEVICE), "triton")
     assert st.impl == "torch"
     ref = dispatch.forward(plan.problem, x.cpu(), torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64), "numba")
     torch.testing.assert_close(st.logz.cpu(), ref.logz)
@@ -220,8 +234,15 @@ def test_random_graphs_scores_and_gradients(seed, monkeypatch):
         monkeypatch.setattr(graph_triton, "MAX_TILE", 8)  # the chunked path
 
     def fn(x, *w, impl):
-        return graph_loss(x, input_lengths=lengths.to(x.device), graphs=graphs, weights=list(w), reduction="none",
-                          zero_infinity=True, impl=impl)
+        return graph_loss(
+            x,
+            input_lengths=lengths.to(x.device),
+            graphs=graphs,
+            weights=list(w),
+            reduction="none",
+            zero_infinity=True,
+            impl=impl,
+        )
 
     a, b = _both(lambda x, *rest: fn(x, *rest[:-1], impl=rest[-1]), x, *weights)
     assert (a[0] != 0).any() and a[1].abs().sum() > 0  # some example has paths
@@ -252,8 +273,14 @@ def test_nan_emissions_give_nan():
     x = _emissions(torch.float32)
     x[1, 3, 3] = math.nan  # a label of example 1's target
     tg = torch.tensor([[1, 2], [3, 1], [5, 4], [2, 2]])
-    loss = ctc_loss(x.to(DEVICE), tg.to(DEVICE), torch.tensor(LENS, device=DEVICE), torch.full((4,), 2, device=DEVICE),
-                    reduction="none", impl="triton").cpu()
+    loss = ctc_loss(
+        x.to(DEVICE),
+        tg.to(DEVICE),
+        torch.tensor(LENS, device=DEVICE),
+        torch.full((4,), 2, device=DEVICE),
+        reduction="none",
+        impl="triton",
+    ).cpu()
     assert math.isnan(loss[1]) and torch.isfinite(loss[[0, 2, 3]]).all()
 
 
@@ -267,8 +294,13 @@ def test_default_impl_on_cuda_is_triton():
 @pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="runs the kernels directly here")
 def test_kernels_under_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", last)
@@ -278,33 +310,64 @@ def test_kernels_under_the_interpreter():
 def _pointer_and_scalar_types(fn, dtype):
     fp = "*fp64" if dtype == torch.float64 else "*fp32"
     ints = {"sEb", "sEt", "S", "T1"}
-    int_ptrs = {"ex_graph", "ex_row", "ex_len", "in_src", "in_lab", "in_arc", "out_dst", "out_lab", "out_arc",
-                "start", "accept", "node_lab", "g_nodes", "g_k"}
+    int_ptrs = {
+        "ex_graph",
+        "ex_row",
+        "ex_len",
+        "in_src",
+        "in_lab",
+        "in_arc",
+        "out_dst",
+        "out_lab",
+        "out_arc",
+        "start",
+        "accept",
+        "node_lab",
+        "g_nodes",
+        "g_k",
+    }
     long_ptrs = {"g_tab", "g_node", "g_arc", "ex_occ"}
-    return {a: "i32" if a in ints else "*i32" if a in int_ptrs else "*i64" if a in long_ptrs else fp
-            for a in fn.arg_names}
+    return {
+        a: "i32" if a in ints else "*i32" if a in int_ptrs else "*i64" if a in long_ptrs else fp for a in fn.arg_names
+    }
 
 
 def _variants():
     for dtype in (torch.float32, torch.float64):
         for one_k in (True, False):
             for use_max in (False, True):
-                yield "_forward_kernel", dtype, dict(BLOCK_S=512, BLOCK_K=4 if one_k else 8, ONE_K=one_k,
-                                                     USE_MAX=use_max)
-            for node_e, arc_e, need_w in ((True, False, False), (False, True, False), (True, False, True),
-                                          (False, True, True), (False, False, True)):
-                yield "_backward_kernel", dtype, dict(BLOCK_S=1024, BLOCK_K=4 if one_k else 2, ONE_K=one_k,
-                                                      NODE_E=node_e, ARC_E=arc_e, NEED_W=need_w)
+                yield (
+                    "_forward_kernel",
+                    dtype,
+                    dict(BLOCK_S=512, BLOCK_K=4 if one_k else 8, ONE_K=one_k, USE_MAX=use_max),
+                )
+            for node_e, arc_e, need_w in (
+                (True, False, False),
+                (False, True, False),
+                (True, False, True),
+                (False, True, True),
+                (False, False, True),
+            ):
+                yield (
+                    "_backward_kernel",
+                    dtype,
+                    dict(
+                        BLOCK_S=1024, BLOCK_K=4 if one_k else 2, ONE_K=one_k, NODE_E=node_e, ARC_E=arc_e, NEED_W=need_w
+                    ),
+                )
 
 
 VARIANTS = list(_variants())
 
 
 @pytest.mark.skipif(not graph_triton.available() or INTERPRETED, reason="needs triton's compiler")
-@pytest.mark.parametrize("name, dtype, consts, capability",
-                         [(*v, 90) for v in VARIANTS] + [(*v, 80) for v in VARIANTS[:6:2]],
-                         ids=lambda v: str(v) if not isinstance(v, dict) else "-".join(
-                             f"{k}={int(x) if isinstance(x, bool) else x}" for k, x in v.items() if k != "BLOCK_S"))
+@pytest.mark.parametrize(
+    "name, dtype, consts, capability",
+    [(*v, 90) for v in VARIANTS] + [(*v, 80) for v in VARIANTS[:6:2]],
+    ids=lambda v: str(v)
+    if not isinstance(v, dict)
+    else "-".join(f"{k}={int(x) if isinstance(x, bool) else x}" for k, x in v.items() if k != "BLOCK_S"),
+)
 def test_kernel_variant_compiles_for_the_gpu(name, dtype, consts, capability):
     """The real compiler path (Triton IR -> PTX -> cubin with ptxas) for every specialisation the
     loss functions can ask for (28), on Hopper and a few on Ampere. Compiling needs no GPU, so CI

@@ -11,26 +11,31 @@ import torch
 from lightning_gtn import _trust
 from lightning_gtn.evaluate import ConfigError, load_model
 from lightning_gtn.lightning import SequenceModule
-
-
 from tests.lightning.test_checkpoint_trust import SECTION_KEYS, key_paths, real_checkpoint, replaced
 
 
 def payloads(d):
     m = lambda name: os.path.join(d, name)  # noqa: E731
     return {
-        "save_word_pieces": {"_target_": "lightning_gtn.wordpieces.save_word_pieces",
-                             "pieces": ["$(touch$IFS/tmp/X)"], "path": m("wp")},
+        "save_word_pieces": {
+            "_target_": "lightning_gtn.wordpieces.save_word_pieces",
+            "pieces": ["$(touch$IFS/tmp/X)"],
+            "path": m("wp"),
+        },
         "lm.cli.main": {"_target_": "lightning_gtn.lm.cli.main", "argv": ["--text", "/etc/passwd", "--out", m("lm")]},
         "write_symbols": {"_target_": "lightning_gtn.wfst.openfst.write_symbols", "symbols": {"a": 1}, "path": m("sy")},
-        "set_weights": {"_target_": "lightning_gtn.wfst.Graph.set_weights",
-                        "self": {"_target_": "lightning_gtn.wfst.linear_graph", "M": 1000, "N": 1000},
-                        "weights": 2**46},
+        "set_weights": {
+            "_target_": "lightning_gtn.wfst.Graph.set_weights",
+            "self": {"_target_": "lightning_gtn.wfst.linear_graph", "M": 1000, "N": 1000},
+            "weights": 2**46,
+        },
         "os.system": {"_target_": "os.system", "_args_": [f"touch {m('sh')}"]},
         "partial exec": {"_target_": "builtins.exec", "_partial_": True, "_args_": [f"open({m('ex')!r}, 'w')"]},
         "torch.save": {"_target_": "torch.save", "obj": 1, "f": m("ts")},
-        "registered, args not data": {"_target_": "torch.nn.ReLU", "inplace": {"_target_": "posix.system",
-                                                                                "_args_": [f"touch {m('px')}"]}},
+        "registered, args not data": {
+            "_target_": "torch.nn.ReLU",
+            "inplace": {"_target_": "posix.system", "_args_": [f"touch {m('px')}"]},
+        },
     }
 
 
@@ -48,10 +53,14 @@ def main():
                 evil = os.path.join(d, "evil.ckpt")
                 torch.save(replaced(ckpt, path, value), evil)
                 where = SECTION_KEYS.get(path[0], path[0]) + "".join(
-                    f"[{p}]" if isinstance(p, int) else f".{p}" for p in path[1:])
+                    f"[{p}]" if isinstance(p, int) else f".{p}" for p in path[1:]
+                )
                 want = where if is_target else where + "._target_"
-                loader = (lambda: load_model(evil)) if n % 2 else \
-                    (lambda: SequenceModule.load_from_checkpoint(evil, map_location="cpu"))
+                loader = (
+                    (lambda: load_model(evil))
+                    if n % 2
+                    else (lambda: SequenceModule.load_from_checkpoint(evil, map_location="cpu"))
+                )
                 try:
                     loader()
                 except (ConfigError, _trust.UntrustedTargetError) as e:

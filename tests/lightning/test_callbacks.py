@@ -43,8 +43,9 @@ def test_other_launchers_keep_the_group(gloo_group, launcher):
 
 def test_no_group_is_fine():
     assert not dist.is_initialized()
-    SpawnedProcessGroupCleanup().teardown(_trainer(_MultiProcessingLauncher.__new__(_MultiProcessingLauncher)),
-                                          None, "validate")
+    SpawnedProcessGroupCleanup().teardown(
+        _trainer(_MultiProcessingLauncher.__new__(_MultiProcessingLauncher)), None, "validate"
+    )
 
 
 # -- pictures (second probe: dense tick labels, misaligned axes, word-piece labels, hidden CER) ----
@@ -74,8 +75,14 @@ def test_alignment_panels_share_the_frame_axis(tmp_path):
     plt.close = lambda fig=None: captured.setdefault("fig", fig)
     try:
         rng = np.random.default_rng(0)
-        plot_alignments([rng.standard_normal((20, 62))], [[5] * 20], [f"c{i}" for i in range(62)], ["t"],
-                        tmp_path / "a.png", inputs=[rng.random((80, 28))])  # stride 4: 80 columns, 20 frames
+        plot_alignments(
+            [rng.standard_normal((20, 62))],
+            [[5] * 20],
+            [f"c{i}" for i in range(62)],
+            ["t"],
+            tmp_path / "a.png",
+            inputs=[rng.random((80, 28))],
+        )  # stride 4: 80 columns, 20 frames
     finally:
         plt.close = orig
     ax_in, ax_em = captured["fig"].axes
@@ -93,8 +100,9 @@ def test_word_piece_classes_are_named_by_their_tokens_in_class_order():
     from lightning_gtn.nn import TransducerLoss
 
     chars = "abc "
-    loss = TransducerLoss(["a", "b", "c", " ", "ab", "ca", "b c"], {c: i for i, c in enumerate(chars)},
-                          blank="optional")
+    loss = TransducerLoss(
+        ["a", "b", "c", " ", "ab", "ca", "b c"], {c: i for i, c in enumerate(chars)}, blank="optional"
+    )
     names = class_labels(Vocabulary(chars, blank=False), loss)
     assert names == ["a", "b", "c", "<sp>", "ab", "ca", "b_c", "<b>"]
     assert len(names) == loss.num_classes

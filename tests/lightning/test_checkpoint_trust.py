@@ -21,8 +21,16 @@ def write_checkpoint(path, **hparams):
     model = SequenceModule(NET, {"_target_": "lightning_gtn.nn.CTCLoss"}, CHARS, feature_dim=8, optimizer=OPT)
     hp = dict(model.hparams)
     hp.update(hparams)
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": hp, "epoch": 0, "global_step": 0,
-                "pytorch-lightning_version": L.__version__}, path)
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": hp,
+            "epoch": 0,
+            "global_step": 0,
+            "pytorch-lightning_version": L.__version__,
+        },
+        path,
+    )
     return path
 
 
@@ -52,13 +60,17 @@ def test_crafted_checkpoint_runs_nothing(case, tmp_path):
     assert not marker.exists(), "a command named by the checkpoint ran"
     assert "trust_modules" in str(e.value)
     key = next(iter(payloads(marker)[case]))
-    assert str(e.value).startswith({"network": "model", "optimizer": "optim.optimizer",
-                                    "scheduler": "optim.scheduler"}.get(key, key))
+    assert str(e.value).startswith(
+        {"network": "model", "optimizer": "optim.optimizer", "scheduler": "optim.scheduler"}.get(key, key)
+    )
 
 
 def test_builder_path_from_a_checkpoint_is_checked(tmp_path):
-    loss = {"_target_": "lightning_gtn.lightning.TargetGraphLoss", "builder": "os.system",
-            "vocabulary": {"blank": True, "repeat_label": False}}
+    loss = {
+        "_target_": "lightning_gtn.lightning.TargetGraphLoss",
+        "builder": "os.system",
+        "vocabulary": {"blank": True, "repeat_label": False},
+    }
     ckpt = write_checkpoint(tmp_path / "evil.ckpt", loss=loss)
     with pytest.raises(_trust.UntrustedTargetError, match=r"^loss\.builder: 'os\.system'"):
         SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
@@ -103,15 +115,30 @@ def real_checkpoint(path):
     from lightning_gtn.wfst.ngram import transitions_graph
 
     tokens = list(CHARS) + ["12", "34"]
-    trans = transitions_to_data(transitions_graph([[0, 1, 11], [2, 12, 3]], len(tokens) + 1, order=2,
-                                                  blank="optional", self_loops=True))
-    loss = {"_target_": "lightning_gtn.nn.TransducerLoss", "tokens": tokens, "blank": "optional",
-            "transitions": trans}
-    model = SequenceModule(NET, loss, CHARS, feature_dim=8, optimizer=OPT,
-                           scheduler={"_target_": "torch.optim.lr_scheduler.CosineAnnealingLR", "T_max": 10},
-                           nonfinite={"action": "skip", "max_consecutive": 3}, decoder={"name": "greedy"})
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "epoch": 0,
-                "global_step": 0, "pytorch-lightning_version": L.__version__}, path)
+    trans = transitions_to_data(
+        transitions_graph([[0, 1, 11], [2, 12, 3]], len(tokens) + 1, order=2, blank="optional", self_loops=True)
+    )
+    loss = {"_target_": "lightning_gtn.nn.TransducerLoss", "tokens": tokens, "blank": "optional", "transitions": trans}
+    model = SequenceModule(
+        NET,
+        loss,
+        CHARS,
+        feature_dim=8,
+        optimizer=OPT,
+        scheduler={"_target_": "torch.optim.lr_scheduler.CosineAnnealingLR", "T_max": 10},
+        nonfinite={"action": "skip", "max_consecutive": 3},
+        decoder={"name": "greedy"},
+    )
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": dict(model.hparams),
+            "epoch": 0,
+            "global_step": 0,
+            "pytorch-lightning_version": L.__version__,
+        },
+        path,
+    )
     return path
 
 
@@ -151,8 +178,14 @@ def _eval_cli(args, cwd):
     import subprocess
 
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "lightning_gtn.evaluate", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_gtn.evaluate", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_eval_cli_refuses_a_raw_address_checkpoint_and_a_truncated_file(tmp_path):
@@ -160,8 +193,10 @@ def test_eval_cli_refuses_a_raw_address_checkpoint_and_a_truncated_file(tmp_path
     good = write_checkpoint(tmp_path / "good.ckpt")
     ck = torch.load(good, weights_only=True)
     ck["hyper_parameters"]["optimizer"]["lr"] = {
-        "_target_": "lightning_gtn.wfst.Graph.set_weights", "weights": 2**46,
-        "self": {"_target_": "lightning_gtn.wfst.linear_graph", "M": 1000, "N": 1000}}
+        "_target_": "lightning_gtn.wfst.Graph.set_weights",
+        "weights": 2**46,
+        "self": {"_target_": "lightning_gtn.wfst.linear_graph", "M": 1000, "N": 1000},
+    }
     torch.save(ck, tmp_path / "e.ckpt")
     proc = _eval_cli(["ckpt_path=e.ckpt", "data=digits_small", f"hydra.run.dir={tmp_path / 'ev'}"], tmp_path)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
@@ -203,30 +238,53 @@ def test_a_transitions_file_named_by_a_checkpoint_is_not_read(tmp_path):
     assert model.structured_loss.transitions.num_arcs() == g.num_arcs()
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"num_nodes": 0}, "num_nodes"), ({"start": [99]}, "start"), ({"arcs": "0 1"}, "3 integers per arc"),
-    ({"arcs": "0 1_0 2"}, "only decimal integers"), ({"arcs": "0 99 1"}, "node id outside"),
-    ({"arcs": "0 1 -2"}, "label below -1"), ({"extra": 1}, "unknown key"), ({"format": "x"}, "format")])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"num_nodes": 0}, "num_nodes"),
+        ({"start": [99]}, "start"),
+        ({"arcs": "0 1"}, "3 integers per arc"),
+        ({"arcs": "0 1_0 2"}, "only decimal integers"),
+        ({"arcs": "0 99 1"}, "node id outside"),
+        ({"arcs": "0 1 -2"}, "label below -1"),
+        ({"extra": 1}, "unknown key"),
+        ({"format": "x"}, "format"),
+    ],
+)
 def test_transitions_data_is_range_checked(bad, match):
     from lightning_gtn.nn.transducer import transitions_from_data
 
-    data = {"format": "lightning_gtn.transitions/1", "num_nodes": 2, "start": [0], "accept": [1],
-            "arcs": "0 1 0\n1 1 -1"}
+    data = {
+        "format": "lightning_gtn.transitions/1",
+        "num_nodes": 2,
+        "start": [0],
+        "accept": [1],
+        "arcs": "0 1 0\n1 1 -1",
+    }
     transitions_from_data(data)
     with pytest.raises(ValueError, match=match):
         transitions_from_data({**data, **bad})
 
 
 def test_a_moved_checkpoint_with_word_pieces_and_transitions_evaluates_identically(tmp_path):
-
+    from lightning_gtn.train import run
     from tests.test_train_cli import _compose
 
-    from lightning_gtn.train import run
-
     run_dir = tmp_path / "run"
-    cfg = _compose(["experiment=smoke", "trainer.enable_progress_bar=false", "loss=transducer", "loss.tokens=16",
-                    "loss.transitions={order: 2, prune: 0}", "data.num_train=40", "data.num_val=10",
-                    "+trainer.limit_train_batches=2", "logger=none"], run_dir)
+    cfg = _compose(
+        [
+            "experiment=smoke",
+            "trainer.enable_progress_bar=false",
+            "loss=transducer",
+            "loss.tokens=16",
+            "loss.transitions={order: 2, prune: 0}",
+            "data.num_train=40",
+            "data.num_val=10",
+            "+trainer.limit_train_batches=2",
+            "logger=none",
+        ],
+        run_dir,
+    )
     run(cfg, output_dir=run_dir)
     ckpt = next(run_dir.rglob("last.ckpt"))
     hp = torch.load(ckpt, weights_only=True)["hyper_parameters"]["loss"]
@@ -240,9 +298,8 @@ def _evaluate_moved(ckpt, run_dir, tmp_path, num_val: str):
     """Eval metrics of ``ckpt`` in place, then of a copy elsewhere after ``run_dir`` is deleted."""
     import shutil
 
-    from tests.test_train_cli import _compose
-
     from lightning_gtn.evaluate import evaluate
+    from tests.test_train_cli import _compose
 
     base = ["data=digits_small", num_val, "num_samples=0", "trainer.enable_progress_bar=false"]
     before = evaluate(_compose([f"ckpt_path={ckpt}", *base], tmp_path / "e1", config_name="eval"), overrides=[])
@@ -259,14 +316,24 @@ def test_a_moved_checkpoint_with_a_beam_lm_decoder_evaluates_identically(tmp_pat
     # the lexicon and LM travel inside the checkpoint: it evaluates after its run directory (with
     # <run>/lexicon.txt and <run>/lm.arpa) is gone
 
+    from lightning_gtn.train import run
     from tests.test_train_cli import _compose
 
-    from lightning_gtn.train import run
-
     run_dir = tmp_path / "run"
-    cfg = _compose(["experiment=smoke", "trainer.enable_progress_bar=false", "decoder=beam_lm", "decoder.lm_order=2",
-                    "decoder.beam_size=4", "data.num_train=40", "data.num_val=6", "+trainer.limit_train_batches=2",
-                    "logger=none"], run_dir)
+    cfg = _compose(
+        [
+            "experiment=smoke",
+            "trainer.enable_progress_bar=false",
+            "decoder=beam_lm",
+            "decoder.lm_order=2",
+            "decoder.beam_size=4",
+            "data.num_train=40",
+            "data.num_val=6",
+            "+trainer.limit_train_batches=2",
+            "logger=none",
+        ],
+        run_dir,
+    )
     run(cfg, output_dir=run_dir)
     assert (run_dir / "lexicon.txt").is_file() and (run_dir / "lm.arpa").is_file()
     ckpt = next(run_dir.rglob("last.ckpt"))
@@ -307,6 +374,7 @@ def test_decoder_files_named_by_a_checkpoint_are_not_read(tmp_path, monkeypatch)
             if str(file) in (lex, lm):
                 opened.append(str(file))
             return real(file, *a, **k)
+
         return _open
 
     monkeypatch.setattr(builtins, "open", spy(real_open))
@@ -329,42 +397,84 @@ def test_decoder_files_named_by_a_checkpoint_are_not_read(tmp_path, monkeypatch)
         model = SequenceModule.load_from_checkpoint(str(tmp_path / "old.ckpt"), map_location="cpu")
     assert model.beam_decoder.lexicon.words == ["12", "34", "5"] and sorted(opened) == [lex, lm]
     assert load_model(tmp_path / "old.ckpt", decoder=None).beam_decoder is None
+    from lightning_gtn.evaluate import evaluate
     from tests.test_train_cli import _compose
 
-    from lightning_gtn.evaluate import evaluate
-
     own = ["decoder=beam_lm", f"decoder.lexicon={lex}", f"decoder.lm={lm}", "decoder.beam_size=4"]
-    cfg = _compose([f"ckpt_path={tmp_path / 'old.ckpt'}", "data=digits_small", "data.num_val=4", "num_samples=0",
-                    "trainer.enable_progress_bar=false", *own], tmp_path / "ev", config_name="eval")
+    cfg = _compose(
+        [
+            f"ckpt_path={tmp_path / 'old.ckpt'}",
+            "data=digits_small",
+            "data.num_val=4",
+            "num_samples=0",
+            "trainer.enable_progress_bar=false",
+            *own,
+        ],
+        tmp_path / "ev",
+        config_name="eval",
+    )
     assert "val/cer" in evaluate(cfg, overrides=own)
 
 
-@pytest.mark.parametrize("key,bad,match", [
-    ("lexicon", {"format": "x", "entries": [["a", "a"]]}, r"decoder\.lexicon: expected a lexicon as data"),
-    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["a", "a"]], "path": "/etc/passwd"},
-     r"decoder\.lexicon\.path: unknown key"),
-    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": []}, r"decoder\.lexicon\.entries: no entries"),
-    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": "1 1"}, r"decoder\.lexicon\.entries: expected a list"),
-    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1"]]}, r"entries\[0\]: expected \[word, token"),
-    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1", "1 2"]]}, r"entries\[0\]: .*without whitespace"),
-    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1", 1]]}, r"entries\[0\]: .*non-empty strings"),
-    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1", "1" * 300]]}, r"entries\[0\]: .*at most 256"),
-    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1"] + ["1"] * 300]}, r"entries\[0\]: "),
-    ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1", "x"]]}, r"decoder\.lexicon: .*'x', not a token"),
-    ("lm", "/etc/passwd", r"decoder\.lm: '/etc/passwd' names a file"),
-    ("lm", {"format": "lightning_gtn.arpa/1", "text": 7}, r"decoder\.lm\.text: expected ARPA text"),
-    ("lm", {"format": "lightning_gtn.arpa/1", "text": "no arpa"}, r"decoder\.lm\.text: ARPA"),
-    ("lm", {"format": "lightning_gtn.arpa/1", "text": "\\data\\\nngram 1=99999999999\n\\1-grams:\n"}, r"decoder\.lm\.text: .*max_bytes"),
-    ("lm", {"format": "lightning_gtn.arpa/1", "text": "\\data\\\nngram 1=1\n\n\\1-grams:\n-0.5 1 nan\n\\end\\\n"},
-     r"decoder\.lm\.text: ARPA line 5"),
-])
+@pytest.mark.parametrize(
+    "key,bad,match",
+    [
+        ("lexicon", {"format": "x", "entries": [["a", "a"]]}, r"decoder\.lexicon: expected a lexicon as data"),
+        (
+            "lexicon",
+            {"format": "lightning_gtn.lexicon/1", "entries": [["a", "a"]], "path": "/etc/passwd"},
+            r"decoder\.lexicon\.path: unknown key",
+        ),
+        ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": []}, r"decoder\.lexicon\.entries: no entries"),
+        (
+            "lexicon",
+            {"format": "lightning_gtn.lexicon/1", "entries": "1 1"},
+            r"decoder\.lexicon\.entries: expected a list",
+        ),
+        ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1"]]}, r"entries\[0\]: expected \[word, token"),
+        (
+            "lexicon",
+            {"format": "lightning_gtn.lexicon/1", "entries": [["1", "1 2"]]},
+            r"entries\[0\]: .*without whitespace",
+        ),
+        ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1", 1]]}, r"entries\[0\]: .*non-empty strings"),
+        (
+            "lexicon",
+            {"format": "lightning_gtn.lexicon/1", "entries": [["1", "1" * 300]]},
+            r"entries\[0\]: .*at most 256",
+        ),
+        ("lexicon", {"format": "lightning_gtn.lexicon/1", "entries": [["1"] + ["1"] * 300]}, r"entries\[0\]: "),
+        (
+            "lexicon",
+            {"format": "lightning_gtn.lexicon/1", "entries": [["1", "x"]]},
+            r"decoder\.lexicon: .*'x', not a token",
+        ),
+        ("lm", "/etc/passwd", r"decoder\.lm: '/etc/passwd' names a file"),
+        ("lm", {"format": "lightning_gtn.arpa/1", "text": 7}, r"decoder\.lm\.text: expected ARPA text"),
+        ("lm", {"format": "lightning_gtn.arpa/1", "text": "no arpa"}, r"decoder\.lm\.text: ARPA"),
+        (
+            "lm",
+            {"format": "lightning_gtn.arpa/1", "text": "\\data\\\nngram 1=99999999999\n\\1-grams:\n"},
+            r"decoder\.lm\.text: .*max_bytes",
+        ),
+        (
+            "lm",
+            {"format": "lightning_gtn.arpa/1", "text": "\\data\\\nngram 1=1\n\n\\1-grams:\n-0.5 1 nan\n\\end\\\n"},
+            r"decoder\.lm\.text: ARPA line 5",
+        ),
+    ],
+)
 def test_decoder_data_in_a_checkpoint_is_range_checked(tmp_path, key, bad, match):
     from lightning_gtn.lightning.decoding import lexicon_to_data, lm_to_data
     from lightning_gtn.lm import NGramLM, read_lexicon
 
     lex, lm = _lm_and_lexicon_files(tmp_path)
-    good = {"name": "beam_lm", "beam_size": 4, "lexicon": lexicon_to_data(read_lexicon(lex)),
-            "lm": lm_to_data(NGramLM.from_arpa(lm))}
+    good = {
+        "name": "beam_lm",
+        "beam_size": 4,
+        "lexicon": lexicon_to_data(read_lexicon(lex)),
+        "lm": lm_to_data(NGramLM.from_arpa(lm)),
+    }
     ckpt = torch.load(write_checkpoint(tmp_path / "c.ckpt", decoder=good), weights_only=True)
     assert SequenceModule.load_from_checkpoint(str(tmp_path / "c.ckpt"), map_location="cpu").beam_decoder is not None
     ckpt["hyper_parameters"]["decoder"][key] = bad

@@ -59,9 +59,17 @@ def test_padding_does_not_leak_and_gradients_reach_kernels():
 def test_fast_dev_run_with_ctc(tmp_path):
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose("train", overrides=["model=conv_transduce", "data=text_small", "loss=ctc",
-                                          "trainer.fast_dev_run=true", "trainer.enable_progress_bar=false"],
-                      return_hydra_config=True)
+        cfg = compose(
+            "train",
+            overrides=[
+                "model=conv_transduce",
+                "data=text_small",
+                "loss=ctc",
+                "trainer.fast_dev_run=true",
+                "trainer.enable_progress_bar=false",
+            ],
+            return_hydra_config=True,
+        )
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(tmp_path)
         cfg.hydra.job.num = 0
@@ -74,10 +82,23 @@ def test_fast_dev_run_with_ctc(tmp_path):
 @pytest.mark.slow
 def test_cli_trains_a_few_steps(tmp_path):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    args = ["model=conv_transduce", "data=text_small", "loss=ctc", "trainer.max_steps=4", "trainer.max_epochs=1",
-            "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = subprocess.run([sys.executable, "-m", "lightning_gtn.train", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=420)
+    args = [
+        "model=conv_transduce",
+        "data=text_small",
+        "loss=ctc",
+        "trainer.max_steps=4",
+        "trainer.max_epochs=1",
+        "trainer.enable_progress_bar=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_gtn.train", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert metrics["global_step"] == 4

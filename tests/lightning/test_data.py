@@ -64,8 +64,11 @@ def test_feature_data_module(tmp_path, rng):
     arrays = _write_split(tmp_path, "train", rng)
     _write_split(tmp_path, "val", rng, n=3)
     dm = FeatureDataModule(
-        str(tmp_path / "train.npz"), str(tmp_path / "train.txt"),
-        str(tmp_path / "val.npz"), str(tmp_path / "val.txt"), batch_size=4,
+        str(tmp_path / "train.npz"),
+        str(tmp_path / "train.txt"),
+        str(tmp_path / "val.npz"),
+        str(tmp_path / "val.txt"),
+        batch_size=4,
     )
     assert dm.feature_dim == 3
     assert dm.chars == "".join(sorted(set(" abdehlorw135")))
@@ -136,7 +139,10 @@ def test_label_drop_removes_training_characters_only():
 def test_feature_sizes_must_agree(tmp_path, rng):
     # Newcomer edge of the second probe: utterances of different feature sizes gave a raw torch
     # size-mismatch error at the first batch.
-    arrays = {"u0": rng.standard_normal((5, 3)).astype(np.float32), "u1": rng.standard_normal((6, 4)).astype(np.float32)}
+    arrays = {
+        "u0": rng.standard_normal((5, 3)).astype(np.float32),
+        "u1": rng.standard_normal((6, 4)).astype(np.float32),
+    }
     np.savez(tmp_path / "mixed.npz", **arrays)
     (tmp_path / "t.txt").write_text("u0 ab\nu1 ba\n")
     with pytest.raises(ValueError, match=r"mixed.npz: utterance 'u1' has 4 features per frame but 'u0' has 3"):
@@ -146,8 +152,10 @@ def test_feature_sizes_must_agree(tmp_path, rng):
         FeatureDataModule(str(tmp_path / "flat.npz"), str(tmp_path / "t.txt"), "v", "v")
     _write_split(tmp_path, "train", rng)  # F = 3
     np.savez(tmp_path / "val.npz", u0=np.zeros((5, 4), np.float32), u1=np.zeros((5, 4), np.float32))
-    dm = FeatureDataModule(str(tmp_path / "train.npz"), str(tmp_path / "train.txt"), str(tmp_path / "val.npz"),
-                           str(tmp_path / "t.txt"))
-    with pytest.raises(ValueError, match=r"data\.val_features: .*val.npz has 4 features per frame but the training "
-                                         r"split has 3"):
+    dm = FeatureDataModule(
+        str(tmp_path / "train.npz"), str(tmp_path / "train.txt"), str(tmp_path / "val.npz"), str(tmp_path / "t.txt")
+    )
+    with pytest.raises(
+        ValueError, match=r"data\.val_features: .*val.npz has 4 features per frame but the training " r"split has 3"
+    ):
         dm.setup("fit")

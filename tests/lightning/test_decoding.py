@@ -31,8 +31,9 @@ def _emissions(text, vocab, blank=True, noise=0.0, seed=0, wrong=None):
 
 
 def test_resolve_writes_lexicon_and_lm(tmp_path):
-    cfg = resolve_decoder({"name": "beam_lm", "lexicon": "train", "lm": "train", "lm_order": 2}, lambda: TEXTS,
-                          tmp_path)
+    cfg = resolve_decoder(
+        {"name": "beam_lm", "lexicon": "train", "lm": "train", "lm_order": 2}, lambda: TEXTS, tmp_path
+    )
     # the lexicon and the LM are data (what a checkpoint stores), no paths
     assert cfg["lexicon"]["format"] == "lightning_gtn.lexicon/1" and cfg["lm"]["format"] == "lightning_gtn.arpa/1"
     assert cfg["lexicon"]["entries"][1] == ["cat", "c", "a", "t"] and "\\2-grams:" in cfg["lm"]["text"]
@@ -59,7 +60,9 @@ def test_bad_decoder_configs(tmp_path):
 
 def test_ctc_beam_lm_corrects_a_misread_character(tmp_path):
     loss, vocab = build_loss("ctc", CHARS)
-    cfg = resolve_decoder({"name": "beam_lm", "lm_order": 2, "lm_weight": 1.0, "beam_size": 32}, lambda: TEXTS, tmp_path)
+    cfg = resolve_decoder(
+        {"name": "beam_lm", "lm_order": 2, "lm_weight": 1.0, "beam_size": 32}, lambda: TEXTS, tmp_path
+    )
     dec = build_decoder(cfg, loss, vocab)
     x = _emissions("the cat sat", vocab, wrong=(5, "o"))  # 'the cot sat': 'cot' is no word
     lengths = torch.tensor([x.shape[1]])
@@ -75,8 +78,14 @@ def test_asg_and_transducer_conventions(tmp_path):
     loss, vocab = build_loss("asg", CHARS)
     dec = build_decoder(cfg, loss, vocab)
     assert dec.topology == "asg" and dec.tokens[-1] == "<rep>"
-    td, tvocab = build_loss({"_target_": "lightning_gtn.nn.TransducerLoss", "tokens": ["the", "ca", "at"] + list(CHARS),
-                             "blank": "optional"}, CHARS)
+    td, tvocab = build_loss(
+        {
+            "_target_": "lightning_gtn.nn.TransducerLoss",
+            "tokens": ["the", "ca", "at"] + list(CHARS),
+            "blank": "optional",
+        },
+        CHARS,
+    )
     dec = build_decoder(cfg, td, tvocab)
     assert dec.topology == "transducer" and dec.blank == td.num_classes - 1 and dec.tokens[0] == "the"
     # one frame per token reading "the cat sat" with word pieces, blanks between
@@ -121,16 +130,20 @@ def test_lexicon_spellings_are_used_as_written(tmp_path):
 
     (tmp_path / "lex.txt").write_text("cat d o g\nsat s a t\n", encoding="utf-8")
     estimate([["cat", "sat"], ["sat", "cat"]], order=2).to_arpa(str(tmp_path / "lm.arpa"))
-    cfg = resolve_decoder({"name": "beam_lm", "lexicon": str(tmp_path / "lex.txt"), "lm": str(tmp_path / "lm.arpa"),
-                           "beam_size": 16}, list, tmp_path / "run")
+    cfg = resolve_decoder(
+        {"name": "beam_lm", "lexicon": str(tmp_path / "lex.txt"), "lm": str(tmp_path / "lm.arpa"), "beam_size": 16},
+        list,
+        tmp_path / "run",
+    )
     assert cfg["lexicon"]["entries"] == [["cat", "d", "o", "g"], ["sat", "s", "a", "t"]]
     loss, vocab = build_loss("ctc", CHARS)
     x = _emissions("dog sat", vocab)
     lengths = torch.tensor([x.shape[1]])
     assert decode_texts(build_decoder(cfg, loss, vocab), x, lengths) == ["cat sat"]
     # the word-piece transducer: the spelled graphemes, decomposed into its pieces
-    td, tvocab = build_loss({"_target_": "lightning_gtn.nn.TransducerLoss", "tokens": ["do"] + list(CHARS),
-                             "blank": "optional"}, CHARS)
+    td, tvocab = build_loss(
+        {"_target_": "lightning_gtn.nn.TransducerLoss", "tokens": ["do"] + list(CHARS), "blank": "optional"}, CHARS
+    )
     dec = build_decoder(cfg, td, tvocab)
     frames = []
     for piece in ["do", "g", " ", "s", "a", "t"]:

@@ -25,8 +25,14 @@ def tiny_data():
 
 
 def _trainer(**kw):
-    base = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                enable_progress_bar=False, enable_model_summary=False)
+    base = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     base.update(kw)
     return L.Trainer(**base)
 
@@ -57,7 +63,9 @@ def test_build_loss_errors():
         build_loss({"_target_": "lightning_gtn.nn.CTCLoss", "blank": 3}, CHARS)
     with pytest.raises(ValueError, match="contradicts"):  # the loss states its own convention
         build_loss(lnn.TargetGraphLoss(lambda t: None), CHARS, blank=True)
-    with pytest.raises(ValueError, match=r"loss\._target_: 'torch\.nn\.CTCLoss' is not trusted"):  # not a registered loss
+    with pytest.raises(
+        ValueError, match=r"loss\._target_: 'torch\.nn\.CTCLoss' is not trusted"
+    ):  # not a registered loss
         build_loss({"_target_": "torch.nn.CTCLoss"}, CHARS)
     with pytest.raises(ValueError, match="_target_"):
         build_loss({"blank": 0}, CHARS)
@@ -167,8 +175,12 @@ def test_targets_in_batch_are_used():
     model = UserModel()
     v = model.vocabulary
     targets, lengths = v.batch_encode(["12", "3"])
-    batch = {"inputs": torch.randn(2, 9, 8), "input_lengths": torch.tensor([9, 6]),
-             "targets": targets, "target_lengths": lengths}
+    batch = {
+        "inputs": torch.randn(2, 9, 8),
+        "input_lengths": torch.tensor([9, 6]),
+        "targets": targets,
+        "target_lengths": lengths,
+    }
     x, n, t, tl, texts = model.unpack_batch(batch)
     assert texts is None and t is targets
     with pytest.raises(TypeError, match="dict batches"):

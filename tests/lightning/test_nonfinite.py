@@ -40,9 +40,17 @@ def data():
 
 
 def _fit(model, data, **kw):
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, max_epochs=1,
-                        limit_val_batches=0, **kw)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_epochs=1,
+        limit_val_batches=0,
+        **kw,
+    )
     trainer.fit(model, datamodule=data)
     return trainer
 
@@ -74,9 +82,14 @@ def test_skip_skips_with_a_warning_and_is_bounded(data):
         _fit(model, data)
 
 
-@pytest.mark.parametrize("spec,key", [({"action": "ignore"}, "nonfinite.action"),
-                                      ({"max_consecutive": -1}, "nonfinite.max_consecutive"),
-                                      ({"when": 1}, "nonfinite.when")])
+@pytest.mark.parametrize(
+    "spec,key",
+    [
+        ({"action": "ignore"}, "nonfinite.action"),
+        ({"max_consecutive": -1}, "nonfinite.max_consecutive"),
+        ({"when": 1}, "nonfinite.when"),
+    ],
+)
 def test_bad_nonfinite_options_name_the_key(spec, key):
     with pytest.raises(ValueError, match=rf"^{key}"):
         NaNAt(bad=(), nonfinite=spec)

@@ -79,15 +79,16 @@ def test_grammar_has_a_real_vocabulary():
     assert any("'" in s for s in sents)
     # structure a word n-gram model can use: determiners are never followed by a verb form
     verbs = {"sleeps", "runs", "walks", "sees", "finds"}
-    assert not any(a in ("the", "a", "every") and b in verbs
-                   for s in sents for a, b in zip(s.split(), s.split()[1:]))
+    assert not any(a in ("the", "a", "every") and b in verbs for s in sents for a, b in zip(s.split(), s.split()[1:]))
 
 
 def test_several_fonts_are_used(small):
     assert len(set(small.fonts_used["train"])) >= 6
     assert set(small.fonts_used["train"]) <= set(DEFAULT_FONTS)
-    images = [render_line("the quick fox", face, 20) for face in
-              ("DejaVuSans", "DejaVuSerif", "DejaVuSansMono", "DejaVuSans-Bold")]
+    images = [
+        render_line("the quick fox", face, 20)
+        for face in ("DejaVuSans", "DejaVuSerif", "DejaVuSansMono", "DejaVuSans-Bold")
+    ]
     for i in range(len(images)):
         for j in range(i):
             assert images[i].shape != images[j].shape or not np.array_equal(images[i], images[j])
@@ -121,9 +122,15 @@ def test_one_training_step_with_the_default_model(small):
     network = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "conv_gru.yaml"))
     model = SequenceModule(network, "ctc", small.chars, feature_dim=small.feature_dim)
     before = [p.detach().clone() for p in model.parameters()]
-    trainer = L.Trainer(accelerator="cpu", devices=1, fast_dev_run=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        fast_dev_run=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=small)
     m = trainer.callback_metrics
     for key in ("train/loss", "val/loss", "val/cer"):
@@ -147,9 +154,18 @@ def test_hyperparameters_load_with_weights_only():
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.create({"_target_": "lightning_gtn.lightning.TextLinesDataModule", "num_train": 4, "num_val": 2,
-                            "num_test": 2, "sizes": [16, 18], "blur": [0.0, 0.5], "contrast": [0.8, 1.0],
-                            "fonts": ["DejaVuSans"]})
+    cfg = OmegaConf.create(
+        {
+            "_target_": "lightning_gtn.lightning.TextLinesDataModule",
+            "num_train": 4,
+            "num_val": 2,
+            "num_test": 2,
+            "sizes": [16, 18],
+            "blur": [0.0, 0.5],
+            "contrast": [0.8, 1.0],
+            "fonts": ["DejaVuSans"],
+        }
+    )
     dm = instantiate(cfg)
     buf = io.BytesIO()
     torch.save({"datamodule_hyper_parameters": dict(dm.hparams)}, buf)

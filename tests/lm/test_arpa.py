@@ -243,9 +243,7 @@ def test_scores_equal_kenlm_on_our_arpa(tmp_path, method, prune):
             p, st = lm.score(st, lm.word_id(w))
             got.append(p / LN10)
         assert got == pytest.approx(want, abs=1e-5)
-    assert k.perplexity("a b c") == pytest.approx(
-        10 ** (-lm.sentence_score("a b c".split()) / LN10 / 4), rel=1e-5
-    )
+    assert k.perplexity("a b c") == pytest.approx(10 ** (-lm.sentence_score("a b c".split()) / LN10 / 4), rel=1e-5)
 
 
 def test_hand_written_arpa_equals_kenlm(tmp_path):
@@ -269,8 +267,11 @@ def _deep_arpa(n_grams: int, order: int, vocab: int = 50, seed: int = 0) -> str:
     grams = set()
     while len(grams) < n_grams:
         grams.add(tuple(rng.choice(words) for _ in range(order)))
-    lines = ["\\data\\", f"ngram 1={vocab + 3}"] + [f"ngram {n}=0" for n in range(2, order)] + \
-        [f"ngram {order}={n_grams}", "", "\\1-grams:", "-1 <unk> 0", "-99 <s> 0", "-1 </s> 0"]
+    lines = (
+        ["\\data\\", f"ngram 1={vocab + 3}"]
+        + [f"ngram {n}=0" for n in range(2, order)]
+        + [f"ngram {order}={n_grams}", "", "\\1-grams:", "-1 <unk> 0", "-99 <s> 0", "-1 </s> 0"]
+    )
     lines += [f"-1.5 {w} -0.1" for w in words]
     for n in range(2, order):
         lines += ["", f"\\{n}-grams:"]
@@ -303,22 +304,28 @@ def test_the_memory_estimate_bounds_what_reading_allocates():
     tracemalloc.stop()
 
 
-@pytest.mark.parametrize("line, match", [
-    ("-0.5 </s> 1e38", r"line 8: log10 back-off weight '1e38' must be in \[-99, 10\]"),
-    ("-0.5 </s> 30", r"back-off weight '30' must be in"),
-    ("-1e5 </s>", r"log10 probability '-1e5' must be in \[-99, 0\]"),
-])
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ("-0.5 </s> 1e38", r"line 8: log10 back-off weight '1e38' must be in \[-99, 10\]"),
+        ("-0.5 </s> 30", r"back-off weight '30' must be in"),
+        ("-1e5 </s>", r"log10 probability '-1e5' must be in \[-99, 0\]"),
+    ],
+)
 def test_insane_log10_values_are_refused_naming_the_line(line, match):
     # Finding 11: a back-off of 1e38 (or 30) was accepted and decoded garbage (CER 528%)
     with pytest.raises(ValueError, match=match):
         read_arpa(io.StringIO(_bad(GOOD_BODY.replace("-0.5 </s>", line))))
 
 
-@pytest.mark.parametrize("body, header, match", [
-    (GOOD_BODY.replace("-0.5 </s>", "-0_5 </s>"), "ngram 1=3\nngram 2=1\n", "probability '-0_5' is not a number"),
-    (GOOD_BODY, "ngram 1=\u0663\nngram 2=1\n", "header"),
-    (GOOD_BODY.replace("-99 <s> 0", "-99 <s> \u0660"), "ngram 1=3\nngram 2=1\n", "is not a number"),
-])
+@pytest.mark.parametrize(
+    "body, header, match",
+    [
+        (GOOD_BODY.replace("-0.5 </s>", "-0_5 </s>"), "ngram 1=3\nngram 2=1\n", "probability '-0_5' is not a number"),
+        (GOOD_BODY, "ngram 1=\u0663\nngram 2=1\n", "header"),
+        (GOOD_BODY.replace("-99 <s> 0", "-99 <s> \u0660"), "ngram 1=3\nngram 2=1\n", "is not a number"),
+    ],
+)
 def test_numbers_follow_the_arpa_grammar(body, header, match):
     # Finding 18: '-0_7' read as -7 and 'ngram 1=٥' was accepted
     with pytest.raises(ValueError, match=match):

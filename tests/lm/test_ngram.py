@@ -44,7 +44,7 @@ def test_every_history_sums_to_one(method, order):
         for h in lm._ngrams[n - 1]:
             if h[-1] == lm.eos:
                 continue
-            total = sum(math.exp(lm._backoff_logp(h[-(order - 1):], w)) for w in ids)
+            total = sum(math.exp(lm._backoff_logp(h[-(order - 1) :], w)) for w in ids)
             assert total == pytest.approx(1.0, abs=1e-12)
 
 
@@ -233,7 +233,9 @@ def test_cli(tmp_path, capsys):
     lm = NGramLM.from_arpa(out)
     assert res["ngrams"] == lm.counts() and lm.order == 3
     ref = estimate(["the cat sat", "the dog sat", "a cat ran"], order=3)
-    assert lm.sentence_score("the cat ran".split()) == pytest.approx(ref.sentence_score("the cat ran".split()), abs=1e-6)
+    assert lm.sentence_score("the cat ran".split()) == pytest.approx(
+        ref.sentence_score("the cat ran".split()), abs=1e-6
+    )
     out2 = tmp_path / "chars.arpa"
     assert cli_main(["--text", str(text), "--order", "4", "--chars", "--method", "wb", "--out", str(out2)]) == 0
     chars = NGramLM.from_arpa(out2)

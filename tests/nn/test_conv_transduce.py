@@ -16,7 +16,6 @@ from lightning_gtn.functional import conv_transduce1d, kernel_graph
 from lightning_gtn.losses.conv_transduce import min_kernel_size
 from lightning_gtn.nn import ConvTransduce1D
 
-
 # ---------------------------------------------------------------------------
 # The reference: the research layer's pattern, one window and kernel at a time on the engine
 # ---------------------------------------------------------------------------
@@ -39,7 +38,7 @@ def reference(layer: ConvTransduce1D, inputs: torch.Tensor, grad_out: torch.Tens
         s = 0
         for k in kernels:
             n = k.num_arcs()
-            k.set_weights(params.detach().float().numpy()[s: s + n])
+            k.set_weights(params.detach().float().numpy()[s : s + n])
             k.calc_grad = True
             k.zero_grad()
             s += n
@@ -50,7 +49,7 @@ def reference(layer: ConvTransduce1D, inputs: torch.Tensor, grad_out: torch.Tens
     for b in range(B):
         for i, t in enumerate(starts):
             g_in = gtn.linear_graph(K, C, gtn.Device(gtn.CPU), True)
-            g_in.set_weights(np.ascontiguousarray(data[b, t: t + K]).reshape(-1))
+            g_in.set_weights(np.ascontiguousarray(data[b, t : t + K]).reshape(-1))
             outs = []
             for k, kern in enumerate(kernels):
                 score = gtn.viterbi_score if layer.viterbi else gtn.forward_score
@@ -73,7 +72,7 @@ def reference(layer: ConvTransduce1D, inputs: torch.Tensor, grad_out: torch.Tens
             if math.isfinite(raw[b, i, k]):
                 gtn.backward(o, gtn.scalar_graph(float(delta[b, i, k]), calc_grad=False), retain_graph=False)
         if any(math.isfinite(raw[b, i, k]) for k in range(len(outs))):
-            gpad[b, t: t + K] += torch.from_numpy(g_in.grad().weights_to_numpy().reshape(K, C).astype(np.float64))
+            gpad[b, t : t + K] += torch.from_numpy(g_in.grad().weights_to_numpy().reshape(K, C).astype(np.float64))
     xp.backward(gpad)
     gk = None
     if params is not None:
@@ -210,13 +209,17 @@ def test_brute_force_enumeration_of_paths(blank_optional, spike):
         xp = F.pad(x, (0, 0, K // 2, K // 2))
         for k, tokens in enumerate(lex):
             rx = kernel_regex(tokens, 0, blank_optional, spike)
-            accepted = [seq for seq in itertools.product(range(C), repeat=K)
-                        if rx.fullmatch("".join(chr(65 + s) for s in seq))]
+            accepted = [
+                seq for seq in itertools.product(range(C), repeat=K) if rx.fullmatch("".join(chr(65 + s) for s in seq))
+            ]
             for b in range(2):
                 for t in range(out.shape[1]):
-                    win = xp[b, t: t + K]
-                    scores = torch.stack([win[torch.arange(K), list(seq)].sum() for seq in accepted]) \
-                        if accepted else torch.full((1,), -math.inf, dtype=x.dtype)
+                    win = xp[b, t : t + K]
+                    scores = (
+                        torch.stack([win[torch.arange(K), list(seq)].sum() for seq in accepted])
+                        if accepted
+                        else torch.full((1,), -math.inf, dtype=x.dtype)
+                    )
                     want = scores.max() if viterbi else torch.logsumexp(scores, 0)
                     if math.isinf(want):
                         assert out[b, t, k] == want
@@ -243,16 +246,17 @@ def test_batched_equals_one_by_one_and_infeasible_pairs():
     assert torch.isinf(out[..., 0]).all() and torch.isfinite(out[..., 1:]).all()
     out[..., 1:].sum().backward()
     assert torch.isfinite(x.grad).all() and torch.isfinite(layer.kernel_params.grad).all()
-    assert (layer.kernel_params.grad[:layer.bank.arc_off[1]] == 0).all()
+    assert (layer.kernel_params.grad[: layer.bank.arc_off[1]] == 0).all()
     for b in range(3):
-        close(layer(x[b: b + 1]).detach(), out[b: b + 1].detach(), "one by one", 1e-12)
+        close(layer(x[b : b + 1]).detach(), out[b : b + 1].detach(), "one by one", 1e-12)
 
 
 def test_gradcheck():
     layer = make_layer([[1], [1, 2], []], 3, 2, learn_params=True)
     x = data(2, 5, 3).requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda a, p: conv_transduce1d(a, layer.bank, 3, 2, 0, kernel_params=p),
-                                    (x, layer.kernel_params))
+    assert torch.autograd.gradcheck(
+        lambda a, p: conv_transduce1d(a, layer.bank, 3, 2, 0, kernel_params=p), (x, layer.kernel_params)
+    )
     # only the kernel weights need a gradient: the same one, and none for the inputs
     layer(x).sum().backward()
     want = layer.kernel_params.grad.clone()
@@ -275,18 +279,21 @@ def test_kernel_graph_arc_order_and_min_size():
     assert ConvTransduce1D([[1], [2, 3]], 3, 1, 0, learn_params=True).kernel_params.shape == (15,)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(kernel_size=4), "kernel_size must be odd"),
-    (dict(kernel_size=3, lexicon=[[1, 1, 2]]), "kernel_size must be at least 4"),
-    (dict(kernel_size=1, lexicon=[[1, 2]]), "kernel_size must be at least 2"),
-    (dict(scale="log"), "scale must be one of"),
-    (dict(normalize="softmax"), "normalize must be one of"),
-    (dict(stride=0), "stride must be an integer >= 1"),
-    (dict(lexicon=[[1, -2]]), r"lexicon\[0\] must hold non-negative"),
-    (dict(lexicon=[]), "at least one entry"),
-    (dict(lexicon=["ab"]), r"lexicon\[0\] must be a sequence"),
-    (dict(blank_idx=-1), "blank_idx must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(kernel_size=4), "kernel_size must be odd"),
+        (dict(kernel_size=3, lexicon=[[1, 1, 2]]), "kernel_size must be at least 4"),
+        (dict(kernel_size=1, lexicon=[[1, 2]]), "kernel_size must be at least 2"),
+        (dict(scale="log"), "scale must be one of"),
+        (dict(normalize="softmax"), "normalize must be one of"),
+        (dict(stride=0), "stride must be an integer >= 1"),
+        (dict(lexicon=[[1, -2]]), r"lexicon\[0\] must hold non-negative"),
+        (dict(lexicon=[]), "at least one entry"),
+        (dict(lexicon=["ab"]), r"lexicon\[0\] must be a sequence"),
+        (dict(blank_idx=-1), "blank_idx must be an integer >= 0"),
+    ],
+)
 def test_constructor_errors(kwargs, match):
     args = dict(lexicon=[[1], [2]], kernel_size=3, stride=1, blank_idx=0)
     args.update(kwargs)
@@ -339,8 +346,11 @@ def test_opcheck(viterbi):
     bank = kernel_bank([[1], [1, 2], []], 0)
     windows = data(4, 3, 3).requires_grad_(True)
     w = torch.randn(bank.num_arcs, dtype=torch.float64, requires_grad=True)
-    torch.library.opcheck(conv_transduce_op, (windows, w, bank.handle, viterbi, "numba"),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    torch.library.opcheck(
+        conv_transduce_op,
+        (windows, w, bank.handle, viterbi, "numba"),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
 
 
 def test_pickle_deepcopy_and_half_precision():

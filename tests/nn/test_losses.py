@@ -5,10 +5,10 @@ import pickle
 import torch
 import torch.nn.functional as TF
 
+import lightning_gtn.wfst as gtn
 from lightning_gtn import functional as F
 from lightning_gtn.nn import ASGLoss, CTCLoss, GraphLoss, ModuleLoss, SequenceLoss, TargetGraphLoss
 from lightning_gtn.wfst.criterion import ctc_graph
-import lightning_gtn.wfst as gtn
 
 
 def _batch():
@@ -51,8 +51,9 @@ def test_asg_module_owns_transitions_and_learns_them():
 
 def test_sequence_and_graph_modules():
     x, tg, il, tl = _batch()
-    torch.testing.assert_close(SequenceLoss(reduction="sum")(x, tg, il, tl),
-                               F.sequence_loss(x, tg, il, tl, reduction="sum"))
+    torch.testing.assert_close(
+        SequenceLoss(reduction="sum")(x, tg, il, tl), F.sequence_loss(x, tg, il, tl, reduction="sum")
+    )
     g = gtn.Graph(False)
     g.add_node(True, True)
     g.add_arc(0, 0, 1)

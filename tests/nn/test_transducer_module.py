@@ -10,7 +10,7 @@ import torch
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn import nn as lnn
-from lightning_gtn.functional import transducer_loss, transitions_graph
+from lightning_gtn.functional import transitions_graph
 from tests.functional.test_transducer import G2I, PIECES, TARGETS, ref_transitions, reference
 
 LENGTHS = (9, 7, 8, 5)
@@ -54,8 +54,16 @@ def test_module_with_ngram_uses_raw_scores_and_learns_transitions():
     x = _x(m.num_classes).requires_grad_()
     out = m(x, TARGETS, torch.tensor(LENGTHS))
     out.sum().backward()
-    ref, gref, pref = reference(x.detach(), TARGETS, LENGTHS, PIECES, G2I, "optional",
-                                trans=ref_transitions(1, m.num_classes), params=m.transition_params)
+    ref, gref, pref = reference(
+        x.detach(),
+        TARGETS,
+        LENGTHS,
+        PIECES,
+        G2I,
+        "optional",
+        trans=ref_transitions(1, m.num_classes),
+        params=m.transition_params,
+    )
     torch.testing.assert_close(out.detach(), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(x.grad, gref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(m.transition_params.grad, pref, rtol=1e-5, atol=1e-5)
@@ -84,7 +92,9 @@ def test_research_reductions():
     assert none.shape == (4,)
     lens = torch.tensor([len(t) for t in TARGETS], dtype=torch.float64)
     # the research "mean": per target length, then the batch mean
-    torch.testing.assert_close(lnn.TransducerLoss(**kw, reduction="mean").double()(x, TARGETS, il), (none / lens).mean())
+    torch.testing.assert_close(
+        lnn.TransducerLoss(**kw, reduction="mean").double()(x, TARGETS, il), (none / lens).mean()
+    )
     torch.testing.assert_close(lnn.TransducerLoss(**kw, reduction="sum").double()(x, TARGETS, il), none.sum())
 
 

@@ -36,8 +36,7 @@ def graph_from_text(text: str, calc_grad: bool = True) -> gtn.Graph:
     starts = [int(x) for x in lines[0].split()]
     accepts = [int(x) for x in lines[1].split()]
     arcs = [ln.split() for ln in lines[2:] if ln]
-    n = max([0] + [s + 1 for s in starts] + [a + 1 for a in accepts]
-            + [max(int(a[0]), int(a[1])) + 1 for a in arcs])
+    n = max([0] + [s + 1 for s in starts] + [a + 1 for a in accepts] + [max(int(a[0]), int(a[1])) + 1 for a in arcs])
     g = gtn.Graph(calc_grad)
     for i in range(n):
         g.add_node(i in starts, i in accepts)

@@ -141,8 +141,7 @@ def test_from_arrays_copies_and_acceptor_default():
     ],
 )
 def test_from_arrays_rejects_bad_fields(kwargs, field):
-    args = dict(num_nodes=3, start=[0], accept=[2], src=[0, 1], dst=[1, 2], ilabel=[0, 1], olabel=None,
-                weights=None)
+    args = dict(num_nodes=3, start=[0], accept=[2], src=[0, 1], dst=[1, 2], ilabel=[0, 1], olabel=None, weights=None)
     args.update(kwargs)
     with pytest.raises(ValueError, match=field):
         gtn.Graph.from_arrays(**args)

@@ -447,9 +447,7 @@ def test_bigger_random_intersection_matches_dense_dynamic_programme(rng):
 
 def test_large_products_use_a_hash_map_with_the_same_result():
     # More than DENSE_STATES product states: the state store switches to a hash map.
-    from lightning_gtn.wfst import _kernels
-
-    from lightning_gtn.wfst import _compose
+    from lightning_gtn.wfst import _compose, _kernels
 
     n = int(math.isqrt(_kernels.DENSE_STATES // 3)) + 2
     g1 = gtn.linear_graph(n - 1, 1)
@@ -488,11 +486,14 @@ def test_remove_other_labels_and_gradient_rules():
         1 2 0 1 2.5
     """)
     out = gtn.remove(g, 2, 1)
-    assert gtn.equal(out, graph_from_text("""
+    assert gtn.equal(
+        out,
+        graph_from_text("""
         0
         1
         0 1 0 1
-    """))
+    """),
+    )
     assert out.calc_grad
     with pytest.raises(RuntimeError, match="gradient compuation not implemented"):
         gtn.backward(gtn.forward_score(out))

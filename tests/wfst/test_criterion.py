@@ -50,8 +50,12 @@ def test_ctc_loss_and_gradient_match_torch(seed):
     logits = torch.tensor(rng.standard_normal((T, C)), dtype=torch.float64, requires_grad=True)
     log_probs = torch.log_softmax(logits, dim=-1)
     ref = torch.nn.functional.ctc_loss(
-        log_probs[:, None, :], torch.tensor([target]), torch.tensor([T]), torch.tensor([len(target)]),
-        blank=blank, reduction="sum",
+        log_probs[:, None, :],
+        torch.tensor([target]),
+        torch.tensor([T]),
+        torch.tensor([len(target)]),
+        blank=blank,
+        reduction="sum",
     )
     ref.backward()
     em = emissions_graph(log_probs.detach().numpy())

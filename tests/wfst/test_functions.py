@@ -2,7 +2,6 @@
 closure): GTN's structure and node/arc order, calc_grad rules, list overloads, and
 finite-difference checks of every gradient."""
 
-import itertools
 import math
 
 import numpy as np
@@ -230,9 +229,14 @@ def test_concat_links_accepts_to_next_starts_after_each_graph(rng):
     assert c.num_nodes() == 8 and c.start() == [0] and c.accept() == [7]
     eps = -1
     assert arcs(c) == [
-        (0, 1, 1, 1, 0.5), (0, 2, 2, 2, 1.5),
-        (3, 5, 3, 3, 2.5), (4, 5, 4, 4, 3.5),
-        (1, 3, eps, eps, 0.0), (1, 4, eps, eps, 0.0), (2, 3, eps, eps, 0.0), (2, 4, eps, eps, 0.0),
+        (0, 1, 1, 1, 0.5),
+        (0, 2, 2, 2, 1.5),
+        (3, 5, 3, 3, 2.5),
+        (4, 5, 4, 4, 3.5),
+        (1, 3, eps, eps, 0.0),
+        (1, 4, eps, eps, 0.0),
+        (2, 3, eps, eps, 0.0),
+        (2, 4, eps, eps, 0.0),
         (6, 7, 5, 5, 4.5),
         (5, 6, eps, eps, 0.0),
     ]
@@ -256,8 +260,11 @@ def test_closure_adds_a_start_and_accept_node_in_front(rng):
     assert c.num_nodes() == 4 and c.start() == [0] and c.accept() == [0]
     eps = -1
     assert arcs(c) == [
-        (1, 3, 1, 1, 0.5), (2, 3, 2, 3, 1.5),
-        (0, 1, eps, eps, 0.0), (0, 2, eps, eps, 0.0), (3, 0, eps, eps, 0.0),
+        (1, 3, 1, 1, 0.5),
+        (2, 3, 2, 3, 1.5),
+        (0, 1, eps, eps, 0.0),
+        (0, 2, eps, eps, 0.0),
+        (3, 0, eps, eps, 0.0),
     ]
     seeded_fd_check(gtn.closure, [g], rng)
 

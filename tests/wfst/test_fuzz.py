@@ -51,10 +51,20 @@ def _valid_graphs(gtn):
 def exercise(gtn, g, others):
     """Every public operation on ``g`` (alone and with ``others``); expected errors are fine."""
     unary = [
-        gtn.negate, gtn.clone, gtn.project_input, gtn.project_output, gtn.closure,
-        gtn.forward_score, gtn.viterbi_score, gtn.viterbi_path, gtn.remove,
-        lambda x: gtn.remove(x, 0, 1), lambda x: gtn.concat([x]), lambda x: gtn.union([x]),
-        lambda x: gtn.sample(x, 5), gtn.rand_equivalent if hasattr(gtn, "rand_equivalent") else gtn.clone,
+        gtn.negate,
+        gtn.clone,
+        gtn.project_input,
+        gtn.project_output,
+        gtn.closure,
+        gtn.forward_score,
+        gtn.viterbi_score,
+        gtn.viterbi_path,
+        gtn.remove,
+        lambda x: gtn.remove(x, 0, 1),
+        lambda x: gtn.concat([x]),
+        lambda x: gtn.union([x]),
+        lambda x: gtn.sample(x, 5),
+        gtn.rand_equivalent if hasattr(gtn, "rand_equivalent") else gtn.clone,
     ]
     results = [g]
     for fn in unary:
@@ -104,29 +114,46 @@ def main():
     import lightning_gtn.wfst as gtn
 
     others = _valid_graphs(gtn)
-    cfg = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                   suppress_health_check=list(HealthCheck))
+    cfg = settings(
+        max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     small = st.integers(-3, 7)
     odd = st.sampled_from([2**31 - 1, 2**31, -(2**31), 2**40, 2**63 - 1, -(2**64), 10**30])
     ints = st.one_of(small, small, small, odd)
-    weird = st.one_of(st.none(), st.text(max_size=3), st.floats(allow_nan=True), st.just(True),
-                      st.just(object()), st.lists(st.lists(small, max_size=2), max_size=2))
+    weird = st.one_of(
+        st.none(),
+        st.text(max_size=3),
+        st.floats(allow_nan=True),
+        st.just(True),
+        st.just(object()),
+        st.lists(st.lists(small, max_size=2), max_size=2),
+    )
 
     def id_list(n):
-        return st.one_of(st.lists(ints, min_size=n, max_size=n), st.lists(ints, max_size=4), weird,
-                         st.lists(st.floats(-2, 8), max_size=3))
+        return st.one_of(
+            st.lists(ints, min_size=n, max_size=n),
+            st.lists(ints, max_size=4),
+            weird,
+            st.lists(st.floats(-2, 8), max_size=3),
+        )
 
-    weights = st.one_of(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), max_size=7),
-                        weird, st.lists(st.text(max_size=2), max_size=3))
+    weights = st.one_of(
+        st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), max_size=7),
+        weird,
+        st.lists(st.text(max_size=2), max_size=3),
+    )
 
     @st.composite
     def states(draw):
         n_arcs = draw(st.integers(0, 6))
         arcs = tuple(draw(id_list(n_arcs)) for _ in range(4))
         if draw(st.booleans()):
-            arcs = tuple(np.asarray(a, dtype=draw(st.sampled_from(["int32", "int64", "float64"])))
-                         if isinstance(a, list) and all(isinstance(v, int) and abs(v) < 2**31 for v in a) else a
-                         for a in arcs)
+            arcs = tuple(
+                np.asarray(a, dtype=draw(st.sampled_from(["int32", "int64", "float64"])))
+                if isinstance(a, list) and all(isinstance(v, int) and abs(v) < 2**31 for v in a)
+                else a
+                for a in arcs
+            )
         state = {
             "num_nodes": draw(st.one_of(st.integers(0, 8), ints, weird)),
             "start_ids": draw(id_list(1)),
@@ -152,8 +179,12 @@ def main():
         exercise(gtn, g, others)
 
     @cfg
-    @given(st.integers(0, 8), id_list(1), id_list(1), st.integers(0, 6).flatmap(
-        lambda n: st.tuples(*(id_list(n) for _ in range(4)), weights)))
+    @given(
+        st.integers(0, 8),
+        id_list(1),
+        id_list(1),
+        st.integers(0, 6).flatmap(lambda n: st.tuples(*(id_list(n) for _ in range(4)), weights)),
+    )
     def fuzz_from_arrays(n, start, accept, arcs):
         try:
             g = gtn.Graph.from_arrays(n, start, accept, *arcs)
@@ -161,7 +192,9 @@ def main():
             return
         exercise(gtn, g, others)
 
-    token = st.one_of(st.integers(-3, 9).map(str), odd.map(str), st.sampled_from(["x", "1.5", "nan", "-inf", "", "1e9"]))
+    token = st.one_of(
+        st.integers(-3, 9).map(str), odd.map(str), st.sampled_from(["x", "1.5", "nan", "-inf", "", "1e9"])
+    )
     line = st.lists(token, max_size=6).map(" ".join)
 
     @cfg
@@ -193,9 +226,13 @@ def main():
 
     # Addresses that cannot be valid (an address inside user space is trusted, as in GTN:
     # the fuzzer must not hand one over). The graph has 3 arcs: 12 bytes from the address.
-    addresses = st.one_of(st.integers(-(2**70), 2**16 - 1), st.integers(2**47 - 11, 2**70),
-                          st.sampled_from([np.uint64(2**64 - 1), np.uint64(2**63), np.int64(-(2**63)), np.int64(-1)]),
-                          st.just(0), st.booleans())
+    addresses = st.one_of(
+        st.integers(-(2**70), 2**16 - 1),
+        st.integers(2**47 - 11, 2**70),
+        st.sampled_from([np.uint64(2**64 - 1), np.uint64(2**63), np.int64(-(2**63)), np.int64(-1)]),
+        st.just(0),
+        st.booleans(),
+    )
 
     @cfg
     @given(st.one_of(addresses, weights, st.lists(st.floats(), min_size=3, max_size=3)))
@@ -208,8 +245,10 @@ def main():
         exercise(gtn, g, others)
 
     @cfg
-    @given(st.lists(st.tuples(ints, ints, ints, st.one_of(st.none(), ints), st.floats()), max_size=6),
-           st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=5))
+    @given(
+        st.lists(st.tuples(ints, ints, ints, st.one_of(st.none(), ints), st.floats()), max_size=6),
+        st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=5),
+    )
     def fuzz_add_arc(arcs, nodes):
         g = gtn.Graph()
         for s, a in nodes:

@@ -317,8 +317,12 @@ def _concurrent_reads():
 
 def test_cuda_module_reports_no_cuda_like_a_cpu_only_gtn():
     assert not gtn.cuda.is_available()
-    for fn, args in ((gtn.cuda.device_count, ()), (gtn.cuda.get_device, ()), (gtn.cuda.set_device, (0,)),
-                     (gtn.cuda.synchronize, ())):
+    for fn, args in (
+        (gtn.cuda.device_count, ()),
+        (gtn.cuda.get_device, ()),
+        (gtn.cuda.set_device, (0,)),
+        (gtn.cuda.synchronize, ()),
+    ):
         with pytest.raises(RuntimeError, match="CUDA not available"):
             fn(*args)
         with pytest.raises(ValueError):

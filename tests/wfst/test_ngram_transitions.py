@@ -17,7 +17,11 @@ from hypothesis import strategies as st
 import lightning_gtn.wfst as gtn
 from lightning_gtn.wfst.ngram import (
     SENTENCE_END as E,
+)
+from lightning_gtn.wfst.ngram import (
     SENTENCE_START as S,
+)
+from lightning_gtn.wfst.ngram import (
     count_ngrams,
     load_transitions,
     prune_ngrams,
@@ -502,12 +506,19 @@ def test_truncated_and_garbage_graph_files_give_errors(tmp_path):
         ('{"format": "other"}', "not a transition sidecar"),
         ('{"format": "lightning_gtn.transitions", "version": 9}', "unsupported version"),
         ('{"format": "lightning_gtn.transitions", "version": 1, "num_tokens": "2"}', "num_tokens must be an int"),
-        ('{"format": "lightning_gtn.transitions", "version": 1, "num_tokens": 1, "num_nodes": 5, "num_arcs": 13}',
-         r"outside \[0, 1\)"),
-        ('{"format": "lightning_gtn.transitions", "version": 1, "num_tokens": 2, "num_nodes": 5, "num_arcs": 12}',
-         "its sidecar says"),
-        ('{"format": "lightning_gtn.transitions", "version": 1, "num_tokens": 2, "num_nodes": 5, "num_arcs": 13,'
-         ' "tokens": ["a"]}', "tokens must be null or a list of 2 strings"),
+        (
+            '{"format": "lightning_gtn.transitions", "version": 1, "num_tokens": 1, "num_nodes": 5, "num_arcs": 13}',
+            r"outside \[0, 1\)",
+        ),
+        (
+            '{"format": "lightning_gtn.transitions", "version": 1, "num_tokens": 2, "num_nodes": 5, "num_arcs": 12}',
+            "its sidecar says",
+        ),
+        (
+            '{"format": "lightning_gtn.transitions", "version": 1, "num_tokens": 2, "num_nodes": 5, "num_arcs": 13,'
+            ' "tokens": ["a"]}',
+            "tokens must be null or a list of 2 strings",
+        ),
     ],
 )
 def test_bad_sidecars_give_errors(tmp_path, sidecar, message):
@@ -571,8 +582,7 @@ def test_property_random_corpora(corpus, order, prune, blank, self_loops, probe)
     score is the log-sum of the reference paths."""
     C = 4
     probe = [t for t in probe if t < C]
-    g = transitions_graph(corpus, C, order=order, prune=prune, blank=blank, self_loops=self_loops,
-                          init="counts")
+    g = transitions_graph(corpus, C, order=order, prune=prune, blank=blank, self_loops=self_loops, init="counts")
     for seq in corpus:
         if blank == "forced":
             spelled = [C - 1] + [x for t in seq for x in (t, C - 1)]

@@ -36,9 +36,7 @@ def test_quick_tour_example_with_symbols(tmp_path):
     ]
     # best path a:x c:z costs .5 + 2.5 + 3.5
     assert gtn.viterbi_score(g).item() == pytest.approx(-6.5)
-    assert gtn.forward_score(g).item() == pytest.approx(
-        math.log(math.exp(-0.5) + math.exp(-1.5)) - 6.0, rel=1e-6
-    )
+    assert gtn.forward_score(g).item() == pytest.approx(math.log(math.exp(-0.5) + math.exp(-1.5)) - 6.0, rel=1e-6)
     # written back with the symbols: the arcs as they were, the final as an epsilon arc
     text = gtn.write_fst_text(g, isymbols=isyms, osymbols=osyms)
     assert text.splitlines()[:3] == ["0\t1\ta\tx\t0.5", "0\t1\tb\ty\t1.5", "1\t2\tc\tz\t2.5"]
@@ -188,7 +186,9 @@ def test_far_state_ids_do_not_allocate():
 def test_truncated_and_garbage_text_never_crash():
     rng = np.random.default_rng(0)
     ok = 0
-    base = TOUR.replace("a", "1").replace("b", "2").replace("c", "3").replace("x", "1").replace("y", "2").replace("z", "3")
+    base = (
+        TOUR.replace("a", "1").replace("b", "2").replace("c", "3").replace("x", "1").replace("y", "2").replace("z", "3")
+    )
     for k in range(300):
         if k % 2:
             t = base[: int(rng.integers(0, len(base)))]
@@ -244,12 +244,15 @@ def test_costs_beyond_float32_are_the_infinities_they_round_to():
     assert g.weights_to_list() == [float("-inf"), -0.5]
 
 
-@pytest.mark.parametrize("text, what", [
-    ("1_0 1 1\n1\n", "state '1_0'"),
-    ("0 1 \u0661\n1\n", "is not an integer"),
-    ("0 1 1 1 0_5\n1\n", "weight '0_5' is not a number"),
-    ("0 1 1 1 0x1p3\n1\n", "is not a number"),
-])
+@pytest.mark.parametrize(
+    "text, what",
+    [
+        ("1_0 1 1\n1\n", "state '1_0'"),
+        ("0 1 \u0661\n1\n", "is not an integer"),
+        ("0 1 1 1 0_5\n1\n", "weight '0_5' is not a number"),
+        ("0 1 1 1 0x1p3\n1\n", "is not a number"),
+    ],
+)
 def test_fst_text_reads_only_ascii_numbers(text, what):
     from lightning_gtn.wfst.openfst import read_fst_text
 

@@ -98,7 +98,7 @@ def test_graphs_cross_process_boundaries_with_spawn():
     g = sample_graph()
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
-        (n, w, labels, accept), = pool.map(_score_in_child, [g])
+        ((n, w, labels, accept),) = pool.map(_score_in_child, [g])
     assert n == 5 and accept == [4, 1]
     assert labels == g.labels_to_list(False)
     np.testing.assert_array_equal(np.array(w, dtype=np.float32), g.weights_to_numpy())

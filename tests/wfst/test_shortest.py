@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import lightning_gtn.wfst as gtn
 
@@ -356,14 +355,17 @@ def test_viterbi_path_layout_and_gradient():
     """)
     assert gtn.equal(path, expect)
     # Different gradients on the path's arcs reach the arcs they copy.
-    gtn.backward(path, graph_from_text("""
+    gtn.backward(
+        path,
+        graph_from_text("""
         0
         4
         0 1 0 0 1
         1 2 0 0 2
         2 3 1 1 3
         3 4 0 0 4
-    """))
+    """),
+    )
     assert g.grad().weights_to_list() == [1.0, 0.0, 2.0, 0.0, 3.0, 0.0, 0.0, 4.0]
 
 
