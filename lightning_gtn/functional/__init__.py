@@ -42,7 +42,14 @@ from ..losses.ctc import ctc_loss
 from ..losses.graph import graph_loss
 from ..losses.seq import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
-from ..losses.transducer import segment, transducer_loss, transitions_graph
+from ..losses.transducer import (
+    full_ngram_transitions,
+    segment,
+    transducer_best_paths,
+    transducer_criterion,
+    transducer_loss,
+    transitions_graph,
+)
 
 __all__ = [
     "ctc_loss",
@@ -52,6 +59,9 @@ __all__ = [
     "stc_graph",
     "stc_emissions",
     "transducer_loss",
+    "transducer_best_paths",
+    "transducer_criterion",
+    "full_ngram_transitions",
     "transitions_graph",
     "segment",
     "graph_loss",

@@ -1,11 +1,11 @@
 """The transducer's numerators scored through their hubs (CPU, numba).
 
-The alignment acceptor of a target (:meth:`.transducer.TransducerCriterion.alignment`) has a
-token node per lattice arc ``i`` (reading token ``K[i]`` from grapheme position ``P[i]`` to
-``Q[i]``), a blank node per position (unless ``blank="none"``) and a start node; every node
-that ends at position ``p`` continues into the same *hub*: the blank of ``p`` and every token
-starting at ``p``. So a frame of the forward pass needs, per position, only the sums of the
-nodes feeding the hub::
+The alignment acceptor of a target (``TransducerGraphs.alignment`` in
+:mod:`lightning_gtn.losses.transducer_graphs`) has a token node per lattice arc ``i`` (reading
+token ``K[i]`` from grapheme position ``P[i]`` to ``Q[i]``), a blank node per position (unless
+``blank="none"``) and a start node; every node that ends at position ``p`` continues into the
+same *hub*: the blank of ``p`` and every token starting at ``p``. So a frame of the forward
+pass needs, per position, only the sums of the nodes feeding the hub::
 
     Ab[p] = what feeds the blank of p,   At[p] = what feeds the tokens starting at p
     optional:  Ab[p] = At[p] = start(p = 0) + blank_p + sum_{Q[i] = p} token_i

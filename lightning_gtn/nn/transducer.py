@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import functional as lgf  # not torch.nn.functional: the engine computes every loss
 from ..core import checks
-from ..core.criterion import register_criterion
 from ..decode.viterbi import collapse
-from ..losses import transducer as _td
+from ..losses.transducer import check_blank, check_ngram, token_ids
 from ..wfst import Graph
 from .losses import StructuredLoss, _check_common
 
@@ -190,8 +190,8 @@ class TransducerLoss(StructuredLoss):
         _check_common(reduction, impl)
         if impl == "gtn":
             raise ValueError("impl='gtn' is not offered for TransducerLoss")
-        blank = _td._check_blank(blank, allow_repeats)
-        ngram = _td._check_ngram(ngram)
+        blank = check_blank(blank, allow_repeats)
+        ngram = check_ngram(ngram)
         if ngram > 0 and transitions is not None:
             raise ValueError("pass ngram > 0 or transitions, not both (as in the research code)")
         if isinstance(transitions, (str, os.PathLike)):
@@ -207,7 +207,7 @@ class TransducerLoss(StructuredLoss):
             )
         self.tokens = [t if isinstance(t, str) else tuple(t) for t in tokens]
         self.graphemes_to_idx = dict(graphemes_to_idx)
-        toks, n_graph = _td.token_ids(self.tokens, self.graphemes_to_idx)
+        toks, n_graph = token_ids(self.tokens, self.graphemes_to_idx)
         self.ngram = ngram
         self.blank_mode = blank
         self.allow_repeats = bool(allow_repeats)
@@ -219,7 +219,7 @@ class TransducerLoss(StructuredLoss):
         self.blank = len(toks) if blank != "none" else None
         self.target_classes = n_graph
         if ngram > 0:
-            transitions = _td.transitions_graph(ngram, self.num_classes)
+            transitions = lgf.full_ngram_transitions(ngram, self.num_classes)
         self.transitions = transitions
         self._make_criterion()
         if transitions is not None:
@@ -227,13 +227,23 @@ class TransducerLoss(StructuredLoss):
         else:
             self.transition_params = None
 
-    def _make_criterion(self) -> None:
-        toks, n_graph = _td.token_ids(self.tokens, self.graphemes_to_idx)
-        self._token_ids = toks
-        self._criterion = _td.TransducerCriterion(
-            toks, n_graph, self.blank_mode, self.allow_repeats, self.decompositions, self.transitions
+    def _config(self) -> dict:
+        """The configuration arguments of the functional API: the module's own transitions graph
+        (for ``ngram`` too), so that a copy of the module has its own criterion."""
+        return dict(
+            tokens=self.tokens,
+            graphemes_to_idx=self.graphemes_to_idx,
+            transitions=self.transitions,
+            blank=self.blank_mode,
+            allow_repeats=self.allow_repeats,
+            decompositions=self.decompositions,
         )
-        self._handle = register_criterion(self._criterion)
+
+    def _make_criterion(self) -> None:
+        # built (and checked) now, through the functional API's cache; holding it keeps its
+        # handle alive as long as the module
+        self._token_ids = token_ids(self.tokens, self.graphemes_to_idx)[0]
+        self._criterion, self._handle = lgf.transducer_criterion(**self._config())
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -248,17 +258,16 @@ class TransducerLoss(StructuredLoss):
     def forward(self, emissions, targets, input_lengths=None, target_lengths=None):
         if self.transitions is None:
             emissions = torch.nn.functional.log_softmax(emissions, dim=2)
-        return _td.apply_criterion(
-            self._criterion,
-            self._handle,
+        return lgf.transducer_loss(
             emissions,
             targets,
             input_lengths,
             target_lengths,
-            self.transition_params,
-            self.reduction,
-            self.zero_infinity,
-            self.impl,
+            **self._config(),
+            transition_params=self.transition_params,
+            reduction=self.reduction,
+            zero_infinity=self.zero_infinity,
+            impl=self.impl,
         )
 
     # -- decoding ---------------------------------------------------------------
@@ -268,10 +277,9 @@ class TransducerLoss(StructuredLoss):
         B, T, C = checks.check_emissions(emissions, "emissions")
         if C != self.num_classes:
             raise ValueError(f"emissions must have C = {self.num_classes} classes, got shape {(B, T, C)}")
-        il = torch.full((B,), T, dtype=torch.int64) if input_lengths is None else input_lengths
-        lengths = checks.as_lengths(il, B, "input_lengths", emissions.device, max_value=T)
-        with torch.no_grad():
-            return self._criterion.best_paths(emissions.detach(), lengths, self.transition_params)
+        return lgf.transducer_best_paths(
+            emissions, input_lengths, **self._config(), transition_params=self.transition_params
+        )
 
     def viterbi(self, emissions: torch.Tensor, input_lengths=None) -> List[torch.Tensor]:
         """Token ids of each example, as the research ``viterbi``: the best frame path, then
