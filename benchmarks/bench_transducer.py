@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.functional import transducer_loss, transitions_graph
+from lightning_gtn.functional import full_ngram_transitions, transducer_loss
 from lightning_gtn.losses import transducer as td
 
 B = 32
@@ -118,7 +118,7 @@ class Research:
         self.tokens_g = _token_graph(len(tokens))
         self.tokens_g.arc_sort(True)
         self.lexicon = _lexicon(tokens, g2i)
-        self.trans = transitions_graph(ngram, len(tokens) + 1, True) if ngram else None
+        self.trans = full_ngram_transitions(ngram, len(tokens) + 1, True) if ngram else None
         if self.trans is not None:
             self.trans.arc_sort()
 
@@ -215,7 +215,7 @@ def main(argv=None) -> str:
             x = x.log_softmax(-1)
         params = None
         if ngram:
-            params = torch.nn.Parameter(0.1 * torch.randn(transitions_graph(ngram, C).num_arcs()))
+            params = torch.nn.Parameter(0.1 * torch.randn(full_ngram_transitions(ngram, C).num_arcs()))
         kw = dict(tokens=tokens, graphemes_to_idx=g2i, ngram=ngram, transition_params=params, blank="optional")
         xg = x.clone().requires_grad_()
 

@@ -33,8 +33,11 @@ a batch are scored by the library's batched forward-backward programme inside th
 
 from __future__ import annotations
 
+import functools
+import threading
 import warnings
-from typing import Optional, Sequence, Tuple
+import weakref
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -233,8 +236,20 @@ class TransducerCriterion(TransducerGraphs, criterion.Criterion):
 #: the configurations whose criteria :func:`transducer_criterion` keeps (least recently used
 #: dropped first)
 CRITERIA_CACHE_SIZE = 16
-#: configuration key -> (criterion, handle, transitions graph)
+#: configuration key -> (criterion, handle, transitions graph): keeps the recent ones alive
 _CRITERIA: LRU[tuple] = LRU(CRITERIA_CACHE_SIZE)
+#: configuration key -> (weak reference to the criterion, handle) of every live criterion: one
+#: that the LRU dropped but a module (:class:`lightning_gtn.nn.TransducerLoss`) still holds is
+#: found here, also while torch.compile traces :func:`transducer_criterion` (which cannot build one)
+_LIVE: Dict[tuple, tuple] = {}
+_LIVE_LOCK = threading.RLock()  # reentrant: a criterion may die (and _forget run) inside an insert
+
+
+def _forget(key: tuple, ref: weakref.ref) -> None:
+    with _LIVE_LOCK:
+        live = _LIVE.get(key)
+        if live is not None and live[0] is ref:
+            del _LIVE[key]
 
 
 def transducer_criterion(
@@ -273,7 +288,13 @@ def transducer_criterion(
             bool(allow_repeats),
             bool(decompositions),
         )
-        hit = _CRITERIA.peek(key)  # no lock on a hit (an atomic get): torch.compile traces this function
+        # no lock on a hit (atomic gets): torch.compile traces this function
+        hit = _CRITERIA.peek(key)
+        if hit is None:
+            live = _LIVE.get(key)
+            crit = None if live is None else live[0]()
+            if crit is not None:
+                return crit, live[1]
     except TypeError:  # unhashable graphemes: checked (and reported) by token_ids
         key, hit = None, None
     if hit is not None:
@@ -292,6 +313,8 @@ def _new_criterion(key, toks, n_graph, ngram, transitions, blank, allow_repeats,
     if _CRITERIA.maxsize != CRITERIA_CACHE_SIZE:
         _CRITERIA.resize(CRITERIA_CACHE_SIZE)
     _CRITERIA.put(key, (crit, handle, transitions))  # the graph is held: its id stays unique
+    with _LIVE_LOCK:
+        _LIVE[key] = (weakref.ref(crit, functools.partial(_forget, key)), handle)
     return crit, handle
 
 

@@ -240,8 +240,9 @@ class TransducerLoss(StructuredLoss):
         )
 
     def _make_criterion(self) -> None:
-        # built (and checked) now, through the functional API's cache; holding it keeps its
-        # handle alive as long as the module
+        # built (and checked) now, through the functional API's cache; holding it keeps it (and
+        # its handle) alive, so the functional calls of forward and best_paths find it even after
+        # the cache of recent configurations dropped it (torch.compile traces those lookups)
         self._token_ids = token_ids(self.tokens, self.graphemes_to_idx)[0]
         self._criterion, self._handle = lgf.transducer_criterion(**self._config())
 

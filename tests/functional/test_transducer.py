@@ -11,7 +11,7 @@ import torch
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn import nn as lnn
-from lightning_gtn.functional import segment, transducer_loss, transitions_graph
+from lightning_gtn.functional import full_ngram_transitions, segment, transducer_best_paths, transducer_loss
 from lightning_gtn.losses.transducer import transducer_criterion
 
 # ---------------------------------------------------------------------------
@@ -160,7 +160,7 @@ def _check(
     xg = x.clone().requires_grad_()
     params = None
     if ngram or trans is not None:
-        ng = transitions_graph(ngram, C) if ngram else trans
+        ng = full_ngram_transitions(ngram, C) if ngram else trans
         params = (
             0.3 * torch.randn(ng.num_arcs(), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
         ).requires_grad_()
@@ -332,7 +332,7 @@ def test_brute_force(blank, reps, ngram):
         x = x.log_softmax(-1)
     params = None
     if ngram:
-        params = 0.5 * torch.randn(transitions_graph(ngram, C).num_arcs(), generator=g, dtype=torch.float64)
+        params = 0.5 * torch.randn(full_ngram_transitions(ngram, C).num_arcs(), generator=g, dtype=torch.float64)
     got = transducer_loss(
         x,
         targets,
@@ -391,7 +391,9 @@ def test_impls_agree(impl, ngram):
     C = 5
     x = _data(C).requires_grad_()
     params = (
-        torch.randn(transitions_graph(ngram, C).num_arcs(), dtype=torch.float64).requires_grad_() if ngram else None
+        torch.randn(full_ngram_transitions(ngram, C).num_arcs(), dtype=torch.float64).requires_grad_()
+        if ngram
+        else None
     )
     kw = dict(tokens=tokens, graphemes_to_idx=G2I, ngram=ngram, transition_params=params, blank="optional")
     il = torch.tensor([9, 7, 8, 5])
@@ -438,7 +440,7 @@ def test_compiled_equals_eager(ngram=1):
     def run(compiled):
         torch.manual_seed(1)
         model = lnn.Linear(6, C)
-        params = torch.zeros(transitions_graph(1, C).num_arcs(), requires_grad=True) if ngram else None
+        params = torch.zeros(full_ngram_transitions(1, C).num_arcs(), requires_grad=True) if ngram else None
 
         def step(feats, tg, il, tl):
             x = model(feats)
@@ -487,7 +489,7 @@ def test_errors():
     with pytest.raises(ValueError, match="allow_repeats=False needs blank='optional'"):
         transducer_loss(torch.randn(2, 5, 3), [[0], [1]], **kw, blank="none", allow_repeats=False)
     with pytest.raises(ValueError, match="ngram > 0 or transitions, not both"):
-        transducer_loss(x, [[0], [1]], **kw, blank="optional", ngram=1, transitions=transitions_graph(1, 4))
+        transducer_loss(x, [[0], [1]], **kw, blank="optional", ngram=1, transitions=full_ngram_transitions(1, 4))
     with pytest.raises(ValueError, match="emissions must have C .* = 3"):
         transducer_loss(x, [[0], [1]], **kw, blank="none")
     with pytest.raises(ValueError, match=r"out of range \[0, C\) with C=2"):
@@ -524,6 +526,41 @@ def test_criterion_cache_and_build_size():
     assert transducer_criterion(pieces, g2i, ngram=1, blank="optional")[0] is crit
 
 
+def test_transitions_graph_is_a_deprecated_alias():
+    # functional.transitions_graph was renamed (wfst.ngram.transitions_graph, an n-gram from data,
+    # keeps its name); the old name still gives the same graph, with a warning naming the new one
+    import lightning_gtn.functional as F
+    import lightning_gtn.wfst.ngram as ngram
+
+    with pytest.warns(DeprecationWarning, match="full_ngram_transitions"):
+        old = F.transitions_graph(2, 3)
+    assert gtn.equal(old, full_ngram_transitions(2, 3)) and old.num_arcs() == 16
+    assert F.full_ngram_transitions is full_ngram_transitions
+    assert ngram.transitions_graph is not F.transitions_graph
+
+
+@pytest.mark.parametrize("ngram", [0, 1, 2])
+def test_best_paths_function(ngram):
+    # one-hot emissions of a path of the token graph: the best path is that path, through the
+    # transitions too; lengths cut it, padding with -1
+    tokens = ["a", "b", "c", "ab", "ca"]  # blank = 5
+    path = [3, 3, 5, 2, 2, 4, 5, 5, 0, 1, 1]
+    x = torch.full((1, len(path), 6), -10.0)
+    x[0, torch.arange(len(path)), torch.tensor(path)] = 10.0
+    params = torch.zeros(full_ngram_transitions(ngram, 6).num_arcs()) if ngram else None
+    kw = dict(tokens=tokens, graphemes_to_idx=G2I, ngram=ngram, transition_params=params, blank="optional")
+    paths, scores = transducer_best_paths(x, **kw)
+    assert paths.tolist() == [path] and paths.dtype == torch.int64
+    assert scores.shape == (1,) and torch.isfinite(scores).all()
+    paths, _ = transducer_best_paths(torch.cat([x, x]), torch.tensor([5, 11]), **kw)
+    assert paths.tolist() == [path[:5] + [-1] * 6, path]
+    if ngram:
+        with pytest.raises(ValueError, match="transition_params must be a tensor of shape"):
+            transducer_best_paths(x, **dict(kw, transition_params=None))
+    with pytest.raises(ValueError, match=r"emissions must have C = .* = 6 classes"):
+        transducer_best_paths(x[..., :5], **kw)
+
+
 @pytest.mark.parametrize("ngram", [1, 2])
 def test_infeasible_rows_with_transitions(ngram):
     # the dense unigram normaliser (ngram 1) and the graph one (ngram 2): infeasible rows add
@@ -532,7 +569,7 @@ def test_infeasible_rows_with_transitions(ngram):
     C = 4
     x = _data(C, (6, 6, 6), T=6)
     params = 0.3 * torch.randn(
-        transitions_graph(ngram, C).num_arcs(), dtype=torch.float64, generator=torch.Generator().manual_seed(1)
+        full_ngram_transitions(ngram, C).num_arcs(), dtype=torch.float64, generator=torch.Generator().manual_seed(1)
     )
     kw = dict(tokens=tokens, graphemes_to_idx=g2i, ngram=ngram, blank="optional", zero_infinity=True, reduction="sum")
 

@@ -10,7 +10,7 @@ import torch
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn import nn as lnn
-from lightning_gtn.functional import transitions_graph
+from lightning_gtn.functional import full_ngram_transitions, transducer_criterion
 from tests.functional.test_transducer import G2I, PIECES, TARGETS, ref_transitions, reference
 
 LENGTHS = (9, 7, 8, 5)
@@ -169,13 +169,60 @@ def test_compiled_module_step_equals_eager():
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
 
+def test_module_builds_its_criterion_through_the_functional_cache():
+    # without transitions the module shares the function's criterion; with them it passes its
+    # own graph, so copies of a module have their own criteria
+    m = lnn.TransducerLoss(PIECES, G2I, blank="optional")
+    assert m._criterion is transducer_criterion(PIECES, G2I, blank="optional")[0]
+    m = lnn.TransducerLoss(PIECES, G2I, ngram=1, blank="optional")
+    kw = dict(transitions=m.transitions, blank="optional")
+    assert transducer_criterion(PIECES, G2I, **kw) == (m._criterion, m._handle)
+    # the cache of recent configurations drops it; the module still holds it and finds it
+    from lightning_gtn.losses import transducer as tdm
+
+    for _ in range(tdm.CRITERIA_CACHE_SIZE + 1):
+        lnn.TransducerLoss(PIECES, G2I, ngram=1, blank="optional")
+    assert transducer_criterion(PIECES, G2I, **kw) == (m._criterion, m._handle)
+
+
+def test_compiled_module_with_transitions_after_the_cache_dropped_its_criterion():
+    feats = torch.randn(3, 7, 6, generator=torch.Generator().manual_seed(4))
+    tg = torch.tensor([[0, 1, 2], [1, 0, 0], [2, 2, 0]])
+    il, tl = torch.tensor([7, 6, 5]), torch.tensor([3, 2, 2])
+    torch.manual_seed(0)
+    model = lnn.Linear(6, len(PIECES) + 1)
+    crit = lnn.TransducerLoss(PIECES, G2I, ngram=1, blank="optional")
+    with torch.no_grad():
+        crit.transition_params.copy_(torch.linspace(-0.5, 0.5, crit.transition_params.numel()))
+    from lightning_gtn.losses import transducer as tdm
+
+    for _ in range(tdm.CRITERIA_CACHE_SIZE + 1):  # other modules: the cache drops crit's criterion
+        lnn.TransducerLoss(PIECES, G2I, ngram=1, blank="optional")
+
+    def step(feats, tg, il, tl):
+        return crit(model(feats), tg, il, tl)
+
+    def run(fn):
+        model.zero_grad()
+        crit.zero_grad()
+        loss = fn(feats, tg, il, tl)
+        loss.backward()
+        return [loss.detach(), model.weight.grad.clone(), crit.transition_params.grad.clone()]
+
+    eager = run(step)
+    torch._dynamo.reset()
+    compiled = run(torch.compile(step, fullgraph=True))
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
 def test_constructor_errors():
     with pytest.raises(ValueError, match="blank must be one of"):
         lnn.TransducerLoss(PIECES, G2I, blank="yes")
     with pytest.raises(ValueError, match="allow_repeats=False needs blank='optional'"):
         lnn.TransducerLoss(PIECES, G2I, blank="none", allow_repeats=False)
     with pytest.raises(ValueError, match="ngram > 0 or transitions, not both"):
-        lnn.TransducerLoss(PIECES, G2I, ngram=1, transitions=transitions_graph(1, len(PIECES)))
+        lnn.TransducerLoss(PIECES, G2I, ngram=1, transitions=full_ngram_transitions(1, len(PIECES)))
     with pytest.raises(ValueError, match="grapheme 'd' is not in graphemes_to_idx"):
         lnn.TransducerLoss(["a", "d"], G2I)
     with pytest.raises(ValueError, match="reduction"):
