@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import wfst as _wfst
 from ..core.cache import LRU
+from ..core.checks import BLANK_MODES, check_blank, check_ngram, token_ids
 from ..kernels.batch import CompiledGraph, compile_graph
 from ..wfst import Graph
 
@@ -39,8 +40,6 @@ __all__ = [
     "TransducerGraphs",
 ]
 
-#: the research code's ``blank`` options
-BLANK_MODES = ("none", "optional", "forced")
 #: at most this many arcs in an n-gram transitions graph (``C ** ngram`` and fewer)
 MAX_TRANSITION_ARCS = 50_000_000
 #: the bytes an n-gram transitions graph may cost, estimated at :data:`BYTES_PER_TRANSITION_ARC`
@@ -237,61 +236,6 @@ def segment(graphemes: Sequence, tokens: Sequence[Sequence]) -> List[int]:
     if seg is None:
         raise ValueError(f"graphemes: {graphemes!r} cannot be spelled by the tokens")
     return [int(K[i]) for i in seg]
-
-
-# ---------------------------------------------------------------------------
-# the arguments
-# ---------------------------------------------------------------------------
-
-
-def check_ngram(ngram, allow_zero: bool = True) -> int:
-    """``ngram`` as an int; ValueError unless it is an integer ``>= 0`` (``>= 1`` without
-    ``allow_zero``)."""
-    lo = 0 if allow_zero else 1
-    if isinstance(ngram, bool) or not isinstance(ngram, (int, np.integer)) or ngram < lo:
-        raise ValueError(f"ngram must be an integer >= {lo}, got {ngram!r}")
-    return int(ngram)
-
-
-def check_blank(blank, allow_repeats) -> str:
-    """``blank`` if it is one of :data:`BLANK_MODES` and allows ``allow_repeats`` (False needs
-    ``"optional"``, as in the research code); ValueError otherwise."""
-    if not isinstance(blank, str) or blank not in BLANK_MODES:
-        raise ValueError(f"blank must be one of {BLANK_MODES}, got {blank!r}")
-    if not allow_repeats and blank != "optional":
-        raise ValueError(
-            "allow_repeats=False needs blank='optional' (as in the research code), " f"got blank={blank!r}"
-        )
-    return blank
-
-
-def token_ids(tokens, graphemes_to_idx) -> Tuple[Tuple[Tuple[int, ...], ...], int]:
-    """``tokens`` as tuples of grapheme ids, and the number of graphemes (max id + 1)."""
-    if not isinstance(graphemes_to_idx, dict) or not graphemes_to_idx:
-        raise ValueError("graphemes_to_idx must be a non-empty dict grapheme -> integer id")
-    for gph, i in graphemes_to_idx.items():
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0:
-            raise ValueError(f"graphemes_to_idx[{gph!r}] must be an integer id >= 0, got {i!r}")
-    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
-        raise ValueError(f"tokens must be a list of grapheme sequences, got {type(tokens).__name__}")
-    out = []
-    for k, tok in enumerate(tokens):
-        try:
-            spelled = list(tok)
-        except TypeError:
-            raise ValueError(f"tokens[{k}] must be a sequence of graphemes, got {tok!r}") from None
-        if not spelled:
-            raise ValueError(f"tokens[{k}] is empty; every token spells at least one grapheme")
-        ids = []
-        for gph in spelled:
-            try:
-                ids.append(int(graphemes_to_idx[gph]))
-            except (KeyError, TypeError):
-                raise ValueError(f"tokens[{k}] = {tok!r}: grapheme {gph!r} is not in graphemes_to_idx") from None
-        out.append(tuple(ids))
-    if not out:
-        raise ValueError("tokens must hold at least one token")
-    return tuple(out), int(max(graphemes_to_idx.values())) + 1
 
 
 def is_research_bigram(crit: "TransducerGraphs", num_nodes: int) -> bool:

@@ -11,8 +11,6 @@ from torch import nn
 
 from .. import functional as lgf  # not torch.nn.functional: the engine computes every loss
 from ..core import checks
-from ..decode.viterbi import collapse
-from ..losses.transducer import check_blank, check_ngram, token_ids
 from ..wfst import Graph
 from .losses import StructuredLoss, _check_common
 
@@ -190,8 +188,8 @@ class TransducerLoss(StructuredLoss):
         _check_common(reduction, impl)
         if impl == "gtn":
             raise ValueError("impl='gtn' is not offered for TransducerLoss")
-        blank = check_blank(blank, allow_repeats)
-        ngram = check_ngram(ngram)
+        blank = checks.check_blank(blank, allow_repeats)
+        ngram = checks.check_ngram(ngram)
         if ngram > 0 and transitions is not None:
             raise ValueError("pass ngram > 0 or transitions, not both (as in the research code)")
         if isinstance(transitions, (str, os.PathLike)):
@@ -207,7 +205,7 @@ class TransducerLoss(StructuredLoss):
             )
         self.tokens = [t if isinstance(t, str) else tuple(t) for t in tokens]
         self.graphemes_to_idx = dict(graphemes_to_idx)
-        toks, n_graph = token_ids(self.tokens, self.graphemes_to_idx)
+        toks, n_graph = checks.token_ids(self.tokens, self.graphemes_to_idx)
         self.ngram = ngram
         self.blank_mode = blank
         self.allow_repeats = bool(allow_repeats)
@@ -243,7 +241,7 @@ class TransducerLoss(StructuredLoss):
         # built (and checked) now, through the functional API's cache; holding it keeps it (and
         # its handle) alive, so the functional calls of forward and best_paths find it even after
         # the cache of recent configurations dropped it (torch.compile traces those lookups)
-        self._token_ids = token_ids(self.tokens, self.graphemes_to_idx)[0]
+        self._token_ids = checks.token_ids(self.tokens, self.graphemes_to_idx)[0]
         self._criterion, self._handle = lgf.transducer_criterion(**self._config())
 
     def __getstate__(self):
@@ -291,13 +289,13 @@ class TransducerLoss(StructuredLoss):
         tokens); the research code then returns an empty reading, this one still merges
         repeats and drops blanks."""
         paths, _ = self.best_paths(emissions, input_lengths)
-        return [torch.tensor(collapse(p, self.blank), dtype=torch.int32) for p in paths.cpu().tolist()]
+        return [torch.tensor(lgf.collapse(p, self.blank), dtype=torch.int32) for p in paths.cpu().tolist()]
 
     def decode(self, emissions: torch.Tensor, input_lengths=None) -> List[List[int]]:
         """GRAPHEME ids of each example: the tokens of :meth:`viterbi`, spelled out."""
         paths, _ = self.best_paths(emissions, input_lengths)
         spell = self._token_ids
-        return [[g for k in collapse(p, self.blank) for g in spell[k]] for p in paths.cpu().tolist()]
+        return [[g for k in lgf.collapse(p, self.blank) for g in spell[k]] for p in paths.cpu().tolist()]
 
     def extra_repr(self) -> str:
         return (
