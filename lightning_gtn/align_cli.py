@@ -16,7 +16,7 @@ emits exactly one label, so a per-frame constant moves every path's score alike;
 confidences become posterior probabilities). JSON (default) is a list with one record per
 utterance (see :func:`lightning_gtn.functional.to_records`); CTM has one line per word. With a
 checkpoint the loss's convention (blank or not, ASG transitions) and the vocabulary come from
-the checkpoint, which is loaded as data (registered types only, :mod:`lightning_gtn._trust`)
+the checkpoint, which is loaded as data (registered types only, :mod:`lightning_gtn.trust`)
 (``--trust-module mypkg`` opts in to more).
 """
 
@@ -261,11 +261,11 @@ def _from_checkpoint(a):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from lightning_gtn.evaluate import _check_overrides, build_datamodule, load_model
+    from lightning_gtn.evaluate import build_datamodule, check_overrides, load_model
     from lightning_gtn.train import CONF_DIR, ConfigError
 
     try:
-        _check_overrides(a.overrides)
+        check_overrides(a.overrides)
         GlobalHydra.instance().clear()
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             cfg = compose("eval", overrides=list(a.overrides))

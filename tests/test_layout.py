@@ -43,7 +43,6 @@ RANKS = {
     f"{PACKAGE}.nn": 8,  # modules over functional
     f"{PACKAGE}.wordpieces": 9,  # word-piece vocabularies and lexicons
     f"{PACKAGE}.lightning": 10,  # mixin, metrics, data, models
-    f"{PACKAGE}.cli": 11,  # what the command lines share
     f"{PACKAGE}.train": 11,  # the command lines
     f"{PACKAGE}.evaluate": 11,
     f"{PACKAGE}.align_cli": 11,

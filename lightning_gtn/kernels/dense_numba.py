@@ -164,7 +164,7 @@ def run_rows(run, cost: np.ndarray, min_total: float) -> None:
 
 @torch.no_grad()
 def full_pass(E: torch.Tensor, tr: torch.Tensor, lens: torch.Tensor, need_grad: bool):
-    """As :func:`._asg_dense._full_pass` for CPU tensors (``tr`` already in E's dtype, ``lens``
+    """As :func:`.dense_torch.full_pass` for CPU tensors (``tr`` already in E's dtype, ``lens``
     int64): ``(logz, gE, (R, L, K))``."""
     B, T, C = E.shape
     dtype = E.dtype

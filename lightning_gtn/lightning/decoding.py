@@ -28,7 +28,7 @@ and range-checked when the decoder is built, the ARPA text by the ARPA reader
 (:func:`lightning_gtn.lm.read_lexicon`); errors name ``decoder.lexicon`` / ``decoder.lm``.
 :func:`build_decoder` never reads a file a config names (a checkpoint written before held paths:
 it is refused, naming the key) unless the user trusts that exact path
-(``with lightning_gtn._trust.trusted(paths=[path]):``).
+(``with lightning_gtn.trust.trusted(paths=[path]):``).
 
 :func:`build_decoder` makes a :class:`lightning_gtn.decode.BeamSearchDecoder` whose topology,
 tokens and blank come from the loss's declared convention (``blank``, ``repeat_label``,
@@ -45,7 +45,7 @@ import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from lightning_gtn import _trust
+from lightning_gtn import trust
 
 __all__ = [
     "DECODERS",
@@ -320,11 +320,11 @@ def _artefact(cfg: dict, key: str, from_data):
             f"decoder.{key}: expected the {key} as data (or 'train' or a file, resolved by the "
             f"training/eval CLI with lightning_gtn.lightning.decoding.resolve_decoder), got {str(v)[:100]!r}"
         )
-    if not _trust.is_trusted_path(v):
-        raise _trust.UntrustedTargetError(
+    if not trust.is_trusted_path(v):
+        raise trust.UntrustedTargetError(
             f"decoder.{key}: {v!r} names a file; a decoder config read from a checkpoint carries its lexicon and "
             "LM as data, and files it names are not read (a checkpoint written by an older lightning_gtn: if you "
-            f"trust that file, load inside `with lightning_gtn._trust.trusted(paths=[{v!r}]):` and save the "
+            f"trust that file, load inside `with lightning_gtn.trust.trusted(paths=[{v!r}]):` and save the "
             "checkpoint again, or give lightning-gtn-eval the files on its command line: decoder=beam_lm "
             "decoder.lexicon=<file> decoder.lm=<file>)"
         )
@@ -382,13 +382,13 @@ def build_decoder(cfg, loss, vocabulary):
         cfg: a decoder config (see the module docstring); for ``beam_lm`` its ``lexicon`` and
             ``lm`` are data (:func:`resolve_decoder`), range-checked here. A file path there is
             read only when the user trusts that exact path
-            (``with lightning_gtn._trust.trusted(paths=[path]):``).
+            (``with lightning_gtn.trust.trusted(paths=[path]):``).
         loss: the :class:`lightning_gtn.nn.StructuredLoss` whose emissions are decoded.
         vocabulary: the :class:`Vocabulary` of the targets.
 
     Raises:
         ValueError: naming the ``decoder.<key>`` at fault;
-            :class:`lightning_gtn._trust.UntrustedTargetError` (a ValueError) for a file path
+            :class:`lightning_gtn.trust.UntrustedTargetError` (a ValueError) for a file path
             the user does not trust.
     """
     cfg = _plain(cfg)

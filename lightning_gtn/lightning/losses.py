@@ -9,10 +9,10 @@ given as
 * a name of a built-in loss (``"ctc"``, ``"asg"``, ``"seq"``, ``"stc"``, ``"graph"``),
 * a config mapping with ``_target_`` naming a loss class (what ``conf/loss/*.yaml`` holds);
   ``num_classes`` is filled in when the class accepts it. It may only name registered types of
-  :mod:`lightning_gtn._trust` (a registered loss, a registered ``builder``) with plain-data
+  :mod:`lightning_gtn.trust` (a registered loss, a registered ``builder``) with plain-data
   arguments, checked before anything is called; a transducer's ``transitions`` is a graph as
   data (:func:`lightning_gtn.nn.transducer.transitions_to_data`), never a file path unless the
-  user trusts that exact path (``lightning_gtn._trust.trusted(paths=[path])``),
+  user trusts that exact path (``lightning_gtn.trust.trusted(paths=[path])``),
 * or an ``nn.Module`` instance: a ``StructuredLoss`` as is, any other module wrapped in
   :class:`lightning_gtn.nn.ModuleLoss` with the ``blank`` / ``repeat_label`` you pass.
 """
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from lightning_gtn import _trust
+from lightning_gtn import trust
 from lightning_gtn.nn import ModuleLoss, StructuredLoss, TargetGraphLoss
 
 from .vocabulary import Vocabulary
@@ -48,19 +48,19 @@ _MOVED = {
 
 
 def _import(path) -> type:
-    return _trust.resolve(path, "loss._target_", kinds=("loss",))
+    return trust.resolve(path, "loss._target_", kinds=("loss",))
 
 
 def _check_transitions(cfg: dict) -> None:
     """A transitions *file* named by a config is read only when the user trusts that exact path
     (checkpoints carry the graph as data; a path in one may have moved or been swapped)."""
     t = cfg.get("transitions")
-    if isinstance(t, str) and not _trust.is_trusted_path(t):
-        raise _trust.UntrustedTargetError(
+    if isinstance(t, str) and not trust.is_trusted_path(t):
+        raise trust.UntrustedTargetError(
             f"loss.transitions: {t!r} names a file; a config read from a checkpoint carries the transitions "
             "graph as data (lightning_gtn.nn.transducer.transitions_to_data), and files it names are not read "
             "(a checkpoint written by an older lightning_gtn: if you trust that file, load inside "
-            f"`with lightning_gtn._trust.trusted(paths=[{t!r}]):` and save the checkpoint again)"
+            f"`with lightning_gtn.trust.trusted(paths=[{t!r}]):` and save the checkpoint again)"
         )
 
 
@@ -84,7 +84,7 @@ def _from_config(cfg: dict, chars: list) -> StructuredLoss:
     if "_target_" not in cfg:
         raise ValueError(f"loss: config needs a '_target_' naming the loss class, got keys {sorted(cfg)}")
     cfg["_target_"] = _MOVED.get(cfg["_target_"], cfg["_target_"])
-    _trust.check_config(cfg, "loss", "loss")
+    trust.check_config(cfg, "loss", "loss")
     _check_transitions(cfg)
     cls = _import(cfg["_target_"])
     old = cfg.pop("vocabulary", None)  # the older way of stating a convention in a config
@@ -105,8 +105,8 @@ def _from_config(cfg: dict, chars: list) -> StructuredLoss:
             num_chars + int(has_blank) + int(bool(cfg.get("repeat_label", getattr(cls, "repeat_label", False))))
         )
     try:
-        module = _trust.instantiate(cfg, "loss", "loss")
-    except _trust.UntrustedTargetError:
+        module = trust.instantiate(cfg, "loss", "loss")
+    except trust.UntrustedTargetError:
         raise
     except Exception as e:
         root = e.__cause__ if e.__cause__ is not None else e

@@ -21,7 +21,7 @@ A non-finite training loss stops training with :class:`NonFiniteLossError` (nami
 step and the batch) before the optimizer step, or, with ``nonfinite={"action": "skip",
 "max_consecutive": 10}``, skips that batch with a warning and stops after more than
 ``max_consecutive`` such batches in a row. The loss, optimizer and scheduler configs may only
-name registered types of :mod:`lightning_gtn._trust` with plain-data arguments.
+name registered types of :mod:`lightning_gtn.trust` with plain-data arguments.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, WordErrorRate
 
-from lightning_gtn import _trust
+from lightning_gtn import trust
 from lightning_gtn.nn import StructuredLoss
 
 from .losses import build_loss
@@ -92,12 +92,12 @@ def _as_factory(spec, what: str) -> Callable | None:
     if not isinstance(spec, Mapping) or "_target_" not in spec:
         raise ValueError(f"{what}: expected a config with '_target_' and '_partial_: true', got {spec!r}")
     kind = "scheduler" if what.endswith("scheduler") else "optimizer"
-    _trust.check_config(spec, what, kind)
+    trust.check_config(spec, what, kind)
     spec = dict(spec)
     spec.setdefault("_partial_", True)
     try:
-        return _trust.instantiate(spec, what, kind)
-    except _trust.UntrustedTargetError:
+        return trust.instantiate(spec, what, kind)
+    except trust.UntrustedTargetError:
         raise
     except Exception as e:
         raise ValueError(f"{what}: cannot build {spec.get('_target_')}: {e}") from e
@@ -152,9 +152,9 @@ class StructuredLossMixin:
                 :mod:`lightning_gtn.lightning.decoding`).
 
         Raises:
-            lightning_gtn._trust.UntrustedTargetError: a config names something that is not a
+            lightning_gtn.trust.UntrustedTargetError: a config names something that is not a
                 registered type, or an argument that is not plain data (see
-                :mod:`lightning_gtn._trust`).
+                :mod:`lightning_gtn.trust`).
             ValueError: ``loss.blank`` disagrees with the vocabulary's blank id.
         """
         self._nonfinite_action, self._nonfinite_max = _nonfinite_policy(nonfinite)
