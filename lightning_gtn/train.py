@@ -207,7 +207,7 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
     graph and loads from any directory.
     """
     loss = cfg.get("loss")
-    if not isinstance(loss, DictConfig) or "graphemes_to_idx" not in _params(loss.get("_target_")):
+    if not isinstance(loss, DictConfig) or "tokens" not in _vocabulary_arguments(loss.get("_target_")):
         return
     tokens = loss.get("tokens", "letters")
     pieces = None
@@ -274,15 +274,20 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
             cfg.loss.transitions = data
 
 
-def _params(target) -> set:
+def _vocabulary_arguments(target) -> tuple:
+    """The ``vocabulary_arguments`` a library loss class declares (``"tokens"``: word pieces may
+    be learned here), or ``()`` for anything else (checked when the loss is built)."""
     if not isinstance(target, str) or not target.startswith("lightning_gtn."):
-        return set()
+        return ()
     try:
         from hydra.utils import get_class
 
-        return set(inspect.signature(get_class(target)).parameters)
+        cls = get_class(target)
     except Exception:
-        return set()
+        return ()
+    from lightning_gtn.nn import StructuredLoss
+
+    return tuple(cls.vocabulary_arguments) if issubclass(cls, StructuredLoss) else ()
 
 
 def _number(v):

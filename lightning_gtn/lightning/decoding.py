@@ -31,8 +31,8 @@ it is refused, naming the key) unless the user trusts that exact path
 (``with lightning_gtn.trust.trusted(paths=[path]):``).
 
 :func:`build_decoder` makes a :class:`lightning_gtn.decode.BeamSearchDecoder` whose topology,
-tokens and blank come from the loss's declared convention (``blank``, ``repeat_label``,
-``target_classes`` with the transducer's ``tokens``): this layer never looks at graphs. A lexicon
+tokens and blank come from the loss's declared convention (``topology``, ``blank``,
+``repeat_label``, the transducer's ``tokens``): this layer never looks at graphs. A lexicon
 entry's spelling is used as written: for CTC and ASG each token of the spelling is one output
 token (a character), for the word-piece transducer the spelling's graphemes are decomposed into
 the loss's word pieces (up to 16 decompositions, fewest pieces first).
@@ -291,23 +291,35 @@ def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -
 
 
 def _topology(loss, vocabulary) -> dict:
-    """Decoder tokens, topology and blank from the loss's token convention."""
-    if getattr(loss, "target_classes", None) is not None:  # the word-piece transducer
-        # a token is a string or a tuple of graphemes (the keys of graphemes_to_idx)
-        toks = ["".join(t) for t in loss.tokens]
-        if loss.blank is None:  # no blank: frames of a token merge, as ASG's without a repeat token
-            return {"tokens": toks, "topology": "asg"}
-        if getattr(loss, "blank_mode", "optional") != "optional" or not getattr(loss, "allow_repeats", True):
-            raise ValueError(
-                "decoder: beam search decodes the transducer with blank='optional' and allow_repeats=True "
-                "(or blank='none'); use decoder=greedy for this loss"
-            )
-        return {"tokens": toks + ["<blank>"], "topology": "transducer", "blank": loss.blank}
-    chars = list(vocabulary.chars)
-    if vocabulary.blank:
-        return {"tokens": ["<blank>"] + chars, "topology": "ctc", "blank": 0}
-    toks = chars + (["<rep>"] if vocabulary.repeat_label else [])
-    return {"tokens": toks, "topology": "asg", "repeat": vocabulary.repeat_id}
+    """Decoder tokens, topology, blank and repeat token from the loss's declared convention
+    (``topology``, ``blank``, ``repeat_label``, ``tokens``): the loss's own tokens (the word-piece
+    transducer's), else the vocabulary's characters, the repeat token after them, the blank at
+    its id."""
+    from lightning_gtn.nn import TOPOLOGIES, TransducerLoss
+
+    topology = loss.topology
+    if topology not in TOPOLOGIES:
+        raise ValueError(
+            f"decoder: {type(loss).__qualname__} declares topology={topology!r}; the decoders read {TOPOLOGIES}"
+        )
+    if (
+        isinstance(loss, TransducerLoss)
+        and loss.blank is not None
+        and (loss.blank_mode != "optional" or not loss.allow_repeats)
+    ):
+        raise ValueError(
+            "decoder: beam search decodes the transducer with blank='optional' and allow_repeats=True "
+            "(or blank='none'); use decoder=greedy for this loss"
+        )
+    # a token is a string or a tuple of graphemes (the keys of graphemes_to_idx)
+    names = ["".join(t) for t in loss.tokens] if loss.tokens is not None else list(vocabulary.chars)
+    repeat = None
+    if loss.repeat_label:
+        repeat = len(names)
+        names.append("<rep>")
+    if loss.blank is not None:
+        names.insert(loss.blank, "<blank>")
+    return {"tokens": names, "topology": topology, "blank": loss.blank, "repeat": repeat}
 
 
 def _artefact(cfg: dict, key: str, from_data):
