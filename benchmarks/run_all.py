@@ -1,7 +1,8 @@
 """Runs every benchmark script and prints their tables (``make bench``).
 
 Each ``bench_*.py`` here has ``main(argv) -> str`` that prints a markdown table and returns it.
-The combined output is also written to ``benchmarks/RESULTS.md`` with the machine it ran on.
+The combined output is also written to ``benchmarks/RESULTS.md`` with the machine it ran on;
+the hand-written notes below ``NOTES_MARKER`` in that file are kept.
 Benchmarks are scripts, never timed assertions in tests.
 """
 
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# RESULTS.md keeps everything from this line on (hand-written notes and earlier runs) when rewritten
+NOTES_MARKER = "<!-- run_all.py keeps everything from this line on"
 ORDER = [
     "bench_engine",
     "bench_losses",
@@ -68,7 +71,11 @@ def main(argv=None) -> int:
         table = _load(name).main(["--quick"] if args.quick else [])
         parts.append(f"## {name}\n\n{table}\n")
     if args.only is None:
-        (HERE / "RESULTS.md").write_text("\n".join(parts))
+        out = HERE / "RESULTS.md"
+        old = out.read_text() if out.exists() else ""
+        if NOTES_MARKER in old:
+            parts.append(old[old.index(NOTES_MARKER) :])
+        out.write_text("\n".join(parts))
     return 0
 
 

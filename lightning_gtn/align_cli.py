@@ -16,7 +16,7 @@ emits exactly one label, so a per-frame constant moves every path's score alike;
 confidences become posterior probabilities). JSON (default) is a list with one record per
 utterance (see :func:`lightning_gtn.functional.to_records`); CTM has one line per word. With a
 checkpoint the loss's convention (blank or not, ASG transitions) and the vocabulary come from
-the checkpoint, which is loaded as data (registered types only, :mod:`lightning_gtn._trust`)
+the checkpoint, which is loaded as data (registered types only, :mod:`lightning_gtn.trust`)
 (``--trust-module mypkg`` opts in to more).
 """
 
@@ -261,11 +261,11 @@ def _from_checkpoint(a):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from lightning_gtn.evaluate import _check_overrides, build_datamodule, load_model
+    from lightning_gtn.evaluate import build_datamodule, check_overrides, load_model
     from lightning_gtn.train import CONF_DIR, ConfigError
 
     try:
-        _check_overrides(a.overrides)
+        check_overrides(a.overrides)
         GlobalHydra.instance().clear()
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             cfg = compose("eval", overrides=list(a.overrides))
@@ -276,20 +276,22 @@ def _from_checkpoint(a):
     except Exception as e:  # noqa: BLE001 - Hydra's composition errors name the bad override
         raise AlignError(f"{type(e).__name__}: {e}") from None
     model.eval()
-    loss = model.structured_loss
-    blank = getattr(loss, "blank", None)
-    transitions = getattr(loss, "transitions", None)
-    if getattr(loss, "target_classes", None) is not None:
+    from lightning_gtn.nn import TransducerLoss
+
+    loss = model.structured_loss  # a StructuredLoss: its declared convention is all that is read
+    blank = loss.blank
+    transitions = loss.frame_transitions
+    if loss.target_classes is not None:
         # the word-piece transducer: its targets are graphemes; with one token per grapheme (in the
         # graphemes' order) and no transition model its frames align like CTC's, blank last
-        letters = [t if isinstance(t, str) else None for t in getattr(loss, "tokens", [])]
-        if transitions is not None or letters != list(model.vocabulary.chars):
+        letters = [t if isinstance(t, str) else None for t in loss.tokens or []]
+        token_graph = isinstance(loss, TransducerLoss) and loss.transitions is not None
+        if transitions is not None or token_graph or letters != list(model.vocabulary.chars):
             raise AlignError(
                 "--checkpoint: a transducer loss with word pieces or a transition model cannot be "
                 "aligned here (only letter tokens without transitions); export its emissions and "
                 "token targets and use --emissions"
             )
-        transitions = None
     if transitions is not None:
         transitions = transitions.detach()
     vocab = model.vocabulary

@@ -13,7 +13,7 @@ the exit status 1.
 The checkpoint defines the model: its network, loss and vocabulary are used, and command-line
 overrides of ``model``, ``loss`` or ``optim`` are refused (an error says so) rather than silently
 ignored. The checkpoint is data: its configs may only name registered types of
-:mod:`lightning_gtn._trust` with plain-data arguments (``trust_modules=[mypkg]`` on the command
+:mod:`lightning_gtn.trust` with plain-data arguments (``trust_modules=[mypkg]`` on the command
 line opts whole modules in), and it carries its word pieces, transitions graph and decoder
 lexicon and LM, so it loads from any directory. ``decoder=...`` on the command line replaces the
 checkpoint's decoder (files it names are read: you typed them). A missing, truncated or foreign file, or a refused checkpoint, prints one
@@ -36,13 +36,27 @@ from omegaconf import DictConfig  # noqa: E402
 
 from lightning_gtn.train import CONF_DIR, ConfigError, build  # noqa: E402
 
-__all__ = ["main", "evaluate", "load_model", "read_checkpoint", "build_datamodule", "decode_samples", "MODEL_GROUPS"]
+__all__ = [
+    "main",
+    "evaluate",
+    "load_model",
+    "read_checkpoint",
+    "build_datamodule",
+    "decode_samples",
+    "check_overrides",
+    "MODEL_GROUPS",
+]
 
 #: Config groups that the checkpoint defines; overriding them for evaluation is an error.
 MODEL_GROUPS = ("model", "loss", "optim")
 
 
-def _check_overrides(overrides) -> None:
+def check_overrides(overrides) -> None:
+    """Refuses command-line overrides of the groups the checkpoint defines (:data:`MODEL_GROUPS`).
+
+    Raises:
+        ConfigError: an override names ``model``, ``loss`` or ``optim``.
+    """
     for o in overrides or ():
         key = str(o).lstrip("~+").split("=", 1)[0].split("@", 1)[0]
         if key.split(".", 1)[0].split("/", 1)[0] in MODEL_GROUPS:
@@ -105,14 +119,14 @@ def load_model(ckpt_path, trust_modules=None, *, decoder=_CHECKPOINT):
     """The :class:`~lightning_gtn.lightning.SequenceModule` of a checkpoint, on the CPU.
 
     The checkpoint is data: its hyper-parameters may only name registered types of
-    :mod:`lightning_gtn._trust` with plain-data arguments (checked before anything is built);
+    :mod:`lightning_gtn.trust` with plain-data arguments (checked before anything is built);
     ``trust_modules`` (from the command line only) opts whole modules in. Word pieces,
     transitions graphs and a decoder's lexicon and LM travel inside it, so it loads from any
     directory; a file path in it is never read.
 
     Args:
         ckpt_path: the checkpoint file.
-        trust_modules: module prefixes the user opts in (see :mod:`lightning_gtn._trust`).
+        trust_modules: module prefixes the user opts in (see :mod:`lightning_gtn.trust`).
         decoder: a decoder config replacing the checkpoint's (``None``: greedy), e.g. when the
             command line names another one; by default the checkpoint's.
 
@@ -120,19 +134,19 @@ def load_model(ckpt_path, trust_modules=None, *, decoder=_CHECKPOINT):
         ConfigError: no such file, not a readable checkpoint, it names something that is not a
             registered type, or its model cannot be built from it.
     """
-    from lightning_gtn import _trust
+    from lightning_gtn import trust
     from lightning_gtn.lightning import SequenceModule
     from lightning_gtn.lightning.module import check_hyperparameters
 
     ckpt = Path(str(ckpt_path))
     data = read_checkpoint(ckpt)
     try:
-        with _trust.trusted(list(trust_modules or [])):
+        with trust.trusted(list(trust_modules or [])):
             check_hyperparameters(data["hyper_parameters"])  # refused before anything is built
             # (Lightning reads the file again with weights_only=True; SequenceModule checks again)
             extra = {} if decoder is _CHECKPOINT else {"decoder": decoder}
             return SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu", **extra)
-    except _trust.UntrustedTargetError as e:
+    except trust.UntrustedTargetError as e:
         raise ConfigError(f"ckpt_path: {ckpt} names something that is not a registered type: {e}") from None
     except (ValueError, TypeError, RuntimeError, KeyError) as e:
         msg = " ".join(f"{type(e).__name__}: {e}".split())[:1000]
@@ -152,7 +166,7 @@ def _set_decoder(cfg: DictConfig, model, datamodule) -> None:
     built from this data config's training transcripts and also written to the eval run's
     directory; files named on the command line are read: the user typed them)."""
     from lightning_gtn.lightning.decoding import resolve_decoder
-    from lightning_gtn.train import _train_texts
+    from lightning_gtn.train import train_texts
 
     out = Path(cfg.get("output_dir") or ".")
     try:
@@ -163,7 +177,7 @@ def _set_decoder(cfg: DictConfig, model, datamodule) -> None:
     except Exception:  # pragma: no cover - hydra internals
         pass
     try:
-        model.configure_decoder(resolve_decoder(cfg.decoder, lambda: _train_texts(datamodule), out))
+        model.configure_decoder(resolve_decoder(cfg.decoder, lambda: train_texts(datamodule), out))
     except ValueError as e:
         raise ConfigError(str(e)) from e
 
@@ -185,7 +199,7 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
 
         if HydraConfig.initialized():
             overrides = list(HydraConfig.get().overrides.task)
-    _check_overrides(overrides)
+    check_overrides(overrides)
     if cfg.split not in ("val", "test"):
         raise ConfigError(f"split: must be 'val' or 'test', got {cfg.split!r}")
     own_decoder = any(str(o).lstrip("~+").startswith("decoder") for o in overrides or ())

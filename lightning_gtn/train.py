@@ -17,7 +17,7 @@ Examples::
     lightning-gtn-train model._target_=mypkg.Net trust_modules=[mypkg]
 
 Trust: the configs given here are the user's own, so their dotted paths are allowed as they are;
-anything else may only name registered types of :mod:`lightning_gtn._trust`, and
+anything else may only name registered types of :mod:`lightning_gtn.trust`, and
 ``trust_modules`` (module names) opts whole modules in. Resuming (``ckpt_path``) never instantiates anything from the
 checkpoint; it checks that the checkpoint's loss, model and vocabulary equal this run's.
 
@@ -48,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
 __all__ = [
     "main",
+    "train_texts",
     "run",
     "build",
     "ConfigError",
@@ -175,7 +176,13 @@ def _check_keys(cfg: DictConfig) -> None:
         raise ConfigError(f"ckpt_path: no such checkpoint file: {cfg.ckpt_path}")
 
 
-def _train_texts(datamodule) -> list[str]:
+def train_texts(datamodule) -> list[str]:
+    """The training transcripts of ``datamodule`` (``train_set.texts`` after ``setup("fit")``),
+    which word pieces, token transitions and the decoder's default lexicon and LM are learned from.
+
+    Raises:
+        ConfigError: the data module has no training transcripts.
+    """
     datamodule.setup("fit")
     texts = getattr(getattr(datamodule, "train_set", None), "texts", None)
     if not texts:
@@ -200,7 +207,7 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
     graph and loads from any directory.
     """
     loss = cfg.get("loss")
-    if not isinstance(loss, DictConfig) or "graphemes_to_idx" not in _params(loss.get("_target_")):
+    if not isinstance(loss, DictConfig) or "tokens" not in _vocabulary_arguments(loss.get("_target_")):
         return
     tokens = loss.get("tokens", "letters")
     pieces = None
@@ -212,7 +219,7 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
         from lightning_gtn.wordpieces import train_word_pieces
 
         try:
-            pieces = train_word_pieces(_train_texts(datamodule), int(tokens))
+            pieces = train_word_pieces(train_texts(datamodule), int(tokens))
         except ValueError as e:
             raise ConfigError(
                 f"loss.tokens={tokens}: {str(e).replace('num_pieces', 'the number of word pieces')}; "
@@ -246,7 +253,7 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
 
         toks = list(datamodule.chars) if isinstance(cfg.loss.tokens, str) else list(cfg.loss.tokens)
         blank = str(loss.get("blank", "none"))
-        seqs = [segment(t, toks) for t in _train_texts(datamodule)]
+        seqs = [segment(t, toks) for t in train_texts(datamodule)]
         num = len(toks) + int(blank != "none")
         g = transitions_graph(
             seqs, num, order=int(trans.get("order", 2)), prune=int(trans.get("prune", 0)), blank=blank, self_loops=True
@@ -267,15 +274,20 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
             cfg.loss.transitions = data
 
 
-def _params(target) -> set:
+def _vocabulary_arguments(target) -> tuple:
+    """The ``vocabulary_arguments`` a library loss class declares (``"tokens"``: word pieces may
+    be learned here), or ``()`` for anything else (checked when the loss is built)."""
     if not isinstance(target, str) or not target.startswith("lightning_gtn."):
-        return set()
+        return ()
     try:
         from hydra.utils import get_class
 
-        return set(inspect.signature(get_class(target)).parameters)
+        cls = get_class(target)
     except Exception:
-        return set()
+        return ()
+    from lightning_gtn.nn import StructuredLoss
+
+    return tuple(cls.vocabulary_arguments) if issubclass(cls, StructuredLoss) else ()
 
 
 def _number(v):
@@ -452,7 +464,7 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
     import lightning as L
     import torch
 
-    from lightning_gtn import _trust
+    from lightning_gtn import trust
     from lightning_gtn.lightning import NonFiniteLossError, SequenceModule, SpawnedProcessGroupCleanup
     from lightning_gtn.lightning.decoding import resolve_decoder
 
@@ -464,8 +476,8 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
     _resolve_token_files(cfg, datamodule, output_dir)
     try:
         # the user's own config: its dotted paths are trusted as given
-        own = [p for key in ("model", "loss", "optim") for p, _ in _trust.targets_in(cfg.get(key), key)]
-        with _trust.trusted(list(cfg.get("trust_modules") or []), paths=own):
+        own = [p for key in ("model", "loss", "optim") for p, _ in trust.targets_in(cfg.get(key), key)]
+        with trust.trusted(list(cfg.get("trust_modules") or []), paths=own):
             model = SequenceModule(
                 network=cfg.model,
                 loss=cfg.loss,
@@ -475,7 +487,7 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
                 scheduler=cfg.optim.get("scheduler"),
                 scheduler_interval=cfg.optim.get("scheduler_interval", "epoch"),
                 nonfinite=cfg.get("nonfinite"),
-                decoder=resolve_decoder(cfg.get("decoder"), lambda: _train_texts(datamodule), output_dir),
+                decoder=resolve_decoder(cfg.get("decoder"), lambda: train_texts(datamodule), output_dir),
             )
     except ValueError as e:
         raise ConfigError(str(e)) from e

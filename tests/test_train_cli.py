@@ -471,7 +471,7 @@ def test_cli_eval_refuses_a_crafted_checkpoint_and_model_overrides(tmp_path):
 
 
 def test_eval_trust_modules_opts_in(tmp_path):
-    from lightning_gtn import _trust
+    from lightning_gtn import trust
     from lightning_gtn.evaluate import evaluate
 
     good = _checkpoint_of(_compose(SMOKE, tmp_path), tmp_path / "good.ckpt")
@@ -489,7 +489,7 @@ def test_eval_trust_modules_opts_in(tmp_path):
         evaluate(_compose(base, tmp_path, config_name="eval"), overrides=[])
     metrics = evaluate(_compose([*base, "trust_modules=[json]"], tmp_path, config_name="eval"), overrides=[])
     assert {"val/cer", "val/wer", "val/loss"} <= set(metrics)
-    assert "json." not in _trust.trusted_prefixes()  # the opt-in ends with the command
+    assert "json." not in trust.trusted_prefixes()  # the opt-in ends with the command
 
 
 def test_cli_readme_own_data_command_with_the_default_logger(tmp_path, rng):

@@ -1,12 +1,12 @@
-"""lightning_gtn._trust: configs read from files may only name registered types, with plain data."""
+"""lightning_gtn.trust: configs read from files may only name registered types, with plain data."""
 
 import functools
 
 import pytest
 import torch
 
-from lightning_gtn import _trust
-from lightning_gtn._trust import (
+from lightning_gtn import trust
+from lightning_gtn.trust import (
     UntrustedTargetError,
     check_config,
     check_target,
@@ -39,8 +39,8 @@ REFUSED = [
     "torch.optim.adam.torch.hub.load",
     "lightning_gtn.wfst.draw",
     "lightning_gtn.wfst.savetxt",
-    "lightning_gtn._trust.add_trusted",
-    "lightning_gtn._trust.register_type",
+    "lightning_gtn.trust.add_trusted",
+    "lightning_gtn.trust.register_type",
     "lightning_gtn.train.main",
     "lightning_gtn.__builtins__",
     "torch.optim.Adam.__init__.__globals__",
@@ -62,7 +62,7 @@ REFUSED = [
 def test_registered_types_resolve(path):
     check_target(path, "k")
     assert callable(resolve(path, "k"))
-    assert path in _trust.registered_types()
+    assert path in trust.registered_types()
 
 
 @pytest.mark.parametrize("path", REFUSED)
@@ -172,20 +172,20 @@ def test_opt_in_with_context_manager_and_add_trusted(monkeypatch):
         resolve("json.dumps", "loss.builder")
     with trusted(paths=["subprocess.run"]):  # an exact path the user typed: that one only
         check_target("subprocess.run", "k")
-        assert _trust.is_trusted_path("subprocess.run")
+        assert trust.is_trusted_path("subprocess.run")
         with pytest.raises(UntrustedTargetError):
             check_target("subprocess.call", "k")
-    assert not _trust.is_trusted_path("subprocess.run")
-    monkeypatch.setattr(_trust, "_added", [])
-    _trust.add_trusted("json")
+    assert not trust.is_trusted_path("subprocess.run")
+    monkeypatch.setattr(trust, "_added", [])
+    trust.add_trusted("json")
     check_target("json.loads", "k")
-    assert "json." in _trust.trusted_prefixes()
+    assert "json." in trust.trusted_prefixes()
     with pytest.raises(ValueError, match="trust_modules"):
-        _trust.add_trusted("os;rm")
+        trust.add_trusted("os;rm")
 
 
 def test_register_type(monkeypatch):
-    monkeypatch.setattr(_trust, "_registered", {})
+    monkeypatch.setattr(trust, "_registered", {})
 
     @register_type(name="mypkg.Net", kind="model")
     class Net(torch.nn.Module):
@@ -193,9 +193,9 @@ def test_register_type(monkeypatch):
             super().__init__()
             self.width = width
 
-    assert _trust.registered_types()["mypkg.Net"] == "model"
+    assert trust.registered_types()["mypkg.Net"] == "model"
     register_type(torch.nn.Tanhshrink)  # default name: where it is defined
-    assert "torch.nn.modules.activation.Tanhshrink" in _trust.registered_types()
+    assert "torch.nn.modules.activation.Tanhshrink" in trust.registered_types()
     assert instantiate({"_target_": "mypkg.Net", "width": 3}, "model", "model").width == 3
     with pytest.raises(UntrustedTargetError, match="registered model"):
         check_config({"_target_": "mypkg.Net"}, "loss", "loss")
@@ -210,7 +210,7 @@ def test_missing_names_are_refused_without_import():
 
 def test_targets_in():
     cfg = {"_target_": "a.B", "x": [{"_target_": "e.F", "builder": "c.d"}], "y": {"z": 1}}
-    assert _trust.targets_in(cfg, "loss") == [
+    assert trust.targets_in(cfg, "loss") == [
         ("a.B", "loss._target_"),
         ("e.F", "loss.x[0]._target_"),
         ("c.d", "loss.x[0].builder"),

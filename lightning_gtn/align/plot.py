@@ -1,6 +1,6 @@
 """Drawing a forced alignment (:func:`plot_alignment`, matplotlib's Agg backend).
 
-A module of its own because it writes files: :mod:`lightning_gtn._trust` refuses it in
+A module of its own because it writes files: :mod:`lightning_gtn.trust` refuses it in
 configs read from checkpoints.
 """
 

@@ -12,6 +12,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..wfst import Graph
+
 __all__ = [
     "REDUCTIONS",
     "IMPLS",
@@ -28,6 +30,7 @@ __all__ = [
     "split_targets",
     "targets_tensors",
     "compute_dtype",
+    "graph_list",
 ]
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -325,3 +328,19 @@ def targets_tensors(targets, target_lengths, B: int, device: torch.device, name:
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """float64 stays float64; every other float dtype is scored in float32."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def graph_list(graphs, B: int, name: str) -> List[Graph]:
+    """``graphs`` as a list of ``B`` :class:`~lightning_gtn.wfst.Graph` objects: one Graph is
+    repeated for every example, a sequence must hold ``B`` Graphs; else ValueError naming ``name``."""
+    if isinstance(graphs, Graph):
+        return [graphs] * B
+    if graphs is None:
+        raise ValueError(f"{name}: expected one Graph or a list of B={B} graphs, got None")
+    graphs = list(graphs)
+    if len(graphs) != B:
+        raise ValueError(f"{name} must be one Graph or a list of B={B} graphs, got {len(graphs)}")
+    for g in graphs:
+        if not isinstance(g, Graph):
+            raise ValueError(f"{name} must hold lightning_gtn.wfst.Graph objects, got {type(g).__name__}")
+    return graphs

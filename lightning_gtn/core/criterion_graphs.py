@@ -20,8 +20,7 @@ from typing import Callable, Dict, Hashable, List, Sequence
 import numpy as np
 
 from .. import wfst as _wfst
-from ..kernels.batch import INDEX_DTYPE as _INT
-from ..kernels.batch import CompiledGraph, compile_graph
+from ..kernels.batch import INDEX_DTYPE, CompiledGraph, compile_graph
 from ..wfst import Graph
 from ..wfst.criterion import ctc_graph
 
@@ -185,9 +184,9 @@ def asg_full_graph(num_classes: int) -> tuple:
     ``weight_index[a]`` is the flat (row-major) index into ``transitions`` of arc ``a``.
     """
     C = int(num_classes)
-    i = np.arange(C, dtype=_INT)
+    i = np.arange(C, dtype=INDEX_DTYPE)
     # start arcs, then for each destination token i all source tokens j
-    src = np.concatenate([np.zeros(C, _INT), np.tile(i + 1, C)])
+    src = np.concatenate([np.zeros(C, INDEX_DTYPE), np.tile(i + 1, C)])
     dst = np.concatenate([i + 1, np.repeat(i + 1, C)])
     lab = np.concatenate([i, np.repeat(i, C)])
     g = Graph.from_arrays(C + 1, [0], np.arange(1, C + 1), src, dst, lab, calc_grad=False)

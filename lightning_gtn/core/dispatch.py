@@ -33,7 +33,7 @@ import torch
 
 from ..kernels import graph_numba, graph_torch, graph_triton
 from ..kernels.batch import GraphBatch, Problem, State, Subset
-from ..kernels.graph_numba import _np
+from ..kernels.graph_numba import numpy_view
 
 
 def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, use_max: bool = False) -> State:
@@ -167,7 +167,7 @@ def fused(problem: Problem, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, 
                 coef[i] = 1.0
                 _, gw = backward(st, coef, False, True)
                 g0 = p.ex_graph[e]
-                gw_ex[gw_off[e] : gw_off[e + 1]] = _np(gw)[bt.arc_off[g0] : bt.arc_off[g0 + 1]]
+                gw_ex[gw_off[e] : gw_off[e + 1]] = numpy_view(gw)[bt.arc_off[g0] : bt.arc_off[g0 + 1]]
     occ = None
     if need_w:
         ex = np.repeat(np.arange(N), arcs)

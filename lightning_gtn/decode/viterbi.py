@@ -33,10 +33,10 @@ def collapse(path: Sequence[int], blank: Optional[int] = None) -> List[int]:
 
 
 def _graph_paths(emissions: torch.Tensor, lengths: np.ndarray, graphs) -> Tuple[torch.Tensor, torch.Tensor]:
-    from ..losses.graph import _as_graph_list, compile_criteria
+    from ..losses.graph import compile_criteria
 
     B, T, C = emissions.shape
-    glist = _as_graph_list(graphs, B, "graphs")
+    glist = checks.graph_list(graphs, B, "graphs")
     _, compiled, ids = compile_criteria(glist, C)
     x = emissions.detach().to("cpu", checks.compute_dtype(emissions)).contiguous()
     plan = Plan(compiled, ids, np.arange(B), lengths, np.ones(B), B)

@@ -716,7 +716,9 @@ def _fused_kernel(
                     gE[b, t, labs[l0 + i]] += sign * G[t, i]
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as a numpy array (detached, no copy): what the numba kernels read
+    and write in place."""
     return t.detach().numpy()
 
 
@@ -734,7 +736,7 @@ def numba_forward(st, use_max: bool) -> None:
     dtype = E.dtype
     alpha = torch.empty(int(p.alpha_off[-1]), dtype=dtype)
     logz = torch.empty(p.num_examples, dtype=dtype)
-    En, wn, an, ln = _np(E), _np(st.w), _np(alpha), _np(logz)
+    En, wn, an, ln = numpy_view(E), numpy_view(st.w), numpy_view(alpha), numpy_view(logz)
 
     def run(e0, e1):
         _forward_kernel(
@@ -777,8 +779,15 @@ def numba_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
     chunks = p.chunks(get_num_threads())
     nw = bt.num_arcs if need_w else 1
     gw = torch.zeros((max(len(chunks), 1), nw), dtype=E.dtype)
-    coefn = np.ascontiguousarray(coef.detach().cpu().numpy().astype(_np(E).dtype, copy=False))
-    En, wn, an, ln, gEn, gwn = _np(E), _np(st.w), _np(st.alpha), _np(st.logz), _np(gE), _np(gw)
+    coefn = np.ascontiguousarray(coef.detach().cpu().numpy().astype(numpy_view(E).dtype, copy=False))
+    En, wn, an, ln, gEn, gwn = (
+        numpy_view(E),
+        numpy_view(st.w),
+        numpy_view(st.alpha),
+        numpy_view(st.logz),
+        numpy_view(gE),
+        numpy_view(gw),
+    )
 
     def run(i, e0, e1):
         _backward_kernel(
@@ -839,7 +848,7 @@ def fused_scaled(p, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: 
     logz = np.zeros(N, dtype=np.float64)
     flag = np.ones(N, dtype=np.int64)
     gE = torch.zeros_like(E) if need_e else torch.zeros((1, 1, 1), dtype=dtype)
-    En, wn, gEn = _np(E), _np(w).astype(np.float64), _np(gE)
+    En, wn, gEn = numpy_view(E), numpy_view(w).astype(np.float64), numpy_view(gE)
     signn = np.ascontiguousarray(sign, dtype=np.float64)
     arcs = np.diff(bt.arc_off)[p.ex_graph] if N else np.zeros(0, np.int64)
     gw_off = np.zeros(N + 1, dtype=np.int64)
@@ -909,7 +918,7 @@ def fused_scaled(p, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: 
 def viterbi_labels(st) -> list:
     """Frame labels of the best path of each example (numba state, max semiring), or None if none."""
     p, bt = st.problem, st.problem.batch
-    En, wn, an = _np(st.E), _np(st.w), _np(st.alpha)
+    En, wn, an = numpy_view(st.E), numpy_view(st.w), numpy_view(st.alpha)
     out = []
     for e in range(p.num_examples):
         labels = np.full(int(p.ex_len[e]), -1, dtype=np.int64)

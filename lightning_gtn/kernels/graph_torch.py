@@ -23,7 +23,7 @@ OCC_BLOCK_ELEMENTS = 1 << 24  # occupancies are formed this many entries at a ti
 # ---------------------------------------------------------------------------
 
 
-class _Tables:
+class Tables:
     """Padded per-example tables on a device (built from a :class:`Problem`)."""
 
     pass
@@ -40,11 +40,13 @@ def _pad_table(node_of_entry: np.ndarray, entries: np.ndarray, cnt: np.ndarray, 
     return tab
 
 
-def _build_tables(st) -> _Tables:
+def build_tables(st) -> Tables:
+    """The padded per-example tables of a ``State`` (its ``problem`` and ``E``), on ``E``'s device:
+    what the torch recursions (and the Viterbi paths of :mod:`.viterbi_paths`) read."""
     p, bt = st.problem, st.problem.batch
     dev = st.E.device
     N = int(bt.node_off[-1])
-    tb = _Tables()
+    tb = Tables()
     Smax = max(int(p.ex_nodes.max(initial=0)), 1)
     tb.Smax = Smax
     # node index of each (example, local node) into the global node space; N = padding row
@@ -131,6 +133,11 @@ def _build_tables(st) -> _Tables:
     return tb
 
 
+# The old private name, kept only while losses/conv_transduce.py still reads it
+# (tests/test_layout.py lists who does); delete it then.
+_build_tables = build_tables
+
+
 def node_graph_nodes(bt: GraphBatch, kind: str) -> np.ndarray:
     """Global node id of each epsilon group (``kind`` = ``"eps_in"`` or ``"eps_out"``)."""
     node_off = getattr(bt, kind + "_node_off")
@@ -169,7 +176,7 @@ def _eps_step_forward(alpha, tb, w, use_max):
 
 def torch_forward(st, use_max: bool) -> None:
     p = st.problem
-    tb = _build_tables(st)
+    tb = build_tables(st)
     st.extra = tb
     E = st.E
     w = torch.cat([st.w, st.w.new_zeros(1)])  # padded table entries point at arc 0: keep it valid

@@ -233,7 +233,7 @@ def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
 
 
 class _TableState:
-    """What :func:`._torch_impl._build_tables` reads (duck-typed State)."""
+    """What :func:`.graph_torch.build_tables` reads (duck-typed State)."""
 
     def __init__(self, problem, E):
         self.problem, self.E = problem, E
@@ -241,7 +241,7 @@ class _TableState:
 
 def torch_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     """Best-path arcs on ``E``'s device (see :func:`numba_viterbi_arcs`); results on that device."""
-    from .graph_torch import _build_tables, _gather_nodes
+    from .graph_torch import _gather_nodes, build_tables
 
     check_problem(problem, E, w)
     p = problem
@@ -251,7 +251,7 @@ def torch_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
     out = torch.full((N, T), -1, dtype=torch.int64, device=dev)
     if N == 0:
         return out, torch.zeros(0, dtype=dtype, device=dev)
-    tb = _build_tables(_TableState(p, E))
+    tb = build_tables(_TableState(p, E))
     ninf = torch.tensor(NEG_INF, dtype=dtype, device=dev)
     wp = torch.cat([w.to(device=dev, dtype=dtype), w.new_zeros(1, dtype=dtype, device=dev)])
     _, S, K = tb.in_src.shape

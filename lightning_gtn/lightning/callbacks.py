@@ -20,14 +20,14 @@ def _show(text: str) -> str:
 
 
 def class_labels(vocabulary, loss=None) -> list[str]:
-    """Printable name of each emission class: the vocabulary's characters, or, for a loss whose
-    emission classes are tokens of graphemes (the word-piece transducer: ``loss.tokens``, its
-    blank last), each token spelled out, in class order."""
-    tokens = getattr(loss, "tokens", None) if getattr(loss, "target_classes", None) is not None else None
-    if tokens is not None:
-        names = [_show(t if isinstance(t, str) else "".join(map(str, t))) for t in tokens]
-        if getattr(loss, "blank", None) is not None:
-            names.append("<b>")
+    """Printable name of each emission class: the vocabulary's characters, or, for a loss (a
+    :class:`lightning_gtn.nn.StructuredLoss`) that declares its own ``tokens`` (the word-piece
+    transducer's tokens of graphemes), each token spelled out, in class order, with the blank at
+    the loss's ``blank`` id."""
+    if loss is not None and loss.tokens is not None:
+        names = [_show(t if isinstance(t, str) else "".join(map(str, t))) for t in loss.tokens]
+        if loss.blank is not None:
+            names.insert(loss.blank, "<b>")
         return names
     names = []
     for i in range(vocabulary.num_classes):

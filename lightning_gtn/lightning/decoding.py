@@ -28,11 +28,11 @@ and range-checked when the decoder is built, the ARPA text by the ARPA reader
 (:func:`lightning_gtn.lm.read_lexicon`); errors name ``decoder.lexicon`` / ``decoder.lm``.
 :func:`build_decoder` never reads a file a config names (a checkpoint written before held paths:
 it is refused, naming the key) unless the user trusts that exact path
-(``with lightning_gtn._trust.trusted(paths=[path]):``).
+(``with lightning_gtn.trust.trusted(paths=[path]):``).
 
 :func:`build_decoder` makes a :class:`lightning_gtn.decode.BeamSearchDecoder` whose topology,
-tokens and blank come from the loss's declared convention (``blank``, ``repeat_label``,
-``target_classes`` with the transducer's ``tokens``): this layer never looks at graphs. A lexicon
+tokens and blank come from the loss's declared convention (``topology``, ``blank``,
+``repeat_label``, the transducer's ``tokens``): this layer never looks at graphs. A lexicon
 entry's spelling is used as written: for CTC and ASG each token of the spelling is one output
 token (a character), for the word-piece transducer the spelling's graphemes are decomposed into
 the loss's word pieces (up to 16 decompositions, fewest pieces first).
@@ -45,7 +45,7 @@ import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from lightning_gtn import _trust
+from lightning_gtn import trust
 
 __all__ = [
     "DECODERS",
@@ -291,23 +291,35 @@ def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -
 
 
 def _topology(loss, vocabulary) -> dict:
-    """Decoder tokens, topology and blank from the loss's token convention."""
-    if getattr(loss, "target_classes", None) is not None:  # the word-piece transducer
-        # a token is a string or a tuple of graphemes (the keys of graphemes_to_idx)
-        toks = ["".join(t) for t in loss.tokens]
-        if loss.blank is None:  # no blank: frames of a token merge, as ASG's without a repeat token
-            return {"tokens": toks, "topology": "asg"}
-        if getattr(loss, "blank_mode", "optional") != "optional" or not getattr(loss, "allow_repeats", True):
-            raise ValueError(
-                "decoder: beam search decodes the transducer with blank='optional' and allow_repeats=True "
-                "(or blank='none'); use decoder=greedy for this loss"
-            )
-        return {"tokens": toks + ["<blank>"], "topology": "transducer", "blank": loss.blank}
-    chars = list(vocabulary.chars)
-    if vocabulary.blank:
-        return {"tokens": ["<blank>"] + chars, "topology": "ctc", "blank": 0}
-    toks = chars + (["<rep>"] if vocabulary.repeat_label else [])
-    return {"tokens": toks, "topology": "asg", "repeat": vocabulary.repeat_id}
+    """Decoder tokens, topology, blank and repeat token from the loss's declared convention
+    (``topology``, ``blank``, ``repeat_label``, ``tokens``): the loss's own tokens (the word-piece
+    transducer's), else the vocabulary's characters, the repeat token after them, the blank at
+    its id."""
+    from lightning_gtn.nn import TOPOLOGIES, TransducerLoss
+
+    topology = loss.topology
+    if topology not in TOPOLOGIES:
+        raise ValueError(
+            f"decoder: {type(loss).__qualname__} declares topology={topology!r}; the decoders read {TOPOLOGIES}"
+        )
+    if (
+        isinstance(loss, TransducerLoss)
+        and loss.blank is not None
+        and (loss.blank_mode != "optional" or not loss.allow_repeats)
+    ):
+        raise ValueError(
+            "decoder: beam search decodes the transducer with blank='optional' and allow_repeats=True "
+            "(or blank='none'); use decoder=greedy for this loss"
+        )
+    # a token is a string or a tuple of graphemes (the keys of graphemes_to_idx)
+    names = ["".join(t) for t in loss.tokens] if loss.tokens is not None else list(vocabulary.chars)
+    repeat = None
+    if loss.repeat_label:
+        repeat = len(names)
+        names.append("<rep>")
+    if loss.blank is not None:
+        names.insert(loss.blank, "<blank>")
+    return {"tokens": names, "topology": topology, "blank": loss.blank, "repeat": repeat}
 
 
 def _artefact(cfg: dict, key: str, from_data):
@@ -320,11 +332,11 @@ def _artefact(cfg: dict, key: str, from_data):
             f"decoder.{key}: expected the {key} as data (or 'train' or a file, resolved by the "
             f"training/eval CLI with lightning_gtn.lightning.decoding.resolve_decoder), got {str(v)[:100]!r}"
         )
-    if not _trust.is_trusted_path(v):
-        raise _trust.UntrustedTargetError(
+    if not trust.is_trusted_path(v):
+        raise trust.UntrustedTargetError(
             f"decoder.{key}: {v!r} names a file; a decoder config read from a checkpoint carries its lexicon and "
             "LM as data, and files it names are not read (a checkpoint written by an older lightning_gtn: if you "
-            f"trust that file, load inside `with lightning_gtn._trust.trusted(paths=[{v!r}]):` and save the "
+            f"trust that file, load inside `with lightning_gtn.trust.trusted(paths=[{v!r}]):` and save the "
             "checkpoint again, or give lightning-gtn-eval the files on its command line: decoder=beam_lm "
             "decoder.lexicon=<file> decoder.lm=<file>)"
         )
@@ -382,13 +394,13 @@ def build_decoder(cfg, loss, vocabulary):
         cfg: a decoder config (see the module docstring); for ``beam_lm`` its ``lexicon`` and
             ``lm`` are data (:func:`resolve_decoder`), range-checked here. A file path there is
             read only when the user trusts that exact path
-            (``with lightning_gtn._trust.trusted(paths=[path]):``).
+            (``with lightning_gtn.trust.trusted(paths=[path]):``).
         loss: the :class:`lightning_gtn.nn.StructuredLoss` whose emissions are decoded.
         vocabulary: the :class:`Vocabulary` of the targets.
 
     Raises:
         ValueError: naming the ``decoder.<key>`` at fault;
-            :class:`lightning_gtn._trust.UntrustedTargetError` (a ValueError) for a file path
+            :class:`lightning_gtn.trust.UntrustedTargetError` (a ValueError) for a file path
             the user does not trust.
     """
     cfg = _plain(cfg)

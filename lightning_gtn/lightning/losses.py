@@ -2,29 +2,30 @@
 
 The Lightning layer never touches graphs and never guesses: every loss is a
 :class:`lightning_gtn.nn.StructuredLoss`, called as ``loss(emissions (B, T, C), targets (B, S),
-input_lengths (B,), target_lengths (B,))``, which states its token convention (``blank``: the
-blank's id or None; ``repeat_label``) and decodes its own emissions (``best_paths``). A loss is
-given as
+input_lengths (B,), target_lengths (B,))``, which declares its token convention (``blank``: the
+blank's id or None; ``repeat_label``; ``target_classes``; ``num_classes``; ...) and decodes its own
+emissions (``best_paths``). Only those declarations are read here, never a loss's signature or
+other attributes. A loss is given as
 
 * a name of a built-in loss (``"ctc"``, ``"asg"``, ``"seq"``, ``"stc"``, ``"graph"``),
 * a config mapping with ``_target_`` naming a loss class (what ``conf/loss/*.yaml`` holds);
-  ``num_classes`` is filled in when the class accepts it. It may only name registered types of
-  :mod:`lightning_gtn._trust` (a registered loss, a registered ``builder``) with plain-data
+  the arguments the class declares in ``vocabulary_arguments`` (``num_classes``,
+  ``graphemes_to_idx``, ...) are filled in from the characters. It may only name registered types of
+  :mod:`lightning_gtn.trust` (a registered loss, a registered ``builder``) with plain-data
   arguments, checked before anything is called; a transducer's ``transitions`` is a graph as
   data (:func:`lightning_gtn.nn.transducer.transitions_to_data`), never a file path unless the
-  user trusts that exact path (``lightning_gtn._trust.trusted(paths=[path])``),
+  user trusts that exact path (``lightning_gtn.trust.trusted(paths=[path])``),
 * or an ``nn.Module`` instance: a ``StructuredLoss`` as is, any other module wrapped in
   :class:`lightning_gtn.nn.ModuleLoss` with the ``blank`` / ``repeat_label`` you pass.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 
 from torch import nn
 
-from lightning_gtn import _trust
+from lightning_gtn import trust
 from lightning_gtn.nn import ModuleLoss, StructuredLoss, TargetGraphLoss
 
 from .vocabulary import Vocabulary
@@ -48,19 +49,19 @@ _MOVED = {
 
 
 def _import(path) -> type:
-    return _trust.resolve(path, "loss._target_", kinds=("loss",))
+    return trust.resolve(path, "loss._target_", kinds=("loss",))
 
 
 def _check_transitions(cfg: dict) -> None:
     """A transitions *file* named by a config is read only when the user trusts that exact path
     (checkpoints carry the graph as data; a path in one may have moved or been swapped)."""
     t = cfg.get("transitions")
-    if isinstance(t, str) and not _trust.is_trusted_path(t):
-        raise _trust.UntrustedTargetError(
+    if isinstance(t, str) and not trust.is_trusted_path(t):
+        raise trust.UntrustedTargetError(
             f"loss.transitions: {t!r} names a file; a config read from a checkpoint carries the transitions "
             "graph as data (lightning_gtn.nn.transducer.transitions_to_data), and files it names are not read "
             "(a checkpoint written by an older lightning_gtn: if you trust that file, load inside "
-            f"`with lightning_gtn._trust.trusted(paths=[{t!r}]):` and save the checkpoint again)"
+            f"`with lightning_gtn.trust.trusted(paths=[{t!r}]):` and save the checkpoint again)"
         )
 
 
@@ -84,40 +85,45 @@ def _from_config(cfg: dict, chars: list) -> StructuredLoss:
     if "_target_" not in cfg:
         raise ValueError(f"loss: config needs a '_target_' naming the loss class, got keys {sorted(cfg)}")
     cfg["_target_"] = _MOVED.get(cfg["_target_"], cfg["_target_"])
-    _trust.check_config(cfg, "loss", "loss")
+    trust.check_config(cfg, "loss", "loss")
     _check_transitions(cfg)
     cls = _import(cfg["_target_"])
+    if isinstance(cls, type) and not issubclass(cls, StructuredLoss):
+        raise ValueError(_not_structured(f"loss._target_: {cfg['_target_']} names", cls))
+    # a class declares the arguments filled from the data; a registered constructor function
+    # declares none (it is checked once it has built its loss)
+    fills = cls.vocabulary_arguments if isinstance(cls, type) else ()
     old = cfg.pop("vocabulary", None)  # the older way of stating a convention in a config
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        params = {}
     if isinstance(old, Mapping):
-        if "blank" in params and "blank" not in cfg:
+        if "blank" in fills and "blank" not in cfg:
             cfg["blank"] = 0 if old.get("blank") else None
-        if "repeat_label" in params and "repeat_label" not in cfg:
+        if "repeat_label" in fills and "repeat_label" not in cfg:
             cfg["repeat_label"] = bool(old.get("repeat_label", False))
-    if "graphemes_to_idx" in params:
+    if "graphemes_to_idx" in fills:
         _fill_graphemes(cfg, chars)
-    if "num_classes" in params and cfg.get("num_classes") is None:
-        has_blank = cfg.get("blank", getattr(cls, "blank", None)) is not None
-        cfg["num_classes"] = (
-            num_chars + int(has_blank) + int(bool(cfg.get("repeat_label", getattr(cls, "repeat_label", False))))
-        )
+    if "num_classes" in fills and cfg.get("num_classes") is None:
+        has_blank = cfg.get("blank", cls.blank) is not None
+        cfg["num_classes"] = num_chars + int(has_blank) + int(bool(cfg.get("repeat_label", cls.repeat_label)))
     try:
-        module = _trust.instantiate(cfg, "loss", "loss")
-    except _trust.UntrustedTargetError:
+        module = trust.instantiate(cfg, "loss", "loss")
+    except trust.UntrustedTargetError:
         raise
     except Exception as e:
         root = e.__cause__ if e.__cause__ is not None else e
         msg = " ".join(str(root).split())
         raise ValueError(f"loss: cannot build {cfg['_target_']}: {msg}") from e
     if not isinstance(module, StructuredLoss):
-        raise ValueError(
-            f"loss._target_: {cfg['_target_']} is not a lightning_gtn.nn.StructuredLoss; wrap "
-            "your module in lightning_gtn.nn.ModuleLoss(module, blank=..., repeat_label=...)"
-        )
+        raise ValueError(_not_structured(f"loss._target_: {cfg['_target_']} built", module))
     return module
+
+
+def _not_structured(what: str, given) -> str:
+    kind = f"the class {given.__qualname__}" if isinstance(given, type) else f"a {type(given).__qualname__}"
+    return (
+        f"{what} {kind}, which is not a lightning_gtn.nn.StructuredLoss (the base that declares the "
+        "token convention: blank, repeat_label, target_classes, topology, ...); subclass it, or wrap "
+        "your module in lightning_gtn.nn.ModuleLoss(module, blank=..., repeat_label=...)"
+    )
 
 
 def _grapheme_vocabulary(module: StructuredLoss, chars, char_list: list) -> Vocabulary:
@@ -141,7 +147,7 @@ def _grapheme_vocabulary(module: StructuredLoss, chars, char_list: list) -> Voca
 
 
 def _check_blank(loss: StructuredLoss) -> None:
-    if getattr(loss, "target_classes", None) is not None:
+    if loss.target_classes is not None:
         return  # the blank is an emission class of the loss, not a vocabulary id
     if loss.blank is not None and loss.blank != 0:
         raise ValueError(
@@ -193,17 +199,21 @@ def build_loss(
     elif isinstance(loss, nn.Module):
         if blank is None:
             raise ValueError(
-                f"loss: {type(loss).__qualname__} does not state its token convention; pass blank=True|False "
-                "and repeat_label=True|False, or subclass lightning_gtn.nn.StructuredLoss"
+                f"loss: {type(loss).__qualname__} is not a lightning_gtn.nn.StructuredLoss and does not "
+                "declare its token convention; pass blank=True|False and repeat_label=True|False (it is "
+                "then wrapped in lightning_gtn.nn.ModuleLoss), or subclass lightning_gtn.nn.StructuredLoss"
             )
         module = ModuleLoss(loss, blank=0 if blank else None, repeat_label=bool(repeat_label))
     elif isinstance(loss, Mapping):
         module = _from_config(dict(loss), char_list)
     else:
-        raise TypeError(f"loss must be a name, a config mapping or an nn.Module, got {type(loss)}")
+        raise TypeError(
+            f"loss must be a name, a config mapping or an nn.Module (a lightning_gtn.nn.StructuredLoss), "
+            f"got {type(loss).__qualname__}: {str(loss)[:80]!r}"
+        )
     _check_blank(module)
 
-    if getattr(module, "target_classes", None) is not None:
+    if module.target_classes is not None:
         return module, _grapheme_vocabulary(module, chars, char_list)
     conv_blank = module.blank is not None
     if isinstance(chars, Vocabulary):
@@ -215,7 +225,7 @@ def build_loss(
             )
     else:
         vocab = Vocabulary(chars, blank=conv_blank, repeat_label=module.repeat_label)
-    n = getattr(module, "num_classes", None)
+    n = module.num_classes
     if n is not None and n != vocab.num_classes:
         raise ValueError(f"loss.num_classes: {n} does not match the vocabulary's {vocab.num_classes} classes")
     return module, vocab

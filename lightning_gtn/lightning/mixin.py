@@ -21,7 +21,7 @@ A non-finite training loss stops training with :class:`NonFiniteLossError` (nami
 step and the batch) before the optimizer step, or, with ``nonfinite={"action": "skip",
 "max_consecutive": 10}``, skips that batch with a warning and stops after more than
 ``max_consecutive`` such batches in a row. The loss, optimizer and scheduler configs may only
-name registered types of :mod:`lightning_gtn._trust` with plain-data arguments.
+name registered types of :mod:`lightning_gtn.trust` with plain-data arguments.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, WordErrorRate
 
-from lightning_gtn import _trust
+from lightning_gtn import trust
 from lightning_gtn.nn import StructuredLoss
 
 from .losses import build_loss
@@ -92,12 +92,12 @@ def _as_factory(spec, what: str) -> Callable | None:
     if not isinstance(spec, Mapping) or "_target_" not in spec:
         raise ValueError(f"{what}: expected a config with '_target_' and '_partial_: true', got {spec!r}")
     kind = "scheduler" if what.endswith("scheduler") else "optimizer"
-    _trust.check_config(spec, what, kind)
+    trust.check_config(spec, what, kind)
     spec = dict(spec)
     spec.setdefault("_partial_", True)
     try:
-        return _trust.instantiate(spec, what, kind)
-    except _trust.UntrustedTargetError:
+        return trust.instantiate(spec, what, kind)
+    except trust.UntrustedTargetError:
         raise
     except Exception as e:
         raise ValueError(f"{what}: cannot build {spec.get('_target_')}: {e}") from e
@@ -133,7 +133,11 @@ class StructuredLossMixin:
 
         Args:
             loss: a built-in name (``"ctc"``, ``"asg"``, ``"seq"``, ``"stc"``), a config mapping with
-                ``_target_`` (as in ``conf/loss``), or an ``nn.Module`` loss.
+                ``_target_`` (as in ``conf/loss``), or a :class:`lightning_gtn.nn.StructuredLoss`
+                (any other ``nn.Module`` only with ``blank`` and ``repeat_label``, which wrap it
+                in :class:`lightning_gtn.nn.ModuleLoss`). The loss's declared convention
+                (``blank``, ``repeat_label``, ``target_classes``, ``num_classes``, ``tokens``,
+                ``topology``) is all this mixin reads of it.
             chars: characters of the vocabulary (a string) or a :class:`Vocabulary` matching
                 the loss's convention.
             optimizer: a callable ``params -> Optimizer`` or a config with ``_target_``
@@ -152,10 +156,12 @@ class StructuredLossMixin:
                 :mod:`lightning_gtn.lightning.decoding`).
 
         Raises:
-            lightning_gtn._trust.UntrustedTargetError: a config names something that is not a
+            lightning_gtn.trust.UntrustedTargetError: a config names something that is not a
                 registered type, or an argument that is not plain data (see
-                :mod:`lightning_gtn._trust`).
-            ValueError: ``loss.blank`` disagrees with the vocabulary's blank id.
+                :mod:`lightning_gtn.trust`).
+            ValueError: ``loss.blank`` disagrees with the vocabulary's blank id; ``loss`` is (or a
+                config builds) something that is not a ``StructuredLoss``, without a convention.
+            TypeError: ``loss`` is none of a name, a mapping or an ``nn.Module``.
         """
         self._nonfinite_action, self._nonfinite_max = _nonfinite_policy(nonfinite)
         self._nonfinite_run = 0
@@ -180,7 +186,7 @@ class StructuredLossMixin:
     def num_classes(self) -> int:
         """``C``, the emission classes the model must output (the loss's own count when its
         targets are graphemes and its emissions are tokens, as the word-piece transducer's)."""
-        if getattr(self.structured_loss, "target_classes", None) is not None:
+        if self.structured_loss.target_classes is not None:
             return int(self.structured_loss.num_classes)
         return self.vocabulary.num_classes
 
@@ -251,7 +257,7 @@ class StructuredLossMixin:
             from .decoding import decode_texts
 
             return decode_texts(self.beam_decoder, emissions, emission_lengths)
-        if getattr(self.structured_loss, "target_classes", None) is not None:
+        if self.structured_loss.target_classes is not None:
             with torch.no_grad():  # the loss decodes to grapheme ids itself
                 ids = self.structured_loss.decode(emissions.detach(), emission_lengths)
             return [self.vocabulary.decode_tokens(t) for t in ids]

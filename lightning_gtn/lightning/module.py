@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from lightning_gtn import _trust
+from lightning_gtn import trust
 
 from .mixin import StructuredLossMixin
 
@@ -31,11 +31,11 @@ HPARAM_SECTIONS = {
 def check_hyperparameters(hparams: Mapping) -> None:
     """Checks a :class:`SequenceModule`'s hyper-parameters (e.g. a checkpoint's) before anything
     is built: ``network``, ``loss``, ``optimizer``, ``scheduler`` may only name registered types of
-    their kind with plain-data arguments (see :mod:`lightning_gtn._trust`), everything else must be
+    their kind with plain-data arguments (see :mod:`lightning_gtn.trust`), everything else must be
     plain data. Built-in loss names (``loss: ctc``) are plain strings.
 
     Raises:
-        lightning_gtn._trust.UntrustedTargetError: naming the key path
+        lightning_gtn.trust.UntrustedTargetError: naming the key path
             (``optim.scheduler.T_max._target_``).
     """
     from lightning_gtn.lightning.losses import _MOVED
@@ -46,13 +46,13 @@ def check_hyperparameters(hparams: Mapping) -> None:
         if name == "loss" and isinstance(value, Mapping) and isinstance(value.get("_target_"), str):
             value = {**value, "_target_": _MOVED.get(value["_target_"], value["_target_"])}
         if name in HPARAM_SECTIONS and isinstance(value, Mapping):
-            _trust.check_config(value, key, kind)
+            trust.check_config(value, key, kind)
         elif name in HPARAM_SECTIONS and callable(value) and name != "network":
             continue  # an object given in Python (a factory, a loss module): the caller's own
         elif name == "loss" and isinstance(value, nn.Module):
             continue
         else:
-            _trust.check_config(value, key, None)
+            trust.check_config(value, key, None)
 
 
 def _plain(x):
@@ -80,11 +80,11 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
         decoder: the decoder of validation/test/predict (``conf/decoder``; greedy by default).
 
     ``network``, ``loss``, ``optimizer`` and ``scheduler`` may only name registered types of
-    :mod:`lightning_gtn._trust` with plain-data arguments, checked before anything is called
-    and built by :func:`lightning_gtn._trust.instantiate`, so
+    :mod:`lightning_gtn.trust` with plain-data arguments, checked before anything is called
+    and built by :func:`lightning_gtn.trust.instantiate`, so
     ``SequenceModule.load_from_checkpoint(path)`` (which reads with ``weights_only=True``) calls
-    nothing else the file names; opt in with ``with lightning_gtn._trust.trusted(["mypkg"]): ...``
-    or :func:`lightning_gtn._trust.register_type`. Artefacts (word pieces, a transducer's
+    nothing else the file names; opt in with ``with lightning_gtn.trust.trusted(["mypkg"]): ...``
+    or :func:`lightning_gtn.trust.register_type`. Artefacts (word pieces, a transducer's
     transitions graph) are plain data inside ``loss``, so a checkpoint loads from anywhere.
     """
 
@@ -131,10 +131,10 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             decoder=decoder,
         )
         try:
-            self.net: nn.Module = _trust.instantiate(
+            self.net: nn.Module = trust.instantiate(
                 dict(network), "model", "model", feature_dim=feature_dim, num_classes=self.num_classes
             )
-        except _trust.UntrustedTargetError:
+        except trust.UntrustedTargetError:
             raise
         except Exception as e:
             root = e.__cause__ if e.__cause__ is not None else e

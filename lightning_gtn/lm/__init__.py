@@ -12,10 +12,10 @@ The console script ``lightning-gtn-lm`` (:mod:`lightning_gtn.lm.cli`) estimates 
 from a text file.
 """
 
-from .arpa import read_arpa, write_arpa
 from .estimate import estimate, kn_discounts, perplexity
 from .lexicon import read_lexicon
-from .ngram import BOS, EOS, UNK, LMArrays, NGramLM, check_arrays
+from .ngram import LMArrays, NGramLM, check_arrays, read_arpa, write_arpa
+from .symbols import BOS, EOS, UNK
 
 __all__ = [
     "NGramLM",

@@ -33,9 +33,9 @@ import os
 import re
 import sys
 
-from .ngram import BOS, EOS, LN10, MAX_ORDER, UNK, NGramLM
+from .symbols import BOS, EOS, LN10, MAX_ORDER, UNK
 
-__all__ = ["read_arpa", "write_arpa", "estimate_bytes", "MIN_LOG10_PROB", "MAX_LOG10_BACKOFF"]
+__all__ = ["parse_arpa", "format_arpa", "estimate_bytes", "MIN_LOG10_PROB", "MAX_LOG10_BACKOFF"]
 
 BYTES_PER_NGRAM = 448
 """Memory one stored n-gram of order 1 is assumed to take (reading, the model and its
@@ -69,7 +69,7 @@ _SECTION = re.compile(rf"\\({_INT})-grams:", re.ASCII)
 
 def estimate_bytes(counts) -> int:
     """An upper bound of the memory (bytes) a model with these n-gram counts takes, reading
-    included (the ``max_bytes`` check of :func:`read_arpa`; the unigrams' word strings are
+    included (the ``max_bytes`` check of :func:`parse_arpa`; the unigrams' word strings are
     counted while they are read).
 
     Each n-gram of order ``n`` may bring ``n - 2`` missing histories of orders ``2 .. n-1``,
@@ -124,40 +124,31 @@ def _number(text: str, no: int, what: str) -> float:
     return float(text)
 
 
-def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NGramLM:
-    """Reads an ARPA back-off language model.
-
-    Numbers follow the format's grammar (ASCII digits, ``[+-]digits[.digits][e[+-]digits]``,
-    ``-inf`` for ``<s>``). Log10 probabilities must lie in ``[MIN_LOG10_PROB, 0]`` (-99, SRILM's
-    "never"), back-off weights in ``[MIN_LOG10_PROB, MAX_LOG10_BACKOFF]`` (10).
+def parse_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> tuple[list[str], list[dict]]:
+    """Reads and checks an ARPA file's n-grams (the format part of
+    :func:`lightning_gtn.lm.read_arpa`, which builds the model from them).
 
     Args:
         path: a file path, or an open text file.
         max_bytes: refuse a file whose declared n-gram counts would take more memory than this
-            (:func:`estimate_bytes`: it bounds what reading, the model and its arrays allocate,
-            missing histories included), before reading the n-grams; the unigrams' words are
-            added to the estimate as they are read, and no more than ``max_bytes`` characters
-            are read.
-        add_missing: add missing histories and special words as KenLM does (see
-            :meth:`NGramLM.from_ngrams`); False makes them errors.
+            (:func:`estimate_bytes`), before reading the n-grams; the unigrams' words are added
+            to the estimate as they are read, and no more than ``max_bytes`` characters are read.
+        add_missing: add the special words ``<s>``, ``</s>``, ``<unk>`` that the unigrams lack
+            (False makes them errors).
 
     Returns:
-        The model (natural logs).
+        ``(words, tables)``: ``words[i]`` is word ``i``; ``tables[n - 1]`` maps an n-tuple of
+        word ids to ``(ln P, ln bow)`` (natural logs, ``bow = 0`` at the highest order), as
+        :class:`~lightning_gtn.lm.NGramLM` stores them.
 
     Raises:
         ValueError: on malformed input; the message names the line number.
-
-    Example:
-        >>> import io
-        >>> text = "\\\\data\\\\\\nngram 1=3\\n\\n\\\\1-grams:\\n-1 <s> 0\\n-0.3 </s>\\n-0.3 <unk>\\n\\\\end\\\\\\n"
-        >>> read_arpa(io.StringIO(text)).order
-        1
     """
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
         raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
     it = _lines(path, max_bytes)
     # header
-    for no, line in it:
+    for _no, line in it:
         if line == "\\data\\":
             break
     else:
@@ -271,10 +262,7 @@ def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NG
                 raise ValueError(f"ARPA: the unigram {sp!r} is missing")
             ids[sp] = len(words)
             words.append(sp)
-    try:
-        return NGramLM._from_id_tables(words, tables, add_missing=add_missing)
-    except ValueError as e:
-        raise ValueError(f"ARPA: {e}") from None
+    return words, tables
 
 
 def _fmt(x: float) -> str:
@@ -284,17 +272,19 @@ def _fmt(x: float) -> str:
     return "0" if s == "-0" else s
 
 
-def write_arpa(lm: NGramLM, path=None) -> str:
-    """Writes ``lm`` as ARPA text (log10, 9 significant digits) and returns the text.
+def format_arpa(words: list[str], tables: list[dict], path=None) -> str:
+    """Writes n-gram tables as ARPA text (log10, 9 significant digits) and returns the text
+    (the format part of :func:`lightning_gtn.lm.write_arpa`).
 
     Args:
-        lm: the model.
+        words: ``words[i]`` is word ``i``.
+        tables: ``tables[n - 1]`` maps an n-tuple of word ids to ``(ln P, ln bow)``.
         path: a file path, an open text file, or None.
     """
-    N = lm.order
-    W = lm.words
+    N = len(tables)
+    W = words
     tables = [
-        {tuple(W[i] for i in g): v for g, v in sorted(t.items())} for t in lm._ngrams
+        {tuple(W[i] for i in g): v for g, v in sorted(t.items())} for t in tables
     ]  # word-id order: the same model always gives the same text
     out = ["", "\\data\\"]
     out += [f"ngram {n}={len(t)}" for n, t in enumerate(tables, start=1)]

@@ -39,7 +39,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Optional, Union
 
-from .ngram import BOS, EOS, MAX_ORDER, MISSING_LOGP, UNK, NGramLM
+from .ngram import NGramLM
+from .symbols import BOS, EOS, MAX_ORDER, MISSING_LOGP, UNK
 
 __all__ = ["estimate", "perplexity", "kn_discounts"]
 

@@ -31,19 +31,10 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-__all__ = ["BOS", "EOS", "UNK", "LMArrays", "NGramLM", "check_arrays"]
+from .arpa import format_arpa, parse_arpa
+from .symbols import BOS, EOS, MAX_ORDER, MISSING_LOGP, UNK
 
-BOS = "<s>"
-EOS = "</s>"
-UNK = "<unk>"
-
-LN10 = math.log(10.0)
-MAX_ORDER = 16
-"""Highest n-gram order a model may have."""
-
-#: ln-probability given to a special word (``<s>``, ``</s>``, ``<unk>``) that a model or an
-#: ARPA file lacks: log10 -99, SRILM's convention for "never".
-MISSING_LOGP = -99.0 * LN10
+__all__ = ["BOS", "EOS", "UNK", "LMArrays", "NGramLM", "check_arrays", "read_arpa", "write_arpa"]
 
 
 class LMArrays(NamedTuple):
@@ -459,15 +450,13 @@ class NGramLM:
     # -- ARPA ----------------------------------------------------------------------------
     @classmethod
     def from_arpa(cls, path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> "NGramLM":
-        """Reads an ARPA file (untrusted input: see :func:`lightning_gtn.lm.arpa.read_arpa`).
+        """Reads an ARPA file (untrusted input: see :func:`read_arpa`).
 
         Args:
             path: a file path, or an open text file.
             max_bytes: refuse a file whose declared n-gram counts need more memory (4 GiB).
             add_missing: add missing histories and special words as KenLM does.
         """
-        from .arpa import read_arpa
-
         return read_arpa(path, max_bytes=max_bytes, add_missing=add_missing)
 
     def to_arpa(self, path=None) -> str:
@@ -476,12 +465,57 @@ class NGramLM:
         Args:
             path: a file path, an open text file, or None (only return the text).
         """
-        from .arpa import write_arpa
-
         return write_arpa(self, path)
 
     def __repr__(self) -> str:
         return f"NGramLM(order={self.order}, words={len(self.words)}, ngrams={self.counts()})"
+
+
+def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NGramLM:
+    """Reads an ARPA back-off language model.
+
+    Numbers follow the format's grammar (ASCII digits, ``[+-]digits[.digits][e[+-]digits]``,
+    ``-inf`` for ``<s>``). Log10 probabilities must lie in ``[MIN_LOG10_PROB, 0]`` (-99, SRILM's
+    "never"), back-off weights in ``[MIN_LOG10_PROB, MAX_LOG10_BACKOFF]`` (10); see
+    :mod:`lightning_gtn.lm.arpa` for the format and its checks.
+
+    Args:
+        path: a file path, or an open text file.
+        max_bytes: refuse a file whose declared n-gram counts would take more memory than this
+            (:func:`~lightning_gtn.lm.arpa.estimate_bytes`: it bounds what reading, the model and
+            its arrays allocate, missing histories included), before reading the n-grams; the
+            unigrams' words are added to the estimate as they are read, and no more than
+            ``max_bytes`` characters are read.
+        add_missing: add missing histories and special words as KenLM does (see
+            :meth:`NGramLM.from_ngrams`); False makes them errors.
+
+    Returns:
+        The model (natural logs).
+
+    Raises:
+        ValueError: on malformed input; the message names the line number.
+
+    Example:
+        >>> import io
+        >>> text = "\\\\data\\\\\\nngram 1=3\\n\\n\\\\1-grams:\\n-1 <s> 0\\n-0.3 </s>\\n-0.3 <unk>\\n\\\\end\\\\\\n"
+        >>> read_arpa(io.StringIO(text)).order
+        1
+    """
+    words, tables = parse_arpa(path, max_bytes=max_bytes, add_missing=add_missing)
+    try:
+        return NGramLM._from_id_tables(words, tables, add_missing=add_missing)
+    except ValueError as e:
+        raise ValueError(f"ARPA: {e}") from None
+
+
+def write_arpa(lm: NGramLM, path=None) -> str:
+    """Writes ``lm`` as ARPA text (log10, 9 significant digits) and returns the text.
+
+    Args:
+        lm: the model.
+        path: a file path, an open text file, or None.
+    """
+    return format_arpa(lm.words, lm._ngrams, path)
 
 
 def _check_index(x, n: int, name: str) -> int:

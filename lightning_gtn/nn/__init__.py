@@ -2,10 +2,21 @@
 
 from .conv_transduce import ConvTransduce1D
 from .linear import Linear
-from .losses import ASGLoss, CTCLoss, GraphLoss, ModuleLoss, SequenceLoss, STCLoss, StructuredLoss, TargetGraphLoss
+from .losses import (
+    TOPOLOGIES,
+    ASGLoss,
+    CTCLoss,
+    GraphLoss,
+    ModuleLoss,
+    SequenceLoss,
+    STCLoss,
+    StructuredLoss,
+    TargetGraphLoss,
+)
 from .transducer import TransducerLoss
 
 __all__ = [
+    "TOPOLOGIES",
     "StructuredLoss",
     "CTCLoss",
     "ASGLoss",

@@ -5,10 +5,11 @@ Every loss is called the same way::
 
     loss = module(emissions (B, T, C), targets, input_lengths (B,), target_lengths (B,))
 
-and says how targets are written: ``blank`` (the blank's id, or None for losses without one)
-and ``repeat_label`` (True when two equal neighbouring tokens need a repeat token, because the
-loss merges consecutive equal labels: ASG and the sequence criterion). ``best_paths`` and
-``decode`` give the best frame-level paths and the token sequences they spell.
+and declares its convention on :class:`StructuredLoss` (``blank``, ``repeat_label``,
+``target_classes``, ``tokens``, ``num_classes``, ``topology``, ``frame_transitions``,
+``vocabulary_arguments``), so that decoders, the Lightning layer and the CLIs read it instead of
+guessing. ``best_paths`` and ``decode`` give the best frame-level paths and the token sequences
+they spell.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from ..kernels.batch import compile_graph
 from ..losses.graph import check_labels
 
 __all__ = [
+    "TOPOLOGIES",
     "StructuredLoss",
     "CTCLoss",
     "ASGLoss",
@@ -43,17 +45,69 @@ __all__ = [
 ]
 
 
+#: The decoding topologies a loss declares (:attr:`StructuredLoss.topology`), how a frame-level
+#: label path reads as tokens (the topologies of :mod:`lightning_gtn.decode`):
+#:
+#: * ``"ctc"``: consecutive equal labels merge, the blank (``blank``, an emission class) drops out;
+#: * ``"asg"``: no blank; consecutive equal labels merge (with ``repeat_label`` a doubled token is
+#:   written with the repeat token, the last emission class);
+#: * ``"transducer"``: as ``"ctc"``, but the emission classes are the loss's own ``tokens`` (word
+#:   pieces spelled in ``target_classes`` graphemes), the blank last.
+TOPOLOGIES = ("ctc", "asg", "transducer")
+
+
 class StructuredLoss(nn.Module):
     """Base class of the loss modules: the calling convention, the token convention, decoding.
 
+    Every loss declares the convention below (class attributes or properties; a subclass
+    overrides them). Decoders, the Lightning layer (:mod:`lightning_gtn.lightning`) and the
+    CLIs read these and nothing else; they never inspect a loss's other attributes or signature.
+
     Attributes:
-        blank: the blank's label id, or None when the loss has no blank.
-        repeat_label: whether targets mark a repeated token with a repeat label (losses that
-            merge consecutive equal labels and have no blank to separate them).
+        blank: the blank's emission class id (an ``int``), or None when the loss has no blank.
+        repeat_label: whether targets write a doubled token with a repeat token (losses that merge
+            consecutive equal labels and have no blank to separate them: ASG, the sequence
+            criterion). The repeat token is then the last emission class, ``C - 1``, after the
+            characters (:class:`lightning_gtn.lightning.Vocabulary`). Never True with a blank.
+        target_classes: None when targets and decoded outputs are emission class ids (the
+            vocabulary's ids); else the number of classes targets are written in, which are not
+            the emission classes (the word-piece transducer: graphemes), and :meth:`decode`
+            returns ids of those classes.
+        tokens: None (the emission classes are the vocabulary's characters), or the spelling of
+            each non-blank emission class in class order (the word-piece transducer's tokens:
+            strings or tuples of graphemes, as its constructor takes them).
+        num_classes: the emission classes ``C`` the loss needs, or None when any ``C`` works
+            (checked per call).
+        topology: one of :data:`TOPOLOGIES`, how :mod:`lightning_gtn.decode` reads this loss's
+            frame paths. By default ``"ctc"`` with a blank, ``"asg"`` without (what
+            :meth:`decode` does: merge repeats, drop blanks).
+        frame_transitions: the ``(C + 1, C)`` frame-label transition scores the loss adds to the
+            emissions (ASG's ``transitions``: row 0 start scores, ``[i + 1, j]`` label ``i``
+            after label ``j``), which a decoder or an aligner adds too; None for losses without.
+        vocabulary_arguments: names of constructor arguments that the Lightning layer fills from
+            the data when a config leaves them out: ``"num_classes"`` (the vocabulary's class
+            count), ``"blank"`` / ``"repeat_label"`` (from an older config's ``vocabulary``
+            block), ``"graphemes_to_idx"`` / ``"tokens"`` (the data's characters as graphemes and
+            letter tokens; ``"tokens"`` also lets ``lightning-gtn-train`` learn word pieces).
     """
 
     blank: Optional[int] = None
     repeat_label: bool = False
+    target_classes: Optional[int] = None
+    tokens: Optional[Sequence] = None
+    num_classes: Optional[int] = None
+    vocabulary_arguments: Tuple[str, ...] = ()
+
+    @property
+    def topology(self) -> str:
+        """How decoders read the frame paths (see :data:`TOPOLOGIES`): ``"ctc"`` with a blank,
+        ``"asg"`` without."""
+        return "ctc" if self.blank is not None else "asg"
+
+    @property
+    def frame_transitions(self) -> Optional[torch.Tensor]:
+        """The ``(C + 1, C)`` frame-label transition scores of the loss, or None (this default)."""
+        return None
 
     def forward(self, emissions, targets, input_lengths, target_lengths):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -90,6 +144,7 @@ class CTCLoss(StructuredLoss):
     """
 
     blank = 0
+    vocabulary_arguments = ("blank",)
 
     def __init__(
         self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False, impl: Optional[str] = None
@@ -133,6 +188,7 @@ class ASGLoss(StructuredLoss):
     """
 
     repeat_label = True
+    vocabulary_arguments = ("num_classes",)
 
     def __init__(
         self, num_classes: int, reduction: str = "mean", zero_infinity: bool = False, impl: Optional[str] = None
@@ -158,6 +214,11 @@ class ASGLoss(StructuredLoss):
             zero_infinity=self.zero_infinity,
             impl=self.impl,
         )
+
+    @property
+    def frame_transitions(self) -> torch.Tensor:
+        """The learned ``transitions`` (the ``nn.Parameter``)."""
+        return self.transitions
 
     def best_paths(self, emissions, input_lengths=None):
         """Best paths through emissions plus these transitions."""
@@ -293,12 +354,14 @@ class GraphLoss(StructuredLoss):
         zero_infinity: examples without a path give 0.
         impl: None, ``"numba"``, ``"numba_log"``, ``"torch"`` or ``"triton"``.
         blank, repeat_label: the token convention of the graphs (for decoding and the
-            Lightning layer).
+            Lightning layer); the topology is ``"ctc"`` with a blank, ``"asg"`` without.
 
     Shape:
         ``forward(emissions (B, T, C), targets=None, input_lengths=None, target_lengths=None, *,
         graphs, denominators=None, weights=None)``.
     """
+
+    vocabulary_arguments = ("blank", "repeat_label")
 
     def __init__(
         self,
@@ -413,8 +476,11 @@ class TargetGraphLoss(StructuredLoss):
 
     Shape:
         ``forward(emissions (B, T, C), targets (B, S) padded or concatenated 1-D,
-        input_lengths (B,), target_lengths (B,))``.
+        input_lengths (B,), target_lengths (B,))``. Decoding: per-frame argmax, read as
+        ``topology`` ``"ctc"`` with a blank, ``"asg"`` without.
     """
+
+    vocabulary_arguments = ("blank", "repeat_label", "num_classes")
 
     def __init__(
         self,
@@ -498,7 +564,11 @@ class ModuleLoss(StructuredLoss):
         module: called as ``module(emissions, targets, input_lengths, target_lengths)``.
         blank: the blank's id, or None.
         repeat_label: whether targets need a repeat label for doubled tokens.
+
+    The topology is ``"ctc"`` with a blank, ``"asg"`` without (decoding: per-frame argmax).
     """
+
+    vocabulary_arguments = ("blank", "repeat_label")
 
     def __init__(self, module: nn.Module, blank: Optional[int] = None, repeat_label: bool = False) -> None:
         super().__init__()

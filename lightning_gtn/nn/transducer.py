@@ -149,9 +149,15 @@ class TransducerLoss(StructuredLoss):
 
     Attributes:
         num_classes: ``C``.
-        blank: the blank's class (``len(tokens)``), or None.
+        blank: the blank's class (``len(tokens)``, an ``int``), or None; the constructor's
+            ``blank`` string is :attr:`blank_mode`.
+        blank_mode: ``"none"``, ``"optional"`` or ``"forced"`` (the constructor's ``blank``).
         target_classes: the number of graphemes (max id + 1): targets and decoded outputs are
             graphemes, not emission classes.
+        tokens: the token spellings, one per non-blank emission class, in class order.
+        topology: ``"transducer"`` with a blank, ``"asg"`` without (frames of a token merge).
+        frame_transitions: None (the transitions, if any, are a graph over the tokens:
+            :attr:`transitions` and :attr:`transition_params`).
         transition_params: the ``nn.Parameter`` of transition weights, or None.
 
     Shape:
@@ -170,6 +176,12 @@ class TransducerLoss(StructuredLoss):
     """
 
     repeat_label = False
+    vocabulary_arguments = ("graphemes_to_idx", "tokens")
+
+    @property
+    def topology(self) -> str:
+        """``"transducer"`` with a blank, ``"asg"`` without (see :data:`lightning_gtn.nn.losses.TOPOLOGIES`)."""
+        return "transducer" if self.blank is not None else "asg"
 
     def __init__(
         self,

@@ -358,19 +358,19 @@ def test_plot_alignment_writes_a_png(tmp_path):
 
 
 def test_file_writers_are_refused_in_checkpoint_configs():
-    from lightning_gtn import _trust
+    from lightning_gtn import trust
 
     # checkpoints are data: only registered types may be named, and functions such as the aligner
     # and the file writers are none
-    _trust.check_target("lightning_gtn.nn.CTCLoss", "loss._target_")
+    trust.check_target("lightning_gtn.nn.CTCLoss", "loss._target_")
     for path in (
         "lightning_gtn.functional.forced_align",
         "lightning_gtn.functional.plot_alignment",
         "lightning_gtn.align.plot.plot_alignment",
         "lightning_gtn.align_cli.main",
     ):
-        with pytest.raises(_trust.UntrustedTargetError):
-            _trust.check_target(path, "decoder._target_")
+        with pytest.raises(trust.UntrustedTargetError):
+            trust.check_target(path, "decoder._target_")
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -8,7 +8,7 @@ import tempfile
 
 import torch
 
-from lightning_gtn import _trust
+from lightning_gtn import trust
 from lightning_gtn.evaluate import ConfigError, load_model
 from lightning_gtn.lightning import SequenceModule
 from tests.lightning.test_checkpoint_trust import SECTION_KEYS, key_paths, real_checkpoint, replaced
@@ -63,7 +63,7 @@ def main():
                 )
                 try:
                     loader()
-                except (ConfigError, _trust.UntrustedTargetError) as e:
+                except (ConfigError, trust.UntrustedTargetError) as e:
                     msg = str(e)
                     # a registered ReLU may stand where a module fits: then its argument is refused
                     ok = (f"{want}: ", f"{where}.inplace._target_: ")

@@ -1,5 +1,5 @@
 """A crafted checkpoint never runs code: every dotted path in its hyper-parameters is checked by
-lightning_gtn._trust before SequenceModule.load_from_checkpoint imports or calls it."""
+lightning_gtn.trust before SequenceModule.load_from_checkpoint imports or calls it."""
 
 import shlex
 import sys
@@ -8,7 +8,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_gtn import _trust
+from lightning_gtn import trust
 from lightning_gtn.lightning import SequenceModule
 
 CHARS = "0123456789 "
@@ -55,7 +55,7 @@ CASES = list(payloads("m"))
 def test_crafted_checkpoint_runs_nothing(case, tmp_path):
     marker = tmp_path / "marker"
     ckpt = write_checkpoint(tmp_path / "evil.ckpt", **payloads(marker)[case])
-    with pytest.raises(_trust.UntrustedTargetError) as e:
+    with pytest.raises(trust.UntrustedTargetError) as e:
         SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
     assert not marker.exists(), "a command named by the checkpoint ran"
     assert "trust_modules" in str(e.value)
@@ -72,7 +72,7 @@ def test_builder_path_from_a_checkpoint_is_checked(tmp_path):
         "vocabulary": {"blank": True, "repeat_label": False},
     }
     ckpt = write_checkpoint(tmp_path / "evil.ckpt", loss=loss)
-    with pytest.raises(_trust.UntrustedTargetError, match=r"^loss\.builder: 'os\.system'"):
+    with pytest.raises(trust.UntrustedTargetError, match=r"^loss\.builder: 'os\.system'"):
         SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
 
 
@@ -87,10 +87,10 @@ def test_trusted_opt_in_lets_the_named_code_run(tmp_path):
     marker = tmp_path / "marker"
     sched = {"_target_": f"{__name__}.make_marker", "path": str(marker)}
     ckpt = write_checkpoint(tmp_path / "mine.ckpt", scheduler=sched)
-    with pytest.raises(_trust.UntrustedTargetError, match=r"^optim\.scheduler\._target_"):
+    with pytest.raises(trust.UntrustedTargetError, match=r"^optim\.scheduler\._target_"):
         SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
     assert not marker.exists()
-    with _trust.trusted([__name__.split(".")[0]]):
+    with trust.trusted([__name__.split(".")[0]]):
         model = SequenceModule.load_from_checkpoint(str(ckpt), map_location="cpu")
     assert isinstance(model, SequenceModule)
     model._scheduler_factory(torch.optim.SGD(model.parameters(), lr=0.1))
@@ -231,9 +231,9 @@ def test_a_transitions_file_named_by_a_checkpoint_is_not_read(tmp_path):
     save_transitions(str(tmp_path / "t.bin"), g, 14)
     ckpt["hyper_parameters"]["loss"]["transitions"] = str(tmp_path / "t.bin")
     torch.save(ckpt, tmp_path / "old.ckpt")
-    with pytest.raises(_trust.UntrustedTargetError, match=r"^loss\.transitions: .*names a file"):
+    with pytest.raises(trust.UntrustedTargetError, match=r"^loss\.transitions: .*names a file"):
         SequenceModule.load_from_checkpoint(str(tmp_path / "old.ckpt"), map_location="cpu")
-    with _trust.trusted(paths=[str(tmp_path / "t.bin")]):  # the user vouches for that exact file
+    with trust.trusted(paths=[str(tmp_path / "t.bin")]):  # the user vouches for that exact file
         model = SequenceModule.load_from_checkpoint(str(tmp_path / "old.ckpt"), map_location="cpu")
     assert model.structured_loss.transitions.num_arcs() == g.num_arcs()
 
@@ -379,11 +379,11 @@ def test_decoder_files_named_by_a_checkpoint_are_not_read(tmp_path, monkeypatch)
 
     monkeypatch.setattr(builtins, "open", spy(real_open))
     monkeypatch.setattr(io, "open", spy(real_io_open))
-    with pytest.raises(_trust.UntrustedTargetError, match=r"^decoder\.lexicon: .*names a file.*trusted\(paths="):
+    with pytest.raises(trust.UntrustedTargetError, match=r"^decoder\.lexicon: .*names a file.*trusted\(paths="):
         SequenceModule.load_from_checkpoint(str(tmp_path / "old.ckpt"), map_location="cpu")
     ckpt["hyper_parameters"]["decoder"]["lexicon"] = {"format": "lightning_gtn.lexicon/1", "entries": [["5", "5"]]}
     torch.save(ckpt, tmp_path / "old2.ckpt")
-    with pytest.raises(_trust.UntrustedTargetError, match=r"^decoder\.lm: .*names a file"):
+    with pytest.raises(trust.UntrustedTargetError, match=r"^decoder\.lm: .*names a file"):
         SequenceModule.load_from_checkpoint(str(tmp_path / "old2.ckpt"), map_location="cpu")
     assert opened == [], "a file named by the checkpoint was opened"
     # the eval CLI: one clear line naming the key, status 2
@@ -393,7 +393,7 @@ def test_decoder_files_named_by_a_checkpoint_are_not_read(tmp_path, monkeypatch)
         load_model(tmp_path / "old.ckpt")
     assert opened == []
     # the user vouches for those exact files, or names them on the eval command line
-    with _trust.trusted(paths=[lex, lm]):
+    with trust.trusted(paths=[lex, lm]):
         model = SequenceModule.load_from_checkpoint(str(tmp_path / "old.ckpt"), map_location="cpu")
     assert model.beam_decoder.lexicon.words == ["12", "34", "5"] and sorted(opened) == [lex, lm]
     assert load_model(tmp_path / "old.ckpt", decoder=None).beam_decoder is None
