@@ -44,13 +44,16 @@ class LRU(Generic[V]):
             raise ValueError(f"maxsize must be an integer >= 1, got {n!r}")
         return int(n)
 
-    def get(self, key: Hashable, make: Callable[[], V]) -> V:
-        """The value of ``key``, built by ``make()`` (and stored) on a miss."""
+    def get(self, key: Hashable, make: Optional[Callable[[], V]] = None) -> Optional[V]:
+        """The value of ``key`` (now the most recent entry), built by ``make()`` (and stored) on
+        a miss; without ``make`` a miss gives None."""
         with self._lock:
             v = self._data.get(key)
             if v is not None:
                 self._data.move_to_end(key)
                 return v
+        if make is None:
+            return None
         v = make()
         self.put(key, v)
         return v
