@@ -44,7 +44,7 @@ __all__ = [
 
 #: the implementations of this library (``impl=`` names); ``"gtn"`` (the real ``gtn`` package)
 #: is offered by the criteria that list it in :attr:`Criterion.backends`
-NATIVE_BACKENDS = ("numba", "numba_log", "torch", "triton")
+NATIVE_BACKENDS = checks.NATIVE_BACKENDS
 
 
 class Criterion:

@@ -501,7 +501,7 @@ def conv_transduce1d(
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-    if impl not in (None, "numba", "numba_log", "torch", "triton"):
+    if impl is not None and impl not in checks.NATIVE_BACKENDS:
         raise ValueError(f"impl must be None, 'numba', 'numba_log', 'torch' or 'triton', got {impl!r}")
     bank = lexicon if isinstance(lexicon, KernelBank) else kernel_bank(lexicon, blank_idx, blank_optional, spike)
     need = bank.min_size
