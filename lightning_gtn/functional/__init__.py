@@ -39,7 +39,7 @@ from ..decode.viterbi import best_paths, collapse, viterbi
 from ..losses.asg import asg_loss
 from ..losses.conv_transduce import conv_transduce1d, kernel_graph
 from ..losses.ctc import ctc_loss
-from ..losses.graph import graph_loss
+from ..losses.graph import TargetGraphCriterion, graph_loss, target_graph_loss
 from ..losses.seq import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import segment, transducer_loss, transitions_graph
@@ -55,6 +55,8 @@ __all__ = [
     "transitions_graph",
     "segment",
     "graph_loss",
+    "target_graph_loss",
+    "TargetGraphCriterion",
     "viterbi",
     "best_paths",
     "collapse",
