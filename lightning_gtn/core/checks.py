@@ -65,6 +65,15 @@ def check_impl(impl) -> Optional[str]:
     return impl
 
 
+def check_int(value, name: str, minimum: int) -> int:
+    """``value`` as an int; ValueError naming ``name`` unless it is an integer (not a bool) ``>= minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {int(value)}")
+    return int(value)
+
+
 def check_label(value, name: str, num_classes: int, allow_none: bool = False) -> Optional[int]:
     """An integer label in ``[0, num_classes)`` (bool and float values are errors)."""
     if value is None and allow_none:

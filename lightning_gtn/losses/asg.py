@@ -48,7 +48,7 @@ class _ASG(criterion.Criterion):
             return super().score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
         B = E.shape[0]
         need_w = w_coef is not None
-        logz, gE_f, parts = dense_torch._full_pass(E, weights, lengths, need_e or need_w)
+        logz, gE_f, parts = dense_torch.full_pass(E, weights, lengths, need_e or need_w)
         ok_full = (logz > -float("inf")).to(E.dtype)  # length 0: no path through the full graph
         graphs, ids = unique_graphs([compiled_asg_target(t, C) for t in seqs])
         plan = Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B)
@@ -61,7 +61,7 @@ class _ASG(criterion.Criterion):
             losses = torch.where(ok > 0, losses, torch.zeros_like(losses))
         gE = gW = None
         if need_w:  # first: it reads the full graph's occupancies gE_f
-            gW = dense_torch._transition_grad(gE_f, parts, w_coef.to(E.dtype) * ok)
+            gW = dense_torch.transition_grad(gE_f, parts, w_coef.to(E.dtype) * ok)
             gW = gW.reshape(-1).index_add_(0, widx, gw_t).reshape(weights.shape)
         if need_e:
             gE = gE_f.add_(gE_t).mul_(ok.reshape(-1, 1, 1))  # fresh buffers: in place

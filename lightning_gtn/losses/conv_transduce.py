@@ -130,14 +130,6 @@ def min_kernel_size(tokens: Sequence[int]) -> int:
     return len(x) + sum(a == b for a, b in zip(x[:-1], x[1:]))
 
 
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {int(value)}")
-    return int(value)
-
-
 def _check_lexicon(lexicon) -> tuple:
     if isinstance(lexicon, (str, bytes)) or not isinstance(lexicon, Sequence) and not hasattr(lexicon, "__iter__"):
         raise ValueError(f"lexicon must be a list of sequences of input-class ids, got {type(lexicon).__name__}")
@@ -177,7 +169,7 @@ class KernelBank:
 
     def __init__(self, lexicon, blank_idx: int, blank_optional: bool = True, spike: bool = False) -> None:
         self.lexicon = _check_lexicon(lexicon)
-        self.blank_idx = _check_int(blank_idx, "blank_idx", 0)
+        self.blank_idx = checks.check_int(blank_idx, "blank_idx", 0)
         self.blank_optional = bool(blank_optional)
         self.spike = bool(spike)
         graphs = [compile_graph(kernel_graph(x, self.blank_idx, self.blank_optional, self.spike)) for x in self.lexicon]
@@ -258,7 +250,7 @@ _BANKS: LRU[KernelBank] = LRU(BANK_CACHE_SIZE)
 
 def kernel_bank(lexicon, blank_idx: int, blank_optional: bool = True, spike: bool = False) -> KernelBank:
     """A cached :class:`KernelBank` (LRU of ``BANK_CACHE_SIZE`` lexicons)."""
-    key = (_check_lexicon(lexicon), _check_int(blank_idx, "blank_idx", 0), bool(blank_optional), bool(spike))
+    key = (_check_lexicon(lexicon), checks.check_int(blank_idx, "blank_idx", 0), bool(blank_optional), bool(spike))
     if _BANKS.maxsize != BANK_CACHE_SIZE:
         _BANKS.resize(BANK_CACHE_SIZE)
     return _BANKS.get(key, lambda: KernelBank(*key))
@@ -316,7 +308,7 @@ def _state(
     if impl == "numba":
         st.alpha = alpha
     elif impl == "torch":
-        st.extra = graph_torch._build_tables(st)
+        st.extra = graph_torch.build_tables(st)
         st.alpha = alpha.reshape(N, K + 1, st.extra.Smax)
     else:
         st.extra = graph_triton.build_tables(p, E.device)
@@ -491,8 +483,8 @@ def conv_transduce1d(
         torch.Size([2, 5, 3])
     """
     B, T, C = checks.check_emissions(inputs, "inputs")
-    kernel_size = _check_int(kernel_size, "kernel_size", 1)
-    stride = _check_int(stride, "stride", 1)
+    kernel_size = checks.check_int(kernel_size, "kernel_size", 1)
+    stride = checks.check_int(stride, "stride", 1)
     if kernel_size % 2 != 1:
         raise ValueError(
             f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both sides), " f"got {kernel_size}"

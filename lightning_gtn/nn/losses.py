@@ -412,7 +412,7 @@ class TargetGraphLoss(StructuredLoss):
 
     Args:
         builder: the function, or its dotted name (what a config gives): a registered builder
-            of :mod:`lightning_gtn._trust` (``lightning_gtn.wfst.criterion.ctc_graph``) or one
+            of :mod:`lightning_gtn.trust` (``lightning_gtn.wfst.criterion.ctc_graph``) or one
             of an opted-in module.
         builder_kwargs: extra keyword arguments of the builder.
         normalize: add the all-paths forward score.
@@ -451,7 +451,7 @@ class TargetGraphLoss(StructuredLoss):
         if impl == "gtn":
             raise ValueError("loss.impl: 'gtn' is not available for TargetGraphLoss")
         if isinstance(builder, str):
-            from .._trust import resolve
+            from ..trust import resolve
 
             builder = resolve(builder, "loss.builder", kinds=("builder",))
         crit = lgf.TargetGraphCriterion(builder, dict(builder_kwargs or {}), bool(normalize), cache_size)
