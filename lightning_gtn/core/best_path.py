@@ -22,7 +22,9 @@ __all__ = ["best_paths_op", "best_paths_impl", "max_semiring_paths", "refuse_nan
 
 
 def max_semiring_paths(x: torch.Tensor, plan: Plan, w: torch.Tensor, T: int):
-    st = dispatch.forward(plan.problem, x, w.contiguous(), "numba", use_max=True)
+    """``(paths (B, T) int64 padded with -1, scores (B,))``: the best path of each row of
+    ``plan`` through the CPU emissions ``x`` with arc weights ``w`` (the max semiring)."""
+    st = dispatch.forward(plan.problem, x, w.contiguous(), "numba", semiring="max")
     B = plan.B
     paths = torch.full((B, T), -1, dtype=torch.int64)
     for b, lab in enumerate(dispatch.viterbi_labels(st)):

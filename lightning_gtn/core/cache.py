@@ -25,7 +25,9 @@ class LRU(Generic[V]):
 
     :meth:`get` builds a missing value with ``make()`` outside the lock (two threads missing the
     same key may both build it; the last one stored wins, both get a valid value), so a slow
-    build never blocks readers of other keys.
+    build never blocks readers of other keys. The lock is re-entrant: a weak-reference callback
+    that drops an entry (:meth:`discard`) may run, through the garbage collector, while the same
+    thread holds it.
 
     Args:
         maxsize: the number of entries kept (``>= 1``).
@@ -33,7 +35,7 @@ class LRU(Generic[V]):
 
     def __init__(self, maxsize: int) -> None:
         self._data: OrderedDict[Hashable, V] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.maxsize = self._check_size(maxsize)
 
     @staticmethod
@@ -42,13 +44,16 @@ class LRU(Generic[V]):
             raise ValueError(f"maxsize must be an integer >= 1, got {n!r}")
         return int(n)
 
-    def get(self, key: Hashable, make: Callable[[], V]) -> V:
-        """The value of ``key``, built by ``make()`` (and stored) on a miss."""
+    def get(self, key: Hashable, make: Optional[Callable[[], V]] = None) -> Optional[V]:
+        """The value of ``key`` (now the most recent entry), built by ``make()`` (and stored) on
+        a miss; without ``make`` a miss gives None."""
         with self._lock:
             v = self._data.get(key)
             if v is not None:
                 self._data.move_to_end(key)
                 return v
+        if make is None:
+            return None
         v = make()
         self.put(key, v)
         return v
@@ -71,6 +76,13 @@ class LRU(Generic[V]):
         """Removes ``key``; returns its value or None."""
         with self._lock:
             return self._data.pop(key, None)
+
+    def discard(self, key: Hashable, value: V) -> None:
+        """Removes ``key`` only while it still holds ``value`` (the same object): an entry
+        replaced meanwhile stays."""
+        with self._lock:
+            if self._data.get(key) is value:
+                del self._data[key]
 
     def resize(self, maxsize: int) -> None:
         """Sets ``maxsize``, dropping the oldest entries beyond it."""

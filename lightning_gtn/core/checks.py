@@ -16,6 +16,7 @@ from ..wfst import Graph
 
 __all__ = [
     "REDUCTIONS",
+    "NATIVE_BACKENDS",
     "IMPLS",
     "check_emissions",
     "check_reduction",
@@ -34,9 +35,12 @@ __all__ = [
 ]
 
 REDUCTIONS = ("none", "mean", "sum")
+#: the implementations of this library (``impl=`` names besides None)
+NATIVE_BACKENDS = ("numba", "numba_log", "torch", "triton")
 #: ``impl=`` choices: None (the default for the device), the native implementations, or the
-#: real ``gtn`` package (eager only, one graph per example on the host).
-IMPLS = (None, "numba", "numba_log", "torch", "triton", "gtn")
+#: real ``gtn`` package (eager only, one graph per example on the host). Which of them a loss
+#: offers is declared by its criterion (:attr:`lightning_gtn.core.criterion.Criterion.backends`).
+IMPLS = (None,) + NATIVE_BACKENDS + ("gtn",)
 
 
 def check_emissions(x, name: str = "log_probs") -> Tuple[int, int, int]:
@@ -51,15 +55,27 @@ def check_emissions(x, name: str = "log_probs") -> Tuple[int, int, int]:
 
 
 def check_reduction(reduction) -> str:
+    """``reduction`` when it is one of :data:`REDUCTIONS`, else ValueError."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     return reduction
 
 
 def check_impl(impl) -> Optional[str]:
+    """``impl`` when it is one of :data:`IMPLS`, else ValueError (the loss modules' constructors;
+    the losses check ``impl`` against their criterion's backends)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     return impl
+
+
+def check_int(value, name: str, minimum: int) -> int:
+    """``value`` as an int; ValueError naming ``name`` unless it is an integer (not a bool) ``>= minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {int(value)}")
+    return int(value)
 
 
 # -- the word-piece transducer's configuration (gtn_applications' ``Transducer`` arguments) ------

@@ -1,4 +1,5 @@
-"""The losses and the best-path search as ``torch.library`` custom ops.
+"""The losses and the best-path search as ``torch.library`` custom ops, and the one prologue
+every loss goes through (:func:`apply_loss`).
 
 Dynamo does not look inside a custom op: it sees one call with a fake implementation that
 only gives output shapes, so a model step with a loss of this library compiles with
@@ -20,27 +21,51 @@ an object (a user's graph builder), by ``kind="handle"`` and the integer ``handl
 
 from __future__ import annotations
 
-import itertools
-import threading
-import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from . import checks
+from .cache import HandleRegistry
 from .checks import as_lengths, split_targets
-from .scoring import Plan, graph_weights, pick_impl, reduction_coefficients, score
+from .scoring import Plan, graph_weights, pick_impl, reduce_losses, reduction_coefficients, score
 
-__all__ = ["Criterion", "register_criterion", "loss_op", "CRITERIA"]
+__all__ = [
+    "Criterion",
+    "register_criterion",
+    "loss_op",
+    "CRITERIA",
+    "NATIVE_BACKENDS",
+    "apply_loss",
+    "structured_loss",
+]
+
+#: the implementations of this library (``impl=`` names); ``"gtn"`` (the real ``gtn`` package)
+#: is offered by the criteria that list it in :attr:`Criterion.backends`
+NATIVE_BACKENDS = checks.NATIVE_BACKENDS
 
 
 class Criterion:
-    """How a loss turns targets into a :class:`~._score.Plan` and scores it.
+    """How a loss turns targets into a :class:`~.scoring.Plan` and scores it.
 
     Subclasses implement :meth:`plan`; criteria with learned arc weights (``transitions``) also
     return the index of each arc's weight in the flattened weight tensor.
+
+    Attributes:
+        kind: the name the custom op finds a built-in criterion by (its key in
+            :data:`CRITERIA`); ``"handle"`` for criteria named by :func:`register_criterion`.
+        handle: the integer of :func:`register_criterion` (``kind="handle"`` only).
+        backends: the ``impl=`` values offered besides None (the device's default); ``"gtn"``
+            among them means :meth:`gtn_losses` is implemented.
+        name: how messages name the loss (``"ctc_loss"``).
     """
+
+    kind: str = "handle"
+    handle: int = 0
+    backends: Tuple[str, ...] = NATIVE_BACKENDS
+    name: str = "this loss"
 
     def forbidden_label(self, blank: int) -> Optional[int]:
         """The label the targets must not contain (CTC's blank), or None."""
@@ -51,7 +76,36 @@ class Criterion:
         (the transducer's targets are graphemes, not emission classes)."""
         return C
 
+    def check_backend(self, impl) -> Optional[str]:
+        """``impl`` when it is None or one of :attr:`backends`, else ValueError."""
+        if impl not in checks.IMPLS:
+            raise ValueError(f"impl must be one of {checks.IMPLS}, got {impl!r}")
+        if impl is not None and impl not in self.backends:
+            offered = ", ".join(["None"] + [repr(b) for b in self.backends])
+            raise ValueError(f"{self.name}: impl={impl!r} is not available (not offered here); use {offered}")
+        return impl
+
+    def check_options(self, C: int, blank, weights, device: torch.device):
+        """Checks the loss's own options against the emissions' ``C`` and device; returns
+        ``(blank, weights)`` as the op takes them (``blank`` an int). Called by
+        :func:`apply_loss` after the common checks."""
+        return int(blank), weights
+
+    def prepare(self, x: Tensor, weights, blank: int, impl: Optional[str]):
+        """``(criterion the op runs, emissions, weights)`` for emissions ``x`` already in their
+        compute dtype: by default this criterion, ``x`` and the weights in ``x``'s dtype. A
+        criterion may hand the op augmented emissions or another criterion (STC)."""
+        return self, x, (None if weights is None else weights.to(x.dtype))
+
+    def gtn_losses(
+        self, emissions: Tensor, weights, seqs: List[List[int]], lengths: np.ndarray, blank: int, zero_infinity: bool
+    ) -> Tensor:
+        """``(B,)`` losses computed by the real ``gtn`` package (``impl="gtn"``, for the
+        criteria that list ``"gtn"`` in :attr:`backends`)."""
+        raise ValueError(f"{self.name}: impl='gtn' is not available")
+
     def plan(self, seqs: List[List[int]], lengths: np.ndarray, C: int, blank: int) -> Tuple[Plan, Optional[np.ndarray]]:
+        """The plan of a batch of targets, and the weight index of its arcs (or None)."""
         raise NotImplementedError
 
     def score(
@@ -67,7 +121,7 @@ class Criterion:
         w_coef: Optional[Tensor],
     ):
         """``(losses (B,), grad_E (B, T, C) or None, grad_weights or None)``, see
-        :func:`~._score.score` for the meaning of ``need_e`` and ``w_coef``."""
+        :func:`~.scoring.score` for the meaning of ``need_e`` and ``w_coef``."""
         C = E.shape[2]
         plan, widx = self.plan(seqs, lengths, C, blank)
         if widx is None:
@@ -87,29 +141,24 @@ class Criterion:
 # the built-in criteria fill this in (ctc.py, asg.py, seq.py)
 CRITERIA: Dict[str, Criterion] = {}
 
-_REGISTRY: Dict[int, "weakref.ref[Criterion]"] = {}
-_REGISTRY_LOCK = threading.Lock()
-_NEXT = itertools.count(1)
+_HANDLES: HandleRegistry[Criterion] = HandleRegistry("criterion")
 
 
 def register_criterion(obj: Criterion) -> int:
-    """An integer handle for a criterion object (held weakly), to pass to :func:`loss_op`."""
-    with _REGISTRY_LOCK:
-        for h, ref in list(_REGISTRY.items()):
-            if ref() is None:
-                del _REGISTRY[h]
-        h = next(_NEXT)
-        _REGISTRY[h] = weakref.ref(obj)
+    """An integer handle for a criterion object (held weakly), to pass to :func:`loss_op`;
+    also stored as ``obj.handle`` with ``obj.kind = "handle"`` (what :func:`apply_loss`
+    reads)."""
+    h = _HANDLES.register(obj)
+    try:
+        obj.kind, obj.handle = "handle", h
+    except AttributeError:  # pragma: no cover - objects without a __dict__ still get a handle
+        pass
     return h
 
 
 def _criterion(kind: str, handle: int) -> Criterion:
     if kind == "handle":
-        ref = _REGISTRY.get(int(handle))
-        obj = ref() if ref is not None else None
-        if obj is None:
-            raise RuntimeError(f"no live criterion is registered under handle {handle}")
-        return obj
+        return _HANDLES.get(handle)
     crit = CRITERIA.get(kind)
     if crit is None:
         raise ValueError(f"unknown criterion kind {kind!r}")
@@ -367,6 +416,74 @@ def _loss_backward(ctx, g_out, _g_ge, _g_gw):
 loss_op.register_autograd(_loss_backward, setup_context=_loss_setup)
 
 
+def apply_loss(
+    crit: Criterion,
+    emissions: Tensor,
+    targets,
+    input_lengths,
+    target_lengths,
+    *,
+    weights=None,
+    blank=0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+    name: str = "emissions",
+) -> Tensor:
+    """The prologue of every loss: checks and converts the arguments once, then scores.
+
+    In order: the emissions (``(B, T, C)`` float, named ``name`` in messages), ``reduction``,
+    ``impl`` against ``crit.backends`` (:meth:`Criterion.check_backend`), the loss's own
+    options (:meth:`Criterion.check_options`). Then ``impl="gtn"``
+    goes to :meth:`Criterion.gtn_losses` (targets and lengths read on the host, reduced here);
+    every other ``impl`` calls :func:`loss_op` with the targets as one padded int64 tensor
+    and the lengths as int64 tensors (their values are checked inside the op, where
+    ``torch.compile`` does not look), the emissions cast once to their compute dtype
+    (:meth:`Criterion.prepare` may augment them), the result cast back once.
+
+    Returns:
+        The loss in the emissions' dtype: ``(B,)`` for ``reduction="none"``, else a scalar.
+    """
+    B, T, C = checks.check_emissions(emissions, name)
+    checks.check_reduction(reduction)
+    impl = crit.check_backend(impl)
+    blank, weights = crit.check_options(C, blank, weights, emissions.device)
+    dev = emissions.device
+    if impl == "gtn":
+        lengths = as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
+        seqs = split_targets(targets, target_lengths, B, dev, crit.target_classes(C), blank=crit.forbidden_label(blank))
+        losses = crit.gtn_losses(emissions, weights, seqs, lengths, blank, zero_infinity)
+        return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
+    il = checks.int_tensor(input_lengths, "input_lengths")
+    run, x, w = crit.prepare(emissions.to(checks.compute_dtype(emissions)), weights, blank, impl)
+    out = _call_loss_op(run, x, w, tg, il, tl, blank, reduction, zero_infinity, impl)
+    return out.to(emissions.dtype)
+
+
+def _call_loss_op(crit: Criterion, x, w, tg, il, tl, blank, reduction, zero_infinity, impl) -> Tensor:
+    """:func:`loss_op` on emissions ``x`` and weights ``w`` already in the compute dtype."""
+    grad = torch.is_grad_enabled()
+    need_e = bool(grad and x.requires_grad)
+    need_w = bool(grad and w is not None and w.requires_grad)
+    out, _, _ = loss_op(
+        x,
+        w,
+        tg,
+        il,
+        tl,
+        crit.kind,
+        int(blank),
+        int(crit.handle),
+        reduction,
+        bool(zero_infinity),
+        impl or "",
+        need_e,
+        need_w,
+    )
+    return out
+
+
 def structured_loss(
     emissions: Tensor,
     weights: Optional[Tensor],
@@ -382,29 +499,22 @@ def structured_loss(
     impl: Optional[str] = None,
 ) -> Tensor:
     """Calls :func:`loss_op` with the emissions in their compute dtype; returns the loss in
-    the emissions' dtype. Arguments are checked by the public functions."""
-    dtype = torch.float64 if emissions.dtype == torch.float64 else torch.float32
+    the emissions' dtype. Arguments are checked by the caller (the losses use
+    :func:`apply_loss`, which checks them; this is the bare call for criteria named by
+    ``kind``/``handle``)."""
+    dtype = checks.compute_dtype(emissions)
     x = emissions.to(dtype)
-    grad = torch.is_grad_enabled()
-    need_e = bool(grad and emissions.requires_grad)
-    w = None
-    need_w = False
-    if weights is not None:
-        w = weights.to(dtype)
-        need_w = bool(grad and weights.requires_grad)
-    out, _, _ = loss_op(
-        x,
-        w,
-        targets,
-        input_lengths,
-        target_lengths,
-        kind,
-        int(blank),
-        int(handle),
-        reduction,
-        bool(zero_infinity),
-        impl or "",
-        need_e,
-        need_w,
+    w = None if weights is None else weights.to(dtype)
+    crit = _criterion(kind, handle) if kind != "handle" else _HandleName(handle)
+    return _call_loss_op(crit, x, w, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl).to(
+        emissions.dtype
     )
-    return out.to(emissions.dtype)
+
+
+class _HandleName:
+    """What :func:`_call_loss_op` reads of a criterion named by its handle only."""
+
+    kind = "handle"
+
+    def __init__(self, handle: int) -> None:
+        self.handle = int(handle)

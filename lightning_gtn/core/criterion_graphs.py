@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 from typing import Callable, Dict, Hashable, List, Sequence
 
 import numpy as np
@@ -23,6 +22,7 @@ from .. import wfst as _wfst
 from ..kernels.batch import INDEX_DTYPE, CompiledGraph, compile_graph
 from ..wfst import Graph
 from ..wfst.criterion import ctc_graph
+from .cache import LRU
 
 __all__ = [
     "compiled_user_graph",
@@ -37,31 +37,12 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------
-# The cache
+# The caches
 # ---------------------------------------------------------------------------
 
 
-class _LRU:
-    def __init__(self, maxsize: int) -> None:
-        self.maxsize = maxsize
-        self.data: "OrderedDict[Hashable, CompiledGraph]" = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: Hashable, make: Callable[[], CompiledGraph]) -> CompiledGraph:
-        with self.lock:
-            v = self.data.get(key)
-            if v is not None:
-                self.data.move_to_end(key)
-                return v
-        v = make()
-        with self.lock:
-            self.data[key] = v
-            if len(self.data) > self.maxsize:
-                self.data.popitem(last=False)
-        return v
-
-
-_CACHES: Dict[str, _LRU] = {}
+_CACHES: Dict[str, LRU[CompiledGraph]] = {}
+_CACHES_LOCK = threading.Lock()  # guards the creation of a kind's cache
 CACHE_SIZE = 4096  # compiled graphs per kind; a CTC graph of 50 tokens takes about 12 kB
 
 
@@ -71,33 +52,31 @@ def set_cache_size(n: int) -> None:
     if int(n) < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     CACHE_SIZE = int(n)
-    for c in _CACHES.values():
-        with c.lock:
-            c.maxsize = CACHE_SIZE
-            while len(c.data) > CACHE_SIZE:
-                c.data.popitem(last=False)
+    with _CACHES_LOCK:
+        for c in _CACHES.values():
+            c.resize(CACHE_SIZE)
 
 
 def cached(kind: str, key: Hashable, make: Callable[[], CompiledGraph]) -> CompiledGraph:
     """The compiled graph of ``(kind, key)``, built by ``make()`` on a miss (LRU per kind)."""
     c = _CACHES.get(kind)
     if c is None:
-        c = _CACHES.setdefault(kind, _LRU(CACHE_SIZE))
+        with _CACHES_LOCK:
+            c = _CACHES.setdefault(kind, LRU(CACHE_SIZE))
     return c.get(key, make)
 
 
 def clear_cache() -> None:
     """Empties every criterion-graph cache (user graphs' included)."""
-    for c in _CACHES.values():
-        with c.lock:
-            c.data.clear()
-    with _USER_LOCK:
-        _USER_GRAPHS.clear()
+    with _CACHES_LOCK:
+        for c in _CACHES.values():
+            c.clear()
+    _USER_GRAPHS.clear()
 
 
 USER_CACHE_SIZE = 1024  # compiled user graphs kept (least recently used dropped first)
-_USER_GRAPHS: "OrderedDict[int, tuple]" = OrderedDict()  # id(g) -> (weakref to g, version, compiled)
-_USER_LOCK = threading.RLock()  # re-entrant: a weakref callback may run while it is held
+#: id(g) -> (weak reference to g, version, compiled); an entry goes when its graph does
+_USER_GRAPHS: LRU[tuple] = LRU(USER_CACHE_SIZE)
 
 
 def compiled_user_graph(g: Graph) -> CompiledGraph:
@@ -107,7 +86,7 @@ def compiled_user_graph(g: Graph) -> CompiledGraph:
     graph does) and the :attr:`Graph.version` it was compiled at; a later call with the
     same live graph at the same version returns the same :class:`CompiledGraph` object
     (so caches keyed on it, like the GPU arc tables, stay warm). At most
-    ``USER_CACHE_SIZE`` graphs are kept.
+    ``USER_CACHE_SIZE`` graphs are kept (read at each call).
 
     Raises:
         TypeError: if ``g`` is not a :class:`lightning_gtn.wfst.Graph`.
@@ -115,25 +94,21 @@ def compiled_user_graph(g: Graph) -> CompiledGraph:
     """
     if not isinstance(g, Graph):
         raise TypeError(f"graphs must hold lightning_gtn.wfst.Graph objects, got {type(g).__name__}")
+    if _USER_GRAPHS.maxsize != USER_CACHE_SIZE:
+        _USER_GRAPHS.resize(USER_CACHE_SIZE)
     key, version = id(g), g.version  # the version before compiling: a change meanwhile misses next time
-    with _USER_LOCK:
-        hit = _USER_GRAPHS.get(key)
-        if hit is not None and hit[0]() is g and hit[1] == version:
-            _USER_GRAPHS.move_to_end(key)
-            return hit[2]
+    hit = _USER_GRAPHS.get(key)
+    if hit is not None and hit[0]() is g and hit[1] == version:
+        return hit[2]
     cg = compile_graph(g)
+    entry: list = []
 
     def forget(ref: weakref.ref, key: int = key) -> None:
-        with _USER_LOCK:
-            entry = _USER_GRAPHS.get(key)
-            if entry is not None and entry[0] is ref:
-                del _USER_GRAPHS[key]
+        if entry:
+            _USER_GRAPHS.discard(key, entry[0])
 
-    with _USER_LOCK:
-        _USER_GRAPHS[key] = (weakref.ref(g, forget), version, cg)
-        _USER_GRAPHS.move_to_end(key)
-        while len(_USER_GRAPHS) > USER_CACHE_SIZE:
-            _USER_GRAPHS.popitem(last=False)
+    entry.append((weakref.ref(g, forget), version, cg))
+    _USER_GRAPHS.put(key, entry[0])
     return cg
 
 

@@ -11,8 +11,9 @@ The epsilon closure of a frame visits the nodes with incoming epsilon arcs in a 
 order of the epsilon subgraph. The backward pass runs the same recursion from the accept nodes
 (``beta``) and turns each arc's occupancy ``exp(alpha_t[s] + w + emissions[b, t, l] +
 beta_{t+1}[d] - log Z)`` into the gradient of ``log Z`` with respect to the emissions (summed per
-``(t, l)``) and the arc weights (summed over ``t``). In the max semiring (``use_max``) the same
-code gives Viterbi scores.
+``(t, l)``) and the arc weights (summed over ``t``). In the max semiring (``semiring="max"``) the
+same code gives Viterbi scores. Above the kernels the semiring is named ``"log"`` or ``"max"``
+(:data:`SEMIRINGS`); only the kernels take a ``use_max`` flag.
 
 Three implementations share one interface:
 
@@ -35,8 +36,19 @@ from ..kernels import graph_numba, graph_torch, graph_triton
 from ..kernels.batch import GraphBatch, Problem, State, Subset
 from ..kernels.graph_numba import numpy_view
 
+#: the semirings of the dynamic programme: ``"log"`` (forward scores, log-sum-exp over paths)
+#: and ``"max"`` (Viterbi scores, the best path)
+SEMIRINGS = ("log", "max")
 
-def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, use_max: bool = False) -> State:
+
+def check_semiring(semiring) -> str:
+    """``semiring`` when it is one of :data:`SEMIRINGS`, else ValueError."""
+    if semiring not in SEMIRINGS:
+        raise ValueError(f"semiring must be one of {SEMIRINGS}, got {semiring!r}")
+    return semiring
+
+
+def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, semiring: str = "log") -> State:
     """Runs the alpha pass; returns a :class:`State` whose ``logz`` is ``(N,)`` on E's device.
 
     Args:
@@ -45,8 +57,9 @@ def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, use_m
         w: ``(num_arcs,)`` arc weights, E's dtype and device.
         impl: ``"numba"`` (CPU only), ``"torch"`` (any device) or ``"triton"`` (CUDA; graphs
             with epsilon arcs or over ``graph_triton.MAX_NODES`` nodes go to ``"torch"``).
-        use_max: the max (Viterbi) semiring instead of the log semiring.
+        semiring: ``"log"`` (forward scores) or ``"max"`` (Viterbi scores).
     """
+    use_max = check_semiring(semiring) == "max"
     st = State()
     if impl == "triton" and not graph_triton.supports(problem.batch):
         impl = "torch"  # epsilon arcs (closures) or graphs too large for one Triton program

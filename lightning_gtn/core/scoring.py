@@ -17,7 +17,7 @@ import torch
 
 from ..kernels import graph_triton
 from ..kernels.batch import CompiledGraph, GraphBatch
-from . import dispatch
+from . import checks, dispatch
 
 __all__ = ["Plan", "normalised_plan", "unique_graphs", "graph_weights", "pick_impl", "score", "reduce_losses"]
 
@@ -75,8 +75,8 @@ def pick_impl(x: torch.Tensor, impl: Optional[str]) -> str:
     (Triton on CUDA when installed and self-checked, else torch)."""
     if impl is None:
         return "numba" if x.device.type == "cpu" else dispatch.device_impl(x.device)
-    if impl not in ("numba", "numba_log", "torch", "triton"):
-        raise ValueError(f"impl must be None, 'numba', 'numba_log', 'torch', 'triton' or 'gtn', got {impl!r}")
+    if impl not in checks.NATIVE_BACKENDS:  # the losses checked it; a direct caller of an op may not have
+        raise ValueError(f"impl must be None or one of {checks.NATIVE_BACKENDS}, got {impl!r}")
     if impl.startswith("numba") and x.device.type != "cpu":
         raise ValueError(f"impl={impl!r} needs CPU tensors, got emissions on {x.device}")
     if impl == "triton" and not graph_triton.available():

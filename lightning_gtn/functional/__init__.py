@@ -37,9 +37,12 @@ from ..core.criterion_graphs import (
 )
 from ..decode.viterbi import best_paths, collapse, viterbi
 from ..losses.asg import asg_loss
+from ..losses.conv_transduce import NORMALIZATIONS as NORMALIZATIONS
+from ..losses.conv_transduce import SCALES as SCALES
+from ..losses.conv_transduce import KernelBank as KernelBank
 from ..losses.conv_transduce import conv_transduce1d, kernel_graph
 from ..losses.ctc import ctc_loss
-from ..losses.graph import graph_loss
+from ..losses.graph import TargetGraphCriterion, graph_loss, target_graph_loss
 from ..losses.seq import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import (
@@ -65,6 +68,8 @@ __all__ = [
     "transitions_graph",
     "segment",
     "graph_loss",
+    "target_graph_loss",
+    "TargetGraphCriterion",
     "viterbi",
     "best_paths",
     "collapse",

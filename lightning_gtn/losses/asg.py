@@ -7,9 +7,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..core import checks, criterion, normalisers
+from ..core import criterion, normalisers
 from ..core.criterion_graphs import compiled_asg_full, compiled_asg_target
-from ..core.scoring import Plan, normalised_plan, reduce_losses, score, unique_graphs
+from ..core.scoring import Plan, normalised_plan, score, unique_graphs
 
 __all__ = ["asg_loss"]
 
@@ -22,6 +22,19 @@ class _ASG(criterion.Criterion):
     example or matrix products per frame; off the CPU from ``DENSE_MIN_CLASSES`` classes on)
     instead of arc by arc; the target graphs keep the graph path.
     """
+
+    kind = "asg"
+    name = "asg_loss"
+    backends = criterion.NATIVE_BACKENDS + ("gtn",)
+
+    def check_options(self, C, blank, weights, device):
+        check_transitions(weights, C, device)
+        return 0, weights
+
+    def gtn_losses(self, emissions, weights, seqs, lengths, blank, zero_infinity):
+        from ..core.gtn_backend import gtn_asg_losses
+
+        return gtn_asg_losses(emissions, weights, seqs, lengths, zero_infinity)
 
     def plan(self, seqs, lengths, C, blank):
         full = compiled_asg_full(C)
@@ -107,19 +120,14 @@ def asg_loss(
     Returns:
         Loss in the emissions' dtype and device (scalar, or ``(B,)`` for ``"none"``).
     """
-    B, T, C = checks.check_emissions(emissions, "emissions")
-    checks.check_reduction(reduction)
-    checks.check_impl(impl)
-    check_transitions(transitions, C, emissions.device)
-    if impl == "gtn":
-        from ..core.gtn_backend import gtn_asg_losses
-
-        lengths = checks.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-        seqs = checks.split_targets(targets, target_lengths, B, emissions.device, C)
-        losses = gtn_asg_losses(emissions, transitions, seqs, lengths, zero_infinity)
-        return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
-    tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
-    il = checks.int_tensor(input_lengths, "input_lengths")
-    return criterion.structured_loss(
-        emissions, transitions, tg, il, tl, kind="asg", reduction=reduction, zero_infinity=zero_infinity, impl=impl
+    return criterion.apply_loss(
+        criterion.CRITERIA["asg"],
+        emissions,
+        targets,
+        input_lengths,
+        target_lengths,
+        weights=transitions,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
     )

@@ -26,12 +26,8 @@ handle (held weakly; the autograd context keeps the bank alive until the backwar
 
 from __future__ import annotations
 
-import itertools
 import math
-import threading
-import weakref
-from collections import OrderedDict
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -40,6 +36,7 @@ from torch import Tensor
 
 from .. import wfst as _wfst
 from ..core import checks, dispatch
+from ..core.cache import LRU, HandleRegistry
 from ..core.scoring import pick_impl
 from ..kernels import graph_torch, graph_triton
 from ..kernels.batch import GraphBatch, compile_graph
@@ -133,14 +130,6 @@ def min_kernel_size(tokens: Sequence[int]) -> int:
     return len(x) + sum(a == b for a, b in zip(x[:-1], x[1:]))
 
 
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {int(value)}")
-    return int(value)
-
-
 def _check_lexicon(lexicon) -> tuple:
     if isinstance(lexicon, (str, bytes)) or not isinstance(lexicon, Sequence) and not hasattr(lexicon, "__iter__"):
         raise ValueError(f"lexicon must be a list of sequences of input-class ids, got {type(lexicon).__name__}")
@@ -180,7 +169,7 @@ class KernelBank:
 
     def __init__(self, lexicon, blank_idx: int, blank_optional: bool = True, spike: bool = False) -> None:
         self.lexicon = _check_lexicon(lexicon)
-        self.blank_idx = _check_int(blank_idx, "blank_idx", 0)
+        self.blank_idx = checks.check_int(blank_idx, "blank_idx", 0)
         self.blank_optional = bool(blank_optional)
         self.spike = bool(spike)
         graphs = [compile_graph(kernel_graph(x, self.blank_idx, self.blank_optional, self.spike)) for x in self.lexicon]
@@ -190,10 +179,9 @@ class KernelBank:
         self.arc_off = self.batch.arc_off
         self.max_label = int(self.batch.max_label)
         self.min_size = max(min_kernel_size(x) for x in self.lexicon)
-        self._tables: dict = {}
-        self._problems: "OrderedDict[tuple, dispatch.Problem]" = OrderedDict()
-        self._lock = threading.Lock()
-        self.handle = _register(self)
+        self._tables: LRU[tuple] = LRU(16)  # per device
+        self._problems: LRU[dispatch.Problem] = LRU(2)  # 16 MB each for 800 windows x 500 kernels
+        self.handle = _BANK_HANDLES.register(self)
 
     def __reduce__(self):
         # pickled and deep-copied by its arguments: the copy compiles its own graphs, gets its
@@ -202,17 +190,16 @@ class KernelBank:
 
     @property
     def num_kernels(self) -> int:
+        """``C_out``, the number of kernels."""
         return len(self.graphs)
 
     def tables(self, device: torch.device):
         """Padded incoming-arc tables ``(C_out, S, M)`` on ``device`` for the Viterbi recursion:
         ``(src, label, arc, mask, start (C_out, S), accept (C_out, S))``; padding entries point at
         node 0, label 0 and the kernel's first arc (valid indices) and are masked."""
-        key = str(device)
-        with self._lock:
-            t = self._tables.get(key)
-        if t is not None:
-            return t
+        return self._tables.get(str(device), lambda: self._build_tables(device))
+
+    def _build_tables(self, device: torch.device):
         G = len(self.graphs)
         S = max(g.num_nodes for g in self.graphs)
         M = max(max(int(g.in_cnt.max(initial=0)) for g in self.graphs), 1)
@@ -236,74 +223,37 @@ class KernelBank:
                 pos += c
             start[k, g.start] = True
             accept[k, g.accept] = True
-        t = tuple(torch.from_numpy(a).to(device) for a in (src, lab, arc, mask, start, accept))
-        with self._lock:
-            self._tables[key] = t
-        return t
+        return tuple(torch.from_numpy(a).to(device) for a in (src, lab, arc, mask, start, accept))
 
     def problem(self, windows: int, K: int) -> dispatch.Problem:
         """Examples ``(window i, kernel k)`` in window-major order: example ``i * C_out + k``
         (the last two ``(windows, K)`` are kept: a forward and its backward share one)."""
-        key = (int(windows), int(K))
-        with self._lock:
-            p = self._problems.get(key)
-            if p is not None:
-                self._problems.move_to_end(key)
-                return p
+        return self._problems.get((int(windows), int(K)), lambda: self._problem(int(windows), int(K)))
+
+    def _problem(self, windows: int, K: int) -> dispatch.Problem:
         G = len(self.graphs)
         ex_graph = np.tile(np.arange(G, dtype=np.int64), windows)
         ex_row = np.repeat(np.arange(windows, dtype=np.int64), G)
-        p = dispatch.Problem(self.batch, ex_graph, ex_row, np.full(windows * G, K, dtype=np.int64))
-        with self._lock:
-            self._problems[key] = p
-            while len(self._problems) > 2:  # 16 MB each for 800 windows x 500 kernels
-                self._problems.popitem(last=False)
-        return p
+        return dispatch.Problem(self.batch, ex_graph, ex_row, np.full(windows * G, K, dtype=np.int64))
 
 
-_REGISTRY: Dict[int, "weakref.ref[KernelBank]"] = {}
-_REGISTRY_LOCK = threading.Lock()
-_NEXT = itertools.count(1)
-
-
-def _register(bank: KernelBank) -> int:
-    """An integer handle for ``bank`` (held weakly): what the custom ops take."""
-    with _REGISTRY_LOCK:
-        for h, ref in list(_REGISTRY.items()):
-            if ref() is None:
-                del _REGISTRY[h]
-        h = next(_NEXT)
-        _REGISTRY[h] = weakref.ref(bank)
-    return h
+_BANK_HANDLES: HandleRegistry[KernelBank] = HandleRegistry("kernel bank")
 
 
 def _bank(handle: int) -> KernelBank:
-    ref = _REGISTRY.get(int(handle))
-    bank = ref() if ref is not None else None
-    if bank is None:
-        raise RuntimeError(f"no live kernel bank is registered under handle {handle}")
-    return bank
+    return _BANK_HANDLES.get(handle)
 
 
-_BANKS: "OrderedDict[tuple, KernelBank]" = OrderedDict()
-_BANKS_LOCK = threading.Lock()
 BANK_CACHE_SIZE = 16
+_BANKS: LRU[KernelBank] = LRU(BANK_CACHE_SIZE)
 
 
 def kernel_bank(lexicon, blank_idx: int, blank_optional: bool = True, spike: bool = False) -> KernelBank:
     """A cached :class:`KernelBank` (LRU of ``BANK_CACHE_SIZE`` lexicons)."""
-    key = (_check_lexicon(lexicon), _check_int(blank_idx, "blank_idx", 0), bool(blank_optional), bool(spike))
-    with _BANKS_LOCK:
-        bank = _BANKS.get(key)
-        if bank is not None:
-            _BANKS.move_to_end(key)
-            return bank
-    bank = KernelBank(*key)
-    with _BANKS_LOCK:
-        _BANKS[key] = bank
-        while len(_BANKS) > BANK_CACHE_SIZE:
-            _BANKS.popitem(last=False)
-    return bank
+    key = (_check_lexicon(lexicon), checks.check_int(blank_idx, "blank_idx", 0), bool(blank_optional), bool(spike))
+    if _BANKS.maxsize != BANK_CACHE_SIZE:
+        _BANKS.resize(BANK_CACHE_SIZE)
+    return _BANKS.get(key, lambda: KernelBank(*key))
 
 
 # ---------------------------------------------------------------------------
@@ -358,7 +308,7 @@ def _state(
     if impl == "numba":
         st.alpha = alpha
     elif impl == "torch":
-        st.extra = graph_torch._build_tables(st)
+        st.extra = graph_torch.build_tables(st)
         st.alpha = alpha.reshape(N, K + 1, st.extra.Smax)
     else:
         st.extra = graph_triton.build_tables(p, E.device)
@@ -368,16 +318,16 @@ def _state(
 
 @torch.library.custom_op("lightning_gtn::conv_transduce", mutates_args=())
 def conv_transduce_op(
-    windows: Tensor, weights: Tensor, handle: int, viterbi: bool, impl: str
+    windows: Tensor, weights: Tensor, handle: int, semiring: str, impl: str
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Scores ``(W, G)`` of windows ``(W, K, C)`` against the kernels of bank ``handle``, and what
-    the backward needs: the forward's alphas (flat) and an empty tensor, or with ``viterbi`` the
-    best paths' arcs and labels ``(K, W, G)`` int64."""
+    the backward needs: the forward's alphas (flat) and an empty tensor, or in the ``"max"``
+    semiring the best paths' arcs and labels ``(K, W, G)`` int64."""
     bank = _bank(handle)
     E = windows.contiguous()
     w = weights.contiguous()
     W, K, _ = E.shape
-    if viterbi:
+    if dispatch.check_semiring(semiring) == "max":
         return _viterbi_forward(bank, E, w)
     st = dispatch.forward(bank.problem(W, K), E, w, impl)
     logz = st.logz.to(device=E.device, dtype=E.dtype).reshape(W, bank.num_kernels)
@@ -385,11 +335,11 @@ def conv_transduce_op(
 
 
 @conv_transduce_op.register_fake
-def _conv_transduce_fake(windows, weights, handle, viterbi, impl):
+def _conv_transduce_fake(windows, weights, handle, semiring, impl):
     W, K, _ = windows.shape
     G = _bank(handle).num_kernels
     out = windows.new_empty((W, G))
-    if viterbi:
+    if semiring == "max":
         return out, windows.new_empty((K, W, G), dtype=torch.int64), windows.new_empty((K, W, G), dtype=torch.int64)
     n = torch.library.get_ctx().new_dynamic_size()  # the alphas' layout depends on the implementation
     return out, windows.new_empty((n,)), windows.new_empty((0,), dtype=torch.int64)
@@ -404,7 +354,7 @@ def conv_transduce_backward_op(
     saved1: Tensor,
     saved2: Tensor,
     handle: int,
-    viterbi: bool,
+    semiring: str,
     impl: str,
     need_e: bool,
     need_w: bool,
@@ -415,7 +365,7 @@ def conv_transduce_backward_op(
     W, K, C = windows.shape
     coef = torch.where(torch.isinf(scores), torch.zeros_like(scores), grad.to(scores.dtype))
     gE = gw = None
-    if viterbi:
+    if dispatch.check_semiring(semiring) == "max":
         arcs, labels = saved1, saved2
         if need_e:
             gE = torch.zeros((W, K, C), dtype=scores.dtype, device=scores.device)
@@ -434,7 +384,7 @@ def conv_transduce_backward_op(
 
 @conv_transduce_backward_op.register_fake
 def _conv_transduce_backward_fake(
-    grad, windows, weights, scores, saved1, saved2, handle, viterbi, impl, need_e, need_w
+    grad, windows, weights, scores, saved1, saved2, handle, semiring, impl, need_e, need_w
 ):
     return (
         torch.empty_like(windows) if need_e else windows.new_empty(0),
@@ -443,8 +393,8 @@ def _conv_transduce_backward_fake(
 
 
 def _setup(ctx, inputs, output):
-    windows, weights, handle, viterbi, impl = inputs
-    ctx.args = (handle, viterbi, impl)
+    windows, weights, handle, semiring, impl = inputs
+    ctx.args = (handle, semiring, impl)
     ctx.bank = _bank(handle)  # a strong reference: the bank lives until the backward
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.save_for_backward(windows, weights, output[0], output[1], output[2])
@@ -455,8 +405,8 @@ def _backward(ctx, grad, _g1, _g2):
     if grad is None or not (need_e or need_w):
         return None, None, None, None, None
     windows, weights, scores, s1, s2 = ctx.saved_tensors
-    handle, viterbi, impl = ctx.args
-    gE, gw = conv_transduce_backward_op(grad, windows, weights, scores, s1, s2, handle, viterbi, impl, need_e, need_w)
+    handle, semiring, impl = ctx.args
+    gE, gw = conv_transduce_backward_op(grad, windows, weights, scores, s1, s2, handle, semiring, impl, need_e, need_w)
     return (gE if need_e else None), (gw if need_w else None), None, None, None
 
 
@@ -533,8 +483,8 @@ def conv_transduce1d(
         torch.Size([2, 5, 3])
     """
     B, T, C = checks.check_emissions(inputs, "inputs")
-    kernel_size = _check_int(kernel_size, "kernel_size", 1)
-    stride = _check_int(stride, "stride", 1)
+    kernel_size = checks.check_int(kernel_size, "kernel_size", 1)
+    stride = checks.check_int(stride, "stride", 1)
     if kernel_size % 2 != 1:
         raise ValueError(
             f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both sides), " f"got {kernel_size}"
@@ -543,7 +493,7 @@ def conv_transduce1d(
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-    if impl not in (None, "numba", "numba_log", "torch", "triton"):
+    if impl is not None and impl not in checks.NATIVE_BACKENDS:
         raise ValueError(f"impl must be None, 'numba', 'numba_log', 'torch' or 'triton', got {impl!r}")
     bank = lexicon if isinstance(lexicon, KernelBank) else kernel_bank(lexicon, blank_idx, blank_optional, spike)
     need = bank.min_size
@@ -579,8 +529,9 @@ def conv_transduce1d(
         windows = x.unfold(1, kernel_size, stride)[:, :Tp]  # (B, T', C, K)
         windows = windows.transpose(2, 3).reshape(B * Tp, kernel_size, C)
         w = _weights_for(bank, kernel_params, x)
-        impl_ = "torch" if viterbi else pick_impl(x, "numba" if impl == "numba_log" else impl)
-        out = conv_transduce_op(windows, w, bank.handle, bool(viterbi), impl_)[0].reshape(B, Tp, G)
+        semiring = "max" if viterbi else "log"  # the research API's flag, named once here
+        impl_ = "torch" if semiring == "max" else pick_impl(x, "numba" if impl == "numba_log" else impl)
+        out = conv_transduce_op(windows, w, bank.handle, semiring, impl_)[0].reshape(B, Tp, G)
     if scale == "sqrt":
         out = out / math.sqrt(kernel_size)
     elif scale == "linear":

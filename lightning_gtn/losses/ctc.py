@@ -9,13 +9,25 @@ import torch
 
 from ..core import checks, criterion
 from ..core.criterion_graphs import compiled_ctc
-from ..core.scoring import Plan, reduce_losses, unique_graphs
+from ..core.scoring import Plan, unique_graphs
 
 __all__ = ["ctc_loss"]
 
 
 class _CTC(criterion.Criterion):
     """One CTC graph per distinct target; the loss of a row is ``-log Z`` of its graph."""
+
+    kind = "ctc"
+    name = "ctc_loss"
+    backends = criterion.NATIVE_BACKENDS + ("gtn",)
+
+    def check_options(self, C, blank, weights, device):
+        return checks.check_label(blank, "blank", C), weights
+
+    def gtn_losses(self, emissions, weights, seqs, lengths, blank, zero_infinity):
+        from ..core.gtn_backend import gtn_ctc_losses
+
+        return gtn_ctc_losses(emissions, seqs, lengths, blank, zero_infinity)
 
     def forbidden_label(self, blank: int) -> Optional[int]:
         return blank
@@ -78,28 +90,15 @@ def ctc_loss(
         >>> loss.shape
         torch.Size([])
     """
-    B, T, C = checks.check_emissions(log_probs, "log_probs")
-    checks.check_reduction(reduction)
-    checks.check_impl(impl)
-    blank = checks.check_label(blank, "blank", C)
-    if impl == "gtn":
-        from ..core.gtn_backend import gtn_ctc_losses
-
-        lengths = checks.as_lengths(input_lengths, B, "input_lengths", log_probs.device, max_value=T)
-        seqs = checks.split_targets(targets, target_lengths, B, log_probs.device, C, blank=blank)
-        losses = gtn_ctc_losses(log_probs, seqs, lengths, blank, zero_infinity)
-        return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
-    tg, tl = checks.targets_tensors(targets, target_lengths, B, log_probs.device)
-    il = checks.int_tensor(input_lengths, "input_lengths")
-    return criterion.structured_loss(
+    return criterion.apply_loss(
+        criterion.CRITERIA["ctc"],
         log_probs,
-        None,
-        tg,
-        il,
-        tl,
-        kind="ctc",
+        targets,
+        input_lengths,
+        target_lengths,
         blank=blank,
         reduction=reduction,
         zero_infinity=zero_infinity,
         impl=impl,
+        name="log_probs",
     )

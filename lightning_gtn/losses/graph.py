@@ -2,29 +2,146 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from ..core import checks, criterion
-from ..core.criterion_graphs import compiled_user_graph
-from ..core.scoring import Plan, pick_impl
+from ..core.cache import LRU
+from ..core.criterion_graphs import compiled_all_paths, compiled_user_graph
+from ..core.scoring import Plan, pick_impl, score, unique_graphs
+from ..kernels.batch import compile_graph
 from ..wfst import Graph
 
-__all__ = ["graph_loss", "compile_criteria", "check_labels"]
+__all__ = ["graph_loss", "compile_criteria", "check_labels", "TargetGraphCriterion", "target_graph_loss"]
 
 
 class _FixedPlan(criterion.Criterion):
     """A plan made before the call (the user's graph objects); arc weights are given as is."""
 
-    def __init__(self, plan: Plan) -> None:
+    name = "graph_loss"
+
+    def __init__(self, plan: Optional[Plan]) -> None:
         self._plan = plan
 
     def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
-        from ..core.scoring import score
-
         return score(self._plan, E, weights, impl, zero_infinity, need_e, w_coef)
+
+
+class TargetGraphCriterion(criterion.Criterion):
+    """A criterion graph per target from ``builder(target_ids, **builder_kwargs)`` (a
+    :class:`lightning_gtn.wfst.Graph` acceptor over the emission classes); compiled graphs are
+    cached per target (the ``cache_size`` most recently used). With ``normalize`` each row also
+    adds the forward score of all label paths.
+
+    The criterion registers itself (:func:`~lightning_gtn.core.criterion.register_criterion`):
+    the loss op names it by its ``handle``. It pickles and deep-copies by its arguments (the
+    copy has its own cache and handle).
+    """
+
+    name = "target_graph_loss"
+
+    def __init__(
+        self,
+        builder: Callable,
+        builder_kwargs: Optional[dict] = None,
+        normalize: bool = False,
+        cache_size: int = 100_000,
+    ) -> None:
+        if not callable(builder):
+            raise ValueError(f"loss.builder must be callable, got {builder!r}")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, (int, np.integer)) or cache_size < 1:
+            raise ValueError(f"loss.cache_size must be an integer >= 1, got {cache_size!r}")
+        self.builder = builder
+        self.builder_kwargs = dict(builder_kwargs or {})
+        self.normalize = bool(normalize)
+        self.cache_size = int(cache_size)
+        self.cache: LRU = LRU(self.cache_size)
+        criterion.register_criterion(self)
+
+    def __reduce__(self):
+        return (TargetGraphCriterion, (self.builder, self.builder_kwargs, self.normalize, self.cache_size))
+
+    def compiled(self, target: tuple, C: int):
+        """The compiled graph of ``target`` (labels checked against ``C``), cached."""
+        return self.cache.get(target, lambda: self._compile(target, C))
+
+    def _compile(self, target: tuple, C: int):
+        g = self.builder(list(target), **self.builder_kwargs)
+        if not isinstance(g, Graph):
+            raise ValueError(f"loss.builder must return a lightning_gtn.wfst.Graph, got {type(g).__name__}")
+        return check_labels(compile_graph(g), C, f"loss.builder: the graph of target {list(target)}")
+
+    def check_options(self, C, blank, weights, device):
+        """``blank`` as the op takes it (-1 for none); the graphs carry their own weights."""
+        return (-1 if blank is None else int(blank)), None
+
+    def forbidden_label(self, blank: int) -> Optional[int]:
+        """The blank (targets must not contain it), when the graphs have one."""
+        return blank if blank >= 0 else None
+
+    def plan(self, seqs, lengths, C, blank):
+        """One built graph per row (negated), plus the all-paths graph with ``normalize``."""
+        B = len(seqs)
+        per = [self.compiled(tuple(s), C) for s in seqs]
+        rows, sign, ex_len = np.arange(B), -np.ones(B), lengths
+        if self.normalize:
+            per = per + [compiled_all_paths(C)] * B
+            rows, sign, ex_len = np.tile(rows, 2), np.concatenate([sign, np.ones(B)]), np.tile(lengths, 2)
+        graphs, ids = unique_graphs(per)
+        return Plan(graphs, ids, rows, ex_len, sign, B), None
+
+
+def target_graph_loss(
+    emissions: torch.Tensor,
+    targets,
+    input_lengths,
+    target_lengths=None,
+    *,
+    criterion: TargetGraphCriterion,
+    blank: Optional[int] = None,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+) -> torch.Tensor:
+    """The loss of criterion graphs built from the targets by a :class:`TargetGraphCriterion`.
+
+    Loss of example ``b``: ``-forward_score(graph(targets[b]) o E_b)`` (plus the all-paths
+    forward score when the criterion normalises). The graphs are built and cached inside a
+    custom op, so this works under ``torch.compile(fullgraph=True)``.
+
+    Args:
+        emissions: ``(B, T, C)`` scores, float32/float64 (float16/bfloat16 in float32).
+        targets: padded ``(B, S)``, concatenated 1-D, or a list of B sequences.
+        input_lengths: ``(B,)`` integer frames per example, ``<= T``.
+        target_lengths: ``(B,)``; needed with tensor targets.
+        criterion: keyword-only, the builder and its cache.
+        blank: the graphs' blank id (targets must not contain it), or None.
+        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: each loss divided by its
+            target length (at least 1), then averaged.
+        zero_infinity: targets with no path give 0.
+        impl: None, ``"numba"``, ``"numba_log"``, ``"torch"`` or ``"triton"``.
+
+    Returns:
+        Loss in the emissions' dtype and device.
+    """
+    if not isinstance(criterion, TargetGraphCriterion):
+        raise ValueError(f"criterion must be a TargetGraphCriterion, got {type(criterion).__name__}")
+    return _apply_loss(
+        criterion,
+        emissions,
+        targets,
+        input_lengths,
+        target_lengths,
+        blank=blank,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
+    )
+
+
+_apply_loss = criterion.apply_loss  # the keyword ``criterion`` of target_graph_loss hides the module
 
 
 class _GraphLossFunction(torch.autograd.Function):
@@ -160,8 +277,7 @@ def graph_loss(
     """
     B, T, C = checks.check_emissions(emissions, "emissions")
     checks.check_reduction(reduction)
-    if checks.check_impl(impl) == "gtn":
-        raise ValueError("graph_loss: impl='gtn' is not available; use None, 'numba', 'numba_log', 'torch' or 'triton'")
+    _FixedPlan(None).check_backend(impl)
     dev = emissions.device
     lengths = (
         np.full(B, T, dtype=np.int64)

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 
-from ..core import checks, criterion
+from ..core import criterion
 from ..core.criterion_graphs import compiled_all_paths, compiled_force_align
-from ..core.scoring import normalised_plan, reduce_losses
+from ..core.scoring import normalised_plan
 
 __all__ = ["sequence_loss"]
 
 
 class _Sequence(criterion.Criterion):
     """Row ``b``: ``log Z(all paths) - log Z(target paths)``."""
+
+    kind = "seq"
+    name = "sequence_loss"
+    backends = criterion.NATIVE_BACKENDS + ("gtn",)
+
+    def gtn_losses(self, emissions, weights, seqs, lengths, blank, zero_infinity):
+        from ..core.gtn_backend import gtn_sequence_losses
+
+        return gtn_sequence_losses(emissions, seqs, lengths, zero_infinity)
 
     def plan(self, seqs, lengths, C, blank):
         return normalised_plan(compiled_all_paths(C), [compiled_force_align(t) for t in seqs], lengths), None
@@ -56,18 +64,13 @@ def sequence_loss(
     Returns:
         Loss in the emissions' dtype and device.
     """
-    B, T, C = checks.check_emissions(emissions, "emissions")
-    checks.check_reduction(reduction)
-    checks.check_impl(impl)
-    if impl == "gtn":
-        from ..core.gtn_backend import gtn_sequence_losses
-
-        lengths = checks.as_lengths(input_lengths, B, "input_lengths", emissions.device, max_value=T)
-        seqs = checks.split_targets(targets, target_lengths, B, emissions.device, C)
-        losses = gtn_sequence_losses(emissions, seqs, lengths, zero_infinity)
-        return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
-    tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
-    il = checks.int_tensor(input_lengths, "input_lengths")
-    return criterion.structured_loss(
-        emissions, None, tg, il, tl, kind="seq", reduction=reduction, zero_infinity=zero_infinity, impl=impl
+    return criterion.apply_loss(
+        criterion.CRITERIA["seq"],
+        emissions,
+        targets,
+        input_lengths,
+        target_lengths,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
     )

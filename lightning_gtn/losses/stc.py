@@ -131,7 +131,28 @@ def stc_emissions(emissions: torch.Tensor, blank: int, log_p: Union[float, torch
 
 class _STC(criterion.Criterion):
     """One STC graph per distinct target, scored against the augmented ``(B, T, 2C)``
-    emissions; the loss of a row is ``-log Z`` of its graph."""
+    emissions; the loss of a row is ``-log Z`` of its graph.
+
+    :func:`stc_loss` names this criterion: it checks ``C >= 2`` and ``blank`` and hands the op
+    either the chains on the CPU (:class:`_STCChain`, ``log p`` as the weight) or the
+    augmented emissions (:meth:`prepare`). ``weights`` is ``p``, checked and turned into
+    ``log p`` (a float or a 0-dim tensor).
+    """
+
+    kind = "stc"
+    name = "stc_loss"
+
+    def check_options(self, C, blank, weights, device):
+        if C < 2:
+            raise ValueError(f"emissions must have C >= 2 classes (a blank and a token), got C={C}")
+        return checks.check_label(blank, "blank", C), _check_p(weights)
+
+    def prepare(self, x, weights, blank, impl):
+        log_p = weights
+        if x.device.type == "cpu" and impl in (None, "numba"):  # the chains, star columns inside
+            lp = log_p.reshape(1) if isinstance(log_p, torch.Tensor) else torch.tensor([log_p], dtype=torch.float64)
+            return criterion.CRITERIA["stc_chain"], x, lp.to(x.dtype)
+        return self, stc_emissions(x, blank, log_p), None
 
     def forbidden_label(self, blank: int) -> Optional[int]:
         return blank
@@ -176,6 +197,9 @@ class _STCChain(criterion.Criterion):
     """STC on the CPU: the emissions ``(B, T, C)`` as given and ``log p`` as the single weight;
     each graph is scored as the chain it reduces to, the star columns computed inside
     (:mod:`._stc_numba`). Rows the chain cannot vouch for take the graph path."""
+
+    kind = "stc_chain"
+    name = "stc_loss"
 
     def forbidden_label(self, blank: int) -> Optional[int]:
         return blank
@@ -289,35 +313,15 @@ def stc_loss(
         >>> loss.shape
         torch.Size([])
     """
-    B, T, C = checks.check_emissions(emissions, "emissions")
-    if C < 2:
-        raise ValueError(f"emissions must have C >= 2 classes (a blank and a token), got shape {(B, T, C)}")
-    checks.check_reduction(reduction)
-    checks.check_impl(impl)
-    if impl == "gtn":
-        raise ValueError("impl='gtn' is not offered for stc_loss; use None, 'numba', 'numba_log', 'torch' or 'triton'")
-    blank = checks.check_label(blank, "blank", C)
-    log_p = _check_p(p)
-    tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
-    il = checks.int_tensor(input_lengths, "input_lengths")
-    x = emissions.to(checks.compute_dtype(emissions))
-    if x.device.type == "cpu" and impl in (None, "numba"):  # the chains, star columns inside
-        lp = log_p.reshape(1) if isinstance(log_p, torch.Tensor) else torch.tensor([log_p], dtype=torch.float64)
-        out = criterion.structured_loss(
-            x,
-            lp.to(x.dtype),
-            tg,
-            il,
-            tl,
-            kind="stc_chain",
-            blank=blank,
-            reduction=reduction,
-            zero_infinity=zero_infinity,
-            impl=impl,
-        )
-    else:
-        x = stc_emissions(x, blank, log_p)
-        out = criterion.structured_loss(
-            x, None, tg, il, tl, kind="stc", blank=blank, reduction=reduction, zero_infinity=zero_infinity, impl=impl
-        )
-    return out.to(emissions.dtype)
+    return criterion.apply_loss(
+        criterion.CRITERIA["stc"],
+        emissions,
+        targets,
+        input_lengths,
+        target_lengths,
+        weights=p,
+        blank=blank,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
+    )

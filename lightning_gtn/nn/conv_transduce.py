@@ -7,7 +7,8 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..losses.conv_transduce import NORMALIZATIONS, SCALES, KernelBank, _check_int, conv_transduce1d
+from ..core.checks import check_int
+from ..functional import NORMALIZATIONS, SCALES, KernelBank, conv_transduce1d
 
 __all__ = ["ConvTransduce1D"]
 
@@ -75,13 +76,13 @@ class ConvTransduce1D(nn.Module):
             raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-        self.kernel_size = _check_int(kernel_size, "kernel_size", 1)
+        self.kernel_size = check_int(kernel_size, "kernel_size", 1)
         if self.kernel_size % 2 != 1:
             raise ValueError(
                 f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both "
                 f"sides), got {self.kernel_size}"
             )
-        self.stride = _check_int(stride, "stride", 1)
+        self.stride = check_int(stride, "stride", 1)
         self.bank = KernelBank(lexicon, blank_idx, blank_optional, spike)
         need = self.bank.min_size
         if self.kernel_size < need:

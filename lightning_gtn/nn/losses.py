@@ -15,8 +15,6 @@ they spell.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -25,12 +23,8 @@ import torch
 from torch import nn
 
 from .. import functional as lgf  # not torch.nn.functional: the engine computes every loss
-from ..core import checks, criterion
+from ..core import checks
 from ..core.checks import check_label, check_reduction
-from ..core.criterion_graphs import compiled_all_paths
-from ..core.scoring import Plan, unique_graphs
-from ..kernels.batch import compile_graph
-from ..losses.graph import check_labels
 
 __all__ = [
     "TOPOLOGIES",
@@ -404,49 +398,6 @@ class GraphLoss(StructuredLoss):
         )
 
 
-class _TargetGraphs(criterion.Criterion):
-    """The criterion behind :class:`TargetGraphLoss`: compiled graphs cached per target."""
-
-    def __init__(self, builder: Callable, builder_kwargs: dict, normalize: bool, cache_size: int) -> None:
-        self.builder = builder
-        self.builder_kwargs = builder_kwargs
-        self.normalize = normalize
-        self.cache_size = cache_size
-        self.cache: "OrderedDict[tuple, object]" = OrderedDict()
-        self.lock = threading.Lock()
-
-    def compiled(self, target: tuple, C: int):
-        with self.lock:
-            cg = self.cache.get(target)
-            if cg is not None:
-                self.cache.move_to_end(target)
-                return cg
-        g = self.builder(list(target), **self.builder_kwargs)
-        from ..wfst import Graph
-
-        if not isinstance(g, Graph):
-            raise ValueError(f"loss.builder must return a lightning_gtn.wfst.Graph, got {type(g).__name__}")
-        cg = check_labels(compile_graph(g), C, f"loss.builder: the graph of target {list(target)}")
-        with self.lock:
-            self.cache[target] = cg
-            while len(self.cache) > self.cache_size:
-                self.cache.popitem(last=False)
-        return cg
-
-    def forbidden_label(self, blank: int) -> Optional[int]:
-        return blank if blank >= 0 else None
-
-    def plan(self, seqs, lengths, C, blank):
-        B = len(seqs)
-        per = [self.compiled(tuple(s), C) for s in seqs]
-        rows, sign, ex_len = np.arange(B), -np.ones(B), lengths
-        if self.normalize:
-            per = per + [compiled_all_paths(C)] * B
-            rows, sign, ex_len = np.tile(rows, 2), np.concatenate([sign, np.ones(B)]), np.tile(lengths, 2)
-        graphs, ids = unique_graphs(per)
-        return Plan(graphs, ids, rows, ex_len, sign, B), None
-
-
 class TargetGraphLoss(StructuredLoss):
     """A criterion graph per target from a builder function: the way to train with your own
     criterion graphs.
@@ -461,7 +412,7 @@ class TargetGraphLoss(StructuredLoss):
 
     Args:
         builder: the function, or its dotted name (what a config gives): a registered builder
-            of :mod:`lightning_gtn._trust` (``lightning_gtn.wfst.criterion.ctc_graph``) or one
+            of :mod:`lightning_gtn.trust` (``lightning_gtn.wfst.criterion.ctc_graph``) or one
             of an opted-in module.
         builder_kwargs: extra keyword arguments of the builder.
         normalize: add the all-paths forward score.
@@ -500,13 +451,10 @@ class TargetGraphLoss(StructuredLoss):
         if impl == "gtn":
             raise ValueError("loss.impl: 'gtn' is not available for TargetGraphLoss")
         if isinstance(builder, str):
-            from .._trust import resolve
+            from ..trust import resolve
 
             builder = resolve(builder, "loss.builder", kinds=("builder",))
-        if not callable(builder):
-            raise ValueError(f"loss.builder must be callable, got {builder!r}")
-        if isinstance(cache_size, bool) or not isinstance(cache_size, (int, np.integer)) or cache_size < 1:
-            raise ValueError(f"loss.cache_size must be an integer >= 1, got {cache_size!r}")
+        crit = lgf.TargetGraphCriterion(builder, dict(builder_kwargs or {}), bool(normalize), cache_size)
         self.blank = check_label(blank, "loss.blank", 2**62, allow_none=True)
         self.repeat_label = bool(repeat_label)
         self.normalize = bool(normalize)
@@ -514,39 +462,25 @@ class TargetGraphLoss(StructuredLoss):
         self.zero_infinity = bool(zero_infinity)
         self.impl = impl
         self.num_classes = num_classes
-        self._criterion = _TargetGraphs(builder, dict(builder_kwargs or {}), self.normalize, int(cache_size))
-        self._handle = criterion.register_criterion(self._criterion)
+        self._criterion = crit  # pickled by its arguments: a copy gets its own cache and handle
 
     @property
     def builder(self) -> Callable:
+        """The graph builder."""
         return self._criterion.builder
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        c = self._criterion
-        state["_criterion"] = (c.builder, c.builder_kwargs, c.normalize, c.cache_size)  # no cache, no lock
-        state["_handle"] = None
-        return state
-
-    def __setstate__(self, state):
-        crit = _TargetGraphs(*state.pop("_criterion"))
-        self.__dict__.update(state)
-        self._criterion = crit
-        self._handle = criterion.register_criterion(crit)
+    @property
+    def _handle(self) -> int:
+        return self._criterion.handle
 
     def forward(self, emissions, targets, input_lengths, target_lengths):
-        B, T, C = checks.check_emissions(emissions, "emissions")
-        tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
-        il = checks.int_tensor(input_lengths, "input_lengths")
-        return criterion.structured_loss(
+        return lgf.target_graph_loss(
             emissions,
-            None,
-            tg,
-            il,
-            tl,
-            kind="handle",
-            blank=-1 if self.blank is None else self.blank,
-            handle=self._handle,
+            targets,
+            input_lengths,
+            target_lengths,
+            criterion=self._criterion,
+            blank=self.blank,
             reduction=self.reduction,
             zero_infinity=self.zero_infinity,
             impl=self.impl,

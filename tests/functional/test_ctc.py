@@ -231,7 +231,7 @@ def test_list_targets_and_cache_size():
     try:
         set_cache_size(1)
         ctc_loss(x, [[1, 2], [3]], [6, 5], [2, 1])
-        assert len(criterion_graphs._CACHES["ctc"].data) == 1
+        assert len(criterion_graphs._CACHES["ctc"]) == 1
     finally:
         set_cache_size(old)
 

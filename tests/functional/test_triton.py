@@ -250,8 +250,8 @@ def test_random_graphs_scores_and_gradients(seed, monkeypatch):
     # the max semiring too
     plan = scoring.Plan([_compile(g) for g in graphs], range(B), range(B), lengths.numpy(), [1.0] * B, B)
     w = torch.cat(weights)
-    ref = dispatch.forward(plan.problem, x, w, "numba", use_max=True).logz
-    got = dispatch.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
+    ref = dispatch.forward(plan.problem, x, w, "numba", semiring="max").logz
+    got = dispatch.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", semiring="max").logz
     torch.testing.assert_close(got.cpu(), ref)
 
 
@@ -263,8 +263,8 @@ def test_max_semiring_matches_numba():
     x = _emissions(torch.float64, B=3, T=9, C=5)
     w = torch.randn(cg.num_arcs, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     plan = scoring.Plan([cg], [0, 0, 0], [0, 1, 2], [9, 4, 0], [1.0] * 3, 3)
-    a = dispatch.forward(plan.problem, x, w, "numba", use_max=True).logz
-    b = dispatch.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", use_max=True).logz
+    a = dispatch.forward(plan.problem, x, w, "numba", semiring="max").logz
+    b = dispatch.forward(plan.problem, x.to(DEVICE), w.to(DEVICE), "triton", semiring="max").logz
     torch.testing.assert_close(b.cpu(), a)
 
 
