@@ -46,6 +46,7 @@ class AlignError(Exception):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The command line of ``lightning-gtn-align`` (``argv`` None: ``sys.argv[1:]``) as a namespace."""
     p = argparse.ArgumentParser(
         prog="lightning-gtn-align",
         description=__doc__.split("\n\n")[0],

@@ -16,8 +16,9 @@ ignored. The checkpoint is data: its configs may only name registered types of
 :mod:`lightning_gtn._trust` with plain-data arguments (``trust_modules=[mypkg]`` on the command
 line opts whole modules in), and it carries its word pieces, transitions graph and decoder
 lexicon and LM, so it loads from any directory. ``decoder=...`` on the command line replaces the
-checkpoint's decoder (files it names are read: you typed them). A missing, truncated or foreign file, or a refused checkpoint, prints one
-``lightning-gtn-eval: error: ...`` line naming the file and exits with status 2.
+checkpoint's decoder (files it names are read: you typed them). A missing, truncated or foreign
+file, or a refused checkpoint, prints one ``lightning-gtn-eval: error: ...`` line naming the file
+and exits with status 2.
 """
 
 from __future__ import annotations

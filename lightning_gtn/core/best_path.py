@@ -22,6 +22,17 @@ __all__ = ["best_paths_op", "best_paths_impl", "max_semiring_paths", "refuse_nan
 
 
 def max_semiring_paths(x: torch.Tensor, plan: Plan, w: torch.Tensor, T: int):
+    """Best paths of a plan's graphs in the max semiring, read back as frame labels.
+
+    Args:
+        x: emissions ``(B, T, C)`` on the CPU, float32 or float64.
+        plan: one graph per example (``plan.B`` examples).
+        w: the plan's arc weights ``(num_arcs,)`` in ``x``'s dtype.
+        T: frames of the output paths.
+
+    Returns:
+        ``(paths (B, T) int64 padded with -1, scores (B,) in x's dtype)``.
+    """
     st = dispatch.forward(plan.problem, x, w.contiguous(), "numba", use_max=True)
     B = plan.B
     paths = torch.full((B, T), -1, dtype=torch.int64)

@@ -44,12 +44,14 @@ def check_emissions(x, name: str = "log_probs") -> Tuple[int, int, int]:
 
 
 def check_reduction(reduction) -> str:
+    """``reduction`` if it is one of :data:`REDUCTIONS`; raises ``ValueError`` otherwise."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     return reduction
 
 
 def check_impl(impl) -> Optional[str]:
+    """``impl`` if it is one of :data:`IMPLS` (None: the device's default); raises ``ValueError`` otherwise."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     return impl

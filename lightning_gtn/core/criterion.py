@@ -52,6 +52,18 @@ class Criterion:
         return C
 
     def plan(self, seqs: List[List[int]], lengths: np.ndarray, C: int, blank: int) -> Tuple[Plan, Optional[np.ndarray]]:
+        """The plan for a batch of targets: one criterion graph per example.
+
+        Args:
+            seqs: the ``B`` target sequences (label ids).
+            lengths: ``(B,)`` int64 input lengths (frames).
+            C: the number of emission classes.
+            blank: the blank label, or -1 when there is none.
+
+        Returns:
+            ``(plan, widx)``: ``widx`` is ``(num_arcs,)`` int64, the index of each arc's weight in
+            the flattened weight tensor, or None when the arcs carry their own (fixed) weights.
+        """
         raise NotImplementedError
 
     def score(

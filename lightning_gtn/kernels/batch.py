@@ -171,7 +171,6 @@ class GraphBatch:
 
     def __init__(self, graphs: Sequence[CompiledGraph]) -> None:
         self.graphs = list(graphs)
-        G = len(graphs)
 
         def offsets(sizes) -> np.ndarray:
             off = np.zeros(len(sizes) + 1, dtype=np.int64)
@@ -229,6 +228,7 @@ class GraphBatch:
 
     @property
     def num_arcs(self) -> int:
+        """The total number of arcs over all graphs of the batch."""
         return int(self.arc_off[-1])
 
     def weights(self) -> np.ndarray:

@@ -168,6 +168,12 @@ def _eps_step_forward(alpha, tb, w, use_max):
 
 
 def torch_forward(st, use_max: bool) -> None:
+    """Forward pass over all examples of ``st.problem`` with torch operations, on ``st.E``'s device.
+
+    Sets ``st.alpha`` ``(N, T + 1, S_max)`` (the forward scores of each example's nodes, padded),
+    ``st.logz`` ``(N,)`` and ``st.extra`` (the padded arc tables the backward reuses). ``use_max``:
+    the max semiring (Viterbi) instead of the log semiring.
+    """
     p = st.problem
     tb = _build_tables(st)
     st.extra = tb
@@ -200,6 +206,17 @@ def torch_forward(st, use_max: bool) -> None:
 
 
 def torch_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
+    """Backward pass of :func:`torch_forward` (log semiring).
+
+    Args:
+        st: the state the forward filled.
+        coef: ``(N,)`` the gradient of the output with respect to each example's score.
+        need_e, need_w: which gradients to compute.
+
+    Returns:
+        ``(grad_E (B, T, C) or None, grad_w (num_arcs,) or None)`` in the dtype and on the
+        device of ``st.E``.
+    """
     p, tb = st.problem, st.extra
     E, alphas, logz = st.E, st.alpha, st.logz
     w = torch.cat([st.w, st.w.new_zeros(1)])

@@ -260,6 +260,7 @@ class DigitLinesDataModule(_BaseDataModule):
         self.seed = seed
 
     def setup(self, stage: str | None = None) -> None:
+        """Builds the train, validation and test sets (once; later calls keep them)."""
         if self.train_set is not None:
             return
         images, labels = _digit_images()
@@ -393,11 +394,13 @@ class FeatureDataModule(_BaseDataModule):
 
     @property
     def chars(self) -> str:
+        """The characters of the training transcripts, sorted (computed on first use)."""
         if self._chars is None:
             self._chars = "".join(sorted(set("".join(self.train_set.texts))))
         return self._chars
 
     def setup(self, stage: str | None = None) -> None:
+        """Loads the validation and test splits (once) and checks their feature dimension."""
         if self.val_set is None:
             self.val_set = _load_split(*self.paths["val"])
             _check_dim(self.val_set, self.feature_dim, "val", self.paths["val"][0])

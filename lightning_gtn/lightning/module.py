@@ -148,4 +148,6 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
         return super().load_from_checkpoint(checkpoint_path, *args, weights_only=weights_only, **kwargs)
 
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
+        """The network's ``(emissions (B, T', C), lengths (B,))`` for ``inputs`` ``(B, T, F)`` and
+        ``input_lengths`` ``(B,)``."""
         return self.net(inputs, input_lengths)

@@ -524,6 +524,7 @@ class TextLinesDataModule(_BaseDataModule):
         )
 
     def setup(self, stage: str | None = None) -> None:
+        """Generates the sentences and builds the train, validation and test sets (once)."""
         if self.train_set is not None:
             return
         sentences = make_sentences(sum(self.sizes), self.seed, self.max_chars)

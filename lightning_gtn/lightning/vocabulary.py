@@ -140,4 +140,5 @@ class Vocabulary:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Vocabulary":
+        """The vocabulary saved by :meth:`to_dict`."""
         return cls(d["chars"], blank=d["blank"], repeat_label=d.get("repeat_label", False))

@@ -157,7 +157,7 @@ def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NG
         raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
     it = _lines(path, max_bytes)
     # header
-    for no, line in it:
+    for _, line in it:
         if line == "\\data\\":
             break
     else:

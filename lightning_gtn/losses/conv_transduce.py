@@ -202,6 +202,7 @@ class KernelBank:
 
     @property
     def num_kernels(self) -> int:
+        """The number of kernel graphs (output classes ``C_out``)."""
         return len(self.graphs)
 
     def tables(self, device: torch.device):

@@ -416,9 +416,14 @@ class TransducerCriterion(criterion.Criterion):
 
     # -- the Criterion interface -------------------------------------------------
     def target_classes(self, C: int) -> int:
+        """Targets are grapheme ids: ``[0, num_graphemes)`` whatever ``C``."""
         return self.num_graphemes
 
     def plan(self, seqs, lengths, C, blank):
+        """The plan of a batch of grapheme targets (see :meth:`Criterion.plan`).
+
+        Raises ``ValueError`` when ``C`` is not the number of emission classes of the tokens.
+        """
         if C != self.C:
             raise ValueError(f"emissions must have C = len(tokens) + (blank != 'none') = {self.C} classes, got {C}")
         nums = [self.numerator(s) for s in seqs]

@@ -7,6 +7,8 @@ import enum
 
 
 class DeviceType(enum.IntEnum):
+    """The kind of device a graph lives on, as GTN numbers them: ``CPU`` (0) or ``CUDA`` (1)."""
+
     CPU = 0
     CUDA = 1
 
@@ -26,6 +28,7 @@ class Device:
 
     @property
     def is_cuda(self) -> bool:
+        """Whether this is a CUDA device."""
         return self.type == CUDA
 
     def __eq__(self, other) -> bool:

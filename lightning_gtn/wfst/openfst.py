@@ -28,7 +28,8 @@ Conventions of the conversion (both directions, so they round-trip):
   empty text (OpenFST's empty FST), which reads back as a graph without nodes.
 
 Untrusted input: the text size is bounded (``max_bytes``), state ids are bounded
-(``max_states``, and at most ``MAX_UNREFERENCED_NODES`` ids below the largest may go unnamed) and every error is a ``ValueError`` naming the line number.
+(``max_states``, and at most ``MAX_UNREFERENCED_NODES`` ids below the largest may go unnamed) and
+every error is a ``ValueError`` naming the line number.
 """
 
 from __future__ import annotations
