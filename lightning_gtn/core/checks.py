@@ -40,7 +40,8 @@ def check_emissions(x, name: str = "log_probs") -> Tuple[int, int, int]:
         raise ValueError(f"{name} must have shape (B, T, C) (batch first), got {x.dim()} dims: {tuple(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating point tensor, got {x.dtype}")
-    return tuple(x.shape)
+    B, T, C = x.shape
+    return B, T, C
 
 
 def check_reduction(reduction) -> str:

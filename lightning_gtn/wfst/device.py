@@ -22,7 +22,7 @@ class Device:
 
     __slots__ = ("type", "index")
 
-    def __init__(self, type: DeviceType = CPU, index: int = 0) -> None:
+    def __init__(self, type: DeviceType | int = CPU, index: int = 0) -> None:
         self.type = DeviceType(type)
         self.index = int(index)
 

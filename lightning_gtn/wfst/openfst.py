@@ -234,6 +234,8 @@ def write_symbols(symbols: Symbols, path=None) -> str:
         '<eps>\\t0\\na\\t1\\n'
     """
     table = _symbol_map(symbols, "symbols")
+    if table is None:
+        raise ValueError("symbols: a symbol table (mapping or list) is required, got None")
     _inverse(table, "symbols")
     text = "".join(f"{s}\t{i}\n" for s, i in sorted(table.items(), key=lambda kv: (kv[1], kv[0])))
     _write(text, path)
