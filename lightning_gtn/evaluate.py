@@ -202,7 +202,7 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
     run = trainer.validate if cfg.split == "val" else trainer.test
     results = run(model, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in sorted(results[0].items())}
-    if rank_zero_only.rank == 0 and cfg.num_samples > 0:
+    if rank_zero_only.rank == 0 and cfg.num_samples > 0:  # type: ignore[attr-defined]  # rank: set by Lightning
         datamodule.setup("validate" if cfg.split == "val" else "test")
         loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
         print(f"decoded {cfg.split} samples (reference -> hypothesis):")
@@ -222,7 +222,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
     except ConfigError as e:  # a clear message, no traceback
         print(f"lightning-gtn-eval: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
-    if rank_zero_only.rank == 0:
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
         print(json.dumps(metrics), flush=True)  # NaN / Infinity as JSON NaN / Infinity
     bad = [k for k, v in metrics.items() if not math.isfinite(v)]
     if bad:

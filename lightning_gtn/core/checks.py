@@ -7,7 +7,7 @@ lengths, labels or blanks (``8.5``, ``True``, a float tensor) are errors, never 
 from __future__ import annotations
 
 import itertools
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Literal, Optional, Sequence, Tuple, overload
 
 import numpy as np
 import torch
@@ -56,6 +56,14 @@ def check_impl(impl) -> Optional[str]:
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     return impl
+
+
+@overload
+def check_label(value, name: str, num_classes: int, allow_none: Literal[False] = False) -> int: ...
+
+
+@overload
+def check_label(value, name: str, num_classes: int, allow_none: bool) -> Optional[int]: ...
 
 
 def check_label(value, name: str, num_classes: int, allow_none: bool = False) -> Optional[int]:

@@ -90,7 +90,7 @@ class Criterion:
             w = weights.reshape(-1)[torch.from_numpy(widx).to(E.device)]
         losses, gE, gw = score(plan, E, w, impl, zero_infinity, need_e, w_coef)
         gW = None
-        if gw is not None and widx is not None:
+        if gw is not None and widx is not None and weights is not None:  # widx implies weights (checked above)
             gW = torch.zeros(weights.numel(), dtype=E.dtype, device=E.device)
             gW = gW.index_add_(0, torch.from_numpy(widx).to(E.device), gw).reshape(weights.shape)
         return losses, gE, gW

@@ -92,9 +92,10 @@ class TrainingPlots(Callback):
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         plot_training_curves(self.history, self.output_dir / "curves.png")
-        if self.num_alignments > 0 and trainer.datamodule is not None:
+        datamodule = getattr(trainer, "datamodule", None)  # set by Lightning, not declared on Trainer
+        if self.num_alignments > 0 and datamodule is not None:
             write_alignments(
-                pl_module, trainer.datamodule.val_dataloader(), self.output_dir / "alignments.png", self.num_alignments
+                pl_module, datamodule.val_dataloader(), self.output_dir / "alignments.png", self.num_alignments
             )
 
 

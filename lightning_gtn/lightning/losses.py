@@ -88,6 +88,7 @@ def _from_config(cfg: dict, chars: list) -> StructuredLoss:
     _check_transitions(cfg)
     cls = _import(cfg["_target_"])
     old = cfg.pop("vocabulary", None)  # the older way of stating a convention in a config
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):

@@ -27,7 +27,8 @@ name registered types of :mod:`lightning_gtn._trust` with plain-data arguments.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torchmetrics import MeanMetric
@@ -116,6 +117,12 @@ class StructuredLossMixin:
 
     structured_loss: StructuredLoss
     vocabulary: Vocabulary
+    # what the LightningModule this is mixed into provides
+    __call__: Callable[..., Any]
+    log: Callable[..., None]
+    parameters: Callable[..., Iterator[torch.nn.Parameter]]
+    global_step: int
+    current_epoch: int
 
     def configure_structured_loss(
         self,
@@ -181,7 +188,7 @@ class StructuredLossMixin:
         """``C``, the emission classes the model must output (the loss's own count when its
         targets are graphemes and its emissions are tokens, as the word-piece transducer's)."""
         if getattr(self.structured_loss, "target_classes", None) is not None:
-            return int(self.structured_loss.num_classes)
+            return int(self.structured_loss.num_classes)  # type: ignore[arg-type]  # an int attribute
         return self.vocabulary.num_classes
 
     # ------------------------------------------------------------------ hooks

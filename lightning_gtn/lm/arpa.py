@@ -219,6 +219,7 @@ def read_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> NG
                 raise ValueError(f"ARPA line {no}: more {n}-grams than the {declared} the header declares")
             p = _number(f[0], no, "probability")
             b = _number(f[n + 1], no, "back-off weight") if len(f) == n + 2 else 0.0
+            g: tuple[int, ...]
             if n == 1:
                 w = f[1]
                 if w in ids:

@@ -243,6 +243,7 @@ class STCLoss(StructuredLoss):
     """
 
     blank = 0
+    nstep: torch.Tensor  # a buffer: the training steps counted
 
     def __init__(
         self,
@@ -336,7 +337,7 @@ class GraphLoss(StructuredLoss):
         self.blank = check_label(blank, "blank", 2**62, allow_none=True)
         self.repeat_label = bool(repeat_label)
 
-    def forward(
+    def forward(  # type: ignore[override]  # the graphs come with each call (keyword-only)
         self,
         emissions,
         targets=None,

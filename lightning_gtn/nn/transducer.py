@@ -172,6 +172,7 @@ class TransducerLoss(StructuredLoss):
     """
 
     repeat_label = False
+    transition_params: Optional[nn.Parameter]
 
     def __init__(
         self,
