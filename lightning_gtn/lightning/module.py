@@ -141,7 +141,7 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             msg = " ".join(str(root).split())
             raise ValueError(f"model: cannot build {network.get('_target_')}: {msg}") from e
 
-    @classmethod
+    @classmethod  # the override: weights_only is a bool defaulting to True, not Lightning's Optional
     def load_from_checkpoint(cls, checkpoint_path, *args, weights_only: bool = True, **kwargs):  # type: ignore[override]
         """Lightning's ``load_from_checkpoint``, always with ``weights_only=True`` unless told
         otherwise (Lightning's default is ``False`` for URLs)."""
