@@ -193,9 +193,10 @@ class _Trie:
         n = 0
         children, ends = self.children, self.ends
         for q in range(p, len(seq)):
-            n = children[n].get(seq[q])
-            if n is None:
+            nxt = children[n].get(seq[q])
+            if nxt is None:
                 break
+            n = nxt
             for k in ends[n]:
                 out.append((q + 1, k))
         return out
@@ -416,9 +417,14 @@ class TransducerCriterion(criterion.Criterion):
 
     # -- the Criterion interface -------------------------------------------------
     def target_classes(self, C: int) -> int:
+        """Targets are grapheme ids: ``[0, num_graphemes)`` whatever ``C``."""
         return self.num_graphemes
 
     def plan(self, seqs, lengths, C, blank):
+        """The plan of a batch of grapheme targets (see :meth:`Criterion.plan`).
+
+        Raises ``ValueError`` when ``C`` is not the number of emission classes of the tokens.
+        """
         if C != self.C:
             raise ValueError(f"emissions must have C = len(tokens) + (blank != 'none') = {self.C} classes, got {C}")
         nums = [self.numerator(s) for s in seqs]
@@ -482,7 +488,7 @@ class TransducerCriterion(criterion.Criterion):
             if bool(bad.any()):  # infeasible rows: no gradient from either part
                 buf[bad] = 0
                 psum[bad] = 0
-            if need_w:  # the numerators of infeasible rows have zero occupancies already
+            if coef is not None:  # need_w; the numerators of infeasible rows have zero occupancies already
                 gW = (torch.mv(psum.t(), coef.to(psum.dtype)).to(E.dtype) + gw_lab).reshape(weights.shape)
             if need_e:
                 gE = buf
@@ -615,7 +621,7 @@ class TransducerCriterion(criterion.Criterion):
         alignment acceptor whose arcs index the start and label-after-label weights directly (its
         nodes read one label each, so the bigram state is the source node's label) and without
         the end weights' epsilon arcs (the caller adds them to the last frame)."""
-        key = tuple(int(t) for t in target)
+        key: tuple = tuple(int(t) for t in target)
         if plain and self.transitions is not None:
             key = ("plain",) + key
         elif bigram:
@@ -810,7 +816,8 @@ class TransducerCriterion(criterion.Criterion):
             return best_paths_op(emissions.detach(), None, torch.from_numpy(lengths))
         x = emissions.detach().to("cpu", checks.compute_dtype(emissions)).contiguous()
         plan = Plan([self.denominator], np.zeros(B, dtype=np.int64), np.arange(B), lengths, np.ones(B), B)
-        w = params.detach().to("cpu", x.dtype).reshape(-1)
+        # params come with the transitions, hence with a denominator
+        w = params.detach().to("cpu", x.dtype).reshape(-1)  # type: ignore[union-attr]
         paths, scores = max_semiring_paths(x, plan, w.contiguous(), T)
         return paths.to(emissions.device), scores.to(device=emissions.device, dtype=emissions.dtype)
 
@@ -839,6 +846,7 @@ def transducer_criterion(
     if transitions is not None and not isinstance(transitions, Graph):
         raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph, got {type(transitions).__name__}")
     tkey = None if transitions is None else (id(transitions), transitions.version)
+    key: Optional[tuple]
     try:  # a cheap key first (hashable tokens and graphemes): the ids are made on a miss only
         key = (
             tuple(t if isinstance(t, str) else tuple(t) for t in tokens),
