@@ -9,7 +9,7 @@ TRITON := triton==3.9.0
 # numba's OpenMP layer kills forked DataLoader workers; workqueue is fork-safe.
 export NUMBA_THREADING_LAYER ?= workqueue
 
-.PHONY: venv train test test-fast bench gpu-check clean
+.PHONY: venv train test test-fast lint bench gpu-check clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m "not slow" $(ARGS)
 
+# ruff (lint and format, configured in pyproject.toml) and mypy (the package, [tool.mypy]): no findings
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m mypy
+
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py $(ARGS)
 
@@ -41,4 +47,4 @@ gpu-check: $(STAMP)
 	$(VENV)/bin/lightning-gtn-train experiment=smoke trainer=gpu trainer.enable_progress_bar=false
 
 clean:
-	rm -rf $(VENV) outputs multirun lightning_logs .pytest_cache .hypothesis
+	rm -rf $(VENV) outputs multirun lightning_logs .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -199,7 +199,7 @@ def _cases(lib, tmp: str, rng_seed: int = 0):
     K = 1000
     tok = lib.Graph(False)
     tok.add_node(True, True)
-    for i in range(K):
+    for _ in range(K):
         tok.add_node(False, True)
     for i in range(K):
         tok.add_arc(0, i + 1, i)

@@ -82,7 +82,7 @@ def main(argv: Optional[List[str]] = None) -> str:
     rows = ["| lines | characters | pieces | train (s) |", "|---:|---:|---:|---:|"]
     pieces_by_n = {}
     for n in (200, 1000):
-        sec, pieces = _time(lambda: train_word_pieces(texts, n, progress=False), repeats)
+        sec, pieces = _time(lambda n=n: train_word_pieces(texts, n, progress=False), repeats)
         pieces_by_n[n] = pieces
         rows.append(f"| {lines} | {chars} | {len(pieces)} | {sec:.2f} |")
     table1 = "\n".join(rows)
@@ -102,7 +102,10 @@ def main(argv: Optional[List[str]] = None) -> str:
         (3, 10, "optional"),
     ):
         sec, g = _time(
-            lambda: transitions_graph(seqs, num_tokens, order=order, prune=prune, blank=blank, init="counts"), repeats
+            lambda order=order, prune=prune, blank=blank: transitions_graph(
+                seqs, num_tokens, order=order, prune=prune, blank=blank, init="counts"
+            ),
+            repeats,
         )
         rows.append(
             f"| {order} | {prune} | {blank} | {g.num_nodes()} | {g.num_arcs()} | "

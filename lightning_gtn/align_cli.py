@@ -46,6 +46,7 @@ class AlignError(Exception):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The command line of ``lightning-gtn-align`` (``argv`` None: ``sys.argv[1:]``) as a namespace."""
     p = argparse.ArgumentParser(
         prog="lightning-gtn-align",
         description=__doc__.split("\n\n")[0],
@@ -172,7 +173,7 @@ def _read_target_lines(f: Path, B: int):
 def _vocab_tokens(vocab) -> list:
     C = vocab.num_classes
     off = 1 if vocab.blank else 0
-    toks = [None] * C
+    toks: list[str | None] = [None] * C
     if vocab.blank:
         toks[0] = "<blank>"
     for i, c in enumerate(vocab.chars):

@@ -16,8 +16,9 @@ ignored. The checkpoint is data: its configs may only name registered types of
 :mod:`lightning_gtn.trust` with plain-data arguments (``trust_modules=[mypkg]`` on the command
 line opts whole modules in), and it carries its word pieces, transitions graph and decoder
 lexicon and LM, so it loads from any directory. ``decoder=...`` on the command line replaces the
-checkpoint's decoder (files it names are read: you typed them). A missing, truncated or foreign file, or a refused checkpoint, prints one
-``lightning-gtn-eval: error: ...`` line naming the file and exits with status 2.
+checkpoint's decoder (files it names are read: you typed them). A missing, truncated or foreign
+file, or a refused checkpoint, prints one ``lightning-gtn-eval: error: ...`` line naming the file
+and exits with status 2.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
     run = trainer.validate if cfg.split == "val" else trainer.test
     results = run(model, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in sorted(results[0].items())}
-    if rank_zero_only.rank == 0 and cfg.num_samples > 0:
+    if rank_zero_only.rank == 0 and cfg.num_samples > 0:  # type: ignore[attr-defined]  # rank: set by Lightning
         datamodule.setup("validate" if cfg.split == "val" else "test")
         loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
         print(f"decoded {cfg.split} samples (reference -> hypothesis):")
@@ -235,7 +236,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
     except ConfigError as e:  # a clear message, no traceback
         print(f"lightning-gtn-eval: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
-    if rank_zero_only.rank == 0:
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
         print(json.dumps(metrics), flush=True)  # NaN / Infinity as JSON NaN / Infinity
     bad = [k for k, v in metrics.items() if not math.isfinite(v)]
     if bad:

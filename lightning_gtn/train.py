@@ -549,7 +549,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
         metrics = run(cfg)
     except TrainingFailed as e:
         failed, metrics = e, e.metrics
-    if rank_zero_only.rank == 0:
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
         sys.stderr.flush()
         print(json.dumps(metrics), flush=True)
     if failed is not None:

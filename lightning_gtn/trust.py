@@ -195,7 +195,7 @@ def register_type(obj=None, name: str | None = None, *, kind: str | None = None)
 
 def registered_types() -> dict[str, str | None]:
     """``{dotted name: kind}`` of every registered type (built-in and :func:`register_type`)."""
-    out = {n: k for n, (_, _, k) in _BUILTIN.items()}
+    out: dict[str, str | None] = {n: k for n, (_, _, k) in _BUILTIN.items()}
     out.update({n: k for n, (_, k) in _registered.items()})
     return dict(sorted(out.items()))
 

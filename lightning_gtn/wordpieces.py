@@ -285,6 +285,7 @@ def greedy_segment(word: str, pieces: Sequence[str]) -> List[int]:
     out: List[int] = []
     k = 0
     n = len(word)
+    node: Optional[dict]
     while k < n:
         node, best, best_end = root, None, k
         j = k

@@ -75,12 +75,10 @@ class Alignment:
 
     def to(self, device) -> "Alignment":
         """A copy with every tensor on ``device``."""
-        return Alignment(
-            **{
-                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
-                for f in fields(self)
-            }
-        )
+        moved: Dict[str, Optional[torch.Tensor]] = {
+            f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device)) for f in fields(self)
+        }
+        return Alignment(**moved)  # type: ignore[arg-type]  # only star_frames may be None, as in self
 
     def __len__(self) -> int:
         return int(self.score.shape[0])
@@ -400,7 +398,7 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
     tok = arc_tok_t[idx]  # (B, T)
     labels = arc_lab_t[idx]
     star_frames = None
-    if star is not None:
+    if star_lab is not None:  # star is not None
         star_frames = tok == _STAR
         labels = torch.where(star_frames, star_lab, labels)
     frame_score = x.gather(2, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)

@@ -31,7 +31,7 @@ def _token_labels(strip, spans, texts, n: int, width: float) -> int:
     frames_per_inch = max(n, 1) / (0.91 * width)
     last = [-np.inf] * _LABEL_ROWS  # right edge (frames) of the last label in each row
     skipped = 0
-    for (i, u, v), text in zip(spans, texts):
+    for (_, u, v), text in zip(spans, texts):
         centre = (u + v - 1) / 2
         half = 0.5 * (0.075 * len(text) + 0.04) * frames_per_inch  # about 0.075 inch a character at 7 pt
         row = next((r for r in range(_LABEL_ROWS) if last[r] < centre - half), None)

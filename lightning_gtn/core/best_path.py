@@ -22,8 +22,17 @@ __all__ = ["best_paths_op", "best_paths_impl", "max_semiring_paths", "refuse_nan
 
 
 def max_semiring_paths(x: torch.Tensor, plan: Plan, w: torch.Tensor, T: int):
-    """``(paths (B, T) int64 padded with -1, scores (B,))``: the best path of each row of
-    ``plan`` through the CPU emissions ``x`` with arc weights ``w`` (the max semiring)."""
+    """Best paths of a plan's graphs in the max semiring, read back as frame labels.
+
+    Args:
+        x: emissions ``(B, T, C)`` on the CPU, float32 or float64.
+        plan: one graph per example (``plan.B`` examples).
+        w: the plan's arc weights ``(num_arcs,)`` in ``x``'s dtype.
+        T: frames of the output paths.
+
+    Returns:
+        ``(paths (B, T) int64 padded with -1, scores (B,) in x's dtype)``.
+    """
     st = dispatch.forward(plan.problem, x, w.contiguous(), "numba", semiring="max")
     B = plan.B
     paths = torch.full((B, T), -1, dtype=torch.int64)

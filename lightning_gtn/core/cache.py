@@ -12,7 +12,7 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Callable, Dict, Generic, Hashable, Optional, TypeVar
+from typing import Callable, Dict, Generic, Hashable, Optional, TypeVar, overload
 
 __all__ = ["LRU", "HandleRegistry"]
 
@@ -43,6 +43,12 @@ class LRU(Generic[V]):
         if isinstance(n, bool) or int(n) != n or int(n) < 1:
             raise ValueError(f"maxsize must be an integer >= 1, got {n!r}")
         return int(n)
+
+    @overload
+    def get(self, key: Hashable) -> Optional[V]: ...
+
+    @overload
+    def get(self, key: Hashable, make: Callable[[], V]) -> V: ...
 
     def get(self, key: Hashable, make: Optional[Callable[[], V]] = None) -> Optional[V]:
         """The value of ``key`` (now the most recent entry), built by ``make()`` (and stored) on

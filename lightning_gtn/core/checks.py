@@ -7,7 +7,7 @@ lengths, labels or blanks (``8.5``, ``True``, a float tensor) are errors, never 
 from __future__ import annotations
 
 import itertools
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Literal, Optional, Sequence, Tuple, overload
 
 import numpy as np
 import torch
@@ -51,7 +51,8 @@ def check_emissions(x, name: str = "log_probs") -> Tuple[int, int, int]:
         raise ValueError(f"{name} must have shape (B, T, C) (batch first), got {x.dim()} dims: {tuple(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating point tensor, got {x.dtype}")
-    return tuple(x.shape)
+    B, T, C = x.shape
+    return B, T, C
 
 
 def check_reduction(reduction) -> str:
@@ -132,6 +133,14 @@ def token_ids(tokens, graphemes_to_idx) -> Tuple[Tuple[Tuple[int, ...], ...], in
     if not out:
         raise ValueError("tokens must hold at least one token")
     return tuple(out), int(max(graphemes_to_idx.values())) + 1
+
+
+@overload
+def check_label(value, name: str, num_classes: int, allow_none: Literal[False] = False) -> int: ...
+
+
+@overload
+def check_label(value, name: str, num_classes: int, allow_none: bool) -> Optional[int]: ...
 
 
 def check_label(value, name: str, num_classes: int, allow_none: bool = False) -> Optional[int]:

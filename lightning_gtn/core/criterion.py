@@ -105,7 +105,18 @@ class Criterion:
         raise ValueError(f"{self.name}: impl='gtn' is not available")
 
     def plan(self, seqs: List[List[int]], lengths: np.ndarray, C: int, blank: int) -> Tuple[Plan, Optional[np.ndarray]]:
-        """The plan of a batch of targets, and the weight index of its arcs (or None)."""
+        """The plan for a batch of targets: one criterion graph per example.
+
+        Args:
+            seqs: the ``B`` target sequences (label ids).
+            lengths: ``(B,)`` int64 input lengths (frames).
+            C: the number of emission classes.
+            blank: the blank label, or -1 when there is none.
+
+        Returns:
+            ``(plan, widx)``: ``widx`` is ``(num_arcs,)`` int64, the index of each arc's weight in
+            the flattened weight tensor, or None when the arcs carry their own (fixed) weights.
+        """
         raise NotImplementedError
 
     def score(
@@ -132,7 +143,7 @@ class Criterion:
             w = weights.reshape(-1)[torch.from_numpy(widx).to(E.device)]
         losses, gE, gw = score(plan, E, w, impl, zero_infinity, need_e, w_coef)
         gW = None
-        if gw is not None and widx is not None:
+        if gw is not None and widx is not None and weights is not None:  # widx implies weights (checked above)
             gW = torch.zeros(weights.numel(), dtype=E.dtype, device=E.device)
             gW = gW.index_add_(0, torch.from_numpy(widx).to(E.device), gw).reshape(weights.shape)
         return losses, gE, gW
@@ -461,7 +472,7 @@ def apply_loss(
     return out.to(emissions.dtype)
 
 
-def _call_loss_op(crit: Criterion, x, w, tg, il, tl, blank, reduction, zero_infinity, impl) -> Tensor:
+def _call_loss_op(crit: "Criterion | _HandleName", x, w, tg, il, tl, blank, reduction, zero_infinity, impl) -> Tensor:
     """:func:`loss_op` on emissions ``x`` and weights ``w`` already in the compute dtype."""
     grad = torch.is_grad_enabled()
     need_e = bool(grad and x.requires_grad)

@@ -15,7 +15,7 @@ API under that name (including ``lightning_gtn.wfst``) can stand in for it.
 from __future__ import annotations
 
 import importlib
-from typing import List
+from typing import Any, List
 
 import numpy as np
 import torch
@@ -62,10 +62,10 @@ class _GTNFunction(torch.autograd.Function):
         calc_e = bool(ctx.needs_input_grad[0])
         calc_t = bool(transitions is not None and ctx.needs_input_grad[1])
         tr_host = None if transitions is None else transitions.detach().to("cpu", torch.float32).contiguous()
-        losses = [None] * B
-        emission_graphs = [None] * B
-        transition_graphs = [None] * B
-        keep = [None] * B  # the memory whose address set_weights read
+        losses: List[Any] = [None] * B
+        emission_graphs: List[Any] = [None] * B
+        transition_graphs: List[Any] = [None] * B
+        keep: List[Any] = [None] * B  # the memory whose address set_weights read
         criterion = importlib.import_module(gtn.__name__ + ".criterion") if kind == "ctc" else None
 
         def process(b):
@@ -76,11 +76,13 @@ class _GTNFunction(torch.autograd.Function):
             em.set_weights(data.data_ptr())
             target = list(seqs[b])
             if kind == "ctc":
+                assert criterion is not None  # imported above for "ctc"
                 loss = criterion.ctc_loss(em, target, blank)
             elif kind == "sequence":
                 target_score = gtn.forward_score(gtn.intersect(build_force_align(gtn, target), em))
                 loss = gtn.subtract(gtn.forward_score(em), target_score)
             elif kind == "asg":
+                assert tr_host is not None  # ASG has transitions (checked by the caller)
                 trg = _transitions_graph(gtn, C, tr_host, calc_t)
                 transition_graphs[b] = trg
                 full = gtn.forward_score(gtn.intersect(em, trg))

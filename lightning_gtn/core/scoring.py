@@ -44,8 +44,8 @@ class Plan:
 
 def unique_graphs(per_example: Sequence[CompiledGraph]):
     """Deduplicated graph list and the index of each example's graph."""
-    index = {}
-    graphs = []
+    index: dict = {}
+    graphs: list[CompiledGraph] = []
     ids = np.empty(len(per_example), dtype=np.int64)
     for i, g in enumerate(per_example):
         j = index.get(id(g))
@@ -133,7 +133,7 @@ def score(
     gw = None
     if st is not None:  # log-domain state: the backward pass, once per set of coefficients
         ecoef = sign * okf[rows]
-        if need_w:
+        if w_coef is not None:  # need_w
             wcoef = sign * (okf * w_coef.to(device=dev, dtype=dtype))[rows]
             if need_e and bool(torch.equal(wcoef, ecoef)):
                 gE, gw = dispatch.backward(st, ecoef, True, True)
@@ -145,7 +145,7 @@ def score(
     else:
         if need_e and gE is not None and not bool(ok.all()):
             gE.mul_(okf.reshape(-1, 1, 1))  # the kernel's own buffer: infeasible rows zeroed in place
-        if need_w:
+        if w_coef is not None:  # need_w
             values, arc_ids, ex = occ
             coef = (okf * w_coef.to(dtype))[torch.from_numpy(p.ex_row)] * torch.from_numpy(plan.sign).to(values.dtype)
             gw = torch.zeros(plan.batch.num_arcs, dtype=values.dtype).index_add_(0, arc_ids, values * coef[ex])

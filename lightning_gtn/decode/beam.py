@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -159,6 +159,27 @@ class BeamSearchDecoder:
         ['ab']
     """
 
+    # set in __init__ (declared here: mypy checks the methods before it has inferred __init__)
+    tokens: List[str]
+    topology: str
+    blank: int
+    repeat: int
+    token_min_logp: float
+    beam_size: int
+    nbest: int
+    max_work_bytes: int
+    token_beam: int
+    beam_threshold: float
+    lm_weight: float
+    word_score: float
+    unk_score: float
+    word_separator: str
+    sep: int
+    lexicon_free: bool
+    lexicon: Optional[Lexicon]
+    lm: Any
+    _trans: np.ndarray
+
     def __init__(
         self,
         tokens: Sequence[str],
@@ -181,7 +202,7 @@ class BeamSearchDecoder:
         lexicon_free: bool = False,
         transitions=None,
         max_work_bytes: int = 1 << 30,
-    ):
+    ) -> None:
         if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
             raise ValueError("tokens must be a list of strings (one per output class)")
         self.tokens = list(tokens)
@@ -197,9 +218,9 @@ class BeamSearchDecoder:
             isinstance(token_beam, bool) or not isinstance(token_beam, (int, np.integer)) or token_beam < 1
         ):
             raise ValueError(f"token_beam must be a positive integer or None, got {token_beam!r}")
-        for name, v in (("lm_weight", lm_weight), ("word_score", word_score), ("beam_threshold", beam_threshold)):
-            if not isinstance(v, numbers.Real) or math.isnan(v) or math.isinf(v) and name != "beam_threshold":
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        for name, x in (("lm_weight", lm_weight), ("word_score", word_score), ("beam_threshold", beam_threshold)):
+            if not isinstance(x, numbers.Real) or math.isnan(x) or math.isinf(x) and name != "beam_threshold":
+                raise ValueError(f"{name} must be a finite number, got {x!r}")
         if not isinstance(unk_score, numbers.Real) or math.isnan(unk_score) or unk_score == math.inf:
             raise ValueError(f"unk_score must be a number or -inf, got {unk_score!r}")
         if token_min_logp is not None and (not isinstance(token_min_logp, numbers.Real) or math.isnan(token_min_logp)):
@@ -435,7 +456,7 @@ class BeamSearchDecoder:
             toks.reverse()
             frames.reverse()
             wids.reverse()
-            if self.lexicon_free:
+            if self.lexicon_free or self.lexicon is None:  # the same: lexicon_free is lexicon is None
                 text = "".join(self.tokens[t] for t in toks)
                 words = [w for w in text.split(self.word_separator) if w]
             else:

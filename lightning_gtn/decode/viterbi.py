@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -15,7 +15,7 @@ from ..wfst import Graph
 __all__ = ["viterbi", "best_paths", "collapse"]
 
 
-def collapse(path: Sequence[int], blank: Optional[int] = None) -> List[int]:
+def collapse(path: Iterable[int], blank: Optional[int] = None) -> List[int]:
     """Merges repeated labels, then drops ``blank`` (when not None): CTC's and ASG's rule.
 
     ``path`` holds integer labels; -1 entries (the padding of :func:`best_paths`) are dropped.

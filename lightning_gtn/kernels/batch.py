@@ -10,11 +10,14 @@ length; a :class:`State` is what a forward pass keeps for its backward.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
 from ..wfst import Graph
+
+if TYPE_CHECKING:  # annotations only: this module computes with numpy
+    import torch
 
 INDEX_DTYPE = np.int32  # the dtype of every node, arc and label index array
 _INT = INDEX_DTYPE
@@ -70,6 +73,32 @@ class CompiledGraph:
         "out_lp",
         "device_tables",  # the Triton kernels' padded tables, made on first use (see _triton)
     )
+    num_nodes: int
+    num_arcs: int
+    src: np.ndarray
+    dst: np.ndarray
+    label: np.ndarray
+    weights: np.ndarray
+    start: np.ndarray
+    accept: np.ndarray
+    in_cnt: np.ndarray
+    in_arc: np.ndarray
+    out_cnt: np.ndarray
+    out_arc: np.ndarray
+    eps_in_nodes: np.ndarray
+    eps_in_cnt: np.ndarray
+    eps_in_arc: np.ndarray
+    eps_out_nodes: np.ndarray
+    eps_out_cnt: np.ndarray
+    eps_out_arc: np.ndarray
+    weight_index: Optional[np.ndarray]
+    max_label: int
+    labels: np.ndarray
+    in_src: np.ndarray
+    in_lp: np.ndarray
+    out_dst: np.ndarray
+    out_lp: np.ndarray
+    device_tables: Any
 
     def __getstate__(self):
         # the Triton tables (and their copies on devices) are a cache: not pickled
@@ -171,7 +200,6 @@ class GraphBatch:
 
     def __init__(self, graphs: Sequence[CompiledGraph]) -> None:
         self.graphs = list(graphs)
-        G = len(graphs)
 
         def offsets(sizes) -> np.ndarray:
             off = np.zeros(len(sizes) + 1, dtype=np.int64)
@@ -225,10 +253,11 @@ class GraphBatch:
                 default=0,
             )
         )
-        self._weights = None
+        self._weights: Optional[np.ndarray] = None
 
     @property
     def num_arcs(self) -> int:
+        """The total number of arcs over all graphs of the batch."""
         return int(self.arc_off[-1])
 
     def weights(self) -> np.ndarray:
@@ -318,3 +347,10 @@ class State:
     """What the forward keeps for the backward."""
 
     __slots__ = ("problem", "alpha", "logz", "E", "w", "impl", "extra")
+    problem: Problem
+    alpha: torch.Tensor  # the forward scores (flat, or padded per example: the implementation's layout)
+    logz: torch.Tensor  # (N,) each example's score
+    E: torch.Tensor  # (B, T, C) emissions
+    w: torch.Tensor  # (num_arcs,) arc weights
+    impl: str
+    extra: Any  # what the implementation keeps besides (its tables)

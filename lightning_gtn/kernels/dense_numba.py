@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -268,7 +269,9 @@ def _unigram_torch(E, w, ln, gE, new_buffer):
     return logz, psum
 
 
-def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.Tensor = None, new_buffer: bool = False):
+def unigram_pass(
+    E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: Optional[torch.Tensor] = None, new_buffer: bool = False
+):
     """``(logz (B,), psum (B, C) or None)`` of the unigram normaliser of emissions ``(B, T, C)``
     with label weights ``w (C,)``; when ``gE`` (a ``(B, T, C)`` buffer) is given, each valid
     frame's softmax is added into it and ``psum[b]`` is its sum over the frames of row b. With
@@ -293,7 +296,7 @@ def unigram_pass(E: torch.Tensor, w: torch.Tensor, lens: np.ndarray, gE: torch.T
     wn = np.ascontiguousarray(w.detach().to(torch.float64).reshape(-1).numpy())
     logz = np.zeros(B, dtype=np.float64)
     psum = np.zeros((B, C) if need_grad else (1, 1), dtype=np.float64)
-    gEn = gE.numpy() if need_grad else np.zeros((1, 1, 1), dtype=En.dtype)
+    gEn = gE.numpy() if gE is not None else np.zeros((1, 1, 1), dtype=En.dtype)  # need_grad
 
     def run(e0, e1):
         _unigram_kernel(e0, e1, En, wn, ln, logz, gEn, psum, need_grad)

@@ -731,6 +731,12 @@ def _run_chunks(fn, chunks):
 
 
 def numba_forward(st, use_max: bool) -> None:
+    """Forward pass over all examples of ``st.problem`` with the numba kernel, on the CPU.
+
+    Sets ``st.alpha`` (flat, ``(alpha_off[-1],)``: each example's ``(T_e + 1, S_e)`` forward
+    scores) and ``st.logz`` ``(N,)``, in the dtype of ``st.E`` ``(B, T, C)``. ``use_max``: the
+    max semiring (Viterbi) instead of the log semiring.
+    """
     p, bt = st.problem, st.problem.batch
     E = st.E
     dtype = E.dtype
@@ -773,6 +779,16 @@ def numba_forward(st, use_max: bool) -> None:
 
 
 def numba_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
+    """Backward pass of :func:`numba_forward` (log semiring) on the CPU.
+
+    Args:
+        st: the state the forward filled.
+        coef: ``(N,)`` the gradient of the output with respect to each example's score.
+        need_e, need_w: which gradients to compute.
+
+    Returns:
+        ``(grad_E (B, T, C) or None, grad_w (num_arcs,) or None)`` in the dtype of ``st.E``.
+    """
     p, bt = st.problem, st.problem.batch
     E = st.E
     gE = torch.zeros_like(E) if need_e else torch.zeros((1, 1, 1), dtype=E.dtype)

@@ -24,9 +24,37 @@ OCC_BLOCK_ELEMENTS = 1 << 24  # occupancies are formed this many entries at a ti
 
 
 class Tables:
-    """Padded per-example tables on a device (built from a :class:`Problem`)."""
+    """Padded per-example tables on a device (built from a :class:`Problem`).
 
-    pass
+    ``(Ne, Smax, K)`` incoming (``in_*``) and outgoing (``out_*``) emitting arcs of each node of
+    each example (``*_mask`` marks the real entries), ``(Ne, Smax)`` start and accept masks, and
+    with epsilon arcs their levels and ``(Ne, Smax, K)`` tables (``ein_*``, ``eout_*``).
+    """
+
+    Smax: int
+    in_arc: torch.Tensor
+    in_mask: torch.Tensor
+    in_src: torch.Tensor
+    in_lab: torch.Tensor
+    out_arc: torch.Tensor
+    out_mask: torch.Tensor
+    out_dst: torch.Tensor
+    out_lab: torch.Tensor
+    start: torch.Tensor
+    accept: torch.Tensor
+    has_eps: bool
+    eps_levels_in: int
+    eps_levels_out: int
+    lin: torch.Tensor
+    lout: torch.Tensor
+    ein_arc: torch.Tensor
+    ein_mask: torch.Tensor
+    ein_src: torch.Tensor
+    eout_arc: torch.Tensor
+    eout_mask: torch.Tensor
+    eout_dst: torch.Tensor
+    rows: torch.Tensor
+    lens: torch.Tensor
 
 
 def _pad_table(node_of_entry: np.ndarray, entries: np.ndarray, cnt: np.ndarray, num_rows: int, K: int):
@@ -175,6 +203,12 @@ def _eps_step_forward(alpha, tb, w, use_max):
 
 
 def torch_forward(st, use_max: bool) -> None:
+    """Forward pass over all examples of ``st.problem`` with torch operations, on ``st.E``'s device.
+
+    Sets ``st.alpha`` ``(N, T + 1, S_max)`` (the forward scores of each example's nodes, padded),
+    ``st.logz`` ``(N,)`` and ``st.extra`` (the padded arc tables the backward reuses). ``use_max``:
+    the max semiring (Viterbi) instead of the log semiring.
+    """
     p = st.problem
     tb = build_tables(st)
     st.extra = tb
@@ -207,6 +241,17 @@ def torch_forward(st, use_max: bool) -> None:
 
 
 def torch_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
+    """Backward pass of :func:`torch_forward` (log semiring).
+
+    Args:
+        st: the state the forward filled.
+        coef: ``(N,)`` the gradient of the output with respect to each example's score.
+        need_e, need_w: which gradients to compute.
+
+    Returns:
+        ``(grad_E (B, T, C) or None, grad_w (num_arcs,) or None)`` in the dtype and on the
+        device of ``st.E``.
+    """
     p, tb = st.problem, st.extra
     E, alphas, logz = st.E, st.alpha, st.logz
     w = torch.cat([st.w, st.w.new_zeros(1)])
@@ -244,7 +289,8 @@ def torch_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
     _, S, K = tb.in_src.shape
     w_in = torch.where(tb.in_mask, w[tb.in_arc], ninf)
     zero = torch.zeros((), dtype=dtype, device=dev)
-    gE = gw = None
+    gE: torch.Tensor | None = None
+    gw: torch.Tensor | None = None
     if need_e:
         gE = torch.zeros_like(E)
     occ_w = torch.zeros((Ne, S, K), dtype=dtype, device=dev) if need_w else None
@@ -261,13 +307,13 @@ def torch_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
             a_src + w_in.unsqueeze(1) + em + betas[:, t0 + 1 : t1 + 1].unsqueeze(-1) - lz.reshape(Ne, 1, 1, 1)
         )
         occ = torch.where(tmask & tb.in_mask.unsqueeze(1), occ, zero) * scale.reshape(Ne, 1, 1, 1)
-        if need_e:
+        if gE is not None:  # need_e
             gEe = torch.zeros((Ne, n, E.shape[2]), dtype=dtype, device=dev)
             gEe.scatter_add_(2, lab_idx.expand(Ne, n, S * K), occ.reshape(Ne, n, S * K))
             gE[:, t0:t1].index_add_(0, tb.rows, gEe)
-        if need_w:
+        if occ_w is not None:  # need_w
             occ_w += occ.sum(1)
-    if need_w:
+    if occ_w is not None:  # need_w
         gw = torch.zeros(st.w.shape[0] + 1, dtype=dtype, device=dev)
         gw.index_add_(0, tb.in_arc.reshape(-1), occ_w.reshape(-1))
         if tb.has_eps:

@@ -85,6 +85,29 @@ class Tables:
         "ex_len",
         "ex_occ_size",
     )
+    S: int  # the largest graph's node count
+    K_in: int  # the largest in-degree (emitting arcs)
+    K_out: int  # the largest out-degree
+    g_nodes: torch.Tensor  # (G,) per graph: nodes, in-/out-degree bounds, table offsets
+    g_kin: torch.Tensor
+    g_kout: torch.Tensor
+    g_tin: torch.Tensor
+    g_tout: torch.Tensor
+    g_node: torch.Tensor
+    g_arc: torch.Tensor
+    in_src: torch.Tensor  # the graphs' padded tables, concatenated
+    in_lab: torch.Tensor
+    in_arc: torch.Tensor
+    out_dst: torch.Tensor
+    out_lab: torch.Tensor
+    out_arc: torch.Tensor
+    start: torch.Tensor
+    accept: torch.Tensor
+    node_lab: Optional[torch.Tensor]
+    ex_graph: torch.Tensor  # (N,) per example
+    ex_row: torch.Tensor
+    ex_len: torch.Tensor
+    ex_occ_size: np.ndarray
 
 
 def _graph_tables(cg) -> dict:
@@ -263,7 +286,7 @@ def backward(
     gE = torch.zeros_like(E) if need_e else None
     gw = torch.zeros(max(w.shape[0], 1), dtype=dtype, device=dev) if need_w else None
     if N == 0 or not (need_e or need_w):
-        return gE, (gw[: w.shape[0]] if need_w else None)
+        return gE, (gw[: w.shape[0]] if gw is not None else None)  # gw is None unless need_w
     S, K = tables.S, tables.K_out
     coef = coef.to(device=dev, dtype=dtype).contiguous()
     beta = torch.empty((N, 2, S), dtype=dtype, device=dev)
@@ -311,7 +334,7 @@ def backward(
         NEED_W=need_w,
         num_warps=nw,
     )
-    return gE, (gw[: w.shape[0]] if need_w else None)
+    return gE, (gw[: w.shape[0]] if gw is not None else None)  # gw is None unless need_w
 
 
 if triton is not None:

@@ -24,6 +24,7 @@ with the optional blank has no such hubs and is not handled here.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -243,8 +244,8 @@ def numerators(
     blank: int,
     need_e: bool,
     need_l: bool,
-    w: torch.Tensor = None,
-    gE: torch.Tensor = None,
+    w: Optional[torch.Tensor] = None,
+    gE: Optional[torch.Tensor] = None,
 ):
     """``(logz (B,) numpy, flag (B,) numpy, gE (B, T, C) or None, lsum (B, C) numpy or None)`` of
     the numerator graphs given as lattices ``(P, Q, K, L)`` per row (see the module's text),

@@ -63,12 +63,14 @@ class TrainingPlots(Callback):
         self.history.setdefault(name, []).append((int(step), float(value)))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """Records the step's training loss every ``every_n_steps`` steps."""
         if trainer.global_step % self.every_n_steps == 0:
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
             if isinstance(loss, torch.Tensor):
                 self._add("train/loss", trainer.global_step, loss.detach().float().item())
 
     def on_validation_end(self, trainer, pl_module) -> None:
+        """Records ``val/loss``, ``val/cer`` and ``val/wer`` (not during the sanity check)."""
         if trainer.sanity_checking:
             return
         for key in ("val/loss", "val/cer", "val/wer"):
@@ -77,19 +79,23 @@ class TrainingPlots(Callback):
                 self._add(key, trainer.global_step, v)
 
     def state_dict(self) -> dict:
+        """The recorded history, for the checkpoint."""
         return {"history": {k: list(v) for k, v in self.history.items()}}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Restores the history of a checkpoint, so the curves of a resumed run continue."""
         self.history = {k: [tuple(x) for x in v] for k, v in state_dict.get("history", {}).items()}
 
     def on_fit_end(self, trainer: L.Trainer, pl_module) -> None:
+        """Writes ``curves.png`` and ``alignments.png`` into ``output_dir`` (global rank 0 only)."""
         if not trainer.is_global_zero:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         plot_training_curves(self.history, self.output_dir / "curves.png")
-        if self.num_alignments > 0 and trainer.datamodule is not None:
+        datamodule = getattr(trainer, "datamodule", None)  # set by Lightning, not declared on Trainer
+        if self.num_alignments > 0 and datamodule is not None:
             write_alignments(
-                pl_module, trainer.datamodule.val_dataloader(), self.output_dir / "alignments.png", self.num_alignments
+                pl_module, datamodule.val_dataloader(), self.output_dir / "alignments.png", self.num_alignments
             )
 
 
@@ -129,6 +135,7 @@ class SpawnedProcessGroupCleanup(Callback):
     """
 
     def teardown(self, trainer: "L.Trainer", pl_module: "L.LightningModule", stage: str) -> None:
+        """Destroys the default process group when this process is a ``ddp_spawn`` rank."""
         from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
         launcher = getattr(trainer.strategy, "launcher", None)

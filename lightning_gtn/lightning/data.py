@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -176,6 +177,11 @@ def drop_labels(texts: Sequence[str], fraction: float, seed: int) -> list[str]:
 
 
 class _BaseDataModule(L.LightningDataModule):
+    # the splits, built by ``setup`` (None before it)
+    train_set: SequenceDataset
+    val_set: SequenceDataset
+    test_set: SequenceDataset
+
     def __init__(
         self, batch_size: int = 32, num_workers: int = 0, eval_batch_size: int | None = None, label_drop: float = 0.0
     ):
@@ -185,7 +191,7 @@ class _BaseDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         drop_labels([], label_drop, 0)  # checks the value at construction
         self.label_drop = float(label_drop)
-        self.train_set = self.val_set = self.test_set = None
+        self.train_set = self.val_set = self.test_set = None  # type: ignore[assignment]  # until setup()
 
     def _drop_train_labels(self, seed: int) -> None:
         """Applies ``label_drop`` to the training transcripts (validation and test keep theirs)."""
@@ -254,12 +260,15 @@ class DigitLinesDataModule(_BaseDataModule):
     ):
         super().__init__(batch_size, num_workers, eval_batch_size, label_drop)
         self.save_hyperparameters()
-        self.line_args = dict(min_len=min_len, max_len=max_len, max_gap=max_gap, space_prob=space_prob, noise=noise)
+        self.line_args: dict[str, Any] = dict(
+            min_len=min_len, max_len=max_len, max_gap=max_gap, space_prob=space_prob, noise=noise
+        )
         self.augment_train = augment_train
         self.sizes = (num_train, num_val, num_test)
         self.seed = seed
 
     def setup(self, stage: str | None = None) -> None:
+        """Builds the train, validation and test sets (once; later calls keep them)."""
         if self.train_set is not None:
             return
         images, labels = _digit_images()
@@ -323,7 +332,7 @@ def _load_split(features: str | os.PathLike, transcripts: str | os.PathLike) -> 
         if missing:
             raise ValueError(f"{len(missing)} transcript ids have no array in {feats_path}, e.g. {missing[:3]}")
         ids = list(texts)
-        feats = []
+        feats: list[np.ndarray] = []
         for k in ids:
             a = arrays[k]
             if a.ndim != 2 or a.dtype.kind not in "fiu":
@@ -393,11 +402,13 @@ class FeatureDataModule(_BaseDataModule):
 
     @property
     def chars(self) -> str:
+        """The characters of the training transcripts, sorted (computed on first use)."""
         if self._chars is None:
             self._chars = "".join(sorted(set("".join(self.train_set.texts))))
         return self._chars
 
     def setup(self, stage: str | None = None) -> None:
+        """Loads the validation and test splits (once) and checks their feature dimension."""
         if self.val_set is None:
             self.val_set = _load_split(*self.paths["val"])
             _check_dim(self.val_set, self.feature_dim, "val", self.paths["val"][0])

@@ -346,7 +346,7 @@ def _artefact(cfg: dict, key: str, from_data):
 def _trie_spellings(lexicon) -> dict[str, list[list[int]]]:
     """``{word: [spelling, ...]}`` read back from a :class:`lightning_gtn.decode.Lexicon`'s trie."""
     out: dict[str, list[list[int]]] = {}
-    stack = [(0, [])]
+    stack: list[tuple[int, list[int]]] = [(0, [])]
     while stack:
         node, path = stack.pop()
         for i in range(int(lexicon.word_offsets[node]), int(lexicon.word_offsets[node + 1])):
@@ -363,7 +363,7 @@ def _lexicon(spellings: dict[str, list[list[str]]], topo: dict):
     from lightning_gtn.decode import Lexicon
 
     toks = topo["tokens"]
-    special = {topo.get("blank"), topo.get("repeat")} - {None}
+    special = {i for i in (topo.get("blank"), topo.get("repeat")) if i is not None}
     ids: dict[str, list[list[int]]] = {}
     if topo["topology"] == "transducer":
         spelled = list(dict.fromkeys("".join(sp) for sps in spellings.values() for sp in sps))

@@ -27,7 +27,8 @@ name registered types of :mod:`lightning_gtn.trust` with plain-data arguments.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torchmetrics import MeanMetric
@@ -116,6 +117,12 @@ class StructuredLossMixin:
 
     structured_loss: StructuredLoss
     vocabulary: Vocabulary
+    # what the LightningModule this is mixed into provides
+    __call__: Callable[..., Any]
+    log: Callable[..., None]
+    parameters: Callable[..., Iterator[torch.nn.Parameter]]
+    global_step: int
+    current_epoch: int
 
     def configure_structured_loss(
         self,
@@ -186,12 +193,14 @@ class StructuredLossMixin:
     def num_classes(self) -> int:
         """``C``, the emission classes the model must output (the loss's own count when its
         targets are graphemes and its emissions are tokens, as the word-piece transducer's)."""
-        if self.structured_loss.target_classes is not None:
-            return int(self.structured_loss.num_classes)
+        own = self.structured_loss.num_classes
+        if self.structured_loss.target_classes is not None and own is not None:
+            return int(own)
         return self.vocabulary.num_classes
 
     # ------------------------------------------------------------------ hooks
     def setup(self, stage: str) -> None:
+        """Resets the metric states in this process, then runs the parent class's ``setup``."""
         # Fresh metric states in every process: with ddp_spawn on a CPU the spawned copies would
         # otherwise start from the parent's (shared-memory) states.
         for m in self._metrics():
@@ -265,6 +274,12 @@ class StructuredLossMixin:
 
     # ------------------------------------------------------------------ steps
     def training_step(self, batch, batch_idx):
+        """The loss of one batch, logged as ``train/loss``.
+
+        Returns:
+            the scalar loss, or None (Lightning then skips the step) when it is not finite and
+            ``nonfinite`` says to skip.
+        """
         inputs, input_lengths, targets, target_lengths, _ = self.unpack_batch(batch)
         emissions, lengths = self.emissions(inputs, input_lengths)
         loss = self.compute_loss(emissions, lengths, targets, target_lengths)
@@ -339,18 +354,22 @@ class StructuredLossMixin:
         return {"loss": loss.detach(), "preds": preds, "texts": texts}
 
     def validation_step(self, batch, batch_idx):
+        """Loss and error rates of one validation batch (logged as ``val/...``)."""
         return self._eval_step(batch, "val")
 
     def test_step(self, batch, batch_idx):
+        """Loss and error rates of one test batch (logged as ``test/...``)."""
         return self._eval_step(batch, "test")
 
     def predict_step(self, batch, batch_idx, dataloader_idx: int = 0) -> list[str]:
+        """The decoded transcripts of a batch with ``inputs`` ``(B, T, F)`` and ``input_lengths`` ``(B,)``."""
         inputs, input_lengths = batch["inputs"], batch["input_lengths"]
         emissions, lengths = self.emissions(inputs, input_lengths)
         return self.decode(emissions, lengths)
 
     # ------------------------------------------------------------------ optimizers
     def configure_optimizers(self):
+        """The optimizer (Adam, lr 3e-3, unless configured) and, when configured, its scheduler."""
         factory = self._optimizer_factory or (lambda params: torch.optim.Adam(params, lr=3e-3))
         optimizer = factory(self.parameters())
         if self._scheduler_factory is None:

@@ -83,6 +83,16 @@ class ConvRNNEncoder(nn.Module):
         return torch.div(input_lengths + self.stride - 1, self.stride, rounding_mode="floor")
 
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
+        """Encodes a padded batch.
+
+        Args:
+            inputs: ``(B, T, F)`` features.
+            input_lengths: ``(B,)`` valid frames of each example.
+
+        Returns:
+            ``(emissions (B, T', num_classes), lengths (B,))`` with ``T' = ceil(T / stride)``;
+            log-probabilities when ``log_softmax`` is set.
+        """
         if inputs.ndim != 3:
             raise ValueError(f"inputs must be (B, T, F), got shape {tuple(inputs.shape)}")
         h = inputs.transpose(1, 2)  # (B, F, T)
@@ -226,6 +236,16 @@ class ConvTransduceEncoder(nn.Module):
         )
 
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
+        """Letter emissions from the encoder, transduced to word-piece scores.
+
+        Args:
+            inputs: ``(B, T, F)`` features.
+            input_lengths: ``(B,)`` valid frames of each example.
+
+        Returns:
+            ``(log_probs (B, T'', num_classes), lengths (B,))``, ``T''`` the frames after the
+            encoder's and the transducer's strides.
+        """
         letters, lengths = self.encoder(inputs, input_lengths)  # (B, T', letters + 1) log-probabilities
         valid = torch.arange(letters.shape[1], device=letters.device)[None, :] < lengths[:, None]
         letters = letters * valid.unsqueeze(-1).to(letters.dtype)

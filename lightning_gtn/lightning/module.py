@@ -141,11 +141,14 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             msg = " ".join(str(root).split())
             raise ValueError(f"model: cannot build {network.get('_target_')}: {msg}") from e
 
-    @classmethod
-    def load_from_checkpoint(cls, checkpoint_path, *args, weights_only: bool = True, **kwargs):
+    @classmethod  # the override: weights_only is a bool defaulting to True, not Lightning's Optional
+    def load_from_checkpoint(cls, checkpoint_path, *args, weights_only: bool = True, **kwargs):  # type: ignore[override]
         """Lightning's ``load_from_checkpoint``, always with ``weights_only=True`` unless told
         otherwise (Lightning's default is ``False`` for URLs)."""
-        return super().load_from_checkpoint(checkpoint_path, *args, weights_only=weights_only, **kwargs)
+        # *args are Lightning's positional parameters before weights_only
+        return super().load_from_checkpoint(checkpoint_path, *args, weights_only=weights_only, **kwargs)  # type: ignore[misc]
 
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
+        """The network's ``(emissions (B, T', C), lengths (B,))`` for ``inputs`` ``(B, T, F)`` and
+        ``input_lengths`` ``(B,)``."""
         return self.net(inputs, input_lengths)

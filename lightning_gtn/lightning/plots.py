@@ -65,7 +65,7 @@ def plot_training_curves(history: Mapping[str, Sequence[tuple[float, float]]], p
 MAX_CLASS_TICKS = 16
 
 
-def class_ticks(num_classes: int, path: Sequence[int], max_ticks: int = MAX_CLASS_TICKS) -> list[int]:
+def class_ticks(num_classes: int, path: Sequence[int] | np.ndarray, max_ticks: int = MAX_CLASS_TICKS) -> list[int]:
     """The classes to name on the y axis: all of them when few, else the classes the path visits
     (they are what the picture is about), then evenly spaced others, at most ``max_ticks``."""
     if num_classes <= max_ticks:

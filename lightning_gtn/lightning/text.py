@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -363,7 +364,9 @@ def render_line(
     if slant:
         # x_src = x + slant * (y - baseline): rows above the baseline move right for slant > 0
         baseline = top + ascent
-        img = img.transform(img.size, Image.AFFINE, (1, slant, -slant * baseline, 0, 1, 0), resample=Image.BILINEAR)
+        img = img.transform(
+            img.size, Image.Transform.AFFINE, (1, slant, -slant * baseline, 0, 1, 0), resample=Image.Resampling.BILINEAR
+        )
     if blur > 0:
         img = img.filter(ImageFilter.GaussianBlur(blur))
     x = np.asarray(img, dtype=np.float32) * (contrast / 255.0)
@@ -511,7 +514,7 @@ class TextLinesDataModule(_BaseDataModule):
         self.seed = seed
         self.max_chars = max_chars
         self.feature_dim = height // downsample
-        self.render_args = dict(
+        self.render_args: dict[str, Any] = dict(
             fonts=fonts,
             sizes=(int(sizes[0]), int(sizes[1])),
             height=height,
@@ -524,6 +527,7 @@ class TextLinesDataModule(_BaseDataModule):
         )
 
     def setup(self, stage: str | None = None) -> None:
+        """Generates the sentences and builds the train, validation and test sets (once)."""
         if self.train_set is not None:
             return
         sentences = make_sentences(sum(self.sizes), self.seed, self.max_chars)

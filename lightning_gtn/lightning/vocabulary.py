@@ -91,7 +91,7 @@ class Vocabulary:
             if ch not in self._index:
                 raise ValueError(f"character {ch!r} of {text!r} is not in the vocabulary")
             if self.repeat_label and ch == prev_char and not prev_was_rep:
-                ids.append(self.repeat_id)
+                ids.append(self.repeat_id)  # type: ignore[arg-type]  # an int with repeat_label
                 prev_was_rep = True
             else:
                 ids.append(self._index[ch])
@@ -140,4 +140,5 @@ class Vocabulary:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Vocabulary":
+        """The vocabulary saved by :meth:`to_dict`."""
         return cls(d["chars"], blank=d["blank"], repeat_label=d.get("repeat_label", False))

@@ -210,6 +210,7 @@ def parse_arpa(path, *, max_bytes: int = 1 << 32, add_missing: bool = True) -> t
                 raise ValueError(f"ARPA line {no}: more {n}-grams than the {declared} the header declares")
             p = _number(f[0], no, "probability")
             b = _number(f[n + 1], no, "back-off weight") if len(f) == n + 2 else 0.0
+            g: tuple[int, ...]
             if n == 1:
                 w = f[1]
                 if w in ids:
@@ -291,11 +292,11 @@ def format_arpa(words: list[str], tables: list[dict], path=None) -> str:
     for n, t in enumerate(tables, start=1):
         out += ["", f"\\{n}-grams:"]
         for g, (p, b) in t.items():
-            words = " ".join(g)
+            text = " ".join(g)
             if n < N:
-                out.append(f"{_fmt(p)}\t{words}\t{_fmt(b)}")
+                out.append(f"{_fmt(p)}\t{text}\t{_fmt(b)}")
             else:
-                out.append(f"{_fmt(p)}\t{words}")
+                out.append(f"{_fmt(p)}\t{text}")
     out += ["", "\\end\\", ""]
     text = "\n".join(out)
     if path is not None:

@@ -171,7 +171,7 @@ def estimate(
         toks = [BOS] + words + [EOS]
         L = len(toks)
         for n in range(1, N + 1):
-            c = raw[n - 1]
+            c: dict = raw[n - 1]  # a Counter here; the counts of one order below
             for i in range(L - n + 1):
                 g = tuple(toks[i : i + n])
                 if g != (BOS,):
@@ -190,8 +190,8 @@ def estimate(
             for g in raw[n]:  # (n+1)-grams
                 cont[g[1:]] += 1
             a = {}
-            for g, c in raw[n - 1].items():
-                a[g] = c if g[0] == BOS else cont.get(g, 0)
+            for g, k in raw[n - 1].items():
+                a[g] = k if g[0] == BOS else cont.get(g, 0)
             adj[n - 1] = a
         cnt = adj
     else:

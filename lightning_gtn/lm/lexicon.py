@@ -58,8 +58,8 @@ def read_lexicon(
         size = os.path.getsize(p)
         if size > max_bytes:
             raise ValueError(f"lexicon {p!r}: {size} bytes, over max_bytes={max_bytes}")
-        with open(p, "r", encoding="utf-8") as f:
-            text = f.read(max_bytes + 1)
+        with open(p, "r", encoding="utf-8") as fh:
+            text = fh.read(max_bytes + 1)
     if len(text) > max_bytes:
         raise ValueError(f"lexicon: over max_bytes={max_bytes}")
     rows: list[tuple[int, list[str]]] = []

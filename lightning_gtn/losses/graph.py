@@ -26,6 +26,8 @@ class _FixedPlan(criterion.Criterion):
         self._plan = plan
 
     def score(self, E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef):
+        if self._plan is None:
+            raise RuntimeError("graph_loss: this criterion was made without a plan")
         return score(self._plan, E, weights, impl, zero_infinity, need_e, w_coef)
 
 

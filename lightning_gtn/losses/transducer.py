@@ -172,7 +172,7 @@ class TransducerCriterion(TransducerGraphs, criterion.Criterion):
             bad = ~ok
             if bool(bad.any()):  # infeasible rows: no gradient from either part
                 uni.drop(bad)
-            if need_w:  # the numerators of infeasible rows have zero occupancies already
+            if coef is not None:  # need_w; the numerators of infeasible rows have zero occupancies already
                 gW = (uni.weights_grad(coef).to(E.dtype) + gw_lab).reshape(weights.shape)
             if need_e:
                 gE = uni.grad_emissions
@@ -228,7 +228,8 @@ class TransducerCriterion(TransducerGraphs, criterion.Criterion):
             return best_paths_op(emissions.detach(), None, torch.from_numpy(lengths))
         x = emissions.detach().to("cpu", checks.compute_dtype(emissions)).contiguous()
         plan = Plan([self.denominator], np.zeros(B, dtype=np.int64), np.arange(B), lengths, np.ones(B), B)
-        w = params.detach().to("cpu", x.dtype).reshape(-1)
+        # params come with the transitions, hence with a denominator
+        w = params.detach().to("cpu", x.dtype).reshape(-1)  # type: ignore[union-attr]
         paths, scores = max_semiring_paths(x, plan, w.contiguous(), T)
         return paths.to(emissions.device), scores.to(device=emissions.device, dtype=emissions.dtype)
 
@@ -278,6 +279,7 @@ def transducer_criterion(
     if transitions is not None and not isinstance(transitions, Graph):
         raise ValueError(f"transitions must be a lightning_gtn.wfst.Graph, got {type(transitions).__name__}")
     tkey = None if transitions is None else (id(transitions), transitions.version)
+    key: Optional[tuple]
     try:  # a cheap key first (hashable tokens and graphemes): the ids are made on a miss only
         key = (
             tuple(t if isinstance(t, str) else tuple(t) for t in tokens),
@@ -292,9 +294,10 @@ def transducer_criterion(
         hit = _CRITERIA.peek(key)
         if hit is None:
             live = _LIVE.get(key)
-            crit = None if live is None else live[0]()
-            if crit is not None:
-                return crit, live[1]
+            if live is not None:
+                crit = live[0]()
+                if crit is not None:
+                    return crit, live[1]
     except TypeError:  # unhashable graphemes: checked (and reported) by token_ids
         key, hit = None, None
     if hit is not None:

@@ -149,9 +149,10 @@ class _Trie:
         n = 0
         children, ends = self.children, self.ends
         for q in range(p, len(seq)):
-            n = children[n].get(seq[q])
-            if n is None:
+            nxt = children[n].get(seq[q])
+            if nxt is None:
                 break
+            n = nxt
             for k in ends[n]:
                 out.append((q + 1, k))
         return out
@@ -343,7 +344,7 @@ class TransducerGraphs:
         alignment acceptor whose arcs index the start and label-after-label weights directly (its
         nodes read one label each, so the bigram state is the source node's label) and without
         the end weights' epsilon arcs (the caller adds them to the last frame)."""
-        key = tuple(int(t) for t in target)
+        key: tuple = tuple(int(t) for t in target)
         if plain and self.transitions is not None:
             key = ("plain",) + key
         elif bigram:

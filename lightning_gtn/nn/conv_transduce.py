@@ -110,6 +110,7 @@ class ConvTransduce1D(nn.Module):
         return torch.div(input_lengths + self.stride - 1, self.stride, rounding_mode="floor")
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """``(B, ceil(T / stride), C_out)`` scores of ``inputs`` ``(B, T, C_in)``, in their dtype and device."""
         return conv_transduce1d(
             inputs,
             self.bank,
@@ -124,6 +125,7 @@ class ConvTransduce1D(nn.Module):
         )
 
     def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
         return (
             f"out_features={self.out_features}, kernel_size={self.kernel_size}, stride={self.stride}, "
             f"blank_idx={self.blank_idx}, blank_optional={self.blank_optional}, spike={self.spike}, "

@@ -78,7 +78,9 @@ class Linear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T + bias``: ``(*, in_features)`` -> ``(*, out_features)``."""
         return _linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

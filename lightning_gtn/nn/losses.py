@@ -104,6 +104,17 @@ class StructuredLoss(nn.Module):
         return None
 
     def forward(self, emissions, targets, input_lengths, target_lengths):  # pragma: no cover - abstract
+        """The loss of a batch (implemented by each subclass).
+
+        Args:
+            emissions: ``(B, T, C)`` scores or log-probabilities.
+            targets: ``(B, S)`` padded or ``(sum(target_lengths),)`` concatenated label ids.
+            input_lengths: ``(B,)`` valid frames of each example.
+            target_lengths: ``(B,)`` target lengths.
+
+        Returns:
+            a scalar, or ``(B,)`` with ``reduction="none"``.
+        """
         raise NotImplementedError
 
     def best_paths(self, emissions: torch.Tensor, input_lengths=None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -151,6 +162,7 @@ class CTCLoss(StructuredLoss):
         self.impl = impl
 
     def forward(self, log_probs, targets, input_lengths, target_lengths):
+        """The CTC loss of ``log_probs`` ``(B, T, C)``: a scalar, or ``(B,)`` with ``reduction="none"``."""
         return lgf.ctc_loss(
             log_probs,
             targets,
@@ -163,6 +175,7 @@ class CTCLoss(StructuredLoss):
         )
 
     def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
         return f"blank={self.blank}, reduction={self.reduction!r}, zero_infinity={self.zero_infinity}"
 
 
@@ -198,6 +211,7 @@ class ASGLoss(StructuredLoss):
         self.impl = impl
 
     def forward(self, emissions, targets, input_lengths, target_lengths=None):
+        """The ASG loss of ``emissions`` ``(B, T, C)``: a scalar, or ``(B,)`` with ``reduction="none"``."""
         return lgf.asg_loss(
             emissions,
             targets,
@@ -219,6 +233,7 @@ class ASGLoss(StructuredLoss):
         return lgf.best_paths(emissions, input_lengths, transitions=self.transitions)
 
     def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
         return f"num_classes={self.num_classes}, reduction={self.reduction!r}"
 
 
@@ -240,6 +255,7 @@ class SequenceLoss(StructuredLoss):
         self.impl = impl
 
     def forward(self, emissions, targets, input_lengths, target_lengths=None):
+        """The sequence criterion of ``emissions`` ``(B, T, C)``: a scalar, or ``(B,)`` with ``reduction="none"``."""
         return lgf.sequence_loss(
             emissions,
             targets,
@@ -282,6 +298,7 @@ class STCLoss(StructuredLoss):
     """
 
     blank = 0
+    nstep: torch.Tensor  # a buffer: the training steps counted
 
     def __init__(
         self,
@@ -309,6 +326,7 @@ class STCLoss(StructuredLoss):
 
     @property
     def blank_idx(self) -> int:
+        """The blank label (gtn_applications' name for :attr:`blank`)."""
         return self.blank
 
     def penalty(self) -> torch.Tensor:
@@ -317,6 +335,8 @@ class STCLoss(StructuredLoss):
         return self.plast + (self.p0 - self.plast) * decay
 
     def forward(self, log_probs, targets, input_lengths, target_lengths=None):
+        """The STC loss of ``log_probs`` ``(B, T, C)`` with the current penalty: a scalar, or
+        ``(B,)`` with ``reduction="none"``. In training mode it first counts one step."""
         if self.training:
             self.nstep.add_(1)
         return lgf.stc_loss(
@@ -332,6 +352,7 @@ class STCLoss(StructuredLoss):
         )
 
     def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
         return (
             f"blank_idx={self.blank}, p0={self.p0}, plast={self.plast}, thalf={self.thalf}, "
             f"reduction={self.reduction!r}, zero_infinity={self.zero_infinity}"
@@ -373,7 +394,7 @@ class GraphLoss(StructuredLoss):
         self.blank = check_label(blank, "blank", 2**62, allow_none=True)
         self.repeat_label = bool(repeat_label)
 
-    def forward(
+    def forward(  # type: ignore[override]  # the graphs come with each call (keyword-only)
         self,
         emissions,
         targets=None,
@@ -384,6 +405,8 @@ class GraphLoss(StructuredLoss):
         denominators=None,
         weights=None,
     ):
+        """The loss of ``emissions`` ``(B, T, C)`` against ``graphs`` (one per example, or one for all),
+        normalized by ``denominators`` when given: a scalar, or ``(B,)`` with ``reduction="none"``."""
         return lgf.graph_loss(
             emissions,
             targets,
@@ -466,7 +489,7 @@ class TargetGraphLoss(StructuredLoss):
 
     @property
     def builder(self) -> Callable:
-        """The graph builder."""
+        """The function that builds a target's criterion graph."""
         return self._criterion.builder
 
     @property
@@ -474,6 +497,8 @@ class TargetGraphLoss(StructuredLoss):
         return self._criterion.handle
 
     def forward(self, emissions, targets, input_lengths, target_lengths):
+        """The loss of ``emissions`` ``(B, T, C)`` against the graphs the builder makes of ``targets``:
+        a scalar, or ``(B,)`` with ``reduction="none"``."""
         return lgf.target_graph_loss(
             emissions,
             targets,
@@ -487,6 +512,7 @@ class TargetGraphLoss(StructuredLoss):
         )
 
     def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
         name = getattr(self.builder, "__qualname__", repr(self.builder))
         return f"builder={name}, normalize={self.normalize}, blank={self.blank}, reduction={self.reduction!r}"
 
@@ -511,4 +537,5 @@ class ModuleLoss(StructuredLoss):
         self.repeat_label = bool(repeat_label)
 
     def forward(self, emissions, targets, input_lengths, target_lengths):
+        """The wrapped module's loss of ``emissions`` ``(B, T, C)``."""
         return self.module(emissions, targets, input_lengths, target_lengths)

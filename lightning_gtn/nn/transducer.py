@@ -183,6 +183,8 @@ class TransducerLoss(StructuredLoss):
         """``"transducer"`` with a blank, ``"asg"`` without (see :data:`lightning_gtn.nn.losses.TOPOLOGIES`)."""
         return "transducer" if self.blank is not None else "asg"
 
+    transition_params: Optional[nn.Parameter]
+
     def __init__(
         self,
         tokens: Sequence[Sequence],
@@ -213,7 +215,8 @@ class TransducerLoss(StructuredLoss):
             transitions = transitions_from_data(transitions)
         if transitions is not None and not isinstance(transitions, Graph):
             raise ValueError(
-                f"transitions must be a lightning_gtn.wfst.Graph, its data (transitions_to_data) or a transitions file, got {type(transitions).__name__}"
+                "transitions must be a lightning_gtn.wfst.Graph, its data (transitions_to_data) or a transitions "
+                f"file, got {type(transitions).__name__}"
             )
         self.tokens = [t if isinstance(t, str) else tuple(t) for t in tokens]
         self.graphemes_to_idx = dict(graphemes_to_idx)
@@ -267,6 +270,8 @@ class TransducerLoss(StructuredLoss):
         self._make_criterion()
 
     def forward(self, emissions, targets, input_lengths=None, target_lengths=None):
+        """The transducer loss of ``emissions`` ``(B, T, C)``: a scalar, or ``(B,)`` with
+        ``reduction="none"``. Without transitions the emissions are log-softmaxed first."""
         if self.transitions is None:
             emissions = torch.nn.functional.log_softmax(emissions, dim=2)
         return lgf.transducer_loss(
@@ -310,8 +315,9 @@ class TransducerLoss(StructuredLoss):
         return [[g for k in lgf.collapse(p, self.blank) for g in spell[k]] for p in paths.cpu().tolist()]
 
     def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
         return (
-            f"num_tokens={len(self.tokens)}, ngram={self.ngram}, blank={self.blank_mode!r}, "
+            f"num_tokens={len(self.tokens or ())}, ngram={self.ngram}, blank={self.blank_mode!r}, "
             f"allow_repeats={self.allow_repeats}, decompositions={self.decompositions}, "
             f"reduction={self.reduction!r}"
         )

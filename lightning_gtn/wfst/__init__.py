@@ -115,12 +115,15 @@ __all__ = [
 
 def _install_alias_finder() -> None:
     import importlib.abc
+    import importlib.machinery
     import importlib.util
     import sys
 
     package = sys.modules[__name__]
 
     class _Loader(importlib.abc.Loader):
+        spec: "importlib.machinery.ModuleSpec | None"  # the real module's spec, set by the finder
+
         def __init__(self, real: str) -> None:
             self.real = real
 

@@ -7,6 +7,8 @@ import enum
 
 
 class DeviceType(enum.IntEnum):
+    """The kind of device a graph lives on, as GTN numbers them: ``CPU`` (0) or ``CUDA`` (1)."""
+
     CPU = 0
     CUDA = 1
 
@@ -20,12 +22,13 @@ class Device:
 
     __slots__ = ("type", "index")
 
-    def __init__(self, type: DeviceType = CPU, index: int = 0) -> None:
+    def __init__(self, type: DeviceType | int = CPU, index: int = 0) -> None:
         self.type = DeviceType(type)
         self.index = int(index)
 
     @property
     def is_cuda(self) -> bool:
+        """Whether this is a CUDA device."""
         return self.type == CUDA
 
     def __eq__(self, other) -> bool:

@@ -10,7 +10,7 @@ from), so their backward is one scatter-add of the output gradient.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Sequence, Union
 
 import numpy as np
 
@@ -156,7 +156,7 @@ def _project_output(g: Graph) -> Graph:
 # -- rational operations ------------------------------------------------------------------
 
 
-def _gather_grad(inputs: List[Graph], d: Graph, offsets: Sequence[int]) -> None:
+def _gather_grad(inputs: List[Graph], d: Graph, offsets: Union[Sequence[int], np.ndarray]) -> None:
     """Hands each input the slice of the output gradient that its arcs became."""
     w = d._weights()
     for inp, off in zip(inputs, offsets):

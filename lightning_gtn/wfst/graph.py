@@ -27,7 +27,7 @@ import itertools
 import os
 import platform
 import threading
-from typing import Callable, Iterable, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -91,13 +91,15 @@ class _Structure:
         self.start_ids: List[int] = []
         self.accept_ids: List[int] = []
         empty = np.zeros(0, dtype=_INT)
-        self._arrays = (empty, empty, empty, empty)  # src, dst, ilabel, olabel
+        self._arrays: Tuple[np.ndarray, ...] = (empty, empty, empty, empty)  # src, dst, ilabel, olabel
         self._pending: Optional[tuple] = None  # four lists while arcs are added one by one
         self.ilabel_sorted = False
         self.olabel_sorted = False
-        self._csr = None  # (in_offsets, in_arcs, out_offsets, out_arcs)
-        self._order = None  # arc order inside each node after arc_sort: (in_arcs, out_arcs)
-        self._lbt = None  # compose's lower-bound tables, checked against _csr and the labels
+        self._csr: Optional[Tuple[np.ndarray, ...]] = None  # (in_offsets, in_arcs, out_offsets, out_arcs)
+        # arc order inside each node after arc_sort: (in_arcs, out_arcs)
+        self._order: Optional[Tuple[np.ndarray, ...]] = None
+        # compose's lower-bound tables, checked against _csr and the labels
+        self._lbt: Optional[Dict[str, Any]] = None
 
     # -- arcs ---------------------------------------------------------------
     def num_arcs(self) -> int:
@@ -573,7 +575,7 @@ class Graph:
         """A handle sharing structure, weights (unless ``weights=False``) and grad state."""
         other = Graph.__new__(Graph)
         other._s = self._s
-        other._w = self._w if weights else None
+        other._w = self._w if weights else None  # type: ignore[assignment]  # a grad-only alias: weights never read
         other._g = self._g
         return other
 
@@ -829,7 +831,8 @@ class Graph:
                         f"addresses lie in [{_LOWEST_ADDRESS:#x}, {_ADDRESS_LIMIT:#x}))"
                     )
                 buf = (ctypes.c_float * n).from_address(addr)
-                arr = np.frombuffer(buf, dtype=_FLOAT, count=n).copy()
+                # a ctypes array is a buffer; numpy's stubs want the Buffer protocol of Python 3.12
+                arr = np.frombuffer(buf, dtype=_FLOAT, count=n).copy()  # type: ignore[call-overload]
         else:
             if hasattr(weights, "detach") and hasattr(weights, "device"):  # torch tensor
                 if weights.device.type != "cpu":
@@ -1002,11 +1005,15 @@ class Graph:
             raise ValueError(f"{where}: arcs must be (src, dst, ilabel, olabel)")
         if state["weights"] is None:
             raise ValueError(f"{where}: weights must be a 1-D sequence of numbers, got None")
+        a_src, a_dst, a_il, a_ol = arcs
         n, start, accept, src, dst, il, ol, w = _validate_arrays(
             state["num_nodes"],
             state["start_ids"],
             state["accept_ids"],
-            *arcs,
+            a_src,
+            a_dst,
+            a_il,
+            a_ol,
             state["weights"],
             where,
             copy=True,

@@ -48,7 +48,7 @@ import json
 import math
 import os
 from collections import Counter
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -180,7 +180,7 @@ def count_ngrams(sequences, order: int, *, start: bool = True, end: bool = True)
 
 
 def _count(seqs: List[Gram], order: int, start: bool, end: bool) -> List[Counter]:
-    counts = [Counter() for _ in range(order)]
+    counts: List[Counter] = [Counter() for _ in range(order)]
     head = (SENTENCE_START,) if start else ()
     tail = (SENTENCE_END,) if end else ()
     first = 1 if start else 0  # <s> is context only: no n-gram ends on it
@@ -374,7 +374,7 @@ def transitions_graph(
     counts = _count(seqs, order, bool(start), bool(end))
     data_kept = [{g: c for g, c in cnt.items() if c > t} for cnt, t in zip(counts, thr)]
     grams: List[set] = [set(k) for k in data_kept]
-    if has_blank:
+    if blank_id is not None:  # has_blank
         extra = _blank_grams(data_kept, blank_id, blank, bool(start))
         if blank == "forced":
             grams = [grams[0]] + [set() for _ in range(order - 1)]
@@ -383,7 +383,7 @@ def transitions_graph(
         grams = _self_loop_grams(grams)
 
     # -- states -----------------------------------------------------------------------------
-    states = {()}
+    states: Set[Gram] = {()}
     start_state: Gram = (SENTENCE_START,) if (start and order >= 2) else ()
     states.add(start_state)
     for k in range(1, order + 1):
@@ -393,8 +393,8 @@ def transitions_graph(
             if k >= 2:
                 states.add(g[:-1])
     ordered = sorted(states, key=lambda h: (len(h), h))
-    node = {h: i for i, h in enumerate(ordered)}
-    final = len(ordered) if end else None
+    node: Dict[Gram, int] = {h: i for i, h in enumerate(ordered)}
+    final = len(ordered)  # the accept node that ends sentences: only with end
     num_nodes = len(ordered) + (1 if end else 0)
 
     def state_of(g: Gram) -> int:
@@ -436,12 +436,12 @@ def transitions_graph(
         arcs.append((root, epsilon, final, weight((SENTENCE_END,))))
     for k in range(2, order + 1):
         for g in grams[k - 1]:
-            src = node[g[:-1]]
+            src_node = node[g[:-1]]
             if g[-1] == SENTENCE_END:
                 if end:
-                    arcs.append((src, epsilon, final, weight(g)))
+                    arcs.append((src_node, epsilon, final, weight(g)))
             else:
-                arcs.append((src, g[-1], state_of(g), weight(g)))
+                arcs.append((src_node, g[-1], state_of(g), weight(g)))
     if backoff:
         for h in ordered:
             if not h:

@@ -28,7 +28,8 @@ Conventions of the conversion (both directions, so they round-trip):
   empty text (OpenFST's empty FST), which reads back as a graph without nodes.
 
 Untrusted input: the text size is bounded (``max_bytes``), state ids are bounded
-(``max_states``, and at most ``MAX_UNREFERENCED_NODES`` ids below the largest may go unnamed) and every error is a ``ValueError`` naming the line number.
+(``max_states``, and at most ``MAX_UNREFERENCED_NODES`` ids below the largest may go unnamed) and
+every error is a ``ValueError`` naming the line number.
 """
 
 from __future__ import annotations
@@ -233,6 +234,8 @@ def write_symbols(symbols: Symbols, path=None) -> str:
         '<eps>\\t0\\na\\t1\\n'
     """
     table = _symbol_map(symbols, "symbols")
+    if table is None:
+        raise ValueError("symbols: a symbol table (mapping or list) is required, got None")
     _inverse(table, "symbols")
     text = "".join(f"{s}\t{i}\n" for s, i in sorted(table.items(), key=lambda kv: (kv[1], kv[0])))
     _write(text, path)

@@ -475,11 +475,15 @@ def load(file_name, max_bytes: int = MAX_FILE_BYTES) -> Graph:
         raise ValueError(f"{name!r}: a label is below -1 (epsilon)")
     if len(set(start.tolist())) != n_start or len(set(accept.tolist())) != n_accept:
         raise ValueError(f"{name!r}: repeated start or accept node ids")
+    src, dst, ilabel, olabel = (arcs[:, k].astype(_INT) for k in range(4))
     args = _validate_arrays(
         n_nodes,
         start,
         accept,
-        *(arcs[:, k].astype(_INT) for k in range(4)),
+        src,
+        dst,
+        ilabel,
+        olabel,
         weights.astype(_FLOAT),
         repr(name),
         node_budget=True,

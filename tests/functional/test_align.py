@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn.align.forced import align_graph
@@ -396,10 +398,6 @@ def _problem_of(targets, lengths):
 
     graphs = [compiled_ctc(tuple(t), 0) for t in targets]
     return Problem(GraphBatch(graphs), np.arange(len(graphs)), np.arange(len(graphs)), np.array(lengths))
-
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
 
 
 @settings(max_examples=30, deadline=None)

@@ -59,7 +59,7 @@ def test_asg_against_engine_graphs():
     ours = asg_loss(x, [target], [5], transitions=tr, reduction="none").item()
     em = gtn.linear_graph(5, 3, calc_grad=False)
     em.set_weights(x[0].detach().float().contiguous().numpy())
-    full_g, widx = gtn_full = __import__("lightning_gtn.functional", fromlist=["asg_full_graph"]).asg_full_graph(3)
+    full_g, widx = __import__("lightning_gtn.functional", fromlist=["asg_full_graph"]).asg_full_graph(3)
     full_g.set_weights(tr.detach().float().reshape(-1)[torch.from_numpy(widx)].numpy())
     tg_g, tidx = asg_target_graph(target, 3)
     tg_g.set_weights(tr.detach().float().reshape(-1)[torch.from_numpy(tidx)].numpy())

@@ -132,8 +132,8 @@ def main():
         }
         return x, targets, lengths(B, T), lengths(B, S), extra
 
-    for name in LOSSES:
-
+    def fuzzer(name):
+        # one Hypothesis test per loss, built here so that each one holds its own ``name``
         @cfg
         @given(case())
         def fuzz(args):
@@ -148,7 +148,10 @@ def main():
                 except EXPECTED:
                     pass
 
-        fuzz()
+        return fuzz
+
+    for name in LOSSES:
+        fuzzer(name)()
         print("fuzzed", name, flush=True)
 
 

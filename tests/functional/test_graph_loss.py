@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lightning_gtn.wfst as gtn
 from lightning_gtn.functional import graph_loss
@@ -139,10 +141,6 @@ def test_label_out_of_range():
     g.add_arc(0, 0, 5)
     with pytest.raises(ValueError, match="C=3"):
         graph_loss(torch.randn(1, 2, 3), input_lengths=[2], graphs=g, reduction="none")
-
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
 
 
 @st.composite

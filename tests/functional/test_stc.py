@@ -540,7 +540,6 @@ def test_chain_rows_it_cannot_vouch_for_take_the_graph_path(monkeypatch):
     fallback = run()
     for a, b in zip(direct, fallback):
         torch.testing.assert_close(a, b)
-    ref = []
     xi = x.clone().requires_grad_()
     p = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
     loss = stc_loss(xi, tg, il, None, p=p, reduction="mean", impl="numba_log")

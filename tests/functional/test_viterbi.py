@@ -26,7 +26,7 @@ def test_argmax_decoding_with_lengths():
 
 def test_transitions_decoding_is_the_brute_force_best_path():
     g = torch.Generator().manual_seed(0)
-    for trial in range(3):
+    for _trial in range(3):
         x = torch.randn(2, 5, 3, generator=g, dtype=torch.float64)
         tr = torch.randn(4, 3, generator=g, dtype=torch.float64)
         tokens, paths = viterbi(x, [5, 4], blank=None, transitions=tr, return_paths=True)

@@ -57,9 +57,9 @@ def main():
                 )
                 want = where if is_target else where + "._target_"
                 loader = (
-                    (lambda: load_model(evil))
+                    (lambda evil=evil: load_model(evil))
                     if n % 2
-                    else (lambda: SequenceModule.load_from_checkpoint(evil, map_location="cpu"))
+                    else (lambda evil=evil: SequenceModule.load_from_checkpoint(evil, map_location="cpu"))
                 )
                 try:
                     loader()

@@ -136,10 +136,10 @@ class NotALoss(nn.Module):
 
 
 def test_config_naming_a_class_that_is_not_a_structured_loss_is_refused_before_it_is_built():
-    from lightning_gtn import _trust
+    from lightning_gtn import trust
     from lightning_gtn.lightning import build_loss
 
-    with _trust.trusted([__name__.split(".")[0]]):
+    with trust.trusted([__name__.split(".")[0]]):
         with pytest.raises(
             ValueError,
             match=r"loss\._target_: tests\.nn\.test_convention\.NotALoss names the class NotALoss, which is "

@@ -86,10 +86,10 @@ def exercise(gtn, g, others):
         score = _attempt(gtn.forward_score, r)
         if score is not None:
             _attempt(gtn.backward, score)
-            _attempt(lambda: r.grad().weights_to_list())
+            _attempt(lambda r: r.grad().weights_to_list(), r)
         _attempt(gtn.viterbi_score, r)
-        _attempt(lambda: (repr(r), r.weights_to_list(), r.labels_to_list(False), r.arrays(), r.version))
-        _attempt(lambda: [(r.in_arcs(i), r.out_arcs(i)) for i in range(r.num_nodes())])
+        _attempt(lambda r: (repr(r), r.weights_to_list(), r.labels_to_list(False), r.arrays(), r.version), r)
+        _attempt(lambda r: [(r.in_arcs(i), r.out_arcs(i)) for i in range(r.num_nodes())], r)
     # text and binary round trips
     buf = io.StringIO()
     if _attempt(gtn.savetxt, buf, g) is None or True:

@@ -302,11 +302,11 @@ def _concurrent_reads():
         barrier = threading.Barrier(4)
         seen = []
 
-        def read():
+        def read(g, barrier, seen):
             barrier.wait()
             seen.append((g.num_arcs(), len(g.labels_to_list()), len(g.weights_to_list())))
 
-        threads = [threading.Thread(target=read) for _ in range(4)]
+        threads = [threading.Thread(target=read, args=(g, barrier, seen)) for _ in range(4)]
         for t in threads:
             t.start()
         for t in threads:

@@ -121,7 +121,7 @@ def random_corpus(rng, n, num_tokens, max_len=8, skew=True):
 
 def state_epsilons_and_labels(g):
     by_src = {}
-    for src, dst, il, ol, w in arcs_of(g):
+    for src, _dst, il, ol, _w in arcs_of(g):
         assert il == ol, "transition graphs are acceptors"
         by_src.setdefault(src, []).append(il)
     return by_src

@@ -98,7 +98,7 @@ def test_repr_is_gtn_text_and_summarises_big_graphs():
     assert lines[:2] == ["0", "3"]
     assert len(lines) == 2 + 10 + 1 and lines[-1] == "..."
     many = gtn.Graph()
-    for i in range(25):
+    for _ in range(25):
         many.add_node(True, True)
     lines = repr(many).splitlines()
     assert lines[0] == "0 1 2 3 4 5 6 7 8 9 ..."
