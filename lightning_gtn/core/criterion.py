@@ -472,7 +472,7 @@ def apply_loss(
     return out.to(emissions.dtype)
 
 
-def _call_loss_op(crit: "Criterion | _HandleName", x, w, tg, il, tl, blank, reduction, zero_infinity, impl) -> Tensor:
+def _call_loss_op(crit: "Criterion | _OpName", x, w, tg, il, tl, blank, reduction, zero_infinity, impl) -> Tensor:
     """:func:`loss_op` on emissions ``x`` and weights ``w`` already in the compute dtype."""
     grad = torch.is_grad_enabled()
     need_e = bool(grad and x.requires_grad)
@@ -516,16 +516,16 @@ def structured_loss(
     dtype = checks.compute_dtype(emissions)
     x = emissions.to(dtype)
     w = None if weights is None else weights.to(dtype)
-    crit = _criterion(kind, handle) if kind != "handle" else _HandleName(handle)
+    _criterion(kind, handle)  # an unknown kind or a dead handle is an error here, before the op
+    crit = _OpName(kind, handle)
     return _call_loss_op(crit, x, w, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl).to(
         emissions.dtype
     )
 
 
-class _HandleName:
-    """What :func:`_call_loss_op` reads of a criterion named by its handle only."""
+class _OpName:
+    """What :func:`_call_loss_op` reads of a criterion: the ``kind`` and ``handle`` that name it."""
 
-    kind = "handle"
-
-    def __init__(self, handle: int) -> None:
+    def __init__(self, kind: str, handle: int) -> None:
+        self.kind = str(kind)
         self.handle = int(handle)
