@@ -11,7 +11,7 @@ import torch
 import lightning_gtn.wfst as gtn
 from lightning_gtn import nn as lnn
 from lightning_gtn.functional import full_ngram_transitions, transducer_criterion
-from tests.functional.test_transducer import G2I, PIECES, TARGETS, ref_transitions, reference
+from tests.losses.test_transducer import G2I, PIECES, TARGETS, ref_transitions, reference
 
 LENGTHS = (9, 7, 8, 5)
 

@@ -5,8 +5,7 @@ import itertools
 import torch
 
 from lightning_gtn.functional import collapse, viterbi
-
-from ._brute import asg_path_score
+from tests.losses._brute import asg_path_score
 
 
 def test_collapse_rules():
@@ -38,8 +37,7 @@ def test_transitions_decoding_is_the_brute_force_best_path():
 
 def test_graph_decoding_force_aligns_through_epsilon_arcs():
     import lightning_gtn.wfst as gtn
-
-    from ._brute import ctc_paths, emission_score
+    from tests.losses._brute import ctc_paths, emission_score
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 6, 3, generator=g, dtype=torch.float64)

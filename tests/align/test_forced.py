@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 import lightning_gtn.wfst as gtn
 from lightning_gtn.align.forced import align_graph
 from lightning_gtn.functional import collapse, forced_align, plot_alignment, to_ctm, to_json, to_records, word_spans
-
-from ._brute import asg_path_score, ctc_paths, segmentations
+from tests.losses._brute import asg_path_score, ctc_paths, segmentations
 
 IMPLS = ["numba", "torch"]
 STAR = -1  # the brute force's symbol for a star frame

@@ -13,8 +13,7 @@ from lightning_gtn.core.criterion_graphs import compiled_asg_full
 from lightning_gtn.functional import asg_loss
 from lightning_gtn.kernels import dense_torch
 from lightning_gtn.kernels.dense_torch import asg_full_scores
-
-from ._brute import asg_path_score, lse
+from tests.losses._brute import asg_path_score, lse
 
 
 @pytest.fixture(autouse=True, params=["numba", "torch"])
