@@ -102,6 +102,15 @@ class TransducerCriterion(TransducerGraphs, criterion.Criterion):
     weights where ASG's is; any other transitions graph goes through the graph kernels.
     """
 
+    name = "transducer_loss"
+
+    def check_options(self, C: int, blank, weights, device: torch.device):
+        """The emissions must have this configuration's ``C`` classes; ``weights`` are the
+        learned ``transition_params`` (see :func:`transducer_loss`)."""
+        _check_num_classes(self, C, "C")
+        _check_transition_params(self, weights, device)
+        return -1, weights
+
     # -- the Criterion interface -------------------------------------------------
     def target_classes(self, C: int) -> int:
         """Targets are graphemes: ``[0, num_graphemes)``."""
@@ -321,13 +330,17 @@ def _new_criterion(key, toks, n_graph, ngram, transitions, blank, allow_repeats,
     return crit, handle
 
 
-def _check_classes(crit: TransducerCriterion, emissions: torch.Tensor) -> Tuple[int, int, int]:
-    B, T, C = checks.check_emissions(emissions, "emissions")
+def _check_num_classes(crit: TransducerCriterion, C: int, shape) -> None:
     if C != crit.C:
         raise ValueError(
             f"emissions must have C = len(tokens) + (blank != 'none') = {crit.C} classes "
-            f"(tokens, then the blank last), got shape {(B, T, C)}"
+            f"(tokens, then the blank last), got {'shape ' + str(shape) if shape != 'C' else 'C = ' + str(C)}"
         )
+
+
+def _check_classes(crit: TransducerCriterion, emissions: torch.Tensor) -> Tuple[int, int, int]:
+    B, T, C = checks.check_emissions(emissions, "emissions")
+    _check_num_classes(crit, C, (B, T, C))
     return B, T, C
 
 
@@ -436,29 +449,17 @@ def transducer_loss(
     crit, handle = transducer_criterion(
         tokens, graphemes_to_idx, ngram, transitions, blank, allow_repeats, decompositions
     )
-    checks.check_emissions(emissions, "emissions")
-    checks.check_reduction(reduction)
-    checks.check_impl(impl)
-    if impl == "gtn":
-        raise ValueError(
-            "impl='gtn' is not offered for the transducer loss; use None, 'numba', 'numba_log', 'torch' or 'triton'"
-        )
-    B, T, C = _check_classes(crit, emissions)
-    _check_transition_params(crit, transition_params, emissions.device)
-    tg, tl = checks.targets_tensors(targets, target_lengths, B, emissions.device)
+    T = checks.check_emissions(emissions, "emissions")[1]
     if input_lengths is None:
-        il = torch.full((B,), T, dtype=torch.int64, device=emissions.device)
-    else:
-        il = checks.int_tensor(input_lengths, "input_lengths")
-    return criterion.structured_loss(
+        input_lengths = torch.full((emissions.shape[0],), T, dtype=torch.int64, device=emissions.device)
+    return criterion.apply_loss(
+        crit,
         emissions,
-        transition_params,
-        tg,
-        il,
-        tl,
-        kind="handle",
+        targets,
+        input_lengths,
+        target_lengths,
+        weights=transition_params,
         blank=-1,
-        handle=handle,
         reduction=reduction,
         zero_infinity=zero_infinity,
         impl=impl,
