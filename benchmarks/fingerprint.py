@@ -312,30 +312,31 @@ for _name, _n, _ng in TRANSDUCER_CONFIGS:
     case(f"transducer_loss {_name} ngram={_ng}")(_transducer_case(_name, _n, _ng))
 
 
-@case("transducer_loss letters blank=none/forced no repeats")
+@case("transducer_loss letters blank variants")
 def _transducer_blanks(impl, reduction):
     from lightning_gtn.functional import transducer_loss
 
     tokens, g2i, x, targets, lengths, _ = _transducer_setup(0, 0, "triton")  # small
     out = {}
-    for blank in ("none", "forced"):
+    for blank, repeats in (("none", True), ("forced", True), ("optional", False)):
+        xb = (x[..., :-1] if blank == "none" else x).detach().clone().requires_grad_(True)  # no blank column
         r = _run_loss(
-            lambda blank=blank: transducer_loss(
-                x,
+            lambda blank=blank, repeats=repeats, xb=xb: transducer_loss(
+                xb,
                 targets,
                 lengths,
                 tokens=tokens,
                 graphemes_to_idx=g2i,
                 blank=blank,
-                allow_repeats=False,
+                allow_repeats=repeats,
                 reduction=reduction,
                 impl=impl,
                 zero_infinity=True,
             ),
             reduction,
-            {"x": x},
+            {"x": xb},
         )
-        out.update({f"{blank}_{k}": v for k, v in r.items()})
+        out.update({f"{blank}_repeats{int(repeats)}_{k}": v for k, v in r.items()})
     return out
 
 
@@ -405,7 +406,7 @@ case("nn.ConvTransduce1D forward lexicon 100", reductions=None)(_conv_case(False
 case("nn.ConvTransduce1D viterbi lexicon 100", reductions=None)(_conv_case(True, 100))
 
 
-@case("conv_transduce1d functional scale/normalize", reductions=None)
+@case("conv_transduce1d functional scale/normalize", reductions=("sqrt/pre", "linear/post"))
 def _conv_functional(impl, reduction):
     from lightning_gtn.functional import conv_transduce1d, kernel_graph
 
@@ -415,7 +416,17 @@ def _conv_functional(impl, reduction):
     n = sum(kernel_graph(t, 0, True, False).num_arcs() for t in lex)
     kp = (0.1 * torch.randn(n, generator=g)).requires_grad_(True)
     return _run_loss(
-        lambda: conv_transduce1d(x, lex, 5, 2, 0, kernel_params=kp, scale="sqrt", normalize="softmax", impl=impl),
+        lambda: conv_transduce1d(
+            x,
+            lex,
+            7,
+            2,
+            0,
+            kernel_params=kp,
+            scale=reduction.split("/")[0],
+            normalize=reduction.split("/")[1],
+            impl=impl,
+        ),
         "none",
         {"x": x, "kernel_params": kp},
     )
@@ -535,8 +546,9 @@ def _align_case(kw):
     def fn(impl, reduction):
         from lightning_gtn.functional import forced_align
 
-        x, lengths, targets = align_inputs(32, 500, 30, 100)  # bench_align defaults
-        lengths = lengths - torch.arange(32) * 5
+        B, T, L = (8, 200, 40) if _small(impl) else (32, 500, 100)  # bench_align defaults (smaller for torch)
+        x, lengths, targets = align_inputs(B, T, 30, L)
+        lengths = lengths - torch.arange(B) * 5
         if "transitions" in kw:
             kw2 = dict(kw, transitions=asg_transitions(30))
         else:
