@@ -7,7 +7,8 @@ machine's load hit both sides alike). The markdown tables the scripts print are 
 cell whose column header says ``(ms`` is a time. Per (job, table row, column) the script prints
 the median of the A and B times over the rounds, the median of the per-round B/A ratios, and the
 geometric mean of those medians (over all columns, and over lightning_gtn's own columns only:
-headers naming torch, a reference or the research pattern are left out of the second).
+headers naming torch, a reference or the research pattern are left out of the second). The table
+so far is also printed to stderr after each round.
 
 Jobs (``--jobs``, default ``losses stc transducer conv``):
 
@@ -144,6 +145,49 @@ def _ours(column: str) -> bool:
     return not any(w in c for w in ("torch", "research", "reference", "gtn pattern"))
 
 
+def report(res, jobs, trees, rounds_done, t_start) -> str:
+    """The markdown table of B/A ratios over the rounds done so far."""
+    rows, logs_all, logs_ours = [], [], []
+    for job in jobs:
+        runs = res[(job, "A")] + res[(job, "B")]
+        if not res[(job, "A")] or not res[(job, "B")]:
+            continue
+        keys = [k for k in res[(job, "A")][0] if all(k in t for t in runs)]
+        for k in keys:
+            a = [t[k] for t in res[(job, "A")]]
+            b = [t[k] for t in res[(job, "B")]]
+            ratios = [v / u for u, v in zip(a, b) if u > 0]
+            if not ratios:
+                continue
+            ratio = statistics.median(ratios)
+            rows.append((job, *k, statistics.median(a), statistics.median(b), ratio, min(ratios), max(ratios)))
+            logs_all.append(math.log(ratio))
+            if _ours(k[2]):
+                logs_ours.append(math.log(ratio))
+    lines = [
+        f"A = {trees['A']}\nB = {trees['B']}\n{rounds_done} rounds, order flipped each round; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end; "
+        f"{(time.perf_counter() - t_start) / 60:.1f} min.\n",
+        "| job | table | row | column | A median (ms) | B median (ms) | B/A (median of rounds) | B/A min..max |",
+        "|---|---|---|---|---:|---:|---:|---|",
+    ]
+    for job, title, key, col, ma, mb, ratio, lo, hi in rows:
+        lines.append(
+            f"| {job} | {title[:50]} | {key} | {col} | {ma:.1f} | {mb:.1f} | {ratio:.3f} | {lo:.2f}..{hi:.2f} |"
+        )
+    if logs_all:
+        lines.append(
+            f"\nGeometric mean of B/A: {math.exp(statistics.fmean(logs_all)):.3f} over {len(logs_all)} times"
+            + (
+                f"; lightning_gtn's own columns only: {math.exp(statistics.fmean(logs_ours)):.3f} "
+                f"over {len(logs_ours)}."
+                if logs_ours
+                else "."
+            )
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--a", required=True, help="tree A (baseline)")
@@ -164,38 +208,9 @@ def main(argv=None) -> int:
                 tables, secs = run_job(trees[side], job, args.python, args.reps, args.timeout)
                 res[(job, side)].append(tables)
                 print(f"round {r + 1} {job} {side}: {secs:.0f} s, {len(tables)} times", file=sys.stderr, flush=True)
-    rows, logs_all, logs_ours = [], [], []
-    for job in args.jobs:
-        keys = [k for k in res[(job, "A")][0] if all(k in t for t in res[(job, "A")] + res[(job, "B")])]
-        for k in keys:
-            a = [t[k] for t in res[(job, "A")]]
-            b = [t[k] for t in res[(job, "B")]]
-            ratios = [v / u for u, v in zip(a, b) if u > 0]
-            if not ratios:
-                continue
-            ratio = statistics.median(ratios)
-            rows.append((job, *k, statistics.median(a), statistics.median(b), ratio, min(ratios), max(ratios)))
-            logs_all.append(math.log(ratio))
-            if _ours(k[2]):
-                logs_ours.append(math.log(ratio))
-    print(
-        f"A = {trees['A']}\nB = {trees['B']}\n{args.rounds} rounds, order flipped each round; "
-        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end; "
-        f"{(time.perf_counter() - t_start) / 60:.1f} min.\n"
-    )
-    print("| job | table | row | column | A median (ms) | B median (ms) | B/A (median of rounds) | B/A min..max |")
-    print("|---|---|---|---|---:|---:|---:|---|")
-    for job, title, key, col, ma, mb, ratio, lo, hi in rows:
-        print(f"| {job} | {title[:50]} | {key} | {col} | {ma:.1f} | {mb:.1f} | {ratio:.3f} | {lo:.2f}..{hi:.2f} |")
-    if logs_all:
-        print(
-            f"\nGeometric mean of B/A: {math.exp(statistics.fmean(logs_all)):.3f} over {len(logs_all)} times; "
-            + (
-                f"lightning_gtn's own columns only: {math.exp(statistics.fmean(logs_ours)):.3f} over {len(logs_ours)}."
-                if logs_ours
-                else ""
-            )
-        )
+        if r + 1 < args.rounds:  # partial results, in case the run is cut short
+            print(report(res, args.jobs, trees, r + 1, t_start), file=sys.stderr, flush=True)
+    print(report(res, args.jobs, trees, args.rounds, t_start))
     return 0
 
 
