@@ -56,6 +56,7 @@ def _record(t) -> dict:
     n = flat.numel()
     idx = torch.linspace(0, n - 1, min(n, SAMPLES)).round().long() if n else torch.zeros(0, dtype=torch.long)
     finite = flat[torch.isfinite(flat)]
+    short = t.dtype in (torch.float32, torch.float16, torch.bfloat16)  # 9 digits round-trip float32
     return {
         "shape": list(t.shape),
         "dtype": str(t.dtype),
@@ -63,7 +64,7 @@ def _record(t) -> dict:
         "sum": _num(finite.sum().item()) if n else 0.0,
         "absmax": _num(finite.abs().max().item()) if finite.numel() else 0.0,
         "nonfinite": int(n - finite.numel()),
-        "samples": [_num(v) for v in flat[idx].tolist()],
+        "samples": [_num(float(f"{v:.9g}") if short else v) for v in flat[idx].tolist()],
     }
 
 
@@ -680,7 +681,7 @@ def main_collect(args) -> int:
         "cases": results,
     }
     with open(args.out, "w") as f:
-        json.dump(doc, f, indent=0, sort_keys=True)
+        json.dump(doc, f, separators=(",", ":"), sort_keys=True)
     print(f"{len(results)} cases -> {args.out} ({os.path.getsize(args.out) / 1024:.0f} KiB)")
     return 0
 
