@@ -746,7 +746,7 @@ def main_compare(path_a, path_b, tol) -> int:
     print("| case | bit-equal | max abs diff (stored values) | within tol |")
     print("|---|---|---:|---|")
     for r in rows:
-        print("| " + " | ".join(r) + " |")
+        print("| " + " | ".join([r[0].replace(" | ", ", "), *r[1:]]) + " |")
     print(f"\n{len(rows)} cases: {n_equal} bit-equal, {len(rows) - n_equal} not, {failed} beyond tol={tol:g}.")
     return 1 if failed else 0
 
