@@ -185,20 +185,6 @@ class _GraphLossFunction(torch.autograd.Function):
         return (gE, gw if ctx.needs_input_grad[1] else None) + (None,) * 9
 
 
-def _as_graph_list(graphs, B: int, name: str) -> List[Graph]:
-    if isinstance(graphs, Graph):
-        return [graphs] * B
-    if graphs is None:
-        raise ValueError(f"{name}: expected one Graph or a list of B={B} graphs, got None")
-    graphs = list(graphs)
-    if len(graphs) != B:
-        raise ValueError(f"{name} must be one Graph or a list of B={B} graphs, got {len(graphs)}")
-    for g in graphs:
-        if not isinstance(g, Graph):
-            raise ValueError(f"{name} must hold lightning_gtn.wfst.Graph objects, got {type(g).__name__}")
-    return graphs
-
-
 def compile_criteria(graphs: Sequence[Graph], C: int, name: str = "graphs"):
     """The distinct graph objects of ``graphs`` (first-appearance order), their compiled
     forms (labels checked against ``C``), and the index of each input graph among them."""
@@ -291,8 +277,8 @@ def graph_loss(
         divisors = checks.as_lengths(target_lengths, B, "target_lengths", dev)
     elif targets is not None:
         divisors = np.asarray([len(t) for t in checks.split_targets(targets, None, B, dev, 2**62)], dtype=np.int64)
-    nums = _as_graph_list(graphs, B, "graphs")
-    dens = None if denominators is None else _as_graph_list(denominators, B, "denominators")
+    nums = checks.graph_list(graphs, B, "graphs")
+    dens = None if denominators is None else checks.graph_list(denominators, B, "denominators")
     impl = pick_impl(emissions, impl)
     dtype = checks.compute_dtype(emissions)
     x = emissions.to(dtype)

@@ -63,3 +63,16 @@ def asg_ref(x, tr, target):
     T, C = x.shape
     full = lse([asg_path_score(x, tr, p) for p in itertools.product(range(C), repeat=T)], x)
     return full - lse([asg_path_score(x, tr, p) for p in segmentations(target, T)], x)
+
+
+# the small batch that test_asg.py and test_seq.py share
+IMPLS = ["numba", "numba_log", "torch"]
+TARGETS = [[0, 1], [2], [1, 1, 0], []]
+LENS = [4, 3, 4, 0]
+
+
+def _inputs(seed=0, B=4, T=4, C=3):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g, dtype=torch.float64, requires_grad=True)
+    tr = torch.randn(C + 1, C, generator=g, dtype=torch.float64, requires_grad=True)
+    return x, tr

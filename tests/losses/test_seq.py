@@ -11,18 +11,7 @@ from hypothesis import strategies as st
 import lightning_gtn.wfst as gtn
 from lightning_gtn.functional import force_align_graph, sequence_loss
 
-from ._brute import seq_ref
-
-IMPLS = ["numba", "numba_log", "torch"]
-TARGETS = [[0, 1], [2], [1, 1, 0], []]
-LENS = [4, 3, 4, 0]
-
-
-def _inputs(seed=0, B=4, T=4, C=3):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, C, generator=g, dtype=torch.float64, requires_grad=True)
-    tr = torch.randn(C + 1, C, generator=g, dtype=torch.float64, requires_grad=True)
-    return x, tr
+from ._brute import IMPLS, LENS, TARGETS, _inputs, seq_ref
 
 
 @pytest.mark.parametrize("impl", IMPLS)
