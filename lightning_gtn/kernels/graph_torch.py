@@ -161,11 +161,6 @@ def build_tables(st) -> Tables:
     return tb
 
 
-# The old private name, kept only while losses/conv_transduce.py still reads it
-# (tests/test_layout.py lists who does); delete it then.
-_build_tables = build_tables
-
-
 def node_graph_nodes(bt: GraphBatch, kind: str) -> np.ndarray:
     """Global node id of each epsilon group (``kind`` = ``"eps_in"`` or ``"eps_out"``)."""
     node_off = getattr(bt, kind + "_node_off")

@@ -107,7 +107,7 @@ class TransducerCriterion(TransducerGraphs, criterion.Criterion):
     def check_options(self, C: int, blank, weights, device: torch.device):
         """The emissions must have this configuration's ``C`` classes; ``weights`` are the
         learned ``transition_params`` (see :func:`transducer_loss`)."""
-        _check_num_classes(self, C, "C")
+        _check_num_classes(self, C, f"C = {C}")
         _check_transition_params(self, weights, device)
         return -1, weights
 
@@ -330,17 +330,17 @@ def _new_criterion(key, toks, n_graph, ngram, transitions, blank, allow_repeats,
     return crit, handle
 
 
-def _check_num_classes(crit: TransducerCriterion, C: int, shape) -> None:
+def _check_num_classes(crit: TransducerCriterion, C: int, got: str) -> None:
     if C != crit.C:
         raise ValueError(
             f"emissions must have C = len(tokens) + (blank != 'none') = {crit.C} classes "
-            f"(tokens, then the blank last), got {'shape ' + str(shape) if shape != 'C' else 'C = ' + str(C)}"
+            f"(tokens, then the blank last), got {got}"
         )
 
 
 def _check_classes(crit: TransducerCriterion, emissions: torch.Tensor) -> Tuple[int, int, int]:
     B, T, C = checks.check_emissions(emissions, "emissions")
-    _check_num_classes(crit, C, (B, T, C))
+    _check_num_classes(crit, C, f"shape {(B, T, C)}")
     return B, T, C
 
 
