@@ -13,6 +13,7 @@ from .losses import (
     StructuredLoss,
     TargetGraphLoss,
 )
+from .rnnt import RNNTStructuredLoss
 from .transducer import TransducerLoss
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "TargetGraphLoss",
     "ModuleLoss",
     "TransducerLoss",
+    "RNNTStructuredLoss",
     "Linear",
     "ConvTransduce1D",
 ]

@@ -46,8 +46,10 @@ __all__ = [
 #: * ``"asg"``: no blank; consecutive equal labels merge (with ``repeat_label`` a doubled token is
 #:   written with the repeat token, the last emission class);
 #: * ``"transducer"``: as ``"ctc"``, but the emission classes are the loss's own ``tokens`` (word
-#:   pieces spelled in ``target_classes`` graphemes), the blank last.
-TOPOLOGIES = ("ctc", "asg", "transducer")
+#:   pieces spelled in ``target_classes`` graphemes), the blank last;
+#: * ``"rnnt"``: an RNN-T loss (:class:`lightning_gtn.nn.rnnt.RNNTStructuredLoss`) over joiner
+#:   outputs ``(B, T, U + 1, V)``: decoded by the transducer searches, not from frame paths.
+TOPOLOGIES = ("ctc", "asg", "transducer", "rnnt")
 
 
 class StructuredLoss(nn.Module):
