@@ -217,6 +217,13 @@ def _backward(ctx, g_out, _g_grad):
     if g_out is None:
         return (None,) + none
     (g,) = ctx.saved_tensors
+    if (
+        ctx.reduction != "none"
+        and g_out.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and float(g_out) == 1.0
+    ):
+        return (g,) + none  # loss.backward() of the loss itself: no second (B, T, U + 1, V) buffer
     if ctx.reduction == "none":
         return (g * g_out.reshape(-1, 1, 1, 1).to(g.dtype),) + none
     return (g * g_out.to(g.dtype),) + none
