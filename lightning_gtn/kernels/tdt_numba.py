@@ -251,13 +251,14 @@ def lattice_loss(
         normalise: log-softmax each group (False: ``x`` already holds log-probabilities).
         coef: ``(B,)`` float64 coefficient of each example's gradient (the reduction's).
         need_grad: compute the gradient.
-        grad: with ``losses``, a buffer to add ``scale`` times this lattice's gradient into (a
-            second lattice mixed in); None: a fresh buffer.
-        losses: ``(B,)`` float64 to add ``scale`` times the losses into; None: fresh.
+        grad: with ``losses``, the buffer of an earlier call to add ``scale`` times this
+            lattice's gradient into (a second lattice mixed in); None: a fresh buffer.
+        losses: ``(B,)`` float64 of an earlier call to add ``scale`` times the losses into
+            (then ``grad`` must be that call's buffer when ``need_grad``); None: fresh.
         scale: the weight of this lattice when accumulating.
     """
     x = x.detach().contiguous()
-    accumulate = grad is not None
+    accumulate = losses is not None
     if grad is None:
         grad = torch.empty_like(x) if need_grad else x.new_empty((x.shape[0], 1, 1, 1))
     if losses is None:

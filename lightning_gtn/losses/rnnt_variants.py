@@ -244,7 +244,20 @@ def duration_lattice_op(
         for arcs, d, sg, w in passes:
             arr = tuple(np.asarray(a, dtype=np.int64) for a in arcs)
             losses_np, g = lattice_loss(
-                logits, tg, tlen, ulen, K, d, arr, sg, normalise, coef, need_grad, grad, losses_np, w  # type: ignore[arg-type]
+                logits,
+                tg,
+                tlen,
+                ulen,
+                K,
+                d,
+                arr,
+                sg,
+                normalise,
+                coef,
+                need_grad,
+                grad,
+                losses_np,
+                w,  # type: ignore[arg-type]
             )
             grad = g if need_grad else None
         assert losses_np is not None
@@ -253,7 +266,9 @@ def duration_lattice_op(
         # autograd is off inside a custom op's implementation (a thread-local dispatch state):
         # the reference runs in a worker thread of its own, where it is on
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            losses, grad = pool.submit(_torch_pass, logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad).result()
+            losses, grad = pool.submit(
+                _torch_pass, logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad
+            ).result()
     losses = losses.to(dev)
     # NaN in, NaN out: the kernels' max-based log-sum-exp would drop a NaN
     if bool(torch.isnan(logits.sum())):

@@ -14,6 +14,7 @@ from .losses import (
     TargetGraphLoss,
 )
 from .rnnt import RNNTStructuredLoss
+from .rnnt_variants import MultiBlankRNNTLoss, TDTLoss
 from .transducer import TransducerLoss
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "ModuleLoss",
     "TransducerLoss",
     "RNNTStructuredLoss",
+    "MultiBlankRNNTLoss",
+    "TDTLoss",
     "Linear",
     "ConvTransduce1D",
 ]
