@@ -105,11 +105,11 @@ def _lattice_kernel(
     for e in range(e0, e1):
         T = tlen[e]
         U = ulen[e]
-        if need_grad and not accumulate:
+        if need_grad and not accumulate:  # the nodes outside the lattice (the lattice's are written below)
             for t in range(Tmax):
                 for u in range(U1max):
-                    for v in range(x.shape[3]):
-                        grad[e, t, u, v] = 0.0
+                    if t >= T or u > U:
+                        grad[e, t, u, :] = 0.0
         if T <= 0:
             if accumulate:
                 losses[e] += scale * math.inf
@@ -165,7 +165,11 @@ def _lattice_kernel(
             losses[e] += scale * (-ll)
         else:
             losses[e] = scale * (-ll)
-        if not need_grad or not (ll > NEG_INF and ll < math.inf):
+        if not need_grad:
+            continue
+        if not (ll > NEG_INF and ll < math.inf):
+            if not accumulate:
+                grad[e, :T, : U + 1, :] = 0.0
             continue
         # forward variables
         alpha = np.full((T, U + 1), NEG_INF)
@@ -187,12 +191,14 @@ def _lattice_kernel(
         for t in range(T):
             for u in range(U + 1):
                 a = alpha[t, u]
+                gr = grad[e, t, u]
+                if not accumulate:
+                    gr[:] = 0.0
                 if a == NEG_INF:
                     continue
                 occ = math.exp(a + beta[t, u] - ll)
                 row = x[e, t, u]
-                gr = grad[e, t, u]
-                if normalise:
+                if normalise and occ > 0.0:
                     lzn = lz[t, u]
                     for v in range(K):
                         gr[v] += g * occ * math.exp(row[v] - lzn)
