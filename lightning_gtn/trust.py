@@ -104,6 +104,7 @@ _add_builtin(
     ["CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "TargetGraphLoss", "TransducerLoss", "RNNTLoss"],
     "loss",
 )
+_add_builtin("lightning_gtn.nn", ["MultiBlankRNNTLoss", "TDTLoss"], "loss")  # RNN-T variants (docs/rnnt_variants.md)
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning")  # older configs
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning.losses")
 _add_builtin("lightning_gtn.nn", ["Linear", "ConvTransduce1D"], "module")

@@ -45,6 +45,7 @@ from ..losses.ctc import ctc_loss
 from ..losses.graph import TargetGraphCriterion, graph_loss, target_graph_loss
 from ..losses.rnnt import RNNT_IMPLS as RNNT_IMPLS
 from ..losses.rnnt import rnnt_loss
+from ..losses.rnnt_variants import multiblank_rnnt_loss, tdt_loss
 from ..losses.seq import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import (
@@ -61,6 +62,8 @@ __all__ = [
     "asg_loss",
     "sequence_loss",
     "rnnt_loss",
+    "multiblank_rnnt_loss",
+    "tdt_loss",
     "stc_loss",
     "stc_graph",
     "stc_emissions",

@@ -14,6 +14,8 @@ from .losses import (
     TargetGraphLoss,
 )
 from .rnnt import RNNTLoss, RNNTStructuredLoss
+from .rnnt import RNNTStructuredLoss
+from .rnnt_variants import MultiBlankRNNTLoss, TDTLoss
 from .transducer import TransducerLoss
 
 __all__ = [
@@ -29,6 +31,8 @@ __all__ = [
     "TransducerLoss",
     "RNNTStructuredLoss",
     "RNNTLoss",
+    "MultiBlankRNNTLoss",
+    "TDTLoss",
     "Linear",
     "ConvTransduce1D",
 ]

@@ -1,0 +1,473 @@
+"""Multi-blank RNN-T and TDT (token-and-duration transducer) losses, with NeMo's meanings.
+
+Both score one lattice whose arcs advance time by a duration (:mod:`..kernels.tdt_numba`):
+
+* **multi-blank RNN-T** (Xu et al., "Multi-blank transducers for speech recognition", 2022):
+  the regular RNN-T lattice plus "big blanks", blank classes that skip ``big_blank_durations[i]``
+  frames at once. As in NeMo the big blank of ``big_blank_durations[i]`` is class
+  ``blank - 1 - i`` (NeMo's blank is the last class, the big blanks just before it), and one
+  log-softmax runs over all ``V`` classes.
+* **TDT** (Xu et al., "Efficient sequence transduction by jointly predicting tokens and
+  durations", 2023): the last ``len(durations)`` outputs of the joiner are duration logits, the
+  others label logits (the blank among them); the two groups are log-softmaxed separately. Every
+  token and every blank also predicts how many frames to advance, ``durations[i]``; a token may
+  advance 0 frames, a blank at least 1.
+
+``sigma`` (logit under-normalisation) is subtracted from every label log-probability.
+``omega`` (TDT only) mixes in the regular RNN-T loss of the label logits: NeMo draws it with
+probability ``omega`` per batch; here the loss is the expectation of that draw,
+``(1 - omega) * tdt + omega * rnnt``, deterministic.
+
+Both are ``torch.library`` custom ops (:func:`duration_lattice_op`), so they compile under
+``torch.compile(fullgraph=True)``; the gradient is computed in the forward pass (the numba
+kernel on the CPU, autograd through the torch reference elsewhere).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import numbers
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..core import checks
+from ..kernels.tdt_numba import lattice_loss
+from ..kernels.tdt_torch import lattice_loss_torch
+
+__all__ = ["multiblank_rnnt_loss", "tdt_loss", "duration_lattice_op", "REDUCTIONS", "IMPLS"]
+
+#: ``reduction=`` values: ``"mean"`` is the batch mean (torchaudio's meaning, NeMo's
+#: ``"mean_batch"``); ``"mean_volume"`` is NeMo's: the summed losses over the summed target lengths
+REDUCTIONS = ("none", "mean", "sum", "mean_volume")
+#: ``impl=`` values besides None (numba on the CPU, torch elsewhere)
+IMPLS = ("numba", "torch")
+
+
+# -- argument checks ------------------------------------------------------------------------------
+
+
+def _check_logits(logits, name: str = "logits") -> Tuple[int, int, int, int]:
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape (B, T, U + 1, V), got {type(logits).__name__}")
+    if logits.dim() != 4:
+        raise ValueError(f"{name} must have shape (B, T, U + 1, V), got {logits.dim()} dims: {tuple(logits.shape)}")
+    if not logits.is_floating_point():
+        raise ValueError(f"{name} must be a floating point tensor, got {logits.dtype}")
+    B, T, U1, V = logits.shape
+    if U1 < 1:
+        raise ValueError(f"{name} must have shape (B, T, U + 1, V) with U + 1 >= 1, got {tuple(logits.shape)}")
+    return B, T, U1, V
+
+
+def _check_durations(values, name: str, *, allow_empty: bool, allow_zero: bool) -> List[int]:
+    """A strictly increasing list of integers (``>= 0`` or ``>= 1``), else ValueError naming ``name``."""
+    if isinstance(values, torch.Tensor):
+        if values.is_floating_point() or values.dtype == torch.bool or values.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D sequence of integers, got a {values.dtype} tensor")
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ValueError(f"{name} must be a list of integers, got {values!r}")
+    out = []
+    lo = 0 if allow_zero else 1
+    for v in values:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{name} must hold integers, got {v!r} in {list(values)!r}")
+        if int(v) < lo:
+            raise ValueError(f"{name} must hold integers >= {lo}, got {int(v)} in {list(values)!r}")
+        out.append(int(v))
+    if not out and not allow_empty:
+        raise ValueError(f"{name} must not be empty")
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"{name} must be strictly increasing (NeMo's order), got {out}")
+    return out
+
+
+def _check_real(value, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or not lo <= v <= hi:
+        raise ValueError(f"{name} must be a finite number in [{lo}, {hi}], got {value!r}")
+    return v
+
+
+def _check_common(reduction, impl, zero_infinity, fused_log_softmax) -> None:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if impl is not None and impl not in IMPLS:
+        raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
+    if not isinstance(zero_infinity, (bool, np.bool_)):
+        raise ValueError(f"zero_infinity must be a bool, got {zero_infinity!r}")
+    if not isinstance(fused_log_softmax, (bool, np.bool_)):
+        raise ValueError(f"fused_log_softmax must be a bool, got {fused_log_softmax!r}")
+
+
+def _index(value, name: str, n: int) -> int:
+    """A class id in ``[-n, n)`` as a non-negative int (negative ids count from the end)."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
+        value = int(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer class id in [-{n}, {n}), got {value!r}")
+    v = int(value)
+    if not -n <= v < n:
+        raise ValueError(f"{name} must be an integer class id in [-{n}, {n}), got {v}")
+    return v % n
+
+
+def _tensor_arg(x, name: str, dim: int, shape: str) -> Tensor:
+    t = checks.int_tensor(x, name)
+    if t.dim() != dim:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    return t
+
+
+# -- the op ---------------------------------------------------------------------------------------
+
+
+def _coefficients(reduction: str, ulen: np.ndarray, B: int) -> np.ndarray:
+    if reduction == "mean":
+        return np.full(B, 1.0 / max(B, 1))
+    if reduction == "mean_volume":
+        return np.full(B, 1.0 / max(int(ulen.sum()), 1))
+    return np.ones(B)
+
+
+def _lengths(x: Tensor, B: int, name: str, hi: int, what: str, device: torch.device) -> np.ndarray:
+    if x.device.type != "cpu" and x.device != device:
+        raise ValueError(f"{name} is on {x.device} but the logits are on {device}; put it there or on the CPU")
+    if x.dim() != 1 or x.shape[0] != B:
+        raise ValueError(f"{name} must have shape (B,) = ({B},), got {tuple(x.shape)}")
+    a = x.detach().cpu().numpy().astype(np.int64)
+    if B and a.min() < 0:
+        raise ValueError(f"{name} must be >= 0, got {int(a.min())}")
+    if B and a.max() > hi:
+        raise ValueError(f"{name} must be <= {what}={hi}, got {int(a.max())}")
+    return a
+
+
+def _targets(tg: Tensor, B: int, ulen: np.ndarray, K: int, forbidden: Sequence[int], device) -> np.ndarray:
+    if tg.device.type != "cpu" and tg.device != device:
+        raise ValueError(f"targets is on {tg.device} but the logits are on {device}; put it there or on the CPU")
+    if tg.dim() != 2 or tg.shape[0] != B:
+        raise ValueError(f"targets must have shape (B, U) with B={B}, got {tuple(tg.shape)}")
+    S = tg.shape[1]
+    if B and int(ulen.max()) > S:
+        raise ValueError(f"target_lengths must be <= targets.shape[1]={S}, got {int(ulen.max())}")
+    a = tg.detach().cpu().numpy().astype(np.int64)
+    valid = np.arange(S)[None, :] < ulen[:, None]
+    vals = a[valid]
+    if vals.size:
+        lo, hi = int(vals.min()), int(vals.max())
+        if lo < 0 or hi >= K:
+            raise ValueError(f"targets: label {lo if lo < 0 else hi} out of range [0, {K})")
+        bad = np.isin(vals, np.asarray(list(forbidden), dtype=np.int64))
+        if bad.any():
+            raise ValueError(
+                f"targets: label {int(vals[bad][0])} is a blank class {sorted(forbidden)}; targets hold tokens only"
+            )
+    out = np.zeros((B, max(S, 1)), dtype=np.int64)
+    out[:, :S] = np.where(valid, a, 0)
+    return out
+
+
+def _torch_pass(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad):
+    """``(losses, grad or None)`` of the torch reference (autograd must be on in this thread)."""
+    dev = logits.device
+    x = logits.detach().requires_grad_(need_grad)
+    with torch.enable_grad():
+        tgt = torch.from_numpy(tg).to(dev)
+        tl, ul = torch.from_numpy(tlen), torch.from_numpy(ulen)
+        total = None
+        for arcs, d, sg, w in passes:
+            part = lattice_loss_torch(x, tgt, tl, ul, K, d, *arcs, sigma=sg, normalise=normalise)
+            total = w * part if total is None else total + w * part
+        assert total is not None
+        grad = None
+        if need_grad:
+            c = torch.from_numpy(coef).to(dev, x.dtype)
+            obj = torch.where(torch.isfinite(total), total, torch.zeros_like(total))
+            (grad,) = torch.autograd.grad((obj * c).sum(), x)
+    return total.detach(), grad
+
+
+@torch.library.custom_op("lightning_gtn::duration_lattice_loss", mutates_args=())
+def duration_lattice_op(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    K: int,
+    D: int,
+    tok_dur: List[int],
+    tok_didx: List[int],
+    blank_ids: List[int],
+    blank_dur: List[int],
+    blank_didx: List[int],
+    sigma: float,
+    omega: float,
+    normalise: bool,
+    reduction: str,
+    zero_infinity: bool,
+    impl: str,
+    need_grad: bool,
+) -> Tuple[Tensor, Tensor]:
+    """``(out, d out / d logits)`` of the duration lattice (see :mod:`..kernels.tdt_numba`).
+
+    ``out`` is ``(B,)`` for ``reduction="none"`` (the gradient is then per example, unscaled),
+    else a scalar. ``omega > 0`` mixes in the regular RNN-T lattice over the label logits (the
+    first blank id, duration 1; tokens duration 0; no ``sigma``). Lengths and target values are
+    checked here, where ``torch.compile`` does not look. The gradient is empty without
+    ``need_grad``.
+    """
+    B, T, U1, V = logits.shape
+    dev = logits.device
+    tlen = _lengths(logit_lengths, B, "logit_lengths", T, "T (logits.shape[1])", dev)
+    ulen = _lengths(target_lengths, B, "target_lengths", U1 - 1, "U (logits.shape[2] - 1)", dev)
+    tg = _targets(targets, B, ulen, K, blank_ids, dev)
+    if impl == "":
+        impl = "numba" if dev.type == "cpu" else "torch"
+    if impl == "numba" and dev.type != "cpu":
+        raise ValueError(f"impl='numba' needs CPU tensors, got logits on {dev}")
+    coef = _coefficients(reduction, ulen, B)
+    passes = []
+    if omega < 1.0:
+        passes.append(((tok_dur, tok_didx, blank_ids, blank_dur, blank_didx), D, sigma, 1.0 - omega))
+    if omega > 0.0:
+        passes.append((([0], [-1], [blank_ids[0]], [1], [-1]), 0, 0.0, omega))
+    if impl == "numba":
+        losses_np: Optional[np.ndarray] = None
+        grad: Optional[Tensor] = None
+        for arcs, d, sg, w in passes:
+            arr = tuple(np.asarray(a, dtype=np.int64) for a in arcs)
+            losses_np, g = lattice_loss(
+                logits,
+                tg,
+                tlen,
+                ulen,
+                K,
+                d,
+                arr,
+                sg,
+                normalise,
+                coef,
+                need_grad,
+                grad,
+                losses_np,
+                w,  # type: ignore[arg-type]
+            )
+            grad = g if need_grad else None
+        assert losses_np is not None
+        losses = torch.from_numpy(losses_np).to(logits.dtype)
+    else:
+        # autograd is off inside a custom op's implementation (a thread-local dispatch state):
+        # the reference runs in a worker thread of its own, where it is on
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            losses, grad = pool.submit(
+                _torch_pass, logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad
+            ).result()
+    losses = losses.to(dev)
+    # NaN in, NaN out: the kernels' max-based log-sum-exp would drop a NaN
+    if bool(torch.isnan(logits.sum())):
+        rows = torch.zeros(B, dtype=torch.bool)
+        for b in range(B):
+            if tlen[b] > 0 and bool(torch.isnan(logits[b, : tlen[b], : ulen[b] + 1]).any()):
+                rows[b] = True
+        if bool(rows.any()):
+            rows = rows.to(dev)
+            losses = losses.masked_fill(rows, float("nan"))
+            if grad is not None:
+                grad[rows] = float("nan")
+    if zero_infinity:
+        losses = torch.where(torch.isinf(losses), torch.zeros_like(losses), losses)
+    if reduction == "none":
+        out = losses
+    else:
+        out = (losses * torch.from_numpy(coef).to(dev, losses.dtype)).sum()
+    return out, (grad if grad is not None else logits.new_empty(0))
+
+
+@duration_lattice_op.register_fake
+def _fake(logits, targets, logit_lengths, target_lengths, K, D, tok_dur, tok_didx, blank_ids, blank_dur, blank_didx,
+          sigma, omega, normalise, reduction, zero_infinity, impl, need_grad):  # fmt: skip
+    out = logits.new_empty((logits.shape[0],) if reduction == "none" else ())
+    return out, (torch.empty_like(logits) if need_grad else logits.new_empty(0))
+
+
+def _setup(ctx, inputs, output):
+    ctx.reduction = inputs[14]
+    ctx.need_grad = inputs[17]
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(output[1])
+
+
+def _backward(ctx, g_out, _g_grad):
+    (g,) = ctx.saved_tensors
+    gx = None
+    if g_out is not None and ctx.need_grad:
+        if ctx.reduction == "none":
+            gx = g * g_out.reshape(-1, 1, 1, 1).to(g.dtype)
+        else:
+            gx = g * g_out.to(g.dtype)
+    return (gx,) + (None,) * 17
+
+
+duration_lattice_op.register_autograd(_backward, setup_context=_setup)
+
+
+def _call(logits, targets, logit_lengths, target_lengths, K, D, arcs, sigma, omega, fused, reduction, zi, impl):
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    x = logits.to(dtype)
+    need = bool(torch.is_grad_enabled() and x.requires_grad)
+    tg = _tensor_arg(targets, "targets", 2, "(B, U)")
+    il = _tensor_arg(logit_lengths, "logit_lengths", 1, "(B,)")
+    tl = _tensor_arg(target_lengths, "target_lengths", 1, "(B,)")
+    out, _ = duration_lattice_op(
+        x, tg, il, tl, int(K), int(D), *[list(a) for a in arcs], float(sigma), float(omega), bool(fused),
+        reduction, bool(zi), impl or "", need,
+    )  # fmt: skip
+    return out.to(logits.dtype)
+
+
+# -- the public losses ----------------------------------------------------------------------------
+
+
+def multiblank_rnnt_loss(
+    logits: Tensor,
+    targets,
+    logit_lengths,
+    target_lengths,
+    blank: int = -1,
+    big_blank_durations: Sequence[int] = (),
+    sigma: float = 0.0,
+    reduction: str = "mean",
+    fused_log_softmax: bool = True,
+    *,
+    big_blank_ids: Optional[Sequence[int]] = None,
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+) -> Tensor:
+    """Multi-blank RNN-T loss (NeMo's ``MultiblankRNNTLossPytorch`` / ``MultiblankRNNTLossNumba``).
+
+    The regular RNN-T lattice (a token keeps the frame, the blank ``blank`` advances one frame)
+    plus one "big blank" per ``big_blank_durations[i]`` that advances that many frames at once.
+    A path ends with any blank from the last target position landing exactly on the last frame.
+    With no big blanks this is the regular RNN-T loss.
+
+    Args:
+        logits: ``(B, T, U + 1, V)`` joiner outputs, ``V`` = tokens + 1 + ``len(big_blank_durations)``.
+            float32/float64 (float16/bfloat16 are computed in float32). Any device.
+        targets: ``(B, U)`` integer token ids (padded), never a blank class.
+        logit_lengths: ``(B,)`` frames of each example, ``0 <= logit_lengths[b] <= T``.
+        target_lengths: ``(B,)`` tokens of each example, ``0 <= target_lengths[b] <= U``.
+        blank: the standard blank's class id, ``[-V, V)`` (negative counts from the end; NeMo's
+            blank is the last class, ``-1``).
+        big_blank_durations: strictly increasing integers ``>= 1`` (NeMo: e.g. ``[2, 4, 8]``);
+            empty gives the regular RNN-T loss.
+        sigma: logit under-normalisation: subtracted from every log-probability (NeMo recommends 0.05).
+        reduction: ``"none"`` ``(B,)`` losses; ``"sum"``; ``"mean"`` the batch mean (torchaudio's
+            meaning, NeMo's ``"mean_batch"``); ``"mean_volume"`` the summed losses over the summed
+            target lengths (NeMo's). NeMo's own ``"mean"`` (each loss over its target length, then
+            the batch mean) is ``(loss(reduction="none") / target_lengths).mean()``.
+        fused_log_softmax: True: ``logits`` are raw scores, log-softmaxed over ``V`` here; False:
+            they already are log-probabilities.
+        big_blank_ids: the class of each big blank; None (default) is NeMo's placement, the big
+            blank of ``big_blank_durations[i]`` is ``blank - 1 - i`` (then ``blank >= len(durations)``).
+        zero_infinity: an example without a complete path (no frames) gives 0 instead of inf.
+        impl: None (numba on the CPU, the torch reference elsewhere), ``"numba"`` or ``"torch"``.
+
+    Returns:
+        ``(B,)`` for ``reduction="none"``, else a scalar, in ``logits``'s dtype. NaN logits in an
+        example's lattice give a NaN loss.
+    """
+    B, T, U1, V = _check_logits(logits)
+    _check_common(reduction, impl, zero_infinity, fused_log_softmax)
+    blank = _index(blank, "blank", V)
+    durs = _check_durations(big_blank_durations, "big_blank_durations", allow_empty=True, allow_zero=False)
+    sigma = _check_real(sigma, "sigma")
+    if big_blank_ids is None:
+        if blank < len(durs):
+            raise ValueError(
+                f"blank={blank} leaves no room for {len(durs)} big blanks at blank - 1 - i (NeMo's placement); "
+                "put the blank last or pass big_blank_ids"
+            )
+        ids = [blank - 1 - i for i in range(len(durs))]
+    else:
+        if isinstance(big_blank_ids, (str, bytes)) or not isinstance(big_blank_ids, Sequence):
+            raise ValueError(f"big_blank_ids must be a list of class ids, got {big_blank_ids!r}")
+        ids = [_index(c, "big_blank_ids", V) for c in big_blank_ids]
+        if len(ids) != len(durs):
+            raise ValueError(f"big_blank_ids must have len(big_blank_durations)={len(durs)} ids, got {len(ids)}")
+        if len(set(ids + [blank])) != len(ids) + 1:
+            raise ValueError(f"big_blank_ids must be distinct classes other than blank={blank}, got {ids}")
+    arcs = ([0], [-1], [blank] + ids, [1] + durs, [-1] * (1 + len(durs)))
+    return _call(logits, targets, logit_lengths, target_lengths, V, 0, arcs, sigma, 0.0, fused_log_softmax,
+                 reduction, zero_infinity, impl)  # fmt: skip
+
+
+def tdt_loss(
+    logits: Tensor,
+    targets,
+    logit_lengths,
+    target_lengths,
+    blank: int = -1,
+    durations: Sequence[int] = (0, 1, 2, 3, 4),
+    sigma: float = 0.0,
+    omega: float = 0.0,
+    reduction: str = "mean",
+    fused_log_softmax: bool = True,
+    *,
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+) -> Tensor:
+    """TDT loss, the token-and-duration transducer (NeMo's ``TDTLossPytorch`` / ``TDTLossNumba``).
+
+    The last ``len(durations)`` classes of ``logits`` are duration logits, the first
+    ``K = V - len(durations)`` label logits (tokens and the blank); each group is log-softmaxed on
+    its own. At node ``(t, u)`` a token ``y[u]`` with duration ``durations[i]`` goes to
+    ``(t + durations[i], u + 1)``, a blank with a positive duration ``durations[i]`` to
+    ``(t + durations[i], u)``; each arc scores ``log p(label) - sigma + log p(duration i)``. A path
+    ends with a blank from the last target position landing exactly on the last frame.
+
+    Args:
+        logits: ``(B, T, U + 1, K + len(durations))`` joiner outputs; float32/float64; any device.
+        targets: ``(B, U)`` integer token ids in ``[0, K)``, never ``blank``.
+        logit_lengths: ``(B,)`` frames, ``0 <= logit_lengths[b] <= T``.
+        target_lengths: ``(B,)`` tokens, ``0 <= target_lengths[b] <= U``.
+        blank: the blank's id among the label classes, ``[-K, K)`` (NeMo's is the last label
+            class, ``-1`` here).
+        durations: strictly increasing integers ``>= 0`` with at least one ``>= 1`` (NeMo: e.g.
+            ``[0, 1, 2, 3, 4]``; its CUDA kernel needs 0 and 1 among them, this lattice does not).
+        sigma: logit under-normalisation: subtracted from every label log-probability (not from
+            the durations'), NeMo recommends 0.05.
+        omega: in ``[0, 1]``, the weight of the regular RNN-T loss of the label logits (tokens
+            keep the frame, the blank advances one; no ``sigma``): the loss is
+            ``(1 - omega) * tdt + omega * rnnt``, the expectation of NeMo's per-batch draw.
+        reduction: as :func:`multiblank_rnnt_loss` (``"mean"`` is the batch mean).
+        fused_log_softmax: True: raw scores; False: both groups already are log-probabilities.
+        zero_infinity: an example without a complete path gives 0 instead of inf.
+        impl: None (numba on the CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+
+    Returns:
+        ``(B,)`` for ``reduction="none"``, else a scalar, in ``logits``'s dtype.
+    """
+    B, T, U1, V = _check_logits(logits)
+    _check_common(reduction, impl, zero_infinity, fused_log_softmax)
+    durs = _check_durations(durations, "durations", allow_empty=False, allow_zero=True)
+    if durs[-1] < 1:
+        raise ValueError(f"durations must hold a duration >= 1 (a blank advances at least one frame), got {durs}")
+    D = len(durs)
+    K = V - D
+    if K < 1:
+        raise ValueError(f"logits must have V > len(durations)={D} classes (labels, then durations), got V={V}")
+    blank = _index(blank, "blank", K)
+    sigma = _check_real(sigma, "sigma")
+    omega = _check_real(omega, "omega", 0.0, 1.0)
+    pos = [i for i, d in enumerate(durs) if d > 0]
+    arcs = (durs, list(range(D)), [blank] * len(pos), [durs[i] for i in pos], pos)
+    return _call(logits, targets, logit_lengths, target_lengths, K, D, arcs, sigma, omega, fused_log_softmax,
+                 reduction, zero_infinity, impl)  # fmt: skip

@@ -1,0 +1,193 @@
+"""Multi-blank RNN-T and TDT losses as modules (NeMo's ``MultiblankRNNTLoss`` / ``TDTLoss`` options).
+
+Both score a joiner output with more classes than the vocabulary: :attr:`extra_outputs` says how
+many (the big blanks; the duration logits), and a transducer network trained with one of these
+losses must build its joiner with ``V + extra_outputs`` outputs. See ``docs/rnnt_variants.md``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+
+from .. import functional as lgf
+from .rnnt import RNNTStructuredLoss
+
+__all__ = ["MultiBlankRNNTLoss", "TDTLoss"]
+
+
+class MultiBlankRNNTLoss(RNNTStructuredLoss):
+    """:func:`lightning_gtn.functional.multiblank_rnnt_loss` as a module.
+
+    Args:
+        blank: the standard blank's class id (the Lightning layer fills it from the vocabulary:
+            0). Negative ids count from the end (NeMo: the blank is the last class).
+        big_blank_durations: strictly increasing integers ``>= 1``, e.g. ``[2, 4, 8]``.
+        sigma: logit under-normalisation (NeMo recommends 0.05).
+        reduction: ``"none"`` | ``"mean"`` (batch mean) | ``"sum"`` | ``"mean_volume"`` (NeMo's).
+        big_blank_ids: the class of each big blank. None: NeMo's ``blank - 1 - i`` when
+            ``0 <= blank - len(big_blank_durations)`` with the blank past them (NeMo's layout,
+            the blank last: pass ``blank=-1``); with the blank first (``blank=0``, the
+            vocabulary's layout) the big blanks are the extra outputs appended after the
+            vocabulary, class ``V - 1 - i`` for ``big_blank_durations[i]``.
+        zero_infinity: examples without a complete path give 0.
+        impl: None, ``"numba"`` or ``"torch"``.
+
+    Shape:
+        ``forward(logits (B, T, U + 1, V), targets (B, U), logit_lengths (B,), target_lengths (B,))``.
+    """
+
+    vocabulary_arguments = ("blank",)
+
+    def __init__(
+        self,
+        blank: int = 0,
+        big_blank_durations: Sequence[int] = (2, 4),
+        sigma: float = 0.0,
+        reduction: str = "mean",
+        big_blank_ids: Optional[Sequence[int]] = None,
+        zero_infinity: bool = False,
+        impl: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        # checked once here with a tiny call (the same checks as every forward)
+        self.blank = int(blank)
+        self.big_blank_durations: List[int] = [int(d) for d in _checked(big_blank_durations, "big_blank_durations")]
+        self.sigma = float(sigma)
+        self.reduction = reduction
+        self.big_blank_ids = None if big_blank_ids is None else [int(c) for c in big_blank_ids]
+        self.zero_infinity = bool(zero_infinity)
+        self.impl = impl
+        ids = self.big_blank_ids or []
+        V = 2 + len(self.big_blank_durations) + abs(self.blank) + sum(abs(c) for c in ids)
+        self._loss(torch.zeros(1, 1, 1, V))
+
+    @property
+    def extra_outputs(self) -> int:
+        """The joiner outputs beyond the vocabulary: one per big blank."""
+        return len(self.big_blank_durations)
+
+    def _ids(self, V: int) -> Optional[List[int]]:
+        if self.big_blank_ids is not None:
+            return self.big_blank_ids
+        b = self.blank % V if -V <= self.blank < V else self.blank
+        if b >= len(self.big_blank_durations):
+            return None
+        return [V - 1 - i for i in range(len(self.big_blank_durations))]
+
+    def _loss(self, logits, targets=None, logit_lengths=None, target_lengths=None):
+        B, V = logits.shape[0], logits.shape[-1]
+        if targets is None:
+            targets = torch.zeros(B, 0, dtype=torch.long)
+            logit_lengths = torch.full((B,), logits.shape[1], dtype=torch.long)
+            target_lengths = torch.zeros(B, dtype=torch.long)
+        return lgf.multiblank_rnnt_loss(
+            logits,
+            targets,
+            logit_lengths,
+            target_lengths,
+            self.blank,
+            self.big_blank_durations,
+            self.sigma,
+            self.reduction,
+            big_blank_ids=self._ids(V),
+            zero_infinity=self.zero_infinity,
+            impl=self.impl,
+        )
+
+    def forward(self, logits, targets, logit_lengths, target_lengths):
+        """The loss of joiner outputs ``(B, T, U + 1, V)``: a scalar, or ``(B,)`` with ``"none"``."""
+        return self._loss(logits, targets, logit_lengths, target_lengths)
+
+    def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
+        return (
+            f"blank={self.blank}, big_blank_durations={self.big_blank_durations}, sigma={self.sigma}, "
+            f"reduction={self.reduction!r}"
+        )
+
+
+class TDTLoss(RNNTStructuredLoss):
+    """:func:`lightning_gtn.functional.tdt_loss` as a module.
+
+    Args:
+        blank: the blank's id among the label classes (the Lightning layer fills it: 0).
+        durations: strictly increasing integers ``>= 0``, at least one ``>= 1`` (NeMo: ``[0, 1, 2, 3, 4]``).
+        sigma: logit under-normalisation of the label log-probabilities (NeMo recommends 0.05).
+        omega: weight of the regular RNN-T loss mixed in, ``[0, 1]``.
+        reduction: ``"none"`` | ``"mean"`` (batch mean) | ``"sum"`` | ``"mean_volume"`` (NeMo's).
+        zero_infinity: examples without a complete path give 0.
+        impl: None, ``"numba"`` or ``"torch"``.
+
+    Shape:
+        ``forward(logits (B, T, U + 1, V + len(durations)), targets (B, U), logit_lengths (B,),
+        target_lengths (B,))``: the last ``len(durations)`` classes are the duration logits.
+    """
+
+    vocabulary_arguments = ("blank",)
+
+    def __init__(
+        self,
+        blank: int = 0,
+        durations: Sequence[int] = (0, 1, 2, 3, 4),
+        sigma: float = 0.0,
+        omega: float = 0.0,
+        reduction: str = "mean",
+        zero_infinity: bool = False,
+        impl: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        self.blank = int(blank)
+        self.durations: List[int] = [int(d) for d in _checked(durations, "durations")]
+        self.sigma = float(sigma)
+        self.omega = float(omega)
+        self.reduction = reduction
+        self.zero_infinity = bool(zero_infinity)
+        self.impl = impl
+        K = max(self.blank + 1, 1) if self.blank >= 0 else -self.blank
+        self.forward(
+            torch.zeros(1, 1, 1, K + len(self.durations)),
+            torch.zeros(1, 0, dtype=torch.long),
+            torch.ones(1, dtype=torch.long),
+            torch.zeros(1, dtype=torch.long),
+        )
+
+    @property
+    def extra_outputs(self) -> int:
+        """The joiner outputs beyond the vocabulary: one duration logit per duration."""
+        return len(self.durations)
+
+    def forward(self, logits, targets, logit_lengths, target_lengths):
+        """The loss of joiner outputs ``(B, T, U + 1, V + len(durations))``."""
+        return lgf.tdt_loss(
+            logits,
+            targets,
+            logit_lengths,
+            target_lengths,
+            self.blank,
+            self.durations,
+            self.sigma,
+            self.omega,
+            self.reduction,
+            zero_infinity=self.zero_infinity,
+            impl=self.impl,
+        )
+
+    def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
+        return (
+            f"blank={self.blank}, durations={self.durations}, sigma={self.sigma}, omega={self.omega}, "
+            f"reduction={self.reduction!r}"
+        )
+
+
+def _checked(values, name: str) -> Sequence[int]:
+    """``values`` as a sequence (a config's ListConfig or a tuple), before the loss checks its items."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{name} must be a list of integers, got {values!r}")
+    out = list(values)
+    for v in out:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must hold integers, got {v!r} in {out!r}")
+    return out

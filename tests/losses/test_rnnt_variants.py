@@ -1,0 +1,464 @@
+"""Multi-blank RNN-T and TDT: published values (NeMo, warp-transducer), brute-force path
+enumeration, numba against the torch reference, gradcheck, reductions, bad inputs, compile."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import lightning_gtn.functional as lgf
+import lightning_gtn.nn as lgn
+from lightning_gtn import trust
+
+# -- independent references ----------------------------------------------------------------------
+
+
+def brute_multiblank(lp, y, T, blank, bigs):
+    """-log of the summed scores of every multi-blank path, enumerated one by one.
+
+    ``lp`` are ``(T, U + 1, V)`` log-probabilities; ``bigs`` are ``(class, duration)`` pairs."""
+    U = len(y)
+    total = []
+
+    def walk(t, u, s):
+        if u < U:
+            walk_to(t, u + 1, s + lp[t, u, y[u]])
+        for c, d in [(blank, 1)] + list(bigs):
+            if t + d == T and u == U:
+                total.append(s + lp[t, u, c])
+            elif t + d < T:
+                walk_to(t + d, u, s + lp[t, u, c])
+
+    def walk_to(t, u, s):
+        walk(t, u, s)
+
+    walk(0, 0, 0.0)
+    return -math.log(sum(math.exp(v) for v in total)) if total else math.inf
+
+
+def brute_tdt(lab, dur, y, T, blank, durations):
+    """-log of the summed scores of every TDT path: a token of duration d from ``(t, u)`` goes to
+    ``(t + d, u + 1)`` (only onto a frame < T), a blank of duration d >= 1 to ``(t + d, u)``; the
+    path ends with a blank landing exactly on T at u = U."""
+    U = len(y)
+    total = []
+
+    def walk(t, u, s):
+        for i, d in enumerate(durations):
+            if u < U and t + d < T:
+                walk(t + d, u + 1, s + lab[t, u, y[u]] + dur[t, u, i])
+            if d >= 1:
+                sc = s + lab[t, u, blank] + dur[t, u, i]
+                if u == U and t + d == T:
+                    total.append(sc)
+                elif t + d < T:
+                    walk(t + d, u, sc)
+
+    walk(0, 0, 0.0)
+    return -math.log(sum(math.exp(v) for v in total)) if total else math.inf
+
+
+def rnnt_dp(lp, y, T, blank):
+    """The regular RNN-T loss by its textbook recursion (tokens keep the frame, blank advances)."""
+    U = len(y)
+    a = np.full((T, U + 1), -np.inf)
+    a[0, 0] = 0.0
+    for t in range(T):
+        for u in range(U + 1):
+            c = [a[t, u]] if (t, u) == (0, 0) else []
+            if t > 0:
+                c.append(a[t - 1, u] + lp[t - 1, u, blank])
+            if u > 0:
+                c.append(a[t, u - 1] + lp[t, u - 1, y[u - 1]])
+            if c:
+                a[t, u] = np.logaddexp.reduce(c)
+    return -(a[T - 1, U] + lp[T - 1, U, blank])
+
+
+def _batch(rng, B, T, U, V, K=None, dtype=torch.float64):
+    x = torch.tensor(rng.standard_normal((B, T, U + 1, V)), dtype=dtype)
+    tl = torch.tensor(rng.integers(1, T + 1, B))
+    tl[0] = T
+    ul = torch.tensor(rng.integers(0, U + 1, B))
+    ul[0] = U
+    return x, tl, ul
+
+
+# -- published values ----------------------------------------------------------------------------
+
+# NeMo tests/collections/asr/numba/rnnt_loss/test_rnnt_pytorch.py, TestTDTLoss.test_case_fixed_case_act_label:
+# B=1, T=3, U+1=2, V=3 tokens + blank (=3) + durations [0, 1, 2], all-zero logits, label 0, sigma=0.05
+NEMO_TDT_COST = 4.155739
+NEMO_TDT_GRADS = [
+    [
+        [-0.64962804, 0.25, 0.25, 0.14962798, 0.2672583, -0.16792619, -0.09933221],
+        [0.01651875, 0.01651875, 0.01651875, -0.04955626, 0.022025, -0.01227201, -0.009753],
+    ],
+    [
+        [-0.04892651, 0.01714851, 0.01714851, 0.01462949, -0.01143234, -0.01143234, 0.02286467],
+        [0.12531489, 0.12531489, 0.12531489, -0.37594467, 0.16708651, 0.13027048, -0.29735702],
+    ],
+    [
+        [-0.02572276, 0.00857425, 0.00857425, 0.00857425, -0.02286468, 0.01143234, 0.01143234],
+        [0.13388914, 0.13388914, 0.13388914, -0.40166742, 0.17851885, -0.35703772, 0.17851885],
+    ],
+]
+
+# warp-transducer's / NeMo's small case (NeMo test_rnnt_pytorch.py test_case_small, torchaudio's
+# rnnt_loss test data): B=1, T=2, U+1=3, V=5, labels [1, 2], blank 0
+SMALL_ACTS = [
+    [[0.1, 0.6, 0.1, 0.1, 0.1], [0.1, 0.1, 0.6, 0.1, 0.1], [0.1, 0.1, 0.2, 0.8, 0.1]],
+    [[0.1, 0.6, 0.1, 0.1, 0.1], [0.1, 0.1, 0.2, 0.1, 0.1], [0.7, 0.1, 0.2, 0.1, 0.1]],
+]
+SMALL_COST = 4.495666
+SMALL_GRADS = [
+    [
+        [-0.13116688, -0.3999269, 0.17703125, 0.17703125, 0.17703125],
+        [-0.18572757, 0.12247056, -0.18168412, 0.12247056, 0.12247056],
+        [-0.32091254, 0.06269141, 0.06928472, 0.12624499, 0.06269141],
+    ],
+    [
+        [0.05456069, -0.21824276, 0.05456069, 0.05456069, 0.05456069],
+        [0.12073959, 0.12073959, -0.48295835, 0.12073959, 0.12073959],
+        [-0.6925882, 0.16871116, 0.18645467, 0.16871116, 0.16871116],
+    ],
+]
+
+IMPLS = ["numba", "torch"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_nemo_tdt_fixed_case(impl):
+    x = torch.zeros(1, 3, 2, 7, requires_grad=True)
+    loss = lgf.tdt_loss(x, torch.tensor([[0]]), torch.tensor([3]), torch.tensor([1]), blank=3,
+                        durations=[0, 1, 2], sigma=0.05, reduction="sum", impl=impl)  # fmt: skip
+    loss.backward()
+    assert loss.item() == pytest.approx(NEMO_TDT_COST, rel=1e-6)
+    torch.testing.assert_close(x.grad[0], torch.tensor(NEMO_TDT_GRADS), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_multiblank_without_big_blanks_is_rnnt_published_case(impl):
+    x = torch.tensor([SMALL_ACTS], requires_grad=True)
+    loss = lgf.multiblank_rnnt_loss(x, torch.tensor([[1, 2]]), torch.tensor([2]), torch.tensor([2]), blank=0,
+                                    big_blank_durations=[], reduction="sum", impl=impl)  # fmt: skip
+    loss.backward()
+    assert loss.item() == pytest.approx(SMALL_COST, rel=1e-6)
+    torch.testing.assert_close(x.grad[0], torch.tensor(SMALL_GRADS), rtol=1e-4, atol=1e-6)
+
+
+# -- brute force ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_multiblank_brute_force(impl, rng):
+    B, T, U, V = 3, 5, 2, 7  # tokens 0..2, big blanks 3 (d=4), 4 (d=3), 5 (d=2), blank 6
+    durs = [2, 3, 4]
+    x, tl, ul = _batch(rng, B, T, U, V)
+    y = torch.tensor(rng.integers(0, 3, (B, U)))
+    got = lgf.multiblank_rnnt_loss(x, y, tl, ul, blank=6, big_blank_durations=durs, sigma=0.05, reduction="none",
+                                   impl=impl)  # fmt: skip
+    lp = (x.log_softmax(-1) - 0.05).numpy()
+    for b in range(B):
+        want = brute_multiblank(lp[b], y[b, : ul[b]].tolist(), int(tl[b]), 6, [(5 - i, d) for i, d in enumerate(durs)])
+        assert got[b].item() == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("durations", [[0, 1, 2, 3], [1, 2], [0, 2]])
+def test_tdt_brute_force(impl, durations, rng):
+    B, T, U, K = 3, 5, 2, 4  # blank 1 (not last: any id works)
+    D = len(durations)
+    x, tl, ul = _batch(rng, B, T, U, K + D)
+    y = torch.tensor(rng.choice([0, 2, 3], (B, U)))
+    got = lgf.tdt_loss(x, y, tl, ul, blank=1, durations=durations, sigma=0.1, reduction="none", impl=impl)
+    lab = (x[..., :K].log_softmax(-1) - 0.1).numpy()
+    dur = x[..., K:].log_softmax(-1).numpy()
+    for b in range(B):
+        want = brute_tdt(lab[b], dur[b], y[b, : ul[b]].tolist(), int(tl[b]), 1, durations)
+        if math.isinf(want):
+            assert math.isinf(got[b].item())
+        else:
+            assert got[b].item() == pytest.approx(want, rel=1e-9)
+
+
+def test_multiblank_no_big_blanks_equals_rnnt_recursion(rng):
+    B, T, U, V = 3, 4, 3, 5
+    x, tl, ul = _batch(rng, B, T, U, V)
+    y = torch.tensor(rng.integers(1, V, (B, U)))
+    got = lgf.multiblank_rnnt_loss(x, y, tl, ul, blank=0, reduction="none")
+    lp = x.log_softmax(-1).numpy()
+    for b in range(B):
+        assert got[b].item() == pytest.approx(rnnt_dp(lp[b], y[b, : ul[b]].tolist(), int(tl[b]), 0), rel=1e-9)
+
+
+def test_tdt_omega_mixes_the_regular_rnnt_loss(rng):
+    B, T, U, K, durs = 2, 4, 2, 4, [0, 1, 2]
+    x, tl, ul = _batch(rng, B, T, U, K + len(durs))
+    y = torch.tensor(rng.integers(1, K, (B, U)))
+    # omega = 1: the regular RNN-T loss of the label logits alone (no sigma, durations ignored)
+    one = lgf.tdt_loss(x, y, tl, ul, blank=0, durations=durs, sigma=0.3, omega=1.0, reduction="none")
+    rnnt = lgf.multiblank_rnnt_loss(x[..., :K], y, tl, ul, blank=0, reduction="none")
+    torch.testing.assert_close(one, rnnt)
+    zero = lgf.tdt_loss(x, y, tl, ul, blank=0, durations=durs, sigma=0.3, omega=0.0, reduction="none")
+    mixed = lgf.tdt_loss(x, y, tl, ul, blank=0, durations=durs, sigma=0.3, omega=0.25, reduction="none")
+    torch.testing.assert_close(mixed, 0.75 * zero + 0.25 * rnnt)
+
+
+# -- numba against torch, gradients --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_numba_equals_torch(fused, rng):
+    B, T, U, K, durs = 3, 6, 4, 5, [0, 1, 3]
+    x, tl, ul = _batch(rng, B, T, U, K + len(durs))
+    if not fused:
+        x = torch.cat([x[..., :K].log_softmax(-1), x[..., K:].log_softmax(-1)], -1)
+    y = torch.tensor(rng.integers(0, K - 1, (B, U)))
+    for fn, kw in [
+        (lgf.tdt_loss, dict(blank=K - 1, durations=durs, sigma=0.05, omega=0.2)),
+        (lgf.multiblank_rnnt_loss, dict(blank=-1, big_blank_durations=[2, 3], sigma=0.05)),
+    ]:
+        out = {}
+        for impl in IMPLS:
+            xi = x.clone().requires_grad_(True)
+            loss = fn(xi, y, tl, ul, reduction="sum", fused_log_softmax=fused, impl=impl, **kw)
+            loss.backward()
+            out[impl] = (loss.detach(), xi.grad)
+        torch.testing.assert_close(out["numba"][0], out["torch"][0])
+        torch.testing.assert_close(out["numba"][1], out["torch"][1])
+
+
+def test_gradcheck_float64(rng):
+    x, tl, ul = _batch(rng, 2, 3, 2, 7)
+    y = torch.tensor([[0, 1], [2, 0]])
+    x.requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda z: lgf.tdt_loss(z, y, tl, ul, blank=3, durations=[0, 1, 2], sigma=0.05, omega=0.3, reduction="none"),
+        (x,),
+    )
+    assert torch.autograd.gradcheck(
+        lambda z: lgf.multiblank_rnnt_loss(z, y, tl, ul, blank=6, big_blank_durations=[2, 3], reduction="mean"),
+        (x,),
+    )
+
+
+def test_float32_matches_float64(rng):
+    x, tl, ul = _batch(rng, 2, 5, 3, 6)
+    y = torch.tensor(rng.integers(0, 2, (2, 3)))
+    kw = dict(blank=2, durations=[0, 1, 2], reduction="none")
+    a = lgf.tdt_loss(x, y, tl, ul, **kw)
+    b = lgf.tdt_loss(x.float(), y, tl, ul, **kw)
+    assert b.dtype == torch.float32
+    torch.testing.assert_close(a, b.double(), rtol=1e-5, atol=1e-5)
+
+
+# -- reductions, infinities, U > T, NaN ----------------------------------------------------------
+
+
+def test_reductions(rng):
+    x, tl, ul = _batch(rng, 3, 4, 3, 7)
+    ul = torch.tensor([3, 1, 2])
+    y = torch.tensor(rng.integers(0, 3, (3, 3)))
+    kw = dict(blank=3, durations=[0, 1, 2])
+    none = lgf.tdt_loss(x, y, tl, ul, reduction="none", **kw)
+    assert none.shape == (3,)
+    torch.testing.assert_close(lgf.tdt_loss(x, y, tl, ul, reduction="sum", **kw), none.sum())
+    torch.testing.assert_close(lgf.tdt_loss(x, y, tl, ul, reduction="mean", **kw), none.mean())
+    torch.testing.assert_close(lgf.tdt_loss(x, y, tl, ul, reduction="mean_volume", **kw), none.sum() / 6)
+    grads = []
+    for red in ["sum", "mean"]:
+        xi = x.clone().requires_grad_(True)
+        lgf.multiblank_rnnt_loss(xi, y, tl, ul, blank=6, big_blank_durations=[2], reduction=red).backward()
+        grads.append(xi.grad)
+    torch.testing.assert_close(grads[1], grads[0] / 3)
+    # "none": the incoming gradient weighs each example
+    xi = x.clone().requires_grad_(True)
+    w = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
+    (lgf.tdt_loss(xi, y, tl, ul, reduction="none", **kw) * w).sum().backward()
+    assert xi.grad[1].abs().sum() == 0 and xi.grad[2].abs().sum() > 0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_infeasible_and_zero_infinity(impl, rng):
+    x, _, _ = _batch(rng, 2, 3, 1, 5)
+    y = torch.tensor([[0], [0]])
+    tl, ul = torch.tensor([3, 0]), torch.tensor([1, 1])
+    # durations [2] only: 0 -> 2 -> 4 never lands on T = 3; and the second example has no frames
+    kw = dict(blank=1, durations=[2], reduction="none", impl=impl)
+    assert torch.isinf(lgf.tdt_loss(x, y, tl, ul, **kw)).all()
+    xi = x.clone().requires_grad_(True)
+    out = lgf.tdt_loss(xi, y, tl, ul, zero_infinity=True, **kw)
+    assert (out == 0).all()
+    out.sum().backward()
+    assert torch.isfinite(xi.grad).all() and xi.grad.abs().sum() == 0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_more_labels_than_frames(impl, rng):
+    x, _, _ = _batch(rng, 1, 2, 5, 6)
+    y = torch.tensor([[0, 1, 2, 1, 0]])
+    tl, ul = torch.tensor([2]), torch.tensor([5])
+    mb = lgf.multiblank_rnnt_loss(x, y, tl, ul, blank=5, big_blank_durations=[2], reduction="none", impl=impl)
+    lp = x.log_softmax(-1).numpy()[0]
+    assert mb.item() == pytest.approx(brute_multiblank(lp, [0, 1, 2, 1, 0], 2, 5, [(4, 2)]), rel=1e-9)
+    td = lgf.tdt_loss(x, y, tl, ul, blank=3, durations=[0, 1], reduction="none", impl=impl)
+    assert math.isfinite(td.item())
+
+
+def test_nan_in_nan_out(rng):
+    x, tl, ul = _batch(rng, 2, 3, 2, 6)
+    tl = torch.tensor([3, 2])
+    x[1, 0, 0, 0] = float("nan")
+    x.requires_grad_(True)
+    out = lgf.tdt_loss(x, torch.tensor([[0, 1], [1, 0]]), tl, ul, blank=2, durations=[0, 1, 2], reduction="none")
+    assert math.isfinite(out[0].item()) and math.isnan(out[1].item())
+    # a NaN outside an example's lattice (a padded frame) is not read
+    z = torch.zeros(1, 3, 2, 6, dtype=torch.float64)
+    z[0, 2] = float("nan")
+    assert math.isfinite(lgf.tdt_loss(z, torch.tensor([[0]]), [2], [1], blank=2, durations=[0, 1, 2]).item())
+
+
+# -- bad inputs ----------------------------------------------------------------------------------
+
+
+def _ok():
+    return torch.zeros(2, 3, 3, 7), torch.tensor([[0, 1], [1, 0]]), torch.tensor([3, 2]), torch.tensor([2, 1])
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(durations=[]), "durations"),
+        (dict(durations=[0, -1]), "durations"),
+        (dict(durations=[2, 1, 0]), "durations"),
+        (dict(durations=[0, 0, 1]), "durations"),
+        (dict(durations=[0.0, 1.0, 2.0]), "durations"),
+        (dict(durations=[0]), "durations"),
+        (dict(durations="012"), "durations"),
+        (dict(durations=[True, 2, 3]), "durations"),
+        (dict(blank=4), "blank"),
+        (dict(blank=1.0), "blank"),
+        (dict(sigma=float("nan")), "sigma"),
+        (dict(sigma="0.1"), "sigma"),
+        (dict(omega=1.5), "omega"),
+        (dict(reduction="mean_batch"), "reduction"),
+        (dict(impl="triton"), "impl"),
+        (dict(logits=torch.zeros(2, 3, 7)), "logits"),
+        (dict(logits=torch.zeros(2, 3, 3, 7, dtype=torch.long)), "logits"),
+        (dict(logits=torch.zeros(2, 3, 3, 3)), "logits"),
+        (dict(targets=torch.tensor([[0, 5], [1, 0]])), "targets"),
+        (dict(targets=torch.tensor([[0, 3], [1, 0]])), "targets"),
+        (dict(targets=torch.tensor([[0, -1], [1, 0]])), "targets"),
+        (dict(targets=torch.tensor([0, 1, 1])), "targets"),
+        (dict(targets=torch.tensor([[0.0, 1.0], [1.0, 0.0]])), "targets"),
+        (dict(logit_lengths=torch.tensor([4, 2])), "logit_lengths"),
+        (dict(logit_lengths=torch.tensor([-1, 2])), "logit_lengths"),
+        (dict(logit_lengths=torch.tensor([3])), "logit_lengths"),
+        (dict(target_lengths=torch.tensor([3, 1])), "target_lengths"),
+        (dict(target_lengths=torch.tensor([2.0, 1.0])), "target_lengths"),
+    ],
+)
+def test_tdt_bad_inputs(change, match):
+    x, y, tl, ul = _ok()
+    kw = dict(logits=x, targets=y, logit_lengths=tl, target_lengths=ul, blank=3, durations=[0, 1, 2])
+    kw.update(change)
+    with pytest.raises(ValueError, match=match):
+        lgf.tdt_loss(**kw)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(big_blank_durations=[0, 2]), "big_blank_durations"),
+        (dict(big_blank_durations=[4, 2]), "big_blank_durations"),
+        (dict(big_blank_durations=[2.5]), "big_blank_durations"),
+        (dict(big_blank_durations=None), "big_blank_durations"),
+        (dict(blank=1, big_blank_durations=[2, 3]), "blank"),
+        (dict(blank=7), "blank"),
+        (dict(big_blank_ids=[5]), "big_blank_ids"),
+        (dict(big_blank_ids=[6, 5]), "big_blank_ids"),
+        (dict(big_blank_ids=[5, 9]), "big_blank_ids"),
+        (dict(targets=torch.tensor([[0, 5], [1, 0]])), "targets"),  # a big blank
+        (dict(targets=torch.tensor([[0, 6], [1, 0]])), "targets"),  # the blank
+    ],
+)
+def test_multiblank_bad_inputs(change, match):
+    x, y, tl, ul = _ok()
+    kw = dict(logits=x, targets=y, logit_lengths=tl, target_lengths=ul, blank=6, big_blank_durations=[2, 3])
+    kw.update(change)
+    with pytest.raises(ValueError, match=match):
+        lgf.multiblank_rnnt_loss(**kw)
+
+
+# -- modules, compile, registry ------------------------------------------------------------------
+
+
+class _Net:
+    """A tiny transducer network: the seam of lightning_gtn.nn.rnnt (predict, join)."""
+
+    def __init__(self, V, J=4):
+        g = torch.Generator().manual_seed(0)
+        self.emb = torch.randn(10, J, generator=g, dtype=torch.float64)
+        self.out = torch.randn(J, V, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def predict(self, tokens, state=None):
+        return self.emb[tokens], state
+
+    def join(self, enc, pred):
+        return torch.tanh(enc + pred) @ self.out
+
+
+def test_modules(rng):
+    C = 4  # the vocabulary: blank 0, tokens 1..3
+    tdt = lgn.TDTLoss(blank=0, durations=[0, 1, 2], sigma=0.05)
+    mb = lgn.MultiBlankRNNTLoss(blank=0, big_blank_durations=[2, 3])
+    assert tdt.topology == mb.topology == "rnnt"
+    assert tdt.extra_outputs == 3 and mb.extra_outputs == 2
+    enc = torch.tensor(rng.standard_normal((2, 4, 4)))
+    y, tl, ul = torch.tensor([[1, 2], [3, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1])
+    for loss in (tdt, mb):
+        net = _Net(C + loss.extra_outputs)
+        out = loss.joint_loss(net, enc, tl, y, ul)
+        out.backward()
+        assert math.isfinite(out.item()) and net.out.grad.abs().sum() > 0
+    # the vocabulary's layout (blank 0): the big blanks are the extra outputs, V - 1 - i
+    x = torch.tensor(rng.standard_normal((2, 4, 3, C + 2)))
+    want = lgf.multiblank_rnnt_loss(x, y, tl, ul, blank=0, big_blank_durations=[2, 3], big_blank_ids=[5, 4])
+    torch.testing.assert_close(mb(x, y, tl, ul), want)
+    assert "durations=[0, 1, 2]" in repr(tdt)
+    with pytest.raises(ValueError, match="durations"):
+        lgn.TDTLoss(durations=[2, 1])
+    with pytest.raises(ValueError, match="sigma"):
+        lgn.MultiBlankRNNTLoss(sigma=float("inf"))
+    with pytest.raises(ValueError, match="reduction"):
+        lgn.TDTLoss(reduction="avg")
+    for name in ("MultiBlankRNNTLoss", "TDTLoss"):
+        trust.check_target(f"lightning_gtn.nn.{name}", "loss._target_")
+
+
+def test_torch_compile_fullgraph():
+    x = torch.randn(2, 3, 3, 7, requires_grad=True)
+    y, tl, ul = torch.tensor([[0, 1], [1, 0]]), torch.tensor([3, 2]), torch.tensor([2, 1])
+
+    def step(z):
+        return lgf.tdt_loss(z * 2.0, y, tl, ul, blank=3, durations=[0, 1, 2], sigma=0.05)
+
+    want = step(x)
+    (g_want,) = torch.autograd.grad(want, x)
+    got = torch.compile(step, fullgraph=True, backend="eager")(x)
+    (g_got,) = torch.autograd.grad(got, x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(g_got, g_want)
+
+
+def test_batched_equals_one_by_one(rng):
+    x, tl, ul = _batch(rng, 3, 4, 2, 6)
+    y = torch.tensor(rng.integers(0, 4, (3, 2)))
+    kw = dict(blank=5, big_blank_durations=[2], reduction="none")
+    full = lgf.multiblank_rnnt_loss(x, y, tl, ul, **kw)
+    for b in range(3):
+        T, U = int(tl[b]), int(ul[b])
+        one = lgf.multiblank_rnnt_loss(x[b : b + 1, :T, : U + 1], y[b : b + 1, :U], [T], [U], **kw)
+        torch.testing.assert_close(one[0], full[b])
