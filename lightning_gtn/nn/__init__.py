@@ -13,6 +13,7 @@ from .losses import (
     StructuredLoss,
     TargetGraphLoss,
 )
+from .pruned import PrunedRNNTLoss
 from .rnnt import RNNTStructuredLoss
 from .transducer import TransducerLoss
 
@@ -28,6 +29,7 @@ __all__ = [
     "ModuleLoss",
     "TransducerLoss",
     "RNNTStructuredLoss",
+    "PrunedRNNTLoss",
     "Linear",
     "ConvTransduce1D",
 ]
