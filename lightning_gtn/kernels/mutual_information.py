@@ -176,14 +176,17 @@ def mi_numba(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple
     T = py.shape[2]
     modified = T1 == T
     dtype = px.dtype
-    pxn = np.ascontiguousarray(px.detach().to(torch.float64).numpy())
-    pyn = np.ascontiguousarray(py.detach().to(torch.float64).numpy())
+    if dtype not in (torch.float32, torch.float64):
+        px, py = px.float(), py.float()
+    # read and written in the inputs' own dtype (no float64 copies); sums run in float64
+    pxn = px.detach().contiguous().numpy()
+    pyn = py.detach().to(px.dtype).contiguous().numpy()
     bnd = np.ascontiguousarray(boundary.detach().cpu().numpy().astype(np.int64))
     check_boundary_values(bnd, S, T)
     scores = np.empty(B, dtype=np.float64)
     gshape = (B, S, T1) if need_grad else (1, 1, 1)
-    pxg = np.zeros(gshape, dtype=np.float64)
-    pyg = np.zeros((B, S + 1, T) if need_grad else (1, 1, 1), dtype=np.float64)
+    pxg = np.zeros(gshape, dtype=pxn.dtype)
+    pyg = np.zeros((B, S + 1, T) if need_grad else (1, 1, 1), dtype=pxn.dtype)
 
     def run(e0, e1):
         _mi_rows(e0, e1, pxn, pyn, bnd, modified, need_grad, scores, pxg, pyg)
@@ -194,7 +197,7 @@ def mi_numba(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple
     out = torch.from_numpy(scores).to(dtype)
     if not need_grad:
         return out, px.new_empty(0), py.new_empty(0)
-    return out, torch.from_numpy(pxg).to(dtype), torch.from_numpy(pyg).to(dtype)
+    return out, torch.from_numpy(pxg).to(dtype), torch.from_numpy(pyg).to(dtype)  # no copy unless half
 
 
 # -- torch (any device) --------------------------------------------------------------------------
@@ -216,7 +219,9 @@ def mi_torch(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple
     T = py.shape[2]
     modified = T1 == T
     dev, dt = px.device, px.dtype
+    # clamped so that no index can leave the grid, even for a boundary that was not checked
     bnd = boundary.to(device=dev, dtype=torch.long)
+    bnd = torch.stack([bnd[:, k].clamp(0, S if k % 2 == 0 else T) for k in range(4)], dim=1)
     s, t, s0, t0, s1, t1 = _region(B, S, T, bnd, dev)
     inside = (s >= s0) & (s <= s1) & (t >= t0) & (t <= t1)  # (B, S+1, T+1)
     ninf = torch.tensor(NEG_INF, dtype=dt, device=dev)
