@@ -42,6 +42,7 @@ RANKS = {
     f"{PACKAGE}.decode": 5,  # viterbi, greedy, beam search over T o L o G
     f"{PACKAGE}.align": 6,  # forced alignment and its plots
     f"{PACKAGE}.functional": 7,  # the public functional surface
+    f"{PACKAGE}.k2": 7,  # k2's RNN-T API under k2's names (a second public functional surface)
     f"{PACKAGE}.nn": 8,  # modules over functional
     f"{PACKAGE}.wordpieces": 9,  # word-piece vocabularies and lexicons
     f"{PACKAGE}.lightning": 10,  # mixin, metrics, data, models
@@ -60,6 +61,7 @@ LOW_ALLOWED = (f"{PACKAGE}.trust", f"{PACKAGE}.wfst", f"{PACKAGE}.kernels", f"{P
 NN_ALLOWED = (
     f"{PACKAGE}.nn",
     f"{PACKAGE}.functional",
+    f"{PACKAGE}.k2",
     f"{PACKAGE}.core.checks",
     f"{PACKAGE}.wfst",
     f"{PACKAGE}.trust",

@@ -14,6 +14,7 @@ from .losses import (
     TargetGraphLoss,
 )
 from .rnnt import RNNTLoss, RNNTStructuredLoss
+from .pruned import PrunedRNNTLoss
 from .rnnt import RNNTStructuredLoss
 from .rnnt_variants import MultiBlankRNNTLoss, TDTLoss
 from .transducer import TransducerLoss
@@ -33,6 +34,7 @@ __all__ = [
     "RNNTLoss",
     "MultiBlankRNNTLoss",
     "TDTLoss",
+    "PrunedRNNTLoss",
     "Linear",
     "ConvTransduce1D",
 ]

@@ -1,0 +1,327 @@
+"""The mutual-information recursion of k2's RNN-T losses, forward and backward.
+
+Over a grid ``p`` of shape ``(B, S + 1, T + 1)`` with, per example, a boundary
+``[s_begin, t_begin, s_end, t_end]``::
+
+    p[b, s_begin, t_begin] = 0
+    regular  (px: (B, S, T + 1)): p[b, s, t] = logadd(p[b, s - 1, t] + px[b, s - 1, t],
+                                                       p[b, s, t - 1] + py[b, s, t - 1])
+    modified (px: (B, S, T)):     p[b, s, t] = logadd(p[b, s - 1, t - 1] + px[b, s - 1, t - 1],
+                                                       p[b, s, t - 1] + py[b, s, t - 1])
+    score[b] = p[b, s_end, t_end]
+
+(cells outside the example's rectangle count as -inf; the shape of ``px`` says which recursion).
+The backward gives the occupation probabilities of the ``px`` and ``py`` arcs, which are the
+gradients of ``score[b]``: ``alpha + arc + beta - score`` exponentiated, with ``beta`` the same
+recursion run from the end. An example whose score is ``-inf`` (no path: more symbols than
+frames in the modified recursion) gets zero gradients; a NaN read inside the rectangle gives a
+NaN score and NaN gradients for that example (values outside the rectangle are never read).
+
+Two implementations with the same results: :func:`mi_numba` (CPU, one compiled loop per
+example, float64 inside, examples shared over the engine's threads) and :func:`mi_torch` (any
+device: one vectorised step per anti-diagonal ``s + t = d``). :func:`mutual_information_op` is
+the ``torch.library`` custom op ``lightning_gtn::mutual_information`` over both (opaque to
+``torch.compile``, with a fake implementation and a registered backward); :func:`pick_impl` is
+where a device's implementation is chosen (``impl=None``: numba on the CPU, torch elsewhere).
+Boundaries are range-checked by :func:`check_boundary_values` before a kernel indexes with them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+from numba import njit
+from torch import Tensor
+
+from .dense_numba import run_rows
+
+__all__ = [
+    "IMPLS",
+    "pick_impl",
+    "check_boundary_values",
+    "mi_numba",
+    "mi_torch",
+    "mutual_information_op",
+]
+
+#: the implementations of the recursion (``impl=`` besides None)
+IMPLS = ("numba", "torch")
+
+NEG_INF = -math.inf
+LOG2 = math.log(2.0)
+
+
+def pick_impl(device: torch.device, impl: Optional[str] = None) -> str:
+    """The implementation for ``device``: ``impl`` when given (checked), else numba on the CPU and
+    torch elsewhere (a Triton kernel would be chosen here for CUDA)."""
+    if impl is None:
+        return "numba" if device.type == "cpu" else "torch"
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
+    if impl == "numba" and device.type != "cpu":
+        raise ValueError(f"impl='numba' runs on CPU tensors, got tensors on {device}")
+    return impl
+
+
+def check_boundary_values(bnd: np.ndarray, S: int, T: int, name: str = "boundary") -> None:
+    """ValueError naming ``name`` unless every row of the ``(B, 4)`` array is
+    ``0 <= s_begin <= s_end <= S`` and ``0 <= t_begin <= t_end <= T``."""
+    if bnd.ndim != 2 or bnd.shape[1] != 4:
+        raise ValueError(f"{name} must have shape (B, 4), got {tuple(bnd.shape)}")
+    if bnd.shape[0] == 0:
+        return
+    s0, t0, s1, t1 = bnd[:, 0], bnd[:, 1], bnd[:, 2], bnd[:, 3]
+    bad = (s0 < 0) | (s0 > s1) | (s1 > S) | (t0 < 0) | (t0 > t1) | (t1 > T)
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"{name} rows must be [s_begin, t_begin, s_end, t_end] with 0 <= s_begin <= s_end <= S={S} "
+            f"and 0 <= t_begin <= t_end <= T={T}; row {b} is {bnd[b].tolist()}"
+        )
+
+
+# -- numba ---------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _logadd(a, b):
+    """log(exp(a) + exp(b)); NaN when either is NaN."""
+    if a != a or b != b:
+        return math.nan
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    if a == b:
+        return a + LOG2
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@njit(cache=True, nogil=True)
+def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
+    """Examples ``e0 .. e1 - 1``: ``scores[b]`` and, with ``need_grad``, the occupation
+    probabilities written into the zero-filled ``pxg``, ``pyg`` inside each rectangle."""
+    for b in range(e0, e1):
+        s0 = bnd[b, 0]
+        t0 = bnd[b, 1]
+        ns = bnd[b, 2] - s0 + 1
+        nt = bnd[b, 3] - t0 + 1
+        a = np.empty((ns, nt))
+        for i in range(ns):
+            s = s0 + i
+            for j in range(nt):
+                t = t0 + j
+                if i == 0 and j == 0:
+                    a[0, 0] = 0.0
+                    continue
+                v1 = NEG_INF
+                if i > 0:
+                    if modified:
+                        if j > 0:
+                            v1 = a[i - 1, j - 1] + px[b, s - 1, t - 1]
+                    else:
+                        v1 = a[i - 1, j] + px[b, s - 1, t]
+                v2 = NEG_INF
+                if j > 0:
+                    v2 = a[i, j - 1] + py[b, s, t - 1]
+                a[i, j] = _logadd(v1, v2)
+        tot = a[ns - 1, nt - 1]
+        scores[b] = tot
+        if not need_grad or tot == NEG_INF:
+            continue
+        be = np.empty((ns, nt))
+        for i in range(ns - 1, -1, -1):
+            s = s0 + i
+            for j in range(nt - 1, -1, -1):
+                t = t0 + j
+                if i == ns - 1 and j == nt - 1:
+                    be[i, j] = 0.0
+                    continue
+                v1 = NEG_INF
+                if i < ns - 1:
+                    if modified:
+                        if j < nt - 1:
+                            v1 = px[b, s, t] + be[i + 1, j + 1]
+                    else:
+                        v1 = px[b, s, t] + be[i + 1, j]
+                v2 = NEG_INF
+                if j < nt - 1:
+                    v2 = py[b, s, t] + be[i, j + 1]
+                be[i, j] = _logadd(v1, v2)
+        for i in range(ns):
+            s = s0 + i
+            for j in range(nt):
+                t = t0 + j
+                al = a[i, j]
+                if i < ns - 1:
+                    if modified:
+                        if j < nt - 1:
+                            pxg[b, s, t] = math.exp(al + px[b, s, t] + be[i + 1, j + 1] - tot)
+                    else:
+                        pxg[b, s, t] = math.exp(al + px[b, s, t] + be[i + 1, j] - tot)
+                if j < nt - 1:
+                    pyg[b, s, t] = math.exp(al + py[b, s, t] + be[i, j + 1] - tot)
+
+
+@torch.no_grad()
+def mi_numba(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """The recursion on the CPU: ``(scores (B,), px_grad, py_grad)`` in ``px``'s dtype (the grads
+    are empty ``(0,)`` tensors without ``need_grad``). ``boundary`` is ``(B, 4)`` int64."""
+    B, S, T1 = px.shape
+    T = py.shape[2]
+    modified = T1 == T
+    dtype = px.dtype
+    if dtype not in (torch.float32, torch.float64):
+        px, py = px.float(), py.float()
+    # read and written in the inputs' own dtype (no float64 copies); sums run in float64
+    pxn = px.detach().contiguous().numpy()
+    pyn = py.detach().to(px.dtype).contiguous().numpy()
+    bnd = np.ascontiguousarray(boundary.detach().cpu().numpy().astype(np.int64))
+    check_boundary_values(bnd, S, T)
+    scores = np.empty(B, dtype=np.float64)
+    gshape = (B, S, T1) if need_grad else (1, 1, 1)
+    pxg = np.zeros(gshape, dtype=pxn.dtype)
+    pyg = np.zeros((B, S + 1, T) if need_grad else (1, 1, 1), dtype=pxn.dtype)
+
+    def run(e0, e1):
+        _mi_rows(e0, e1, pxn, pyn, bnd, modified, need_grad, scores, pxg, pyg)
+
+    cost = ((bnd[:, 2] - bnd[:, 0] + 1) * (bnd[:, 3] - bnd[:, 1] + 1)).astype(np.float64) if B else np.zeros(0)
+    if B:
+        run_rows(run, cost, 50_000)
+    out = torch.from_numpy(scores).to(dtype)
+    if not need_grad:
+        return out, px.new_empty(0), py.new_empty(0)
+    return out, torch.from_numpy(pxg).to(dtype), torch.from_numpy(pyg).to(dtype)  # no copy unless half
+
+
+# -- torch (any device) --------------------------------------------------------------------------
+
+
+def _region(B: int, S: int, T: int, bnd: Tensor, device) -> Tuple[Tensor, ...]:
+    """Index grids ``s (1, S+1, 1)``, ``t (1, 1, T+1)`` and the per-example bounds ``(B, 1, 1)``."""
+    s = torch.arange(S + 1, device=device).reshape(1, S + 1, 1)
+    t = torch.arange(T + 1, device=device).reshape(1, 1, T + 1)
+    s0, t0, s1, t1 = (bnd[:, k].reshape(B, 1, 1) for k in range(4))
+    return s, t, s0, t0, s1, t1
+
+
+@torch.no_grad()
+def mi_torch(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """As :func:`mi_numba` on any device, one vectorised step per anti-diagonal ``s + t = d``
+    (forward, then backward from the end), in ``px``'s dtype."""
+    B, S, T1 = px.shape
+    T = py.shape[2]
+    modified = T1 == T
+    dev, dt = px.device, px.dtype
+    # clamped so that no index can leave the grid, even for a boundary that was not checked
+    bnd = boundary.to(device=dev, dtype=torch.long)
+    bnd = torch.stack([bnd[:, k].clamp(0, S if k % 2 == 0 else T) for k in range(4)], dim=1)
+    s, t, s0, t0, s1, t1 = _region(B, S, T, bnd, dev)
+    inside = (s >= s0) & (s <= s1) & (t >= t0) & (t <= t1)  # (B, S+1, T+1)
+    ninf = torch.tensor(NEG_INF, dtype=dt, device=dev)
+
+    # arcs into cell (s, t): X from the s-direction, Y from the t-direction (-inf unless both
+    # ends lie inside the rectangle, so values outside it are never read)
+    X = torch.full((B, S + 1, T + 1), NEG_INF, dtype=dt, device=dev)
+    Y = torch.full((B, S + 1, T + 1), NEG_INF, dtype=dt, device=dev)
+    if modified:
+        X[:, 1:, 1:] = px
+        x_ok = inside & (s - 1 >= s0) & (t - 1 >= t0)
+    else:
+        X[:, 1:, :] = px
+        x_ok = inside & (s - 1 >= s0)
+    Y[:, :, 1:] = py
+    X = torch.where(x_ok, X, ninf)
+    Y = torch.where(inside & (t - 1 >= t0), Y, ninf)
+    start = (s == s0) & (t == t0)
+
+    # alpha, padded by one -inf row and column in front: A[:, s + 1, t + 1] = alpha[s, t]
+    A = torch.full((B, S + 2, T + 2), NEG_INF, dtype=dt, device=dev)
+    A[:, 1:, 1:] = torch.where(start, torch.zeros((), dtype=dt, device=dev), ninf)
+    for d in range(1, S + T + 1):
+        ss = torch.arange(max(0, d - T), min(S, d) + 1, device=dev)
+        tt = d - ss
+        from_s = A[:, ss, tt] if modified else A[:, ss, tt + 1]
+        new = torch.logaddexp(from_s + X[:, ss, tt], A[:, ss + 1, tt] + Y[:, ss, tt])
+        A[:, ss + 1, tt + 1] = torch.where(start[:, ss, tt], A[:, ss + 1, tt + 1], new)
+    alpha = A[:, 1:, 1:]
+    b_ar = torch.arange(B, device=dev)
+    scores = alpha[b_ar, bnd[:, 2], bnd[:, 3]]
+    if not need_grad:
+        return scores, px.new_empty(0), py.new_empty(0)
+
+    # arcs out of cell (s, t), -inf unless both ends lie inside the rectangle
+    Xo = torch.full((B, S + 1, T + 1), NEG_INF, dtype=dt, device=dev)
+    Yo = torch.full((B, S + 1, T + 1), NEG_INF, dtype=dt, device=dev)
+    if modified:
+        Xo[:, :S, :T] = px
+        xo_ok = inside & (s + 1 <= s1) & (t + 1 <= t1)
+    else:
+        Xo[:, :S, :] = px
+        xo_ok = inside & (s + 1 <= s1)
+    Yo[:, :, :T] = py
+    Xo = torch.where(xo_ok, Xo, ninf)
+    Yo = torch.where(inside & (t + 1 <= t1), Yo, ninf)
+    end = (s == s1) & (t == t1)
+    # beta, padded by one -inf row and column behind: Bt[:, s, t] = beta[s, t]
+    Bt = torch.full((B, S + 2, T + 2), NEG_INF, dtype=dt, device=dev)
+    Bt[:, : S + 1, : T + 1] = torch.where(end, torch.zeros((), dtype=dt, device=dev), ninf)
+    for d in range(S + T - 1, -1, -1):
+        ss = torch.arange(max(0, d - T), min(S, d) + 1, device=dev)
+        tt = d - ss
+        to_s = Bt[:, ss + 1, tt + 1] if modified else Bt[:, ss + 1, tt]
+        new = torch.logaddexp(Xo[:, ss, tt] + to_s, Yo[:, ss, tt] + Bt[:, ss, tt + 1])
+        Bt[:, ss, tt] = torch.where(end[:, ss, tt], Bt[:, ss, tt], new)
+    beta = Bt[:, : S + 1, : T + 1]
+    tot = torch.where(scores == NEG_INF, torch.zeros((), dtype=dt, device=dev), scores).reshape(B, 1, 1)
+    if modified:
+        pxg = torch.exp(alpha[:, :S, :T] + Xo[:, :S, :T] + beta[:, 1:, 1:] - tot)
+    else:
+        pxg = torch.exp(alpha[:, :S, :] + Xo[:, :S, :] + beta[:, 1:, :] - tot)
+    pyg = torch.exp(alpha[:, :, :T] + Yo[:, :, :T] + beta[:, :, 1:] - tot)
+    return scores, pxg.contiguous(), pyg.contiguous()
+
+
+# -- the custom op -------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("lightning_gtn::mutual_information", mutates_args=())
+def mutual_information_op(
+    px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool, impl: str
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(scores (B,), px_grad, py_grad)`` of the recursion (see the module docstring) by the
+    implementation ``impl`` (``"numba"`` or ``"torch"``); the grads are ``(0,)`` tensors without
+    ``need_grad``. ``boundary`` is ``(B, 4)`` int64, already range-checked."""
+    if impl == "numba":
+        return mi_numba(px.cpu(), py.cpu(), boundary.cpu(), need_grad)
+    return mi_torch(px, py, boundary, need_grad)
+
+
+@mutual_information_op.register_fake
+def _mi_fake(px, py, boundary, need_grad, impl):
+    B = px.shape[0]
+    if need_grad:
+        return px.new_empty((B,)), torch.empty_like(px), torch.empty_like(py)
+    return px.new_empty((B,)), px.new_empty(0), py.new_empty(0)
+
+
+def _mi_setup(ctx, inputs, output):
+    ctx.need_grad = inputs[3]
+    ctx.save_for_backward(output[1], output[2])
+
+
+def _mi_backward(ctx, g_scores, _g_px, _g_py):
+    if not ctx.need_grad:
+        raise RuntimeError("mutual_information: called with need_grad=False, so it has no backward")
+    pxg, pyg = ctx.saved_tensors
+    g = g_scores.reshape(-1, 1, 1)
+    return pxg * g, pyg * g, None, None, None
+
+
+mutual_information_op.register_autograd(_mi_backward, setup_context=_mi_setup)
