@@ -1,0 +1,397 @@
+"""The RNN-T loss as Triton kernels (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``).
+
+A joiner output ``logits (B, T, U + 1, V)`` is scored in three launches:
+
+1. **rows** (one program per block of ``(b, t, u)`` rows): the log-normaliser of each row over the
+   vocabulary (an online logsumexp over chunks of ``V``), and the two log-probabilities the
+   lattice reads at that node: the blank's and the next target's. Rows outside an example's
+   lengths are not read.
+2. **lattice** (one program per example and direction): ``alpha`` (programs ``(b, 0)``) and
+   ``beta`` (programs ``(b, 1)``) over the ``(T_b, U_b + 1)`` grid, one anti-diagonal ``t + u = d``
+   at a time: the nodes of a diagonal depend only on the previous one, so a diagonal is one vector
+   step over ``u`` (in chunks of ``BLOCK_U``), read back from global memory after a block barrier.
+3. **grad** (one program per block of rows, one pass over ``V``): the gradient of
+   ``cost_b = -log P(y_b | x_b)`` with respect to the logits, written once per element:
+   ``(p_blank + (1 + lambda) p_emit) * softmax - p_blank [v = blank] - (1 + lambda) p_emit [v = y_u]``,
+   where ``p_blank``/``p_emit`` are the posteriors of the node's two arcs (``lambda`` is FastEmit's,
+   0 by default), clipped to ``[-clamp, clamp]`` when ``clamp > 0``. Without the fused log-softmax
+   the logits are log-probabilities and only the two arc terms remain.
+
+Everything is computed in the logits' dtype (float32 or float64), in log space; the extra memory is
+five ``(B, T, U + 1)`` buffers. The gradient may be written into the logits' own storage
+(``inplace=True``: each element is read before it is overwritten, by the same program).
+
+FastEmit follows NeMo / warprnnt-numba: the gradient of each emitting arc is scaled by
+``1 + lambda`` (the softmax term included) and the reported cost is ``-(1 + lambda) log P(y | x)``.
+
+An example with ``logit_lengths[b] == 0`` has no path: its cost is ``+inf`` and its gradient 0.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import torch
+
+try:  # Triton ships with CUDA builds of torch; CPU-only installs do not need it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised on machines without triton
+    triton = None
+    tl = None
+
+__all__ = ["available", "rnnt_triton", "MAX_BLOCK_V", "MAX_BLOCK_U"]
+
+MAX_BLOCK_V = 1024  # vocabulary entries one program holds per row and step
+MAX_BLOCK_U = 1024  # lattice nodes of one anti-diagonal processed per step
+_TILE = 4096  # rows x vocabulary entries per program in the row kernels
+
+# Triton picks the interpreter when a kernel is decorated, from the environment at import time
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def available() -> bool:
+    """True when Triton is importable (it needs a CUDA device to run, or TRITON_INTERPRET=1)."""
+    return triton is not None
+
+
+def _check_device(device: torch.device) -> None:
+    if triton is None:
+        raise RuntimeError("rnnt_triton needs triton, which is not installed")
+    if device.type != "cuda" and not (_INTERPRETED and device.type == "cpu"):
+        raise ValueError(
+            f"rnnt_triton: logits must be a CUDA tensor (or a CPU tensor with TRITON_INTERPRET=1 set "
+            f"before triton is imported), got device {device}"
+        )
+
+
+def _as_index(x: torch.Tensor, name: str, shape: Tuple[int, ...], device: torch.device) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"rnnt_triton: {name} must be a tensor of shape {shape}, got {type(x).__name__}")
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise ValueError(f"rnnt_triton: {name} must be an integer tensor, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"rnnt_triton: {name} must have shape {shape}, got {tuple(x.shape)}")
+    return x.to(device=device, dtype=torch.int64).contiguous()
+
+
+def _validate(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda):
+    """Checks every argument the kernels index with; returns the index tensors as contiguous int64
+    on the logits' device."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 4:
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"rnnt_triton: logits must have shape (B, T, U + 1, V), got {got}")
+    if logits.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"rnnt_triton: logits must be float32 or float64, got {logits.dtype}")
+    B, T, U1, V = logits.shape
+    if U1 < 1 or V < 1:
+        raise ValueError(f"rnnt_triton: logits must have U + 1 >= 1 and V >= 1, got shape {tuple(logits.shape)}")
+    _check_device(logits.device)
+    dev = logits.device
+    U = U1 - 1
+    if targets.dim() == 2 and targets.shape[0] == B and targets.shape[1] > U:
+        targets = targets[:, :U]  # longer padding than the lattice needs; the lengths are checked below
+    tg = _as_index(targets, "targets", (B, U), dev)
+    xl = _as_index(logit_lengths, "logit_lengths", (B,), dev)
+    yl = _as_index(target_lengths, "target_lengths", (B,), dev)
+    if isinstance(blank, bool) or not isinstance(blank, int) or not 0 <= blank < V:
+        raise ValueError(f"rnnt_triton: blank must be an int in [0, {V}), got {blank!r}")
+    for name, val in (("clamp", clamp), ("fastemit_lambda", fastemit_lambda)):
+        if not isinstance(val, (int, float)) or val != val or val in (float("inf"), float("-inf")):
+            raise ValueError(f"rnnt_triton: {name} must be a finite number, got {val!r}")
+    if B:
+        if bool(((xl < 0) | (xl > T)).any()):
+            raise ValueError(f"rnnt_triton: logit_lengths must lie in [0, T={T}], got {xl.tolist()}")
+        if bool(((yl < 0) | (yl > U)).any()):
+            raise ValueError(f"rnnt_triton: target_lengths must lie in [0, U={U}], got {yl.tolist()}")
+        if U:
+            inside = torch.arange(U, device=dev)[None, :] < yl[:, None]
+            if bool((inside & ((tg < 0) | (tg >= V))).any()):
+                raise ValueError(f"rnnt_triton: targets (within target_lengths) must lie in [0, V={V})")
+    if B * T * U1 >= 2**31:
+        raise ValueError(f"rnnt_triton: B * T * (U + 1) = {B * T * U1} lattice nodes is too many (< 2**31)")
+    return tg, xl, yl
+
+
+def _row_blocks(V: int, block_v: Optional[int]) -> Tuple[int, int, int]:
+    """``(BLOCK_R, BLOCK_V, num_warps)`` for the row kernels."""
+    bv = triton.next_power_of_2(max(1, min(V, block_v or MAX_BLOCK_V)))
+    br = max(1, _TILE // bv)
+    return br, bv, 4 if br * bv <= 2048 else 8
+
+
+def rnnt_triton(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    fused_log_softmax: bool = True,
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    need_grad: bool = True,
+    inplace: bool = False,
+    block_v: Optional[int] = None,
+    block_u: Optional[int] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """RNN-T costs and their gradients with respect to the logits.
+
+    Args:
+        logits: ``(B, T, U + 1, V)`` float32 or float64, on a CUDA device (or the CPU under
+            ``TRITON_INTERPRET=1``); made contiguous (a copy) when it is not.
+        targets: ``(B, U)`` integer; entries past ``target_lengths[b]`` are never read (a wider
+            ``(B, U')`` is cut to ``U``).
+        logit_lengths: ``(B,)`` integer in ``[0, T]``.
+        target_lengths: ``(B,)`` integer in ``[0, U]``.
+        blank: the blank id, in ``[0, V)`` (a negative id must be resolved by the caller).
+        fused_log_softmax: ``True``: the logits are normalised over ``V`` here (torchaudio's
+            default); ``False``: they are log-probabilities, used as they are.
+        clamp: ``> 0`` clips each gradient entry to ``[-clamp, clamp]``; ``<= 0``: no clipping.
+        fastemit_lambda: FastEmit's ``lambda`` (NeMo's definition; 0 turns it off).
+        need_grad: compute the gradient (otherwise only alpha runs and ``None`` is returned).
+        inplace: write the gradient into ``logits``' storage (needs a contiguous ``logits``);
+            ``logits`` holds the gradient afterwards.
+        block_v, block_u: tile sizes (powers of two are used), for tests of the chunked paths.
+
+    Returns:
+        ``(costs (B,), grads (B, T, U + 1, V) or None)`` in the logits' dtype and device:
+        ``costs[b] = -(1 + fastemit_lambda) * log P(y_b | x_b)`` and ``grads[b] = d costs[b] / d
+        logits[b]`` per example (not scaled by any reduction; with FastEmit, NeMo's gradient),
+        zero outside each example's lengths.
+
+    Raises:
+        ValueError: for a bad shape, dtype, device, length, target id or blank, before any kernel
+            runs.
+    """
+    tg, xl, yl = _validate(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda)
+    B, T, U1, V = logits.shape
+    dev, dtype = logits.device, logits.dtype
+    if inplace and not logits.is_contiguous():
+        raise ValueError("rnnt_triton: inplace=True needs contiguous logits")
+    x = logits.detach()
+    x = x if x.is_contiguous() else x.contiguous()
+    costs = torch.empty(B, dtype=dtype, device=dev)
+    if B == 0 or T == 0:
+        costs.fill_(float("inf"))
+        grads = None
+        if need_grad:
+            grads = x.zero_() if inplace else torch.zeros_like(x)
+        return costs, grads
+    R = B * T * U1
+    lse = torch.empty((B, T, U1), dtype=dtype, device=dev)
+    lpb = torch.empty_like(lse)
+    lpe = torch.empty_like(lse)
+    alpha = torch.empty_like(lse)
+    beta = torch.empty_like(lse) if need_grad else alpha
+    ll = torch.empty(B, dtype=dtype, device=dev)
+    params = torch.tensor([float(clamp), float(fastemit_lambda)], dtype=dtype, device=dev)
+    br, bv, nw = _row_blocks(V, block_v)
+    grid_rows = (triton.cdiv(R, br),)
+    _rows_kernel[grid_rows](
+        x, lse, lpb, lpe, tg, xl, yl, R, T, U1, V, blank,
+        FUSED=bool(fused_log_softmax), ONE_PASS=bv >= V, BLOCK_R=br, BLOCK_V=bv, num_warps=nw,
+    )  # fmt: skip
+    bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
+    _lattice_kernel[(B, 2 if need_grad else 1)](
+        lpb, lpe, alpha, beta, ll, xl, yl, T, U1, BLOCK_U=bu, num_warps=4 if bu <= 512 else 8
+    )
+    costs.copy_(ll).mul_(-(1.0 + float(fastemit_lambda)))
+    if not need_grad:
+        return costs, None
+    grads = x if inplace else torch.empty_like(x)
+    _grad_kernel[grid_rows](
+        x, grads, lse, lpb, lpe, alpha, beta, ll, tg, xl, yl, params, R, T, U1, V, blank,
+        FUSED=bool(fused_log_softmax), CLAMP=float(clamp) > 0, EMIT_SCALE=float(fastemit_lambda) != 0,
+        BLOCK_R=br, BLOCK_V=bv, num_warps=nw,
+    )  # fmt: skip
+    return costs, grads
+
+
+if triton is not None:
+
+    @triton.jit
+    def _row_coords(rows, T, U1):
+        """``(b, t, u)`` of flat row ids of a ``(B, T, U1)`` grid."""
+        return rows // (T * U1), (rows // U1) % T, rows % U1
+
+    @triton.jit
+    def _lse2(a, b):
+        """``log(exp(a) + exp(b))``, -inf when both are -inf, NaN when either is NaN."""
+        m = tl.maximum(a, b)
+        inf_only = (m == -float("inf")) & (a == a) & (b == b)
+        safe = tl.where(m == -float("inf"), 0.0, m)
+        return tl.where(inf_only, -float("inf"), safe + tl.log(tl.exp(a - safe) + tl.exp(b - safe)))
+
+    @triton.jit
+    def _rows_kernel(
+        X,
+        LSE,
+        LPB,
+        LPE,
+        tgt,
+        xlen,
+        ylen,
+        R,
+        T,
+        U1,
+        V,
+        blank,
+        FUSED: tl.constexpr,
+        ONE_PASS: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < R
+        b, t, u = _row_coords(rows, T, U1)
+        tb = tl.load(xlen + b, mask=rmask, other=0)
+        ub = tl.load(ylen + b, mask=rmask, other=0)
+        ok = rmask & (t < tb) & (u <= ub)  # a node of the example's lattice
+        emit = ok & (u < ub)
+        base = rows.to(tl.int64) * V
+        if FUSED:
+            cols = tl.arange(0, BLOCK_V)
+            if ONE_PASS:
+                xm = ok[:, None] & (cols[None, :] < V)
+                xv = tl.load(X + base[:, None] + cols[None, :], mask=xm, other=-float("inf"))
+                m = tl.max(xv, 1)
+                safe = tl.where(m == -float("inf"), 0.0, m)
+                s = tl.sum(tl.exp(xv - safe[:, None]), 1)
+            else:  # online logsumexp over chunks of the vocabulary
+                m = tl.full((BLOCK_R,), -float("inf"), LSE.dtype.element_ty)
+                s = tl.zeros((BLOCK_R,), LSE.dtype.element_ty)
+                for v0 in range(0, V, BLOCK_V):
+                    cc = v0 + cols
+                    xm = ok[:, None] & (cc[None, :] < V)
+                    xv = tl.load(X + base[:, None] + cc[None, :], mask=xm, other=-float("inf"))
+                    nm = tl.maximum(m, tl.max(xv, 1))
+                    safe = tl.where(nm == -float("inf"), 0.0, nm)
+                    s = s * tl.exp(m - safe) + tl.sum(tl.exp(xv - safe[:, None]), 1)
+                    m = nm
+                safe = tl.where(m == -float("inf"), 0.0, m)
+            lse = safe + tl.log(s)
+        else:
+            lse = tl.zeros((BLOCK_R,), LSE.dtype.element_ty)
+        y = tl.load(tgt + b.to(tl.int64) * (U1 - 1) + u, mask=emit, other=0)
+        xb = tl.load(X + base + blank, mask=ok, other=0.0)
+        xe = tl.load(X + base + y, mask=emit, other=0.0)
+        tl.store(LSE + rows, lse, mask=rmask)
+        tl.store(LPB + rows, tl.where(ok, xb - lse, -float("inf")), mask=rmask)
+        tl.store(LPE + rows, tl.where(emit, xe - lse, -float("inf")), mask=rmask)
+
+    @triton.jit
+    def _lattice_kernel(LPB, LPE, ALPHA, BETA, LL, xlen, ylen, T, U1, BLOCK_U: tl.constexpr):
+        b = tl.program_id(0)
+        backward = tl.program_id(1) == 1
+        tb = tl.load(xlen + b)
+        ub = tl.load(ylen + b)
+        base = b.to(tl.int64) * T * U1
+        us = tl.arange(0, BLOCK_U)
+        ndiag = tl.where(tb > 0, tb + ub, 0)  # diagonals t + u = 0 .. tb - 1 + ub
+        if backward:
+            for i in range(0, ndiag):
+                d = ndiag - 1 - i
+                for u0 in range(0, ub + 1, BLOCK_U):
+                    u = u0 + us
+                    t = d - u
+                    m = (u <= ub) & (t >= 0) & (t < tb)
+                    idx = base + t * U1 + u
+                    lb = tl.load(LPB + idx, mask=m, other=-float("inf"))
+                    by_blank = tl.load(BETA + idx + U1, mask=m & (t + 1 < tb), other=-float("inf")) + lb
+                    by_emit = tl.load(BETA + idx + 1, mask=m & (u < ub), other=-float("inf")) + tl.load(
+                        LPE + idx, mask=m & (u < ub), other=-float("inf")
+                    )
+                    v = tl.where((t == tb - 1) & (u == ub), lb, _lse2(by_blank, by_emit))
+                    tl.store(BETA + idx, v, mask=m)
+                tl.debug_barrier()
+        else:
+            for d in range(0, ndiag):
+                for u0 in range(0, ub + 1, BLOCK_U):
+                    u = u0 + us
+                    t = d - u
+                    m = (u <= ub) & (t >= 0) & (t < tb)
+                    idx = base + t * U1 + u
+                    mt = m & (t > 0)
+                    mu = m & (u > 0)
+                    from_blank = tl.load(ALPHA + idx - U1, mask=mt, other=-float("inf")) + tl.load(
+                        LPB + idx - U1, mask=mt, other=-float("inf")
+                    )
+                    from_emit = tl.load(ALPHA + idx - 1, mask=mu, other=-float("inf")) + tl.load(
+                        LPE + idx - 1, mask=mu, other=-float("inf")
+                    )
+                    v = tl.where((t == 0) & (u == 0), 0.0, _lse2(from_blank, from_emit))
+                    tl.store(ALPHA + idx, v, mask=m)
+                tl.debug_barrier()
+            last = base + (tb - 1) * U1 + ub
+            fin = tl.load(ALPHA + last, mask=tb > 0, other=-float("inf")) + tl.load(
+                LPB + last, mask=tb > 0, other=-float("inf")
+            )
+            tl.store(LL + b, fin)
+
+    @triton.jit
+    def _grad_kernel(
+        X,
+        G,
+        LSE,
+        LPB,
+        LPE,
+        ALPHA,
+        BETA,
+        LL,
+        tgt,
+        xlen,
+        ylen,
+        params,
+        R,
+        T,
+        U1,
+        V,
+        blank,
+        FUSED: tl.constexpr,
+        CLAMP: tl.constexpr,
+        EMIT_SCALE: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < R
+        b, t, u = _row_coords(rows, T, U1)
+        tb = tl.load(xlen + b, mask=rmask, other=0)
+        ub = tl.load(ylen + b, mask=rmask, other=0)
+        ll = tl.load(LL + b, mask=rmask, other=-float("inf"))
+        ok = rmask & (t < tb) & (u <= ub) & (ll != -float("inf"))  # no path, no gradient
+        emit = ok & (u < ub)
+        a = tl.load(ALPHA + rows, mask=ok, other=-float("inf"))
+        after_blank = tl.load(BETA + rows + U1, mask=ok & (t + 1 < tb), other=-float("inf"))
+        after_blank = tl.where(ok & (t == tb - 1) & (u == ub), 0.0, after_blank)  # the final blank
+        after_emit = tl.load(BETA + rows + 1, mask=emit, other=-float("inf"))
+        p_blank = tl.exp(a + tl.load(LPB + rows, mask=ok, other=-float("inf")) + after_blank - ll)
+        p_emit = tl.exp(a + tl.load(LPE + rows, mask=emit, other=-float("inf")) + after_emit - ll)
+        p_blank = tl.where(ok, p_blank, 0.0)
+        p_emit = tl.where(emit, p_emit, 0.0)
+        if EMIT_SCALE:
+            p_emit = p_emit * (1.0 + tl.load(params + 1))
+        y = tl.load(tgt + b.to(tl.int64) * (U1 - 1) + u, mask=emit, other=-1)
+        y = tl.where(emit, y, -1)
+        if FUSED:
+            lse = tl.load(LSE + rows, mask=ok, other=0.0)
+            occ = p_blank + p_emit
+        if CLAMP:
+            c = tl.load(params)
+        base = rows.to(tl.int64) * V
+        cols = tl.arange(0, BLOCK_V)
+        for v0 in range(0, V, BLOCK_V):
+            cc = v0 + cols
+            sm = rmask[:, None] & (cc[None, :] < V)
+            ptr = base[:, None] + cc[None, :]
+            g = tl.where(cc[None, :] == blank, -p_blank[:, None], 0.0) - tl.where(
+                cc[None, :] == y[:, None], p_emit[:, None], 0.0
+            )
+            if FUSED:
+                xv = tl.load(X + ptr, mask=sm & ok[:, None], other=-float("inf"))
+                g += tl.exp(xv - lse[:, None]) * occ[:, None]
+            g = tl.where(ok[:, None], g, 0.0)
+            if CLAMP:
+                g = tl.minimum(tl.maximum(g, -c), c)
+            tl.store(G + ptr, g.to(G.dtype.element_ty), mask=sm)
