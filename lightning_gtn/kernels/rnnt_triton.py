@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
     triton = None
     tl = None
 
-__all__ = ["available", "rnnt_triton", "MAX_BLOCK_V", "MAX_BLOCK_U"]
+__all__ = ["available", "rnnt_triton", "mutual_information_triton", "MAX_BLOCK_V", "MAX_BLOCK_U"]
 
 MAX_BLOCK_V = 1024  # vocabulary entries one program holds per row and step
 MAX_BLOCK_U = 1024  # lattice nodes of one anti-diagonal processed per step
@@ -206,6 +206,105 @@ def rnnt_triton(
         BLOCK_R=br, BLOCK_V=bv, num_warps=nw,
     )  # fmt: skip
     return costs, grads
+
+
+def _validate_mi(px, py, boundary):
+    """Shapes, dtypes, device and boundary of :func:`mutual_information_triton`; returns the
+    boundary as contiguous int64 ``(B, 4)`` on the device."""
+    for name, x in (("px", px), ("py", py)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise ValueError(f"mutual_information_triton: {name} must be a 3-d tensor")
+    if px.dtype not in (torch.float32, torch.float64) or py.dtype != px.dtype:
+        raise ValueError(
+            f"mutual_information_triton: px and py must share float32 or float64, got {px.dtype}, {py.dtype}"
+        )
+    if py.device != px.device:
+        raise ValueError("mutual_information_triton: px and py must be on one device")
+    B, S1, T = py.shape
+    S = S1 - 1
+    if S < 0 or tuple(px.shape) not in ((B, S, T), (B, S, T + 1)):
+        raise ValueError(
+            f"mutual_information_triton: px must be (B, S, T + 1) or (B, S, T) (modified) for py (B, S + 1, T) = "
+            f"{tuple(py.shape)}, got {tuple(px.shape)}"
+        )
+    _check_device(px.device)
+    if boundary is None:
+        return torch.tensor([0, 0, S, T], dtype=torch.int64, device=px.device).expand(B, 4).contiguous()
+    bd = _as_index(boundary, "boundary", (B, 4), px.device)
+    if B:
+        sb, tb, se, te = bd.unbind(1)
+        if bool(((sb < 0) | (sb > se) | (se > S) | (tb < 0) | (tb > te) | (te > T)).any()):
+            raise ValueError(
+                f"mutual_information_triton: boundary rows must be [s_begin, t_begin, s_end, t_end] with "
+                f"0 <= s_begin <= s_end <= S={S} and 0 <= t_begin <= t_end <= T={T}"
+            )
+    return bd
+
+
+def mutual_information_triton(
+    px: torch.Tensor,
+    py: torch.Tensor,
+    boundary: Optional[torch.Tensor] = None,
+    need_grad: bool = True,
+    block: Optional[int] = None,
+) -> Tuple[torch.Tensor, Optional[Tuple[torch.Tensor, torch.Tensor]]]:
+    """k2's mutual-information recursion: per-example scores and their gradients.
+
+    ``p[b, s_begin, t_begin] = 0`` and, inside the box ``s_begin <= s <= s_end``,
+    ``t_begin <= t <= t_end`` (values outside it are -inf)::
+
+        p[b, s, t] = logaddexp(p[b, s - 1, t] + px[b, s - 1, t], p[b, s, t - 1] + py[b, s, t - 1])
+        # modified (px of shape (B, S, T)):
+        p[b, s, t] = logaddexp(p[b, s - 1, t - 1] + px[b, s - 1, t - 1], p[b, s, t - 1] + py[b, s, t - 1])
+
+    Args:
+        px: ``(B, S, T + 1)``, or ``(B, S, T)`` for the "modified" recursion; float32/float64.
+        py: ``(B, S + 1, T)``, same dtype and device.
+        boundary: ``(B, 4)`` integer rows ``[s_begin, t_begin, s_end, t_end]``; default ``[0, 0, S, T]``.
+        need_grad: also return the gradients.
+        block: the number of lattice nodes of a diagonal processed per step (tests).
+
+    Returns:
+        ``(scores (B,), (px_grad, py_grad) or None)``: ``scores[b] = p[b, s_end, t_end]`` and the
+        gradients of ``scores.sum()`` (the arcs' occupation probabilities; k2's ``return_grad``),
+        zero outside each box and for an example whose score is -inf or NaN.
+    """
+    bd = _validate_mi(px, py, boundary)
+    B, S1, T = py.shape
+    S = S1 - 1
+    modified = px.shape[2] == T
+    dev, dtype = px.device, px.dtype
+    pxc, pyc = px.detach().contiguous(), py.detach().contiguous()
+    p = torch.full((B, S + 1, T + 1), float("-inf"), dtype=dtype, device=dev)
+    beta = torch.full_like(p, float("-inf")) if need_grad else p
+    scores = torch.empty(B, dtype=dtype, device=dev)
+    if B:
+        bs = triton.next_power_of_2(max(1, min(S + 1, block or MAX_BLOCK_U)))
+        _mi_kernel[(B, 2 if need_grad else 1)](
+            pxc, pyc, p, beta, scores, bd, S, T, px.shape[2],
+            MODIFIED=modified, BLOCK=bs, num_warps=4 if bs <= 512 else 8,
+        )  # fmt: skip
+    if not need_grad:
+        return scores, None
+    tot = scores[:, None, None]
+    live = (tot != float("-inf")) & (tot == tot)
+    s_ix = torch.arange(S + 1, device=dev)[None, :, None]
+    t_ix = torch.arange(T + 1, device=dev)[None, None, :]
+    sb, tb, se, te = (bd[:, k, None, None] for k in range(4))
+    s_in = (s_ix >= sb) & (s_ix <= se)
+    t_in = (t_ix >= tb) & (t_ix <= te)
+    zero = torch.zeros((), dtype=dtype, device=dev)
+    # py arc (s, t) -> (s, t + 1)
+    py_ok = live & s_in & t_in[:, :, 1:]
+    py_grad = torch.where(py_ok, torch.exp(p[:, :, :T] + pyc + beta[:, :, 1:] - tot), zero)
+    # px arc (s, t) -> (s + 1, t) or, modified, (s + 1, t + 1)
+    if modified:
+        px_ok = live & s_in[:, 1:] & t_in[:, :, 1:]
+        px_grad = torch.where(px_ok, torch.exp(p[:, :S, :T] + pxc + beta[:, 1:, 1:] - tot), zero)
+    else:
+        px_ok = live & s_in[:, 1:] & t_in
+        px_grad = torch.where(px_ok, torch.exp(p[:, :S, :] + pxc + beta[:, 1:, :] - tot), zero)
+    return scores, (px_grad, py_grad)
 
 
 if triton is not None:
@@ -395,3 +494,70 @@ if triton is not None:
             if CLAMP:
                 g = tl.minimum(tl.maximum(g, -c), c)
             tl.store(G + ptr, g.to(G.dtype.element_ty), mask=sm)
+
+    @triton.jit
+    def _mi_kernel(PX, PY, P, BETA, SCORES, bnd, S, T, T1, MODIFIED: tl.constexpr, BLOCK: tl.constexpr):
+        b = tl.program_id(0)
+        backward = tl.program_id(1) == 1
+        sb = tl.load(bnd + b * 4)
+        tb = tl.load(bnd + b * 4 + 1)
+        ns = tl.load(bnd + b * 4 + 2) - sb  # the box's extent along s and t
+        nt = tl.load(bnd + b * 4 + 3) - tb
+        ndiag = ns + nt + 1
+        pbase = b.to(tl.int64) * (S + 1) * (T + 1)
+        xbase = b.to(tl.int64) * S * T1
+        ybase = b.to(tl.int64) * (S + 1) * T
+        ks = tl.arange(0, BLOCK)
+        if backward:
+            for q in range(0, ndiag):
+                d = ndiag - 1 - q
+                for k0 in range(0, ns + 1, BLOCK):
+                    i = k0 + ks
+                    j = d - i
+                    m = (i <= ns) & (j >= 0) & (j <= nt)
+                    s = sb + i
+                    t = tb + j
+                    pidx = pbase + s * (T + 1) + t
+                    if MODIFIED:
+                        mx = m & (i < ns) & (j < nt)
+                        nxt = pidx + T + 2
+                    else:
+                        mx = m & (i < ns)
+                        nxt = pidx + T + 1
+                    fx = tl.load(BETA + nxt, mask=mx, other=-float("inf")) + tl.load(
+                        PX + xbase + s * T1 + t, mask=mx, other=-float("inf")
+                    )
+                    my = m & (j < nt)
+                    fy = tl.load(BETA + pidx + 1, mask=my, other=-float("inf")) + tl.load(
+                        PY + ybase + s * T + t, mask=my, other=-float("inf")
+                    )
+                    v = tl.where((i == ns) & (j == nt), 0.0, _lse2(fx, fy))
+                    tl.store(BETA + pidx, v, mask=m)
+                tl.debug_barrier()
+        else:
+            for d in range(0, ndiag):
+                for k0 in range(0, ns + 1, BLOCK):
+                    i = k0 + ks
+                    j = d - i
+                    m = (i <= ns) & (j >= 0) & (j <= nt)
+                    s = sb + i
+                    t = tb + j
+                    pidx = pbase + s * (T + 1) + t
+                    if MODIFIED:
+                        mx = m & (i > 0) & (j > 0)
+                        fx = tl.load(P + pidx - T - 2, mask=mx, other=-float("inf")) + tl.load(
+                            PX + xbase + (s - 1) * T1 + t - 1, mask=mx, other=-float("inf")
+                        )
+                    else:
+                        mx = m & (i > 0)
+                        fx = tl.load(P + pidx - T - 1, mask=mx, other=-float("inf")) + tl.load(
+                            PX + xbase + (s - 1) * T1 + t, mask=mx, other=-float("inf")
+                        )
+                    my = m & (j > 0)
+                    fy = tl.load(P + pidx - 1, mask=my, other=-float("inf")) + tl.load(
+                        PY + ybase + s * T + t - 1, mask=my, other=-float("inf")
+                    )
+                    v = tl.where((i == 0) & (j == 0), 0.0, _lse2(fx, fy))
+                    tl.store(P + pidx, v, mask=m)
+                tl.debug_barrier()
+            tl.store(SCORES + b, tl.load(P + pbase + (sb + ns) * (T + 1) + tb + nt))
