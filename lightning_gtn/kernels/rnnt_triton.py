@@ -41,7 +41,15 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
     triton = None
     tl = None
 
-__all__ = ["available", "rnnt_triton", "mutual_information_triton", "MAX_BLOCK_V", "MAX_BLOCK_U"]
+__all__ = [
+    "available",
+    "rnnt_triton",
+    "tdt_triton",
+    "multiblank_triton",
+    "mutual_information_triton",
+    "MAX_BLOCK_V",
+    "MAX_BLOCK_U",
+]
 
 MAX_BLOCK_V = 1024  # vocabulary entries one program holds per row and step
 MAX_BLOCK_U = 1024  # lattice nodes of one anti-diagonal processed per step
@@ -76,15 +84,17 @@ def _as_index(x: torch.Tensor, name: str, shape: Tuple[int, ...], device: torch.
     return x.to(device=device, dtype=torch.int64).contiguous()
 
 
-def _validate(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda):
+def _validate(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda, extra=0):
     """Checks every argument the kernels index with; returns the index tensors as contiguous int64
-    on the logits' device."""
+    on the logits' device. The last ``extra`` columns of the logits are not tokens (TDT's
+    durations): blank and targets must lie below them."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 4:
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"rnnt_triton: logits must have shape (B, T, U + 1, V), got {got}")
     if logits.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"rnnt_triton: logits must be float32 or float64, got {logits.dtype}")
     B, T, U1, V = logits.shape
+    V -= extra
     if U1 < 1 or V < 1:
         raise ValueError(f"rnnt_triton: logits must have U + 1 >= 1 and V >= 1, got shape {tuple(logits.shape)}")
     _check_device(logits.device)
@@ -305,6 +315,149 @@ def mutual_information_triton(
         px_ok = live & s_in[:, 1:] & t_in
         px_grad = torch.where(px_ok, torch.exp(p[:, :S, :] + pxc + beta[:, 1:, :] - tot), zero)
     return scores, (px_grad, py_grad)
+
+
+def _durations(name: str, values, allow_zero: bool) -> list:
+    vals = list(values) if isinstance(values, (list, tuple)) else None
+    low = 0 if allow_zero else 1
+    if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in vals):
+        raise ValueError(f"{name} must be a non-empty list of ints >= {low}, got {values!r}")
+    return vals
+
+
+def tdt_triton(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    durations,
+    sigma: float = 0.0,
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    need_grad: bool = True,
+    block_v: Optional[int] = None,
+    block_u: Optional[int] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The token-and-duration transducer (TDT) loss, NeMo's definition, and its gradient.
+
+    ``logits (B, T, U + 1, V + D)`` holds the token logits in its first ``V`` columns and the
+    duration logits in its last ``D = len(durations)``; both are log-softmaxed here. From node
+    ``(t, u)``, with ``l = durations[i]`` and weight ``log p_tok - sigma + log p_dur[i]``:
+    a blank goes to ``(t + l, u)`` (only ``l > 0``; it ends the path when ``t + l = T_b`` and
+    ``u = U_b``), the target ``y_u`` goes to ``(t + l, u + 1)`` (only when ``t + l < T_b``).
+    ``cost_b = -(1 + fastemit_lambda) log P(y_b | x_b)``; ``grads[b]`` is NeMo's: with respect to the
+    token logits (FastEmit-scaled emissions, clipped to ``[-clamp, clamp]`` when ``clamp > 0``) and to
+    the duration logits (not clipped). NeMo's ``omega`` (sample the plain RNN-T loss with that
+    probability) is the caller's choice: call :func:`rnnt_triton` on the token logits instead.
+
+    Other arguments, devices, dtypes and errors as :func:`rnnt_triton`; ``durations`` are ints >= 0
+    with at least one > 0.
+    """
+    durs = _durations("durations", durations, allow_zero=True)
+    if not any(d > 0 for d in durs):
+        raise ValueError(f"durations must hold at least one duration > 0 (a blank must advance), got {durs}")
+    if isinstance(logits, torch.Tensor) and logits.dim() == 4 and logits.shape[-1] <= len(durs):
+        raise ValueError(f"tdt_triton: logits must have V + {len(durs)} columns with V >= 1, got {logits.shape[-1]}")
+    D = len(durs)
+    blanks = [(blank, d, i) for i, d in enumerate(durs) if d > 0]
+    emits = [(d, i) for i, d in enumerate(durs)]
+    return _duration_transducer(
+        logits, targets, logit_lengths, target_lengths, blank, D, blanks, emits, sigma, clamp, fastemit_lambda,
+        need_grad, block_v, block_u,
+    )  # fmt: skip
+
+
+def multiblank_triton(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    big_blank_durations,
+    sigma: float = 0.0,
+    clamp: float = -1.0,
+    fastemit_lambda: float = 0.0,
+    need_grad: bool = True,
+    block_v: Optional[int] = None,
+    block_u: Optional[int] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Multi-blank RNN-T (NeMo's definition) and its gradient with respect to the logits.
+
+    ``logits (B, T, U + 1, V)`` are log-softmaxed here, and every arc's weight is its log-prob minus
+    ``sigma``. The blank ``blank`` advances one frame; big blank ``i`` (token ``blank - 1 - i``)
+    advances ``big_blank_durations[i]`` frames (ending the path when it reaches ``T_b`` at
+    ``u = U_b``); targets advance ``u`` without consuming a frame. Costs, FastEmit, clamp and the
+    rest as :func:`rnnt_triton`.
+    """
+    big = _durations("big_blank_durations", big_blank_durations, allow_zero=False)
+    if isinstance(blank, int) and not isinstance(blank, bool) and blank - len(big) < 0:
+        raise ValueError(
+            f"multiblank_triton: big blanks take the ids blank - 1 - i, so blank >= {len(big)}; got {blank}"
+        )
+    blanks = [(blank, 1, -1)] + [(blank - 1 - i, d, -1) for i, d in enumerate(big)]
+    return _duration_transducer(
+        logits, targets, logit_lengths, target_lengths, blank, 0, blanks, [(0, -1)], sigma, clamp, fastemit_lambda,
+        need_grad, block_v, block_u,
+    )  # fmt: skip
+
+
+def _duration_transducer(
+    logits, targets, logit_lengths, target_lengths, blank, D, blanks, emits, sigma, clamp, fastemit_lambda,
+    need_grad, block_v, block_u,
+):  # fmt: skip
+    """A transducer whose blank arcs ``(token, frames, duration column or -1)`` and emitting arcs
+    ``(frames, duration column or -1)`` may skip frames: TDT and multi-blank."""
+    tg, xl, yl = _validate(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda, extra=D)
+    if not isinstance(sigma, (int, float)) or sigma != sigma or abs(sigma) == float("inf"):
+        raise ValueError(f"sigma must be a finite number, got {sigma!r}")
+    B, T, U1, C = logits.shape
+    V = C - D
+    dev, dtype = logits.device, logits.dtype
+    x = logits.detach().contiguous()
+    costs = torch.empty(B, dtype=dtype, device=dev)
+    if B == 0 or T == 0:
+        costs.fill_(float("inf"))
+        return costs, (torch.zeros_like(x) if need_grad else None)
+    KB, KE = len(blanks), len(emits)
+
+    def table(vals):
+        return torch.tensor(vals, dtype=torch.int32, device=dev)
+
+    bcol, bdur, bdi = (table([b[k] for b in blanks]) for k in range(3))
+    edur, edi = (table([e[k] for e in emits]) for k in range(2))
+    R = B * T * U1
+    lse = torch.empty((B, T, U1), dtype=dtype, device=dev)
+    dlse = torch.empty_like(lse) if D else lse
+    wb = torch.empty((B, T, U1, KB), dtype=dtype, device=dev)
+    we = torch.empty((B, T, U1, KE), dtype=dtype, device=dev)
+    alpha = torch.empty_like(lse)
+    beta = torch.empty_like(lse) if need_grad else alpha
+    ll = torch.empty(B, dtype=dtype, device=dev)
+    params = torch.tensor([float(clamp), float(fastemit_lambda), float(sigma)], dtype=dtype, device=dev)
+    br, bv, nw = _row_blocks(V, block_v)
+    bd = triton.next_power_of_2(max(D, 1))
+    grid_rows = (triton.cdiv(R, br),)
+    _drows_kernel[grid_rows](
+        x, lse, dlse, wb, we, tg, xl, yl, bcol, bdi, edi, params, R, T, U1, V, C, D,
+        KB=KB, KE=KE, HAS_D=D > 0, ONE_PASS=bv >= V, BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, num_warps=nw,
+    )  # fmt: skip
+    bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
+    _dlattice_kernel[(B, 2 if need_grad else 1)](
+        wb, we, alpha, beta, ll, xl, yl, bdur, edur, T, U1, KB=KB, KE=KE, BLOCK_U=bu,
+        num_warps=4 if bu <= 512 else 8,
+    )  # fmt: skip
+    costs.copy_(ll).mul_(-(1.0 + float(fastemit_lambda)))
+    if not need_grad:
+        return costs, None
+    grads = torch.empty_like(x)
+    _dgrad_kernel[grid_rows](
+        x, grads, lse, dlse, wb, we, alpha, beta, ll, tg, xl, yl, bcol, bdur, bdi, edur, edi, params,
+        R, T, U1, V, C, D,
+        KB=KB, KE=KE, HAS_D=D > 0, CLAMP=float(clamp) > 0, EMIT_SCALE=float(fastemit_lambda) != 0,
+        BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, num_warps=nw,
+    )  # fmt: skip
+    return costs, grads
 
 
 if triton is not None:
@@ -561,3 +714,214 @@ if triton is not None:
                     tl.store(P + pidx, v, mask=m)
                 tl.debug_barrier()
             tl.store(SCORES + b, tl.load(P + pbase + (sb + ns) * (T + 1) + tb + nt))
+
+    @triton.jit
+    def _row_lse(X, base, ok, lo, n, ONE_PASS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
+        """Logsumexp of columns ``[lo, lo + n)`` of the rows at ``base`` (``-inf`` where not ``ok``)."""
+        cols = tl.arange(0, BLOCK)
+        if ONE_PASS:
+            xv = tl.load(
+                X + base[:, None] + lo + cols[None, :], mask=ok[:, None] & (cols[None, :] < n), other=-float("inf")
+            )
+            m = tl.max(xv, 1)
+            safe = tl.where(m == -float("inf"), 0.0, m)
+            s = tl.sum(tl.exp(xv - safe[:, None]), 1)
+        else:
+            m = tl.full((BLOCK_R,), -float("inf"), X.dtype.element_ty)
+            s = tl.zeros((BLOCK_R,), X.dtype.element_ty)
+            for v0 in range(0, n, BLOCK):
+                cc = v0 + cols
+                xv = tl.load(
+                    X + base[:, None] + lo + cc[None, :], mask=ok[:, None] & (cc[None, :] < n), other=-float("inf")
+                )
+                nm = tl.maximum(m, tl.max(xv, 1))
+                safe = tl.where(nm == -float("inf"), 0.0, nm)
+                s = s * tl.exp(m - safe) + tl.sum(tl.exp(xv - safe[:, None]), 1)
+                m = nm
+            safe = tl.where(m == -float("inf"), 0.0, m)
+        return safe + tl.log(s)
+
+    @triton.jit
+    def _drows_kernel(
+        X, LSE, DLSE, WB, WE, tgt, xlen, ylen, BCOL, BDI, EDI, params, R, T, U1, V, C, D,
+        KB: tl.constexpr, KE: tl.constexpr, HAS_D: tl.constexpr, ONE_PASS: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < R
+        b, t, u = _row_coords(rows, T, U1)
+        tb = tl.load(xlen + b, mask=rmask, other=0)
+        ub = tl.load(ylen + b, mask=rmask, other=0)
+        ok = rmask & (t < tb) & (u <= ub)
+        emit = ok & (u < ub)
+        base = rows.to(tl.int64) * C
+        sigma = tl.load(params + 2)
+        lse = _row_lse(X, base, ok, 0, V, ONE_PASS, BLOCK_R, BLOCK_V)
+        tl.store(LSE + rows, lse, mask=rmask)
+        if HAS_D:
+            dlse = _row_lse(X, base, ok, V, D, True, BLOCK_R, BLOCK_D)
+            tl.store(DLSE + rows, dlse, mask=rmask)
+        for k in tl.static_range(KB):
+            w = tl.load(X + base + tl.load(BCOL + k), mask=ok, other=0.0) - lse - sigma
+            if HAS_D:
+                di = tl.load(BDI + k)
+                w += tl.load(X + base + V + di, mask=ok, other=0.0) - dlse  # every arc has a duration here
+            tl.store(WB + rows.to(tl.int64) * KB + k, tl.where(ok, w, -float("inf")), mask=rmask)
+        y = tl.load(tgt + b.to(tl.int64) * (U1 - 1) + u, mask=emit, other=0)
+        xe = tl.load(X + base + y, mask=emit, other=0.0) - lse - sigma
+        for k in tl.static_range(KE):
+            w = xe
+            if HAS_D:
+                di = tl.load(EDI + k)
+                w += tl.load(X + base + V + di, mask=emit, other=0.0) - dlse
+            tl.store(WE + rows.to(tl.int64) * KE + k, tl.where(emit, w, -float("inf")), mask=rmask)
+
+    @triton.jit
+    def _dlattice_kernel(
+        WB, WE, ALPHA, BETA, LL, xlen, ylen, BDUR, EDUR, T, U1,
+        KB: tl.constexpr, KE: tl.constexpr, BLOCK_U: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        backward = tl.program_id(1) == 1
+        tb = tl.load(xlen + b)
+        ub = tl.load(ylen + b)
+        base = b.to(tl.int64) * T * U1
+        us = tl.arange(0, BLOCK_U)
+        ndiag = tl.where(tb > 0, tb + ub, 0)
+        if backward:
+            for q in range(0, ndiag):
+                d = ndiag - 1 - q
+                for u0 in range(0, ub + 1, BLOCK_U):
+                    u = u0 + us
+                    t = d - u
+                    m = (u <= ub) & (t >= 0) & (t < tb)
+                    node = base + t * U1 + u
+                    acc = tl.full((BLOCK_U,), -float("inf"), BETA.dtype.element_ty)
+                    for k in tl.static_range(KB):  # blank arcs (t, u) -> (t + l, u), or the end
+                        tn = t + tl.load(BDUR + k)
+                        nb = tl.load(BETA + node + (tn - t) * U1, mask=m & (tn < tb), other=-float("inf"))
+                        nb = tl.where((tn == tb) & (u == ub), 0.0, nb)
+                        acc = _lse2(acc, nb + tl.load(WB + node * KB + k, mask=m, other=-float("inf")))
+                    for k in tl.static_range(KE):  # emitting arcs (t, u) -> (t + l, u + 1)
+                        tn = t + tl.load(EDUR + k)
+                        me = m & (u < ub) & (tn < tb)
+                        ne = tl.load(BETA + node + (tn - t) * U1 + 1, mask=me, other=-float("inf"))
+                        acc = _lse2(acc, ne + tl.load(WE + node * KE + k, mask=me, other=-float("inf")))
+                    tl.store(BETA + node, acc, mask=m)
+                tl.debug_barrier()
+        else:
+            for d in range(0, ndiag):
+                for u0 in range(0, ub + 1, BLOCK_U):
+                    u = u0 + us
+                    t = d - u
+                    m = (u <= ub) & (t >= 0) & (t < tb)
+                    acc = tl.where((t == 0) & (u == 0), 0.0, -float("inf")).to(ALPHA.dtype.element_ty)
+                    for k in tl.static_range(KB):
+                        ts = t - tl.load(BDUR + k)
+                        ms = m & (ts >= 0)
+                        src = base + ts * U1 + u
+                        cand = tl.load(ALPHA + src, mask=ms, other=-float("inf")) + tl.load(
+                            WB + src * KB + k, mask=ms, other=-float("inf")
+                        )
+                        acc = _lse2(acc, cand)
+                    for k in tl.static_range(KE):
+                        ts = t - tl.load(EDUR + k)
+                        ms = m & (ts >= 0) & (u > 0)
+                        src = base + ts * U1 + u - 1
+                        cand = tl.load(ALPHA + src, mask=ms, other=-float("inf")) + tl.load(
+                            WE + src * KE + k, mask=ms, other=-float("inf")
+                        )
+                        acc = _lse2(acc, cand)
+                    tl.store(ALPHA + base + t * U1 + u, acc, mask=m)
+                tl.debug_barrier()
+            fin = tl.full([], -float("inf"), ALPHA.dtype.element_ty)
+            for k in tl.static_range(KB):  # the blanks that end at frame tb
+                ts = tb - tl.load(BDUR + k)
+                ok = (tb > 0) & (ts >= 0)
+                src = base + ts * U1 + ub
+                cand = tl.load(ALPHA + src, mask=ok, other=-float("inf")) + tl.load(
+                    WB + src * KB + k, mask=ok, other=-float("inf")
+                )
+                fin = _lse2(fin, cand)
+            tl.store(LL + b, fin)
+
+    @triton.jit
+    def _blank_occ(WB, BETA, BDUR, k, rows, a, ll, ok, t, u, tb, ub, U1, KB: tl.constexpr):
+        """Posterior of each row's blank arc ``k``."""
+        tn = t + tl.load(BDUR + k)
+        nb = tl.load(BETA + rows + (tn - t) * U1, mask=ok & (tn < tb), other=-float("inf"))
+        nb = tl.where((tn == tb) & (u == ub), 0.0, nb)
+        occ = tl.exp(a + tl.load(WB + rows.to(tl.int64) * KB + k, mask=ok, other=-float("inf")) + nb - ll)
+        return tl.where(ok, occ, 0.0)
+
+    @triton.jit
+    def _emit_occ(WE, BETA, EDUR, k, rows, a, ll, emit, t, tb, U1, KE: tl.constexpr):
+        """Posterior of each row's emitting arc ``k``."""
+        tn = t + tl.load(EDUR + k)
+        me = emit & (tn < tb)
+        ne = tl.load(BETA + rows + (tn - t) * U1 + 1, mask=me, other=-float("inf"))
+        occ = tl.exp(a + tl.load(WE + rows.to(tl.int64) * KE + k, mask=me, other=-float("inf")) + ne - ll)
+        return tl.where(me, occ, 0.0)
+
+    @triton.jit
+    def _dgrad_kernel(
+        X, G, LSE, DLSE, WB, WE, ALPHA, BETA, LL, tgt, xlen, ylen, BCOL, BDUR, BDI, EDUR, EDI, params,
+        R, T, U1, V, C, D,
+        KB: tl.constexpr, KE: tl.constexpr, HAS_D: tl.constexpr, CLAMP: tl.constexpr, EMIT_SCALE: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < R
+        b, t, u = _row_coords(rows, T, U1)
+        tb = tl.load(xlen + b, mask=rmask, other=0)
+        ub = tl.load(ylen + b, mask=rmask, other=0)
+        ll = tl.load(LL + b, mask=rmask, other=-float("inf"))
+        ok = rmask & (t < tb) & (u <= ub) & (ll != -float("inf"))
+        emit = ok & (u < ub)
+        a = tl.load(ALPHA + rows, mask=ok, other=-float("inf"))
+        p_blank = tl.zeros((BLOCK_R,), ALPHA.dtype.element_ty)
+        for k in tl.static_range(KB):
+            p_blank += _blank_occ(WB, BETA, BDUR, k, rows, a, ll, ok, t, u, tb, ub, U1, KB)
+        p_emit = tl.zeros((BLOCK_R,), ALPHA.dtype.element_ty)
+        for k in tl.static_range(KE):
+            p_emit += _emit_occ(WE, BETA, EDUR, k, rows, a, ll, emit, t, tb, U1, KE)
+        occ = p_blank + p_emit  # the node's posterior
+        scale = 1.0
+        if EMIT_SCALE:
+            scale = 1.0 + tl.load(params + 1)
+        y = tl.load(tgt + b.to(tl.int64) * (U1 - 1) + u, mask=emit, other=-1)
+        y = tl.where(emit, y, -1)
+        lse = tl.load(LSE + rows, mask=ok, other=0.0)
+        if CLAMP:
+            c = tl.load(params)
+        base = rows.to(tl.int64) * C
+        cols = tl.arange(0, BLOCK_V)
+        for v0 in range(0, V, BLOCK_V):
+            cc = v0 + cols
+            sm = rmask[:, None] & (cc[None, :] < V)
+            ptr = base[:, None] + cc[None, :]
+            xv = tl.load(X + ptr, mask=sm & ok[:, None], other=-float("inf"))
+            g = tl.exp(xv - lse[:, None]) * (occ + (scale - 1.0) * p_emit)[:, None]
+            g -= tl.where(cc[None, :] == y[:, None], (scale * p_emit)[:, None], 0.0)
+            for k in tl.static_range(KB):
+                pk = _blank_occ(WB, BETA, BDUR, k, rows, a, ll, ok, t, u, tb, ub, U1, KB)
+                g -= tl.where(cc[None, :] == tl.load(BCOL + k), pk[:, None], 0.0)
+            g = tl.where(ok[:, None], g, 0.0)
+            if CLAMP:
+                g = tl.minimum(tl.maximum(g, -c), c)
+            tl.store(G + ptr, g.to(G.dtype.element_ty), mask=sm)
+        if HAS_D:  # duration logits: occupancy * softmax - the occupancy of the arcs of each duration
+            dc = tl.arange(0, BLOCK_D)
+            dm = rmask[:, None] & (dc[None, :] < D)
+            ptr = base[:, None] + V + dc[None, :]
+            dlse = tl.load(DLSE + rows, mask=ok, other=0.0)
+            xv = tl.load(X + ptr, mask=dm & ok[:, None], other=-float("inf"))
+            g = tl.exp(xv - dlse[:, None]) * occ[:, None]
+            for k in tl.static_range(KB):
+                pk = _blank_occ(WB, BETA, BDUR, k, rows, a, ll, ok, t, u, tb, ub, U1, KB)
+                g -= tl.where(dc[None, :] == tl.load(BDI + k), pk[:, None], 0.0)
+            for k in tl.static_range(KE):
+                pk = _emit_occ(WE, BETA, EDUR, k, rows, a, ll, emit, t, tb, U1, KE)
+                g -= tl.where(dc[None, :] == tl.load(EDI + k), pk[:, None], 0.0)
+            g = tl.where(ok[:, None], g, 0.0)
+            tl.store(G + ptr, g.to(G.dtype.element_ty), mask=dm)

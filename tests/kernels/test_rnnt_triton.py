@@ -17,7 +17,13 @@ import pytest
 import torch
 
 from lightning_gtn.kernels import rnnt_triton as rt
-from lightning_gtn.kernels.rnnt_triton import mutual_information_triton, rnnt_triton, triton
+from lightning_gtn.kernels.rnnt_triton import (
+    multiblank_triton,
+    mutual_information_triton,
+    rnnt_triton,
+    tdt_triton,
+    triton,
+)
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else ("cpu" if INTERPRETED else None)
@@ -425,3 +431,120 @@ def test_mutual_information_bad_inputs():
         with pytest.raises(ValueError):
             mutual_information_triton(*args)
     assert torch.isfinite(mutual_information_triton(px, py, ok)[0]).all()
+
+
+# ---------------------------------------------------------------- TDT and multi-blank
+
+# NeMo, tests/collections/asr/numba/rnnt_loss/test_rnnt_pytorch.py: TestTDTLoss.test_case_fixed_case_act_label
+# (B=1, T=3, U+1=2, 3 tokens + blank 3, durations [0, 1, 2], sigma 0.05, zero logits, label 0)
+TDT_COST = 4.155739
+TDT_GRADS = [
+    [
+        [-0.64962804, 0.25, 0.25, 0.14962798, 0.2672583, -0.16792619, -0.09933221],
+        [0.01651875, 0.01651875, 0.01651875, -0.04955626, 0.022025, -0.01227201, -0.009753],
+    ],
+    [
+        [-0.04892651, 0.01714851, 0.01714851, 0.01462949, -0.01143234, -0.01143234, 0.02286467],
+        [0.12531489, 0.12531489, 0.12531489, -0.37594467, 0.16708651, 0.13027048, -0.29735702],
+    ],
+    [
+        [-0.02572276, 0.00857425, 0.00857425, 0.00857425, -0.02286468, 0.01143234, 0.01143234],
+        [0.13388914, 0.13388914, 0.13388914, -0.40166742, 0.17851885, -0.35703772, 0.17851885],
+    ],
+]
+
+
+def duration_reference(x, tg, xl, yl, blanks, emits, D, sigma=0.0, lam=0.0, clamp=-1.0):
+    """A transducer with frame-skipping arcs, by autograd: ``blanks`` are ``(token, frames, duration
+    column or None)``, ``emits`` ``(frames, duration column or None)``; the token log-probs (first
+    ``V`` columns) and the duration log-probs (last ``D``) are log-softmaxed separately."""
+    x = x.detach().double().requires_grad_(True)
+    V = x.shape[-1] - D
+    tok = x[..., :V].log_softmax(-1) - sigma
+    dur = x[..., V:].log_softmax(-1) if D else None
+    costs, surrogate = [], x.new_zeros(())
+    for b in range(x.shape[0]):
+        Tb, Ub = int(xl[b]), int(yl[b])
+        arcs = []  # (src, dst or None for the end, token part, duration part, is_emit)
+        for t in range(Tb):
+            for u in range(Ub + 1):
+                for col, frames, di in blanks:
+                    if t + frames < Tb or (t + frames == Tb and u == Ub):
+                        dst = (t + frames, u) if t + frames < Tb else None
+                        arcs.append(((t, u), dst, tok[b, t, u, col], dur[b, t, u, di] if di is not None else 0, False))
+                if u < Ub:
+                    for frames, di in emits:
+                        if t + frames < Tb:
+                            w_dur = dur[b, t, u, di] if di is not None else 0
+                            arcs.append(((t, u), (t + frames, u + 1), tok[b, t, u, int(tg[b, u])], w_dur, True))
+        leaves = [(a[2] + a[3]).detach().requires_grad_(True) for a in arcs]
+        alpha = {(0, 0): x.new_zeros(())}
+        final = []
+        # arcs from lower to higher t + u (a blank advances t, an emission u): a topological order
+        order = sorted(range(len(arcs)), key=lambda i: (arcs[i][0][0] + arcs[i][0][1], arcs[i][0]))
+        incoming = {}
+        for i in order:
+            src, dst = arcs[i][0], arcs[i][1]
+            if src not in alpha:
+                if src not in incoming:  # unreachable
+                    continue
+                alpha[src] = torch.logsumexp(torch.stack(incoming[src]), 0)
+            val = alpha[src] + leaves[i]
+            (final if dst is None else incoming.setdefault(dst, [])).append(val)
+        ll = torch.logsumexp(torch.stack(final), 0)
+        post = torch.autograd.grad(ll, leaves, allow_unused=True)
+        for a, p in zip(arcs, post):
+            if p is None:  # an arc of an unreachable node
+                continue
+            scale = 1 + lam if a[4] else 1.0
+            surrogate = surrogate - p * (scale * a[2] + a[3])
+        costs.append(-(1 + lam) * float(ll))
+    (g,) = torch.autograd.grad(surrogate, x)
+    if clamp > 0:
+        g[..., :V] = g[..., :V].clamp(-clamp, clamp)
+    return torch.tensor(costs, dtype=torch.float64), g
+
+
+@needs_kernels
+def test_tdt_nemo_fixed_case():
+    x = torch.zeros(1, 3, 2, 7)
+    costs, grads = tdt_triton(
+        x.to(DEVICE), torch.tensor([[0]], device=DEVICE), torch.tensor([3], device=DEVICE),
+        torch.tensor([1], device=DEVICE), blank=3, durations=[0, 1, 2], sigma=0.05,
+    )  # fmt: skip
+    torch.testing.assert_close(costs.cpu(), torch.tensor([TDT_COST]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads.cpu(), torch.tensor([TDT_GRADS]), atol=1e-6, rtol=0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("durations, lam, clamp", [([0, 1, 2], 0.0, -1.0), ([1, 3], 0.2, 0.1)])
+def test_tdt_equals_reference(durations, lam, clamp):
+    D = len(durations)
+    x, tg, xl, yl = _ragged(torch.float64, V=5 + D, seed=4)
+    tg = tg % 5
+    costs, grads = tdt_triton(
+        x.to(DEVICE), tg.to(DEVICE), xl.to(DEVICE), yl.to(DEVICE), 4, durations, sigma=0.05,
+        fastemit_lambda=lam, clamp=clamp, block_u=4,
+    )  # fmt: skip
+    blanks = [(4, d, i) for i, d in enumerate(durations) if d > 0]
+    emits = [(d, i) for i, d in enumerate(durations)]
+    want_c, want_g = duration_reference(x, tg, xl, yl, blanks, emits, D, sigma=0.05, lam=lam, clamp=clamp)
+    _close(costs.cpu(), want_c, torch.float64)
+    _close(grads.cpu(), want_g, torch.float64)
+
+
+@needs_kernels
+def test_multiblank_equals_reference():
+    x, tg, xl, yl = _ragged(torch.float64, V=6, seed=5)
+    tg = tg % 3  # tokens 0..2; the big blanks are 3 (4 frames) and 4 (2 frames), the blank is 5
+    costs, grads = multiblank_triton(
+        x.to(DEVICE), tg.to(DEVICE), xl.to(DEVICE), yl.to(DEVICE), 5, [2, 4], sigma=0.1, block_v=4
+    )
+    want_c, want_g = duration_reference(x, tg, xl, yl, [(5, 1, None), (4, 2, None), (3, 4, None)], [(0, None)], 0, 0.1)
+    _close(costs.cpu(), want_c, torch.float64)
+    _close(grads.cpu(), want_g, torch.float64)
+    # with no big blank reachable it is the plain RNN-T loss shifted by sigma per arc
+    with pytest.raises(ValueError):
+        multiblank_triton(x.to(DEVICE), tg.to(DEVICE), xl.to(DEVICE), yl.to(DEVICE), 1, [2, 4])
+    with pytest.raises(ValueError):
+        tdt_triton(x.to(DEVICE), tg.to(DEVICE), xl.to(DEVICE), yl.to(DEVICE), 0, [0])
