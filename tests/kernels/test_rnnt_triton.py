@@ -1,0 +1,550 @@
+"""The Triton RNN-T kernels against published values and a plain PyTorch dynamic programme.
+
+They run on a CUDA device when there is one. Without one they run on the CPU under Triton's
+interpreter (``TRITON_INTERPRET=1``, which must be set before triton is imported):
+:func:`test_kernels_under_the_interpreter` re-runs this file that way in a subprocess, so CI (no
+GPU) checks the kernels' logic. Each kernel is also compiled for sm_90 by Triton's real compiler,
+which needs no GPU. Skipped where triton is not installed.
+"""
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lightning_gtn.kernels import rnnt_triton as rt
+from lightning_gtn.kernels.rnnt_triton import (
+    multiblank_triton,
+    mutual_information_triton,
+    rnnt_triton,
+    tdt_triton,
+    triton,
+)
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if torch.cuda.is_available() else ("cpu" if INTERPRETED else None)
+needs_kernels = pytest.mark.skipif(
+    not rt.available() or DEVICE is None, reason="needs triton and a CUDA device (or TRITON_INTERPRET=1)"
+)
+
+
+# ---------------------------------------------------------------- the reference
+
+
+def _alpha_loglik(lpb, lpe):
+    """log P(y | x) of one example from its ``(T, U + 1)`` blank and ``(T, U)`` emit log-probs."""
+    T, U1 = lpb.shape
+    ninf = lpb.new_tensor(-math.inf)
+    alpha = [[None] * U1 for _ in range(T)]
+    for t in range(T):
+        for u in range(U1):
+            if t == 0 and u == 0:
+                alpha[t][u] = lpb.new_tensor(0.0)
+                continue
+            a = alpha[t - 1][u] + lpb[t - 1, u] if t > 0 else ninf
+            e = alpha[t][u - 1] + lpe[t, u - 1] if u > 0 else ninf
+            alpha[t][u] = torch.logaddexp(a, e)
+    return alpha[T - 1][U1 - 1] + lpb[T - 1, U1 - 1]
+
+
+def reference(logits, targets, xl, yl, blank, fused=True, clamp=-1.0, lam=0.0):
+    """Costs and per-example gradients by autograd through log_softmax and the alpha recursion
+    (in float64). FastEmit (NeMo's definition): the arcs' posteriors are taken from the plain
+    lattice, then each emitting arc's log-prob gradient is scaled by ``1 + lam``."""
+    x = logits.detach().double().cpu().requires_grad_(True)
+    lp = x.log_softmax(-1) if fused else x
+    costs, grads = [], torch.zeros_like(x)
+    for b in range(x.shape[0]):
+        Tb, Ub = int(xl[b]), int(yl[b])
+        if Tb == 0:
+            costs.append(math.inf)
+            continue
+        y = targets[b, :Ub].long().cpu()
+        blank_lp = lp[b, :Tb, : Ub + 1, blank]
+        emit_lp = lp[b, :Tb, torch.arange(Ub), y] if Ub else lp.new_zeros(Tb, 0)
+        bl, el = blank_lp.detach().requires_grad_(True), emit_lp.detach().requires_grad_(True)
+        ll = _alpha_loglik(bl, el)
+        pb, pe = torch.autograd.grad(ll, (bl, el), allow_unused=True)
+        pe = torch.zeros_like(el) if pe is None else pe
+        surrogate = -(pb * blank_lp).sum() - (1 + lam) * (pe * emit_lp).sum()
+        (g,) = torch.autograd.grad(surrogate, x, retain_graph=True)
+        grads += g
+        costs.append(-(1 + lam) * float(ll))
+    if clamp > 0:
+        grads = grads.clamp(-clamp, clamp)
+    return torch.tensor(costs, dtype=torch.float64), grads
+
+
+def _run(logits, targets, xl, yl, blank, **kw):
+    dev = DEVICE
+    costs, grads = rnnt_triton(logits.to(dev), targets.to(dev), xl.to(dev), yl.to(dev), blank, **kw)
+    return costs.cpu(), (grads.cpu() if grads is not None else None)
+
+
+def _close(got, want, dtype):
+    tol = 1e-10 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------- published values
+
+# torchaudio, test/torchaudio_unittest/functional/... rnnt_utils.py: get_B1_T2_U3_D5_data (the
+# warp-transducer small case), blank=-1 (the last id, 4)
+B1_LOGITS = [
+    [[0.1, 0.6, 0.1, 0.1, 0.1], [0.1, 0.1, 0.6, 0.1, 0.1], [0.1, 0.1, 0.2, 0.8, 0.1]],
+    [[0.1, 0.6, 0.1, 0.1, 0.1], [0.1, 0.1, 0.2, 0.1, 0.1], [0.7, 0.1, 0.2, 0.1, 0.1]],
+]
+B1_COST_BLANK_LAST = 5.09566688538
+B1_GRADS_BLANK_LAST = [
+    [
+        [0.17703132, -0.39992708, 0.17703132, 0.17703132, -0.13116692],
+        [0.12247062, 0.12247062, -0.181684, 0.12247062, -0.1857276],
+        [0.06269141, 0.06269141, 0.06928471, 0.12624498, -0.32091248],
+    ],
+    [
+        [0.05456069, -0.2182428, 0.05456069, 0.05456069, 0.05456069],
+        [0.12073967, 0.12073967, -0.48295838, 0.12073967, 0.12073967],
+        [0.30741188, 0.16871123, 0.18645471, 0.16871123, -0.83128875],
+    ],
+]
+# NeMo, tests/collections/asr/numba/rnnt_loss/test_rnnt_pytorch.py: test_case_small (the same
+# logits, blank 0), test_case_small_clamp (clamp 0.1) and test_case_small_fastemit_clamp (the
+# cost scaled by 1 + lambda)
+B1_COST_BLANK0 = 4.495666
+B1_GRADS_BLANK0 = [
+    [
+        [-0.13116688, -0.3999269, 0.17703125, 0.17703125, 0.17703125],
+        [-0.18572757, 0.12247056, -0.18168412, 0.12247056, 0.12247056],
+        [-0.32091254, 0.06269141, 0.06928472, 0.12624499, 0.06269141],
+    ],
+    [
+        [0.05456069, -0.21824276, 0.05456069, 0.05456069, 0.05456069],
+        [0.12073959, 0.12073959, -0.48295835, 0.12073959, 0.12073959],
+        [-0.6925882, 0.16871116, 0.18645467, 0.16871116, 0.16871116],
+    ],
+]
+B1_GRADS_BLANK0_CLAMP = [
+    [[-0.1, -0.1, 0.1, 0.1, 0.1], [-0.1, 0.1, -0.1, 0.1, 0.1], [-0.1, 0.06269141, 0.06928472, 0.1, 0.06269141]],
+    [[0.05456069, -0.1, 0.05456069, 0.05456069, 0.05456069], [0.1, 0.1, -0.1, 0.1, 0.1], [-0.1, 0.1, 0.1, 0.1, 0.1]],
+]
+# torchaudio, rnnt_utils.py: get_B2_T4_U3_D3_data (blank 0)
+B2_LOGITS = [
+    0.065357, 0.787530, 0.081592, 0.529716, 0.750675, 0.754135, 0.609764, 0.868140, 0.622532,
+    0.668522, 0.858039, 0.164539, 0.989780, 0.944298, 0.603168, 0.946783, 0.666203, 0.286882,
+    0.094184, 0.366674, 0.736168, 0.166680, 0.714154, 0.399400, 0.535982, 0.291821, 0.612642,
+    0.324241, 0.800764, 0.524106, 0.779195, 0.183314, 0.113745, 0.240222, 0.339470, 0.134160,
+    0.505562, 0.051597, 0.640290, 0.430733, 0.829473, 0.177467, 0.320700, 0.042883, 0.302803,
+    0.675178, 0.569537, 0.558474, 0.083132, 0.060165, 0.107958, 0.748615, 0.943918, 0.486356,
+    0.418199, 0.652408, 0.024243, 0.134582, 0.366342, 0.295830, 0.923670, 0.689929, 0.741898,
+    0.250005, 0.603430, 0.987289, 0.592606, 0.884672, 0.543450, 0.660770, 0.377128, 0.358021,
+]  # fmt: skip
+B2_COSTS = [4.2806528590890736, 3.9384369822503591]
+B2_GRADS = [
+    -0.186844, -0.062555, 0.249399, -0.203377, 0.202399, 0.000977, -0.141016, 0.079123, 0.061893,
+    -0.011552, -0.081280, 0.092832, -0.154257, 0.229433, -0.075176, -0.246593, 0.146405, 0.100188,
+    -0.012918, -0.061593, 0.074512, -0.055986, 0.219831, -0.163845, -0.497627, 0.209240, 0.288387,
+    0.013605, -0.030220, 0.016615, 0.113925, 0.062781, -0.176706, -0.667078, 0.367659, 0.299419,
+    -0.356344, -0.055347, 0.411691, -0.096922, 0.029459, 0.067463, -0.063518, 0.027654, 0.035863,
+    -0.154499, -0.073942, 0.228441, -0.166790, -0.000088, 0.166878, -0.172370, 0.105565, 0.066804,
+    0.023875, -0.118256, 0.094381, -0.104707, -0.108934, 0.213642, -0.369844, 0.180118, 0.189726,
+    0.025714, -0.079462, 0.053748, 0.122328, -0.238789, 0.116460, -0.598687, 0.302203, 0.296484,
+]  # fmt: skip
+
+
+def _b1(dtype):
+    x = torch.tensor([B1_LOGITS], dtype=dtype)
+    return x, torch.tensor([[1, 2]]), torch.tensor([2]), torch.tensor([2])
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torchaudio_b1_t2_u3_d5_blank_last(dtype):
+    x, tg, xl, yl = _b1(dtype)
+    costs, grads = _run(x, tg, xl, yl, blank=4)
+    assert costs.dtype == grads.dtype == dtype
+    torch.testing.assert_close(costs.double(), torch.tensor([B1_COST_BLANK_LAST], dtype=torch.float64))
+    torch.testing.assert_close(
+        grads.double(), torch.tensor([B1_GRADS_BLANK_LAST], dtype=torch.float64), atol=1e-6, rtol=0
+    )
+
+
+@needs_kernels
+def test_nemo_small_blank0_clamp_and_fastemit():
+    x, tg, xl, yl = _b1(torch.float32)
+    costs, grads = _run(x, tg, xl, yl, blank=0)
+    torch.testing.assert_close(costs, torch.tensor([B1_COST_BLANK0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(grads, torch.tensor([B1_GRADS_BLANK0]), atol=1e-6, rtol=0)
+    costs, grads = _run(x, tg, xl, yl, blank=0, clamp=0.1)
+    torch.testing.assert_close(costs, torch.tensor([B1_COST_BLANK0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(grads, torch.tensor([B1_GRADS_BLANK0_CLAMP]), atol=1e-6, rtol=0)
+    for lam in (1.0, 0.01):
+        costs, grads = _run(x, tg, xl, yl, blank=0, clamp=0.1, fastemit_lambda=lam)
+        torch.testing.assert_close(costs, torch.tensor([B1_COST_BLANK0 * (1 + lam)]), atol=1e-5, rtol=0)
+        _close(grads, reference(x, tg, xl, yl, 0, clamp=0.1, lam=lam)[1], torch.float32)
+
+
+@needs_kernels
+def test_torchaudio_b2_t4_u3_d3():
+    x = torch.tensor(B2_LOGITS, dtype=torch.float32).reshape(2, 4, 3, 3)
+    costs, grads = _run(x, torch.tensor([[1, 2], [1, 1]]), torch.tensor([4, 4]), torch.tensor([2, 2]), blank=0)
+    torch.testing.assert_close(costs, torch.tensor(B2_COSTS, dtype=torch.float32))
+    torch.testing.assert_close(grads, torch.tensor(B2_GRADS).reshape(2, 4, 3, 3), atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------- against the reference
+
+
+def _ragged(dtype, V=7, seed=0):
+    """Four examples on a (T=4, U=5) grid: a full one, U > T, a target of length 0, and logit and
+    target lengths below the padded sizes."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 4, 6, V, generator=g, dtype=dtype)
+    tg = torch.randint(0, V, (4, 5), generator=g)
+    return x, tg, torch.tensor([4, 3, 2, 3]), torch.tensor([3, 5, 0, 2])
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "dtype, fused, blank, blocks",
+    [
+        (torch.float64, True, 0, {}),
+        (torch.float64, True, 6, {"block_v": 4, "block_u": 4}),  # chunked vocabulary and diagonals
+        (torch.float64, False, 3, {}),
+        (torch.float32, False, 0, {"block_v": 2, "block_u": 2}),
+    ],
+)
+def test_ragged_batch_equals_reference(dtype, fused, blank, blocks):
+    x, tg, xl, yl = _ragged(dtype)
+    if not fused:
+        x = x.log_softmax(-1)
+    costs, grads = _run(x, tg, xl, yl, blank, fused_log_softmax=fused, **blocks)
+    want_c, want_g = reference(x, tg, xl, yl, blank, fused=fused)
+    assert torch.isfinite(costs).all()
+    _close(costs, want_c, dtype)
+    _close(grads, want_g, dtype)
+    pad = torch.ones_like(grads, dtype=torch.bool)
+    for b in range(4):
+        pad[b, : int(xl[b]), : int(yl[b]) + 1] = False
+    assert (grads[pad] == 0).all()  # nothing outside the lengths
+    # the gradient of a normalised example sums to 0 over V at every node
+    if fused:
+        torch.testing.assert_close(grads.sum(-1), torch.zeros_like(grads.sum(-1)), atol=1e-5, rtol=0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("fused", [True, False])
+def test_fastemit_and_clamp_equal_reference(fused):
+    x, tg, xl, yl = _ragged(torch.float64, seed=1)
+    if not fused:
+        x = x.log_softmax(-1)
+    kw = dict(fused_log_softmax=fused, clamp=0.15, fastemit_lambda=0.3)
+    costs, grads = _run(x, tg, xl, yl, 2, **kw)
+    want_c, want_g = reference(x, tg, xl, yl, 2, fused=fused, clamp=0.15, lam=0.3)
+    _close(costs, want_c, torch.float64)
+    _close(grads, want_g, torch.float64)
+    assert grads.abs().max() <= 0.15 and (grads.abs() == 0.15).any()
+
+
+@needs_kernels
+def test_no_grad_inplace_and_empty_paths():
+    x, tg, xl, yl = _ragged(torch.float64, seed=2)
+    xl = torch.tensor([4, 0, 1, 3])  # example 1 has no frame: no path
+    full_c, full_g = _run(x, tg, xl, yl, 0)
+    assert math.isinf(full_c[1]) and full_c[1] > 0 and (full_g[1] == 0).all()
+    costs, none = _run(x, tg, xl, yl, 0, need_grad=False)
+    assert none is None
+    torch.testing.assert_close(costs, full_c)
+    xi = x.clone().to(DEVICE)
+    costs, grads = rnnt_triton(xi, tg.to(DEVICE), xl.to(DEVICE), yl.to(DEVICE), 0, inplace=True)
+    assert grads.data_ptr() == xi.data_ptr()
+    torch.testing.assert_close(grads.cpu(), full_g, rtol=0, atol=0)
+    torch.testing.assert_close(costs.cpu(), full_c, rtol=0, atol=0)
+    want_c, want_g = reference(x, tg, xl, yl, 0)
+    _close(full_c[[0, 2, 3]], want_c[[0, 2, 3]], torch.float64)
+    _close(full_g, want_g, torch.float64)
+
+
+@needs_kernels
+def test_bad_inputs_raise_before_any_kernel():
+    x, tg, xl, yl = _ragged(torch.float32)
+    x, tg, xl, yl = x.to(DEVICE), tg.to(DEVICE), xl.to(DEVICE), yl.to(DEVICE)
+    bad = [
+        dict(logits=x[0]),
+        dict(logits=x.half()),
+        dict(targets=tg[:, :3]),
+        dict(targets=tg.float()),
+        dict(logit_lengths=xl[:3]),
+        dict(logit_lengths=torch.tensor([4, 5, 2, 3], device=DEVICE)),
+        dict(logit_lengths=torch.tensor([4, -1, 2, 3], device=DEVICE)),
+        dict(target_lengths=torch.tensor([3, 6, 0, 2], device=DEVICE)),
+        dict(target_lengths=torch.tensor([3, 5, -1, 2], device=DEVICE)),
+        dict(targets=torch.where(tg == tg, 7, tg)),  # id == V
+        dict(targets=torch.where(tg == tg, -1, tg)),
+        dict(blank=7),
+        dict(blank=-1),
+        dict(clamp=float("nan")),
+        dict(fastemit_lambda=float("inf")),
+    ]
+    for over in bad:
+        args = dict(logits=x, targets=tg, logit_lengths=xl, target_lengths=yl, blank=0)
+        args.update(over)
+        with pytest.raises(ValueError):
+            rnnt_triton(**args)
+    # padding past target_lengths is never read, so it may hold anything
+    tg2 = tg.clone()
+    tg2[2, :] = -5
+    costs, _ = rnnt_triton(x, tg2, xl, yl, 0)
+    assert torch.isfinite(costs).all()
+
+
+@pytest.mark.skipif(not rt.available() or torch.cuda.is_available() or INTERPRETED, reason="checks the CPU refusal")
+def test_cpu_tensors_without_the_interpreter_are_refused():
+    x, tg, xl, yl = _ragged(torch.float32)
+    with pytest.raises(ValueError, match="CUDA"):
+        rnnt_triton(x, tg, xl, yl, 0)
+
+
+# ---------------------------------------------------------------- the interpreter and the compiler
+
+
+@pytest.mark.skipif(not rt.available(), reason="needs triton")
+@pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="runs the kernels directly here")
+def test_kernels_under_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", last)
+    assert passed and int(passed.group(1)) >= 11 and "failed" not in last, proc.stdout[-2000:]
+
+
+_INTS = {"R", "T", "U1", "V", "blank"}
+_LONG_PTRS = {"tgt", "xlen", "ylen"}
+VARIANTS = [
+    ("_rows_kernel", torch.float32, dict(FUSED=True, ONE_PASS=False, BLOCK_R=4, BLOCK_V=1024)),
+    ("_rows_kernel", torch.float64, dict(FUSED=False, ONE_PASS=True, BLOCK_R=8, BLOCK_V=512)),
+    ("_lattice_kernel", torch.float64, dict(BLOCK_U=64)),
+    ("_grad_kernel", torch.float32, dict(FUSED=True, CLAMP=True, EMIT_SCALE=True, BLOCK_R=8, BLOCK_V=512)),
+    ("_grad_kernel", torch.float64, dict(FUSED=False, CLAMP=False, EMIT_SCALE=False, BLOCK_R=4, BLOCK_V=1024)),
+]
+
+
+@pytest.mark.skipif(not rt.available() or INTERPRETED, reason="needs triton's compiler")
+@pytest.mark.parametrize("name, dtype, consts", VARIANTS, ids=[f"{v[0]}-{i}" for i, v in enumerate(VARIANTS)])
+def test_kernel_compiles_for_the_gpu(name, dtype, consts):
+    """The real compiler path (Triton IR -> PTX -> cubin) for sm_90; it needs no GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(rt, name)
+    fp = "*fp64" if dtype == torch.float64 else "*fp32"
+
+    def kind(a):
+        if a in consts:
+            return "constexpr"
+        return "i32" if a in _INTS else "*i64" if a in _LONG_PTRS else fp
+
+    sig = {a: kind(a) for a in fn.arg_names}
+    cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", 90, 32))
+    assert len(kernel.asm["cubin"]) > 0
+    if name == "_lattice_kernel":  # diagonals are separated by block barriers
+        ptx = kernel.asm["ptx"]
+        assert "bar.sync" in ptx or "barrier.sync" in ptx
+
+
+# ---------------------------------------------------------------- k2's mutual-information recursion
+
+
+def mi_reference(px, py, boundary):
+    """Scores and gradients of k2's recursion by autograd over Python loops (float64)."""
+    px = px.detach().double().requires_grad_(True)
+    py = py.detach().double().requires_grad_(True)
+    modified = px.shape[2] == py.shape[2]
+    scores = []
+    for b, (sb, tb, se, te) in enumerate(boundary.tolist()):
+        p = {(sb, tb): px.new_tensor(0.0)}
+        for s in range(sb, se + 1):
+            for t in range(tb, te + 1):
+                if (s, t) == (sb, tb):
+                    continue
+                terms = []  # unreachable nodes are None: no -inf enters autograd
+                tx = t - 1 if modified else t
+                if s > sb and tx >= tb and p[(s - 1, tx)] is not None:
+                    terms.append(p[(s - 1, tx)] + px[b, s - 1, tx])
+                if t > tb and p[(s, t - 1)] is not None:
+                    terms.append(p[(s, t - 1)] + py[b, s, t - 1])
+                p[(s, t)] = torch.logsumexp(torch.stack(terms), 0) if terms else None
+        scores.append(px.new_tensor(-math.inf) if p[(se, te)] is None else p[(se, te)])
+    scores = torch.stack(scores)
+    gx, gy = torch.autograd.grad(scores.sum(), (px, py), allow_unused=True)
+    gx = torch.zeros_like(px) if gx is None else gx
+    gy = torch.zeros_like(py) if gy is None else gy
+    return scores.detach(), gx, gy
+
+
+@needs_kernels
+@pytest.mark.parametrize("modified, block", [(False, None), (True, 2)])
+def test_mutual_information_equals_reference(modified, block):
+    g = torch.Generator().manual_seed(3)
+    B, S, T = 4, 3, 5
+    px = torch.randn(B, S, T if modified else T + 1, generator=g, dtype=torch.float64)
+    py = torch.randn(B, S + 1, T, generator=g, dtype=torch.float64)
+    bnd = torch.tensor([[0, 0, S, T], [1, 0, 3, 4], [0, 2, 2, 5], [2, 3, 2, 3]])  # the last box is one node
+    scores, (gx, gy) = mutual_information_triton(px.to(DEVICE), py.to(DEVICE), bnd.to(DEVICE), block=block)
+    want, wx, wy = mi_reference(px, py, bnd)
+    assert scores[3] == 0 and torch.isfinite(scores).all()
+    _close(scores.cpu(), want, torch.float64)
+    _close(gx.cpu(), wx, torch.float64)
+    _close(gy.cpu(), wy, torch.float64)
+    # no boundary: the whole grid; float32; no gradient requested
+    s32, none = mutual_information_triton(px.float().to(DEVICE), py.float().to(DEVICE), need_grad=False)
+    assert none is None
+    full = torch.tensor([[0, 0, S, T]] * B)
+    _close(s32.cpu(), mi_reference(px, py, full)[0], torch.float32)
+
+
+@needs_kernels
+def test_mutual_information_bad_inputs():
+    px, py = torch.zeros(2, 3, 5, device=DEVICE), torch.zeros(2, 4, 4, device=DEVICE)
+    ok = torch.tensor([[0, 0, 3, 4], [0, 0, 2, 2]], device=DEVICE)
+    for args in (
+        (px[0], py, ok),
+        (px, py[:, :3], ok),
+        (px.double(), py, ok),
+        (px, py, ok[:1]),
+        (px, py, torch.tensor([[0, 0, 4, 4], [0, 0, 2, 2]], device=DEVICE)),  # s_end > S
+        (px, py, torch.tensor([[0, 0, 3, 5], [0, 0, 2, 2]], device=DEVICE)),  # t_end > T
+        (px, py, torch.tensor([[2, 0, 1, 4], [0, 0, 2, 2]], device=DEVICE)),  # s_begin > s_end
+        (px, py, torch.tensor([[0, -1, 3, 4], [0, 0, 2, 2]], device=DEVICE)),
+    ):
+        with pytest.raises(ValueError):
+            mutual_information_triton(*args)
+    assert torch.isfinite(mutual_information_triton(px, py, ok)[0]).all()
+
+
+# ---------------------------------------------------------------- TDT and multi-blank
+
+# NeMo, tests/collections/asr/numba/rnnt_loss/test_rnnt_pytorch.py: TestTDTLoss.test_case_fixed_case_act_label
+# (B=1, T=3, U+1=2, 3 tokens + blank 3, durations [0, 1, 2], sigma 0.05, zero logits, label 0)
+TDT_COST = 4.155739
+TDT_GRADS = [
+    [
+        [-0.64962804, 0.25, 0.25, 0.14962798, 0.2672583, -0.16792619, -0.09933221],
+        [0.01651875, 0.01651875, 0.01651875, -0.04955626, 0.022025, -0.01227201, -0.009753],
+    ],
+    [
+        [-0.04892651, 0.01714851, 0.01714851, 0.01462949, -0.01143234, -0.01143234, 0.02286467],
+        [0.12531489, 0.12531489, 0.12531489, -0.37594467, 0.16708651, 0.13027048, -0.29735702],
+    ],
+    [
+        [-0.02572276, 0.00857425, 0.00857425, 0.00857425, -0.02286468, 0.01143234, 0.01143234],
+        [0.13388914, 0.13388914, 0.13388914, -0.40166742, 0.17851885, -0.35703772, 0.17851885],
+    ],
+]
+
+
+def duration_reference(x, tg, xl, yl, blanks, emits, D, sigma=0.0, lam=0.0, clamp=-1.0):
+    """A transducer with frame-skipping arcs, by autograd: ``blanks`` are ``(token, frames, duration
+    column or None)``, ``emits`` ``(frames, duration column or None)``; the token log-probs (first
+    ``V`` columns) and the duration log-probs (last ``D``) are log-softmaxed separately."""
+    x = x.detach().double().requires_grad_(True)
+    V = x.shape[-1] - D
+    tok = x[..., :V].log_softmax(-1) - sigma
+    dur = x[..., V:].log_softmax(-1) if D else None
+    costs, surrogate = [], x.new_zeros(())
+    for b in range(x.shape[0]):
+        Tb, Ub = int(xl[b]), int(yl[b])
+        arcs = []  # (src, dst or None for the end, token part, duration part, is_emit)
+        for t in range(Tb):
+            for u in range(Ub + 1):
+                for col, frames, di in blanks:
+                    if t + frames < Tb or (t + frames == Tb and u == Ub):
+                        dst = (t + frames, u) if t + frames < Tb else None
+                        arcs.append(((t, u), dst, tok[b, t, u, col], dur[b, t, u, di] if di is not None else 0, False))
+                if u < Ub:
+                    for frames, di in emits:
+                        if t + frames < Tb:
+                            w_dur = dur[b, t, u, di] if di is not None else 0
+                            arcs.append(((t, u), (t + frames, u + 1), tok[b, t, u, int(tg[b, u])], w_dur, True))
+        leaves = [(a[2] + a[3]).detach().requires_grad_(True) for a in arcs]
+        alpha = {(0, 0): x.new_zeros(())}
+        final = []
+        # arcs from lower to higher t + u (a blank advances t, an emission u): a topological order
+        order = sorted(range(len(arcs)), key=lambda i: (arcs[i][0][0] + arcs[i][0][1], arcs[i][0]))
+        incoming = {}
+        for i in order:
+            src, dst = arcs[i][0], arcs[i][1]
+            if src not in alpha:
+                if src not in incoming:  # unreachable
+                    continue
+                alpha[src] = torch.logsumexp(torch.stack(incoming[src]), 0)
+            val = alpha[src] + leaves[i]
+            (final if dst is None else incoming.setdefault(dst, [])).append(val)
+        ll = torch.logsumexp(torch.stack(final), 0)
+        post = torch.autograd.grad(ll, leaves, allow_unused=True)
+        for a, p in zip(arcs, post):
+            if p is None:  # an arc of an unreachable node
+                continue
+            scale = 1 + lam if a[4] else 1.0
+            surrogate = surrogate - p * (scale * a[2] + a[3])
+        costs.append(-(1 + lam) * float(ll))
+    (g,) = torch.autograd.grad(surrogate, x)
+    if clamp > 0:
+        g[..., :V] = g[..., :V].clamp(-clamp, clamp)
+    return torch.tensor(costs, dtype=torch.float64), g
+
+
+@needs_kernels
+def test_tdt_nemo_fixed_case():
+    x = torch.zeros(1, 3, 2, 7)
+    costs, grads = tdt_triton(
+        x.to(DEVICE), torch.tensor([[0]], device=DEVICE), torch.tensor([3], device=DEVICE),
+        torch.tensor([1], device=DEVICE), blank=3, durations=[0, 1, 2], sigma=0.05,
+    )  # fmt: skip
+    torch.testing.assert_close(costs.cpu(), torch.tensor([TDT_COST]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads.cpu(), torch.tensor([TDT_GRADS]), atol=1e-6, rtol=0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("durations, lam, clamp", [([0, 1, 2], 0.0, -1.0), ([1, 3], 0.2, 0.1)])
+def test_tdt_equals_reference(durations, lam, clamp):
+    D = len(durations)
+    x, tg, xl, yl = _ragged(torch.float64, V=5 + D, seed=4)
+    tg = tg % 5
+    costs, grads = tdt_triton(
+        x.to(DEVICE), tg.to(DEVICE), xl.to(DEVICE), yl.to(DEVICE), 4, durations, sigma=0.05,
+        fastemit_lambda=lam, clamp=clamp, block_u=4,
+    )  # fmt: skip
+    blanks = [(4, d, i) for i, d in enumerate(durations) if d > 0]
+    emits = [(d, i) for i, d in enumerate(durations)]
+    want_c, want_g = duration_reference(x, tg, xl, yl, blanks, emits, D, sigma=0.05, lam=lam, clamp=clamp)
+    _close(costs.cpu(), want_c, torch.float64)
+    _close(grads.cpu(), want_g, torch.float64)
+
+
+@needs_kernels
+def test_multiblank_equals_reference():
+    x, tg, xl, yl = _ragged(torch.float64, V=6, seed=5)
+    tg = tg % 3  # tokens 0..2; the big blanks are 3 (4 frames) and 4 (2 frames), the blank is 5
+    costs, grads = multiblank_triton(
+        x.to(DEVICE), tg.to(DEVICE), xl.to(DEVICE), yl.to(DEVICE), 5, [2, 4], sigma=0.1, block_v=4
+    )
+    want_c, want_g = duration_reference(x, tg, xl, yl, [(5, 1, None), (4, 2, None), (3, 4, None)], [(0, None)], 0, 0.1)
+    _close(costs.cpu(), want_c, torch.float64)
+    _close(grads.cpu(), want_g, torch.float64)
+    # with no big blank reachable it is the plain RNN-T loss shifted by sigma per arc
+    with pytest.raises(ValueError):
+        multiblank_triton(x.to(DEVICE), tg.to(DEVICE), xl.to(DEVICE), yl.to(DEVICE), 1, [2, 4])
+    with pytest.raises(ValueError):
+        tdt_triton(x.to(DEVICE), tg.to(DEVICE), xl.to(DEVICE), yl.to(DEVICE), 0, [0])
