@@ -43,6 +43,7 @@ from ..losses.conv_transduce import KernelBank as KernelBank
 from ..losses.conv_transduce import conv_transduce1d, kernel_graph
 from ..losses.ctc import ctc_loss
 from ..losses.graph import TargetGraphCriterion, graph_loss, target_graph_loss
+from ..losses.lattice import LatticePath, lattice_loss, lattice_viterbi, pruned_rnnt_lattice, rnnt_lattice
 from ..losses.seq import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import (
@@ -70,6 +71,11 @@ __all__ = [
     "graph_loss",
     "target_graph_loss",
     "TargetGraphCriterion",
+    "lattice_loss",
+    "lattice_viterbi",
+    "LatticePath",
+    "rnnt_lattice",
+    "pruned_rnnt_lattice",
     "viterbi",
     "best_paths",
     "collapse",

@@ -173,7 +173,10 @@ def _backward_one(
 
 
 @njit(cache=True, nogil=True)
-def _backtrack_one(e, coef, ex_graph, ex_row, node_off, arc_off, src, pos, accept, alpha_off, alpha, bp, path, path_len, grad, gw, gw_off, need_s, need_w):  # fmt: skip
+def _backtrack_one(
+    e, coef, ex_graph, ex_row, node_off, arc_off, src, pos, accept, alpha_off, alpha, bp, path, path_len, grad, gw,
+    gw_off, need_s, need_w,
+):  # fmt: skip
     """Best path of example ``e`` (max semiring): its arcs (local ids, in path order) into
     ``path[alpha_off[e]:]``; adds ``coef`` at the positions and arcs it uses."""
     g = ex_graph[e]
