@@ -99,7 +99,10 @@ def compile_lattice(g: Graph, name: str = "lattice") -> CompiledLattice:
     n = max(a.num_nodes, 1)
     src = a.src.astype(np.int64)
     dst = a.dst.astype(np.int64)
-    order = lattice_numba.topological_order(n, src, dst)
+    if bool((src < dst).all()):  # the ids are a topological order already (grids built row by row): keep them,
+        order = np.arange(n, dtype=np.int64)  # so the kernels walk the scores in the order they are stored
+    else:
+        order = lattice_numba.topological_order(n, src, dst)
     if len(order) != n:
         raise ValueError(
             f"{name}: the graph has a cycle; a lattice must be acyclic (every arc reads a position once, "
@@ -115,6 +118,11 @@ def compile_lattice(g: Graph, name: str = "lattice") -> CompiledLattice:
     cl.pos = np.ascontiguousarray(a.ilabel, dtype=_INT)
     cl.olabel = np.ascontiguousarray(a.olabel, dtype=_INT)
     cl.weights = np.array(a.weights, dtype=np.float32)
+    bad = np.nonzero(np.isnan(cl.weights) | (cl.weights == np.inf))[0]
+    if len(bad):
+        raise ValueError(
+            f"{name}: arc {int(bad[0])} has weight {float(cl.weights[bad[0]])}; arc weights must be finite (or -inf)"
+        )
     cl.start = np.zeros(n, dtype=np.uint8)
     cl.accept = np.zeros(n, dtype=np.uint8)
     cl.start[rank[a.start.astype(np.int64)]] = 1
@@ -238,43 +246,6 @@ class LatticePlan:
                     f"scores have N={N} positions; arcs must read positions in [0, N) or -1 (epsilon)"
                 )
 
-    def read_values(self, S: torch.Tensor) -> torch.Tensor:
-        """``(sum of arcs over examples,)``: the score each non-epsilon arc of each example reads."""
-        parts = []
-        for e in range(len(self.ex_graph)):
-            c = self.batch.lattices[self.ex_graph[e]]
-            p = torch.from_numpy(c.pos[c.pos >= 0].astype(np.int64))
-            parts.append(S[int(self.ex_row[e])].index_select(0, p.to(S.device)))
-        return torch.cat(parts) if parts else S.new_zeros(0)
-
-    def check_values(self, S: torch.Tensor, name: str = "scores") -> None:
-        """ValueError naming ``name`` when an example reads a NaN or +inf score (-inf is fine:
-        an impossible arc). One pass over ``S`` when everything is finite."""
-        if bool(torch.isfinite(S).all()):
-            return
-        for e in range(len(self.ex_graph)):
-            c = self.batch.lattices[self.ex_graph[e]]
-            p = torch.from_numpy(c.pos[c.pos >= 0].astype(np.int64)).to(S.device)
-            v = S[int(self.ex_row[e])].index_select(0, p)
-            bad = torch.isnan(v) | (v == float("inf"))
-            if bool(bad.any()):
-                k = int(torch.nonzero(bad)[0, 0])
-                raise ValueError(
-                    f"{name} contains {float(v[k])} at position {int(p[k])} of example {int(self.ex_row[e])}, "
-                    "which its lattice reads; scores must be finite (or -inf for an impossible arc)"
-                )
-
-    def check_weights(self, w: torch.Tensor, name: str = "lattices") -> None:
-        """ValueError naming ``name`` when an arc weight is NaN or +inf."""
-        bad = torch.isnan(w) | (w == float("inf"))
-        if bool(bad.any()):
-            a = int(torch.nonzero(bad)[0, 0])
-            i = int(np.searchsorted(self.batch.arc_off, a, side="right") - 1)
-            raise ValueError(
-                f"{name}: arc {a - int(self.batch.arc_off[i])} of lattice {i} has weight {float(w[a])}; arc weights "
-                "must be finite (or -inf)"
-            )
-
 
 def score_plan(
     plan: LatticePlan,
@@ -286,6 +257,7 @@ def score_plan(
     need_w: bool = False,
     need_path: bool = False,
     zero_infinity: bool = False,
+    name: str = "scores",
 ):
     """Losses of a plan and, on request, their gradients and best paths (CPU, numba).
 
@@ -300,6 +272,8 @@ def score_plan(
             ``(num_arcs,)``.
         need_path: (max) return each example's best path as local arc ids.
         zero_infinity: rows whose loss is infinite (no path) get loss 0.
+        name: how a ValueError names ``S`` when an example reads a NaN or +inf score in it
+            (-inf is fine: an impossible arc).
 
     Returns:
         ``(losses (B,), grad_S or None, grad_w or None, paths or None)``: ``losses`` in S's
@@ -313,9 +287,17 @@ def score_plan(
     B = plan.B
     c = np.ones(B) if coef is None else coef.detach().to("cpu", torch.float64).numpy()
     ex_coef = np.ascontiguousarray(plan.sign * c[plan.ex_row]) if len(plan.ex_row) else np.zeros(0)
-    logz, gS, gw_ex, gw_off, paths, path_len = lattice_numba.lattice_pass(
+    logz, gS, gw_ex, gw_off, paths, path_len, badpos = lattice_numba.lattice_pass(
         Sn, wn, ex_coef, plan.batch, plan.ex_graph, plan.ex_row, use_max, need_s, need_w, need_path
     )
+    bad_e = np.nonzero(badpos >= 0)[0]
+    if len(bad_e):
+        e = int(bad_e[0])
+        b, p = int(plan.ex_row[e]), int(badpos[e])
+        raise ValueError(
+            f"{name} contains {float(Sn[b, p])} at position {p} of example {b}, which its lattice reads; scores must "
+            "be finite (or -inf for an impossible arc)"
+        )
     contrib = plan.sign * logz.astype(np.float64)
     contrib = np.where((logz == -np.inf) & (plan.sign != 0), np.inf, contrib)  # no path: an infinite loss
     losses = np.zeros(B, dtype=np.float64)

@@ -71,8 +71,9 @@ def topological_order(num_nodes, src, dst):
 
 @njit(cache=True, nogil=True)
 def _forward_one(
-    e, S, w, ex_graph, ex_row, node_off, in_off, in_arc, src, pos, start, accept, alpha_off, alpha, bp, buf, use_max
-):
+    e, S, w, ex_graph, ex_row, node_off, in_off, in_arc, src, pos, start, accept, alpha_off, alpha, bp, buf, use_max,
+    badpos,
+):  # fmt: skip
     """Alphas of example ``e`` (and its back pointers in max); returns its score."""
     g = ex_graph[e]
     b = ex_row[e]
@@ -94,7 +95,10 @@ def _forward_one(
             p = pos[a]
             v = alpha[base + src[a]] + w[a]
             if p >= 0:
-                v += S[b, p]
+                x = S[b, p]
+                if not x < math.inf and badpos[e] < 0:  # NaN or +inf: reported by the caller
+                    badpos[e] = p
+                v += x
             buf[k - k0] = v
             if not v <= m:  # NaN-propagating max
                 m = v
@@ -219,14 +223,16 @@ def _backtrack_one(
 def _chunk(
     e0, e1, S, w, coef, ex_graph, ex_row, node_off, arc_off, in_off, in_arc, out_off, out_arc, src, dst, pos, start,
     accept, alpha_off, alpha, bp, logz, beta, max_deg, grad, gw, gw_off, path, path_len, use_max, need_s, need_w,
-    need_path,
+    need_path, badpos,
 ):  # fmt: skip
     buf = np.empty(max(max_deg, 1), dtype=alpha.dtype)
     for e in range(e0, e1):
         lz = _forward_one(
             e, S, w, ex_graph, ex_row, node_off, in_off, in_arc, src, pos, start, accept, alpha_off, alpha, bp, buf,
-            use_max,
+            use_max, badpos,
         )  # fmt: skip
+        if badpos[e] >= 0:
+            continue  # the caller raises
         logz[e] = lz
         if use_max:
             if need_s or need_w or need_path:
@@ -286,7 +292,9 @@ def lattice_pass(
         need_path: (max semiring) also return the best paths.
 
     Returns:
-        ``(logz (E,), grad (B, N) or None, gw (sum of arcs,) or None, gw_off (E + 1,), path, path_len)``;
+        ``(logz (E,), grad (B, N) or None, gw (sum of arcs,) or None, gw_off (E + 1,), path, path_len,
+        badpos)``; ``badpos[e]`` is the first position example ``e`` read a NaN or +inf at (-1: none;
+        such an example is not differentiated);
         ``path[alpha_off[e] : alpha_off[e] + path_len[e]]`` are the local arc ids of example
         ``e``'s best path (``path_len[e] == -1``: no path).
     """
@@ -306,6 +314,7 @@ def lattice_pass(
     want_path = use_max and need_path
     path = np.empty(int(alpha_off[-1]) if use_max else 0, dtype=np.int64)  # the backtrack's scratch too
     path_len = np.full(E, -1, dtype=np.int64)
+    badpos = np.full(E, -1, dtype=np.int64)
     chunks = row_chunks(ex_row, arcs + nodes, get_num_threads())
 
     def run(e0: int, e1: int) -> None:
@@ -314,7 +323,7 @@ def lattice_pass(
             e0, e1, S, w, coef, ex_graph, ex_row, batch.node_off, batch.arc_off, batch.in_off, batch.in_arc,
             batch.out_off, batch.out_arc, batch.src, batch.dst, batch.pos, batch.start, batch.accept, alpha_off,
             alpha, bp, logz, beta, batch.max_deg, grad, gw, gw_off, path, path_len, use_max, need_s, need_w,
-            want_path,
+            want_path, badpos,
         )  # fmt: skip
 
     if len(chunks) <= 1:
@@ -329,4 +338,5 @@ def lattice_pass(
         gw_off,
         (path, alpha_off) if want_path else None,
         path_len,
+        badpos,
     )

@@ -109,7 +109,10 @@ class _LatticeLossFunction(torch.autograd.Function):
         plan, reduction, zero_infinity, semiring, need_w, graphs = ctx.args
         gS = gw = None
         if ctx.gS is not None:
-            gS = ctx.gS * (g_out.reshape(-1, 1) if reduction == "none" else g_out)
+            if reduction != "none" and g_out.numel() == 1 and float(g_out) == 1.0:
+                gS = ctx.gS  # the usual loss.backward(): no (B, N) copy
+            else:
+                gS = ctx.gS * (g_out.reshape(-1, 1) if reduction == "none" else g_out)
         if need_w:
             if reduction == "none":
                 gw = score_plan(plan, S, w, semiring, coef=g_out, need_w=True, zero_infinity=zero_infinity)[2]
@@ -178,9 +181,7 @@ def lattice_loss(
     x = scores.to(dtype).reshape(B, N)
     if x.device.type != "cpu":
         x = x.cpu()
-    plan.check_values(x.detach(), "scores")
     w = torch.from_numpy(plan.batch.weights()).to(dtype)
-    plan.check_weights(w)
     need_w = bool(torch.is_grad_enabled() and any(g.calc_grad for g in order))
     if need_w:
         w = w.requires_grad_(True)  # a private leaf: autograd calls backward, which fills graph.grad()
@@ -217,9 +218,7 @@ def lattice_viterbi(scores: torch.Tensor, lattices: Union[Graph, Sequence[Graph]
     dtype = checks.compute_dtype(scores)
     plan, order = _plan(lattices, B, N)
     x = scores.detach().to("cpu", dtype).reshape(B, N)
-    plan.check_values(x, "scores")
     w = torch.from_numpy(plan.batch.weights()).to(dtype)
-    plan.check_weights(w)
     losses, _, _, paths = score_plan(plan, x, w, "max", need_path=True)
     arcs: List[Optional[torch.Tensor]] = []
     positions: List[Optional[torch.Tensor]] = []
