@@ -27,7 +27,7 @@ first: node ids by the graph, positions against ``N`` by :meth:`LatticePlan.chec
 from __future__ import annotations
 
 import weakref
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -35,8 +35,8 @@ import torch
 from ..kernels import lattice_numba
 from ..kernels.batch import INDEX_DTYPE
 from ..wfst import Graph
-from . import dispatch
-from .cache import LRU
+from . import checks, dispatch
+from .cache import LRU, HandleRegistry
 
 __all__ = [
     "CompiledLattice",
@@ -46,6 +46,9 @@ __all__ = [
     "LatticePlan",
     "score_plan",
     "LATTICE_CACHE_SIZE",
+    "LatticeBuilder",
+    "register_builder",
+    "lattice_loss_op",
 ]
 
 #: compiled lattices kept per graph object (the most recently used)
@@ -328,3 +331,137 @@ def score_plan(
             if path_len[e] >= 0:
                 path_list[int(plan.order[e])] = buf[off[e] : off[e] + path_len[e]].copy()
     return out, gradS, gradw, path_list
+
+
+# ---------------------------------------------------------------------------
+# lattices built from targets inside a custom op (what torch.compile sees)
+# ---------------------------------------------------------------------------
+
+
+class LatticeBuilder:
+    """Builds (and caches) the lattice of each example from its target and length, so that a loss
+    over lattices can run inside the custom op :func:`lattice_loss_op` (``torch.compile`` sees
+    only the op). Subclasses implement :meth:`build`; see
+    :class:`lightning_gtn.losses.lattice.LatticeCriterion`.
+
+    Attributes:
+        name: how messages name the loss.
+        blank: a label the targets must not contain, or None.
+        handle: the integer the op names this builder by (set by :func:`register_builder`).
+        cache: the compiled lattices, per ``(target, frames, shape)``.
+    """
+
+    name: str = "lattice_loss"
+    blank: Optional[int] = None
+    handle: int = 0
+
+    def __init__(self, cache_size: int = LATTICE_CACHE_SIZE) -> None:
+        self.cache: LRU = LRU(cache_size)
+        register_builder(self)
+
+    def build(self, target: List[int], frames: int, shape: Tuple[int, ...]) -> Graph:
+        """The lattice of one example: ``target`` token ids, ``frames`` its input length, over
+        per-example scores of shape ``shape`` (the scores without their batch dimension)."""
+        raise NotImplementedError
+
+    def target_classes(self, shape: Tuple[int, ...]) -> int:
+        """Targets must lie in ``[0, target_classes(shape))``: the last dimension by default."""
+        return int(shape[-1]) if shape else 0
+
+    def compiled(self, target: List[int], frames: int, shape: Tuple[int, ...]) -> CompiledLattice:
+        """The compiled lattice of one example, cached."""
+        key = (tuple(target), int(frames), tuple(shape))
+        return self.cache.get(
+            key, lambda: compile_lattice(self.build(list(target), int(frames), tuple(shape)), self.name)
+        )
+
+    def plan(self, seqs: List[List[int]], lengths: np.ndarray, shape: Tuple[int, ...]) -> LatticePlan:
+        """One lattice per example (``-log Z`` each), positions checked against ``shape``."""
+        B = len(seqs)
+        index: dict = {}
+        lats: List[CompiledLattice] = []
+        ids = np.empty(B, dtype=np.int64)
+        for b in range(B):
+            c = self.compiled(seqs[b], int(lengths[b]), shape)
+            j = index.get(id(c))
+            if j is None:
+                j = index[id(c)] = len(lats)
+                lats.append(c)
+            ids[b] = j
+        plan = LatticePlan(lats, ids, np.arange(B), -np.ones(B), B)
+        plan.check_positions(int(np.prod(shape)) if shape else 1, f"{self.name}: the built lattices")
+        return plan
+
+
+_BUILDERS: HandleRegistry[LatticeBuilder] = HandleRegistry("lattice builder")
+
+
+def register_builder(obj: LatticeBuilder) -> int:
+    """An integer handle for ``obj`` (held weakly), also stored as ``obj.handle``."""
+    h = _BUILDERS.register(obj)
+    obj.handle = h
+    return h
+
+
+def _coef(reduction: str, B: int) -> Optional[torch.Tensor]:
+    if reduction == "none":
+        return None
+    return torch.full((B,), 1.0 if reduction == "sum" else 1.0 / max(B, 1), dtype=torch.float64)
+
+
+@torch.library.custom_op("lightning_gtn::lattice_loss", mutates_args=())
+def lattice_loss_op(
+    scores: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    handle: int,
+    reduction: str,
+    zero_infinity: bool,
+    semiring: str,
+    need_s: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(out, d out / d scores)`` of the lattices that builder ``handle`` makes from the targets:
+    ``out`` is ``(B,)`` for ``reduction="none"`` (the gradient then per row), else a scalar
+    (``"mean"``: the batch mean). ``scores`` is ``(B, T, ...)``; ``input_lengths <= T``. The
+    gradient is an empty tensor unless ``need_s``."""
+    B = int(scores.shape[0])
+    shape = tuple(int(s) for s in scores.shape[1:])
+    dev = scores.device
+    crit = _BUILDERS.get(handle)
+    lengths = checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=shape[0] if shape else 0)
+    seqs = checks.split_targets(targets, target_lengths, B, dev, crit.target_classes(shape), blank=crit.blank)
+    plan = crit.plan(seqs, lengths, shape)
+    x = scores.detach().to("cpu").reshape(B, -1)
+    w = torch.from_numpy(plan.batch.weights()).to(x.dtype)
+    coef = _coef(reduction, B)
+    losses, gS, _, _ = score_plan(plan, x, w, semiring, coef=coef, need_s=need_s, zero_infinity=zero_infinity)
+    out = losses if coef is None else (losses.to(torch.float64) * coef).sum().to(x.dtype)
+    g = gS.reshape(scores.shape).to(dev) if gS is not None else scores.new_empty(0)
+    return out.to(dev), g
+
+
+@lattice_loss_op.register_fake
+def _lattice_loss_fake(
+    scores, targets, input_lengths, target_lengths, handle, reduction, zero_infinity, semiring, need_s
+):
+    out = scores.new_empty((scores.shape[0],) if reduction == "none" else ())
+    return out, (torch.empty_like(scores) if need_s else scores.new_empty(0))
+
+
+def _lattice_setup(ctx, inputs, output):
+    ctx.reduction = inputs[5]
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(output[1])
+
+
+def _lattice_backward(ctx, g_out, _g_grad):
+    (g,) = ctx.saved_tensors
+    gS = None
+    if g_out is not None and g.numel():
+        gS = g * (g_out.reshape((-1,) + (1,) * (g.dim() - 1)) if ctx.reduction == "none" else g_out).to(g.dtype)
+    return gS, None, None, None, None, None, None, None, None
+
+
+lattice_loss_op.register_autograd(_lattice_backward, setup_context=_lattice_setup)

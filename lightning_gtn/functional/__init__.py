@@ -43,7 +43,16 @@ from ..losses.conv_transduce import KernelBank as KernelBank
 from ..losses.conv_transduce import conv_transduce1d, kernel_graph
 from ..losses.ctc import ctc_loss
 from ..losses.graph import TargetGraphCriterion, graph_loss, target_graph_loss
-from ..losses.lattice import LatticePath, lattice_loss, lattice_viterbi, pruned_rnnt_lattice, rnnt_lattice
+from ..losses.lattice import (
+    LatticeCriterion,
+    LatticePath,
+    lattice_criterion_loss,
+    lattice_loss,
+    lattice_viterbi,
+    pruned_rnnt_lattice,
+    rnnt_lattice,
+    rnnt_lattice_loss,
+)
 from ..losses.seq import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import (
@@ -76,6 +85,9 @@ __all__ = [
     "LatticePath",
     "rnnt_lattice",
     "pruned_rnnt_lattice",
+    "rnnt_lattice_loss",
+    "lattice_criterion_loss",
+    "LatticeCriterion",
     "viterbi",
     "best_paths",
     "collapse",

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..core import checks, dispatch
-from ..core.lattice import LatticePlan, compiled_lattice, score_plan
+from ..core.lattice import LatticeBuilder, LatticePlan, compiled_lattice, lattice_loss_op, score_plan
 from ..wfst import Graph
 
 __all__ = [
@@ -25,6 +25,9 @@ __all__ = [
     "LatticePath",
     "rnnt_lattice",
     "pruned_rnnt_lattice",
+    "LatticeCriterion",
+    "lattice_criterion_loss",
+    "rnnt_lattice_loss",
 ]
 
 #: the implementations of the generic lattice scorer (CPU numba kernels; tensors on another device
@@ -357,3 +360,137 @@ def pruned_rnnt_lattice(
         return np.where((k >= 0) & (k < s_range), t * s_range + k, -1)
 
     return _grid_graph(Tb, len(y), y, blank, V, cell, calc_grad)
+
+
+# ---------------------------------------------------------------------------
+# lattices built from the targets inside a custom op
+# ---------------------------------------------------------------------------
+
+
+class LatticeCriterion(LatticeBuilder):
+    """A lattice per example from ``builder(target, frames, shape, **builder_kwargs)``, built and
+    cached inside the custom op ``lightning_gtn::lattice_loss`` (so the loss compiles with
+    ``torch.compile(fullgraph=True)``).
+
+    Args:
+        builder: returns the :class:`lightning_gtn.wfst.Graph` lattice of one example from its
+            target (a list of token ids), its frames (its input length) and the per-example shape
+            of the scores (``scores.shape[1:]``, e.g. ``(T, U + 1, V)``).
+        builder_kwargs: extra keyword arguments of ``builder``.
+        blank: a label the targets must not contain (checked before building), or None.
+        cache_size: compiled lattices kept, per ``(target, frames, shape)``.
+    """
+
+    name = "lattice_criterion_loss"
+
+    def __init__(
+        self, builder, builder_kwargs: Optional[dict] = None, blank: Optional[int] = None, cache_size: int = 4096
+    ):
+        if not callable(builder):
+            raise ValueError(f"builder must be callable, got {builder!r}")
+        super().__init__(checks.check_int(cache_size, "cache_size", 1))
+        self.builder = builder
+        self.builder_kwargs = dict(builder_kwargs or {})
+        self.blank = None if blank is None else checks.check_int(blank, "blank", 0)
+        self.cache_size = int(cache_size)
+
+    def __reduce__(self):
+        return (LatticeCriterion, (self.builder, self.builder_kwargs, self.blank, self.cache_size))
+
+    def build(self, target, frames, shape):
+        """``builder(target, frames, shape, **builder_kwargs)``, checked to be a Graph."""
+        g = self.builder(target, frames, shape, **self.builder_kwargs)
+        if not isinstance(g, Graph):
+            raise ValueError(f"{self.name}: builder must return a lightning_gtn.wfst.Graph, got {type(g).__name__}")
+        return g
+
+
+def lattice_criterion_loss(
+    scores: torch.Tensor,
+    targets,
+    input_lengths,
+    target_lengths=None,
+    *,
+    criterion: LatticeCriterion,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    semiring: str = "log",
+) -> torch.Tensor:
+    """:func:`lattice_loss` over lattices that ``criterion`` builds from the targets, as a custom
+    op (works under ``torch.compile(fullgraph=True)``).
+
+    Args:
+        scores: ``(B, T, ...)`` float scores; float16/bfloat16 are scored in float32.
+        targets: padded ``(B, S)``, concatenated 1-D, or a list of B sequences.
+        input_lengths: ``(B,)`` integers ``<= T`` (passed to the builder as ``frames``).
+        target_lengths: ``(B,)``; needed with tensor targets.
+        criterion: keyword-only, the builder and its cache.
+        reduction, zero_infinity, semiring: as :func:`lattice_loss` (``"mean"``: the batch mean).
+
+    Returns:
+        The loss in ``scores``' dtype and device.
+    """
+    if not isinstance(criterion, LatticeCriterion):
+        raise ValueError(f"criterion must be a LatticeCriterion, got {type(criterion).__name__}")
+    return _op_loss(criterion, scores, targets, input_lengths, target_lengths, reduction, zero_infinity, semiring)
+
+
+def _op_loss(crit, scores, targets, input_lengths, target_lengths, reduction, zero_infinity, semiring):
+    B, _ = _check_common(scores, reduction, None, semiring)
+    dev = scores.device
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
+    il = checks.int_tensor(input_lengths, "input_lengths")
+    x = scores.to(checks.compute_dtype(scores))
+    need_s = bool(torch.is_grad_enabled() and x.requires_grad)
+    out, _ = lattice_loss_op(x, tg, il, tl, crit.handle, reduction, bool(zero_infinity), semiring, need_s)
+    return out.to(scores.dtype)
+
+
+def _rnnt_builder(target, frames, shape, blank):
+    T, U1, V = shape
+    return rnnt_lattice(T, U1 - 1, target, V, blank, frames=frames)
+
+
+_RNNT_CRITERIA: dict = {}
+
+
+def rnnt_lattice_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int = -1,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    fused_log_softmax: bool = True,
+) -> torch.Tensor:
+    """The RNN-T loss through the generic lattice (:func:`rnnt_lattice` per example, cached, in a
+    custom op): torchaudio's ``rnnt_loss`` arguments and meanings. The reference path for the
+    specialised RNN-T kernels, and what any user-written transducer grid runs on.
+
+    Args:
+        logits: ``(B, T, U + 1, V)`` joiner outputs (``fused_log_softmax=False``: already
+            log-probabilities).
+        targets: ``(B, U)`` int token ids (padded).
+        logit_lengths, target_lengths: ``(B,)`` ints, ``<= T`` and ``<= U``.
+        blank: the blank id in ``[-V, V)`` (-1: the last class).
+        reduction: ``"none"`` -> ``(B,)``, ``"sum"``, or ``"mean"`` (the batch mean, as torchaudio:
+            not divided by target lengths).
+        zero_infinity: examples with no path (``logit_lengths == 0``) give 0.
+        fused_log_softmax: apply ``log_softmax`` over ``V`` first (torch, differentiable).
+
+    Returns:
+        The loss in ``logits``' dtype and device.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 4:
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must have shape (B, T, U + 1, V), got {got}")
+    V = int(logits.shape[-1])
+    if isinstance(blank, (bool, np.bool_)) or not isinstance(blank, (int, np.integer)) or not -V <= blank < V:
+        raise ValueError(f"blank must be an integer in [-V, V) = [{-V}, {V}), got {blank!r}")
+    b = int(blank) % V
+    crit = _RNNT_CRITERIA.get(b)
+    if crit is None:
+        crit = _RNNT_CRITERIA[b] = LatticeCriterion(_rnnt_builder, {"blank": b}, blank=b)
+    x = logits.log_softmax(-1) if fused_log_softmax else logits
+    return _op_loss(crit, x, targets, logit_lengths, target_lengths, reduction, zero_infinity, "log")

@@ -295,3 +295,28 @@ def test_bad_graphs_and_inputs_raise_value_errors_naming_the_argument():
         rnnt_lattice(3, 2, [1], 4, blank=4)
     with pytest.raises(ValueError, match="frames"):
         rnnt_lattice(3, 2, [1], 4, frames=4)
+
+
+def test_rnnt_lattice_loss_custom_op_equals_reference_and_compiles_fullgraph():
+    from lightning_gtn.functional import rnnt_lattice_loss
+
+    torch.manual_seed(7)
+    B, T, U, V = 3, 4, 2, 5
+    logits = torch.randn(B, T, U + 1, V, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, V - 1, (B, U))  # blank = -1 = V - 1
+    ll, tl = torch.tensor([4, 2, 3]), torch.tensor([2, 1, 0])
+    ref = rnnt_reference(logits.log_softmax(-1), targets, ll, tl, V - 1)
+    got = rnnt_lattice_loss(logits, targets, ll, tl, reduction="none")
+    torch.testing.assert_close(got, ref)
+    g_out = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(got, logits, g_out)[0], torch.autograd.grad(ref, logits, g_out)[0])
+    # aot_eager: dynamo (fullgraph: no graph break around the op) and AOT autograd, without inductor's build time
+    step = torch.compile(lambda x: rnnt_lattice_loss(x, targets, ll, tl) * 2.0, fullgraph=True, backend="aot_eager")
+    out = step(logits)
+    ref = rnnt_reference(logits.log_softmax(-1), targets, ll, tl, V - 1).mean() * 2.0
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(torch.autograd.grad(out, logits)[0], torch.autograd.grad(ref, logits)[0])
+    with pytest.raises(ValueError, match="logit_lengths|input_lengths"):
+        rnnt_lattice_loss(logits, targets, torch.tensor([5, 2, 3]), tl)
+    with pytest.raises(ValueError, match="targets"):
+        rnnt_lattice_loss(logits, torch.full((B, U), V - 1), ll, tl)  # the blank is not a target
