@@ -46,6 +46,16 @@ from ..losses.graph import TargetGraphCriterion, graph_loss, target_graph_loss
 from ..losses.rnnt import RNNT_IMPLS as RNNT_IMPLS
 from ..losses.rnnt import rnnt_loss
 from ..losses.rnnt_variants import multiblank_rnnt_loss, tdt_loss
+from ..losses.lattice import (
+    LatticeCriterion,
+    LatticePath,
+    lattice_criterion_loss,
+    lattice_loss,
+    lattice_viterbi,
+    pruned_rnnt_lattice,
+    rnnt_lattice,
+    rnnt_lattice_loss,
+)
 from ..losses.seq import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import (
@@ -76,6 +86,14 @@ __all__ = [
     "graph_loss",
     "target_graph_loss",
     "TargetGraphCriterion",
+    "lattice_loss",
+    "lattice_viterbi",
+    "LatticePath",
+    "rnnt_lattice",
+    "pruned_rnnt_lattice",
+    "rnnt_lattice_loss",
+    "lattice_criterion_loss",
+    "LatticeCriterion",
     "viterbi",
     "best_paths",
     "collapse",

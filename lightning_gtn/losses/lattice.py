@@ -1,0 +1,496 @@
+"""Losses over lattices: acyclic graphs whose arcs read any position of a dense tensor.
+
+A lattice is a :class:`lightning_gtn.wfst.Graph` whose arcs' input labels are positions in an
+example's flattened scores (see :mod:`lightning_gtn.core.lattice` for the convention). With it,
+a regular RNN-T (:func:`rnnt_lattice`), a pruned one (:func:`pruned_rnnt_lattice`), and any
+transducer grid a user writes with GTN's API are scored by the same batched kernels:
+:func:`lattice_loss` (``-log`` of the sum over paths, or of the best path) and
+:func:`lattice_viterbi` (the best path: its arcs, the positions it reads, its output labels).
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from ..core import checks, dispatch
+from ..core.lattice import LatticeBuilder, LatticePlan, compiled_lattice, lattice_loss_op, score_plan
+from ..wfst import Graph
+
+__all__ = [
+    "lattice_loss",
+    "lattice_viterbi",
+    "LatticePath",
+    "rnnt_lattice",
+    "pruned_rnnt_lattice",
+    "LatticeCriterion",
+    "lattice_criterion_loss",
+    "rnnt_lattice_loss",
+]
+
+#: the implementations of the generic lattice scorer (CPU numba kernels; tensors on another device
+#: are scored on the CPU and the results moved back)
+LATTICE_IMPLS = (None, "numba")
+
+_MAX_POS = 2**31 - 1  # positions are int32 input labels
+
+
+def _check_scores(scores, name: str = "scores"):
+    if not isinstance(scores, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape (B, ...) , got {type(scores).__name__}")
+    if scores.dim() < 2:
+        raise ValueError(f"{name} must have shape (B, N) or (B, ..., V) (batch first), got {tuple(scores.shape)}")
+    if not scores.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got {scores.dtype}")
+    B = int(scores.shape[0])
+    N = int(np.prod(scores.shape[1:]))
+    return B, N
+
+
+def _plan(lattices, B: int, N: int, name: str = "lattices"):
+    """``(plan, distinct graph objects)`` for one lattice per row, positions checked against ``N``."""
+    graphs = checks.graph_list(lattices, B, name)
+    order: List[Graph] = []
+    index: dict = {}
+    ids = np.empty(B, dtype=np.int64)
+    for b, g in enumerate(graphs):
+        j = index.get(id(g))
+        if j is None:
+            j = index[id(g)] = len(order)
+            order.append(g)
+        ids[b] = j
+    compiled = [compiled_lattice(g, f"{name}[{ids.tolist().index(j)}]") for j, g in enumerate(order)]
+    plan = LatticePlan(compiled, ids, np.arange(B), -np.ones(B), B)
+    plan.check_positions(N, name)
+    return plan, order
+
+
+def _check_common(scores, reduction, impl, semiring):
+    B, N = _check_scores(scores)
+    checks.check_reduction(reduction)
+    if impl not in LATTICE_IMPLS:
+        raise ValueError(f"impl must be one of {LATTICE_IMPLS} for lattices, got {impl!r}")
+    dispatch.check_semiring(semiring)
+    return B, N
+
+
+def _reduction_coef(reduction: str, B: int) -> Optional[torch.Tensor]:
+    if reduction == "none":
+        return None
+    return torch.full((B,), 1.0 if reduction == "sum" else 1.0 / max(B, 1), dtype=torch.float64)
+
+
+class _LatticeLossFunction(torch.autograd.Function):
+    """``out`` of :func:`lattice_loss`; gradients computed in the forward, scaled in the backward."""
+
+    @staticmethod
+    def forward(ctx, S, w, plan, reduction, zero_infinity, semiring, need_w, graphs):
+        need_s = bool(ctx.needs_input_grad[0])
+        coef = _reduction_coef(reduction, plan.B)
+        losses, gS, gw, _ = score_plan(
+            plan,
+            S,
+            w,
+            semiring,
+            coef=coef,
+            need_s=need_s,
+            need_w=need_w and reduction != "none",
+            zero_infinity=zero_infinity,
+        )
+        ctx.save_for_backward(S, w)
+        ctx.gS, ctx.gw = gS, gw
+        ctx.args = (plan, reduction, zero_infinity, semiring, need_w, graphs)
+        if reduction == "none":
+            return losses
+        return (losses.to(torch.float64) * coef).sum().to(S.dtype)
+
+    @staticmethod
+    def backward(ctx, g_out):
+        S, w = ctx.saved_tensors
+        plan, reduction, zero_infinity, semiring, need_w, graphs = ctx.args
+        gS = gw = None
+        if ctx.gS is not None:
+            if reduction != "none" and g_out.numel() == 1 and float(g_out) == 1.0:
+                gS = ctx.gS  # the usual loss.backward(): no (B, N) copy
+            else:
+                gS = ctx.gS * (g_out.reshape(-1, 1) if reduction == "none" else g_out)
+        if need_w:
+            if reduction == "none":
+                gw = score_plan(plan, S, w, semiring, coef=g_out, need_w=True, zero_infinity=zero_infinity)[2]
+            elif ctx.gw is not None:
+                gw = ctx.gw * g_out
+        if gw is not None:
+            host = gw.detach().to(torch.float32).numpy()
+            arc_off = plan.batch.arc_off
+            for j, g in enumerate(graphs):
+                if g.calc_grad:  # GTN's convention: the graph's own gradient, see Graph.grad()
+                    g.add_grad(host[arc_off[j] : arc_off[j + 1]])
+        return gS, (gw if ctx.needs_input_grad[1] else None), None, None, None, None, None, None
+
+
+def lattice_loss(
+    scores: torch.Tensor,
+    lattices: Union[Graph, Sequence[Graph]],
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+    *,
+    semiring: str = "log",
+) -> torch.Tensor:
+    """Negative log-sum over the paths of each example's lattice, arcs reading ``scores``.
+
+    Arc ``a`` of ``lattices[b]`` contributes ``scores[b].reshape(-1)[ilabel(a)] + weight(a)``
+    (``ilabel == -1``: only its weight); a path's score is the sum over its arcs; the loss of
+    example ``b`` is ``-logsumexp`` over the start-to-accept paths (``semiring="max"``: ``-max``,
+    the Viterbi loss, whose gradient is the best path's indicator). The lattices must be acyclic.
+
+    Args:
+        scores: ``(B, N)`` or ``(B, ..., V)`` float scores (e.g. RNN-T log-probabilities
+            ``(B, T, U + 1, V)``); float16/bfloat16 are scored in float32. Tensors off the CPU are
+            scored on the CPU (the gradient comes back on their device).
+        lattices: one :class:`lightning_gtn.wfst.Graph` per example, or one shared by all;
+            positions in ``[0, N)`` with ``N = scores[b].numel()``, checked before any kernel
+            runs. Compiled lattices are cached per graph object and version.
+        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: the batch mean (no division by
+            any length: a lattice has none).
+        zero_infinity: examples with no path give 0 (and zero gradients) instead of ``inf``.
+        impl: None or ``"numba"`` (the only implementation of the generic lattice).
+        semiring: ``"log"`` (default) or ``"max"``.
+
+    Returns:
+        The loss in ``scores``' dtype and device. Graphs created with ``calc_grad=True`` (the
+        default of ``Graph()``) receive ``d loss / d weights`` in ``graph.grad()`` on backward,
+        as ``gtn.backward`` would give them.
+
+    Raises:
+        ValueError: naming the argument: a bad shape or dtype, a wrong number of lattices, a
+            cyclic lattice, a position out of range, a NaN or +inf score that a lattice reads, a
+            NaN or +inf arc weight, a bad ``reduction``/``impl``/``semiring``.
+
+    Example:
+        >>> import torch, lightning_gtn.wfst as gtn
+        >>> g = gtn.Graph(False)
+        >>> _ = g.add_node(True), g.add_node(), g.add_node(False, True)
+        >>> _ = g.add_arc(0, 1, 0), g.add_arc(0, 1, 1), g.add_arc(1, 2, 2)  # reads x[0] or x[1], then x[2]
+        >>> x = torch.tensor([[0.0, 0.0, 1.0]])
+        >>> round(float(lattice_loss(x, g)), 4)  # -log(e^(0+1) + e^(0+1))
+        -1.6931
+    """
+    B, N = _check_common(scores, reduction, impl, semiring)
+    dtype = checks.compute_dtype(scores)
+    plan, order = _plan(lattices, B, N)
+    x = scores.to(dtype).reshape(B, N)
+    if x.device.type != "cpu":
+        x = x.cpu()
+    w = torch.from_numpy(plan.batch.weights()).to(dtype)
+    need_w = bool(torch.is_grad_enabled() and any(g.calc_grad for g in order))
+    if need_w:
+        w = w.requires_grad_(True)  # a private leaf: autograd calls backward, which fills graph.grad()
+    out = _LatticeLossFunction.apply(x, w, plan, reduction, bool(zero_infinity), semiring, need_w, order)
+    return out.to(device=scores.device, dtype=scores.dtype)
+
+
+class LatticePath(NamedTuple):
+    """Best paths of :func:`lattice_viterbi` (lists hold one entry per example, None when the
+    example's lattice has no path).
+
+    Attributes:
+        scores: ``(B,)`` the best path's score (``-inf`` when none), scores' dtype.
+        arcs: int64 tensors of the path's arc ids (the graph's own ids), first arc first.
+        positions: int64 tensors: the position each of those arcs reads (-1: none).
+        olabels: int64 tensors: their output labels (for :func:`rnnt_lattice`: the token or -1).
+    """
+
+    scores: torch.Tensor
+    arcs: List[Optional[torch.Tensor]]
+    positions: List[Optional[torch.Tensor]]
+    olabels: List[Optional[torch.Tensor]]
+
+
+def lattice_viterbi(scores: torch.Tensor, lattices: Union[Graph, Sequence[Graph]]) -> LatticePath:
+    """The best path of each example's lattice (max semiring), with the same arguments and
+    checks as :func:`lattice_loss`.
+
+    Returns:
+        :class:`LatticePath`: its ``scores`` are ``max`` over paths (so ``lattice_loss(...,
+        semiring="max", reduction="none") == -scores``); arcs, positions and output labels.
+    """
+    B, N = _check_common(scores, "none", None, "max")
+    dtype = checks.compute_dtype(scores)
+    plan, order = _plan(lattices, B, N)
+    x = scores.detach().to("cpu", dtype).reshape(B, N)
+    w = torch.from_numpy(plan.batch.weights()).to(dtype)
+    losses, _, _, paths = score_plan(plan, x, w, "max", need_path=True)
+    arcs: List[Optional[torch.Tensor]] = []
+    positions: List[Optional[torch.Tensor]] = []
+    olabels: List[Optional[torch.Tensor]] = []
+    ids = [order.index(g) for g in checks.graph_list(lattices, B, "lattices")] if B else []
+    for b in range(B):
+        p = paths[b] if paths is not None else None
+        if p is None:
+            arcs.append(None)
+            positions.append(None)
+            olabels.append(None)
+            continue
+        c = plan.batch.lattices[ids[b]]
+        arcs.append(torch.from_numpy(p.astype(np.int64)))
+        positions.append(torch.from_numpy(c.pos[p].astype(np.int64)))
+        olabels.append(torch.from_numpy(c.olabel[p].astype(np.int64)))
+    best = (-losses).to(device=scores.device, dtype=scores.dtype)
+    return LatticePath(best, arcs, positions, olabels)
+
+
+# ---------------------------------------------------------------------------
+# RNN-T lattices
+# ---------------------------------------------------------------------------
+
+
+def _check_transducer_args(targets, V: int, blank: int, where: str):
+    V = checks.check_int(V, f"{where}: V", 1)
+    if isinstance(blank, (bool, np.bool_)) or not isinstance(blank, (int, np.integer)) or not -V <= blank < V:
+        raise ValueError(f"{where}: blank must be an integer in [-V, V) = [{-V}, {V}), got {blank!r}")
+    blank = int(blank) % V
+    y = np.asarray(targets.detach().cpu() if isinstance(targets, torch.Tensor) else targets)
+    if y.size and (y.dtype.kind not in "iu" or y.ndim != 1):
+        raise ValueError(f"{where}: targets must be a 1-D sequence of integer token ids, got {y.dtype} {y.shape}")
+    y = y.astype(np.int64).reshape(-1)
+    if y.size and (y.min() < 0 or y.max() >= V or (y == blank).any()):
+        raise ValueError(f"{where}: targets must lie in [0, V={V}) and not be the blank {blank}, got {y.tolist()}")
+    return V, blank, y
+
+
+def _grid_graph(Tb: int, Ub: int, y: np.ndarray, blank: int, V: int, cell, calc_grad: bool) -> Graph:
+    """The RNN-T grid over frames ``[0, Tb)`` and ``[0, Ub]`` labels; ``cell(t, u)`` gives the
+    flattened ``(t, u)`` cell index of the scores (or -1 where the cell is not stored)."""
+    if Tb == 0:  # no frame: no path
+        return Graph.from_arrays(1, [0], [], [], [], [], calc_grad=calc_grad)
+    W = Ub + 1
+    t, u = np.meshgrid(np.arange(Tb, dtype=np.int64), np.arange(W, dtype=np.int64), indexing="ij")
+    t, u = t.reshape(-1), u.reshape(-1)
+    node = t * W + u
+    final = Tb * W
+    c = cell(t, u)
+    ok = c >= 0
+    # blank: (t, u) -> (t + 1, u); from the last frame only (Tb - 1, Ub) -> final
+    nb = ok & ((t < Tb - 1) | (u == Ub))
+    b_dst = np.where(t < Tb - 1, node + W, final)
+    # emit y[u]: (t, u) -> (t, u + 1)
+    ne = ok & (u < Ub)
+    lab = y[np.minimum(u, max(Ub - 1, 0))] if Ub else np.zeros_like(u)
+    src = np.concatenate([node[nb], node[ne]])
+    dst = np.concatenate([b_dst[nb], node[ne] + 1])
+    pos = np.concatenate([c[nb] * V + blank, c[ne] * V + lab[ne]])
+    olab = np.concatenate([np.full(int(nb.sum()), -1, np.int64), lab[ne]])
+    order = np.argsort(src, kind="stable")  # arcs grouped by source node, as a hand-built grid would be
+    return Graph.from_arrays(
+        final + 1, [0], [final], src[order], dst[order], pos[order], olab[order], calc_grad=calc_grad
+    )
+
+
+def rnnt_lattice(
+    T: int, U: int, targets, V: int, blank: int = 0, *, frames: Optional[int] = None, calc_grad: bool = False
+) -> Graph:
+    """The regular RNN-T lattice of one example over a ``(T, U + 1, V)`` tensor.
+
+    Nodes are the grid cells ``(t, u)`` (``t < frames``, ``u <= len(targets)``, node id
+    ``t * (len(targets) + 1) + u``) plus one final node. From ``(t, u)``: a blank arc to
+    ``(t + 1, u)`` reading ``(t, u, blank)``, an arc emitting ``targets[u]`` to ``(t, u + 1)``
+    reading ``(t, u, targets[u])``, and from the last cell ``(frames - 1, len(targets))`` a blank
+    arc to the final node. Positions are ``(t * (U + 1) + u) * V + v`` (the flattened
+    ``(T, U + 1, V)`` example), output labels the emitted token (-1 for blank), weights 0.
+    ``lattice_loss(log_softmax(logits, -1), lattices)`` is then the RNN-T loss.
+
+    Args:
+        T, U: the tensor's padded frames and target length (its shape is ``(B, T, U + 1, V)``).
+        targets: this example's ``len(targets) <= U`` token ids, in ``[0, V)``, not blank.
+        V: the classes.
+        blank: the blank id in ``[-V, V)`` (negative counts from the end, as torchaudio's -1).
+        frames: this example's frames, ``<= T`` (default ``T``); 0 gives a lattice with no path.
+        calc_grad: the graph's ``calc_grad`` (its weights receive gradients).
+
+    Returns:
+        The lattice, a :class:`lightning_gtn.wfst.Graph` (node 0 the start, the last node accepts).
+    """
+    T = checks.check_int(T, "rnnt_lattice: T", 0)
+    U = checks.check_int(U, "rnnt_lattice: U", 0)
+    V, blank, y = _check_transducer_args(targets, V, blank, "rnnt_lattice")
+    Tb = T if frames is None else checks.check_int(frames, "rnnt_lattice: frames", 0)
+    if Tb > T or len(y) > U:
+        raise ValueError(f"rnnt_lattice: frames={Tb} must be <= T={T} and len(targets)={len(y)} <= U={U}")
+    if T * (U + 1) * V - 1 > _MAX_POS:
+        raise ValueError(f"rnnt_lattice: T * (U + 1) * V = {T * (U + 1) * V} positions exceed int32 labels")
+    return _grid_graph(Tb, len(y), y, blank, V, lambda t, u: t * (U + 1) + u, calc_grad)
+
+
+def pruned_rnnt_lattice(
+    ranges, s_range: int, targets, V: int, blank: int = 0, *, frames: Optional[int] = None, calc_grad: bool = False
+) -> Graph:
+    """The RNN-T lattice of one example over a pruned ``(T, s_range, V)`` tensor (k2's layout).
+
+    Frame ``t`` stores the labels ``u`` in ``[ranges[t], ranges[t] + s_range)``; cell ``(t, u)``
+    is at ``(t, u - ranges[t])``. The grid is :func:`rnnt_lattice`'s, keeping only the arcs that
+    read a stored cell (an arc out of a cell outside the band does not exist, which is what k2's
+    pruned loss means by scoring those cells ``-inf``).
+
+    Args:
+        ranges: ``(T,)`` non-negative integers, the first label stored at each frame (the ``T``
+            of the tensor is ``len(ranges)``).
+        s_range: labels stored per frame (``>= 1``).
+        targets, V, blank, frames, calc_grad: as :func:`rnnt_lattice`.
+    """
+    r = np.asarray(ranges.detach().cpu() if isinstance(ranges, torch.Tensor) else ranges)
+    if r.ndim != 1 or (r.size and (r.dtype.kind not in "iu" or r.min() < 0)):
+        raise ValueError(
+            f"pruned_rnnt_lattice: ranges must be a (T,) non-negative integer array, got {r.dtype} {r.shape}"
+        )
+    r = r.astype(np.int64)
+    T = len(r)
+    s_range = checks.check_int(s_range, "pruned_rnnt_lattice: s_range", 1)
+    V, blank, y = _check_transducer_args(targets, V, blank, "pruned_rnnt_lattice")
+    Tb = T if frames is None else checks.check_int(frames, "pruned_rnnt_lattice: frames", 0)
+    if Tb > T:
+        raise ValueError(f"pruned_rnnt_lattice: frames={Tb} must be <= len(ranges)={T}")
+    if T * s_range * V - 1 > _MAX_POS:
+        raise ValueError(f"pruned_rnnt_lattice: T * s_range * V = {T * s_range * V} positions exceed int32 labels")
+
+    def cell(t, u):
+        k = u - r[t]
+        return np.where((k >= 0) & (k < s_range), t * s_range + k, -1)
+
+    return _grid_graph(Tb, len(y), y, blank, V, cell, calc_grad)
+
+
+# ---------------------------------------------------------------------------
+# lattices built from the targets inside a custom op
+# ---------------------------------------------------------------------------
+
+
+class LatticeCriterion(LatticeBuilder):
+    """A lattice per example from ``builder(target, frames, shape, **builder_kwargs)``, built and
+    cached inside the custom op ``lightning_gtn::lattice_loss`` (so the loss compiles with
+    ``torch.compile(fullgraph=True)``).
+
+    Args:
+        builder: returns the :class:`lightning_gtn.wfst.Graph` lattice of one example from its
+            target (a list of token ids), its frames (its input length) and the per-example shape
+            of the scores (``scores.shape[1:]``, e.g. ``(T, U + 1, V)``).
+        builder_kwargs: extra keyword arguments of ``builder``.
+        blank: a label the targets must not contain (checked before building), or None.
+        cache_size: compiled lattices kept, per ``(target, frames, shape)``.
+    """
+
+    name = "lattice_criterion_loss"
+
+    def __init__(
+        self, builder, builder_kwargs: Optional[dict] = None, blank: Optional[int] = None, cache_size: int = 4096
+    ):
+        if not callable(builder):
+            raise ValueError(f"builder must be callable, got {builder!r}")
+        super().__init__(checks.check_int(cache_size, "cache_size", 1))
+        self.builder = builder
+        self.builder_kwargs = dict(builder_kwargs or {})
+        self.blank = None if blank is None else checks.check_int(blank, "blank", 0)
+        self.cache_size = int(cache_size)
+
+    def __reduce__(self):
+        return (LatticeCriterion, (self.builder, self.builder_kwargs, self.blank, self.cache_size))
+
+    def build(self, target, frames, shape):
+        """``builder(target, frames, shape, **builder_kwargs)``, checked to be a Graph."""
+        g = self.builder(target, frames, shape, **self.builder_kwargs)
+        if not isinstance(g, Graph):
+            raise ValueError(f"{self.name}: builder must return a lightning_gtn.wfst.Graph, got {type(g).__name__}")
+        return g
+
+
+def lattice_criterion_loss(
+    scores: torch.Tensor,
+    targets,
+    input_lengths,
+    target_lengths=None,
+    *,
+    criterion: LatticeCriterion,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    semiring: str = "log",
+) -> torch.Tensor:
+    """:func:`lattice_loss` over lattices that ``criterion`` builds from the targets, as a custom
+    op (works under ``torch.compile(fullgraph=True)``).
+
+    Args:
+        scores: ``(B, T, ...)`` float scores; float16/bfloat16 are scored in float32.
+        targets: padded ``(B, S)``, concatenated 1-D, or a list of B sequences.
+        input_lengths: ``(B,)`` integers ``<= T`` (passed to the builder as ``frames``).
+        target_lengths: ``(B,)``; needed with tensor targets.
+        criterion: keyword-only, the builder and its cache.
+        reduction, zero_infinity, semiring: as :func:`lattice_loss` (``"mean"``: the batch mean).
+
+    Returns:
+        The loss in ``scores``' dtype and device.
+    """
+    if not isinstance(criterion, LatticeCriterion):
+        raise ValueError(f"criterion must be a LatticeCriterion, got {type(criterion).__name__}")
+    return _op_loss(criterion, scores, targets, input_lengths, target_lengths, reduction, zero_infinity, semiring)
+
+
+def _op_loss(crit, scores, targets, input_lengths, target_lengths, reduction, zero_infinity, semiring):
+    B, _ = _check_common(scores, reduction, None, semiring)
+    dev = scores.device
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
+    il = checks.int_tensor(input_lengths, "input_lengths")
+    x = scores.to(checks.compute_dtype(scores))
+    need_s = bool(torch.is_grad_enabled() and x.requires_grad)
+    out, _ = lattice_loss_op(x, tg, il, tl, crit.handle, reduction, bool(zero_infinity), semiring, need_s)
+    return out.to(scores.dtype)
+
+
+def _rnnt_builder(target, frames, shape, blank):
+    T, U1, V = shape
+    return rnnt_lattice(T, U1 - 1, target, V, blank, frames=frames)
+
+
+_RNNT_CRITERIA: dict = {}
+
+
+def rnnt_lattice_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int = -1,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    fused_log_softmax: bool = True,
+) -> torch.Tensor:
+    """The RNN-T loss through the generic lattice (:func:`rnnt_lattice` per example, cached, in a
+    custom op): torchaudio's ``rnnt_loss`` arguments and meanings. The reference path for the
+    specialised RNN-T kernels, and what any user-written transducer grid runs on.
+
+    Args:
+        logits: ``(B, T, U + 1, V)`` joiner outputs (``fused_log_softmax=False``: already
+            log-probabilities).
+        targets: ``(B, U)`` int token ids (padded).
+        logit_lengths, target_lengths: ``(B,)`` ints, ``<= T`` and ``<= U``.
+        blank: the blank id in ``[-V, V)`` (-1: the last class).
+        reduction: ``"none"`` -> ``(B,)``, ``"sum"``, or ``"mean"`` (the batch mean, as torchaudio:
+            not divided by target lengths).
+        zero_infinity: examples with no path (``logit_lengths == 0``) give 0.
+        fused_log_softmax: apply ``log_softmax`` over ``V`` first (torch, differentiable).
+
+    Returns:
+        The loss in ``logits``' dtype and device.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 4:
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must have shape (B, T, U + 1, V), got {got}")
+    V = int(logits.shape[-1])
+    if isinstance(blank, (bool, np.bool_)) or not isinstance(blank, (int, np.integer)) or not -V <= blank < V:
+        raise ValueError(f"blank must be an integer in [-V, V) = [{-V}, {V}), got {blank!r}")
+    b = int(blank) % V
+    crit = _RNNT_CRITERIA.get(b)
+    if crit is None:
+        crit = _RNNT_CRITERIA[b] = LatticeCriterion(_rnnt_builder, {"blank": b}, blank=b)
+    x = logits.log_softmax(-1) if fused_log_softmax else logits
+    return _op_loss(crit, x, targets, logit_lengths, target_lengths, reduction, zero_infinity, "log")
