@@ -101,8 +101,16 @@ def _add_builtin(module: str, names: Iterable[str], kind: str, public: str | Non
 
 _add_builtin(
     "lightning_gtn.nn",
-    ["CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "TargetGraphLoss", "TransducerLoss", "RNNTLoss"],
-    ["CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "TargetGraphLoss", "TransducerLoss", "PrunedRNNTLoss"],
+    [
+        "CTCLoss",
+        "ASGLoss",
+        "SequenceLoss",
+        "STCLoss",
+        "TargetGraphLoss",
+        "TransducerLoss",
+        "RNNTLoss",
+        "PrunedRNNTLoss",
+    ],
     "loss",
 )
 _add_builtin("lightning_gtn.nn", ["MultiBlankRNNTLoss", "TDTLoss"], "loss")  # RNN-T variants (docs/rnnt_variants.md)

@@ -43,9 +43,6 @@ from ..losses.conv_transduce import KernelBank as KernelBank
 from ..losses.conv_transduce import conv_transduce1d, kernel_graph
 from ..losses.ctc import ctc_loss
 from ..losses.graph import TargetGraphCriterion, graph_loss, target_graph_loss
-from ..losses.rnnt import RNNT_IMPLS as RNNT_IMPLS
-from ..losses.rnnt import rnnt_loss
-from ..losses.rnnt_variants import multiblank_rnnt_loss, tdt_loss
 from ..losses.lattice import (
     LatticeCriterion,
     LatticePath,
@@ -56,6 +53,9 @@ from ..losses.lattice import (
     rnnt_lattice,
     rnnt_lattice_loss,
 )
+from ..losses.rnnt import RNNT_IMPLS as RNNT_IMPLS
+from ..losses.rnnt import rnnt_loss
+from ..losses.rnnt_variants import multiblank_rnnt_loss, tdt_loss
 from ..losses.seq import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import (

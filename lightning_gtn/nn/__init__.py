@@ -13,9 +13,8 @@ from .losses import (
     StructuredLoss,
     TargetGraphLoss,
 )
-from .rnnt import RNNTLoss, RNNTStructuredLoss
 from .pruned import PrunedRNNTLoss
-from .rnnt import RNNTStructuredLoss
+from .rnnt import RNNTLoss, RNNTStructuredLoss
 from .rnnt_variants import MultiBlankRNNTLoss, TDTLoss
 from .transducer import TransducerLoss
 
