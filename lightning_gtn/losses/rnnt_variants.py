@@ -183,7 +183,8 @@ def _torch_pass(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad):
         tl, ul = torch.from_numpy(tlen), torch.from_numpy(ulen)
         total = None
         for arcs, d, sg, w in passes:
-            part = lattice_loss_torch(x, tgt, tl, ul, K, d, *arcs, sigma=sg, normalise=normalise)
+            a0, a1, a2, a3, a4 = arcs
+            part = lattice_loss_torch(x, tgt, tl, ul, K, d, a0, a1, a2, a3, a4, sg, normalise)
             total = w * part if total is None else total + w * part
         assert total is not None
         grad = None
@@ -242,22 +243,9 @@ def duration_lattice_op(
         losses_np: Optional[np.ndarray] = None
         grad: Optional[Tensor] = None
         for arcs, d, sg, w in passes:
-            arr = tuple(np.asarray(a, dtype=np.int64) for a in arcs)
+            a0, a1, a2, a3, a4 = (np.asarray(a, dtype=np.int64) for a in arcs)
             losses_np, g = lattice_loss(
-                logits,
-                tg,
-                tlen,
-                ulen,
-                K,
-                d,
-                arr,
-                sg,
-                normalise,
-                coef,
-                need_grad,
-                grad,
-                losses_np,
-                w,  # type: ignore[arg-type]
+                logits, tg, tlen, ulen, K, d, (a0, a1, a2, a3, a4), sg, normalise, coef, need_grad, grad, losses_np, w
             )
             grad = g if need_grad else None
         assert losses_np is not None

@@ -52,7 +52,7 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
     ) -> None:
         super().__init__()
         # checked once here with a tiny call (the same checks as every forward)
-        self.blank = int(blank)
+        self.blank = _as_int(blank, "blank")
         self.big_blank_durations: List[int] = [int(d) for d in _checked(big_blank_durations, "big_blank_durations")]
         self.sigma = float(sigma)
         self.reduction = reduction
@@ -60,8 +60,12 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         self.zero_infinity = bool(zero_infinity)
         self.impl = impl
         ids = self.big_blank_ids or []
-        V = 2 + len(self.big_blank_durations) + abs(self.blank) + sum(abs(c) for c in ids)
+        V = 2 + len(self.big_blank_durations) + abs(self._blank) + sum(abs(c) for c in ids)
         self._loss(torch.zeros(1, 1, 1, V))
+
+    @property
+    def _blank(self) -> int:
+        return _blank_of(self)
 
     @property
     def extra_outputs(self) -> int:
@@ -71,7 +75,8 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
     def _ids(self, V: int) -> Optional[List[int]]:
         if self.big_blank_ids is not None:
             return self.big_blank_ids
-        b = self.blank % V if -V <= self.blank < V else self.blank
+        blank = self._blank
+        b = blank % V if -V <= blank < V else blank
         if b >= len(self.big_blank_durations):
             return None
         return [V - 1 - i for i in range(len(self.big_blank_durations))]
@@ -87,7 +92,7 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
             targets,
             logit_lengths,
             target_lengths,
-            self.blank,
+            self._blank,
             self.big_blank_durations,
             self.sigma,
             self.reduction,
@@ -138,7 +143,7 @@ class TDTLoss(RNNTStructuredLoss):
         impl: Optional[str] = None,
     ) -> None:
         super().__init__()
-        self.blank = int(blank)
+        self.blank = _as_int(blank, "blank")
         self.durations: List[int] = [int(d) for d in _checked(durations, "durations")]
         self.sigma = float(sigma)
         self.omega = float(omega)
@@ -154,6 +159,10 @@ class TDTLoss(RNNTStructuredLoss):
         )
 
     @property
+    def _blank(self) -> int:
+        return _blank_of(self)
+
+    @property
     def extra_outputs(self) -> int:
         """The joiner outputs beyond the vocabulary: one duration logit per duration."""
         return len(self.durations)
@@ -165,7 +174,7 @@ class TDTLoss(RNNTStructuredLoss):
             targets,
             logit_lengths,
             target_lengths,
-            self.blank,
+            self._blank,
             self.durations,
             self.sigma,
             self.omega,
@@ -180,6 +189,16 @@ class TDTLoss(RNNTStructuredLoss):
             f"blank={self.blank}, durations={self.durations}, sigma={self.sigma}, omega={self.omega}, "
             f"reduction={self.reduction!r}"
         )
+
+
+def _as_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer class id, got {value!r}")
+    return int(value)
+
+
+def _blank_of(loss: RNNTStructuredLoss) -> int:
+    return 0 if loss.blank is None else int(loss.blank)
 
 
 def _checked(values, name: str) -> Sequence[int]:
