@@ -21,14 +21,15 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
     """:func:`lightning_gtn.functional.multiblank_rnnt_loss` as a module.
 
     Args:
-        blank: the standard blank's class id (the Lightning layer fills it from the vocabulary:
-            0). Negative ids count from the end (NeMo: the blank is the last class).
+        blank: the standard blank's class id, ``>= 0`` (it is also the prediction network's start
+            symbol in :meth:`joint_loss`); the Lightning layer fills it from the vocabulary: 0.
+            NeMo's layout puts it last, ``V - 1``.
         big_blank_durations: strictly increasing integers ``>= 1``, e.g. ``[2, 4, 8]``.
         sigma: logit under-normalisation (NeMo recommends 0.05).
         reduction: ``"none"`` | ``"mean"`` (batch mean) | ``"sum"`` | ``"mean_volume"`` (NeMo's).
         big_blank_ids: the class of each big blank. None: NeMo's ``blank - 1 - i`` when
-            ``0 <= blank - len(big_blank_durations)`` with the blank past them (NeMo's layout,
-            the blank last: pass ``blank=-1``); with the blank first (``blank=0``, the
+            ``blank >= len(big_blank_durations)`` (NeMo's layout, the blank last: ``blank=V - 1``);
+            with the blank first (``blank=0``, the
             vocabulary's layout) the big blanks are the extra outputs appended after the
             vocabulary, class ``V - 1 - i`` for ``big_blank_durations[i]``.
         zero_infinity: examples without a complete path give 0.
@@ -117,7 +118,8 @@ class TDTLoss(RNNTStructuredLoss):
     """:func:`lightning_gtn.functional.tdt_loss` as a module.
 
     Args:
-        blank: the blank's id among the label classes (the Lightning layer fills it: 0).
+        blank: the blank's id among the label classes, ``>= 0`` (also the prediction network's
+            start symbol); the Lightning layer fills it: 0.
         durations: strictly increasing integers ``>= 0``, at least one ``>= 1`` (NeMo: ``[0, 1, 2, 3, 4]``).
         sigma: logit under-normalisation of the label log-probabilities (NeMo recommends 0.05).
         omega: weight of the regular RNN-T loss mixed in, ``[0, 1]``.
@@ -150,7 +152,7 @@ class TDTLoss(RNNTStructuredLoss):
         self.reduction = reduction
         self.zero_infinity = bool(zero_infinity)
         self.impl = impl
-        K = max(self.blank + 1, 1) if self.blank >= 0 else -self.blank
+        K = self._blank + 1
         self.forward(
             torch.zeros(1, 1, 1, K + len(self.durations)),
             torch.zeros(1, 0, dtype=torch.long),
@@ -192,8 +194,9 @@ class TDTLoss(RNNTStructuredLoss):
 
 
 def _as_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer class id, got {value!r}")
+    """A class id ``>= 0`` (the modules' blank is also the prediction network's start symbol)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer class id >= 0, got {value!r}")
     return int(value)
 
 

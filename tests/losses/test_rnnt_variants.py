@@ -432,6 +432,8 @@ def test_modules(rng):
         lgn.TDTLoss(durations=[2, 1])
     with pytest.raises(ValueError, match="sigma"):
         lgn.MultiBlankRNNTLoss(sigma=float("inf"))
+    with pytest.raises(ValueError, match="blank"):
+        lgn.MultiBlankRNNTLoss(blank=-1)
     with pytest.raises(ValueError, match="reduction"):
         lgn.TDTLoss(reduction="avg")
     for name in ("MultiBlankRNNTLoss", "TDTLoss"):
