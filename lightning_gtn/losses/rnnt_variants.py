@@ -174,6 +174,22 @@ def _targets(tg: Tensor, B: int, ulen: np.ndarray, K: int, forbidden: Sequence[i
     return out
 
 
+def _op_arcs(K, D, V, T, tok_dur, tok_didx, blank_ids, blank_dur, blank_didx):
+    """Checks the op's arc description (the public losses build it right; a direct caller of the
+    op may not) and clips durations past ``T`` to ``T + 1`` (they never land; no overflow)."""
+    if not (1 <= K and 0 <= D and K + D <= V):
+        raise ValueError(f"duration lattice: need 1 <= K and K + D <= V, got K={K}, D={D}, V={V}")
+    if len(tok_dur) != len(tok_didx) or not (len(blank_ids) == len(blank_dur) == len(blank_didx) >= 1):
+        raise ValueError("duration lattice: arc lists of unequal lengths (or no blank arc)")
+    if any(not -1 <= i < D for i in list(tok_didx) + list(blank_didx)):
+        raise ValueError(f"duration lattice: duration indices must lie in [-1, {D})")
+    if any(not 0 <= c < K for c in blank_ids):
+        raise ValueError(f"duration lattice: blank ids must lie in [0, {K})")
+    if any(d < 0 for d in tok_dur) or any(d < 1 for d in blank_dur):
+        raise ValueError("duration lattice: token durations must be >= 0 and blank durations >= 1")
+    return [min(int(d), T + 1) for d in tok_dur], [min(int(d), T + 1) for d in blank_dur]
+
+
 def _torch_pass(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad):
     """``(losses, grad or None)`` of the torch reference (autograd must be on in this thread)."""
     dev = logits.device
@@ -183,7 +199,8 @@ def _torch_pass(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad):
         tl, ul = torch.from_numpy(tlen), torch.from_numpy(ulen)
         total = None
         for arcs, d, sg, w in passes:
-            part = lattice_loss_torch(x, tgt, tl, ul, K, d, *arcs, sigma=sg, normalise=normalise)
+            a0, a1, a2, a3, a4 = arcs
+            part = lattice_loss_torch(x, tgt, tl, ul, K, d, a0, a1, a2, a3, a4, sg, normalise)
             total = w * part if total is None else total + w * part
         assert total is not None
         grad = None
@@ -225,6 +242,7 @@ def duration_lattice_op(
     """
     B, T, U1, V = logits.shape
     dev = logits.device
+    tok_dur, blank_dur = _op_arcs(K, D, V, T, tok_dur, tok_didx, blank_ids, blank_dur, blank_didx)
     tlen = _lengths(logit_lengths, B, "logit_lengths", T, "T (logits.shape[1])", dev)
     ulen = _lengths(target_lengths, B, "target_lengths", U1 - 1, "U (logits.shape[2] - 1)", dev)
     tg = _targets(targets, B, ulen, K, blank_ids, dev)
@@ -242,22 +260,9 @@ def duration_lattice_op(
         losses_np: Optional[np.ndarray] = None
         grad: Optional[Tensor] = None
         for arcs, d, sg, w in passes:
-            arr = tuple(np.asarray(a, dtype=np.int64) for a in arcs)
+            a0, a1, a2, a3, a4 = (np.asarray(a, dtype=np.int64) for a in arcs)
             losses_np, g = lattice_loss(
-                logits,
-                tg,
-                tlen,
-                ulen,
-                K,
-                d,
-                arr,
-                sg,
-                normalise,
-                coef,
-                need_grad,
-                grad,
-                losses_np,
-                w,  # type: ignore[arg-type]
+                logits, tg, tlen, ulen, K, d, (a0, a1, a2, a3, a4), sg, normalise, coef, need_grad, grad, losses_np, w
             )
             grad = g if need_grad else None
         assert losses_np is not None

@@ -21,14 +21,15 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
     """:func:`lightning_gtn.functional.multiblank_rnnt_loss` as a module.
 
     Args:
-        blank: the standard blank's class id (the Lightning layer fills it from the vocabulary:
-            0). Negative ids count from the end (NeMo: the blank is the last class).
+        blank: the standard blank's class id, ``>= 0`` (it is also the prediction network's start
+            symbol in :meth:`joint_loss`); the Lightning layer fills it from the vocabulary: 0.
+            NeMo's layout puts it last, ``V - 1``.
         big_blank_durations: strictly increasing integers ``>= 1``, e.g. ``[2, 4, 8]``.
         sigma: logit under-normalisation (NeMo recommends 0.05).
         reduction: ``"none"`` | ``"mean"`` (batch mean) | ``"sum"`` | ``"mean_volume"`` (NeMo's).
         big_blank_ids: the class of each big blank. None: NeMo's ``blank - 1 - i`` when
-            ``0 <= blank - len(big_blank_durations)`` with the blank past them (NeMo's layout,
-            the blank last: pass ``blank=-1``); with the blank first (``blank=0``, the
+            ``blank >= len(big_blank_durations)`` (NeMo's layout, the blank last: ``blank=V - 1``);
+            with the blank first (``blank=0``, the
             vocabulary's layout) the big blanks are the extra outputs appended after the
             vocabulary, class ``V - 1 - i`` for ``big_blank_durations[i]``.
         zero_infinity: examples without a complete path give 0.
@@ -52,7 +53,7 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
     ) -> None:
         super().__init__()
         # checked once here with a tiny call (the same checks as every forward)
-        self.blank = int(blank)
+        self.blank = _as_int(blank, "blank")
         self.big_blank_durations: List[int] = [int(d) for d in _checked(big_blank_durations, "big_blank_durations")]
         self.sigma = float(sigma)
         self.reduction = reduction
@@ -60,8 +61,12 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         self.zero_infinity = bool(zero_infinity)
         self.impl = impl
         ids = self.big_blank_ids or []
-        V = 2 + len(self.big_blank_durations) + abs(self.blank) + sum(abs(c) for c in ids)
+        V = 2 + len(self.big_blank_durations) + abs(self._blank) + sum(abs(c) for c in ids)
         self._loss(torch.zeros(1, 1, 1, V))
+
+    @property
+    def _blank(self) -> int:
+        return _blank_of(self)
 
     @property
     def extra_outputs(self) -> int:
@@ -71,7 +76,8 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
     def _ids(self, V: int) -> Optional[List[int]]:
         if self.big_blank_ids is not None:
             return self.big_blank_ids
-        b = self.blank % V if -V <= self.blank < V else self.blank
+        blank = self._blank
+        b = blank % V if -V <= blank < V else blank
         if b >= len(self.big_blank_durations):
             return None
         return [V - 1 - i for i in range(len(self.big_blank_durations))]
@@ -87,7 +93,7 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
             targets,
             logit_lengths,
             target_lengths,
-            self.blank,
+            self._blank,
             self.big_blank_durations,
             self.sigma,
             self.reduction,
@@ -112,7 +118,8 @@ class TDTLoss(RNNTStructuredLoss):
     """:func:`lightning_gtn.functional.tdt_loss` as a module.
 
     Args:
-        blank: the blank's id among the label classes (the Lightning layer fills it: 0).
+        blank: the blank's id among the label classes, ``>= 0`` (also the prediction network's
+            start symbol); the Lightning layer fills it: 0.
         durations: strictly increasing integers ``>= 0``, at least one ``>= 1`` (NeMo: ``[0, 1, 2, 3, 4]``).
         sigma: logit under-normalisation of the label log-probabilities (NeMo recommends 0.05).
         omega: weight of the regular RNN-T loss mixed in, ``[0, 1]``.
@@ -138,20 +145,24 @@ class TDTLoss(RNNTStructuredLoss):
         impl: Optional[str] = None,
     ) -> None:
         super().__init__()
-        self.blank = int(blank)
+        self.blank = _as_int(blank, "blank")
         self.durations: List[int] = [int(d) for d in _checked(durations, "durations")]
         self.sigma = float(sigma)
         self.omega = float(omega)
         self.reduction = reduction
         self.zero_infinity = bool(zero_infinity)
         self.impl = impl
-        K = max(self.blank + 1, 1) if self.blank >= 0 else -self.blank
+        K = self._blank + 1
         self.forward(
             torch.zeros(1, 1, 1, K + len(self.durations)),
             torch.zeros(1, 0, dtype=torch.long),
             torch.ones(1, dtype=torch.long),
             torch.zeros(1, dtype=torch.long),
         )
+
+    @property
+    def _blank(self) -> int:
+        return _blank_of(self)
 
     @property
     def extra_outputs(self) -> int:
@@ -165,7 +176,7 @@ class TDTLoss(RNNTStructuredLoss):
             targets,
             logit_lengths,
             target_lengths,
-            self.blank,
+            self._blank,
             self.durations,
             self.sigma,
             self.omega,
@@ -180,6 +191,17 @@ class TDTLoss(RNNTStructuredLoss):
             f"blank={self.blank}, durations={self.durations}, sigma={self.sigma}, omega={self.omega}, "
             f"reduction={self.reduction!r}"
         )
+
+
+def _as_int(value, name: str) -> int:
+    """A class id ``>= 0`` (the modules' blank is also the prediction network's start symbol)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer class id >= 0, got {value!r}")
+    return int(value)
+
+
+def _blank_of(loss: RNNTStructuredLoss) -> int:
+    return 0 if loss.blank is None else int(loss.blank)
 
 
 def _checked(values, name: str) -> Sequence[int]:

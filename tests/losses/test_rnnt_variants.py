@@ -432,6 +432,8 @@ def test_modules(rng):
         lgn.TDTLoss(durations=[2, 1])
     with pytest.raises(ValueError, match="sigma"):
         lgn.MultiBlankRNNTLoss(sigma=float("inf"))
+    with pytest.raises(ValueError, match="blank"):
+        lgn.MultiBlankRNNTLoss(blank=-1)
     with pytest.raises(ValueError, match="reduction"):
         lgn.TDTLoss(reduction="avg")
     for name in ("MultiBlankRNNTLoss", "TDTLoss"):
@@ -462,3 +464,28 @@ def test_batched_equals_one_by_one(rng):
         T, U = int(tl[b]), int(ul[b])
         one = lgf.multiblank_rnnt_loss(x[b : b + 1, :T, : U + 1], y[b : b + 1, :U], [T], [U], **kw)
         torch.testing.assert_close(one[0], full[b])
+
+
+def test_edge_shapes_and_huge_durations(rng):
+    # an empty batch, no frames at all, durations far beyond T (never landing, no overflow)
+    empty = lgf.tdt_loss(torch.zeros(0, 3, 2, 5), torch.zeros(0, 1, dtype=torch.long), [], [], blank=0,
+                         durations=[0, 1])  # fmt: skip
+    assert empty.item() == 0.0
+    none = lgf.multiblank_rnnt_loss(torch.zeros(1, 0, 1, 3), torch.zeros(1, 0, dtype=torch.long), [0], [0], blank=0,
+                                    reduction="none")  # fmt: skip
+    assert math.isinf(none.item())
+    x, _, _ = _batch(rng, 1, 3, 1, 5)
+    big = lgf.tdt_loss(x, torch.tensor([[1]]), [3], [1], blank=0, durations=[0, 1, 2**62], reduction="none")
+    lab, dur = (x[..., :2].log_softmax(-1)).numpy(), x[..., 2:].log_softmax(-1).numpy()
+    assert big.item() == pytest.approx(brute_tdt(lab[0], dur[0], [1], 3, 0, [0, 1, 2**62]), rel=1e-9)
+
+
+def test_op_refuses_a_bad_arc_description():
+    from lightning_gtn.losses.rnnt_variants import duration_lattice_op
+
+    x = torch.zeros(1, 2, 2, 4)
+    args = (x, torch.tensor([[0]]), torch.tensor([2]), torch.tensor([1]))
+    with pytest.raises(ValueError, match="blank ids"):
+        duration_lattice_op(*args, 4, 0, [0], [-1], [7], [1], [-1], 0.0, 0.0, True, "sum", False, "", False)
+    with pytest.raises(ValueError, match="duration indices"):
+        duration_lattice_op(*args, 3, 1, [0], [3], [2], [1], [-1], 0.0, 0.0, True, "sum", False, "", False)
