@@ -173,6 +173,19 @@ def test_torchaudio_b1_t2_u3_d5_blank_last(dtype):
 
 
 @needs_kernels
+def test_self_check_passes_and_catches_a_wrong_kernel(monkeypatch):
+    assert rt.self_check(DEVICE) is None
+    real = rt.rnnt_triton
+
+    def off(*args, **kwargs):
+        costs, grads = real(*args, **kwargs)
+        return costs, grads * 1.01
+
+    monkeypatch.setattr(rt, "rnnt_triton", off)
+    assert "gradient" in rt.self_check(DEVICE)
+
+
+@needs_kernels
 def test_nemo_small_blank0_clamp_and_fastemit():
     x, tg, xl, yl = _b1(torch.float32)
     costs, grads = _run(x, tg, xl, yl, blank=0)
@@ -314,7 +327,7 @@ def test_kernels_under_the_interpreter():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", last)
-    assert passed and int(passed.group(1)) >= 17 and "failed" not in last, proc.stdout[-2000:]
+    assert passed and int(passed.group(1)) >= 18 and "failed" not in last, proc.stdout[-2000:]
 
 
 _INTS = {"R", "T", "U1", "V", "blank", "S", "T1", "C", "D"}
