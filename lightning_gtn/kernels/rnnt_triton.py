@@ -25,6 +25,14 @@ FastEmit follows NeMo / warprnnt-numba: the gradient of each emitting arc is sca
 ``1 + lambda`` (the softmax term included) and the reported cost is ``-(1 + lambda) log P(y | x)``.
 
 An example with ``logit_lengths[b] == 0`` has no path: its cost is ``+inf`` and its gradient 0.
+No atomics: results are bitwise reproducible.
+
+The same three-launch shape serves the variants: :func:`tdt_triton` (token-and-duration transducer)
+and :func:`multiblank_triton` run a lattice whose blank and emitting arcs may skip frames (a node
+then reads several earlier anti-diagonals, all complete before it), and
+:func:`mutual_information_triton` is k2's recursion over ``px``/``py`` (the core of k2's simple and
+pruned RNN-T losses) on the same anti-diagonal wavefront. :func:`self_check` runs torchaudio's
+published small case on a device, for a dispatcher that wants to verify the kernels once.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
 
 __all__ = [
     "available",
+    "self_check",
     "rnnt_triton",
     "tdt_triton",
     "multiblank_triton",
@@ -62,6 +71,28 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 def available() -> bool:
     """True when Triton is importable (it needs a CUDA device to run, or TRITON_INTERPRET=1)."""
     return triton is not None
+
+
+def self_check(device) -> Optional[str]:
+    """Runs :func:`rnnt_triton` on torchaudio's published B=1, T=2, U=2, V=5 case (blank 4) on
+    ``device``; returns None when cost and gradient match, else what went wrong (for a dispatcher
+    that falls back to another implementation)."""
+    row = [0.1, 0.6, 0.1, 0.1, 0.1, 0.1, 0.1, 0.6, 0.1, 0.1, 0.1, 0.1, 0.2, 0.8, 0.1]
+    row2 = [0.1, 0.6, 0.1, 0.1, 0.1, 0.1, 0.1, 0.2, 0.1, 0.1, 0.7, 0.1, 0.2, 0.1, 0.1]
+    x = torch.tensor(row + row2, dtype=torch.float32, device=device).reshape(1, 2, 3, 5)
+    two, targets = torch.tensor([2], device=device), torch.tensor([[1, 2]], device=device)
+    try:
+        costs, grads = rnnt_triton(x, targets, two, two, blank=4)
+    except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
+        return f"rnnt_triton failed: {e!r}"
+    if grads is None or abs(float(costs[0]) - 5.09566688538) > 1e-4:
+        return f"rnnt_triton: cost {float(costs[0])} != 5.09566688538"
+    # d cost / d logits at (t=1, u=2): the last blank and the softmax of the row
+    want = [0.30741188, 0.16871123, 0.18645471, 0.16871123, -0.83128875]
+    got = grads[0, 1, 2].tolist()
+    if max(abs(a - b) for a, b in zip(got, want)) > 1e-4:
+        return f"rnnt_triton: gradient {got} != {want}"
+    return None
 
 
 def _check_device(device: torch.device) -> None:
