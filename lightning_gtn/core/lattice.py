@@ -92,6 +92,22 @@ class CompiledLattice:
         "max_pos",
         "max_deg",
     )
+    num_nodes: int
+    num_arcs: int
+    src: np.ndarray
+    dst: np.ndarray
+    pos: np.ndarray
+    olabel: np.ndarray
+    weights: np.ndarray
+    start: np.ndarray
+    accept: np.ndarray
+    in_off: np.ndarray
+    in_arc: np.ndarray
+    out_off: np.ndarray
+    out_arc: np.ndarray
+    node_id: np.ndarray
+    max_pos: int
+    max_deg: int
 
 
 def compile_lattice(g: Graph, name: str = "lattice") -> CompiledLattice:

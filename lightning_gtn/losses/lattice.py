@@ -267,8 +267,8 @@ def _grid_graph(Tb: int, Ub: int, y: np.ndarray, blank: int, V: int, cell, calc_
     if Tb == 0:  # no frame: no path
         return Graph.from_arrays(1, [0], [], [], [], [], calc_grad=calc_grad)
     W = Ub + 1
-    t, u = np.meshgrid(np.arange(Tb, dtype=np.int64), np.arange(W, dtype=np.int64), indexing="ij")
-    t, u = t.reshape(-1), u.reshape(-1)
+    t = np.repeat(np.arange(Tb, dtype=np.int64), W)  # the cells row by row: node id t * W + u
+    u = np.tile(np.arange(W, dtype=np.int64), Tb)
     node = t * W + u
     final = Tb * W
     c = cell(t, u)
