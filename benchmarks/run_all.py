@@ -31,6 +31,7 @@ ORDER = [
     "bench_lm",
     "bench_wordpieces",
     "bench_stc",
+    "bench_rnnt",
 ]
 
 

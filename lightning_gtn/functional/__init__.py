@@ -53,6 +53,8 @@ from ..losses.lattice import (
     rnnt_lattice,
     rnnt_lattice_loss,
 )
+from ..losses.rnnt import RNNT_IMPLS as RNNT_IMPLS
+from ..losses.rnnt import rnnt_loss
 from ..losses.seq import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import (
@@ -68,6 +70,7 @@ __all__ = [
     "ctc_loss",
     "asg_loss",
     "sequence_loss",
+    "rnnt_loss",
     "stc_loss",
     "stc_graph",
     "stc_emissions",

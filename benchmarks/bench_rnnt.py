@@ -1,0 +1,187 @@
+"""The regular RNN-T loss on the CPU: ``rnnt_loss`` forward + backward against torch's own
+``log_softmax`` forward + backward over the same logits (the memory-bound floor: every element is
+read and a gradient written) and against warprnnt-numba's CPU loss.
+
+Shapes: ``(B, T, U, V) = (8, 150, 40, 128)`` and ``(4, 500, 100, 500)``, logits ``(B, T, U + 1, V)``
+float32, full lengths, blank 0, ``reduction="mean"``.
+
+Columns: the best of ``--repeats`` wall times (after one warm-up call) of ``rnnt_loss`` (impl
+numba: the kernel with the log-softmax fused, gradient computed in the forward, scaled by the
+backward), of ``log_softmax`` + its backward (``torch.autograd.grad`` with a ready ones tensor), the
+ratio; warprnnt-numba's time (one call: its loops run in Python; ``not installed`` when it cannot
+be imported; at the large shape only with ``--full``, since it takes minutes there) and its ratio to
+ours; the peak memory of one ``rnnt_loss`` forward + backward beyond the inputs and beyond the
+``(B, T, U + 1, V)`` gradient itself, measured in a fresh process as the growth of its peak
+resident set (``VmHWM``, reset before the run) over the run, minus the gradient's bytes; and the same for
+``log_softmax`` (whose output is a second full buffer).
+
+warprnnt-numba is never a dependency: install it into a side folder
+(``python -m pip install --target /tmp/side warprnnt-numba --no-deps``; it needs numba, which the
+environment has) and this script adds ``/tmp/side`` (or ``--side``) to ``sys.path`` when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+SHAPES = [(8, 150, 40, 128), (4, 500, 100, 500)]
+SIDE = "/tmp/side"
+
+
+def _inputs(B, T, U, V, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, U + 1, V, generator=g)
+    tg = torch.randint(1, V, (B, U), generator=g, dtype=torch.int32)
+    il = torch.full((B,), T, dtype=torch.int32)
+    tl = torch.full((B,), U, dtype=torch.int32)
+    return x, tg, il, tl
+
+
+def _ours(x, tg, il, tl):
+    from lightning_gtn.functional import rnnt_loss
+
+    z = x.detach().requires_grad_()
+    rnnt_loss(z, tg, il, tl, blank=0, impl="numba").backward()
+    return z.grad
+
+
+def _log_softmax(x, ones):
+    z = x.detach().requires_grad_()
+    y = torch.log_softmax(z, dim=-1)
+    return torch.autograd.grad(y, z, ones)[0]
+
+
+def _warp(side: str):
+    if os.path.isdir(side) and side not in sys.path:
+        sys.path.append(side)
+    try:
+        from warprnnt_numba.rnnt_loss.rnnt_pytorch import rnnt_loss as warp
+    except Exception:  # noqa: BLE001 - any import failure means "not installed" here
+        return None
+    return warp
+
+
+def _best(fn, args, repeats):
+    fn(*args)  # warm-up (numba's cache, torch's allocator)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _memory_child(kind, B, T, U, V):
+    """Runs in a fresh process: prints the peak-RSS growth (bytes) of one forward + backward.
+
+    Linux: writing 5 to ``/proc/self/clear_refs`` resets the peak (``VmHWM``) to the current
+    resident set, so the peak is the run's own, not that of the imports or compilation before."""
+    small = _inputs(1, 3, 2, 5)
+    if kind == "ours":
+        _ours(*small)
+    else:
+        _log_softmax(small[0], torch.ones_like(small[0]))
+    x, tg, il, tl = _inputs(B, T, U, V)
+    ones = torch.ones_like(x) if kind == "lsm" else None
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status_kb("VmRSS") * 1024
+    g = _ours(x, tg, il, tl) if kind == "ours" else _log_softmax(x, ones)
+    after = _status_kb("VmHWM") * 1024
+    print(json.dumps({"growth": after - before, "grad": g.numel() * g.element_size()}))
+
+
+def _memory(kind, shape):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] + sys.path)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--memory-child", kind, *map(str, shape)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    if out.returncode != 0:
+        return None
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    return (rec["growth"] - rec["grad"]) / 2**20
+
+
+def main(argv=None) -> str:
+    """Prints the table and returns it."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--full", action="store_true", help="also run warprnnt-numba at the large shape (minutes)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the memory columns (fresh processes)")
+    ap.add_argument("--side", default=SIDE, help="folder warprnnt-numba was installed into with pip --target")
+    ap.add_argument("--shapes", default="all", choices=["all", "small"])
+    args = ap.parse_args(argv)
+    warp = _warp(args.side)
+    rows = [
+        "| B, T, U, V | rnnt_loss fwd+bwd (s) | log_softmax fwd+bwd (s) | ratio | warprnnt-numba (s) "
+        "| warprnnt / ours | extra peak MB, rnnt_loss | extra peak MB, log_softmax | gradient MB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    shapes = SHAPES if args.shapes == "all" else SHAPES[:1]
+    for k, (B, T, U, V) in enumerate(shapes):
+        x, tg, il, tl = _inputs(B, T, U, V)
+        ones = torch.ones_like(x)
+        ours = _best(_ours, (x, tg, il, tl), args.repeats)
+        lsm = _best(_log_softmax, (x, ones), args.repeats)
+        del ones
+        if warp is None:
+            w_col, r_col = "not installed", "-"
+        elif k > 0 and not args.full:
+            w_col, r_col = "not run (--full)", "-"
+        else:
+            z = x.detach().requires_grad_()
+            t0 = time.perf_counter()
+            warp(z, tg, il, tl, blank=0, reduction="mean").backward()
+            wt = time.perf_counter() - t0
+            w_col, r_col = f"{wt:.2f}", f"{wt / ours:.0f}x"
+        if args.no_memory:
+            m_ours = m_lsm = None
+        else:
+            m_ours = _memory("ours", (B, T, U, V))
+            m_lsm = _memory("lsm", (B, T, U, V))
+        grad_mb = x.numel() * x.element_size() / 2**20
+
+        def fmt(m):
+            return "-" if m is None else f"{m:.1f}"
+
+        rows.append(
+            f"| {B}, {T}, {U}, {V} | {ours:.3f} | {lsm:.3f} | {ours / lsm:.2f} | {w_col} | {r_col} "
+            f"| {fmt(m_ours)} | {fmt(m_lsm)} | {grad_mb:.0f} |"
+        )
+    threads = f"torch threads {torch.get_num_threads()}"
+    try:
+        from lightning_gtn.wfst.parallel import get_num_threads
+
+        threads += f", lightning_gtn pool {get_num_threads()}"
+    except ImportError:  # pragma: no cover
+        pass
+    table = "\n".join(["### rnnt_loss (CPU)", "", f"float32, reduction mean; {threads}", ""] + rows)
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--memory-child":
+        _memory_child(sys.argv[2], *map(int, sys.argv[3:7]))
+    else:
+        main()
