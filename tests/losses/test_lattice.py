@@ -320,3 +320,21 @@ def test_rnnt_lattice_loss_custom_op_equals_reference_and_compiles_fullgraph():
         rnnt_lattice_loss(logits, targets, torch.tensor([5, 2, 3]), tl)
     with pytest.raises(ValueError, match="targets"):
         rnnt_lattice_loss(logits, torch.full((B, U), V - 1), ll, tl)  # the blank is not a target
+
+
+@pytest.mark.parametrize("blank", [0, -1])
+def test_lattice_path_equals_the_specialised_rnnt_loss(blank):
+    from lightning_gtn.functional import rnnt_lattice_loss, rnnt_loss
+
+    torch.manual_seed(8)
+    B, T, U, V = 3, 6, 3, 7
+    logits = torch.randn(B, T, U + 1, V, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, V - 1, (B, U)) + (1 if blank == 0 else 0)
+    ll, tl = torch.tensor([6, 4, 5]), torch.tensor([3, 3, 1])
+    for reduction in ("none", "mean", "sum"):
+        a = rnnt_lattice_loss(logits, targets, ll, tl, blank=blank, reduction=reduction)
+        b = rnnt_loss(logits, targets, ll, tl, blank=blank, reduction=reduction)
+        torch.testing.assert_close(a, b)
+    ga = torch.autograd.grad(rnnt_lattice_loss(logits, targets, ll, tl, blank=blank), logits)[0]
+    gb = torch.autograd.grad(rnnt_loss(logits, targets, ll, tl, blank=blank), logits)[0]
+    torch.testing.assert_close(ga, gb)
