@@ -338,3 +338,47 @@ def test_lattice_path_equals_the_specialised_rnnt_loss(blank):
     ga = torch.autograd.grad(rnnt_lattice_loss(logits, targets, ll, tl, blank=blank), logits)[0]
     gb = torch.autograd.grad(rnnt_loss(logits, targets, ll, tl, blank=blank), logits)[0]
     torch.testing.assert_close(ga, gb)
+
+
+def random_dag(rng, num_nodes, num_arcs, N):
+    """A random acyclic graph whose node ids are shuffled (not a topological order), with
+    epsilon arcs, several start and accept nodes, random weights and positions in [0, N)."""
+    rank = rng.permutation(num_nodes)  # node i sits at rank[i] of a hidden order
+    g = gtn.Graph()
+    for i in range(num_nodes):
+        g.add_node(bool(rank[i] < 2), bool(rank[i] >= num_nodes - 2))
+    by_rank = np.argsort(rank)
+    for _ in range(num_arcs):
+        r0, r1 = sorted(rng.choice(num_nodes, 2, replace=False))
+        p = int(rng.integers(N)) if rng.random() > 0.2 else gtn.epsilon
+        g.add_arc(int(by_rank[r0]), int(by_rank[r1]), p, p, float(rng.normal()))
+    return g
+
+
+def test_random_dags_equal_the_wfst_engine_scores_and_gradients():
+    rng = np.random.default_rng(9)
+    N = 6
+    for _ in range(4):
+        g = random_dag(rng, 7, 14, N)
+        x = torch.randn(1, N, dtype=torch.float64)
+        # the engine's reference: the same graph with each arc's weight = x[position] + weight
+        wx = [g.weight(a) + (float(x[0, g.ilabel(a)]) if g.ilabel(a) >= 0 else 0.0) for a in range(g.num_arcs())]
+        h = gtn.Graph.from_arrays(
+            g.num_nodes(), g.start(), g.accept(), *[g.arrays()[k] for k in (3, 4, 5, 6)], weights=wx
+        )
+        fs = gtn.forward_score(h)
+        gtn.backward(fs)
+        occ = np.asarray(h.grad().weights_to_list())
+        xg = x.clone().requires_grad_()
+        g.zero_grad()
+        loss = lattice_loss(xg, g, reduction="sum")
+        (gx,) = torch.autograd.grad(loss, xg)
+        np.testing.assert_allclose(-loss.item(), fs.item(), rtol=1e-5, atol=1e-5)
+        expect = np.zeros(N)
+        for a in range(g.num_arcs()):
+            if g.ilabel(a) >= 0:
+                expect[g.ilabel(a)] -= occ[a]
+        np.testing.assert_allclose(gx[0].numpy(), expect, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(g.grad().weights_to_numpy(), -occ, rtol=1e-4, atol=1e-5)
+        vs = gtn.viterbi_score(h).item()
+        np.testing.assert_allclose(lattice_viterbi(x, g).scores.item(), vs, rtol=1e-5, atol=1e-5)
