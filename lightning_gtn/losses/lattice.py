@@ -336,18 +336,29 @@ def pruned_rnnt_lattice(
 
     Args:
         ranges: ``(T,)`` non-negative integers, the first label stored at each frame (the ``T``
-            of the tensor is ``len(ranges)``).
+            of the tensor is ``len(ranges)``), or k2's ``(T, s_range)`` label indices of one
+            example (``get_rnnt_prune_ranges(...)[b]``: consecutive per frame).
         s_range: labels stored per frame (``>= 1``).
         targets, V, blank, frames, calc_grad: as :func:`rnnt_lattice`.
     """
     r = np.asarray(ranges.detach().cpu() if isinstance(ranges, torch.Tensor) else ranges)
+    s_range = checks.check_int(s_range, "pruned_rnnt_lattice: s_range", 1)
+    if r.ndim == 2:  # k2's per-frame label indices (T, s_range): consecutive from the first
+        consecutive = (
+            r.shape[1] == s_range and r.dtype.kind in "iu" and bool((r == r[:, :1] + np.arange(s_range)).all())
+        )
+        if not consecutive:
+            raise ValueError(
+                f"pruned_rnnt_lattice: 2-D ranges must be (T, s_range={s_range}) consecutive label indices per frame "
+                f"(k2's get_rnnt_prune_ranges of one example), got {r.dtype} {r.shape}"
+            )
+        r = r[:, 0]
     if r.ndim != 1 or (r.size and (r.dtype.kind not in "iu" or r.min() < 0)):
         raise ValueError(
             f"pruned_rnnt_lattice: ranges must be a (T,) non-negative integer array, got {r.dtype} {r.shape}"
         )
     r = r.astype(np.int64)
     T = len(r)
-    s_range = checks.check_int(s_range, "pruned_rnnt_lattice: s_range", 1)
     V, blank, y = _check_transducer_args(targets, V, blank, "pruned_rnnt_lattice")
     Tb = T if frames is None else checks.check_int(frames, "pruned_rnnt_lattice: frames", 0)
     if Tb > T:

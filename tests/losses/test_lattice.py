@@ -221,6 +221,10 @@ def test_pruned_lattice_equals_full_lattice_on_the_band():
     for t in range(T):
         masked[0, t, ranges[t] : ranges[t] + s_range] = full[0, t, ranges[t] : ranges[t] + s_range]
     a = lattice_loss(pruned, pruned_rnnt_lattice(ranges, s_range, y, V, 0))
+    k2_ranges = torch.from_numpy(ranges[:, None] + np.arange(s_range))  # k2's (T, s_range) layout
+    torch.testing.assert_close(lattice_loss(pruned, pruned_rnnt_lattice(k2_ranges, s_range, y, V, 0)), a)
+    with pytest.raises(ValueError, match="ranges"):
+        pruned_rnnt_lattice(k2_ranges.flip(1), s_range, y, V, 0)
     b = lattice_loss(masked, rnnt_lattice(T, U, y, V, 0))
     torch.testing.assert_close(a, b)
     assert torch.isfinite(a)
