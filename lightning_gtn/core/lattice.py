@@ -448,7 +448,7 @@ def lattice_loss_op(
     lengths = checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=shape[0] if shape else 0)
     seqs = checks.split_targets(targets, target_lengths, B, dev, crit.target_classes(shape), blank=crit.blank)
     plan = crit.plan(seqs, lengths, shape)
-    x = scores.detach().to("cpu").reshape(B, -1)
+    x = scores.detach().to("cpu").reshape(B, int(np.prod(shape)))
     w = torch.from_numpy(plan.batch.weights()).to(x.dtype)
     coef = _coef(reduction, B)
     losses, gS, _, _ = score_plan(plan, x, w, semiring, coef=coef, need_s=need_s, zero_infinity=zero_infinity)
