@@ -312,6 +312,7 @@ def test_rnnt_lattice_loss_custom_op_equals_reference_and_compiles_fullgraph():
     ref = rnnt_reference(logits.log_softmax(-1), targets, ll, tl, V - 1)
     got = rnnt_lattice_loss(logits, targets, ll, tl, reduction="none")
     torch.testing.assert_close(got, ref)
+    ref0 = ref.detach()
     g_out = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
     torch.testing.assert_close(torch.autograd.grad(got, logits, g_out)[0], torch.autograd.grad(ref, logits, g_out)[0])
     # aot_eager: dynamo (fullgraph: no graph break around the op) and AOT autograd, without inductor's build time
@@ -320,6 +321,19 @@ def test_rnnt_lattice_loss_custom_op_equals_reference_and_compiles_fullgraph():
     ref = rnnt_reference(logits.log_softmax(-1), targets, ll, tl, V - 1).mean() * 2.0
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(torch.autograd.grad(out, logits)[0], torch.autograd.grad(ref, logits)[0])
+    # a user's builder through the same op: values, and the op's registration (opcheck)
+    from lightning_gtn.core.lattice import lattice_loss_op
+    from lightning_gtn.functional import LatticeCriterion, lattice_criterion_loss
+
+    def build(target, frames, shape, blank):
+        T_, U1, V_ = shape
+        return rnnt_lattice(T_, U1 - 1, target, V_, blank, frames=frames)
+
+    crit = LatticeCriterion(build, {"blank": V - 1}, blank=V - 1)
+    lp = logits.log_softmax(-1)
+    torch.testing.assert_close(lattice_criterion_loss(lp, targets, ll, tl, criterion=crit, reduction="none"), ref0)
+    args = (lp.detach().requires_grad_(), targets, ll, tl, crit.handle, "none", False, "log", True)
+    torch.library.opcheck(lattice_loss_op, args)  # schema, fake tensor, autograd registration
     with pytest.raises(ValueError, match="logit_lengths|input_lengths"):
         rnnt_lattice_loss(logits, targets, torch.tensor([5, 2, 3]), tl)
     with pytest.raises(ValueError, match="targets"):
