@@ -400,3 +400,24 @@ def test_random_dags_equal_the_wfst_engine_scores_and_gradients():
         np.testing.assert_allclose(g.grad().weights_to_numpy(), -occ, rtol=1e-4, atol=1e-5)
         vs = gtn.viterbi_score(h).item()
         np.testing.assert_allclose(lattice_viterbi(x, g).scores.item(), vs, rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_on_the_thread_pool_equal_one_thread():
+    from lightning_gtn.wfst.parallel import get_num_threads, set_num_threads
+
+    torch.manual_seed(10)
+    B, T, U, V = 6, 200, 40, 4  # enough arcs for the kernel to split the batch into chunks
+    lp = torch.randn(B, T, U + 1, V, dtype=torch.float64).log_softmax(-1)
+    lats = [rnnt_lattice(T, U, torch.randint(1, V, (U - b,)), V, 0, frames=T - b) for b in range(B)]
+    before = get_num_threads()
+    out = {}
+    try:
+        for n in (1, 3):
+            set_num_threads(n)
+            x = lp.clone().requires_grad_()
+            loss = lattice_loss(x, lats, reduction="none")
+            out[n] = (loss.detach(), torch.autograd.grad(loss.sum(), x)[0])
+    finally:
+        set_num_threads(before)
+    torch.testing.assert_close(out[3][0], out[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(out[3][1], out[1][1], rtol=0, atol=0)
