@@ -25,6 +25,7 @@ __all__ = [
     "LatticePath",
     "rnnt_lattice",
     "pruned_rnnt_lattice",
+    "frame_lattice",
     "LatticeCriterion",
     "lattice_criterion_loss",
     "rnnt_lattice_loss",
@@ -371,6 +372,50 @@ def pruned_rnnt_lattice(
         return np.where((k >= 0) & (k < s_range), t * s_range + k, -1)
 
     return _grid_graph(Tb, len(y), y, blank, V, cell, calc_grad)
+
+
+def frame_lattice(graph: Graph, frames: int, C: int, *, calc_grad: bool = False) -> Graph:
+    """A criterion graph over ``(T, C)`` emissions unrolled into a lattice over ``frames`` frames.
+
+    Node ``(t, n)`` (id ``t * num_nodes + n``, ``t`` in ``[0, frames]``) stands for graph node
+    ``n`` after ``t`` frames; an emitting arc ``n -> m`` with label ``l`` becomes ``(t, n) ->
+    (t + 1, m)`` reading position ``t * C + l`` for every ``t < frames``; an epsilon arc stays in its
+    frame. Start nodes at ``t = 0``, accept nodes at ``t = frames``; output labels and weights are
+    kept. ``lattice_loss(emissions, [frame_lattice(g_b, T_b, C)])`` then equals
+    ``graph_loss(emissions, graphs=[g_b], input_lengths=[T_b])`` (slower: the frame-synchronous
+    kernels are the fast path for graphs that read frames in order).
+
+    Raises:
+        ValueError: a label outside ``[0, C)`` (or -1), bad ``frames``/``C``, an epsilon cycle
+            (when scored).
+    """
+    if not isinstance(graph, Graph):
+        raise ValueError(f"frame_lattice: graph must be a lightning_gtn.wfst.Graph, got {type(graph).__name__}")
+    frames = checks.check_int(frames, "frame_lattice: frames", 0)
+    C = checks.check_int(C, "frame_lattice: C", 1)
+    a = graph.arrays()
+    S = a.num_nodes
+    il = a.ilabel.astype(np.int64)
+    if len(il) and il.max() >= C:
+        raise ValueError(f"frame_lattice: graph label {int(il.max())} out of range [0, C={C})")
+    if (frames + 1) * max(S, 1) - 1 > _MAX_POS or frames * C - 1 > _MAX_POS:
+        raise ValueError("frame_lattice: the unrolled lattice exceeds int32 node ids or positions")
+    src, dst = a.src.astype(np.int64), a.dst.astype(np.int64)
+    em, eps = il >= 0, il < 0
+    t_em = np.repeat(np.arange(frames, dtype=np.int64), int(em.sum()))
+    t_eps = np.repeat(np.arange(frames + 1, dtype=np.int64), int(eps.sum()))
+    k_em, k_eps = np.tile(np.nonzero(em)[0], frames), np.tile(np.nonzero(eps)[0], frames + 1)
+    return Graph.from_arrays(
+        (frames + 1) * S,
+        a.start.astype(np.int64),
+        frames * S + a.accept.astype(np.int64),
+        np.concatenate([t_em * S + src[k_em], t_eps * S + src[k_eps]]),
+        np.concatenate([(t_em + 1) * S + dst[k_em], t_eps * S + dst[k_eps]]),
+        np.concatenate([t_em * C + il[k_em], np.full(len(k_eps), -1, np.int64)]),
+        np.concatenate([a.olabel[k_em], a.olabel[k_eps]]).astype(np.int64),
+        np.concatenate([a.weights[k_em], a.weights[k_eps]]),
+        calc_grad=calc_grad,
+    )
 
 
 # ---------------------------------------------------------------------------

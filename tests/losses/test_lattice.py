@@ -421,3 +421,47 @@ def test_chunks_on_the_thread_pool_equal_one_thread():
         set_num_threads(before)
     torch.testing.assert_close(out[3][0], out[1][0], rtol=0, atol=0)
     torch.testing.assert_close(out[3][1], out[1][1], rtol=0, atol=0)
+
+
+def ctc_graph(target, blank):
+    """CTC's criterion graph written as in GTN's tutorial: node 2i is a blank, 2i+1 token i."""
+    g = gtn.Graph(False)
+    L = 2 * len(target) + 1
+    for n in range(L):
+        g.add_node(n == 0, n >= L - 2)
+    for n in range(L):
+        lab = target[(n - 1) // 2] if n % 2 else blank
+        g.add_arc(n, n, lab)
+        if n > 0:
+            g.add_arc(n - 1, n, lab)
+        if n % 2 and n > 1 and lab != target[(n - 1) // 2 - 1]:
+            g.add_arc(n - 2, n, lab)
+    return g
+
+
+def test_criterion_graphs_unrolled_into_lattices_equal_the_frame_synchronous_losses():
+    from lightning_gtn.functional import ctc_loss, frame_lattice, graph_loss
+
+    torch.manual_seed(11)
+    B, T, C = 3, 6, 4
+    lp = torch.randn(B, T, C, dtype=torch.float64).log_softmax(-1).requires_grad_()
+    targets = [[1, 1], [2, 3, 1], []]
+    il = torch.tensor([6, 5, 3])
+    lats = [frame_lattice(ctc_graph(t, 0), int(il[b]), C) for b, t in enumerate(targets)]
+    got = lattice_loss(lp, lats, reduction="none")
+    ref = ctc_loss(lp, targets, il, torch.tensor([2, 3, 0]), blank=0, reduction="none")
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), lp)[0], torch.autograd.grad(ref.sum(), lp)[0])
+    # a graph with an epsilon arc and weights, against graph_loss
+    g = gtn.Graph(False)
+    g.add_node(True)
+    g.add_node()
+    g.add_node(False, True)
+    g.add_arc(0, 0, 1, 1, 0.3)
+    g.add_arc(0, 1, 2, 2, -0.2)
+    g.add_arc(1, 2, gtn.epsilon, gtn.epsilon, 0.5)
+    g.add_arc(2, 2, 3, 3, 0.1)
+    a = lattice_loss(lp, [frame_lattice(g, int(n), C) for n in il], reduction="none")
+    torch.testing.assert_close(a, graph_loss(lp, graphs=g, input_lengths=il, reduction="none"))
+    with pytest.raises(ValueError, match="label 3 out of range"):
+        frame_lattice(g, 2, 3)
