@@ -21,7 +21,15 @@ destination and by source; :func:`compiled_lattice` caches it per graph object a
 :class:`LatticeBatch` concatenates compiled lattices; :class:`LatticePlan` pairs each example with
 a lattice, a row of the scores and a sign (as ``Plan`` does); :func:`score_plan` runs the numba
 kernels of :mod:`lightning_gtn.kernels.lattice_numba`. Every index a kernel reads is checked here
-first: node ids by the graph, positions against ``N`` by :meth:`LatticePlan.check_positions`.
+first: node ids by the graph, positions against ``N`` by :meth:`LatticePlan.check_positions`, arc
+weights (no NaN or +inf) when compiled; a NaN or +inf score a lattice reads is reported by the
+forward kernel and raised by :func:`score_plan`.
+
+:class:`LatticeBuilder` and the custom op :func:`lattice_loss_op` (``lightning_gtn::lattice_loss``)
+build and cache each example's lattice from its target, length and the scores' shape inside the
+op, so losses over lattices compile with ``torch.compile(fullgraph=True)``; the gradient is
+computed in the op's forward and scaled by its registered backward, as in
+:mod:`lightning_gtn.core.criterion`.
 """
 
 from __future__ import annotations
