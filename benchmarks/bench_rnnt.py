@@ -8,7 +8,8 @@ float32, full lengths, blank 0, ``reduction="mean"``.
 Columns: the best of ``--repeats`` wall times (after one warm-up call) of ``rnnt_loss`` (impl
 numba: the kernel with the log-softmax fused, gradient computed in the forward, scaled by the
 backward), of ``log_softmax`` + its backward (``torch.autograd.grad`` with a ready ones tensor), the
-ratio; warprnnt-numba's time (one call: its loops run in Python; ``not installed`` when it cannot
+ratio; the same as process CPU time (all threads; steadier than wall time on a shared machine);
+warprnnt-numba's time (one call: its loops run in Python; ``not installed`` when it cannot
 be imported; at the large shape only with ``--full``, since it takes minutes there) and its ratio to
 ours; the peak memory of one ``rnnt_loss`` forward + backward beyond the inputs and beyond the
 ``(B, T, U + 1, V)`` gradient itself, measured in a fresh process as the growth of its peak
@@ -69,13 +70,15 @@ def _warp(side: str):
 
 
 def _best(fn, args, repeats):
+    """``(best wall time, best process CPU time (all threads))`` of ``repeats`` calls."""
     fn(*args)  # warm-up (numba's cache, torch's allocator)
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn(*args)
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return min(wall), min(cpu)
 
 
 def _status_kb(field: str) -> int:
@@ -133,16 +136,17 @@ def main(argv=None) -> str:
     args = ap.parse_args(argv)
     warp = _warp(args.side)
     rows = [
-        "| B, T, U, V | rnnt_loss fwd+bwd (s) | log_softmax fwd+bwd (s) | ratio | warprnnt-numba (s) "
-        "| warprnnt / ours | extra peak MB, rnnt_loss | extra peak MB, log_softmax | gradient MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| B, T, U, V | rnnt_loss fwd+bwd (s) | log_softmax fwd+bwd (s) | ratio | CPU s, rnnt_loss "
+        "| CPU s, log_softmax | CPU ratio | warprnnt-numba (s) | warprnnt / ours "
+        "| extra peak MB, rnnt_loss | extra peak MB, log_softmax | gradient MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     shapes = SHAPES if args.shapes == "all" else SHAPES[:1]
     for k, (B, T, U, V) in enumerate(shapes):
         x, tg, il, tl = _inputs(B, T, U, V)
         ones = torch.ones_like(x)
-        ours = _best(_ours, (x, tg, il, tl), args.repeats)
-        lsm = _best(_log_softmax, (x, ones), args.repeats)
+        ours, ours_cpu = _best(_ours, (x, tg, il, tl), args.repeats)
+        lsm, lsm_cpu = _best(_log_softmax, (x, ones), args.repeats)
         del ones
         if warp is None:
             w_col, r_col = "not installed", "-"
@@ -165,7 +169,8 @@ def main(argv=None) -> str:
             return "-" if m is None else f"{m:.1f}"
 
         rows.append(
-            f"| {B}, {T}, {U}, {V} | {ours:.3f} | {lsm:.3f} | {ours / lsm:.2f} | {w_col} | {r_col} "
+            f"| {B}, {T}, {U}, {V} | {ours:.3f} | {lsm:.3f} | {ours / lsm:.2f} | {ours_cpu:.3f} | {lsm_cpu:.3f} "
+            f"| {ours_cpu / lsm_cpu:.2f} | {w_col} | {r_col} "
             f"| {fmt(m_ours)} | {fmt(m_lsm)} | {grad_mb:.0f} |"
         )
     threads = f"torch threads {torch.get_num_threads()}"

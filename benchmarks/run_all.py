@@ -34,6 +34,7 @@ ORDER = [
     "bench_rnnt",
     "bench_rnnt_variants",
     "bench_pruned",
+    "bench_lattice",
 ]
 
 

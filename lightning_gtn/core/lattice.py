@@ -21,7 +21,15 @@ destination and by source; :func:`compiled_lattice` caches it per graph object a
 :class:`LatticeBatch` concatenates compiled lattices; :class:`LatticePlan` pairs each example with
 a lattice, a row of the scores and a sign (as ``Plan`` does); :func:`score_plan` runs the numba
 kernels of :mod:`lightning_gtn.kernels.lattice_numba`. Every index a kernel reads is checked here
-first: node ids by the graph, positions against ``N`` by :meth:`LatticePlan.check_positions`.
+first: node ids by the graph, positions against ``N`` by :meth:`LatticePlan.check_positions`, arc
+weights (no NaN or +inf) when compiled; a NaN or +inf score a lattice reads is reported by the
+forward kernel and raised by :func:`score_plan`.
+
+:class:`LatticeBuilder` and the custom op :func:`lattice_loss_op` (``lightning_gtn::lattice_loss``)
+build and cache each example's lattice from its target, length and the scores' shape inside the
+op, so losses over lattices compile with ``torch.compile(fullgraph=True)``; the gradient is
+computed in the op's forward and scaled by its registered backward, as in
+:mod:`lightning_gtn.core.criterion`.
 """
 
 from __future__ import annotations
@@ -92,6 +100,22 @@ class CompiledLattice:
         "max_pos",
         "max_deg",
     )
+    num_nodes: int
+    num_arcs: int
+    src: np.ndarray
+    dst: np.ndarray
+    pos: np.ndarray
+    olabel: np.ndarray
+    weights: np.ndarray
+    start: np.ndarray
+    accept: np.ndarray
+    in_off: np.ndarray
+    in_arc: np.ndarray
+    out_off: np.ndarray
+    out_arc: np.ndarray
+    node_id: np.ndarray
+    max_pos: int
+    max_deg: int
 
 
 def compile_lattice(g: Graph, name: str = "lattice") -> CompiledLattice:
@@ -432,7 +456,7 @@ def lattice_loss_op(
     lengths = checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=shape[0] if shape else 0)
     seqs = checks.split_targets(targets, target_lengths, B, dev, crit.target_classes(shape), blank=crit.blank)
     plan = crit.plan(seqs, lengths, shape)
-    x = scores.detach().to("cpu").reshape(B, -1)
+    x = scores.detach().to("cpu").reshape(B, int(np.prod(shape)))
     w = torch.from_numpy(plan.batch.weights()).to(x.dtype)
     coef = _coef(reduction, B)
     losses, gS, _, _ = score_plan(plan, x, w, semiring, coef=coef, need_s=need_s, zero_infinity=zero_infinity)
@@ -460,6 +484,13 @@ def _lattice_backward(ctx, g_out, _g_grad):
     (g,) = ctx.saved_tensors
     gS = None
     if g_out is not None and g.numel():
+        if (
+            ctx.reduction != "none"
+            and g_out.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+            and float(g_out) == 1.0
+        ):
+            return g, None, None, None, None, None, None, None, None  # loss.backward(): no second (B, ...) buffer
         gS = g * (g_out.reshape((-1,) + (1,) * (g.dim() - 1)) if ctx.reduction == "none" else g_out).to(g.dtype)
     return gS, None, None, None, None, None, None, None, None
 

@@ -46,6 +46,7 @@ from ..losses.graph import TargetGraphCriterion, graph_loss, target_graph_loss
 from ..losses.lattice import (
     LatticeCriterion,
     LatticePath,
+    frame_lattice,
     lattice_criterion_loss,
     lattice_loss,
     lattice_viterbi,
@@ -91,6 +92,7 @@ __all__ = [
     "LatticePath",
     "rnnt_lattice",
     "pruned_rnnt_lattice",
+    "frame_lattice",
     "rnnt_lattice_loss",
     "lattice_criterion_loss",
     "LatticeCriterion",

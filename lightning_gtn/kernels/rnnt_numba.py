@@ -1,21 +1,28 @@
 """The regular RNN-T loss as numba kernels (CPU), the log-softmax fused.
 
-Three passes, no ``(B, T, U + 1, V)`` temporary besides the gradient itself:
+Three passes, no ``(B, T, U + 1, V)`` temporary besides the gradient buffer itself:
 
-1. :func:`_rows_pass` (threads over ``(b, t)`` rows): one read of each vector ``logits[b, t, u]``
-   gives its normaliser ``den = logsumexp_v logits[b, t, u, v]`` and the two log-probabilities the
-   lattice reads, ``lp_blank = logits[.., blank] - den`` and ``lp_emit = logits[.., y_u] - den``.
-2. :func:`_lattice_pass` (threads over examples): alpha and beta over the ``(T_b, U_b + 1)`` grid in
+1. :func:`_normalise_rows` (threads over ``(b, t)`` rows): one read of each vector
+   ``x = logits[b, t, u]`` gives its normaliser ``logsumexp_v x[v] = m + log s`` (``m`` the row's
+   maximum, ``s = sum_v exp(x[v] - m)``) and the two log-probabilities the lattice reads,
+   ``lp_blank`` and ``lp_emit``. When the gradient is wanted, the exponentials ``exp(x[v] - m)``
+   are written straight into the gradient buffer (the only exponential per element).
+2. :func:`_lattice` (threads over examples): alpha and beta over the ``(T_b, U_b + 1)`` grid in
    log space, float64; ``logZ = beta[0, 0]``. Extra memory ``O(B * T * U)``.
-3. :func:`_rows_pass` again, writing the gradient straight into one buffer (the logits' own storage
-   when the caller allows):
+3. :func:`_grad_rows` (threads over rows) turns the buffer into the gradient in place:
    ``grad[v] = (gamma + lam * p_emit) * softmax[v] - p_blank [v == blank] - (1 + lam) * p_emit [v == y_u]``
-   with ``gamma = exp(alpha + beta - logZ)`` the occupancy of node ``(t, u)``, ``p_blank`` and
-   ``p_emit`` the posteriors of its two arcs and ``lam`` the FastEmit weight (the emit arcs'
-   gradient scaled by ``1 + lam``, as NeMo/warprnnt-numba do), then clipped to ``[-clamp, clamp]``
-   (``clamp > 0``) and multiplied by the example's reduction coefficient. Without the fused
-   log-softmax (``fused=False``: the logits are log-probabilities already) only the two arc
-   entries are non-zero: ``-p_blank`` and ``-(1 + lam) * p_emit`` (torchaudio's convention).
+   with ``gamma = p_blank + p_emit`` the occupancy of node ``(t, u)`` (``p_blank``, ``p_emit`` the
+   posteriors of its two arcs, from alpha, beta and ``logZ``), ``softmax[v] = exp(x[v] - m) / s``
+   and ``lam`` the FastEmit weight (the emit arcs' gradient scaled by ``1 + lam``, as
+   NeMo/warprnnt-numba do), then clipped to ``[-clamp, clamp]`` (``clamp > 0``) and multiplied by
+   the example's reduction coefficient. Without the fused log-softmax (``fused=False``: the logits
+   are log-probabilities already) only the two arc entries are non-zero: ``-p_blank`` and
+   ``-(1 + lam) * p_emit`` (torchaudio's convention).
+
+The buffer may be the logits' own storage (``inplace_grad``): pass 1 reads the two entries the
+lattice needs before it overwrites a row. float32 logits take their exponentials from
+:func:`_exp32_parts`, a polynomial that LLVM vectorises (``math.exp`` is a libm call per element),
+float64 logits from ``math.exp``.
 
 The kernels release the GIL and run on the engine's bounded thread pool
 (:func:`lightning_gtn.wfst.parallel.parallel_map`), which is fork-safe and never nests; every
@@ -50,12 +57,85 @@ def _lse(a, b):
     return b + math.log1p(math.exp(a - b))
 
 
+# fast-math flags that keep NaN and inf semantics (no "nnan"/"ninf"): reductions vectorise, NaN
+# checks stay
+_FM = {"reassoc", "contract", "nsz", "arcp"}
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.693145751953125  # ln 2 split in two (Cody and Waite): n * _LN2_HI is exact in float32
+_LN2_LO = 1.428606765330187e-06
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _exp32_parts(y, p, ib):
+    """``exp(y[v]) = p[v] * 2 ** ((ib[v] >> 23) - 127)`` for float32 ``y``: the polynomial part
+    into ``p``, the power of two's bits into ``ib`` (plain arithmetic, which LLVM vectorises;
+    ``math.exp`` is one libm call per element). Cody and Waite's reduction ``y = n ln 2 + r``,
+    ``|r| <= ln(2) / 2``, then ``exp(r)`` by a degree-7 polynomial (Cephes' ``expf`` coefficients);
+    relative error about 1e-7 of float32's rounding. ``y`` is clipped to ``[-87, 88]`` first (results
+    below ``2 ** -126`` come out as about ``1e-38`` instead of 0)."""
+    for v in range(y.shape[0]):
+        w = min(max(y[v], np.float32(-87.0)), np.float32(88.0))
+        n = math.floor(w * np.float32(_LOG2E) + np.float32(0.5))
+        r = w - n * np.float32(_LN2_HI)
+        r = r - n * np.float32(_LN2_LO)
+        q = np.float32(1.9875691500e-4)
+        q = q * r + np.float32(1.3981999507e-3)
+        q = q * r + np.float32(8.3334519073e-3)
+        q = q * r + np.float32(4.1665795894e-2)
+        q = q * r + np.float32(1.6666665459e-1)
+        q = q * r + np.float32(5.0000001201e-1)
+        p[v] = q * (r * r) + r + np.float32(1.0)
+        ib[v] = (np.int32(n) + np.int32(127)) << np.int32(23)
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _exp_row32(row, m, out, p, ib, fb):
+    """``out[v] = exp(row[v] - m)`` for a float32 row (``out`` may be ``row``); returns
+    ``(sum_v out[v], 0 or NaN)``: NaN when the row holds a NaN or an inf (as ``log_softmax``
+    gives)."""
+    V = row.shape[0]
+    bad = np.float32(0.0)
+    for v in range(V):
+        bad += row[v] * np.float32(0.0)
+        out[v] = row[v] - m
+    _exp32_parts(out, p, ib)
+    s = np.float32(0.0)
+    for v in range(V):
+        w = p[v] * fb[v]
+        out[v] = w
+        s += w
+    return float(s), float(bad)
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _row_max(row):
+    """The largest entry of a row (NaN is caught by :func:`_exp_row32`)."""
+    m = row[0]
+    for v in range(1, row.shape[0]):
+        m = max(m, row[v])
+    return m
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _scale_row(out, c):
+    """``out[v] *= c``."""
+    for v in range(out.shape[0]):
+        out[v] *= c
+
+
 @njit(cache=True, nogil=True)
-def _normalise_rows(x, tg, tl, il, blank, fused, r0, r1, den, lpb, lpe):
-    """Rows ``r = b * T + t`` in ``[r0, r1)`` with ``t < il[b]``: ``den``, ``lpb``, ``lpe`` for
-    ``u <= tl[b]`` (pass 1)."""
+def _normalise_rows(x, g, has_g, tg, tl, il, blank, fused, fast, r0, r1, rs, lpb, lpe):
+    """Rows ``r = b * T + t`` in ``[r0, r1)`` with ``t < il[b]`` (pass 1), for ``u <= tl[b]``:
+    ``lpb``, ``lpe`` and, with the fused log-softmax, ``rs = 1 / sum_v exp(x[v] - max)`` (NaN
+    when the row holds a NaN or an inf); with ``has_g`` the exponentials ``exp(x[v] - max)`` go
+    to ``g`` (which may be ``x``: the two entries the lattice reads are read first), so the
+    gradient pass only scales them. ``fast``: float32, exponentials by :func:`_exp32_parts`."""
     T = x.shape[1]
     V = x.shape[3]
+    y = np.empty(V, dtype=x.dtype)
+    p = np.empty(V, dtype=np.float32)
+    ib = np.empty(V, dtype=np.int32)
+    fb = ib.view(np.float32)
     for r in range(r0, r1):
         b = r // T
         t = r - b * T
@@ -64,20 +144,27 @@ def _normalise_rows(x, tg, tl, il, blank, fused, r0, r1, den, lpb, lpe):
         Ub = tl[b]
         for u in range(Ub + 1):
             row = x[b, t, u]
+            xb = row[blank]
+            xe = row[tg[b, u]] if u < Ub else 0.0
             d = 0.0
             if fused:
-                m = row[0]
-                for v in range(1, V):
-                    if row[v] > m:
-                        m = row[v]
-                s = 0.0
-                for v in range(V):
-                    s += math.exp(row[v] - m)
-                d = m + math.log(s)
-            den[b, t, u] = d
-            lpb[b, t, u] = row[blank] - d
+                out = g[b, t, u] if has_g else y
+                m = _row_max(row)
+                if fast:
+                    s, bad = _exp_row32(row, m, out, p, ib, fb)
+                else:
+                    s = 0.0
+                    bad = 0.0
+                    for v in range(V):
+                        bad += row[v] * 0.0
+                        w = math.exp(row[v] - m)
+                        out[v] = w
+                        s += w
+                d = m + math.log(s) + bad
+                rs[b, t, u] = 1.0 / s + bad
+            lpb[b, t, u] = xb - d
             if u < Ub:
-                lpe[b, t, u] = row[tg[b, u]] - d
+                lpe[b, t, u] = xe - d
 
 
 @njit(cache=True, nogil=True)
@@ -112,14 +199,15 @@ def _lattice(e0, e1, il, tl, lpb, lpe, alpha, beta, logz):
 
 
 @njit(cache=True, nogil=True)
-def _grad_rows(x, g, tg, tl, il, blank, fused, lam, clamp, scale, r0, r1, den, lpb, lpe, alpha, beta, logz):
-    """Rows ``r = b * T + t`` in ``[r0, r1)``: the gradient of example b's cost times
-    ``scale[b]`` into ``g[b, t]`` (zeros outside the example's lattice and for examples whose
-    cost is infinite; NaN for examples whose cost is NaN). ``g`` may be ``x`` itself."""
-    T = x.shape[1]
-    U1 = x.shape[2]
-    V = x.shape[3]
-    kbuf = np.empty(1, dtype=g.dtype)  # k in g's dtype: the loop over V stays in float32 for float32 logits
+def _grad_rows(g, tg, tl, il, blank, fused, lam, clamp, scale, r0, r1, rs, lpb, lpe, alpha, beta, logz):
+    """Rows ``r = b * T + t`` in ``[r0, r1)`` (pass 3): the gradient of example b's cost times
+    ``scale[b]`` into ``g[b, t]``, which holds the exponentials of pass 1 where the fused
+    log-softmax is on (zeros outside the example's lattice and for examples whose cost is
+    infinite; NaN for examples whose cost is NaN)."""
+    T = g.shape[1]
+    U1 = g.shape[2]
+    V = g.shape[3]
+    cbuf = np.empty(1, dtype=g.dtype)  # the row's factor in g's dtype: the loop stays in float32 for float32
     for r in range(r0, r1):
         b = r // T
         t = r - b * T
@@ -147,20 +235,10 @@ def _grad_rows(x, g, tg, tl, il, blank, fused, lam, clamp, scale, r0, r1, den, l
             if u < Ub:
                 y = tg[b, u]
                 pe = math.exp(a + lpe[b, t, u] + beta[b, t, u + 1] - lz)
-            if clamp > 0.0:
-                sc = 1.0
-            else:
-                sc = s
-            if fused:
-                coef = (math.exp(a + beta[b, t, u] - lz) + lam * pe) * sc
-                if coef == 0.0:
-                    kbuf[0] = NEG_INF
-                else:  # NaN stays NaN
-                    kbuf[0] = math.log(coef) - den[b, t, u]
-                k = kbuf[0]
-                row = x[b, t, u]
-                for v in range(V):
-                    out[v] = math.exp(row[v] + k)
+            sc = 1.0 if clamp > 0.0 else s
+            if fused:  # (occupancy + lam * p_emit) * softmax; the occupancy of (t, u) is pb + pe
+                cbuf[0] = (pb + (1.0 + lam) * pe) * sc * rs[b, t, u]
+                _scale_row(out, cbuf[0])
             else:
                 for v in range(V):
                     out[v] = 0.0
@@ -229,7 +307,15 @@ def rnnt_cost_grad(
             raise ValueError(f"rnnt_cost_grad: target ids must lie in [0, {V})")
     if tg.shape[1] == 0:
         tg = np.zeros((B, 1), dtype=np.int64)
-    den = np.zeros((B, T, U1), dtype=np.float64)
+    fast = x.dtype == np.float32
+    has_g = grad is not None
+    if has_g:
+        if grad.shape != x.shape or grad.dtype != x.dtype or not grad.flags.c_contiguous:
+            raise ValueError("rnnt_cost_grad: grad must be a C-contiguous buffer of x's shape and dtype")
+        g = grad
+    else:
+        g = np.empty((1, 1, 1, 1), dtype=x.dtype)
+    rs = np.zeros((B, T, U1), dtype=np.float64)
     lpb = np.full((B, T, U1), NEG_INF, dtype=np.float64)
     lpe = np.full((B, T, U1), NEG_INF, dtype=np.float64)
     alpha = np.full((B, T, U1), NEG_INF, dtype=np.float64)
@@ -237,21 +323,19 @@ def rnnt_cost_grad(
     logz = np.empty(B, dtype=np.float64)
     starts, ends = _chunks(B * T, 4)
     parallel_map(
-        lambda r0, r1: _normalise_rows(x, tg, tl, il, blank, fused, r0, r1, den, lpb, lpe),
+        lambda r0, r1: _normalise_rows(x, g, has_g, tg, tl, il, blank, fused, fast, r0, r1, rs, lpb, lpe),
         starts,
         ends,
     )
     e0, e1 = _chunks(B, 1)
     parallel_map(lambda a, b: _lattice(a, b, il, tl, lpb, lpe, alpha, beta, logz), e0, e1)
-    if grad is not None:
-        if grad.shape != x.shape or grad.dtype != x.dtype or not grad.flags.c_contiguous:
-            raise ValueError("rnnt_cost_grad: grad must be a C-contiguous buffer of x's shape and dtype")
+    if has_g:
         sc = np.ones(B, dtype=np.float64) if scale is None else np.ascontiguousarray(scale, dtype=np.float64)
         lam = float(fastemit_lambda)
         cl = float(clamp)
         parallel_map(
             lambda r0, r1: _grad_rows(
-                x, grad, tg, tl, il, blank, fused, lam, cl, sc, r0, r1, den, lpb, lpe, alpha, beta, logz
+                g, tg, tl, il, blank, fused, lam, cl, sc, r0, r1, rs, lpb, lpe, alpha, beta, logz
             ),
             starts,
             ends,

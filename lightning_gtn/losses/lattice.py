@@ -25,6 +25,7 @@ __all__ = [
     "LatticePath",
     "rnnt_lattice",
     "pruned_rnnt_lattice",
+    "frame_lattice",
     "LatticeCriterion",
     "lattice_criterion_loss",
     "rnnt_lattice_loss",
@@ -267,8 +268,8 @@ def _grid_graph(Tb: int, Ub: int, y: np.ndarray, blank: int, V: int, cell, calc_
     if Tb == 0:  # no frame: no path
         return Graph.from_arrays(1, [0], [], [], [], [], calc_grad=calc_grad)
     W = Ub + 1
-    t, u = np.meshgrid(np.arange(Tb, dtype=np.int64), np.arange(W, dtype=np.int64), indexing="ij")
-    t, u = t.reshape(-1), u.reshape(-1)
+    t = np.repeat(np.arange(Tb, dtype=np.int64), W)  # the cells row by row: node id t * W + u
+    u = np.tile(np.arange(W, dtype=np.int64), Tb)
     node = t * W + u
     final = Tb * W
     c = cell(t, u)
@@ -336,18 +337,29 @@ def pruned_rnnt_lattice(
 
     Args:
         ranges: ``(T,)`` non-negative integers, the first label stored at each frame (the ``T``
-            of the tensor is ``len(ranges)``).
+            of the tensor is ``len(ranges)``), or k2's ``(T, s_range)`` label indices of one
+            example (``get_rnnt_prune_ranges(...)[b]``: consecutive per frame).
         s_range: labels stored per frame (``>= 1``).
         targets, V, blank, frames, calc_grad: as :func:`rnnt_lattice`.
     """
     r = np.asarray(ranges.detach().cpu() if isinstance(ranges, torch.Tensor) else ranges)
+    s_range = checks.check_int(s_range, "pruned_rnnt_lattice: s_range", 1)
+    if r.ndim == 2:  # k2's per-frame label indices (T, s_range): consecutive from the first
+        consecutive = (
+            r.shape[1] == s_range and r.dtype.kind in "iu" and bool((r == r[:, :1] + np.arange(s_range)).all())
+        )
+        if not consecutive:
+            raise ValueError(
+                f"pruned_rnnt_lattice: 2-D ranges must be (T, s_range={s_range}) consecutive label indices per frame "
+                f"(k2's get_rnnt_prune_ranges of one example), got {r.dtype} {r.shape}"
+            )
+        r = r[:, 0]
     if r.ndim != 1 or (r.size and (r.dtype.kind not in "iu" or r.min() < 0)):
         raise ValueError(
             f"pruned_rnnt_lattice: ranges must be a (T,) non-negative integer array, got {r.dtype} {r.shape}"
         )
     r = r.astype(np.int64)
     T = len(r)
-    s_range = checks.check_int(s_range, "pruned_rnnt_lattice: s_range", 1)
     V, blank, y = _check_transducer_args(targets, V, blank, "pruned_rnnt_lattice")
     Tb = T if frames is None else checks.check_int(frames, "pruned_rnnt_lattice: frames", 0)
     if Tb > T:
@@ -360,6 +372,50 @@ def pruned_rnnt_lattice(
         return np.where((k >= 0) & (k < s_range), t * s_range + k, -1)
 
     return _grid_graph(Tb, len(y), y, blank, V, cell, calc_grad)
+
+
+def frame_lattice(graph: Graph, frames: int, C: int, *, calc_grad: bool = False) -> Graph:
+    """A criterion graph over ``(T, C)`` emissions unrolled into a lattice over ``frames`` frames.
+
+    Node ``(t, n)`` (id ``t * num_nodes + n``, ``t`` in ``[0, frames]``) stands for graph node
+    ``n`` after ``t`` frames; an emitting arc ``n -> m`` with label ``l`` becomes ``(t, n) ->
+    (t + 1, m)`` reading position ``t * C + l`` for every ``t < frames``; an epsilon arc stays in its
+    frame. Start nodes at ``t = 0``, accept nodes at ``t = frames``; output labels and weights are
+    kept. ``lattice_loss(emissions, [frame_lattice(g_b, T_b, C)])`` then equals
+    ``graph_loss(emissions, graphs=[g_b], input_lengths=[T_b])`` (slower: the frame-synchronous
+    kernels are the fast path for graphs that read frames in order).
+
+    Raises:
+        ValueError: a label outside ``[0, C)`` (or -1), bad ``frames``/``C``, an epsilon cycle
+            (when scored).
+    """
+    if not isinstance(graph, Graph):
+        raise ValueError(f"frame_lattice: graph must be a lightning_gtn.wfst.Graph, got {type(graph).__name__}")
+    frames = checks.check_int(frames, "frame_lattice: frames", 0)
+    C = checks.check_int(C, "frame_lattice: C", 1)
+    a = graph.arrays()
+    S = a.num_nodes
+    il = a.ilabel.astype(np.int64)
+    if len(il) and il.max() >= C:
+        raise ValueError(f"frame_lattice: graph label {int(il.max())} out of range [0, C={C})")
+    if (frames + 1) * max(S, 1) - 1 > _MAX_POS or frames * C - 1 > _MAX_POS:
+        raise ValueError("frame_lattice: the unrolled lattice exceeds int32 node ids or positions")
+    src, dst = a.src.astype(np.int64), a.dst.astype(np.int64)
+    em, eps = il >= 0, il < 0
+    t_em = np.repeat(np.arange(frames, dtype=np.int64), int(em.sum()))
+    t_eps = np.repeat(np.arange(frames + 1, dtype=np.int64), int(eps.sum()))
+    k_em, k_eps = np.tile(np.nonzero(em)[0], frames), np.tile(np.nonzero(eps)[0], frames + 1)
+    return Graph.from_arrays(
+        (frames + 1) * S,
+        a.start.astype(np.int64),
+        frames * S + a.accept.astype(np.int64),
+        np.concatenate([t_em * S + src[k_em], t_eps * S + src[k_eps]]),
+        np.concatenate([(t_em + 1) * S + dst[k_em], t_eps * S + dst[k_eps]]),
+        np.concatenate([t_em * C + il[k_em], np.full(len(k_eps), -1, np.int64)]),
+        np.concatenate([a.olabel[k_em], a.olabel[k_eps]]).astype(np.int64),
+        np.concatenate([a.weights[k_em], a.weights[k_eps]]),
+        calc_grad=calc_grad,
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -221,6 +221,10 @@ def test_pruned_lattice_equals_full_lattice_on_the_band():
     for t in range(T):
         masked[0, t, ranges[t] : ranges[t] + s_range] = full[0, t, ranges[t] : ranges[t] + s_range]
     a = lattice_loss(pruned, pruned_rnnt_lattice(ranges, s_range, y, V, 0))
+    k2_ranges = torch.from_numpy(ranges[:, None] + np.arange(s_range))  # k2's (T, s_range) layout
+    torch.testing.assert_close(lattice_loss(pruned, pruned_rnnt_lattice(k2_ranges, s_range, y, V, 0)), a)
+    with pytest.raises(ValueError, match="ranges"):
+        pruned_rnnt_lattice(k2_ranges.flip(1), s_range, y, V, 0)
     b = lattice_loss(masked, rnnt_lattice(T, U, y, V, 0))
     torch.testing.assert_close(a, b)
     assert torch.isfinite(a)
@@ -308,6 +312,7 @@ def test_rnnt_lattice_loss_custom_op_equals_reference_and_compiles_fullgraph():
     ref = rnnt_reference(logits.log_softmax(-1), targets, ll, tl, V - 1)
     got = rnnt_lattice_loss(logits, targets, ll, tl, reduction="none")
     torch.testing.assert_close(got, ref)
+    ref0 = ref.detach()
     g_out = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
     torch.testing.assert_close(torch.autograd.grad(got, logits, g_out)[0], torch.autograd.grad(ref, logits, g_out)[0])
     # aot_eager: dynamo (fullgraph: no graph break around the op) and AOT autograd, without inductor's build time
@@ -316,7 +321,147 @@ def test_rnnt_lattice_loss_custom_op_equals_reference_and_compiles_fullgraph():
     ref = rnnt_reference(logits.log_softmax(-1), targets, ll, tl, V - 1).mean() * 2.0
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(torch.autograd.grad(out, logits)[0], torch.autograd.grad(ref, logits)[0])
+    # a user's builder through the same op: values, and the op's registration (opcheck)
+    from lightning_gtn.core.lattice import lattice_loss_op
+    from lightning_gtn.functional import LatticeCriterion, lattice_criterion_loss
+
+    def build(target, frames, shape, blank):
+        T_, U1, V_ = shape
+        return rnnt_lattice(T_, U1 - 1, target, V_, blank, frames=frames)
+
+    crit = LatticeCriterion(build, {"blank": V - 1}, blank=V - 1)
+    lp = logits.log_softmax(-1)
+    torch.testing.assert_close(lattice_criterion_loss(lp, targets, ll, tl, criterion=crit, reduction="none"), ref0)
+    args = (lp.detach().requires_grad_(), targets, ll, tl, crit.handle, "none", False, "log", True)
+    torch.library.opcheck(lattice_loss_op, args)  # schema, fake tensor, autograd registration
     with pytest.raises(ValueError, match="logit_lengths|input_lengths"):
         rnnt_lattice_loss(logits, targets, torch.tensor([5, 2, 3]), tl)
     with pytest.raises(ValueError, match="targets"):
         rnnt_lattice_loss(logits, torch.full((B, U), V - 1), ll, tl)  # the blank is not a target
+
+
+@pytest.mark.parametrize("blank", [0, -1])
+def test_lattice_path_equals_the_specialised_rnnt_loss(blank):
+    from lightning_gtn.functional import rnnt_lattice_loss, rnnt_loss
+
+    torch.manual_seed(8)
+    B, T, U, V = 3, 6, 3, 7
+    logits = torch.randn(B, T, U + 1, V, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, V - 1, (B, U)) + (1 if blank == 0 else 0)
+    ll, tl = torch.tensor([6, 4, 5]), torch.tensor([3, 3, 1])
+    for reduction in ("none", "mean", "sum"):
+        a = rnnt_lattice_loss(logits, targets, ll, tl, blank=blank, reduction=reduction)
+        b = rnnt_loss(logits, targets, ll, tl, blank=blank, reduction=reduction)
+        torch.testing.assert_close(a, b)
+    ga = torch.autograd.grad(rnnt_lattice_loss(logits, targets, ll, tl, blank=blank), logits)[0]
+    gb = torch.autograd.grad(rnnt_loss(logits, targets, ll, tl, blank=blank), logits)[0]
+    torch.testing.assert_close(ga, gb)
+
+
+def random_dag(rng, num_nodes, num_arcs, N):
+    """A random acyclic graph whose node ids are shuffled (not a topological order), with
+    epsilon arcs, several start and accept nodes, random weights and positions in [0, N)."""
+    rank = rng.permutation(num_nodes)  # node i sits at rank[i] of a hidden order
+    g = gtn.Graph()
+    for i in range(num_nodes):
+        g.add_node(bool(rank[i] < 2), bool(rank[i] >= num_nodes - 2))
+    by_rank = np.argsort(rank)
+    for _ in range(num_arcs):
+        r0, r1 = sorted(rng.choice(num_nodes, 2, replace=False))
+        p = int(rng.integers(N)) if rng.random() > 0.2 else gtn.epsilon
+        g.add_arc(int(by_rank[r0]), int(by_rank[r1]), p, p, float(rng.normal()))
+    return g
+
+
+def test_random_dags_equal_the_wfst_engine_scores_and_gradients():
+    rng = np.random.default_rng(9)
+    N = 6
+    for _ in range(4):
+        g = random_dag(rng, 7, 14, N)
+        x = torch.randn(1, N, dtype=torch.float64)
+        # the engine's reference: the same graph with each arc's weight = x[position] + weight
+        wx = [g.weight(a) + (float(x[0, g.ilabel(a)]) if g.ilabel(a) >= 0 else 0.0) for a in range(g.num_arcs())]
+        h = gtn.Graph.from_arrays(
+            g.num_nodes(), g.start(), g.accept(), *[g.arrays()[k] for k in (3, 4, 5, 6)], weights=wx
+        )
+        fs = gtn.forward_score(h)
+        gtn.backward(fs)
+        occ = np.asarray(h.grad().weights_to_list())
+        xg = x.clone().requires_grad_()
+        g.zero_grad()
+        loss = lattice_loss(xg, g, reduction="sum")
+        (gx,) = torch.autograd.grad(loss, xg)
+        np.testing.assert_allclose(-loss.item(), fs.item(), rtol=1e-5, atol=1e-5)
+        expect = np.zeros(N)
+        for a in range(g.num_arcs()):
+            if g.ilabel(a) >= 0:
+                expect[g.ilabel(a)] -= occ[a]
+        np.testing.assert_allclose(gx[0].numpy(), expect, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(g.grad().weights_to_numpy(), -occ, rtol=1e-4, atol=1e-5)
+        vs = gtn.viterbi_score(h).item()
+        np.testing.assert_allclose(lattice_viterbi(x, g).scores.item(), vs, rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_on_the_thread_pool_equal_one_thread():
+    from lightning_gtn.wfst.parallel import get_num_threads, set_num_threads
+
+    torch.manual_seed(10)
+    B, T, U, V = 6, 200, 40, 4  # enough arcs for the kernel to split the batch into chunks
+    lp = torch.randn(B, T, U + 1, V, dtype=torch.float64).log_softmax(-1)
+    lats = [rnnt_lattice(T, U, torch.randint(1, V, (U - b,)), V, 0, frames=T - b) for b in range(B)]
+    before = get_num_threads()
+    out = {}
+    try:
+        for n in (1, 3):
+            set_num_threads(n)
+            x = lp.clone().requires_grad_()
+            loss = lattice_loss(x, lats, reduction="none")
+            out[n] = (loss.detach(), torch.autograd.grad(loss.sum(), x)[0])
+    finally:
+        set_num_threads(before)
+    torch.testing.assert_close(out[3][0], out[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(out[3][1], out[1][1], rtol=0, atol=0)
+
+
+def ctc_graph(target, blank):
+    """CTC's criterion graph written as in GTN's tutorial: node 2i is a blank, 2i+1 token i."""
+    g = gtn.Graph(False)
+    L = 2 * len(target) + 1
+    for n in range(L):
+        g.add_node(n == 0, n >= L - 2)
+    for n in range(L):
+        lab = target[(n - 1) // 2] if n % 2 else blank
+        g.add_arc(n, n, lab)
+        if n > 0:
+            g.add_arc(n - 1, n, lab)
+        if n % 2 and n > 1 and lab != target[(n - 1) // 2 - 1]:
+            g.add_arc(n - 2, n, lab)
+    return g
+
+
+def test_criterion_graphs_unrolled_into_lattices_equal_the_frame_synchronous_losses():
+    from lightning_gtn.functional import ctc_loss, frame_lattice, graph_loss
+
+    torch.manual_seed(11)
+    B, T, C = 3, 6, 4
+    lp = torch.randn(B, T, C, dtype=torch.float64).log_softmax(-1).requires_grad_()
+    targets = [[1, 1], [2, 3, 1], []]
+    il = torch.tensor([6, 5, 3])
+    lats = [frame_lattice(ctc_graph(t, 0), int(il[b]), C) for b, t in enumerate(targets)]
+    got = lattice_loss(lp, lats, reduction="none")
+    ref = ctc_loss(lp, targets, il, torch.tensor([2, 3, 0]), blank=0, reduction="none")
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), lp)[0], torch.autograd.grad(ref.sum(), lp)[0])
+    # a graph with an epsilon arc and weights, against graph_loss
+    g = gtn.Graph(False)
+    g.add_node(True)
+    g.add_node()
+    g.add_node(False, True)
+    g.add_arc(0, 0, 1, 1, 0.3)
+    g.add_arc(0, 1, 2, 2, -0.2)
+    g.add_arc(1, 2, gtn.epsilon, gtn.epsilon, 0.5)
+    g.add_arc(2, 2, 3, 3, 0.1)
+    a = lattice_loss(lp, [frame_lattice(g, int(n), C) for n in il], reduction="none")
+    torch.testing.assert_close(a, graph_loss(lp, graphs=g, input_lengths=il, reduction="none"))
+    with pytest.raises(ValueError, match="label 3 out of range"):
+        frame_lattice(g, 2, 3)
