@@ -317,7 +317,7 @@ def _delay(px: Tensor, delay_penalty: float, rnnt_type: str, boundary: Optional[
 def _score(px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad):
     px = _delay(px, delay_penalty, rnnt_type, boundary)
     out = mutual_information_recursion(px, py, boundary, return_grad=return_grad)
-    if return_grad:
+    if isinstance(out, tuple):
         scores, grads = out
         return _reduce(scores, reduction), grads
     return _reduce(out, reduction)

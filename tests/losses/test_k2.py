@@ -562,3 +562,23 @@ def test_module_forward_and_joint_loss():
         m.joint_loss(net, enc.float(), el, targets, torch.tensor([4, 1]))
     with pytest.raises(ValueError, match="encoder_lengths"):
         m.joint_loss(net, enc.float(), torch.tensor([7, 1]), targets, tl)
+
+
+def test_ranges_follow_a_sharp_alignment():
+    # one alignment dominates: symbol k at frame 2k, blanks elsewhere; two positions per frame
+    # (k, k + 1) hold it, so pruning to s_range=2 loses almost nothing
+    B, T, S, C = 1, 8, 4, 6
+    symbols = torch.tensor([[1, 2, 3, 4]])
+    lm = torch.zeros(B, S + 1, C, dtype=torch.float64)
+    am = torch.zeros(B, T, C, dtype=torch.float64)
+    am[0, :, 0] = 6.0
+    for k in range(S):
+        am[0, 2 * k, k + 1] = 12.0
+    _, (px_grad, py_grad) = k2.rnnt_loss_simple(lm, am, symbols, 0, return_grad=True)
+    ranges = k2.get_rnnt_prune_ranges(px_grad, py_grad, None, 2)
+    for k in range(S):
+        assert ranges[0, 2 * k].tolist() == [k, k + 1]
+    am_p, lm_p = k2.do_rnnt_pruning(am, lm, ranges)
+    pruned = k2.rnnt_loss_pruned(am_p + lm_p, symbols, ranges, 0)
+    full = k2.rnnt_loss(am[:, :, None] + lm[:, None], symbols, 0)
+    assert full.item() < pruned.item() < full.item() + 1e-2
