@@ -560,6 +560,10 @@ def test_module_forward_and_joint_loss():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
     with pytest.raises(ValueError, match="target_lengths"):
         m.joint_loss(net, enc.float(), el, targets, torch.tensor([4, 1]))
+    with pytest.raises(ValueError, match="targets"):
+        m.joint_loss(net, enc.float(), el, torch.tensor([[1, 2, 9], [4, 1, -1]]), tl)
+    with pytest.raises(ValueError, match="blank"):
+        PrunedRNNTLoss(blank=7)(torch.zeros(2, 6, 4, 5), targets, el, tl)
     with pytest.raises(ValueError, match="encoder_lengths"):
         m.joint_loss(net, enc.float(), torch.tensor([7, 1]), targets, tl)
 
