@@ -162,7 +162,7 @@ class _ArcLogProbs(torch.autograd.Function):
     (autograd through logsumexp and gather would keep a second ``(B, T, R, C)`` tensor)."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, kept: Tensor, term: int):  # type: ignore[override]
+    def forward(ctx, logits: Tensor, kept: Tensor, term: int):
         lse = torch.logsumexp(logits, dim=3)
         px = logits.gather(3, kept.unsqueeze(3)).squeeze(3) - lse
         py = logits[..., term] - lse
@@ -172,7 +172,7 @@ class _ArcLogProbs(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g_px: Tensor, g_py: Tensor):  # type: ignore[override]
+    def backward(ctx, g_px: Tensor, g_py: Tensor):
         logits, lse, kept = ctx.saved_tensors
         g_px = torch.zeros_like(lse) if g_px is None else g_px
         g_py = torch.zeros_like(lse) if g_py is None else g_py
