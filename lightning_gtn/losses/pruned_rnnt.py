@@ -517,8 +517,10 @@ def get_rnnt_prune_ranges(
     dev = px_grad.device
     bnd = _full_boundary(_check_boundary(boundary, B, S, T, dev), B, S, T, dev)
     if regular and S >= 1 and B:
-        lengths_s = (bnd[:, 2] - bnd[:, 0]).clamp(min=0)
-        lengths_t = (bnd[:, 3] - bnd[:, 1]).clamp(min=1)
+        lengths_s = bnd[:, 2] - bnd[:, 0]
+        frames = bnd[:, 3] - bnd[:, 1]
+        lengths_s = torch.where(frames > 0, lengths_s, 0)  # no frame: no path whatever the range
+        lengths_t = frames.clamp(min=1)
         need = int((((lengths_s + lengths_t - 1) // lengths_t) + 1).max())  # ceil(S_b / T_b) + 1
         need = max(need, 2)
         if s_range < need:
