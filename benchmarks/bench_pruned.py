@@ -9,7 +9,9 @@ the simple projections ``Linear(J, V)``.
   ``get_rnnt_prune_ranges``, ``do_rnnt_pruning``, the joiner on ``(B, T, 5, V)`` only,
   ``rnnt_loss_pruned``, and ``0.5 * simple + pruned``.
 
-Columns: median wall time of forward + backward (a few repeats: the machine is shared), and the
+Columns: median wall time and process CPU time (all threads) of forward + backward (a few
+repeats: the machine is shared; CPU time is the steadier figure there), the ratio of the CPU
+times, and the
 peak extra resident memory of one step measured in a fresh subprocess (glibc told to mmap every
 buffer of 4 KiB or more and give freed memory back at once; after a warm-up the high-water mark
 is reset through ``/proc/self/clear_refs``; the figure is ``VmHWM - VmRSS`` across one step,
@@ -66,14 +68,16 @@ def _make(kind: str, B: int, T: int, U: int, V: int, seed: int = 0):
     return full if kind == "full" else pruned
 
 
-def _time(step, repeats: int) -> float:
+def _time(step, repeats: int) -> tuple:
+    """Median wall time and median process CPU time (all threads; steadier on a shared machine)."""
     step()  # warm-up (numba's cached kernels load, torch's allocator settles)
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def _status_kb(key: str) -> int:
@@ -124,24 +128,26 @@ def main(argv=None) -> str:
     big = (16, 500, 200, 500)
     rows = []
     for shape in grow:
-        tf, tp = _time(_make("full", *shape), args.repeats), _time(_make("pruned", *shape), args.repeats)
+        (tf, cf), (tp, cp) = _time(_make("full", *shape), args.repeats), _time(_make("pruned", *shape), args.repeats)
         mf = float("nan") if args.no_memory else _memory("full", shape)
         mp = float("nan") if args.no_memory else _memory("pruned", shape)
         rows.append(
-            f"| {', '.join(map(str, shape))} | {tf * 1e3:.0f} | {tp * 1e3:.0f} | {tf / tp:.2f} | {mf:.0f} | {mp:.0f} |"
+            f"| {', '.join(map(str, shape))} | {tf * 1e3:.0f} / {cf * 1e3:.0f} | {tp * 1e3:.0f} / {cp * 1e3:.0f} "
+            f"| {cf / cp:.2f} | {mf:.0f} | {mp:.0f} |"
         )
-    tp = _time(_make("pruned", *big), max(1, args.repeats - 1))
+    tp, cp = _time(_make("pruned", *big), max(1, args.repeats - 1))
     mp = float("nan") if args.no_memory else _memory("pruned", big)
     B, T, U, V = big
     need = B * T * (U + 1) * V * 4
     rows.append(
         f"| {', '.join(map(str, big))} | not run: the joiner output alone is {need / 2**30:.1f} GiB "
-        f"(float32), its gradient as much again | {tp * 1e3:.0f} | n/a | n/a | {mp:.0f} |"
+        f"(float32), its gradient as much again | {tp * 1e3:.0f} / {cp * 1e3:.0f} | n/a | n/a | {mp:.0f} |"
     )
     table = (
         f"### Pruned RNN-T (`lightning_gtn.k2`, s_range={S_RANGE}) against the full lattice, forward + backward, "
         f"J={J}\n\n"
-        "| B, T, U, V | full (ms) | pruned (ms) | full / pruned | full peak extra (MB) | pruned peak extra (MB) |\n"
+        "| B, T, U, V | full: wall / CPU (ms) | pruned: wall / CPU (ms) | full / pruned (CPU) "
+        "| full peak extra (MB) | pruned peak extra (MB) |\n"
         "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     print(table)

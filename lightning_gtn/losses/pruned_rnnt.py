@@ -152,6 +152,37 @@ def _check_scale(value, name: str) -> float:
     return float(value)
 
 
+# -- log-probabilities of joiner outputs ---------------------------------------------------------
+
+
+class _ArcLogProbs(torch.autograd.Function):
+    """``(px, py)`` ``(B, T, R)``: the log-softmax over ``C`` of ``logits`` ``(B, T, R, C)`` read
+    at ``kept`` ``(B, T, R)`` and at the blank, without materialising the log-softmax. The
+    backward writes ``softmax * -(g_px + g_py)`` plus the two read classes into one buffer
+    (autograd through logsumexp and gather would keep a second ``(B, T, R, C)`` tensor)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, kept: Tensor, term: int):
+        lse = torch.logsumexp(logits, dim=3)
+        px = logits.gather(3, kept.unsqueeze(3)).squeeze(3) - lse
+        py = logits[..., term] - lse
+        ctx.save_for_backward(logits, lse, kept)
+        ctx.term = term
+        return px, py
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_px: Tensor, g_py: Tensor):
+        logits, lse, kept = ctx.saved_tensors
+        g_px = torch.zeros_like(lse) if g_px is None else g_px
+        g_py = torch.zeros_like(lse) if g_py is None else g_py
+        grad = torch.exp(logits - lse.unsqueeze(3))
+        grad.mul_(-(g_px + g_py).unsqueeze(3))
+        grad.scatter_add_(3, kept.unsqueeze(3), g_px.unsqueeze(3))
+        grad[..., ctx.term] += g_py
+        return grad, None, None
+
+
 # -- the recursion -------------------------------------------------------------------------------
 
 
@@ -317,7 +348,7 @@ def _delay(px: Tensor, delay_penalty: float, rnnt_type: str, boundary: Optional[
 def _score(px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad):
     px = _delay(px, delay_penalty, rnnt_type, boundary)
     out = mutual_information_recursion(px, py, boundary, return_grad=return_grad)
-    if return_grad:
+    if isinstance(out, tuple):
         scores, grads = out
         return _reduce(scores, reduction), grads
     return _reduce(out, reduction)
@@ -383,10 +414,10 @@ def get_rnnt_logprobs_joint(
     term = _check_termination(termination_symbol, C)
     bnd = _check_boundary(boundary, B, S, T, logits.device)
     logits = _compute(logits)
-    norm = torch.logsumexp(logits, dim=3)  # (B, T, S + 1)
-    px = logits[:, :, :S].gather(3, sym.reshape(B, 1, S, 1).expand(B, T, S, 1)).squeeze(3)
-    px = (px - norm[:, :, :S]).transpose(1, 2)  # (B, S, T)
-    py = (logits[:, :, :, term] - norm).transpose(1, 2)  # (B, S + 1, T)
+    kept = torch.cat([sym, sym.new_full((B, 1), term)], dim=1).reshape(B, 1, S + 1).expand(B, T, S + 1)
+    px, py = _ArcLogProbs.apply(logits, kept.contiguous(), term)  # (B, T, S + 1) each
+    px = px[:, :, :S].transpose(1, 2)  # (B, S, T)
+    py = py.transpose(1, 2)  # (B, S + 1, T)
     if rnnt_type == "regular":
         px = _end_column(px)
     return _finish(px.contiguous(), py.contiguous(), rnnt_type, bnd)
@@ -486,8 +517,10 @@ def get_rnnt_prune_ranges(
     dev = px_grad.device
     bnd = _full_boundary(_check_boundary(boundary, B, S, T, dev), B, S, T, dev)
     if regular and S >= 1 and B:
-        lengths_s = (bnd[:, 2] - bnd[:, 0]).clamp(min=0)
-        lengths_t = (bnd[:, 3] - bnd[:, 1]).clamp(min=1)
+        lengths_s = bnd[:, 2] - bnd[:, 0]
+        frames = bnd[:, 3] - bnd[:, 1]
+        lengths_s = torch.where(frames > 0, lengths_s, 0)  # no frame: no path whatever the range
+        lengths_t = frames.clamp(min=1)
         need = int((((lengths_s + lengths_t - 1) // lengths_t) + 1).max())  # ceil(S_b / T_b) + 1
         need = max(need, 2)
         if s_range < need:
@@ -611,9 +644,7 @@ def _pruned_logprobs(logits, symbols, ranges, termination_symbol, boundary, rnnt
         others = logits.index_fill(3, torch.tensor([term], device=logits.device), NEG_INF)
         px_k = logits.gather(3, kept).squeeze(3) - torch.logsumexp(others, dim=3) + (py_k - blank_logit)
     else:
-        norm = torch.logsumexp(logits, dim=3)  # (B, T, R)
-        px_k = logits.gather(3, kept).squeeze(3) - norm
-        py_k = logits[..., term] - norm
+        px_k, py_k = _ArcLogProbs.apply(logits, kept.squeeze(3).contiguous(), term)  # (B, T, R) each
     px = _spread(px_k, r, S + 1)[:, :S]  # (B, S, T)
     py = _spread(py_k, r, S + 1)  # (B, S + 1, T)
     if rnnt_type == "regular":

@@ -155,6 +155,15 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
         sym = torch.where(pos < tl.reshape(B, 1), targets.to(device=device, dtype=torch.long), int(self.blank or 0))
         return sym, tl
 
+    def _check_classes(self, sym: Tensor, V: int) -> None:
+        """ValueError unless the blank and every (unpadded) target id is a class in ``[0, V)``."""
+        if not 0 <= int(self.blank or 0) < V:
+            raise ValueError(f"blank must be a class id in [0, V={V}), got {self.blank}")
+        if sym.numel() and not torch.compiler.is_compiling() and (int(sym.min()) < 0 or int(sym.max()) >= V):
+            raise ValueError(
+                f"targets must be class ids in [0, V={V}), got values in [{int(sym.min())}, {int(sym.max())}]"
+            )
+
     @staticmethod
     def _lengths(lengths, B: int, high: int, name: str, device) -> Tensor:
         x = torch.as_tensor(lengths)
@@ -183,6 +192,7 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
         sym, tl = self._symbols(targets, target_lengths, B, logits.device)
         if logits.shape[2] != sym.shape[1] + 1:
             raise ValueError(f"logits (B, T, U + 1, V) must have U + 1 = {sym.shape[1] + 1}, got {tuple(logits.shape)}")
+        self._check_classes(sym, logits.shape[3])
         ll = self._lengths(logit_lengths, B, T, "logit_lengths", logits.device)
         boundary = torch.stack([torch.zeros_like(tl), torch.zeros_like(tl), tl, ll], dim=1)
         losses = k2f.rnnt_loss(
@@ -215,8 +225,9 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
         sym, tl = self._symbols(targets, target_lengths, B, encoder_out.device)
         el = self._lengths(encoder_lengths, B, T, "encoder_lengths", encoder_out.device)
         boundary = torch.stack([torch.zeros_like(tl), torch.zeros_like(tl), tl, el], dim=1)
+        am = network.simple_am(encoder_out)  # (B, T, V): V checks the targets before any lookup
+        self._check_classes(sym, am.shape[-1])
         pred, _ = network.predict(prepend_blank(sym, blank), None)  # (B, U + 1, J)
-        am = network.simple_am(encoder_out)
         lm = network.simple_lm(pred)
         simple, (px_grad, py_grad) = k2f.rnnt_loss_smoothed(
             _at_least_float32(lm),

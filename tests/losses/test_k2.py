@@ -560,5 +560,47 @@ def test_module_forward_and_joint_loss():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
     with pytest.raises(ValueError, match="target_lengths"):
         m.joint_loss(net, enc.float(), el, targets, torch.tensor([4, 1]))
+    with pytest.raises(ValueError, match="targets"):
+        m.joint_loss(net, enc.float(), el, torch.tensor([[1, 2, 9], [4, 1, -1]]), tl)
+    with pytest.raises(ValueError, match="blank"):
+        PrunedRNNTLoss(blank=7)(torch.zeros(2, 6, 4, 5), targets, el, tl)
     with pytest.raises(ValueError, match="encoder_lengths"):
         m.joint_loss(net, enc.float(), torch.tensor([7, 1]), targets, tl)
+
+
+def test_ranges_follow_a_sharp_alignment():
+    # one alignment dominates: symbol k at frame 2k, blanks elsewhere; two positions per frame
+    # (k, k + 1) hold it, so pruning to s_range=2 loses almost nothing
+    B, T, S, C = 1, 8, 4, 6
+    symbols = torch.tensor([[1, 2, 3, 4]])
+    lm = torch.zeros(B, S + 1, C, dtype=torch.float64)
+    am = torch.zeros(B, T, C, dtype=torch.float64)
+    am[0, :, 0] = 6.0
+    for k in range(S):
+        am[0, 2 * k, k + 1] = 12.0
+    _, (px_grad, py_grad) = k2.rnnt_loss_simple(lm, am, symbols, 0, return_grad=True)
+    ranges = k2.get_rnnt_prune_ranges(px_grad, py_grad, None, 2)
+    for k in range(S):
+        assert ranges[0, 2 * k].tolist() == [k, k + 1]
+    am_p, lm_p = k2.do_rnnt_pruning(am, lm, ranges)
+    pruned = k2.rnnt_loss_pruned(am_p + lm_p, symbols, ranges, 0)
+    full = k2.rnnt_loss(am[:, :, None] + lm[:, None], symbols, 0)
+    assert full.item() < pruned.item() < full.item() + 1e-2
+
+
+def test_empty_sequences_and_frames():
+    g = torch.Generator().manual_seed(23)
+    B, T, S, C = 3, 4, 2, 5
+    lm, am = torch.randn(B, S + 1, C, generator=g), torch.randn(B, T, C, generator=g)
+    symbols = torch.randint(1, C, (B, S), generator=g)
+    boundary = torch.tensor([[0, 0, 2, 0], [0, 0, 0, 4], [0, 0, 0, 0]])  # no frame; no symbol; neither
+    loss, (px_grad, py_grad) = k2.rnnt_loss_simple(lm, am, symbols, 0, boundary, reduction="none", return_grad=True)
+    assert math.isinf(loss[0].item()) and loss[2].item() == 0.0
+    # no symbol: four blanks in context 0
+    assert loss[1].item() == pytest.approx(-(am[1] + lm[1, 0]).log_softmax(-1)[:, 0].sum().item(), rel=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the frameless row asks for no wider range
+        ranges = k2.get_rnnt_prune_ranges(px_grad, py_grad, boundary, 2)
+    am_p, lm_p = k2.do_rnnt_pruning(am, lm, ranges)
+    pruned = k2.rnnt_loss_pruned(am_p + lm_p, symbols, ranges, 0, boundary, reduction="none")
+    torch.testing.assert_close(pruned, loss)
