@@ -321,11 +321,12 @@ def test_nan_in_gives_nan_out(impl):
     x[1, 1, 0, 3] = math.nan  # read by example 1
     x[2, 3, 2, 1] = math.nan if tl[2] < 2 else 0.0  # in example 2's padding when tl[2] < 2
     x[0, 3, 0, 2] = 0.0
-    z = x.clone().requires_grad_()
-    costs = rnnt_loss(z, tg, il, tl, blank=0, reduction="none", impl=impl)
-    costs.sum().backward()
-    assert math.isnan(costs[1].item()) and torch.isnan(z.grad[1, :3, : tl[1] + 1]).all()
-    assert torch.isfinite(costs[[0, 2]]).all() and torch.isfinite(z.grad[[0, 2]]).all()
+    for clamp in (-1.0, 0.1):
+        z = x.clone().requires_grad_()
+        costs = rnnt_loss(z, tg, il, tl, blank=0, reduction="none", clamp=clamp, impl=impl)
+        costs.sum().backward()
+        assert math.isnan(costs[1].item()) and torch.isnan(z.grad[1, :3, : tl[1] + 1]).all()
+        assert torch.isfinite(costs[[0, 2]]).all() and torch.isfinite(z.grad[[0, 2]]).all()
 
 
 def test_int32_int64_and_half():
