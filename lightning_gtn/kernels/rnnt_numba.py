@@ -71,8 +71,8 @@ def _exp32_parts(y, p, ib):
     into ``p``, the power of two's bits into ``ib`` (plain arithmetic, which LLVM vectorises;
     ``math.exp`` is one libm call per element). Cody and Waite's reduction ``y = n ln 2 + r``,
     ``|r| <= ln(2) / 2``, then ``exp(r)`` by a degree-7 polynomial (Cephes' ``expf`` coefficients);
-    relative error about 1e-7 of float32's rounding. ``y`` is clipped to ``[-87, 88]`` first (results
-    below ``2 ** -126`` come out as about ``1e-38`` instead of 0)."""
+    relative error about 1e-7 of float32's rounding. ``y`` is clipped to ``[-87, 88]`` first; below
+    -87 (``-inf`` included) the result is exactly 0."""
     for v in range(y.shape[0]):
         w = min(max(y[v], np.float32(-87.0)), np.float32(88.0))
         n = np.floor(w * np.float32(_LOG2E) + np.float32(0.5))  # float32 (math.floor gives an int64)
@@ -85,18 +85,19 @@ def _exp32_parts(y, p, ib):
         q = q * r + np.float32(1.6666665459e-1)
         q = q * r + np.float32(5.0000001201e-1)
         p[v] = q * (r * r) + r + np.float32(1.0)
-        ib[v] = (np.int32(n) + np.int32(127)) << np.int32(23)
+        e = (np.int32(n) + np.int32(127)) << np.int32(23)
+        ib[v] = np.int32(0) if y[v] < np.float32(-87.0) else e  # underflow (and -inf): exactly 0
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, inline="always")
 def _exp_row32(row, m, out, p, ib, fb):
     """``out[v] = exp(row[v] - m)`` for a float32 row (``out`` may be ``row``); returns
-    ``(sum_v out[v], 0 or NaN)``: NaN when the row holds a NaN or an inf (as ``log_softmax``
-    gives)."""
+    ``(sum_v out[v], 0 or NaN)``: NaN when the row holds a NaN or a +inf (as ``log_softmax``
+    gives; ``-inf`` entries, masked classes, are fine)."""
     V = row.shape[0]
     bad = np.float32(0.0)
     for v in range(V):
-        bad += row[v] * np.float32(0.0)
+        bad += np.float32(0.0) if row[v] == np.float32(NEG_INF) else row[v] - row[v]
         out[v] = row[v] - m
     _exp32_parts(out, p, ib)
     s = np.float32(0.0)
@@ -166,10 +167,12 @@ def _normalise_rows(x, g, has_g, tg, tl, il, blank, fused, fast, r0, r1, rs, lpb
                     s = 0.0
                     bad = 0.0
                     for v in range(V):
-                        bad += row[v] * 0.0
+                        bad += 0.0 if row[v] == NEG_INF else row[v] - row[v]
                         w = math.exp(row[v] - m)
                         out[v] = w
                         s += w
+                if m == NEG_INF:  # every class -inf: NaN, as log_softmax gives
+                    bad = math.nan
                 d = m + math.log(s) + bad
                 rs[b, t, u] = 1.0 / s + bad
             lpb[b, t, u] = xb - d

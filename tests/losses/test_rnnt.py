@@ -329,6 +329,25 @@ def test_nan_in_gives_nan_out(impl):
         assert torch.isfinite(costs[[0, 2]]).all() and torch.isfinite(z.grad[[0, 2]]).all()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_minus_inf_logits_mask_a_class(impl, dtype):
+    """A class whose logits are all -inf (masked) is the same as that class removed."""
+    x, tg, il, tl = _batch(22, 2, 4, 3, 6, blank=0, dtype=dtype)
+    tg = tg.clamp(max=4)  # class 5 is never a target
+    masked = x.clone()
+    masked[..., 5] = -math.inf
+    a = masked.requires_grad_()
+    b = x[..., :5].clone().requires_grad_()
+    ca = rnnt_loss(a, tg, il, tl, blank=0, reduction="none", impl=impl)
+    cb = rnnt_loss(b, tg, il, tl, blank=0, reduction="none", impl=impl)
+    torch.testing.assert_close(ca, cb)
+    ca.sum().backward()
+    cb.sum().backward()
+    assert (a.grad[..., 5] == 0).all()
+    torch.testing.assert_close(a.grad[..., :5], b.grad)
+
+
 def test_int32_int64_and_half():
     x, tg, il, tl = _batch(17, 2, 3, 2, 4, dtype=torch.float32)
     a = rnnt_loss(x, tg.int(), il.int(), tl.int(), blank=0)
