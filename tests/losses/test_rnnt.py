@@ -420,6 +420,15 @@ def test_u_larger_than_t_and_torch_compile():
     assert torch.isfinite(eager)
 
 
+def test_opcheck():
+    """The custom op's schema, fake implementation and autograd registration (torch.library.opcheck)."""
+    from lightning_gtn.losses.rnnt import rnnt_loss_op
+
+    x = torch.randn(2, 4, 3, 5, requires_grad=True)
+    args = (x, torch.tensor([[1, 2], [3, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1]), 0, -1.0, "mean")
+    torch.library.opcheck(rnnt_loss_op, args + (True, False, 0.0, "numba", True))
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_inplace_grad(impl, reduction):
@@ -516,7 +525,7 @@ def test_fuzz_malformed_inputs():
         )
 
     cfg = settings(
-        max_examples=40, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+        max_examples=25, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
     )
 
     @cfg
