@@ -65,17 +65,17 @@ _LN2_HI = 0.693145751953125  # ln 2 split in two (Cody and Waite): n * _LN2_HI i
 _LN2_LO = 1.428606765330187e-06
 
 
-@njit(cache=True, nogil=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM, inline="always")
 def _exp32_parts(y, p, ib):
     """``exp(y[v]) = p[v] * 2 ** ((ib[v] >> 23) - 127)`` for float32 ``y``: the polynomial part
     into ``p``, the power of two's bits into ``ib`` (plain arithmetic, which LLVM vectorises;
     ``math.exp`` is one libm call per element). Cody and Waite's reduction ``y = n ln 2 + r``,
     ``|r| <= ln(2) / 2``, then ``exp(r)`` by a degree-7 polynomial (Cephes' ``expf`` coefficients);
-    relative error about 1e-7 of float32's rounding. ``y`` is clipped to ``[-87, 88]`` first (results
-    below ``2 ** -126`` come out as about ``1e-38`` instead of 0)."""
+    relative error about 1e-7 of float32's rounding. ``y`` is clipped to ``[-87, 88]`` first; below
+    -87 (``-inf`` included) the result is exactly 0."""
     for v in range(y.shape[0]):
         w = min(max(y[v], np.float32(-87.0)), np.float32(88.0))
-        n = math.floor(w * np.float32(_LOG2E) + np.float32(0.5))
+        n = np.floor(w * np.float32(_LOG2E) + np.float32(0.5))  # float32 (math.floor gives an int64)
         r = w - n * np.float32(_LN2_HI)
         r = r - n * np.float32(_LN2_LO)
         q = np.float32(1.9875691500e-4)
@@ -85,18 +85,19 @@ def _exp32_parts(y, p, ib):
         q = q * r + np.float32(1.6666665459e-1)
         q = q * r + np.float32(5.0000001201e-1)
         p[v] = q * (r * r) + r + np.float32(1.0)
-        ib[v] = (np.int32(n) + np.int32(127)) << np.int32(23)
+        e = (np.int32(n) + np.int32(127)) << np.int32(23)
+        ib[v] = np.int32(0) if y[v] < np.float32(-87.0) else e  # underflow (and -inf): exactly 0
 
 
-@njit(cache=True, nogil=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM, inline="always")
 def _exp_row32(row, m, out, p, ib, fb):
     """``out[v] = exp(row[v] - m)`` for a float32 row (``out`` may be ``row``); returns
-    ``(sum_v out[v], 0 or NaN)``: NaN when the row holds a NaN or an inf (as ``log_softmax``
-    gives)."""
+    ``(sum_v out[v], 0 or NaN)``: NaN when the row holds a NaN or a +inf (as ``log_softmax``
+    gives; ``-inf`` entries, masked classes, are fine)."""
     V = row.shape[0]
     bad = np.float32(0.0)
     for v in range(V):
-        bad += row[v] * np.float32(0.0)
+        bad += np.float32(0.0) if row[v] == np.float32(NEG_INF) else row[v] - row[v]
         out[v] = row[v] - m
     _exp32_parts(out, p, ib)
     s = np.float32(0.0)
@@ -107,7 +108,7 @@ def _exp_row32(row, m, out, p, ib, fb):
     return float(s), float(bad)
 
 
-@njit(cache=True, nogil=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM, inline="always")
 def _row_max(row):
     """The largest entry of a row (NaN is caught by :func:`_exp_row32`)."""
     m = row[0]
@@ -116,14 +117,24 @@ def _row_max(row):
     return m
 
 
-@njit(cache=True, nogil=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM, inline="always")
 def _scale_row(out, c):
     """``out[v] *= c``."""
     for v in range(out.shape[0]):
         out[v] *= c
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FM, inline="always")
+def _clip_row(out, c, s):
+    """``out[v] = s * clip(out[v], -c, c)`` (NaN stays NaN)."""
+    for v in range(out.shape[0]):
+        w = out[v]
+        w = c if w > c else w
+        w = -c if w < -c else w
+        out[v] = w * s
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
 def _normalise_rows(x, g, has_g, tg, tl, il, blank, fused, fast, r0, r1, rs, lpb, lpe):
     """Rows ``r = b * T + t`` in ``[r0, r1)`` with ``t < il[b]`` (pass 1), for ``u <= tl[b]``:
     ``lpb``, ``lpe`` and, with the fused log-softmax, ``rs = 1 / sum_v exp(x[v] - max)`` (NaN
@@ -156,10 +167,12 @@ def _normalise_rows(x, g, has_g, tg, tl, il, blank, fused, fast, r0, r1, rs, lpb
                     s = 0.0
                     bad = 0.0
                     for v in range(V):
-                        bad += row[v] * 0.0
+                        bad += 0.0 if row[v] == NEG_INF else row[v] - row[v]
                         w = math.exp(row[v] - m)
                         out[v] = w
                         s += w
+                if m == NEG_INF:  # every class -inf: NaN, as log_softmax gives
+                    bad = math.nan
                 d = m + math.log(s) + bad
                 rs[b, t, u] = 1.0 / s + bad
             lpb[b, t, u] = xb - d
@@ -198,7 +211,7 @@ def _lattice(e0, e1, il, tl, lpb, lpe, alpha, beta, logz):
         logz[b] = z[0, 0]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FM)
 def _grad_rows(g, tg, tl, il, blank, fused, lam, clamp, scale, r0, r1, rs, lpb, lpe, alpha, beta, logz):
     """Rows ``r = b * T + t`` in ``[r0, r1)`` (pass 3): the gradient of example b's cost times
     ``scale[b]`` into ``g[b, t]``, which holds the exponentials of pass 1 where the fused
@@ -207,7 +220,7 @@ def _grad_rows(g, tg, tl, il, blank, fused, lam, clamp, scale, r0, r1, rs, lpb, 
     T = g.shape[1]
     U1 = g.shape[2]
     V = g.shape[3]
-    cbuf = np.empty(1, dtype=g.dtype)  # the row's factor in g's dtype: the loop stays in float32 for float32
+    cbuf = np.empty(2, dtype=g.dtype)  # the row's factors in g's dtype: the loop stays in float32 for float32
     for r in range(r0, r1):
         b = r // T
         t = r - b * T
@@ -246,13 +259,9 @@ def _grad_rows(g, tg, tl, il, blank, fused, lam, clamp, scale, r0, r1, rs, lpb, 
             if u < Ub:
                 out[y] -= (1.0 + lam) * pe * sc
             if clamp > 0.0:
-                for v in range(V):
-                    w = out[v]
-                    if w > clamp:
-                        w = clamp
-                    elif w < -clamp:
-                        w = -clamp
-                    out[v] = w * s
+                cbuf[0] = clamp
+                cbuf[1] = s
+                _clip_row(out, cbuf[0], cbuf[1])
 
 
 def _chunks(n: int, per: int) -> Tuple[list, list]:
@@ -309,7 +318,7 @@ def rnnt_cost_grad(
         tg = np.zeros((B, 1), dtype=np.int64)
     fast = x.dtype == np.float32
     has_g = grad is not None
-    if has_g:
+    if grad is not None:
         if grad.shape != x.shape or grad.dtype != x.dtype or not grad.flags.c_contiguous:
             raise ValueError("rnnt_cost_grad: grad must be a C-contiguous buffer of x's shape and dtype")
         g = grad

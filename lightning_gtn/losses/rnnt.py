@@ -219,6 +219,7 @@ def _backward(ctx, g_out, _g_grad):
     (g,) = ctx.saved_tensors
     if (
         ctx.reduction != "none"
+        and type(g_out) is torch.Tensor  # not a fake/functional tensor of a tracer
         and g_out.device.type == "cpu"
         and not torch.compiler.is_compiling()
         and float(g_out) == 1.0

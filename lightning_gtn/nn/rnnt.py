@@ -141,7 +141,7 @@ class RNNTLoss(RNNTStructuredLoss):
             targets,
             logit_lengths,
             target_lengths,
-            self.blank,
+            -1 if self.blank is None else self.blank,
             self.clamp,
             self.reduction,
             self.fused_log_softmax,

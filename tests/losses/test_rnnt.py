@@ -321,11 +321,31 @@ def test_nan_in_gives_nan_out(impl):
     x[1, 1, 0, 3] = math.nan  # read by example 1
     x[2, 3, 2, 1] = math.nan if tl[2] < 2 else 0.0  # in example 2's padding when tl[2] < 2
     x[0, 3, 0, 2] = 0.0
-    z = x.clone().requires_grad_()
-    costs = rnnt_loss(z, tg, il, tl, blank=0, reduction="none", impl=impl)
-    costs.sum().backward()
-    assert math.isnan(costs[1].item()) and torch.isnan(z.grad[1, :3, : tl[1] + 1]).all()
-    assert torch.isfinite(costs[[0, 2]]).all() and torch.isfinite(z.grad[[0, 2]]).all()
+    for clamp in (-1.0, 0.1):
+        z = x.clone().requires_grad_()
+        costs = rnnt_loss(z, tg, il, tl, blank=0, reduction="none", clamp=clamp, impl=impl)
+        costs.sum().backward()
+        assert math.isnan(costs[1].item()) and torch.isnan(z.grad[1, :3, : tl[1] + 1]).all()
+        assert torch.isfinite(costs[[0, 2]]).all() and torch.isfinite(z.grad[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_minus_inf_logits_mask_a_class(impl, dtype):
+    """A class whose logits are all -inf (masked) is the same as that class removed."""
+    x, tg, il, tl = _batch(22, 2, 4, 3, 6, blank=0, dtype=dtype)
+    tg = tg.clamp(max=4)  # class 5 is never a target
+    masked = x.clone()
+    masked[..., 5] = -math.inf
+    a = masked.requires_grad_()
+    b = x[..., :5].clone().requires_grad_()
+    ca = rnnt_loss(a, tg, il, tl, blank=0, reduction="none", impl=impl)
+    cb = rnnt_loss(b, tg, il, tl, blank=0, reduction="none", impl=impl)
+    torch.testing.assert_close(ca, cb)
+    ca.sum().backward()
+    cb.sum().backward()
+    assert (a.grad[..., 5] == 0).all()
+    torch.testing.assert_close(a.grad[..., :5], b.grad)
 
 
 def test_int32_int64_and_half():
@@ -400,6 +420,15 @@ def test_u_larger_than_t_and_torch_compile():
     assert torch.isfinite(eager)
 
 
+def test_opcheck():
+    """The custom op's schema, fake implementation and autograd registration (torch.library.opcheck)."""
+    from lightning_gtn.losses.rnnt import rnnt_loss_op
+
+    x = torch.randn(2, 4, 3, 5, requires_grad=True)
+    args = (x, torch.tensor([[1, 2], [3, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1]), 0, -1.0, "mean")
+    torch.library.opcheck(rnnt_loss_op, args + (True, False, 0.0, "numba", True))
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_inplace_grad(impl, reduction):
@@ -436,3 +465,77 @@ def test_module():
     for bad in (dict(reduction="x"), dict(impl="triton"), dict(blank=0.5), dict(fastemit_lambda=-1.0)):
         with pytest.raises(ValueError):
             lnn.RNNTLoss(**bad)
+
+
+# ---------------------------------------------------------------------------
+# fuzz: malformed inputs raise ValueError, nothing else (in process: every index the kernel
+# reads is range-checked in Python first; tests/losses/test_fuzz.py runs the other losses in a child)
+# ---------------------------------------------------------------------------
+
+
+def test_fuzz_malformed_inputs():
+    """Random shapes, dtypes, lengths, ids, blanks, options, NaN/inf: a result or a ValueError."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    odd = st.sampled_from([-1, -(2**31), 2**31, 2**40, 2**63 - 1])
+
+    @st.composite
+    def case(draw):
+        B, T, U, V = draw(st.integers(0, 3)), draw(st.integers(0, 4)), draw(st.integers(0, 3)), draw(st.integers(1, 4))
+        shape = draw(st.one_of(st.just((B, T, U + 1, V)), st.lists(st.integers(0, 3), max_size=5).map(tuple)))
+        dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.int64]))
+        x = torch.randn(shape).to(dtype) if dtype != torch.int64 else torch.randint(0, 3, shape)
+        if draw(st.booleans()) and x.numel() and x.is_floating_point():
+            x.view(-1)[draw(st.integers(0, x.numel() - 1))] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+        if draw(st.booleans()) and x.is_floating_point():
+            x.requires_grad_(True)
+
+        def ints(shape_, lo, hi):
+            return draw(
+                st.one_of(
+                    st.lists(st.integers(lo, hi), min_size=math.prod(shape_), max_size=math.prod(shape_)).map(
+                        lambda v: torch.tensor(v, dtype=torch.long).reshape(shape_)
+                    ),
+                    st.lists(
+                        st.one_of(st.integers(lo - 3, hi + 3), odd),
+                        min_size=math.prod(shape_),
+                        max_size=math.prod(shape_),
+                    ).map(lambda v: torch.tensor(v).reshape(shape_)),
+                    st.just(torch.rand(shape_)),
+                    st.lists(st.integers(0, 3), max_size=3).map(torch.tensor),
+                    st.none(),
+                    st.just("x"),
+                )
+            )
+
+        return dict(
+            logits=x,
+            targets=ints((B, U), 0, V - 1),
+            logit_lengths=ints((B,), 0, T),
+            target_lengths=ints((B,), 0, U),
+            blank=draw(st.one_of(st.integers(-V - 1, V), odd, st.none(), st.just(0.5))),
+            clamp=draw(st.sampled_from([-1.0, 0.5, math.nan, "a"])),
+            reduction=draw(st.sampled_from(["mean", "sum", "none", "avg"])),
+            fused_log_softmax=draw(st.sampled_from([True, False, 1])),
+            zero_infinity=draw(st.booleans()),
+            fastemit_lambda=draw(st.sampled_from([0.0, 0.3, -1.0])),
+            impl=draw(st.sampled_from([None, "numba", "torch", "triton"])),
+            inplace_grad=draw(st.booleans()),
+        )
+
+    cfg = settings(
+        max_examples=25, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
+
+    @cfg
+    @given(case())
+    def run(args):
+        try:
+            out = rnnt_loss(**args)
+        except ValueError:
+            return
+        if out.requires_grad:
+            out.sum().backward()
+
+    run()
