@@ -46,8 +46,8 @@ def _run(fn, x, tg, xl, yl, impl, **kw):
     return out.detach(), z.grad
 
 
-RNNT_CASES = [  # fused and not, blank 0 and -1, clamp, FastEmit, every reduction
-    dict(blank=0),
+RNNT_CASES = [  # fused and not, blank 0 and -1, clamp, FastEmit, every reduction, the gradient in place
+    dict(blank=0, inplace_grad=True),
     dict(blank=-1, fused_log_softmax=False, reduction="none"),
     dict(blank=0, clamp=0.05, fastemit_lambda=0.5, reduction="sum"),
 ]
@@ -64,16 +64,6 @@ def _interpreted_checks() -> int:
         _close(got[0], want[0], f"rnnt_loss {kw}")
         _close(got[1], want[1], f"rnnt_loss grad {kw}")
         n += 1
-    # the gradient written into the logits' own storage
-    outs = []
-    for impl in ("numba", "triton"):
-        z = x.detach().clone().requires_grad_()
-        loss = rnnt_loss(z, tg, xl, yl, blank=0, fastemit_lambda=0.2, impl=impl, inplace_grad=True)
-        loss.backward()
-        outs.append((loss.detach(), z.grad))
-    _close(outs[1][0], outs[0][0], "rnnt_loss inplace")
-    _close(outs[1][1], outs[0][1], "rnnt_loss inplace grad")
-    n += 1
     for fn, cases in ((tdt_loss, TDT_CASES), (multiblank_rnnt_loss, MB_CASES)):
         for kw in cases:
             want, got = _run(fn, x, tg, xl, yl, "numba", **kw), _run(fn, x, tg, xl, yl, "triton", **kw)
@@ -124,7 +114,7 @@ def test_public_functions_under_the_interpreter():
         [sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "wired: 8 groups equal to numba" in proc.stdout, proc.stdout[-2000:]
+    assert "wired: 7 groups equal to numba" in proc.stdout, proc.stdout[-2000:]
 
 
 @pytest.mark.skipif(CUDA or INTERPRETED, reason="checks the refusal on a CPU without the interpreter")
