@@ -117,6 +117,35 @@ def test_public_functions_under_the_interpreter():
     assert "wired: 7 groups equal to numba" in proc.stdout, proc.stdout[-2000:]
 
 
+@pytest.mark.skipif(not rnnt_triton.available() or INTERPRETED, reason="needs triton's compiler")
+@pytest.mark.parametrize("name", ["_drows_kernel", "_dgrad_kernel"])
+def test_unfused_duration_kernels_compile_for_the_gpu(name):
+    """The duration kernels' ``NORMALISE=False`` branch (``fused_log_softmax=False`` of tdt_loss and
+    multiblank_rnnt_loss, added for this wiring) through Triton's real compiler for sm_90 (no GPU)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(rnnt_triton, name)
+    consts = dict(KB=2, KE=1, HAS_D=True, BLOCK_R=8, BLOCK_V=256, BLOCK_D=4, NORMALISE=False)
+    consts.update(dict(ONE_PASS=False) if name == "_drows_kernel" else dict(CLAMP=False, EMIT_SCALE=False))
+    ints, longs, int_ptrs = (
+        {"R", "T", "U1", "V", "C", "D"},
+        {"tgt", "xlen", "ylen"},
+        {"BCOL", "BDUR", "BDI", "EDUR", "EDI"},
+    )
+
+    def kind(a):
+        if a in consts:
+            return "constexpr"
+        return "i32" if a in ints else "*i64" if a in longs else "*i32" if a in int_ptrs else "*fp32"
+
+    sig = {a: kind(a) for a in fn.arg_names}
+    cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", 90, 32))
+    assert len(kernel.asm["cubin"]) > 0
+
+
 @pytest.mark.skipif(CUDA or INTERPRETED, reason="checks the refusal on a CPU without the interpreter")
 def test_triton_on_cpu_without_the_interpreter_is_refused():
     x, tg, xl, yl = _inputs()
