@@ -314,7 +314,11 @@ def mutual_information_op(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(scores (B,), px_grad, py_grad)`` of the recursion (see the module docstring) by the
     implementation ``impl`` (``"numba"``, ``"torch"`` or ``"triton"``); the grads are ``(0,)`` tensors
-    without ``need_grad``. ``boundary`` is ``(B, 4)`` int64, already range-checked."""
+    without ``need_grad``; ``""`` is the device's default (chosen here, eagerly, so that a CUDA
+    self-check never runs while ``torch.compile`` traces). ``boundary`` is ``(B, 4)`` int64,
+    already range-checked."""
+    if impl == "":
+        impl = pick_impl(px.device)
     if impl == "numba":
         return mi_numba(px.cpu(), py.cpu(), boundary.cpu(), need_grad)
     if impl == "triton":

@@ -231,7 +231,7 @@ def mutual_information_recursion(
     if px.device != py.device:
         raise ValueError(f"px and py must be on the same device, got {px.device} and {py.device}")
     T = py.shape[2]
-    how = pick_impl(px.device, impl)
+    how = pick_impl(px.device, impl) if impl is not None else ""  # "": the op picks the device's default
     bnd = _full_boundary(_check_boundary(boundary, B, S, T, px.device), B, S, T, px.device)
     dtype = px.dtype
     pxc, pyc = _compute(px).contiguous(), _compute(py).contiguous()
