@@ -46,6 +46,7 @@ gpu-check: $(STAMP)
 	$(PY) benchmarks/bench_losses.py --gpu-only
 	$(PY) benchmarks/bench_rnnt.py --gpu-only
 	$(PY) benchmarks/bench_rnnt_variants.py --gpu-only
+	$(PY) benchmarks/bench_pruned.py --gpu-only
 	$(VENV)/bin/lightning-gtn-train experiment=smoke trainer=gpu trainer.enable_progress_bar=false
 
 clean:
