@@ -29,9 +29,9 @@ No atomics: results are bitwise reproducible.
 
 The same three-launch shape serves the variants: :func:`tdt_triton` (token-and-duration transducer)
 and :func:`multiblank_triton` run a lattice whose blank and emitting arcs may skip frames (a node
-then reads several earlier anti-diagonals, all complete before it), and
+then reads several earlier anti-diagonals, all complete before it);
 :func:`duration_lattice_triton` takes such a lattice by its arcs (the form of the losses'
-duration-lattice op; with ``fused_log_softmax=False`` the logits are log-probabilities), and
+duration-lattice op; with ``fused_log_softmax=False`` the logits are log-probabilities); and
 :func:`mutual_information_triton` is k2's recursion over ``px``/``py`` (the core of k2's simple and
 pruned RNN-T losses) on the same anti-diagonal wavefront. :func:`self_check` runs torchaudio's
 published small case on a device, for a dispatcher that wants to verify the kernels once.
