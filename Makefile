@@ -44,6 +44,9 @@ gpu-check: $(STAMP)
 	$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device here')"
 	$(PY) -m pytest -q -p no:cacheprovider -k "cuda or triton" tests/losses tests/kernels tests/core tests/align tests/decode
 	$(PY) benchmarks/bench_losses.py --gpu-only
+	$(PY) benchmarks/bench_rnnt.py --gpu-only
+	$(PY) benchmarks/bench_rnnt_variants.py --gpu-only
+	$(PY) benchmarks/bench_pruned.py --gpu-only
 	$(VENV)/bin/lightning-gtn-train experiment=smoke trainer=gpu trainer.enable_progress_bar=false
 
 clean:

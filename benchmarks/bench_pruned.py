@@ -17,6 +17,11 @@ buffer of 4 KiB or more and give freed memory back at once; after a warm-up the 
 is reset through ``/proc/self/clear_refs``; the figure is ``VmHWM - VmRSS`` across one step,
 inputs excluded). The last row, ``B=16, T=500, U=200, V=500``, runs only the pruned step and
 prints the bytes the full lattice's joiner output alone would take.
+
+On a machine with a CUDA device a second table (``--gpu-only``: that table alone, in ``make
+gpu-check``) runs the same steps on the GPU, where k2's recursion runs on the Triton kernel
+(``impl=None`` picks it after its self-check): median synchronised wall time and the peak CUDA
+memory of one step. Without CUDA it prints "no CUDA".
 """
 
 from __future__ import annotations
@@ -37,19 +42,20 @@ J = 128
 S_RANGE = 5
 
 
-def _make(kind: str, B: int, T: int, U: int, V: int, seed: int = 0):
+def _make(kind: str, B: int, T: int, U: int, V: int, seed: int = 0, device: str = "cpu"):
     g = torch.Generator().manual_seed(seed)
-    joiner = torch.nn.Linear(J, V)
-    am_proj = torch.nn.Linear(J, V)
-    lm_proj = torch.nn.Linear(J, V)
-    enc = torch.randn(B, T, J, generator=g, requires_grad=True)
-    pred = torch.randn(B, U + 1, J, generator=g, requires_grad=True)
+    joiner = torch.nn.Linear(J, V).to(device)
+    am_proj = torch.nn.Linear(J, V).to(device)
+    lm_proj = torch.nn.Linear(J, V).to(device)
+    enc = torch.randn(B, T, J, generator=g).to(device).requires_grad_()
+    pred = torch.randn(B, U + 1, J, generator=g).to(device).requires_grad_()
     symbols = torch.randint(1, V, (B, U), generator=g)
     frames = torch.randint(T // 2, T + 1, (B,), generator=g)
     frames[0] = T
     lengths = torch.minimum(torch.randint(U // 2, U + 1, (B,), generator=g), frames * (S_RANGE - 1))
     lengths[0] = U
-    boundary = torch.stack([torch.zeros(B, dtype=torch.long)] * 2 + [lengths, frames], dim=1)
+    boundary = torch.stack([torch.zeros(B, dtype=torch.long)] * 2 + [lengths, frames], dim=1).to(device)
+    symbols = symbols.to(device)
 
     def full():
         logits = joiner(torch.tanh(enc[:, :, None] + pred[:, None]))
@@ -111,6 +117,52 @@ def _memory(kind: str, shape) -> float:
         return float("nan")
 
 
+def gpu_table(repeats: int = 5, quick: bool = False) -> str:
+    """The CUDA table (see the module docstring), or a line saying there is no CUDA device."""
+    title = f"### Pruned RNN-T against the full lattice on CUDA (k2's recursion by Triton), s_range={S_RANGE}"
+    if not torch.cuda.is_available():
+        print(f"{title}\n\nno CUDA: skipped")
+        return f"{title}\n\nno CUDA: skipped"
+    from lightning_gtn.kernels.rnnt_dispatch import default_impl
+
+    rows = []
+    for shape in (
+        [(4, 100, 40, 128), (16, 500, 200, 500)]
+        if quick
+        else [(4, 100, 10, 128), (4, 100, 80, 128), (16, 500, 200, 500)]
+    ):
+        cells = []
+        for kind in ("full", "pruned"):
+            step = _make(kind, *shape, device="cuda")
+            try:
+                step()
+                torch.cuda.synchronize()
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    step()
+                    torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t0)
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                step()
+                torch.cuda.synchronize()
+                peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+                cells.append(f"{statistics.median(times) * 1e3:.2f} | {peak:.0f}")
+            except torch.OutOfMemoryError:
+                cells.append("out of memory | -")
+            del step
+            torch.cuda.empty_cache()
+        rows.append(f"| {', '.join(map(str, shape))} | {cells[0]} | {cells[1]} |")
+    table = (
+        f"{title}\n\n{torch.cuda.get_device_name(0)}; recursion impl: {default_impl(torch.device('cuda'))}\n\n"
+        "| B, T, U, V | full (ms) | full peak (MB) | pruned (ms) | pruned peak (MB) |\n"
+        "|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+    print(table)
+    return table
+
+
 def main(argv=None) -> str:
     """Prints the table and returns it."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -118,7 +170,10 @@ def main(argv=None) -> str:
     p.add_argument("--quick", action="store_true", help="two small shapes and the big pruned row")
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--memory-worker", nargs=2, metavar=("KIND", "SHAPE"), help=argparse.SUPPRESS)
+    p.add_argument("--gpu-only", action="store_true", help="only the CUDA table")
     args = p.parse_args(argv)
+    if args.gpu_only:
+        return gpu_table(max(args.repeats, 5), args.quick)
     if args.memory_worker:
         kind, shape = args.memory_worker
         _memory_worker(kind, [int(v) for v in shape.split(",")])
@@ -151,7 +206,7 @@ def main(argv=None) -> str:
         "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     print(table)
-    return table
+    return table + "\n" + gpu_table(max(args.repeats, 5), args.quick)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,12 @@ ours; the peak memory of one ``rnnt_loss`` forward + backward beyond the inputs 
 resident set (``VmHWM``, reset before the run) over the run, minus the gradient's bytes; and the same for
 ``log_softmax`` (whose output is a second full buffer).
 
+On a machine with a CUDA device a second table (``--gpu-only``: that table alone, ``make
+gpu-check``) times the same shapes on the GPU: ``impl="triton"`` (the default there once the
+kernels pass their self-check), ``impl="torch"`` (the reference) and ``log_softmax`` forward +
+backward, median wall time after ``torch.cuda.synchronize()``, and the peak CUDA memory of one
+triton forward + backward beyond the logits and the gradient. Without CUDA it prints "no CUDA".
+
 warprnnt-numba is never a dependency: install it into a side folder
 (``python -m pip install --target /tmp/side warprnnt-numba --no-deps``; it needs numba, which the
 environment has) and this script adds ``/tmp/side`` (or ``--side``) to ``sys.path`` when present.
@@ -24,6 +30,7 @@ environment has) and this script adds ``/tmp/side`` (or ``--side``) to ``sys.pat
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -125,6 +132,70 @@ def _memory(kind, shape):
     return (rec["growth"] - rec["grad"]) / 2**20
 
 
+def _cuda_median(fn, repeats):
+    """Median wall time (s) of ``fn`` on the GPU, synchronised, after one warm-up call."""
+    import statistics
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _gpu_step(x, tg, il, tl, impl):
+    def run():
+        from lightning_gtn.functional import rnnt_loss
+
+        z = x.detach().requires_grad_()
+        rnnt_loss(z, tg, il, tl, blank=0, impl=impl).backward()
+
+    return run
+
+
+def gpu_table(repeats: int = 5) -> str:
+    """The CUDA table (see the module docstring), or a line saying there is no CUDA device."""
+    title = "### rnnt_loss (CUDA: impl='triton' against impl='torch' and log_softmax)"
+    if not torch.cuda.is_available():
+        print(f"{title}\n\nno CUDA: skipped")
+        return f"{title}\n\nno CUDA: skipped"
+    dev = torch.device("cuda")
+    rows = [
+        "| B, T, U, V | triton fwd+bwd (ms) | torch fwd+bwd (ms) | log_softmax fwd+bwd (ms) | triton / log_softmax "
+        "| torch / triton | extra peak MB, triton | gradient MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for B, T, U, V in SHAPES:
+        x, tg, il, tl = (t.to(dev) for t in _inputs(B, T, U, V))
+        ones = torch.ones_like(x)
+
+        tt = _cuda_median(_gpu_step(x, tg, il, tl, "triton"), repeats)
+        try:
+            tr = _cuda_median(_gpu_step(x, tg, il, tl, "torch"), max(1, repeats // 2))
+        except torch.OutOfMemoryError:
+            tr = float("nan")
+        ls = _cuda_median(functools.partial(_log_softmax, x, ones), repeats)
+        del ones
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        _gpu_step(x, tg, il, tl, "triton")()
+        torch.cuda.synchronize()
+        grad_b = x.numel() * x.element_size()
+        extra = (torch.cuda.max_memory_allocated() - base - grad_b) / 2**20
+        rows.append(
+            f"| {B}, {T}, {U}, {V} | {tt * 1e3:.2f} | {tr * 1e3:.2f} | {ls * 1e3:.2f} | {tt / ls:.2f} "
+            f"| {tr / tt:.1f}x | {extra:.1f} | {grad_b / 2**20:.0f} |"
+        )
+    table = "\n".join([title, "", f"float32, reduction mean; {torch.cuda.get_device_name(0)}", ""] + rows)
+    print(table)
+    return table
+
+
 def main(argv=None) -> str:
     """Prints the table and returns it."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -133,7 +204,10 @@ def main(argv=None) -> str:
     ap.add_argument("--no-memory", action="store_true", help="skip the memory columns (fresh processes)")
     ap.add_argument("--side", default=SIDE, help="folder warprnnt-numba was installed into with pip --target")
     ap.add_argument("--shapes", default="all", choices=["all", "small"])
+    ap.add_argument("--gpu-only", action="store_true", help="only the CUDA table (impl='triton')")
     args = ap.parse_args(argv)
+    if args.gpu_only:
+        return gpu_table(max(args.repeats, 5))
     warp = _warp(args.side)
     rows = [
         "| B, T, U, V | rnnt_loss fwd+bwd (s) | log_softmax fwd+bwd (s) | ratio | CPU s, rnnt_loss "
@@ -182,7 +256,7 @@ def main(argv=None) -> str:
         pass
     table = "\n".join(["### rnnt_loss (CPU)", "", f"float32, reduction mean; {threads}", ""] + rows)
     print(table)
-    return table
+    return table + "\n\n" + gpu_table(max(args.repeats, 5))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,15 @@ recursion run from the end. An example whose score is ``-inf`` (no path: more sy
 frames in the modified recursion) gets zero gradients; a NaN read inside the rectangle gives a
 NaN score and NaN gradients for that example (values outside the rectangle are never read).
 
-Two implementations with the same results: :func:`mi_numba` (CPU, one compiled loop per
-example, float64 inside, examples shared over the engine's threads) and :func:`mi_torch` (any
-device: one vectorised step per anti-diagonal ``s + t = d``). :func:`mutual_information_op` is
+Three implementations with the same results: :func:`mi_numba` (CPU, one compiled loop per
+example, float64 inside, examples shared over the engine's threads), :func:`mi_torch` (any
+device: one vectorised step per anti-diagonal ``s + t = d``) and the Triton kernel
+:func:`~.rnnt_triton.mutual_information_triton` (CUDA: the same wavefront, one program per
+example and direction). :func:`mutual_information_op` is
 the ``torch.library`` custom op ``lightning_gtn::mutual_information`` over both (opaque to
 ``torch.compile``, with a fake implementation and a registered backward); :func:`pick_impl` is
-where a device's implementation is chosen (``impl=None``: numba on the CPU, torch elsewhere).
+where a device's implementation is chosen (``impl=None``: numba on the CPU, Triton on CUDA where
+it passes its self-check, torch elsewhere).
 Boundaries are range-checked by :func:`check_boundary_values` before a kernel indexes with them.
 """
 
@@ -36,7 +39,9 @@ import torch
 from numba import njit
 from torch import Tensor
 
+from . import rnnt_dispatch
 from .dense_numba import run_rows
+from .rnnt_triton import mutual_information_triton
 
 __all__ = [
     "IMPLS",
@@ -48,22 +53,20 @@ __all__ = [
 ]
 
 #: the implementations of the recursion (``impl=`` besides None)
-IMPLS = ("numba", "torch")
+IMPLS = ("numba", "torch", "triton")
 
 NEG_INF = -math.inf
 LOG2 = math.log(2.0)
 
 
 def pick_impl(device: torch.device, impl: Optional[str] = None) -> str:
-    """The implementation for ``device``: ``impl`` when given (checked), else numba on the CPU and
-    torch elsewhere (a Triton kernel would be chosen here for CUDA)."""
-    if impl is None:
-        return "numba" if device.type == "cpu" else "torch"
-    if impl not in IMPLS:
+    """The implementation for ``device``: ``impl`` when given (checked: ``"numba"`` needs the CPU,
+    ``"triton"`` a CUDA device or Triton's interpreter), else numba on the CPU, the Triton kernel on
+    a CUDA device where the RNN-T kernels pass their self-check, torch elsewhere
+    (:func:`.rnnt_dispatch.default_impl`)."""
+    if impl is not None and impl not in IMPLS:
         raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
-    if impl == "numba" and device.type != "cpu":
-        raise ValueError(f"impl='numba' runs on CPU tensors, got tensors on {device}")
-    return impl
+    return rnnt_dispatch.pick(device, impl, IMPLS, "mutual_information")
 
 
 def check_boundary_values(bnd: np.ndarray, S: int, T: int, name: str = "boundary") -> None:
@@ -291,15 +294,35 @@ def mi_torch(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple
 # -- the custom op -------------------------------------------------------------------------------
 
 
+def _mi_triton(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """The Triton kernel, with the NaN convention of the others: an example whose score is NaN
+    has NaN gradients (the kernel leaves them 0)."""
+    scores, grads = mutual_information_triton(px, py, boundary.to(px.device), need_grad)
+    if grads is None:
+        return scores, px.new_empty(0), py.new_empty(0)
+    pxg, pyg = grads
+    bad = torch.isnan(scores).reshape(-1, 1, 1)
+    if bool(bad.any()):
+        pxg = pxg.masked_fill(bad, math.nan)
+        pyg = pyg.masked_fill(bad, math.nan)
+    return scores, pxg, pyg
+
+
 @torch.library.custom_op("lightning_gtn::mutual_information", mutates_args=())
 def mutual_information_op(
     px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool, impl: str
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(scores (B,), px_grad, py_grad)`` of the recursion (see the module docstring) by the
-    implementation ``impl`` (``"numba"`` or ``"torch"``); the grads are ``(0,)`` tensors without
-    ``need_grad``. ``boundary`` is ``(B, 4)`` int64, already range-checked."""
+    implementation ``impl`` (``"numba"``, ``"torch"`` or ``"triton"``); the grads are ``(0,)`` tensors
+    without ``need_grad``; ``""`` is the device's default (chosen here, eagerly, so that a CUDA
+    self-check never runs while ``torch.compile`` traces). ``boundary`` is ``(B, 4)`` int64,
+    already range-checked."""
+    if impl == "":
+        impl = pick_impl(px.device)
     if impl == "numba":
         return mi_numba(px.cpu(), py.cpu(), boundary.cpu(), need_grad)
+    if impl == "triton":
+        return _mi_triton(px, py, boundary, need_grad)
     return mi_torch(px, py, boundary, need_grad)
 
 

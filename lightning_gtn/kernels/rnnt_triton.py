@@ -29,7 +29,9 @@ No atomics: results are bitwise reproducible.
 
 The same three-launch shape serves the variants: :func:`tdt_triton` (token-and-duration transducer)
 and :func:`multiblank_triton` run a lattice whose blank and emitting arcs may skip frames (a node
-then reads several earlier anti-diagonals, all complete before it), and
+then reads several earlier anti-diagonals, all complete before it);
+:func:`duration_lattice_triton` takes such a lattice by its arcs (the form of the losses'
+duration-lattice op; with ``fused_log_softmax=False`` the logits are log-probabilities); and
 :func:`mutual_information_triton` is k2's recursion over ``px``/``py`` (the core of k2's simple and
 pruned RNN-T losses) on the same anti-diagonal wavefront. :func:`self_check` runs torchaudio's
 published small case on a device, for a dispatcher that wants to verify the kernels once.
@@ -56,6 +58,7 @@ __all__ = [
     "tdt_triton",
     "multiblank_triton",
     "mutual_information_triton",
+    "duration_lattice_triton",
     "MAX_BLOCK_V",
     "MAX_BLOCK_U",
 ]
@@ -433,9 +436,76 @@ def multiblank_triton(
     )  # fmt: skip
 
 
+def duration_lattice_triton(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blanks,
+    emits,
+    D: int = 0,
+    sigma: float = 0.0,
+    fused_log_softmax: bool = True,
+    need_grad: bool = True,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """A transducer lattice whose arcs may skip frames, given by its arcs (what
+    :func:`tdt_triton` and :func:`multiblank_triton` build; the duration-lattice op of the losses
+    describes its lattice the same way).
+
+    Args:
+        logits: ``(B, T, U + 1, V + D)``: label logits in the first ``V`` columns, duration logits
+            in the last ``D``.
+        targets, logit_lengths, target_lengths: as :func:`rnnt_triton`.
+        blanks: ``[(label column, frames >= 1, duration column or -1), ...]``, at least one: the
+            blank arcs ``(t, u) -> (t + frames, u)``.
+        emits: ``[(frames >= 0, duration column or -1), ...]``, at least one: the arcs of the
+            target ``y_u``, ``(t, u) -> (t + frames, u + 1)``.
+        D: the number of duration columns; with ``D > 0`` every arc names one.
+        sigma: subtracted from every label log-probability.
+        fused_log_softmax: log-softmax each column group here (False: they are log-probabilities,
+            and the gradient is that of the log-probabilities as independent inputs).
+        need_grad: also return the gradient.
+
+    Returns:
+        ``(costs (B,), grads or None)`` as :func:`tdt_triton` (no FastEmit, no clamp).
+    """
+    if not isinstance(D, int) or isinstance(D, bool) or D < 0:
+        raise ValueError(f"duration_lattice_triton: D must be an int >= 0, got {D!r}")
+    try:
+        bl = [(int(c), int(f), int(i)) for c, f, i in blanks]
+        em = [(int(f), int(i)) for f, i in emits]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"duration_lattice_triton: blanks must be (column, frames, duration) triples and emits "
+                         f"(frames, duration) pairs: {e}") from None  # fmt: skip
+    if not bl or not em:
+        raise ValueError("duration_lattice_triton: needs at least one blank arc and one emitting arc")
+    if any(f < 1 for _, f, _ in bl) or any(f < 0 for f, _ in em):
+        raise ValueError("duration_lattice_triton: blank arcs advance >= 1 frame, emitting arcs >= 0")
+    dcols = [i for _, _, i in bl] + [i for _, i in em]
+    if any(not (0 <= i < D if D else i == -1) for i in dcols):
+        raise ValueError(
+            f"duration_lattice_triton: with D={D} every arc's duration column must lie in "
+            f"{'[0, D)' if D else '{-1}'}, got {dcols}"
+        )
+    if isinstance(logits, torch.Tensor) and logits.dim() == 4 and logits.shape[-1] <= D:
+        raise ValueError(
+            f"duration_lattice_triton: logits must have V + {D} columns with V >= 1, got {logits.shape[-1]}"
+        )
+    if isinstance(logits, torch.Tensor) and logits.dim() == 4:
+        V = logits.shape[-1] - D
+        if any(not 0 <= c < V for c, _, _ in bl):
+            raise ValueError(
+                f"duration_lattice_triton: blank columns must lie in [0, V={V}), got {[c for c, _, _ in bl]}"
+            )
+    return _duration_transducer(
+        logits, targets, logit_lengths, target_lengths, bl[0][0], D, bl, em, sigma, -1.0, 0.0, need_grad, None, None,
+        normalise=fused_log_softmax,
+    )  # fmt: skip
+
+
 def _duration_transducer(
     logits, targets, logit_lengths, target_lengths, blank, D, blanks, emits, sigma, clamp, fastemit_lambda,
-    need_grad, block_v, block_u,
+    need_grad, block_v, block_u, normalise=True,
 ):  # fmt: skip
     """A transducer whose blank arcs ``(token, frames, duration column or -1)`` and emitting arcs
     ``(frames, duration column or -1)`` may skip frames: TDT and multi-blank."""
@@ -471,7 +541,8 @@ def _duration_transducer(
     grid_rows = (triton.cdiv(R, br),)
     _drows_kernel[grid_rows](
         x, lse, dlse, wb, we, tg, xl, yl, bcol, bdi, edi, params, R, T, U1, V, C, D,
-        KB=KB, KE=KE, HAS_D=D > 0, ONE_PASS=bv >= V, BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, num_warps=nw,
+        KB=KB, KE=KE, HAS_D=D > 0, ONE_PASS=bv >= V, BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, NORMALISE=bool(normalise),
+        num_warps=nw,
     )  # fmt: skip
     bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
     _dlattice_kernel[(B, 2 if need_grad else 1)](
@@ -486,7 +557,7 @@ def _duration_transducer(
         x, grads, lse, dlse, wb, we, alpha, beta, ll, tg, xl, yl, bcol, bdur, bdi, edur, edi, params,
         R, T, U1, V, C, D,
         KB=KB, KE=KE, HAS_D=D > 0, CLAMP=float(clamp) > 0, EMIT_SCALE=float(fastemit_lambda) != 0,
-        BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, num_warps=nw,
+        BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, NORMALISE=bool(normalise), num_warps=nw,
     )  # fmt: skip
     return costs, grads
 
@@ -776,7 +847,7 @@ if triton is not None:
     def _drows_kernel(
         X, LSE, DLSE, WB, WE, tgt, xlen, ylen, BCOL, BDI, EDI, params, R, T, U1, V, C, D,
         KB: tl.constexpr, KE: tl.constexpr, HAS_D: tl.constexpr, ONE_PASS: tl.constexpr,
-        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, NORMALISE: tl.constexpr = True,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < R
@@ -787,10 +858,16 @@ if triton is not None:
         emit = ok & (u < ub)
         base = rows.to(tl.int64) * C
         sigma = tl.load(params + 2)
-        lse = _row_lse(X, base, ok, 0, V, ONE_PASS, BLOCK_R, BLOCK_V)
+        if NORMALISE:
+            lse = _row_lse(X, base, ok, 0, V, ONE_PASS, BLOCK_R, BLOCK_V)
+        else:  # the logits are log-probabilities already
+            lse = tl.zeros((BLOCK_R,), X.dtype.element_ty)
         tl.store(LSE + rows, lse, mask=rmask)
         if HAS_D:
-            dlse = _row_lse(X, base, ok, V, D, True, BLOCK_R, BLOCK_D)
+            if NORMALISE:
+                dlse = _row_lse(X, base, ok, V, D, True, BLOCK_R, BLOCK_D)
+            else:
+                dlse = tl.zeros((BLOCK_R,), X.dtype.element_ty)
             tl.store(DLSE + rows, dlse, mask=rmask)
         for k in tl.static_range(KB):
             w = tl.load(X + base + tl.load(BCOL + k), mask=ok, other=0.0) - lse - sigma
@@ -899,7 +976,7 @@ if triton is not None:
         X, G, LSE, DLSE, WB, WE, ALPHA, BETA, LL, tgt, xlen, ylen, BCOL, BDUR, BDI, EDUR, EDI, params,
         R, T, U1, V, C, D,
         KB: tl.constexpr, KE: tl.constexpr, HAS_D: tl.constexpr, CLAMP: tl.constexpr, EMIT_SCALE: tl.constexpr,
-        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, NORMALISE: tl.constexpr = True,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < R
@@ -931,8 +1008,11 @@ if triton is not None:
             cc = v0 + cols
             sm = rmask[:, None] & (cc[None, :] < V)
             ptr = base[:, None] + cc[None, :]
-            xv = tl.load(X + ptr, mask=sm & ok[:, None], other=-float("inf"))
-            g = tl.exp(xv - lse[:, None]) * (occ + (scale - 1.0) * p_emit)[:, None]
+            if NORMALISE:  # the softmax's share of the node's posterior
+                xv = tl.load(X + ptr, mask=sm & ok[:, None], other=-float("inf"))
+                g = tl.exp(xv - lse[:, None]) * (occ + (scale - 1.0) * p_emit)[:, None]
+            else:  # log-probabilities as independent inputs: only the arcs' own entries
+                g = tl.zeros((BLOCK_R, BLOCK_V), ALPHA.dtype.element_ty)
             g -= tl.where(cc[None, :] == y[:, None], (scale * p_emit)[:, None], 0.0)
             for k in tl.static_range(KB):
                 pk = _blank_occ(WB, BETA, BDUR, k, rows, a, ll, ok, t, u, tb, ub, U1, KB)
@@ -946,8 +1026,11 @@ if triton is not None:
             dm = rmask[:, None] & (dc[None, :] < D)
             ptr = base[:, None] + V + dc[None, :]
             dlse = tl.load(DLSE + rows, mask=ok, other=0.0)
-            xv = tl.load(X + ptr, mask=dm & ok[:, None], other=-float("inf"))
-            g = tl.exp(xv - dlse[:, None]) * occ[:, None]
+            if NORMALISE:
+                xv = tl.load(X + ptr, mask=dm & ok[:, None], other=-float("inf"))
+                g = tl.exp(xv - dlse[:, None]) * occ[:, None]
+            else:
+                g = tl.zeros((BLOCK_R, BLOCK_D), ALPHA.dtype.element_ty)
             for k in tl.static_range(KB):
                 pk = _blank_occ(WB, BETA, BDUR, k, rows, a, ll, ok, t, u, tb, ub, U1, KB)
                 g -= tl.where(dc[None, :] == tl.load(BDI + k), pk[:, None], 0.0)

@@ -210,7 +210,9 @@ def mutual_information_recursion(
             ``0 <= t_begin <= t_end <= T``.
         return_grad: also return ``(px_grad, py_grad)``, the gradients of ``scores.sum()``
             (occupation probabilities of the arcs), which :func:`get_rnnt_prune_ranges` reads.
-        impl: beyond k2: None (numba on the CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+        impl: beyond k2: None (numba on the CPU; Triton on a CUDA device where it passes its
+            self-check, else torch), ``"numba"``, ``"torch"`` or ``"triton"`` (CUDA tensors, or CPU
+            tensors under ``TRITON_INTERPRET=1``).
 
     Returns:
         ``scores`` ``(B,)``: ``p[b, s_end, t_end]`` (a log-likelihood), or
@@ -229,7 +231,7 @@ def mutual_information_recursion(
     if px.device != py.device:
         raise ValueError(f"px and py must be on the same device, got {px.device} and {py.device}")
     T = py.shape[2]
-    how = pick_impl(px.device, impl)
+    how = pick_impl(px.device, impl) if impl is not None else ""  # "": the op picks the device's default
     bnd = _full_boundary(_check_boundary(boundary, B, S, T, px.device), B, S, T, px.device)
     dtype = px.dtype
     pxc, pyc = _compute(px).contiguous(), _compute(py).contiguous()
@@ -345,9 +347,9 @@ def _delay(px: Tensor, delay_penalty: float, rnnt_type: str, boundary: Optional[
     return px + (centre - frames) * delay_penalty
 
 
-def _score(px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad):
+def _score(px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad, impl=None):
     px = _delay(px, delay_penalty, rnnt_type, boundary)
-    out = mutual_information_recursion(px, py, boundary, return_grad=return_grad)
+    out = mutual_information_recursion(px, py, boundary, return_grad=return_grad, impl=impl)
     if isinstance(out, tuple):
         scores, grads = out
         return _reduce(scores, reduction), grads
@@ -364,6 +366,8 @@ def rnnt_loss_simple(
     delay_penalty: float = 0.0,
     reduction: Optional[str] = "mean",
     return_grad: bool = False,
+    *,
+    impl: Optional[str] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
     """The RNN-T loss of the joiner ``lm[b, s] + am[b, t]``: :func:`get_rnnt_logprobs` scored by
     :func:`mutual_information_recursion`, negated.
@@ -373,6 +377,8 @@ def rnnt_loss_simple(
         delay_penalty: ``> 0`` rewards emitting symbols early (k2's delay penalty).
         reduction: ``"none"`` (``(B,)``), ``"mean"`` (over the batch) or ``"sum"``.
         return_grad: also return ``(px_grad, py_grad)`` (see :func:`mutual_information_recursion`).
+        impl: beyond k2, keyword-only: the recursion's implementation (see
+            :func:`mutual_information_recursion`).
 
     Returns:
         the loss, or ``(loss, (px_grad, py_grad))`` with ``return_grad``.
@@ -381,7 +387,7 @@ def rnnt_loss_simple(
     delay_penalty = _check_delay(delay_penalty)
     px, py = get_rnnt_logprobs(lm, am, symbols, termination_symbol, rnnt_type=rnnt_type, boundary=boundary)
     bnd = _check_boundary(boundary, am.shape[0], lm.shape[1] - 1, am.shape[1], am.device)
-    return _score(px, py, bnd, rnnt_type, delay_penalty, reduction, return_grad)
+    return _score(px, py, bnd, rnnt_type, delay_penalty, reduction, return_grad, impl)
 
 
 # -- the full loss on joiner outputs -------------------------------------------------------------
@@ -431,6 +437,8 @@ def rnnt_loss(
     rnnt_type: str = "regular",
     delay_penalty: float = 0.0,
     reduction: Optional[str] = "mean",
+    *,
+    impl: Optional[str] = None,
 ) -> Tensor:
     """The RNN-T loss of joiner outputs ``(B, T, S + 1, C)`` (k2's ``rnnt_loss``).
 
@@ -439,7 +447,7 @@ def rnnt_loss(
         symbols: ``(B, S)`` int, in ``[0, C)``.
         termination_symbol: the blank, in ``[0, C)``.
         boundary: None or ``(B, 4)`` ``[0, 0, target_length, frames]`` per row.
-        rnnt_type, delay_penalty, reduction: as :func:`rnnt_loss_simple`.
+        rnnt_type, delay_penalty, reduction, impl: as :func:`rnnt_loss_simple`.
 
     Returns:
         ``(B,)`` negative log-likelihoods with ``reduction="none"``, else a scalar.
@@ -448,7 +456,7 @@ def rnnt_loss(
     delay_penalty = _check_delay(delay_penalty)
     px, py = get_rnnt_logprobs_joint(logits, symbols, termination_symbol, rnnt_type=rnnt_type, boundary=boundary)
     bnd = _check_boundary(boundary, logits.shape[0], logits.shape[2] - 1, logits.shape[1], logits.device)
-    return _score(px, py, bnd, rnnt_type, delay_penalty, reduction, False)
+    return _score(px, py, bnd, rnnt_type, delay_penalty, reduction, False, impl)
 
 
 # -- pruning -------------------------------------------------------------------------------------
@@ -662,6 +670,8 @@ def rnnt_loss_pruned(
     delay_penalty: float = 0.0,
     reduction: Optional[str] = "mean",
     use_hat_loss: bool = False,
+    *,
+    impl: Optional[str] = None,
 ) -> Tensor:
     """The RNN-T loss over the pruned lattice (k2's ``rnnt_loss_pruned``).
 
@@ -671,7 +681,7 @@ def rnnt_loss_pruned(
         symbols: ``(B, S)`` int, in ``[0, C)``.
         ranges: ``(B, T, s_range)`` from :func:`get_rnnt_prune_ranges`.
         termination_symbol: the blank, in ``[0, C)``.
-        boundary, rnnt_type, delay_penalty, reduction: as :func:`rnnt_loss`.
+        boundary, rnnt_type, delay_penalty, reduction, impl: as :func:`rnnt_loss`.
         use_hat_loss: score with the Hybrid Autoregressive Transducer's output distribution
             (blank: log-sigmoid of its logit; symbols: softmax over the other classes times the
             not-blank probability). k2 requires ``termination_symbol == 0`` for it; any blank works here.
@@ -685,7 +695,7 @@ def rnnt_loss_pruned(
     px, py = _pruned_logprobs(logits, symbols, ranges, termination_symbol, boundary, rnnt_type, bool(use_hat_loss))
     S = px.shape[1]
     bnd = _check_boundary(boundary, logits.shape[0], S, logits.shape[1], logits.device)
-    return _score(px, py, bnd, rnnt_type, delay_penalty, reduction, False)
+    return _score(px, py, bnd, rnnt_type, delay_penalty, reduction, False, impl)
 
 
 # -- the smoothed simple loss --------------------------------------------------------------------
@@ -767,6 +777,8 @@ def rnnt_loss_smoothed(
     delay_penalty: float = 0.0,
     reduction: Optional[str] = "mean",
     return_grad: bool = False,
+    *,
+    impl: Optional[str] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
     """The simple RNN-T loss with smoothed log-probabilities (:func:`get_rnnt_logprobs_smoothed`);
     icefall's "simple loss" (``lm_only_scale=lm_scale``, ``am_only_scale=am_scale``).
@@ -774,7 +786,7 @@ def rnnt_loss_smoothed(
     Args:
         lm, am, symbols, termination_symbol, lm_only_scale, am_only_scale, boundary, rnnt_type:
             as :func:`get_rnnt_logprobs_smoothed`.
-        delay_penalty, reduction, return_grad: as :func:`rnnt_loss_simple`.
+        delay_penalty, reduction, return_grad, impl: as :func:`rnnt_loss_simple`.
 
     Returns:
         the loss, or ``(loss, (px_grad, py_grad))`` with ``return_grad``.
@@ -792,4 +804,4 @@ def rnnt_loss_smoothed(
         rnnt_type=rnnt_type,
     )
     bnd = _check_boundary(boundary, am.shape[0], lm.shape[1] - 1, am.shape[1], am.device)
-    return _score(px, py, bnd, rnnt_type, delay_penalty, reduction, return_grad)
+    return _score(px, py, bnd, rnnt_type, delay_penalty, reduction, return_grad, impl)

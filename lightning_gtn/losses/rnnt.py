@@ -3,8 +3,10 @@
 :func:`rnnt_loss` checks its arguments (shapes and dtypes here, values inside the op, where
 ``torch.compile`` does not look) and calls the ``torch.library`` custom op
 ``lightning_gtn::rnnt_loss``, which computes the costs and their gradient in one go (the numba
-kernel :mod:`lightning_gtn.kernels.rnnt_numba` on the CPU, :mod:`lightning_gtn.kernels.rnnt_torch`
-elsewhere), with the reduction applied inside; its registered backward only multiplies the saved
+kernel :mod:`lightning_gtn.kernels.rnnt_numba` on the CPU, the Triton kernel
+:mod:`lightning_gtn.kernels.rnnt_triton` on CUDA devices where it passes its self-check,
+:mod:`lightning_gtn.kernels.rnnt_torch` elsewhere; :mod:`lightning_gtn.kernels.rnnt_dispatch`
+chooses), with the reduction applied inside; its registered backward only multiplies the saved
 gradient by the incoming one. With ``inplace_grad=True`` (eager mode) the gradient is written into
 the logits' own storage instead of a new buffer.
 """
@@ -19,13 +21,15 @@ import torch
 from torch import Tensor
 
 from ..core import checks
+from ..kernels import rnnt_dispatch
 from ..kernels.rnnt_numba import rnnt_cost_grad
 from ..kernels.rnnt_torch import rnnt_cost_grad_torch
+from ..kernels.rnnt_triton import rnnt_triton
 
 __all__ = ["rnnt_loss", "RNNT_IMPLS", "resolve_blank"]
 
 #: ``impl=`` values of :func:`rnnt_loss` besides None (the device's default)
-RNNT_IMPLS = ("numba", "torch")
+RNNT_IMPLS = ("numba", "torch", "triton")
 
 
 def resolve_blank(blank, V: int) -> int:
@@ -114,10 +118,13 @@ def _costs_and_grad(
     into: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``(out, d out / d x)`` (the gradient None without ``need_grad``), the reduction applied
-    inside; ``into`` is the buffer the numba kernel writes the gradient to (default a new one)."""
+    inside; ``into`` is the buffer the kernel writes the gradient to (default a new one).
+    ``impl`` "" is the device's default (:func:`~lightning_gtn.kernels.rnnt_dispatch.default_impl`)."""
     B, T, U1, V = x.shape
     tg, il, tl = _check_values(targets, logit_lengths, target_lengths, T, U1 - 1, V, blank)
     r = _coefficients(reduction, B)
+    impl = rnnt_dispatch.pick(x.device, impl or None, RNNT_IMPLS, "rnnt_loss")
+    scaled = False  # whether the kernel's costs already carry FastEmit's (1 + lambda)
     if impl == "numba":
         if x.device.type != "cpu":
             raise ValueError(f"impl='numba' needs CPU tensors, got logits on {x.device}")
@@ -129,6 +136,32 @@ def _costs_and_grad(
             g = into if into is not None else torch.empty_like(xc)
         costs_np = rnnt_cost_grad(xc.numpy(), tg, il, tl, blank, fused, lam, clamp, r, None if g is None else g.numpy())
         costs = torch.from_numpy(costs_np)  # the kernel zeroed the gradient of infinite costs
+    elif impl == "triton":
+        dev = x.device
+        U = U1 - 1
+        tgt = torch.zeros((B, U), dtype=torch.int64)  # the kernel reads (B, U); ids past a length unread
+        w = min(U, tg.shape[1])
+        tgt[:, :w] = torch.from_numpy(tg[:, :w])
+        inplace = into is not None and into.data_ptr() == x.data_ptr() and x.is_contiguous()
+        c, g = rnnt_triton(
+            x.detach(),
+            tgt.to(dev),
+            torch.from_numpy(il).to(dev),
+            torch.from_numpy(tl).to(dev),
+            blank,
+            fused_log_softmax=fused,
+            clamp=clamp,
+            fastemit_lambda=lam,
+            need_grad=need_grad,
+            inplace=inplace,
+        )
+        if g is not None:  # per example (zero for infinite costs, clipped): the reduction's coefficients
+            g.mul_(torch.from_numpy(r).to(device=dev, dtype=g.dtype).reshape(-1, 1, 1, 1))
+            if into is not None and not inplace:
+                into.copy_(g)
+                g = into
+        costs = c.to(torch.float64).cpu()
+        scaled = True  # rnnt_triton reports -(1 + lambda) log P, as NeMo does
     else:
         dev = x.device
         tgt = torch.from_numpy(tg).to(dev)
@@ -141,7 +174,8 @@ def _costs_and_grad(
         if g is not None and into is not None:
             into.copy_(g)
             g = into
-    costs = costs * (1.0 + lam)  # NeMo's FastEmit: the reported cost scaled too
+    if not scaled:
+        costs = costs * (1.0 + lam)  # NeMo's FastEmit: the reported cost scaled too
     if zero_infinity:
         costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
     if reduction == "none":
@@ -336,8 +370,10 @@ def rnnt_loss(
             numba losses define it: the gradient of every emit (non-blank) arc is scaled by
             ``1 + fastemit_lambda`` and the reported cost is ``(1 + fastemit_lambda) * cost``.
             Must be finite and ``>= 0``.
-        impl: None (numba on the CPU, torch elsewhere), ``"numba"`` (CPU only) or ``"torch"``
-            (plain torch ops and autograd; any device; the reference).
+        impl: None (numba on the CPU; Triton on a CUDA device where triton is installed and its
+            kernels pass a self-check, else torch), ``"numba"`` (CPU only), ``"torch"`` (plain
+            torch ops and autograd; any device; the reference) or ``"triton"`` (CUDA tensors, or
+            CPU tensors under ``TRITON_INTERPRET=1``; ValueError elsewhere).
         inplace_grad: write the gradient into the logits' own storage instead of a new
             ``(B, T, U + 1, V)`` buffer (as k2 and optimized_transducer allow). The logits'
             values are DESTROYED by the call: only use it when nothing else reads them (no
@@ -362,8 +398,8 @@ def rnnt_loss(
     checks.check_reduction(reduction)
     if impl is not None and impl not in RNNT_IMPLS:
         raise ValueError(f"impl must be None or one of {RNNT_IMPLS} for rnnt_loss, got {impl!r}")
-    if impl == "numba" and logits.device.type != "cpu":
-        raise ValueError(f"impl='numba' needs CPU tensors, got logits on {logits.device}")
+    if impl is not None:  # numba off the CPU, triton on a device it cannot run on: a clear error now
+        rnnt_dispatch.pick(logits.device, impl, RNNT_IMPLS, "rnnt_loss")
     blank_id = resolve_blank(blank, V)
     clamp_v = _check_float(clamp, "clamp")
     lam = _check_float(fastemit_lambda, "fastemit_lambda")
@@ -378,7 +414,7 @@ def rnnt_loss(
     tg = _check_index_tensor(targets, "targets", B, 2, dev)
     il = _check_index_tensor(logit_lengths, "logit_lengths", B, 1, dev)
     tl = _check_index_tensor(target_lengths, "target_lengths", B, 1, dev)
-    run_impl = impl or ("numba" if dev.type == "cpu" else "torch")
+    run_impl = impl or ""  # "": the device's default, chosen inside the op (a CUDA self-check runs eagerly)
     need_grad = bool(torch.is_grad_enabled() and logits.requires_grad)
     options = (blank_id, clamp_v, reduction, bool(fused_log_softmax), bool(zero_infinity), lam, run_impl)
     if inplace_grad and need_grad and not torch.compiler.is_compiling():

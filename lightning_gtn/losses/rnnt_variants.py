@@ -20,7 +20,8 @@ probability ``omega`` per batch; here the loss is the expectation of that draw,
 
 Both are ``torch.library`` custom ops (:func:`duration_lattice_op`), so they compile under
 ``torch.compile(fullgraph=True)``; the gradient is computed in the forward pass (the numba
-kernel on the CPU, autograd through the torch reference elsewhere).
+kernel on the CPU, the Triton kernels of :mod:`..kernels.rnnt_triton` on CUDA devices where they
+pass their self-check, autograd through the torch reference elsewhere).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import torch
 from torch import Tensor
 
 from ..core import checks
+from ..kernels import rnnt_dispatch
+from ..kernels.rnnt_triton import duration_lattice_triton, rnnt_triton
 from ..kernels.tdt_numba import lattice_loss
 from ..kernels.tdt_torch import lattice_loss_torch
 
@@ -43,8 +46,9 @@ __all__ = ["multiblank_rnnt_loss", "tdt_loss", "duration_lattice_op", "REDUCTION
 #: ``reduction=`` values: ``"mean"`` is the batch mean (torchaudio's meaning, NeMo's
 #: ``"mean_batch"``); ``"mean_volume"`` is NeMo's: the summed losses over the summed target lengths
 REDUCTIONS = ("none", "mean", "sum", "mean_volume")
-#: ``impl=`` values besides None (numba on the CPU, torch elsewhere)
-IMPLS = ("numba", "torch")
+#: ``impl=`` values besides None (numba on the CPU, Triton on CUDA where it passes its self-check,
+#: torch elsewhere: :func:`lightning_gtn.kernels.rnnt_dispatch.default_impl`)
+IMPLS = ("numba", "torch", "triton")
 
 
 # -- argument checks ------------------------------------------------------------------------------
@@ -95,11 +99,13 @@ def _check_real(value, name: str, lo: float = -math.inf, hi: float = math.inf) -
     return v
 
 
-def _check_common(reduction, impl, zero_infinity, fused_log_softmax) -> None:
+def _check_common(reduction, impl, zero_infinity, fused_log_softmax, device, what) -> None:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if impl is not None and impl not in IMPLS:
         raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
+    if impl is not None:  # numba off the CPU, triton where it cannot run: a clear error before the op
+        rnnt_dispatch.pick(device, impl, IMPLS, what)
     if not isinstance(zero_infinity, (bool, np.bool_)):
         raise ValueError(f"zero_infinity must be a bool, got {zero_infinity!r}")
     if not isinstance(fused_log_softmax, (bool, np.bool_)):
@@ -211,6 +217,46 @@ def _torch_pass(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad):
     return total.detach(), grad
 
 
+def _triton_passes(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad):
+    """``(losses, grad or None)`` by the Triton kernels, each pass weighted and the gradient scaled
+    by ``coef``: the regular RNN-T pass (omega's) by :func:`rnnt_triton` on the label logits, any
+    other by :func:`duration_lattice_triton` on the label and duration logits (the first
+    ``K + D`` columns, the layout of the numba kernel)."""
+    B, T, U1, V = logits.shape
+    dev = logits.device
+    U = U1 - 1
+    tgt = torch.zeros((B, U), dtype=torch.int64)  # the kernels read (B, U); ids past a length unread
+    w_ = min(U, tg.shape[1])
+    tgt[:, :w_] = torch.from_numpy(tg[:, :w_])
+    tgt, xl, yl = tgt.to(dev), torch.from_numpy(tlen).to(dev), torch.from_numpy(ulen).to(dev)
+    c = torch.from_numpy(coef).to(device=dev, dtype=logits.dtype).reshape(-1, 1, 1, 1)
+    losses: Optional[Tensor] = None
+    grad: Optional[Tensor] = None
+    for (tok_dur, tok_didx, blank_ids, blank_dur, blank_didx), d, sg, w in passes:
+        x = logits[..., : K + d]
+        regular = d == 0 and sg == 0.0 and list(tok_dur) == [0] and len(blank_ids) == 1 and list(blank_dur) == [1]
+        if regular:
+            part, g = rnnt_triton(x, tgt, xl, yl, int(blank_ids[0]), fused_log_softmax=normalise, need_grad=need_grad)
+        else:
+            if d and any(i < 0 for i in list(tok_didx) + list(blank_didx)):
+                raise ValueError("duration lattice: impl='triton' needs a duration column for every arc when D > 0")
+            blanks = list(zip(blank_ids, blank_dur, blank_didx))
+            emits = list(zip(tok_dur, tok_didx))
+            part, g = duration_lattice_triton(x, tgt, xl, yl, blanks, emits, d, sg, normalise, need_grad)
+        part = part * w if w != 1.0 else part
+        losses = part if losses is None else losses + part
+        if g is not None:
+            g.mul_(c * w if w != 1.0 else c)
+            if grad is None and g.shape[-1] == V:
+                grad = g
+            else:
+                if grad is None:
+                    grad = torch.zeros_like(logits)
+                grad[..., : g.shape[-1]] += g
+    assert losses is not None
+    return losses, grad
+
+
 @torch.library.custom_op("lightning_gtn::duration_lattice_loss", mutates_args=())
 def duration_lattice_op(
     logits: Tensor,
@@ -246,10 +292,7 @@ def duration_lattice_op(
     tlen = _lengths(logit_lengths, B, "logit_lengths", T, "T (logits.shape[1])", dev)
     ulen = _lengths(target_lengths, B, "target_lengths", U1 - 1, "U (logits.shape[2] - 1)", dev)
     tg = _targets(targets, B, ulen, K, blank_ids, dev)
-    if impl == "":
-        impl = "numba" if dev.type == "cpu" else "torch"
-    if impl == "numba" and dev.type != "cpu":
-        raise ValueError(f"impl='numba' needs CPU tensors, got logits on {dev}")
+    impl = rnnt_dispatch.pick(dev, impl or None, IMPLS, "duration lattice")
     coef = _coefficients(reduction, ulen, B)
     passes = []
     if omega < 1.0:
@@ -267,6 +310,8 @@ def duration_lattice_op(
             grad = g if need_grad else None
         assert losses_np is not None
         losses = torch.from_numpy(losses_np).to(logits.dtype)
+    elif impl == "triton":
+        losses, grad = _triton_passes(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad)
     else:
         # autograd is off inside a custom op's implementation (a thread-local dispatch state):
         # the reference runs in a worker thread of its own, where it is on
@@ -383,14 +428,16 @@ def multiblank_rnnt_loss(
         big_blank_ids: the class of each big blank; None (default) is NeMo's placement, the big
             blank of ``big_blank_durations[i]`` is ``blank - 1 - i`` (then ``blank >= len(durations)``).
         zero_infinity: an example without a complete path (no frames) gives 0 instead of inf.
-        impl: None (numba on the CPU, the torch reference elsewhere), ``"numba"`` or ``"torch"``.
+        impl: None (numba on the CPU; Triton on a CUDA device where it passes its self-check, else
+            the torch reference), ``"numba"`` (CPU), ``"torch"`` (any device) or ``"triton"`` (CUDA
+            tensors, or CPU tensors under ``TRITON_INTERPRET=1``).
 
     Returns:
         ``(B,)`` for ``reduction="none"``, else a scalar, in ``logits``'s dtype. NaN logits in an
         example's lattice give a NaN loss.
     """
     B, T, U1, V = _check_logits(logits)
-    _check_common(reduction, impl, zero_infinity, fused_log_softmax)
+    _check_common(reduction, impl, zero_infinity, fused_log_softmax, logits.device, "multiblank_rnnt_loss")
     blank = _index(blank, "blank", V)
     durs = _check_durations(big_blank_durations, "big_blank_durations", allow_empty=True, allow_zero=False)
     sigma = _check_real(sigma, "sigma")
@@ -455,13 +502,13 @@ def tdt_loss(
         reduction: as :func:`multiblank_rnnt_loss` (``"mean"`` is the batch mean).
         fused_log_softmax: True: raw scores; False: both groups already are log-probabilities.
         zero_infinity: an example without a complete path gives 0 instead of inf.
-        impl: None (numba on the CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+        impl: as :func:`multiblank_rnnt_loss`.
 
     Returns:
         ``(B,)`` for ``reduction="none"``, else a scalar, in ``logits``'s dtype.
     """
     B, T, U1, V = _check_logits(logits)
-    _check_common(reduction, impl, zero_infinity, fused_log_softmax)
+    _check_common(reduction, impl, zero_infinity, fused_log_softmax, logits.device, "tdt_loss")
     durs = _check_durations(durations, "durations", allow_empty=False, allow_zero=True)
     if durs[-1] < 1:
         raise ValueError(f"durations must hold a duration >= 1 (a blank advances at least one frame), got {durs}")

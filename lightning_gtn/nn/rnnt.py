@@ -95,7 +95,8 @@ class RNNTLoss(RNNTStructuredLoss):
         fused_log_softmax: False when the inputs are log-probabilities already.
         zero_infinity: infeasible examples give 0 instead of ``inf``.
         fastemit_lambda: FastEmit regularisation weight (NeMo's meaning), ``>= 0``.
-        impl: None (numba on the CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+        impl: None (numba on the CPU; Triton on CUDA where it passes its self-check, else torch),
+            ``"numba"``, ``"torch"`` or ``"triton"``.
 
     Shape:
         ``forward(logits (B, T, U + 1, V), targets (B, U), logit_lengths (B,), target_lengths (B,))``

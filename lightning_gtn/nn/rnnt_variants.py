@@ -33,7 +33,7 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
             vocabulary's layout) the big blanks are the extra outputs appended after the
             vocabulary, class ``V - 1 - i`` for ``big_blank_durations[i]``.
         zero_infinity: examples without a complete path give 0.
-        impl: None, ``"numba"`` or ``"torch"``.
+        impl: None (the device's default), ``"numba"``, ``"torch"`` or ``"triton"``.
 
     Shape:
         ``forward(logits (B, T, U + 1, V), targets (B, U), logit_lengths (B,), target_lengths (B,))``.
@@ -125,7 +125,7 @@ class TDTLoss(RNNTStructuredLoss):
         omega: weight of the regular RNN-T loss mixed in, ``[0, 1]``.
         reduction: ``"none"`` | ``"mean"`` (batch mean) | ``"sum"`` | ``"mean_volume"`` (NeMo's).
         zero_infinity: examples without a complete path give 0.
-        impl: None, ``"numba"`` or ``"torch"``.
+        impl: None (the device's default), ``"numba"``, ``"torch"`` or ``"triton"``.
 
     Shape:
         ``forward(logits (B, T, U + 1, V + len(durations)), targets (B, U), logit_lengths (B,),

@@ -462,7 +462,7 @@ def test_module():
     assert isinstance(built, lnn.RNNTLoss) and built.blank == 0  # on the checkpoint allow-list
     with pytest.raises(ValueError, match="joint_loss needs the blank"):
         m.joint_loss(None, x, il, tg, tl)
-    for bad in (dict(reduction="x"), dict(impl="triton"), dict(blank=0.5), dict(fastemit_lambda=-1.0)):
+    for bad in (dict(reduction="x"), dict(impl="gtn"), dict(blank=0.5), dict(fastemit_lambda=-1.0)):
         with pytest.raises(ValueError):
             lnn.RNNTLoss(**bad)
 
