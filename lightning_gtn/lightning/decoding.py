@@ -526,9 +526,14 @@ class TransducerDecoder:
             blank=blank,
             max_symbols_per_frame=self.max_symbols_per_frame,
             num_classes=int(num_classes),
-            durations=_ints(getattr(loss, "durations", None)),
+            durations=_durations(loss, "durations"),
             big_blank_durations=_big_blanks(loss, int(num_classes)),
         )
+
+
+def _durations(loss, name: str) -> list[int] | None:
+    """A TDT / multi-blank loss's declared durations (see :class:`lightning_gtn.nn.RNNTStructuredLoss`)."""
+    return _ints(getattr(loss, name, None))
 
 
 def _ints(v) -> list[int] | None:
@@ -544,7 +549,7 @@ def _big_blanks(loss, num_classes: int) -> list[int] | None:
     ``V + E - 1 - i`` with ``E`` big blanks appended after the ``V`` classes, the layout of
     :class:`lightning_gtn.nn.MultiBlankRNNTLoss` with the blank at 0, or the class its
     ``big_blank_ids`` names)."""
-    durations = _ints(getattr(loss, "big_blank_durations", None))
+    durations = _durations(loss, "big_blank_durations")
     if durations is None:
         return None
     E = len(durations)
