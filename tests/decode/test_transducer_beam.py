@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from lightning_gtn.decode.transducer_beam import TokenLM, modified_beam_search, modified_beam_search_nbest
-from lightning_gtn.lm import estimate
 
 
 class ToyTransducer:

@@ -1,0 +1,192 @@
+"""RNN-T forced alignment against brute-force enumeration of the lattice's paths."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_gtn.align.rnnt import rnnt_align, rnnt_forced_align
+from lightning_gtn.functional import to_ctm, to_json
+from lightning_gtn.kernels.rnnt_viterbi import rnnt_viterbi
+
+
+def _brute(lp, y, T, blank):
+    """All paths of one example: {emission frames per token: log-probability} (``lp`` log-probs)."""
+    U = len(y)
+    out = {}
+    # a path: the frames at which tokens are emitted (non-decreasing, in [0, T))
+    for frames in itertools.combinations_with_replacement(range(T), U):
+        s, u = 0.0, 0
+        for t in range(T):
+            while u < U and frames[u] == t:
+                s += float(lp[t, u, y[u]])
+                u += 1
+            s += float(lp[t, u, blank])
+        out[frames] = s
+    return out
+
+
+@pytest.mark.parametrize("blank", [0, 3])
+def test_viterbi_equals_brute_force(blank):
+    g = torch.Generator().manual_seed(0)
+    B, T, U, V = 3, 4, 3, 4
+    logits = 2 * torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    ys = [[1, 2, 1], [2, 2, 1], [1, 2, 0]] if blank == 3 else [[1, 2, 3], [3, 3, 1], [2, 1, 3]]
+    targets = torch.tensor(ys)
+    tl = torch.tensor([4, 3, 2])
+    ul = torch.tensor([3, 2, 3])  # the last: U > T (several tokens at one frame)
+    al = rnnt_forced_align(logits, targets, tl, ul, blank=blank)
+    lp = logits.log_softmax(-1)
+    for b in range(B):
+        T_b, U_b = int(tl[b]), int(ul[b])
+        paths = _brute(lp[b], ys[b][:U_b], T_b, blank)
+        best = max(paths, key=paths.get)
+        assert float(al.score[b]) == pytest.approx(paths[best], abs=1e-9)
+        assert al.token_start[b, :U_b].tolist() == list(best)
+        assert (al.token_start[b, U_b:] == -1).all()
+        logz = math.log(sum(math.exp(v) for v in paths.values()))
+        for u in range(U_b):
+            t = best[u]
+            post = sum(math.exp(v - logz) for f, v in paths.items() if f[u] == t)
+            assert float(al.token_confidence[b, u]) == pytest.approx(post, abs=1e-9)
+            assert float(al.token_score[b, u]) == pytest.approx(float(lp[b, t, u, ys[b][u]]), abs=1e-12)
+        # labels: the last token emitted at each frame, else the blank; -1 past the length
+        want = [blank] * T_b + [-1] * (T - T_b)
+        for u in range(U_b):
+            want[best[u]] = ys[b][u]
+        assert al.labels[b].tolist() == want
+    _, _, _, _, logz_k = rnnt_viterbi(logits.numpy(), targets.numpy(), tl.numpy(), ul.numpy(), blank)
+    assert logz_k[0] == pytest.approx(math.log(sum(math.exp(v) for v in _brute(lp[0], ys[0], 4, blank).values())))
+
+
+def test_properties_random_batch_and_log_prob_inputs():
+    g = torch.Generator().manual_seed(3)
+    B, T, U, V = 4, 9, 5, 6
+    logits = torch.randn(B, T, U + 1, V, generator=g)
+    targets = torch.randint(1, V, (B, U), generator=g)
+    tl = torch.tensor([9, 1, 5, 0])
+    ul = torch.tensor([5, 3, 0, 2])
+    al = rnnt_forced_align(logits, targets, tl, ul, blank=0)
+    assert al.score.dtype == torch.float32
+    for b in range(3):
+        k = int(ul[b])
+        f = al.token_start[b, :k]
+        assert (f.diff() >= 0).all() and (f >= 0).all() and (f < tl[b]).all()
+        assert ((al.token_confidence[b, :k] >= 0) & (al.token_confidence[b, :k] <= 1)).all()
+        assert (al.token_end[b, :k] == f + 1).all()
+    assert al.score[3] == -math.inf and (al.token_start[3] == -1).all() and (al.labels[3] == -1).all()
+    # log-probabilities with fused_log_softmax=False: the same alignment
+    al2 = rnnt_forced_align(logits.log_softmax(-1), targets, tl, ul, blank=0, fused_log_softmax=False)
+    assert torch.equal(al2.token_start, al.token_start)
+    assert torch.allclose(al2.score[:3], al.score[:3], atol=1e-5)
+    # blank=-1 is V - 1 (torchaudio's default)
+    t2 = torch.where(targets == V - 1, torch.ones_like(targets), targets)
+    a = rnnt_forced_align(logits, t2, tl, ul, blank=-1)
+    c = rnnt_forced_align(logits, t2, tl, ul, blank=V - 1)
+    assert torch.equal(a.token_start, c.token_start)
+
+
+def test_outputs_write_json_and_ctm():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(1, 6, 4, 4, generator=g)
+    targets = torch.tensor([[1, 2, 3]])
+    al = rnnt_forced_align(logits, targets, [6], [3], blank=0)
+    rec = json.loads(to_json(al, targets, tokens="_a b", frame_shift=0.04))[0]
+    assert [t["text"] for t in rec["tokens"]] == ["a", " ", "b"]
+    assert [t["start_frame"] for t in rec["tokens"]] == al.token_start[0].tolist()
+    ctm = to_ctm(al, targets, tokens="_a b", word_separator_id=2, frame_shift=0.04)
+    assert len(ctm.strip().splitlines()) == 2
+
+
+class _Net:
+    """A toy transducer network: linear encoder, embedding predictor, additive joiner."""
+
+    def __init__(self, F=3, J=5, V=4):
+        g = torch.Generator().manual_seed(0)
+        self.W = torch.randn(F, J, generator=g)
+        self.E = torch.randn(V, J, generator=g)
+        self.O = torch.randn(J, V, generator=g)
+
+    def encode(self, x, lengths):
+        return x @ self.W, lengths // 1
+
+    def predict(self, tokens, state=None):
+        return self.E[tokens], None
+
+    def join(self, enc, pred):
+        return torch.tanh(enc + pred) @ self.O
+
+
+def test_rnnt_align_runs_the_network():
+    net = _Net()
+    x = torch.randn(2, 7, 3, generator=torch.Generator().manual_seed(2))
+    targets = torch.tensor([[1, 2, 3], [3, 1, 0]])
+    tl, ul = torch.tensor([7, 5]), torch.tensor([3, 2])
+    al = rnnt_align(net, x, tl, targets, ul, blank=0)
+    pred = net.E[torch.cat([torch.zeros(2, 1, dtype=torch.long), targets], 1)]
+    logits = net.join((x @ net.W)[:, :, None], pred[:, None])
+    ref = rnnt_forced_align(logits, targets, tl, ul, blank=0)
+    assert torch.equal(al.token_start, ref.token_start)
+    assert torch.allclose(al.score, ref.score)
+    with pytest.raises(ValueError, match="model"):
+        rnnt_align(object(), x, tl, targets, ul, blank=0)
+
+
+def _args():
+    return dict(
+        logits=torch.zeros(2, 3, 3, 4),
+        targets=torch.tensor([[1, 2], [3, 0]]),
+        logit_lengths=torch.tensor([3, 2]),
+        target_lengths=torch.tensor([2, 1]),
+        blank=0,
+    )
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(logits=torch.zeros(2, 3, 3)), "logits"),
+        (dict(logits=torch.zeros(2, 3, 3, 4, dtype=torch.long)), "logits"),
+        (dict(targets=torch.tensor([[1, 2, 3], [3, 0, 0]])), "targets"),
+        (dict(targets=torch.tensor([[1, 4], [3, 0]])), "targets"),
+        (dict(targets=torch.tensor([[1, 0], [3, 0]])), "blank"),
+        (dict(targets=torch.tensor([[1.0, 2.0], [3.0, 0.0]])), "targets"),
+        (dict(logit_lengths=torch.tensor([4, 2])), "logit_lengths"),
+        (dict(logit_lengths=torch.tensor([-1, 2])), "logit_lengths"),
+        (dict(logit_lengths=torch.tensor([3])), "logit_lengths"),
+        (dict(target_lengths=torch.tensor([3, 1])), "target_lengths"),
+        (dict(target_lengths=torch.tensor([2.0, 1.0])), "target_lengths"),
+        (dict(blank=4), "blank"),
+        (dict(blank=-5), "blank"),
+        (dict(blank=True), "blank"),
+    ],
+)
+def test_bad_inputs(change, match):
+    a = _args()
+    a.update(change)
+    logits = a.pop("logits")
+    with pytest.raises(ValueError, match=match):
+        rnnt_forced_align(logits, a.pop("targets"), a.pop("logit_lengths"), a.pop("target_lengths"), **a)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_and_inf_logits_are_errors(bad):
+    a = _args()
+    a["logits"][1, 2, 0, 1] = bad
+    logits = a.pop("logits")
+    with pytest.raises(ValueError, match="NaN"):
+        rnnt_forced_align(logits, a.pop("targets"), a.pop("logit_lengths"), a.pop("target_lengths"), **a)
+
+
+def test_minus_inf_logits_leave_no_path():
+    logits = torch.zeros(1, 2, 2, 3)
+    logits[0, :, 0, 1] = -math.inf  # token 1 can never be emitted
+    al = rnnt_forced_align(logits, torch.tensor([[1]]), [2], [1], blank=0)
+    assert al.score[0] == -math.inf and al.token_start[0, 0] == -1 and al.token_confidence[0, 0] == 0
+    frames, *_ = rnnt_viterbi(np.zeros((1, 1, 1, 2), np.float32), np.zeros((1, 0), np.int64), [1], [0], 1)
+    assert frames.shape == (1, 0)
