@@ -35,33 +35,35 @@ def _brute(lp, y, T, blank):
 def test_viterbi_equals_brute_force(blank):
     g = torch.Generator().manual_seed(0)
     B, T, U, V = 3, 4, 3, 4
-    logits = 2 * torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    # float32 logits (one compiled signature for the whole file); the kernel accumulates in float64
+    logits = 2 * torch.randn(B, T, U + 1, V, generator=g)
     ys = [[1, 2, 1], [2, 2, 1], [1, 2, 0]] if blank == 3 else [[1, 2, 3], [3, 3, 1], [2, 1, 3]]
     targets = torch.tensor(ys)
     tl = torch.tensor([4, 3, 2])
     ul = torch.tensor([3, 2, 3])  # the last: U > T (several tokens at one frame)
     al = rnnt_forced_align(logits, targets, tl, ul, blank=blank)
-    lp = logits.log_softmax(-1)
+    lp = logits.double().log_softmax(-1)
     for b in range(B):
         T_b, U_b = int(tl[b]), int(ul[b])
         paths = _brute(lp[b], ys[b][:U_b], T_b, blank)
         best = max(paths, key=paths.get)
-        assert float(al.score[b]) == pytest.approx(paths[best], abs=1e-9)
+        assert float(al.score[b]) == pytest.approx(paths[best], abs=1e-5)
         assert al.token_start[b, :U_b].tolist() == list(best)
         assert (al.token_start[b, U_b:] == -1).all()
         logz = math.log(sum(math.exp(v) for v in paths.values()))
         for u in range(U_b):
             t = best[u]
             post = sum(math.exp(v - logz) for f, v in paths.items() if f[u] == t)
-            assert float(al.token_confidence[b, u]) == pytest.approx(post, abs=1e-9)
-            assert float(al.token_score[b, u]) == pytest.approx(float(lp[b, t, u, ys[b][u]]), abs=1e-12)
+            assert float(al.token_confidence[b, u]) == pytest.approx(post, abs=1e-5)
+            assert float(al.token_score[b, u]) == pytest.approx(float(lp[b, t, u, ys[b][u]]), abs=1e-5)
         # labels: the last token emitted at each frame, else the blank; -1 past the length
         want = [blank] * T_b + [-1] * (T - T_b)
         for u in range(U_b):
             want[best[u]] = ys[b][u]
         assert al.labels[b].tolist() == want
     _, _, _, _, logz_k = rnnt_viterbi(logits.numpy(), targets.numpy(), tl.numpy(), ul.numpy(), blank)
-    assert logz_k[0] == pytest.approx(math.log(sum(math.exp(v) for v in _brute(lp[0], ys[0], 4, blank).values())))
+    ref = math.log(sum(math.exp(v) for v in _brute(lp[0], ys[0], 4, blank).values()))
+    assert logz_k[0] == pytest.approx(ref, abs=1e-5)
 
 
 def test_properties_random_batch_and_log_prob_inputs():
