@@ -165,6 +165,11 @@ class _GenericLM:
     """Any ``start_state()`` / ``score(state, token)`` object, with per-state vectors cached."""
 
     def __init__(self, lm, V: int, blank: int) -> None:
+        if hasattr(lm, "word_id") and not isinstance(lm, TokenLM):
+            raise ValueError(
+                "lm: an NGramLM scores word ids, not the network's token ids; wrap it as "
+                "TokenLM(lm, tokens) with the text of each token id (None for the blank)"
+            )
         for m in ("start_state", "score"):
             if not callable(getattr(lm, m, None)):
                 raise ValueError(f"lm must have start_state() and score(state, token) methods; it lacks {m}")

@@ -208,6 +208,8 @@ def test_generic_lm_protocol_matches_token_lm():
         (dict(max_symbols_per_frame=0), "max_symbols_per_frame"),
         (dict(lm_weight=float("nan")), "lm_weight"),
         (dict(lm=object(), lm_weight=1.0), "lm"),
+        (dict(lm=TokenLM.estimate(["ab"], [None, "a", "b"]).lm, lm_weight=1.0), "TokenLM"),
+        (dict(lm=TokenLM.estimate(["ab"], [None, "a"]), lm_weight=1.0), "tokens"),
         (dict(model=object()), "model"),
     ],
 )
