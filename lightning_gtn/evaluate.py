@@ -77,7 +77,7 @@ def decode_samples(model, dataloader, num: int) -> list[tuple[str, str]]:
         for batch in dataloader:
             inputs = batch["inputs"].to(model.device)
             lengths = batch["input_lengths"].to(model.device)
-            emissions, out_lengths = model.emissions(inputs, lengths)
+            emissions, out_lengths = model.outputs(inputs, lengths)  # encoder frames for RNN-T losses
             out += list(zip(batch["texts"], model.decode(emissions, out_lengths)))
             if len(out) >= num:
                 break

@@ -105,7 +105,7 @@ _add_builtin(
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning")  # older configs
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning.losses")
 _add_builtin("lightning_gtn.nn", ["Linear", "ConvTransduce1D"], "module")
-_add_builtin("lightning_gtn.lightning", ["ConvRNNEncoder", "ConvTransduceEncoder"], "model")
+_add_builtin("lightning_gtn.lightning", ["ConvRNNEncoder", "ConvTransduceEncoder", "TransducerModel"], "model")
 _add_builtin("lightning_gtn.lightning", ["DigitLinesDataModule", "TextLinesDataModule", "FeatureDataModule"], "data")
 _add_builtin("lightning_gtn.wfst.criterion", ["ctc_graph"], "builder")
 _add_builtin(

@@ -11,6 +11,8 @@
 - :class:`ConvRNNEncoder`: a small convolution + bidirectional GRU/LSTM emission model.
 - :class:`ConvTransduceEncoder`: that encoder's letter scores through a WFST convolution
   (:class:`lightning_gtn.nn.ConvTransduce1D`) over a lexicon.
+- :class:`TransducerModel`: that encoder + a prediction network (stateless or LSTM) + a joiner,
+  for the RNN-T losses (the protocol of :mod:`lightning_gtn.nn.rnnt`).
 - :class:`TrainingPlots`: ``curves.png`` and ``alignments.png`` in the run directory.
 """
 
@@ -29,6 +31,7 @@ from .models import ConvRNNEncoder, ConvTransduceEncoder
 from .module import SequenceModule
 from .plots import plot_alignments, plot_training_curves
 from .text import TEXT_CHARS, TextLinesDataModule, make_sentences, make_text_lines, save_text_lines_png
+from .transducer import TransducerModel
 from .vocabulary import Vocabulary
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "read_transcripts",
     "ConvRNNEncoder",
     "ConvTransduceEncoder",
+    "TransducerModel",
     "TrainingPlots",
     "SpawnedProcessGroupCleanup",
     "class_labels",

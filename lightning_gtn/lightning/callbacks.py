@@ -93,7 +93,8 @@ class TrainingPlots(Callback):
         self.output_dir.mkdir(parents=True, exist_ok=True)
         plot_training_curves(self.history, self.output_dir / "curves.png")
         datamodule = getattr(trainer, "datamodule", None)  # set by Lightning, not declared on Trainer
-        if self.num_alignments > 0 and datamodule is not None:
+        # a transducer has no frame paths to draw (its alignments: lightning_gtn.align)
+        if self.num_alignments > 0 and datamodule is not None and not getattr(pl_module, "is_transducer", False):
             write_alignments(
                 pl_module, datamodule.val_dataloader(), self.output_dir / "alignments.png", self.num_alignments
             )

@@ -52,6 +52,7 @@ __all__ = [
     "resolve_decoder",
     "build_decoder",
     "decode_texts",
+    "TransducerDecoder",
     "lexicon_to_data",
     "lm_to_data",
     "lexicon_from_data",
@@ -63,9 +64,10 @@ __all__ = [
     "MAX_LM_BYTES",
 ]
 
-DECODERS = ("greedy", "beam", "beam_lm")
+DECODERS = ("greedy", "beam", "beam_lm", "rnnt_beam")
 _KEYS = {
     "name",
+    "max_symbols_per_frame",
     "beam_size",
     "beam_threshold",
     "lm_weight",
@@ -263,6 +265,8 @@ def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -
             no words, over the bounds of the module.
     """
     cfg = _plain(cfg)
+    if cfg is not None and cfg.get("name") == "rnnt_beam":
+        return _read_files(cfg) if isinstance(cfg.get("lm"), str) else cfg
     if cfg is None or cfg.get("name", "greedy") != "beam_lm":
         return cfg
     out_dir = Path(out_dir)
@@ -405,6 +409,13 @@ def build_decoder(cfg, loss, vocabulary):
     """
     cfg = _plain(cfg)
     name = "greedy" if cfg is None else cfg.get("name", "greedy")
+    if loss.topology == "rnnt":
+        return _transducer_decoder(cfg or {}, name, loss)
+    if name == "rnnt_beam":
+        raise ValueError(
+            f"decoder=rnnt_beam decodes RNN-T losses (loss=rnnt|pruned_rnnt|tdt|multiblank), not "
+            f"{type(loss).__qualname__}; use decoder=beam or decoder=beam_lm"
+        )
     if name == "greedy":
         return None
     from lightning_gtn.decode import BeamSearchDecoder
@@ -437,3 +448,109 @@ def decode_texts(decoder, emissions, lengths) -> list[str]:
     """The best hypothesis' text of each example (words joined by spaces)."""
     hyps = decoder.decode(emissions.detach().float().cpu(), lengths.detach().cpu())
     return [(" ".join(h[0].words) if decoder.lexicon is not None else h[0].text) if h else "" for h in hyps]
+
+
+class TransducerDecoder:
+    """How an RNN-T loss's network is decoded: ``greedy`` (:func:`lightning_gtn.decode.transducer.greedy_search`)
+    or ``rnnt_beam`` (:func:`lightning_gtn.decode.transducer_beam.modified_beam_search`, with an
+    optional n-gram LM fused in with weight ``lm_weight``).
+
+    Args:
+        name: ``"greedy"`` or ``"rnnt_beam"``.
+        max_symbols_per_frame: labels emitted on one frame at most.
+        beam_size: hypotheses kept (``rnnt_beam``).
+        lm: an :class:`lightning_gtn.lm.NGramLM` for shallow fusion, or None (``rnnt_beam``).
+        lm_weight: its weight.
+    """
+
+    def __init__(
+        self,
+        name: str = "greedy",
+        max_symbols_per_frame: int = 3,
+        beam_size: int = 4,
+        lm=None,
+        lm_weight: float = 0.0,
+    ):
+        if name not in ("greedy", "rnnt_beam"):
+            raise ValueError(
+                f"decoder.name: RNN-T losses decode with decoder=greedy or decoder=rnnt_beam, got {name!r} "
+                "(beam and beam_lm search frame paths of CTC-like losses)"
+            )
+        if isinstance(max_symbols_per_frame, bool) or not isinstance(max_symbols_per_frame, int):
+            raise ValueError(f"decoder.max_symbols_per_frame: expected an integer >= 1, got {max_symbols_per_frame!r}")
+        if max_symbols_per_frame < 1:
+            raise ValueError(f"decoder.max_symbols_per_frame: expected an integer >= 1, got {max_symbols_per_frame}")
+        if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"decoder.beam_size: expected an integer >= 1, got {beam_size!r}")
+        self.name = name
+        self.max_symbols_per_frame = max_symbols_per_frame
+        self.beam_size = beam_size
+        self.lm = lm
+        self.lm_weight = float(lm_weight)
+        self.lexicon = None
+
+    def __repr__(self) -> str:
+        return (
+            f"TransducerDecoder({self.name!r}, max_symbols_per_frame={self.max_symbols_per_frame}, "
+            f"beam_size={self.beam_size}, lm={'yes' if self.lm is not None else None}, lm_weight={self.lm_weight})"
+        )
+
+    def decode(self, network, encoder_out, encoder_lengths, loss) -> list[list[int]]:
+        """Label ids of each example from ``network``'s encoder frames ``(B, T, J)``; ``loss``
+        (an RNN-T loss) declares the blank, and the durations of a TDT loss
+        (``durations``) or the big blanks of a multi-blank one (``big_blank_durations``)."""
+        blank = int(loss.blank)
+        lengths = encoder_lengths.to(encoder_out.device)
+        if self.name == "rnnt_beam":
+            from lightning_gtn.decode.transducer_beam import modified_beam_search
+
+            return modified_beam_search(
+                network,
+                encoder_out,
+                lengths,
+                blank=blank,
+                beam=self.beam_size,
+                lm=self.lm,
+                lm_weight=self.lm_weight,
+            )
+        from lightning_gtn.decode.transducer import greedy_search
+
+        return greedy_search(
+            network,
+            encoder_out,
+            lengths,
+            blank=blank,
+            max_symbols_per_frame=self.max_symbols_per_frame,
+            num_classes=None if loss.num_classes is None else int(loss.num_classes),
+            durations=_durations(loss, "durations"),
+            big_blank_durations=_durations(loss, "big_blank_durations"),
+        )
+
+
+def _durations(loss, name: str) -> list[int] | None:
+    """A TDT / multi-blank loss's declared durations (see :class:`lightning_gtn.nn.RNNTStructuredLoss`)."""
+    v = getattr(loss, name, None)
+    if v is None:
+        return None
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    return [int(d) for d in v]
+
+
+def _transducer_decoder(cfg: dict, name: str, loss) -> TransducerDecoder:
+    """The decoder of an RNN-T loss from a decoder config (greedy or rnnt_beam)."""
+    if name not in ("greedy", "rnnt_beam"):
+        raise ValueError(
+            f"decoder={name}: {type(loss).__qualname__} is an RNN-T loss, decoded by decoder=greedy or "
+            "decoder=rnnt_beam (beam and beam_lm search the frame paths of CTC-like losses)"
+        )
+    lm = None
+    if name == "rnnt_beam" and cfg.get("lm") is not None:
+        lm = _artefact(cfg, "lm", lm_from_data)
+    return TransducerDecoder(
+        name,
+        max_symbols_per_frame=cfg.get("max_symbols_per_frame", 3),
+        beam_size=cfg.get("beam_size", 4),
+        lm=lm,
+        lm_weight=float(cfg.get("lm_weight", 0.0)),
+    )

@@ -17,6 +17,11 @@ Batches are dicts with ``inputs`` ``(B, T, F)``, ``input_lengths`` ``(B,)`` and 
 ``(B,)`` (plus optional ``texts`` for the metrics). Override :meth:`unpack_batch` for other
 layouts, or any ``*_step``.
 
+With an RNN-T loss (``loss.topology == "rnnt"``) the network is a transducer network (the protocol
+of :mod:`lightning_gtn.nn.rnnt`: ``self.net``, or the module itself): the steps call its
+``encode`` and the loss's ``joint_loss``, and decoding runs the transducer greedy search (or the
+``rnnt_beam`` decoder) instead of reading frame paths.
+
 A non-finite training loss stops training with :class:`NonFiniteLossError` (naming the global
 step and the batch) before the optimizer step, or, with ``nonfinite={"action": "skip",
 "max_consecutive": 10}``, skips that batch with a warning and stops after more than
@@ -40,7 +45,24 @@ from lightning_gtn.nn import StructuredLoss
 from .losses import build_loss
 from .vocabulary import Vocabulary
 
-__all__ = ["StructuredLossMixin", "NonFiniteLossError", "NONFINITE_ACTIONS"]
+__all__ = [
+    "StructuredLossMixin",
+    "NonFiniteLossError",
+    "NONFINITE_ACTIONS",
+    "TRANSDUCER_METHODS",
+    "is_transducer_network",
+]
+
+#: The methods of a transducer network (the protocol of :mod:`lightning_gtn.nn.rnnt`).
+TRANSDUCER_METHODS = ("encode", "predict", "select_state", "join", "simple_am", "simple_lm")
+
+_RNNT_LOSSES = "loss=rnnt|pruned_rnnt|tdt|multiblank"
+
+
+def is_transducer_network(obj) -> bool:
+    """Whether ``obj`` (a network or its class) offers every method of :data:`TRANSDUCER_METHODS`."""
+    return all(callable(getattr(obj, m, None)) for m in TRANSDUCER_METHODS)
+
 
 #: What a non-finite training loss does: stop with an error, or skip the batch.
 NONFINITE_ACTIONS = ("error", "skip")
@@ -230,8 +252,57 @@ class StructuredLossMixin:
             raise KeyError("batch has neither 'targets' nor 'texts'")
         return inputs, input_lengths, targets, target_lengths, texts
 
+    @property
+    def is_transducer(self) -> bool:
+        """Whether the loss is an RNN-T loss (its declared ``topology`` is ``"rnnt"``)."""
+        return self.structured_loss.topology == "rnnt"
+
+    def transducer_network(self) -> Any:
+        """The transducer network of an RNN-T loss: ``self.net`` when it offers the protocol of
+        :mod:`lightning_gtn.nn.rnnt`, else this module itself when it does.
+
+        Raises:
+            ValueError: neither does (the loss is an RNN-T loss and the model is not a transducer).
+        """
+        net = getattr(self, "net", None)
+        if net is not None and is_transducer_network(net):
+            return net
+        if is_transducer_network(self):
+            return self
+        obj = net if net is not None else self
+        lacks = ", ".join(m for m in TRANSDUCER_METHODS if not callable(getattr(obj, m, None)))
+        what = type(obj).__qualname__
+        raise ValueError(
+            f"loss: {type(self.structured_loss).__qualname__} is an RNN-T loss and needs a transducer network "
+            f"(model=transducer: lightning_gtn.lightning.TransducerModel), but {what} lacks "
+            f"{lacks} "
+            "(the protocol of lightning_gtn.nn.rnnt): loss=rnnt needs model=transducer"
+        )
+
+    def _check_not_transducer(self) -> None:
+        net = getattr(self, "net", None)
+        if net is not None and is_transducer_network(net):
+            raise ValueError(
+                f"model: {type(net).__qualname__} is a transducer network, which the RNN-T losses train "
+                f"({_RNNT_LOSSES}), but the loss is {type(self.structured_loss).__qualname__} "
+                f"(topology {self.structured_loss.topology!r}): pick an RNN-T loss or another model"
+            )
+
+    def encode(self, inputs: torch.Tensor, input_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RNN-T losses: the transducer network's ``encode`` -> ``(enc (B, T', J), lengths (B,))``."""
+        enc, lengths = self.transducer_network().encode(inputs, input_lengths)
+        return enc, lengths.to(device=enc.device, dtype=torch.long)
+
+    def outputs(self, inputs: torch.Tensor, input_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the loss and the decoder read: encoder frames for an RNN-T loss
+        (:meth:`encode`), else emissions (:meth:`emissions`)."""
+        if self.is_transducer:
+            return self.encode(inputs, input_lengths)
+        return self.emissions(inputs, input_lengths)
+
     def emissions(self, inputs: torch.Tensor, input_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Calls ``self(inputs, input_lengths)``; a bare tensor output means all frames are valid."""
+        self._check_not_transducer()
         out = self(inputs, input_lengths)
         if isinstance(out, torch.Tensor):
             B, T = out.shape[:2]
@@ -247,11 +318,15 @@ class StructuredLossMixin:
         return emissions, lengths.to(device=emissions.device, dtype=torch.long)
 
     def compute_loss(self, emissions, emission_lengths, targets, target_lengths) -> torch.Tensor:
-        """The configured structured loss of a batch (a scalar)."""
+        """The configured structured loss of a batch (a scalar); with an RNN-T loss ``emissions``
+        are the encoder frames (:meth:`outputs`), scored through ``joint_loss`` with the network."""
         dev = emissions.device
-        return self.structured_loss(
-            emissions, targets.to(dev, torch.long), emission_lengths, target_lengths.to(dev, torch.long)
-        )
+        targets, target_lengths = targets.to(dev, torch.long), target_lengths.to(dev, torch.long)
+        if self.is_transducer:
+            return self.structured_loss.joint_loss(
+                self.transducer_network(), emissions, emission_lengths, targets, target_lengths
+            )
+        return self.structured_loss(emissions, targets, emission_lengths, target_lengths)
 
     def viterbi_paths(self, emissions, emission_lengths) -> list[list[int]]:
         """Best frame-level label path of each example (lists of length ``emission_lengths[b]``),
@@ -261,7 +336,20 @@ class StructuredLossMixin:
         return [[v for v in row if v >= 0] for row in paths.cpu().tolist()]
 
     def decode(self, emissions, emission_lengths) -> list[str]:
-        """Decoding to strings: the configured beam search, else the loss's Viterbi path."""
+        """Decoding to strings: the configured beam search, else the loss's Viterbi path; with an
+        RNN-T loss (``emissions`` are then encoder frames) the transducer greedy search or the
+        ``rnnt_beam`` decoder."""
+        if self.is_transducer:
+            from .decoding import TransducerDecoder
+
+            decoder = getattr(self, "beam_decoder", None)
+            if not isinstance(decoder, TransducerDecoder):
+                decoder = TransducerDecoder()
+            with torch.no_grad():
+                ids = decoder.decode(
+                    self.transducer_network(), emissions.detach(), emission_lengths, self.structured_loss
+                )
+            return [self.vocabulary.decode_tokens(t) for t in ids]
         if getattr(self, "beam_decoder", None) is not None:
             from .decoding import decode_texts
 
@@ -281,7 +369,9 @@ class StructuredLossMixin:
             ``nonfinite`` says to skip.
         """
         inputs, input_lengths, targets, target_lengths, _ = self.unpack_batch(batch)
-        emissions, lengths = self.emissions(inputs, input_lengths)
+        if self.is_transducer:  # a warm-up schedule (the pruned loss's) follows the global step
+            self.structured_loss.set_step(int(self.global_step))
+        emissions, lengths = self.outputs(inputs, input_lengths)
         loss = self.compute_loss(emissions, lengths, targets, target_lengths)
         if self._skip_nonfinite(loss, batch_idx):
             return None  # Lightning skips backward and the optimizer step
@@ -334,7 +424,7 @@ class StructuredLossMixin:
 
     def _eval_step(self, batch, prefix: str):
         inputs, input_lengths, targets, target_lengths, texts = self.unpack_batch(batch)
-        emissions, lengths = self.emissions(inputs, input_lengths)
+        emissions, lengths = self.outputs(inputs, input_lengths)
         loss = self.compute_loss(emissions, lengths, targets, target_lengths)
         if texts is None:
             texts = [self.vocabulary.decode_tokens(t[: int(n)].tolist()) for t, n in zip(targets, target_lengths)]
@@ -364,7 +454,7 @@ class StructuredLossMixin:
     def predict_step(self, batch, batch_idx, dataloader_idx: int = 0) -> list[str]:
         """The decoded transcripts of a batch with ``inputs`` ``(B, T, F)`` and ``input_lengths`` ``(B,)``."""
         inputs, input_lengths = batch["inputs"], batch["input_lengths"]
-        emissions, lengths = self.emissions(inputs, input_lengths)
+        emissions, lengths = self.outputs(inputs, input_lengths)
         return self.decode(emissions, lengths)
 
     # ------------------------------------------------------------------ optimizers

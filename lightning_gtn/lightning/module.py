@@ -14,7 +14,7 @@ from torch import nn
 
 from lightning_gtn import trust
 
-from .mixin import StructuredLossMixin
+from .mixin import StructuredLossMixin, is_transducer_network
 
 __all__ = ["SequenceModule", "check_hyperparameters", "HPARAM_SECTIONS"]
 
@@ -69,7 +69,9 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
     Args:
         network: config mapping with ``_target_`` (e.g. ``conf/model/conv_gru.yaml``); it gets
             ``feature_dim`` and ``num_classes`` filled in. Its ``forward(inputs, input_lengths)``
-            returns emissions ``(B, T, C)`` and output lengths ``(B,)``.
+            returns emissions ``(B, T, C)`` and output lengths ``(B,)``. With an RNN-T loss it must
+            be a transducer network (``conf/model/transducer.yaml``), which also gets the loss's
+            ``extra_outputs``.
         loss: a loss name or config (see :func:`lightning_gtn.lightning.build_loss`).
         chars: the vocabulary characters.
         feature_dim: ``F`` of the inputs.
@@ -130,9 +132,10 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             nonfinite=nonfinite,
             decoder=decoder,
         )
+        extra = self._check_network(network)
         try:
             self.net: nn.Module = trust.instantiate(
-                dict(network), "model", "model", feature_dim=feature_dim, num_classes=self.num_classes
+                dict(network), "model", "model", feature_dim=feature_dim, num_classes=self.num_classes, **extra
             )
         except trust.UntrustedTargetError:
             raise
@@ -140,6 +143,39 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             root = e.__cause__ if e.__cause__ is not None else e
             msg = " ".join(str(root).split())
             raise ValueError(f"model: cannot build {network.get('_target_')}: {msg}") from e
+
+    def _check_network(self, network: Mapping) -> dict:
+        """The network class must match the loss (a transducer network for an RNN-T loss and only
+        then); returns the extra constructor arguments (a transducer's ``extra_outputs``: the joiner
+        outputs the loss reads besides the token scores)."""
+        target = network.get("_target_")
+        cls = trust.resolve(target, "model._target_", kinds=("model",))
+        transducer = is_transducer_network(cls)
+        if self.is_transducer and not transducer:
+            raise ValueError(
+                f"model: {type(self.structured_loss).__qualname__} is an RNN-T loss and needs a transducer "
+                f"network (encode/predict/join, the protocol of lightning_gtn.nn.rnnt), but model._target_ is "
+                f"{target}: loss=rnnt needs model=transducer (add model=transducer)"
+            )
+        if transducer and not self.is_transducer:
+            raise ValueError(
+                f"model: {target} is a transducer network, trained by the RNN-T losses "
+                f"(loss=rnnt|pruned_rnnt|tdt|multiblank), but the loss is "
+                f"{type(self.structured_loss).__qualname__}: model=transducer needs an RNN-T loss"
+            )
+        if not transducer:
+            return {}
+        extra = int(self.structured_loss.extra_outputs)
+        if (
+            "extra_outputs" in network
+            and network["extra_outputs"] is not None
+            and int(network["extra_outputs"]) != extra
+        ):
+            raise ValueError(
+                f"model.extra_outputs: {network['extra_outputs']} does not match the loss's {extra} extra joiner "
+                "outputs (leave it out: it is filled in from the loss)"
+            )
+        return {"extra_outputs": extra}
 
     @classmethod  # the override: weights_only is a bool defaulting to True, not Lightning's Optional
     def load_from_checkpoint(cls, checkpoint_path, *args, weights_only: bool = True, **kwargs):  # type: ignore[override]

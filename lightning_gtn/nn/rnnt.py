@@ -49,9 +49,20 @@ class RNNTStructuredLoss(StructuredLoss):
     is torchaudio's calling convention; :meth:`joint_loss` is what the Lightning layer calls.
     ``blank`` is the blank's class id (non-negative once built; the Lightning layer fills it from
     the vocabulary).
+
+    ``extra_outputs`` is the number of joiner outputs after the ``V`` token scores that the loss
+    reads (0 here; TDT: one per duration, multi-blank: one per big blank); the Lightning layer
+    builds the network's joiner with that many. A TDT loss names its durations in ``durations``
+    and a multi-blank loss its big blanks' frame counts in ``big_blank_durations`` (output
+    ``V + k`` has ``durations[k]`` / ``big_blank_durations[k]``), which greedy decoding reads.
     """
 
     blank: Optional[int] = 0
+    extra_outputs: int = 0
+
+    def set_step(self, step: int) -> None:
+        """Told the global training step before each training batch (the Lightning layer calls
+        it); a loss with a warm-up schedule (the pruned loss) overrides it. A no-op here."""
 
     @property
     def topology(self) -> str:

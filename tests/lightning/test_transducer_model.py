@@ -1,0 +1,228 @@
+"""TransducerModel (the protocol of nn.rnnt) and the mixin's RNN-T seam: shapes, the prediction
+network stepped one token at a time equals it run over the whole history, the seam's errors, the
+extra joiner outputs and the global step reaching the loss, training/decoding through the mixin,
+and a checkpoint that loads with weights_only."""
+
+import itertools
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_gtn import trust
+from lightning_gtn.lightning import DigitLinesDataModule, SequenceModule, TransducerModel
+from lightning_gtn.nn.rnnt import RNNTStructuredLoss
+
+CHARS = "0123456789 "
+SMALL = dict(conv_channels=8, hidden_size=8, predictor_dim=8, joiner_dim=12, stride=2)
+NET = {"_target_": "lightning_gtn.lightning.TransducerModel", **SMALL}
+LOSS = {"_target_": f"{__name__}.TorchRNNTLoss"}
+HERE = [__name__.split(".")[0]]  # trusted inside the tests that build TorchRNNTLoss from a config
+
+
+class TorchRNNTLoss(RNNTStructuredLoss):
+    """RNN-T by a plain torch forward recursion (row by row over t; along u a log-cumsum), for
+    these tests only: alpha[t, u] = logaddexp(alpha[t-1, u] + blank[t-1, u], alpha[t, u-1] + emit[t, u-1])."""
+
+    def __init__(self, blank: int = 0, reduction: str = "mean", extra_outputs: int = 0):
+        super().__init__()
+        self.blank = blank
+        self.reduction = reduction
+        self.extra_outputs = extra_outputs
+        self.steps: list[int] = []
+
+    def set_step(self, step: int) -> None:
+        self.steps.append(step)
+
+    def forward(self, logits, targets, logit_lengths, target_lengths):
+        if self.extra_outputs:
+            logits = logits[..., : logits.shape[-1] - self.extra_outputs]
+        lp = logits.float().log_softmax(-1)
+        B, T, U1, _ = lp.shape
+        blank = lp[..., self.blank]
+        idx = targets[:, None, : U1 - 1, None].long().expand(B, T, U1 - 1, 1)
+        emit = lp[:, :, :-1].gather(-1, idx).squeeze(-1)
+        E = torch.cat([lp.new_zeros(B, T, 1), emit.cumsum(-1)], -1)
+        first = torch.full((B, U1), -1e30, dtype=lp.dtype)
+        first[:, 0] = 0
+        rows: list[torch.Tensor] = []
+        for t in range(T):
+            start = first if t == 0 else rows[-1] + blank[:, t - 1]
+            rows.append(E[:, t] + torch.logcumsumexp(start - E[:, t], -1))
+        alpha = torch.stack(rows, 1)
+        b = torch.arange(B)
+        tl, ul = logit_lengths.long() - 1, target_lengths.long()
+        loss = -(alpha[b, tl, ul] + blank[b, tl, ul])
+        return loss.mean() if self.reduction == "mean" else loss.sum() if self.reduction == "sum" else loss
+
+
+def _brute(lp, y, T):
+    """-log P(y) of one example by enumerating every path of T blanks and len(y) labels."""
+    U, scores = len(y), []
+    for pos in itertools.combinations(range(T - 1 + U), U):
+        t = u = 0
+        s = lp.new_zeros(())
+        for i in range(T - 1 + U):
+            if i in pos:
+                s, u = s + lp[t, u, y[u]], u + 1
+            else:
+                s, t = s + lp[t, u, 0], t + 1
+        scores.append(s + lp[T - 1, U, 0])
+    return -torch.logsumexp(torch.stack(scores), 0)
+
+
+def test_reference_loss_equals_path_enumeration():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 3, 5, dtype=torch.float64)
+    targets = torch.tensor([[1, 2], [3, 0]])
+    got = TorchRNNTLoss(reduction="none")(logits, targets, torch.tensor([4, 3]), torch.tensor([2, 1]))
+    lp = logits.log_softmax(-1)
+    want = torch.stack([_brute(lp[0], [1, 2], 4), _brute(lp[1], [3], 3)])
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("predictor", ["stateless", "lstm"])
+def test_shapes_and_stepwise_prediction(predictor):
+    torch.manual_seed(0)
+    m = TransducerModel(6, 7, predictor=predictor, context_size=3, extra_outputs=2, **SMALL).eval()
+    enc, lengths = m.encode(torch.randn(3, 15, 6), torch.tensor([15, 9, 1]))
+    assert enc.shape == (3, 8, 12) and lengths.tolist() == [8, 5, 1]
+    tokens = torch.tensor([[0, 3, 4, 4, 1], [0, 6, 2, 0, 0], [0, 1, 1, 1, 1]])
+    pred, _ = m.predict(tokens)
+    assert pred.shape == (3, 5, 12)
+    assert m.join(enc[:, :, None], pred[:, None]).shape == (3, 8, 5, 7 + 2)
+    assert m.simple_am(enc).shape == (3, 8, 7) and m.simple_lm(pred).shape == (3, 5, 7)
+    # one token at a time through the state gives the same outputs as the whole history
+    state, steps = None, []
+    for s in range(tokens.shape[1]):
+        out, state = m.predict(tokens[:, s : s + 1], state)
+        steps.append(out)
+    torch.testing.assert_close(torch.cat(steps, 1), pred, rtol=1e-5, atol=1e-6)
+    # select_state picks hypotheses: row 2 alone continues as it does in the batch
+    one, _ = m.predict(torch.tensor([[5]]), m.select_state(state, torch.tensor([2])))
+    all3, _ = m.predict(torch.tensor([[5], [5], [5]]), state)
+    torch.testing.assert_close(one[0], all3[2], rtol=1e-5, atol=1e-6)
+
+
+def test_stateless_predictor_sees_only_its_context():
+    torch.manual_seed(0)
+    m = TransducerModel(6, 7, context_size=2, **SMALL)
+    a, _ = m.predict(torch.tensor([[0, 3, 1, 4]]))
+    b, _ = m.predict(torch.tensor([[0, 5, 1, 4]]))
+    assert not torch.allclose(a[0, 1], b[0, 1]) and not torch.allclose(a[0, 2], b[0, 2])
+    torch.testing.assert_close(a[0, 3], b[0, 3])  # the last two tokens are equal: 1, 4
+
+
+def test_constructor_and_predict_errors():
+    with pytest.raises(ValueError, match="model.predictor"):
+        TransducerModel(6, 7, predictor="gru")
+    with pytest.raises(ValueError, match="model.context_size"):
+        TransducerModel(6, 7, context_size=0)
+    with pytest.raises(ValueError, match="model.extra_outputs"):
+        TransducerModel(6, 7, extra_outputs=-1)
+    m = TransducerModel(6, 7, **SMALL)
+    with pytest.raises(ValueError, match=r"tokens must be ids in \[0, 7\)"):
+        m.predict(torch.tensor([[0, 7]]))
+    with pytest.raises(ValueError, match=r"\(N, S\)"):
+        m.predict(torch.tensor([0, 1]))
+
+
+def test_joint_loss_of_the_model_equals_the_lattice_scored_directly():
+    torch.manual_seed(0)
+    m = TransducerModel(6, 5, **SMALL)
+    enc, lengths = m.encode(torch.randn(2, 12, 6), torch.tensor([12, 7]))
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0]]), torch.tensor([3, 2])
+    loss = TorchRNNTLoss(reduction="none")
+    got = loss.joint_loss(m, enc, lengths, targets, target_lengths)
+    pred, _ = m.predict(torch.tensor([[0, 1, 2, 3], [0, 4, 4, 0]]))
+    lp = m.join(enc[:, :, None], pred[:, None]).log_softmax(-1)
+    want = torch.stack([_brute(lp[0], [1, 2, 3], 6), _brute(lp[1], [4, 4], 4)])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- the seam
+def test_rnnt_loss_needs_a_transducer_network_and_vice_versa():
+    conv = {"_target_": "lightning_gtn.lightning.ConvRNNEncoder", "conv_channels": 8, "hidden_size": 8}
+    with trust.trusted(HERE), pytest.raises(ValueError, match="loss=rnnt needs model=transducer"):
+        SequenceModule(conv, LOSS, CHARS, feature_dim=8)
+    with pytest.raises(ValueError, match="model=transducer needs an RNN-T loss"):
+        SequenceModule(NET, "ctc", CHARS, feature_dim=8)
+
+
+def test_mixin_names_what_a_network_lacks():
+    with trust.trusted(HERE):
+        model = SequenceModule(NET, LOSS, CHARS, feature_dim=8)
+    model.net = torch.nn.Linear(3, 3)  # a user's module that swapped its network
+    with pytest.raises(
+        ValueError, match=r"lacks encode, predict, select_state, join.*loss=rnnt needs model=transducer"
+    ):
+        model.outputs(torch.zeros(1, 10, 8), torch.tensor([10]))
+
+
+def test_extra_outputs_come_from_the_loss():
+    with trust.trusted(HERE):
+        model = SequenceModule(NET, {**LOSS, "extra_outputs": 3}, CHARS, feature_dim=8)
+        assert model.net.joiner.out_features == len(CHARS) + 1 + 3
+        with pytest.raises(ValueError, match="model.extra_outputs: 2 does not match the loss's 3"):
+            SequenceModule({**NET, "extra_outputs": 2}, {**LOSS, "extra_outputs": 3}, CHARS, feature_dim=8)
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    dm = DigitLinesDataModule(num_train=24, num_val=8, num_test=8, batch_size=8, eval_batch_size=8)
+    dm.setup()
+    return dm
+
+
+def test_training_steps_reach_the_loss_and_decode(tiny_data, tmp_path):
+    torch.manual_seed(0)
+    with trust.trusted(HERE):
+        model = SequenceModule(NET, LOSS, CHARS, feature_dim=8, optimizer={"_target_": "torch.optim.Adam", "lr": 1e-2})
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    before = {k: v.clone() for k, v in model.net.state_dict().items()}
+    trainer.fit(model, datamodule=tiny_data)
+    assert model.structured_loss.steps == [0, 1, 2]  # the global step before each batch
+    m = trainer.callback_metrics
+    for key in ("train/loss", "val/loss", "val/cer", "val/wer"):
+        assert key in m and torch.isfinite(m[key]), key
+    after = model.net.state_dict()
+    for name in ("embedding.weight", "context.weight", "joiner.weight", "encoder.output.weight"):
+        assert not torch.equal(before[name], after[name]), f"{name} was not trained"
+    preds = [p for batch in trainer.predict(model, dataloaders=tiny_data.val_dataloader()) for p in batch]
+    assert len(preds) == 8 and set("".join(preds)) <= set(CHARS)
+    # checkpoints are data: the transducer's config loads back with weights_only=True
+    path = tmp_path / "t.ckpt"
+    trainer.save_checkpoint(path)
+    with trust.trusted(HERE):
+        back = SequenceModule.load_from_checkpoint(str(path), map_location="cpu")
+    batch = next(iter(tiny_data.val_dataloader()))
+    model.eval(), back.eval()
+    with torch.no_grad():
+        x, n = batch["inputs"], batch["input_lengths"]
+        assert model.decode(*model.outputs(x, n)) == back.decode(*back.outputs(x, n))
+    assert isinstance(back.net, TransducerModel) and back.net.joiner.out_features == len(CHARS) + 1
+
+
+def test_checkpoint_naming_an_untrusted_loss_is_refused(tmp_path):
+    with trust.trusted(HERE):
+        model = SequenceModule(NET, LOSS, CHARS, feature_dim=8)
+    path = tmp_path / "t.ckpt"
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": dict(model.hparams),
+            "pytorch-lightning_version": L.__version__,
+        },
+        path,
+    )
+    with pytest.raises(trust.UntrustedTargetError, match=r"^loss\._target_"):
+        SequenceModule.load_from_checkpoint(str(path), map_location="cpu")
