@@ -225,3 +225,60 @@ def test_nan_logits_are_an_error():
     enc[0, 1, 1] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
         modified_beam_search(TableModel(), enc, [2], blank=0)
+
+
+@pytest.mark.parametrize("predictor,M", [("stateless", 1), ("lstm", 2)])
+def test_beam_one_equals_greedy_search_on_the_transducer_model(predictor, M):
+    """The real network (batched states read with select_state): beam 1 is the greedy search."""
+    from lightning_gtn.decode.transducer import greedy_search
+    from lightning_gtn.lightning import TransducerModel
+
+    torch.manual_seed(0)
+    net = TransducerModel(
+        feature_dim=4, num_classes=6, conv_channels=8, hidden_size=8, predictor=predictor, predictor_dim=8, joiner_dim=8
+    ).eval()
+    with torch.no_grad():
+        net.joiner.weight.mul_(4)  # confident enough to emit several tokens
+        enc, n = net.encode(torch.randn(3, 24, 4), torch.tensor([24, 17, 6]))
+    got = modified_beam_search(net, enc, n, blank=0, beam=1, max_symbols_per_frame=M)
+    assert got == greedy_search(net, enc, n, blank=0, max_symbols_per_frame=M)
+    assert any(len(g) > 1 for g in got)
+    wide = modified_beam_search_nbest(net, enc, n, blank=0, beam=6, max_symbols_per_frame=M)
+    assert all(len(w) >= 1 for w in wide)
+
+
+def test_decoder_configs_build_the_search_and_its_token_lm(tmp_path):
+    from omegaconf import OmegaConf
+
+    from lightning_gtn.lightning import TransducerModel, Vocabulary
+    from lightning_gtn.lightning.decoding import build_decoder, lm_from_data, resolve_decoder
+    from lightning_gtn.nn.rnnt import RNNTStructuredLoss
+    from lightning_gtn.train import CONF_DIR
+
+    class Declared(RNNTStructuredLoss):  # only the declared convention is read
+        blank = 0
+
+    vocab = Vocabulary("0123 ", blank=True)
+    cfg = resolve_decoder(
+        OmegaConf.load(CONF_DIR / "decoder" / "rnnt_beam_lm.yaml"), lambda: ["12 3", "1 23"], tmp_path
+    )
+    assert (tmp_path / "lm.arpa").is_file() and cfg["lm"]["format"] == "lightning_gtn.arpa/1"
+    assert "|" in lm_from_data(cfg["lm"]).words  # the space of the character LM
+    dec = build_decoder(cfg, Declared(), vocab)
+    assert isinstance(dec.lm, TokenLM) and dec.lm.tokens == [None, "0", "1", "2", "3", " "]
+    torch.manual_seed(1)
+    net = TransducerModel(feature_dim=4, num_classes=6, conv_channels=8, hidden_size=8, predictor_dim=8, joiner_dim=8)
+    net.eval()
+    with torch.no_grad():
+        enc, n = net.encode(torch.randn(2, 12, 4), torch.tensor([12, 7]))
+        got = dec.decode(net, enc, n, Declared())
+    want = modified_beam_search(net, enc, n, blank=0, beam=cfg["beam_size"], lm=dec.lm, lm_weight=cfg["lm_weight"])
+    assert got == want
+    plain = build_decoder(OmegaConf.load(CONF_DIR / "decoder" / "rnnt_beam.yaml"), Declared(), vocab)
+    assert plain.lm is None and plain.name == "rnnt_beam" and plain.max_symbols_per_frame == 1
+
+    class TDT(Declared):
+        durations = [0, 1, 2]
+
+    with pytest.raises(ValueError, match="decoder=greedy"):
+        build_decoder(OmegaConf.load(CONF_DIR / "decoder" / "rnnt_beam.yaml"), TDT(), vocab)
