@@ -146,7 +146,13 @@ def rnnt_align(
     with torch.no_grad():
         enc, enc_lengths = model.encode(inputs, input_lengths)
         start = torch.full((targets.shape[0], 1), int(blank), dtype=torch.long, device=targets.device)
-        tokens = torch.cat([start, targets.to(torch.long)], dim=1)
+        tl = _ints(target_lengths, "target_lengths")
+        if tl.shape != (targets.shape[0],):
+            raise ValueError(f"target_lengths must have shape (B,) = ({targets.shape[0]},), got {tuple(tl.shape)}")
+        pad = torch.arange(targets.shape[1])[None, :] >= tl[:, None]
+        # padding is never scored; the prediction network reads the blank there (a valid id)
+        y = torch.where(pad.to(targets.device), torch.full_like(targets, int(blank)), targets).to(torch.long)
+        tokens = torch.cat([start, y], dim=1)
         pred, _ = model.predict(tokens.to(enc.device), None)
         logits = model.join(enc[:, :, None, :], pred[:, None, :, :])
     return rnnt_forced_align(logits, targets, enc_lengths, target_lengths, blank=int(blank))

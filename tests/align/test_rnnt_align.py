@@ -192,3 +192,51 @@ def test_minus_inf_logits_leave_no_path():
     assert al.score[0] == -math.inf and al.token_start[0, 0] == -1 and al.token_confidence[0, 0] == 0
     frames, *_ = rnnt_viterbi(np.zeros((1, 1, 1, 2), np.float32), np.zeros((1, 0), np.int64), [1], [0], 1)
     assert frames.shape == (1, 0)
+
+
+def test_align_cli_on_an_rnnt_checkpoint(tmp_path, capsys):
+    """lightning-gtn-align on an (untrained) checkpoint of a transducer network with an RNN-T loss."""
+    import lightning as L
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import instantiate
+
+    from lightning_gtn import trust
+    from lightning_gtn.align_cli import main
+    from lightning_gtn.lightning import SequenceModule
+    from lightning_gtn.train import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose("train", overrides=["data=digits_small", "data.num_test=4"])
+    dm = instantiate(cfg.data)
+    net = {"_target_": "lightning_gtn.lightning.TransducerModel", "conv_channels": 8, "hidden_size": 8}
+    net.update(predictor="lstm", predictor_dim=8, joiner_dim=8)
+    loss = {"_target_": "tests.lightning.test_transducer_model.TorchRNNTLoss"}
+    with trust.trusted(["tests"]):
+        model = SequenceModule(net, loss, dm.chars, dm.feature_dim)
+    ckpt = tmp_path / "rnnt.ckpt"
+    hp = dict(model.hparams)
+    torch.save(
+        {"state_dict": model.state_dict(), "hyper_parameters": hp, "pytorch-lightning_version": L.__version__}, ckpt
+    )
+    out = tmp_path / "a.json"
+    args = ["--checkpoint", str(ckpt), "--split", "test", "--no-progress", "--trust-module", "tests"]
+    rc = main([*args, "--out", str(out), "data=digits_small", "data.num_test=4"])
+    assert rc == 0, capsys.readouterr().err
+    recs = json.loads(out.read_text())
+    assert len(recs) == 4
+    # the same by hand: the network's lattice aligned directly
+    dm.setup("test")
+    batch = next(iter(dm.test_dataloader()))
+    model.eval()
+    with torch.no_grad():
+        x, n, tg, tl, _ = model.unpack_batch(batch)
+    al = rnnt_align(model.net, x, n, tg, tl, blank=0)
+    for b, r in enumerate(recs[: len(tl)]):
+        k = int(tl[b])
+        assert [t["start_frame"] for t in r["tokens"]] == al.token_start[b, :k].tolist()
+        assert all(t["end_frame"] == t["start_frame"] + 1 and 0 <= t["confidence"] <= 1 for t in r["tokens"])
+        assert "".join(t["text"] for t in r["tokens"]) == batch["texts"][b]
+    assert main([*args, "--star", "-1", "data=digits_small"]) == 2
+    assert "--star" in capsys.readouterr().err
