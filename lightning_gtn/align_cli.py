@@ -20,7 +20,8 @@ the checkpoint, which is loaded as data (registered types only, :mod:`lightning_
 (``--trust-module mypkg`` opts in to more). A checkpoint of an RNN-T loss (``loss=rnnt``,
 ``pruned_rnnt``) is aligned through its transducer network's ``(T, U + 1)`` lattice
 (:func:`lightning_gtn.functional.rnnt_align`): each token's emission frame (its span is that one
-frame) and the posterior probability of that emission; frames are the encoder's.
+frame) and the posterior probability of that emission; frames are the encoder's; plots draw the
+lattice and the path (:func:`lightning_gtn.align.rnnt_plot.plot_rnnt_alignment`).
 """
 
 from __future__ import annotations
@@ -338,12 +339,12 @@ def _from_rnnt_checkpoint(a, model, dm, loss):
     :func:`lightning_gtn.functional.rnnt_align` (each token's emission frame and posterior)."""
     import torch
 
-    from lightning_gtn.functional import rnnt_align
+    from lightning_gtn.align.rnnt import rnnt_lattice
+    from lightning_gtn.align.rnnt_plot import plot_rnnt_alignment
+    from lightning_gtn.functional import rnnt_forced_align
 
     if a.star is not None:
         raise AlignError("--star: not available for RNN-T checkpoints (a transducer has no frame labels to absorb)")
-    if a.plot_dir:
-        raise AlignError("--plot-dir: the alignment plots draw frame emissions; not available for RNN-T checkpoints")
     for name in ("durations", "big_blank_durations"):
         if getattr(loss, name, None) is not None:
             raise AlignError(
@@ -369,10 +370,17 @@ def _from_rnnt_checkpoint(a, model, dm, loss):
     with torch.no_grad():
         for batch in _progress(loader, a):
             inputs, input_lengths, targets, target_lengths, _ = model.unpack_batch(batch)
-            al = rnnt_align(net, inputs, input_lengths, targets.long(), target_lengths, blank=blank)
+            logits, enc_lengths = rnnt_lattice(net, inputs, input_lengths, targets, target_lengths, blank=blank)
+            al = rnnt_forced_align(logits, targets, enc_lengths, target_lengths, blank=blank)
             B = inputs.shape[0]
             seqs = [t[: int(k)] for t, k in zip(targets.tolist(), target_lengths.tolist())]
-            w.add_alignment(al, seqs, [f"{a.split}{i}" for i in range(n, n + B)])
+            names = [f"{a.split}{i}" for i in range(n, n + B)]
+            w.add_alignment(al, seqs, names)
+            for b in range(B):
+                if w.plots >= a.num_plots or not a.plot_dir:
+                    break
+                plot_rnnt_alignment(logits, al, targets, b, tokens=tokens, path=Path(a.plot_dir) / f"{names[b]}.png")
+                w.plots += 1
             n += B
     return w
 

@@ -22,7 +22,7 @@ import torch
 from ..kernels.rnnt_viterbi import rnnt_viterbi
 from .forced import Alignment
 
-__all__ = ["rnnt_forced_align", "rnnt_align"]
+__all__ = ["rnnt_forced_align", "rnnt_align", "rnnt_lattice"]
 
 
 def _ints(x, name: str) -> torch.Tensor:
@@ -136,6 +136,22 @@ def rnnt_align(
         targets: ``(B, U)`` padded token ids; ``target_lengths`` ``(B,)``.
         blank: keyword-only; the blank id (also the prediction network's start symbol).
     """
+    logits, enc_lengths = rnnt_lattice(model, inputs, input_lengths, targets, target_lengths, blank=int(blank))
+    return rnnt_forced_align(logits, targets, enc_lengths, target_lengths, blank=int(blank))
+
+
+def rnnt_lattice(
+    model: Any,
+    inputs: torch.Tensor,
+    input_lengths: torch.Tensor,
+    targets: torch.Tensor,
+    target_lengths,
+    *,
+    blank: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits (B, T', U + 1, V), encoder lengths (B,))``: ``join(encode(inputs)[:, :, None],
+    predict(blank + targets)[:, None])`` under ``torch.no_grad`` (what :func:`rnnt_align` aligns;
+    padded target positions feed the blank to the prediction network)."""
     for m in ("encode", "predict", "join"):
         if not callable(getattr(model, m, None)):
             raise ValueError(f"model must offer the transducer protocol (encode, predict, join); it lacks {m}")
@@ -155,4 +171,4 @@ def rnnt_align(
         tokens = torch.cat([start, y], dim=1)
         pred, _ = model.predict(tokens.to(enc.device), None)
         logits = model.join(enc[:, :, None, :], pred[:, None, :, :])
-    return rnnt_forced_align(logits, targets, enc_lengths, target_lengths, blank=int(blank))
+    return logits, enc_lengths

@@ -30,6 +30,7 @@ from ..align.forced import (
 )
 from ..align.plot import plot_alignment
 from ..align.rnnt import rnnt_align, rnnt_forced_align
+from ..align.rnnt_plot import plot_rnnt_alignment
 from ..core.criterion_graphs import (
     all_paths_graph,
     asg_full_graph,
@@ -94,6 +95,7 @@ __all__ = [
     "plot_alignment",
     "rnnt_forced_align",
     "rnnt_align",
+    "plot_rnnt_alignment",
     "modified_beam_search",
     "modified_beam_search_nbest",
     "TokenLM",

@@ -222,10 +222,12 @@ def test_align_cli_on_an_rnnt_checkpoint(tmp_path, capsys):
     )
     out = tmp_path / "a.json"
     args = ["--checkpoint", str(ckpt), "--split", "test", "--no-progress", "--trust-module", "tests"]
-    rc = main([*args, "--out", str(out), "data=digits_small", "data.num_test=4"])
+    plots = ["--plot-dir", str(tmp_path / "plots"), "--num-plots", "2"]
+    rc = main([*args, "--out", str(out), *plots, "data=digits_small", "data.num_test=4"])
     assert rc == 0, capsys.readouterr().err
     recs = json.loads(out.read_text())
     assert len(recs) == 4
+    assert len(list((tmp_path / "plots").glob("test*.png"))) == 2
     # the same by hand: the network's lattice aligned directly
     dm.setup("test")
     batch = next(iter(dm.test_dataloader()))
@@ -240,3 +242,18 @@ def test_align_cli_on_an_rnnt_checkpoint(tmp_path, capsys):
         assert "".join(t["text"] for t in r["tokens"]) == batch["texts"][b]
     assert main([*args, "--star", "-1", "data=digits_small"]) == 2
     assert "--star" in capsys.readouterr().err
+
+
+def test_plot_of_the_lattice_path(tmp_path):
+    from lightning_gtn.align.rnnt_plot import plot_rnnt_alignment
+
+    logits = torch.randn(2, 7, 4, 5, generator=torch.Generator().manual_seed(6))
+    targets = torch.tensor([[1, 2, 3], [4, 0, 0]])
+    al = rnnt_forced_align(logits, targets, [7, 5], [3, 1], blank=0)
+    fig = plot_rnnt_alignment(logits, al, targets, 1, tokens="_abcd", path=tmp_path / "p.png")
+    line = fig.axes[0].lines[0]
+    # the path ends at the last frame's right edge, all tokens emitted
+    assert line.get_xdata()[-1] == 4.5 and line.get_ydata()[-1] == 0.5
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="b must"):
+        plot_rnnt_alignment(logits, al, targets, 2)
