@@ -20,10 +20,12 @@ with ``start_state()`` and ``score(state, token_id) -> (logprob, new_state)`` ov
 token ids (hashable states); :class:`TokenLM` adapts a :class:`lightning_gtn.lm.NGramLM` over
 token texts (e.g. a character n-gram estimated from training transcripts) to it.
 
-**States**: a prediction-network state is never split or concatenated here; every hypothesis
-points at a row of the batched state object a ``predict`` call returned, and the next ``predict``
-call for a group of hypotheses reads their rows with ``select_state``. One ``join`` per frame
-scores all hypotheses of all utterances together.
+**States**: a ``predict`` call returns a batched state; hypotheses point at its rows and read
+them with ``select_state``. After each frame the rows of all hypotheses are gathered into one
+state object, concatenated along the batch dimension that ``select_state`` is seen to index (a
+tensor, or tuples/lists of tensors, e.g. an LSTM's ``(h, c)``), so every frame costs one
+``predict`` and one ``join`` call for all hypotheses of all utterances. States of any other kind
+are never concatenated: one ``predict`` call per state object the new tokens' parents point at.
 """
 
 from __future__ import annotations
@@ -223,6 +225,9 @@ class TransducerHypothesis:
     lm_score: float = 0.0
 
 
+_UNKNOWN = object()
+
+
 class _Hyp:
     __slots__ = ("tokens", "score", "lm_state", "lm_score", "ref", "parent", "new_token")
 
@@ -326,6 +331,7 @@ def modified_beam_search_nbest(
         objs: dict[int, tuple[torch.Tensor, Any]] = {0: (pred0[:, 0], state0)}
         next_obj = 1
         glm: Optional[_GenericLM] = None
+        layout: Any = _UNKNOWN  # the states' batch dimensions (see _state_layout); False: none
         lm0: Any = None
         hyps: list[list[_Hyp]] = [[_Hyp((), 0.0, None, 0.0, (0, 0))] for _ in range(B)]
         V = -1
@@ -364,25 +370,38 @@ def modified_beam_search_nbest(
                     extra += lm_weight * torch.from_numpy(np.stack([lp for lp, _ in lm_rows]))
                 cand = logp + extra + torch.tensor([h.score for _, h in flat], dtype=torch.float64)[:, None]
                 new_active: dict[int, dict[tuple, _Hyp]] = {}
-                pos = 0
-                for b in live:
-                    n = len(active.get(b, ()))
-                    if n == 0:
-                        continue
-                    rows = cand[pos : pos + n].reshape(-1)
-                    pool = list(done[b].values())
-                    allsc = torch.cat([torch.tensor([h.score for h in pool], dtype=torch.float64), rows])
-                    k = min(beam, int(allsc.shape[0]))
-                    top = torch.topk(allsc, k).indices.tolist()
+                # one top-k for all utterances: row e holds e's done pool, then its candidates
+                # (hypotheses x V), padded with -inf; padding is recognised by position
+                ex = [b for b in live if active.get(b)]
+                counts = [len(active[b]) for b in ex]
+                pools = [list(done[b].values()) for b in ex]
+                P, R = max(len(q) for q in pools), max(counts)
+                pool_sc = torch.full((len(ex), P), -math.inf, dtype=torch.float64)
+                if P:
+                    for e, q in enumerate(pools):
+                        pool_sc[e, : len(q)] = torch.tensor([h.score for h in q], dtype=torch.float64)
+                starts = np.cumsum([0] + counts[:-1])
+                idx = torch.from_numpy(starts[:, None] + np.arange(R)[None, :])
+                valid = torch.from_numpy(np.arange(R)[None, :] < np.asarray(counts)[:, None])
+                idx = torch.where(valid, idx, torch.full_like(idx, cand.shape[0]))
+                padded = torch.cat([cand, torch.full((1, V), -math.inf, dtype=torch.float64)])[idx]  # (E, R, V)
+                allsc = torch.cat([pool_sc, padded.reshape(len(ex), R * V)], 1)
+                k = min(beam, int(allsc.shape[1]))
+                top_v, top_i = torch.topk(allsc, k, dim=1)
+                top_v, top_i = top_v.tolist(), top_i.tolist()
+                for e, b in enumerate(ex):
+                    pool, n, pos = pools[e], counts[e], int(starts[e])
                     keep_done: dict[tuple, _Hyp] = {}
                     nxt_active: dict[tuple, _Hyp] = {}
-                    for j in top:
-                        if j < len(pool):
-                            _merge(keep_done, pool[j])
+                    for sc, j in zip(top_v[e], top_i[e]):
+                        if j < P:
+                            if j < len(pool):
+                                _merge(keep_done, pool[j])
                             continue
-                        i, v = divmod(j - len(pool), V)
+                        i, v = divmod(j - P, V)
+                        if i >= n:
+                            continue  # padding
                         parent = flat[pos + i][1]
-                        sc = float(rows[j - len(pool)])
                         if v == blank:
                             _merge(keep_done, _Hyp(parent.tokens, sc, parent.lm_state, parent.lm_score, parent.ref))
                             continue
@@ -395,7 +414,6 @@ def modified_beam_search_nbest(
                     done[b] = keep_done
                     if nxt_active:
                         new_active[b] = list(nxt_active.values())
-                    pos += n
                 # one predict call per state object the new tokens' parents point at
                 due = [h for b in live for h in list(done[b].values()) + new_active.get(b, []) if h.ref is None]
                 groups: dict[int, list[_Hyp]] = {}
@@ -416,6 +434,12 @@ def modified_beam_search_nbest(
             used = {h.ref[0] for hs in hyps for h in hs}
             for oid in [o for o in objs if o not in used]:
                 del objs[oid]
+            if len(objs) > 1 and layout is not False:
+                if layout is _UNKNOWN:  # learn once how the states concatenate (False: they do not)
+                    oid = next(iter(objs))
+                    layout = _state_layout(model, objs[oid][1], int(objs[oid][0].shape[0]), dev)
+                if layout is not False:
+                    objs, next_obj = _compact(model, objs, hyps, layout, next_obj, dev), next_obj + 1
     out: list[list[TransducerHypothesis]] = []
     for b in range(B):
         res = []
@@ -428,6 +452,69 @@ def modified_beam_search_nbest(
         res.sort(key=lambda x: -x.score)
         out.append(res[:nbest])
     return out
+
+
+def _state_layout(model, state, N: int, dev) -> Any:
+    """How a batched prediction-network state concatenates, learnt from ``select_state``: the
+    state's structure (None, a tensor, nested tuples/lists of them) with each tensor replaced by
+    its batch dimension, the one that ``select_state`` resizes from ``N`` rows to ``M``. False when
+    the state is anything else or the dimension is ambiguous; the search then keeps one state
+    object per ``predict`` call and reads hypotheses with ``select_state`` alone."""
+    M = 3 if N == 2 else 2
+    try:
+        probe = model.select_state(state, torch.zeros(M, dtype=torch.long, device=dev))
+    except Exception:  # noqa: BLE001 - an unusual state: fall back to per-object predict calls
+        return False
+
+    def walk(a, b):
+        if a is None and b is None:
+            return None
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if a.dim() != b.dim():
+                return False
+            dims = [d for d in range(a.dim()) if a.shape[d] == N and b.shape[d] == M]
+            same = all(a.shape[d] == b.shape[d] for d in range(a.dim()) if d not in dims)
+            return dims[0] if len(dims) == 1 and same else False
+        if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b):
+            parts = [walk(x, y) for x, y in zip(a, b)]
+            return False if any(p is False for p in parts) else (type(a), parts)
+        return False
+
+    return walk(state, probe)
+
+
+def _cat_states(states: list, layout) -> Any:
+    """Concatenates batched states along the batch dimensions of ``layout`` (:func:`_state_layout`)."""
+    if layout is None:
+        return None
+    if isinstance(layout, int):
+        return torch.cat(states, dim=layout)
+    kind, parts = layout
+    return kind(_cat_states([s[i] for s in states], p) for i, p in enumerate(parts))
+
+
+def _compact(model, objs: dict, hyps: list, layout, new_id: int, dev) -> dict:
+    """All hypotheses' predictions and states in one object ``new_id`` (rows in hypothesis order),
+    so that the next frame's ``predict`` is one call."""
+    order = [h for hs in hyps for h in hs]
+    by_obj: dict[int, list[int]] = {}
+    for h in order:
+        by_obj.setdefault(h.ref[0], []).append(h.ref[1])
+    preds, states, where = [], [], {}
+    row = 0
+    for oid, rows in by_obj.items():
+        uniq = sorted(set(rows))
+        idx = torch.tensor(uniq, dtype=torch.long, device=dev)
+        preds.append(objs[oid][0].index_select(0, idx))
+        states.append(model.select_state(objs[oid][1], idx))
+        for k, r in enumerate(uniq):
+            where[(oid, r)] = row + k
+        row += len(uniq)
+    pred = torch.cat(preds)
+    state = _cat_states(states, layout)
+    for h in order:
+        h.ref = (new_id, where[h.ref])
+    return {new_id: (pred, state)}
 
 
 def _merge(pool: dict[tuple, _Hyp], h: _Hyp) -> None:

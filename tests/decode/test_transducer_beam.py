@@ -282,3 +282,25 @@ def test_decoder_configs_build_the_search_and_its_token_lm(tmp_path):
 
     with pytest.raises(ValueError, match="decoder=greedy"):
         build_decoder(OmegaConf.load(CONF_DIR / "decoder" / "rnnt_beam.yaml"), TDT(), vocab)
+
+
+class ListStateToy(ToyTransducer):
+    """The same network with its state as a Python list (not concatenable: one object per call)."""
+
+    def predict(self, tokens, state=None):
+        pred, code = super().predict(tokens, None if state is None else torch.tensor(state))
+        return pred, code.tolist()
+
+    def select_state(self, state, index):
+        return [state[i] for i in index.tolist()]
+
+
+def test_states_that_do_not_concatenate_give_the_same_search():
+    enc = torch.randn(3, 6, 5, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    lengths = torch.tensor([6, 4, 5])
+    kw = dict(blank=0, beam=3, nbest=3, max_symbols_per_frame=2)
+    a = modified_beam_search_nbest(ToyTransducer(V=4, seed=5), enc, lengths, **kw)
+    b = modified_beam_search_nbest(ListStateToy(V=4, seed=5), enc, lengths, **kw)
+    assert [[(h.tokens, round(h.score, 9)) for h in x] for x in a] == [
+        [(h.tokens, round(h.score, 9)) for h in x] for x in b
+    ]
