@@ -185,13 +185,14 @@ class _GenericLM:
     def start_state(self) -> Hashable:
         return self.lm.start_state()
 
-    def scores(self, state) -> tuple[np.ndarray, Sequence]:
+    def scores(self, state) -> tuple[np.ndarray, list]:
         hit = self._cache.get(state)
         if hit is None:
+            nxt: list
             if self.vector is not None:
-                logp, nxt = self.vector(state)
-                logp = logp.copy()
-                nxt = list(nxt.tolist())
+                lp_vec, nxt_vec = self.vector(state)
+                logp = lp_vec.copy()
+                nxt = list(nxt_vec.tolist())
             else:
                 logp = np.zeros(self.V, dtype=np.float64)
                 nxt = [state] * self.V
@@ -369,7 +370,7 @@ def modified_beam_search_nbest(
                     lm_rows = [glm.scores(h.lm_state) for _, h in flat]
                     extra += lm_weight * torch.from_numpy(np.stack([lp for lp, _ in lm_rows]))
                 cand = logp + extra + torch.tensor([h.score for _, h in flat], dtype=torch.float64)[:, None]
-                new_active: dict[int, dict[tuple, _Hyp]] = {}
+                new_active: dict[int, list[_Hyp]] = {}
                 # one top-k for all utterances: row e holds e's done pool, then its candidates
                 # (hypotheses x V), padded with -inf; padding is recognised by position
                 ex = [b for b in live if active.get(b)]
@@ -387,8 +388,8 @@ def modified_beam_search_nbest(
                 padded = torch.cat([cand, torch.full((1, V), -math.inf, dtype=torch.float64)])[idx]  # (E, R, V)
                 allsc = torch.cat([pool_sc, padded.reshape(len(ex), R * V)], 1)
                 k = min(beam, int(allsc.shape[1]))
-                top_v, top_i = torch.topk(allsc, k, dim=1)
-                top_v, top_i = top_v.tolist(), top_i.tolist()
+                top = torch.topk(allsc, k, dim=1)
+                top_v, top_i = top.values.tolist(), top.indices.tolist()
                 for e, b in enumerate(ex):
                     pool, n, pos = pools[e], counts[e], int(starts[e])
                     keep_done: dict[tuple, _Hyp] = {}
