@@ -100,7 +100,9 @@ def _add_builtin(module: str, names: Iterable[str], kind: str, public: str | Non
 
 
 _add_builtin(
-    "lightning_gtn.nn", ["CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "TargetGraphLoss", "TransducerLoss"], "loss"
+    "lightning_gtn.nn",
+    ["CTCLoss", "ASGLoss", "SequenceLoss", "STCLoss", "TargetGraphLoss", "TransducerLoss", "RNNTLoss"],
+    "loss",
 )
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning")  # older configs
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning.losses")

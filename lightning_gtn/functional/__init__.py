@@ -48,6 +48,8 @@ from ..losses.conv_transduce import KernelBank as KernelBank
 from ..losses.conv_transduce import conv_transduce1d, kernel_graph
 from ..losses.ctc import ctc_loss
 from ..losses.graph import TargetGraphCriterion, graph_loss, target_graph_loss
+from ..losses.rnnt import RNNT_IMPLS as RNNT_IMPLS
+from ..losses.rnnt import rnnt_loss
 from ..losses.seq import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import (
@@ -63,6 +65,7 @@ __all__ = [
     "ctc_loss",
     "asg_loss",
     "sequence_loss",
+    "rnnt_loss",
     "stc_loss",
     "stc_graph",
     "stc_emissions",

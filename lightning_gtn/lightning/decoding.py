@@ -496,10 +496,14 @@ class TransducerDecoder:
             f"beam_size={self.beam_size}, lm={'yes' if self.lm is not None else None}, lm_weight={self.lm_weight})"
         )
 
-    def decode(self, network, encoder_out, encoder_lengths, loss) -> list[list[int]]:
-        """Label ids of each example from ``network``'s encoder frames ``(B, T, J)``; ``loss``
-        (an RNN-T loss) declares the blank, and the durations of a TDT loss
-        (``durations``) or the big blanks of a multi-blank one (``big_blank_durations``)."""
+    def decode(self, network, encoder_out, encoder_lengths, loss, num_classes: int) -> list[list[int]]:
+        """Label ids of each example from ``network``'s encoder frames ``(B, T, J)``.
+
+        ``loss`` (an RNN-T loss) declares the blank, and the durations of a TDT loss
+        (``durations``: extra output ``k`` is ``durations[k]``) or the big blanks of a multi-blank
+        one (``big_blank_durations``, with the big blanks the extra outputs from the last one
+        down, or at its ``big_blank_ids``); ``num_classes`` is ``V``, the vocabulary's classes
+        (the joiner's outputs before the extra ones)."""
         blank = int(loss.blank)
         lengths = encoder_lengths.to(encoder_out.device)
         if self.name == "rnnt_beam":
@@ -523,20 +527,46 @@ class TransducerDecoder:
             lengths,
             blank=blank,
             max_symbols_per_frame=self.max_symbols_per_frame,
-            num_classes=None if loss.num_classes is None else int(loss.num_classes),
+            num_classes=int(num_classes),
             durations=_durations(loss, "durations"),
-            big_blank_durations=_durations(loss, "big_blank_durations"),
+            big_blank_durations=_big_blanks(loss, int(num_classes)),
         )
 
 
 def _durations(loss, name: str) -> list[int] | None:
     """A TDT / multi-blank loss's declared durations (see :class:`lightning_gtn.nn.RNNTStructuredLoss`)."""
-    v = getattr(loss, name, None)
+    return _ints(getattr(loss, name, None))
+
+
+def _ints(v) -> list[int] | None:
     if v is None:
         return None
     if hasattr(v, "tolist"):
         v = v.tolist()
     return [int(d) for d in v]
+
+
+def _big_blanks(loss, num_classes: int) -> list[int] | None:
+    """The frames of each extra output of a multi-blank loss (``big_blank_durations[i]`` is class
+    ``V + E - 1 - i`` with ``E`` big blanks appended after the ``V`` classes, the layout of
+    :class:`lightning_gtn.nn.MultiBlankRNNTLoss` with the blank at 0, or the class its
+    ``big_blank_ids`` names)."""
+    durations = _durations(loss, "big_blank_durations")
+    if durations is None:
+        return None
+    E = len(durations)
+    ids = _ints(getattr(loss, "big_blank_ids", None))
+    if ids is None:
+        ids = [num_classes + E - 1 - i for i in range(E)]
+    if sorted(ids) != list(range(num_classes, num_classes + E)):
+        raise ValueError(
+            f"decoder: the big blanks of {type(loss).__qualname__} are classes {ids}; greedy decoding "
+            f"reads them as the extra joiner outputs {num_classes}..{num_classes + E - 1}"
+        )
+    out = [0] * E
+    for i, c in enumerate(ids):
+        out[c - num_classes] = durations[i]
+    return out
 
 
 #: the LM word of a space in the character LMs of ``rnnt_beam`` (as ``lightning-gtn-lm --chars``)

@@ -347,7 +347,11 @@ class StructuredLossMixin:
                 decoder = TransducerDecoder()
             with torch.no_grad():
                 ids = decoder.decode(
-                    self.transducer_network(), emissions.detach(), emission_lengths, self.structured_loss
+                    self.transducer_network(),
+                    emissions.detach(),
+                    emission_lengths,
+                    self.structured_loss,
+                    self.vocabulary.num_classes,
                 )
             return [self.vocabulary.decode_tokens(t) for t in ids]
         if getattr(self, "beam_decoder", None) is not None:

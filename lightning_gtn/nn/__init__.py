@@ -13,7 +13,7 @@ from .losses import (
     StructuredLoss,
     TargetGraphLoss,
 )
-from .rnnt import RNNTStructuredLoss
+from .rnnt import RNNTLoss, RNNTStructuredLoss
 from .transducer import TransducerLoss
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "ModuleLoss",
     "TransducerLoss",
     "RNNTStructuredLoss",
+    "RNNTLoss",
     "Linear",
     "ConvTransduce1D",
 ]

@@ -28,9 +28,11 @@ from typing import Any, Optional
 
 import torch
 
+from .. import functional as lgf  # not torch.nn.functional: the library's own losses
+from ..core import checks
 from .losses import StructuredLoss
 
-__all__ = ["RNNTStructuredLoss", "prepend_blank"]
+__all__ = ["RNNTStructuredLoss", "RNNTLoss", "prepend_blank"]
 
 
 def prepend_blank(targets: torch.Tensor, blank: int) -> torch.Tensor:
@@ -87,3 +89,92 @@ class RNNTStructuredLoss(StructuredLoss):
     def best_paths(self, emissions, input_lengths=None):
         """Not defined for transducers: decode with :mod:`lightning_gtn.decode.transducer`."""
         raise NotImplementedError("RNN-T losses decode through lightning_gtn.decode.transducer, not frame paths")
+
+
+class RNNTLoss(RNNTStructuredLoss):
+    """:func:`lightning_gtn.functional.rnnt_loss` as a module: torchaudio's ``RNNTLoss``
+    constructor first, then this library's options.
+
+    Args:
+        blank: the blank's class id; negative values count from the end of ``V`` (``-1``,
+            torchaudio's default, is ``V - 1``) and are resolved on each call. The Lightning layer
+            needs a non-negative id (its configs give the vocabulary's, ``blank: 0``), and so does
+            :meth:`joint_loss` (the blank is the prediction network's start symbol).
+        clamp: ``> 0`` clips each example's gradient w.r.t. the logits to ``[-clamp, clamp]``.
+        reduction: ``"none"`` | ``"mean"`` (batch mean of the per-example costs, NOT divided by
+            the target lengths: torchaudio's meaning) | ``"sum"``.
+        fused_log_softmax: False when the inputs are log-probabilities already.
+        zero_infinity: infeasible examples give 0 instead of ``inf``.
+        fastemit_lambda: FastEmit regularisation weight (NeMo's meaning), ``>= 0``.
+        impl: None (numba on the CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+
+    Shape:
+        ``forward(logits (B, T, U + 1, V), targets (B, U), logit_lengths (B,), target_lengths (B,))``
+        -> scalar, or ``(B,)`` with ``reduction="none"``.
+    """
+
+    vocabulary_arguments = ("blank",)
+
+    def __init__(
+        self,
+        blank: int = -1,
+        clamp: float = -1.0,
+        reduction: str = "mean",
+        fused_log_softmax: bool = True,
+        zero_infinity: bool = False,
+        fastemit_lambda: float = 0.0,
+        impl: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        checks.check_reduction(reduction)
+        if impl not in (None,) + lgf.RNNT_IMPLS:
+            raise ValueError(f"impl must be None or one of {lgf.RNNT_IMPLS}, got {impl!r}")
+        if isinstance(blank, bool) or not isinstance(blank, int):
+            raise ValueError(f"blank must be an integer class id (negative: from the end), got {blank!r}")
+        for name, value in (("clamp", clamp), ("fastemit_lambda", fastemit_lambda)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                raise ValueError(f"{name} must be a real number, got {value!r}")
+        if fastemit_lambda < 0:
+            raise ValueError(f"fastemit_lambda must be >= 0, got {fastemit_lambda}")
+        self.blank = int(blank)
+        self.clamp = float(clamp)
+        self.reduction = reduction
+        self.fused_log_softmax = bool(fused_log_softmax)
+        self.zero_infinity = bool(zero_infinity)
+        self.fastemit_lambda = float(fastemit_lambda)
+        self.impl = impl
+
+    def forward(self, logits, targets, logit_lengths, target_lengths):
+        """The RNN-T loss of joiner outputs ``(B, T, U + 1, V)``: a scalar, or ``(B,)`` with
+        ``reduction="none"``."""
+        return lgf.rnnt_loss(
+            logits,
+            targets,
+            logit_lengths,
+            target_lengths,
+            self.blank,
+            self.clamp,
+            self.reduction,
+            self.fused_log_softmax,
+            zero_infinity=self.zero_infinity,
+            fastemit_lambda=self.fastemit_lambda,
+            impl=self.impl,
+        )
+
+    def joint_loss(self, network, encoder_out, encoder_lengths, targets, target_lengths):
+        """As :meth:`RNNTStructuredLoss.joint_loss`; the blank must be a non-negative id here
+        (it is the prediction network's start symbol, needed before the joiner gives ``V``)."""
+        if self.blank is None or self.blank < 0:
+            raise ValueError(
+                f"RNNTLoss(blank={self.blank}).joint_loss needs the blank's class id (>= 0): the prediction "
+                "network starts from it before V is known; construct RNNTLoss(blank=<id>)"
+            )
+        return super().joint_loss(network, encoder_out, encoder_lengths, targets, target_lengths)
+
+    def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
+        return (
+            f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
+            f"fused_log_softmax={self.fused_log_softmax}, zero_infinity={self.zero_infinity}, "
+            f"fastemit_lambda={self.fastemit_lambda}"
+        )

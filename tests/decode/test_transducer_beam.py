@@ -271,7 +271,7 @@ def test_decoder_configs_build_the_search_and_its_token_lm(tmp_path):
     net.eval()
     with torch.no_grad():
         enc, n = net.encode(torch.randn(2, 12, 4), torch.tensor([12, 7]))
-        got = dec.decode(net, enc, n, Declared())
+        got = dec.decode(net, enc, n, Declared(), vocab.num_classes)
     want = modified_beam_search(net, enc, n, blank=0, beam=cfg["beam_size"], lm=dec.lm, lm_weight=cfg["lm_weight"])
     assert got == want
     plain = build_decoder(OmegaConf.load(CONF_DIR / "decoder" / "rnnt_beam.yaml"), Declared(), vocab)

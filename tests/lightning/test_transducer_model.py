@@ -226,3 +226,73 @@ def test_checkpoint_naming_an_untrusted_loss_is_refused(tmp_path):
     )
     with pytest.raises(trust.UntrustedTargetError, match=r"^loss\._target_"):
         SequenceModule.load_from_checkpoint(str(path), map_location="cpu")
+
+
+def test_decoder_configs_match_the_loss():
+    from lightning_gtn.lightning.decoding import TransducerDecoder, build_decoder
+    from lightning_gtn.lightning.vocabulary import Vocabulary
+    from lightning_gtn.nn import CTCLoss
+
+    vocab = Vocabulary(CHARS)
+    loss = TorchRNNTLoss()
+    assert isinstance(build_decoder(None, loss, vocab), TransducerDecoder)
+    d = build_decoder({"name": "greedy", "max_symbols_per_frame": 2}, loss, vocab)
+    assert d.name == "greedy" and d.max_symbols_per_frame == 2
+    assert build_decoder({"name": "rnnt_beam", "beam_size": 3}, loss, vocab).beam_size == 3
+    with pytest.raises(ValueError, match="decoded by decoder=greedy or decoder=rnnt_beam"):
+        build_decoder({"name": "beam"}, loss, vocab)
+    with pytest.raises(ValueError, match="decoder=rnnt_beam decodes RNN-T losses"):
+        build_decoder({"name": "rnnt_beam"}, CTCLoss(), vocab)
+    with pytest.raises(ValueError, match="max_symbols_per_frame"):
+        build_decoder({"name": "greedy", "max_symbols_per_frame": 0}, loss, vocab)
+
+
+def test_big_blanks_are_read_in_the_multiblank_layout():
+    from lightning_gtn.lightning.decoding import _big_blanks
+
+    class MB(TorchRNNTLoss):
+        big_blank_durations = [2, 4, 8]
+        big_blank_ids = None
+
+    # with the blank at 0 the big blanks are appended from the last class down: 14 is 2 frames
+    assert _big_blanks(MB(), 12) == [8, 4, 2]
+    mb = MB()
+    mb.big_blank_ids = [12, 13, 14]
+    assert _big_blanks(mb, 12) == [2, 4, 8]
+    mb.big_blank_ids = [3, 13, 14]
+    with pytest.raises(ValueError, match="extra joiner outputs 12..14"):
+        _big_blanks(mb, 12)
+
+
+@pytest.mark.slow
+def test_loss_rnnt_config_trains_the_transducer_end_to_end(tmp_path):
+    """``loss=rnnt`` alone picks model=transducer; a few dozen steps on digits_small lower the
+    training loss, and validation decodes with the greedy search."""
+    import csv
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from lightning_gtn.train import CONF_DIR, run
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose(
+            "train",
+            overrides=["loss=rnnt", "data=digits_small", "trainer.max_epochs=5", "trainer.log_every_n_steps=1"]
+            + ["trainer.enable_progress_bar=false", "callbacks=none"],
+            return_hydra_config=True,
+        )
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path)
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    assert cfg.model._target_ == "lightning_gtn.lightning.TransducerModel"
+    metrics = run(cfg, output_dir=tmp_path)
+    assert metrics["global_step"] == 40
+    rows = list(csv.DictReader(open(tmp_path / "csv" / "metrics.csv")))
+    epochs = [float(r["train/loss_epoch"]) for r in rows if r.get("train/loss_epoch")]
+    assert len(epochs) == 5 and epochs[-1] < 0.8 * epochs[0], epochs
+    assert 0.0 <= metrics["val/cer"] and metrics["val/wer"] <= 1.0 + 1e-6
