@@ -201,7 +201,6 @@ def test_align_cli_on_an_rnnt_checkpoint(tmp_path, capsys):
     from hydra.core.global_hydra import GlobalHydra
     from hydra.utils import instantiate
 
-    from lightning_gtn import trust
     from lightning_gtn.align_cli import main
     from lightning_gtn.lightning import SequenceModule
     from lightning_gtn.train import CONF_DIR
@@ -212,16 +211,14 @@ def test_align_cli_on_an_rnnt_checkpoint(tmp_path, capsys):
     dm = instantiate(cfg.data)
     net = {"_target_": "lightning_gtn.lightning.TransducerModel", "conv_channels": 8, "hidden_size": 8}
     net.update(predictor="lstm", predictor_dim=8, joiner_dim=8)
-    loss = {"_target_": "tests.lightning.test_transducer_model.TorchRNNTLoss"}
-    with trust.trusted(["tests"]):
-        model = SequenceModule(net, loss, dm.chars, dm.feature_dim)
+    model = SequenceModule(net, {"_target_": "lightning_gtn.nn.RNNTLoss", "blank": 0}, dm.chars, dm.feature_dim)
     ckpt = tmp_path / "rnnt.ckpt"
     hp = dict(model.hparams)
     torch.save(
         {"state_dict": model.state_dict(), "hyper_parameters": hp, "pytorch-lightning_version": L.__version__}, ckpt
     )
     out = tmp_path / "a.json"
-    args = ["--checkpoint", str(ckpt), "--split", "test", "--no-progress", "--trust-module", "tests"]
+    args = ["--checkpoint", str(ckpt), "--split", "test", "--no-progress"]
     plots = ["--plot-dir", str(tmp_path / "plots"), "--num-plots", "2"]
     rc = main([*args, "--out", str(out), *plots, "data=digits_small", "data.num_test=4"])
     assert rc == 0, capsys.readouterr().err
