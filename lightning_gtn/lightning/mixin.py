@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, WordErrorRate
 
 from lightning_gtn import trust
-from lightning_gtn.nn import StructuredLoss
+from lightning_gtn.nn import RNNTStructuredLoss, StructuredLoss
 
 from .losses import build_loss
 from .vocabulary import Vocabulary
@@ -257,6 +257,12 @@ class StructuredLossMixin:
         """Whether the loss is an RNN-T loss (its declared ``topology`` is ``"rnnt"``)."""
         return self.structured_loss.topology == "rnnt"
 
+    @property
+    def rnnt_loss(self) -> RNNTStructuredLoss:
+        """The loss as an RNN-T loss (``joint_loss``, ``set_step``, ``extra_outputs``); only
+        meaningful when :attr:`is_transducer`."""
+        return cast(RNNTStructuredLoss, self.structured_loss)
+
     def transducer_network(self) -> Any:
         """The transducer network of an RNN-T loss: ``self.net`` when it offers the protocol of
         :mod:`lightning_gtn.nn.rnnt`, else this module itself when it does.
@@ -323,7 +329,7 @@ class StructuredLossMixin:
         dev = emissions.device
         targets, target_lengths = targets.to(dev, torch.long), target_lengths.to(dev, torch.long)
         if self.is_transducer:
-            return self.structured_loss.joint_loss(
+            return self.rnnt_loss.joint_loss(
                 self.transducer_network(), emissions, emission_lengths, targets, target_lengths
             )
         return self.structured_loss(emissions, targets, emission_lengths, target_lengths)
@@ -374,7 +380,7 @@ class StructuredLossMixin:
         """
         inputs, input_lengths, targets, target_lengths, _ = self.unpack_batch(batch)
         if self.is_transducer:  # a warm-up schedule (the pruned loss's) follows the global step
-            self.structured_loss.set_step(int(self.global_step))
+            self.rnnt_loss.set_step(int(self.global_step))
         emissions, lengths = self.outputs(inputs, input_lengths)
         loss = self.compute_loss(emissions, lengths, targets, target_lengths)
         if self._skip_nonfinite(loss, batch_idx):

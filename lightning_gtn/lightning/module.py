@@ -165,7 +165,7 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             )
         if not transducer:
             return {}
-        extra = int(self.structured_loss.extra_outputs)
+        extra = int(self.rnnt_loss.extra_outputs)
         if (
             "extra_outputs" in network
             and network["extra_outputs"] is not None

@@ -121,12 +121,12 @@ class TransducerModel(nn.Module):
             log_softmax=False,
         )
         self.embedding = nn.Embedding(num_classes, predictor_dim, padding_idx=blank)
+        self.context: Optional[nn.Conv1d] = None
+        self.lstm: Optional[nn.LSTM] = None
         if predictor == "stateless":
             # depthwise: each embedding channel mixes its own last context_size values
             self.context = nn.Conv1d(predictor_dim, predictor_dim, context_size, groups=predictor_dim, bias=False)
-            self.lstm = None
         else:
-            self.context = None
             self.lstm = nn.LSTM(predictor_dim, predictor_dim, batch_first=True)
         self.predictor_proj = nn.Linear(predictor_dim, joiner_dim)
         self.joiner = nn.Linear(joiner_dim, num_classes + extra_outputs)

@@ -11,12 +11,14 @@ import torch
 
 from lightning_gtn import trust
 from lightning_gtn.lightning import DigitLinesDataModule, SequenceModule, TransducerModel
+from lightning_gtn.nn import RNNTLoss
 from lightning_gtn.nn.rnnt import RNNTStructuredLoss
 
 CHARS = "0123456789 "
 SMALL = dict(conv_channels=8, hidden_size=8, predictor_dim=8, joiner_dim=12, stride=2)
 NET = {"_target_": "lightning_gtn.lightning.TransducerModel", **SMALL}
 LOSS = {"_target_": f"{__name__}.TorchRNNTLoss"}
+STEPS = {"_target_": f"{__name__}.StepRecordingRNNTLoss", "blank": 0}
 HERE = [__name__.split(".")[0]]  # trusted inside the tests that build TorchRNNTLoss from a config
 
 
@@ -54,6 +56,17 @@ class TorchRNNTLoss(RNNTStructuredLoss):
         tl, ul = logit_lengths.long() - 1, target_lengths.long()
         loss = -(alpha[b, tl, ul] + blank[b, tl, ul])
         return loss.mean() if self.reduction == "mean" else loss.sum() if self.reduction == "sum" else loss
+
+
+class StepRecordingRNNTLoss(RNNTLoss):
+    """nn.RNNTLoss that records the steps the mixin tells it (the pruned loss's warm-up reads them)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.steps: list[int] = []
+
+    def set_step(self, step: int) -> None:
+        self.steps.append(step)
 
 
 def _brute(lp, y, T):
@@ -177,7 +190,7 @@ def tiny_data():
 def test_training_steps_reach_the_loss_and_decode(tiny_data, tmp_path):
     torch.manual_seed(0)
     with trust.trusted(HERE):
-        model = SequenceModule(NET, LOSS, CHARS, feature_dim=8, optimizer={"_target_": "torch.optim.Adam", "lr": 1e-2})
+        model = SequenceModule(NET, STEPS, CHARS, feature_dim=8, optimizer={"_target_": "torch.optim.Adam", "lr": 1e-2})
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=1,
