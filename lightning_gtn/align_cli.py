@@ -17,7 +17,11 @@ confidences become posterior probabilities). JSON (default) is a list with one r
 utterance (see :func:`lightning_gtn.functional.to_records`); CTM has one line per word. With a
 checkpoint the loss's convention (blank or not, ASG transitions) and the vocabulary come from
 the checkpoint, which is loaded as data (registered types only, :mod:`lightning_gtn.trust`)
-(``--trust-module mypkg`` opts in to more).
+(``--trust-module mypkg`` opts in to more). A checkpoint of an RNN-T loss (``loss=rnnt``,
+``pruned_rnnt``) is aligned through its transducer network's ``(T, U + 1)`` lattice
+(:func:`lightning_gtn.functional.rnnt_align`): each token's emission frame (its span is that one
+frame) and the posterior probability of that emission; frames are the encoder's; plots draw the
+lattice and the path (:func:`lightning_gtn.align.rnnt_plot.plot_rnnt_alignment`).
 """
 
 from __future__ import annotations
@@ -212,6 +216,19 @@ class _Writer:
             self.plots += 1
         self.count += len(names)
 
+    def add_alignment(self, al, targets, names):
+        """Records of an alignment computed elsewhere (RNN-T), without plots."""
+        from lightning_gtn.functional import to_ctm, to_records
+
+        kw = dict(
+            frame_shift=self.a.frame_shift, tokens=self.tokens, utterance_ids=names, word_separator_id=self.word_sep
+        )
+        if self.a.format == "json":
+            self.records += to_records(al, targets, **kw)
+        else:
+            self.lines.append(to_ctm(al, targets, **kw))
+        self.count += len(names)
+
     def write(self):
         text = json.dumps(self.records, indent=1) + "\n" if self.a.format == "json" else "".join(self.lines)
         if self.a.out == "-":
@@ -280,6 +297,8 @@ def _from_checkpoint(a):
     from lightning_gtn.nn import TransducerLoss
 
     loss = model.structured_loss  # a StructuredLoss: its declared convention is all that is read
+    if loss.topology == "rnnt":
+        return _from_rnnt_checkpoint(a, model, dm, loss)
     blank = loss.blank
     transitions = loss.frame_transitions
     if loss.target_classes is not None:
@@ -311,6 +330,57 @@ def _from_checkpoint(a):
             B = em.shape[0]
             seqs = [t[: int(k)] for t, k in zip(targets.tolist(), target_lengths.tolist())]
             w.add(em, seqs, em_lengths, [f"{a.split}{i}" for i in range(n, n + B)])
+            n += B
+    return w
+
+
+def _from_rnnt_checkpoint(a, model, dm, loss):
+    """A checkpoint of an RNN-T loss: its transducer network's lattice, aligned by
+    :func:`lightning_gtn.functional.rnnt_align` (each token's emission frame and posterior)."""
+    import torch
+
+    from lightning_gtn.align.rnnt import rnnt_lattice
+    from lightning_gtn.align.rnnt_plot import plot_rnnt_alignment
+    from lightning_gtn.functional import rnnt_forced_align
+
+    if a.star is not None:
+        raise AlignError("--star: not available for RNN-T checkpoints (a transducer has no frame labels to absorb)")
+    for name in ("durations", "big_blank_durations"):
+        if getattr(loss, name, None) is not None:
+            raise AlignError(
+                f"--checkpoint: {type(loss).__qualname__} has {name}; RNN-T alignment covers the regular "
+                "lattice (loss=rnnt, pruned_rnnt)"
+            )
+    try:
+        net = model.transducer_network()
+    except ValueError as e:
+        raise AlignError(f"--checkpoint: {e}") from None
+    if int(getattr(net, "extra_outputs", 0) or 0):
+        raise AlignError("--checkpoint: the network has extra joiner outputs (TDT / multi-blank); not aligned here")
+    vocab = model.vocabulary
+    tokens = _vocab_tokens(vocab)
+    word_sep = a.word_separator_id
+    if word_sep is None and " " in vocab.chars:
+        word_sep = tokens.index(" ")
+    blank = int(loss.blank or 0)
+    dm.setup("validate" if a.split == "val" else "test")
+    loader = dm.val_dataloader() if a.split == "val" else dm.test_dataloader()
+    w = _Writer(a, tokens, word_sep, blank)
+    n = 0
+    with torch.no_grad():
+        for batch in _progress(loader, a):
+            inputs, input_lengths, targets, target_lengths, _ = model.unpack_batch(batch)
+            logits, enc_lengths = rnnt_lattice(net, inputs, input_lengths, targets, target_lengths, blank=blank)
+            al = rnnt_forced_align(logits, targets, enc_lengths, target_lengths, blank=blank)
+            B = inputs.shape[0]
+            seqs = [t[: int(k)] for t, k in zip(targets.tolist(), target_lengths.tolist())]
+            names = [f"{a.split}{i}" for i in range(n, n + B)]
+            w.add_alignment(al, seqs, names)
+            for b in range(B):
+                if w.plots >= a.num_plots or not a.plot_dir:
+                    break
+                plot_rnnt_alignment(logits, al, targets, b, tokens=tokens, path=Path(a.plot_dir) / f"{names[b]}.png")
+                w.plots += 1
             n += B
     return w
 

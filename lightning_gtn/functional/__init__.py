@@ -15,7 +15,9 @@ examples.
 :func:`forced_align` aligns known transcripts to emissions (one batched Viterbi with
 backpointers over the same cached graphs; token spans, scores, confidences, an optional star for
 untranscribed stretches), with :func:`word_spans`, :func:`to_json`, :func:`to_ctm` and
-:func:`plot_alignment` for its output; see ``docs/alignment.md``.
+:func:`plot_alignment` for its output; see ``docs/alignment.md``. Transducer (RNN-T) networks
+decode with :func:`modified_beam_search` (optionally fused with a :class:`TokenLM`) and align
+with :func:`rnnt_forced_align` / :func:`rnnt_align`; see ``docs/rnnt_decoding.md``.
 """
 
 from ..align.forced import (
@@ -27,6 +29,8 @@ from ..align.forced import (
     word_spans,
 )
 from ..align.plot import plot_alignment
+from ..align.rnnt import rnnt_align, rnnt_forced_align
+from ..align.rnnt_plot import plot_rnnt_alignment
 from ..core.criterion_graphs import (
     all_paths_graph,
     asg_full_graph,
@@ -35,6 +39,7 @@ from ..core.criterion_graphs import (
     force_align_graph,
     set_cache_size,
 )
+from ..decode.transducer_beam import TokenLM, modified_beam_search, modified_beam_search_nbest
 from ..decode.viterbi import best_paths, collapse, viterbi
 from ..losses.asg import asg_loss
 from ..losses.conv_transduce import NORMALIZATIONS as NORMALIZATIONS
@@ -114,4 +119,10 @@ __all__ = [
     "to_json",
     "to_ctm",
     "plot_alignment",
+    "rnnt_forced_align",
+    "rnnt_align",
+    "plot_rnnt_alignment",
+    "modified_beam_search",
+    "modified_beam_search_nbest",
+    "TokenLM",
 ]

@@ -266,7 +266,7 @@ def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -
     """
     cfg = _plain(cfg)
     if cfg is not None and cfg.get("name") == "rnnt_beam":
-        return _read_files(cfg) if isinstance(cfg.get("lm"), str) else cfg
+        return _resolve_rnnt_lm(cfg, train_texts, out_dir)
     if cfg is None or cfg.get("name", "greedy") != "beam_lm":
         return cfg
     out_dir = Path(out_dir)
@@ -410,7 +410,7 @@ def build_decoder(cfg, loss, vocabulary):
     cfg = _plain(cfg)
     name = "greedy" if cfg is None else cfg.get("name", "greedy")
     if loss.topology == "rnnt":
-        return _transducer_decoder(cfg or {}, name, loss)
+        return _transducer_decoder(cfg or {}, name, loss, vocabulary)
     if name == "rnnt_beam":
         raise ValueError(
             f"decoder=rnnt_beam decodes RNN-T losses (loss=rnnt|pruned_rnnt|tdt|multiblank), not "
@@ -459,7 +459,8 @@ class TransducerDecoder:
         name: ``"greedy"`` or ``"rnnt_beam"``.
         max_symbols_per_frame: labels emitted on one frame at most.
         beam_size: hypotheses kept (``rnnt_beam``).
-        lm: an :class:`lightning_gtn.lm.NGramLM` for shallow fusion, or None (``rnnt_beam``).
+        lm: a :class:`lightning_gtn.decode.transducer_beam.TokenLM` (a character n-gram seen
+            through the token ids) for shallow fusion, or None (``rnnt_beam``).
         lm_weight: its weight.
     """
 
@@ -516,6 +517,7 @@ class TransducerDecoder:
                 beam=self.beam_size,
                 lm=self.lm,
                 lm_weight=self.lm_weight,
+                max_symbols_per_frame=self.max_symbols_per_frame,
             )
         from lightning_gtn.decode.transducer import greedy_search
 
@@ -567,16 +569,66 @@ def _big_blanks(loss, num_classes: int) -> list[int] | None:
     return out
 
 
-def _transducer_decoder(cfg: dict, name: str, loss) -> TransducerDecoder:
+#: the LM word of a space in the character LMs of ``rnnt_beam`` (as ``lightning-gtn-lm --chars``)
+RNNT_LM_SPACE = "|"
+
+
+def _resolve_rnnt_lm(cfg: dict, train_texts: Callable[[], list], out_dir: str | Path) -> dict:
+    """``rnnt_beam``'s ``lm``: ``train`` estimates a character n-gram (``lm_order``, ``lm_method``)
+    from the training transcripts (a space is the word ``|``; also written to ``out_dir/lm.arpa``),
+    a file path is read once; either way the config then carries the LM as ARPA text."""
+    if cfg.get("lm") != "train":
+        return _read_files(cfg) if isinstance(cfg.get("lm"), str) else cfg
+    from lightning_gtn.lm import estimate
+
+    sents = []
+    for t in train_texts():
+        chars = [RNNT_LM_SPACE if c == " " else c for c in " ".join(str(t).split())]
+        if chars:
+            sents.append(chars)
+    if not sents:
+        raise ValueError("decoder.lm: the training transcripts have no characters to estimate an LM from")
+    lm = estimate(sents, order=int(cfg.get("lm_order", 6)), method=str(cfg.get("lm_method", "kneser_ney")))
+    cfg = dict(cfg, lm=lm_to_data(lm))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lm.arpa").write_text(cfg["lm"]["text"], encoding="utf-8")
+    return cfg
+
+
+def _token_texts(vocabulary, blank: int, num_tokens: int) -> list:
+    """The text of each token id of an RNN-T loss (None for the blank and ids without a character)."""
+    texts: list = [None] * num_tokens
+    off = 1 if vocabulary.blank else 0
+    for i, c in enumerate(vocabulary.chars):
+        if 0 <= i + off < num_tokens:
+            texts[i + off] = c
+    if 0 <= blank < num_tokens:
+        texts[blank] = None
+    return texts
+
+
+def _transducer_decoder(cfg: dict, name: str, loss, vocabulary=None) -> TransducerDecoder:
     """The decoder of an RNN-T loss from a decoder config (greedy or rnnt_beam)."""
     if name not in ("greedy", "rnnt_beam"):
         raise ValueError(
             f"decoder={name}: {type(loss).__qualname__} is an RNN-T loss, decoded by decoder=greedy or "
             "decoder=rnnt_beam (beam and beam_lm search the frame paths of CTC-like losses)"
         )
+    if name == "rnnt_beam" and (_durations(loss, "durations") or _durations(loss, "big_blank_durations")):
+        raise ValueError(
+            f"decoder=rnnt_beam: the modified beam search decodes the regular RNN-T (one blank, no durations); "
+            f"{type(loss).__qualname__} has durations or big blanks: use decoder=greedy"
+        )
     lm = None
     if name == "rnnt_beam" and cfg.get("lm") is not None:
-        lm = _artefact(cfg, "lm", lm_from_data)
+        from lightning_gtn.decode.transducer_beam import TokenLM
+
+        if vocabulary is None:
+            raise ValueError("decoder.lm: the LM of rnnt_beam needs the vocabulary (its token texts)")
+        blank = int(loss.blank or 0)
+        V = int(loss.num_classes) if getattr(loss, "num_classes", None) is not None else vocabulary.num_classes
+        lm = TokenLM(_artefact(cfg, "lm", lm_from_data), _token_texts(vocabulary, blank, V), space=RNNT_LM_SPACE)
     return TransducerDecoder(
         name,
         max_symbols_per_frame=cfg.get("max_symbols_per_frame", 3),

@@ -1,0 +1,236 @@
+"""RNN-T forced alignment on the CPU: the best path through the ``(T, U + 1)`` lattice, with
+forward-backward posteriors, in numba.
+
+For example ``b`` (``T = logit_lengths[b]`` frames, ``U = target_lengths[b]`` tokens ``y``)
+the lattice node ``(t, u)`` means "``u`` tokens emitted, at frame ``t``". With the per-node
+normaliser ``Z(t, u) = logsumexp_v x[t, u, v]`` (computed once per node, the logits are never
+copied)::
+
+    blank(t, u) = x[t, u, blank] - Z(t, u)          (t, u) -> (t + 1, u)
+    emit(t, u)  = x[t, u, y[u]] - Z(t, u)           (t, u) -> (t, u + 1), u < U
+
+    delta(0, 0) = 0
+    delta(t, u) = max(delta(t - 1, u) + blank(t - 1, u), delta(t, u - 1) + emit(t, u - 1))
+    score       = delta(T - 1, U) + blank(T - 1, U)       (the final blank ends the path)
+
+On ties the blank predecessor wins (the later emission). The backtrack gives each token's
+emission frame (non-decreasing, in ``[0, T)``). ``alpha``/``beta`` are the same recursions in the
+log semiring; ``log Z = alpha(T - 1, U) + blank(T - 1, U)`` is minus the RNN-T loss, and the
+posterior probability that token ``u`` is emitted at frame ``t`` is
+``exp(alpha(t, u) + emit(t, u) + beta(t, u + 1) - log Z)``.
+
+``T = 0`` has no path (score ``-inf``, frames ``-1``). :func:`rnnt_viterbi` checks every input
+(shapes, dtypes, ranges, NaN/+inf) before the compiled loops index with them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = ["rnnt_viterbi"]
+
+_NEG = -np.inf
+
+
+@njit(cache=True, nogil=True)
+def _node_logps(x, y, T, U, blank, normalize, lp_blank, lp_emit):
+    """``blank(t, u)`` and ``emit(t, u)`` of one example (``x``: ``(T', U' + 1, V)``)."""
+    V = x.shape[2]
+    for t in range(T):
+        for u in range(U + 1):
+            if not normalize:
+                lp_blank[t, u] = x[t, u, blank]
+                if u < U:
+                    lp_emit[t, u] = x[t, u, y[u]]
+                continue
+            m = -np.inf
+            for v in range(V):
+                if x[t, u, v] > m:
+                    m = x[t, u, v]
+            if m == -np.inf:
+                lp_blank[t, u] = -np.inf
+                if u < U:
+                    lp_emit[t, u] = -np.inf
+                continue
+            s = 0.0
+            for v in range(V):
+                s += math.exp(x[t, u, v] - m)
+            z = m + math.log(s)
+            lp_blank[t, u] = x[t, u, blank] - z
+            if u < U:
+                lp_emit[t, u] = x[t, u, y[u]] - z
+
+
+@njit(cache=True, nogil=True)
+def _logadd(a, b):
+    if a == -np.inf:
+        return b
+    if b == -np.inf:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@njit(cache=True, nogil=True)
+def _one(x, y, T, U, blank, normalize, frames, tok_logp, tok_post):
+    """Viterbi, alpha, beta of one example; fills its token rows; returns (score, log Z)."""
+    lp_blank = np.empty((T, U + 1))
+    lp_emit = np.full((T, U + 1), -np.inf)
+    _node_logps(x, y, T, U, blank, normalize, lp_blank, lp_emit)
+    delta = np.full((T, U + 1), -np.inf)
+    alpha = np.full((T, U + 1), -np.inf)
+    delta[0, 0] = 0.0
+    alpha[0, 0] = 0.0
+    for t in range(T):
+        for u in range(U + 1):
+            if t == 0 and u == 0:
+                continue
+            d = -np.inf
+            a = -np.inf
+            if t > 0:
+                d = delta[t - 1, u] + lp_blank[t - 1, u]
+                a = alpha[t - 1, u] + lp_blank[t - 1, u]
+            if u > 0:
+                e = delta[t, u - 1] + lp_emit[t, u - 1]
+                if e > d:
+                    d = e
+                a = _logadd(a, alpha[t, u - 1] + lp_emit[t, u - 1])
+            delta[t, u] = d
+            alpha[t, u] = a
+    score = delta[T - 1, U] + lp_blank[T - 1, U]
+    logz = alpha[T - 1, U] + lp_blank[T - 1, U]
+    beta = np.full((T, U + 1), -np.inf)
+    beta[T - 1, U] = lp_blank[T - 1, U]
+    for t in range(T - 1, -1, -1):
+        for u in range(U, -1, -1):
+            if t == T - 1 and u == U:
+                continue
+            b = -np.inf
+            if t < T - 1:
+                b = beta[t + 1, u] + lp_blank[t, u]
+            if u < U:
+                b = _logadd(b, beta[t, u + 1] + lp_emit[t, u])
+            beta[t, u] = b
+    if score == -np.inf:
+        return score, logz
+    # backtrack from (T - 1, U): the blank predecessor wins ties
+    t, u = T - 1, U
+    while u > 0:
+        via_blank = -np.inf
+        if t > 0:
+            via_blank = delta[t - 1, u] + lp_blank[t - 1, u]
+        via_emit = delta[t, u - 1] + lp_emit[t, u - 1]
+        if t > 0 and via_blank >= via_emit:
+            t -= 1
+        else:
+            u -= 1
+            frames[u] = t
+            tok_logp[u] = lp_emit[t, u]
+            p = alpha[t, u] + lp_emit[t, u] + beta[t, u + 1] - logz
+            tok_post[u] = min(1.0, math.exp(p)) if logz > -np.inf else 0.0
+    return score, logz
+
+
+@njit(cache=True, nogil=True)
+def _batch(x, y, T, U, blank, normalize, frames, tok_logp, tok_post, score, logz):
+    for b in range(x.shape[0]):
+        if T[b] == 0:
+            score[b] = -np.inf
+            logz[b] = -np.inf
+            continue
+        s, z = _one(x[b], y[b], T[b], U[b], blank, normalize, frames[b], tok_logp[b], tok_post[b])
+        score[b] = s
+        logz[b] = z
+
+
+def rnnt_viterbi(
+    logits: np.ndarray,
+    targets: np.ndarray,
+    logit_lengths: np.ndarray,
+    target_lengths: np.ndarray,
+    blank: int,
+    normalize: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The best RNN-T path of each example, and the posteriors of its emissions (see the module docstring).
+
+    Args:
+        logits: ``(B, T, U + 1, V)`` float32 or float64 joiner outputs (unnormalised: the
+            normaliser over ``V`` is taken here; log-probabilities pass unchanged). NaN or
+            ``+inf`` is an error; ``-inf`` is allowed.
+        targets: ``(B, U)`` integer token ids in ``[0, V)``, never ``blank`` within each length.
+        logit_lengths: ``(B,)`` integer frames, ``0 <= logit_lengths[b] <= T``.
+        target_lengths: ``(B,)`` integer tokens, ``0 <= target_lengths[b] <= U``.
+        blank: the blank id in ``[0, V)``.
+        normalize: take the normaliser ``Z(t, u)`` (True) or read ``logits`` as
+            log-probabilities (False: ``Z = 0``).
+
+    Returns:
+        ``(frames (B, U) int64, token_logp (B, U) float64, token_posterior (B, U) float64,
+        score (B,) float64, log_z (B,) float64)``: each token's emission frame (-1 past the
+        target's length or without a path), its log-probability there, the posterior
+        probability of that emission at that frame, the best path's log-probability, the
+        log-probability of all paths.
+
+    Raises:
+        ValueError: naming the argument at fault.
+    """
+    x, y, T, U, blank = _check(logits, targets, logit_lengths, target_lengths, blank)
+    B, Umax = y.shape
+    frames = np.full((B, Umax), -1, dtype=np.int64)
+    tok_logp = np.zeros((B, Umax))
+    tok_post = np.zeros((B, Umax))
+    score = np.empty(B)
+    logz = np.empty(B)
+    _batch(x, y, T, U, blank, bool(normalize), frames, tok_logp, tok_post, score, logz)
+    return frames, tok_logp, tok_post, score, logz
+
+
+def _int_array(a, name: str, ndim: int, shape_text: str) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.dtype == object or arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} must be an integer array of shape {shape_text}, got dtype {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must have shape {shape_text}, got {tuple(arr.shape)}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _check(logits, targets, logit_lengths, target_lengths, blank):
+    x = np.asarray(logits)
+    if x.ndim != 4 or x.dtype not in (np.float32, np.float64):
+        raise ValueError(f"logits must be a float32/float64 array of shape (B, T, U + 1, V), got {x.dtype} {x.shape}")
+    B, T, U1, V = x.shape
+    if U1 < 1 or V < 1:
+        raise ValueError(f"logits must have U + 1 >= 1 and V >= 1, got shape {x.shape}")
+    y = _int_array(targets, "targets", 2, f"(B, U) = ({B}, {U1 - 1})")
+    if y.shape != (B, U1 - 1):
+        raise ValueError(f"targets must have shape (B, U) = ({B}, {U1 - 1}) for logits {x.shape}, got {y.shape}")
+    tl = _int_array(logit_lengths, "logit_lengths", 1, f"(B,) = ({B},)")
+    ul = _int_array(target_lengths, "target_lengths", 1, f"(B,) = ({B},)")
+    if tl.shape != (B,):
+        raise ValueError(f"logit_lengths must have shape (B,) = ({B},), got {tl.shape}")
+    if ul.shape != (B,):
+        raise ValueError(f"target_lengths must have shape (B,) = ({B},), got {ul.shape}")
+    if B and (tl.min() < 0 or tl.max() > T):
+        raise ValueError(f"logit_lengths must lie in [0, T={T}], got [{tl.min()}, {tl.max()}]")
+    if B and (ul.min() < 0 or ul.max() > U1 - 1):
+        raise ValueError(f"target_lengths must lie in [0, U={U1 - 1}], got [{ul.min()}, {ul.max()}]")
+    if isinstance(blank, (bool, np.bool_)) or not isinstance(blank, (int, np.integer)) or not 0 <= blank < V:
+        raise ValueError(f"blank must be an int in [0, V={V}), got {blank!r}")
+    blank = int(blank)
+    mask = np.arange(U1 - 1)[None, :] < ul[:, None]
+    used = y[mask]
+    if used.size and (used.min() < 0 or used.max() >= V):
+        raise ValueError(f"targets must lie in [0, V={V}) within target_lengths")
+    if used.size and (used == blank).any():
+        raise ValueError(f"targets must not contain the blank ({blank}) within target_lengths")
+    y = np.where(mask, y, 0)  # padding is never read, but keep it in range
+    x = np.ascontiguousarray(x)
+    if x.size:
+        top = x.max()  # max propagates NaN
+        if np.isnan(top) or top == np.inf:
+            raise ValueError("logits must not contain NaN or +inf")
+    return x, y, tl, ul, blank
