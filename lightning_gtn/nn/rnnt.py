@@ -60,11 +60,7 @@ class RNNTStructuredLoss(StructuredLoss):
     """
 
     blank: Optional[int] = 0
-
-    @property
-    def extra_outputs(self) -> int:
-        """Joiner outputs the loss reads beyond the ``V`` token scores (0: none)."""
-        return 0
+    extra_outputs: int = 0
 
     def set_step(self, step: int) -> None:
         """Told the global training step before each training batch (the Lightning layer calls
