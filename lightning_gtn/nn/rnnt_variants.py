@@ -55,6 +55,7 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         # checked once here with a tiny call (the same checks as every forward)
         self.blank = _as_int(blank, "blank")
         self.big_blank_durations: List[int] = [int(d) for d in _checked(big_blank_durations, "big_blank_durations")]
+        self.extra_outputs = len(self.big_blank_durations)  # the joiner outputs beyond the vocabulary
         self.sigma = float(sigma)
         self.reduction = reduction
         self.big_blank_ids = None if big_blank_ids is None else [int(c) for c in big_blank_ids]
@@ -67,11 +68,6 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
     @property
     def _blank(self) -> int:
         return _blank_of(self)
-
-    @property
-    def extra_outputs(self) -> int:
-        """The joiner outputs beyond the vocabulary: one per big blank."""
-        return len(self.big_blank_durations)
 
     def _ids(self, V: int) -> Optional[List[int]]:
         if self.big_blank_ids is not None:
@@ -147,6 +143,7 @@ class TDTLoss(RNNTStructuredLoss):
         super().__init__()
         self.blank = _as_int(blank, "blank")
         self.durations: List[int] = [int(d) for d in _checked(durations, "durations")]
+        self.extra_outputs = len(self.durations)  # one duration logit per duration, after the tokens
         self.sigma = float(sigma)
         self.omega = float(omega)
         self.reduction = reduction
@@ -163,11 +160,6 @@ class TDTLoss(RNNTStructuredLoss):
     @property
     def _blank(self) -> int:
         return _blank_of(self)
-
-    @property
-    def extra_outputs(self) -> int:
-        """The joiner outputs beyond the vocabulary: one duration logit per duration."""
-        return len(self.durations)
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The loss of joiner outputs ``(B, T, U + 1, V + len(durations))``."""
