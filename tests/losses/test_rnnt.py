@@ -12,6 +12,16 @@ import lightning_gtn.nn as lnn
 from lightning_gtn import trust
 from lightning_gtn.functional import rnnt_loss
 from lightning_gtn.kernels.rnnt_torch import rnnt_costs_torch
+from tests.losses._rnnt_cases import (
+    B1_COST_BLANK0,
+    B1_COST_BLANK_LAST,
+    B1_GRADS_BLANK0_CLAMP,
+    B1_GRADS_BLANK_LAST,
+    B1_LOGITS,
+    B2_COSTS,
+    B2_GRADS,
+    B2_LOGITS,
+)
 
 IMPLS = ["numba", "torch"]
 
@@ -19,57 +29,11 @@ IMPLS = ["numba", "torch"]
 # published values
 # ---------------------------------------------------------------------------
 
-# torchaudio test/torchaudio_unittest/common_utils/rnnt_utils.py, get_B1_T2_U3_D5_data
-# (warp-transducer's small example; blank=-1, i.e. V - 1)
-_B1_LOGITS = [
-    0.1, 0.6, 0.1, 0.1, 0.1, 0.1, 0.1, 0.6, 0.1, 0.1, 0.1, 0.1, 0.2, 0.8, 0.1,
-    0.1, 0.6, 0.1, 0.1, 0.1, 0.1, 0.1, 0.2, 0.1, 0.1, 0.7, 0.1, 0.2, 0.1, 0.1,
-]  # fmt: skip
-_B1_COST = 5.09566688538
-_B1_GRADS = [
-    0.17703132, -0.39992708, 0.17703132, 0.17703132, -0.13116692,
-    0.12247062, 0.12247062, -0.181684, 0.12247062, -0.1857276,
-    0.06269141, 0.06269141, 0.06928471, 0.12624498, -0.32091248,
-    0.05456069, -0.2182428, 0.05456069, 0.05456069, 0.05456069,
-    0.12073967, 0.12073967, -0.48295838, 0.12073967, 0.12073967,
-    0.30741188, 0.16871123, 0.18645471, 0.16871123, -0.83128875,
-]  # fmt: skip
-
-# torchaudio rnnt_utils.py, get_B2_T4_U3_D3_data (blank=0, targets [[1, 2], [1, 1]])
-_B2_LOGITS = [
-    0.065357, 0.787530, 0.081592, 0.529716, 0.750675, 0.754135, 0.609764, 0.868140, 0.622532,
-    0.668522, 0.858039, 0.164539, 0.989780, 0.944298, 0.603168, 0.946783, 0.666203, 0.286882,
-    0.094184, 0.366674, 0.736168, 0.166680, 0.714154, 0.399400, 0.535982, 0.291821, 0.612642,
-    0.324241, 0.800764, 0.524106, 0.779195, 0.183314, 0.113745, 0.240222, 0.339470, 0.134160,
-    0.505562, 0.051597, 0.640290, 0.430733, 0.829473, 0.177467, 0.320700, 0.042883, 0.302803,
-    0.675178, 0.569537, 0.558474, 0.083132, 0.060165, 0.107958, 0.748615, 0.943918, 0.486356,
-    0.418199, 0.652408, 0.024243, 0.134582, 0.366342, 0.295830, 0.923670, 0.689929, 0.741898,
-    0.250005, 0.603430, 0.987289, 0.592606, 0.884672, 0.543450, 0.660770, 0.377128, 0.358021,
-]  # fmt: skip
-_B2_COSTS = [4.2806528590890736, 3.9384369822503591]
-_B2_GRADS = [
-    -0.186844, -0.062555, 0.249399, -0.203377, 0.202399, 0.000977, -0.141016, 0.079123, 0.061893,
-    -0.011552, -0.081280, 0.092832, -0.154257, 0.229433, -0.075176, -0.246593, 0.146405, 0.100188,
-    -0.012918, -0.061593, 0.074512, -0.055986, 0.219831, -0.163845, -0.497627, 0.209240, 0.288387,
-    0.013605, -0.030220, 0.016615, 0.113925, 0.062781, -0.176706, -0.667078, 0.367659, 0.299419,
-    -0.356344, -0.055347, 0.411691, -0.096922, 0.029459, 0.067463, -0.063518, 0.027654, 0.035863,
-    -0.154499, -0.073942, 0.228441, -0.166790, -0.000088, 0.166878, -0.172370, 0.105565, 0.066804,
-    0.023875, -0.118256, 0.094381, -0.104707, -0.108934, 0.213642, -0.369844, 0.180118, 0.189726,
-    0.025714, -0.079462, 0.053748, 0.122328, -0.238789, 0.116460, -0.598687, 0.302203, 0.296484,
-]  # fmt: skip
-
-# NeMo tests/collections/asr/numba/rnnt_loss/test_rnnt_pytorch.py, test_case_small_clamp and
-# test_case_small_fastemit_clamp: the B1 logits with blank=0, targets [[1, 2]], clamp 0.1;
-# cost 4.495666 (times 1 + fastemit_lambda with FastEmit)
-_NEMO_COST = 4.495666
-_NEMO_CLAMP_GRADS = [
-    -0.1, -0.1, 0.1, 0.1, 0.1, -0.1, 0.1, -0.1, 0.1, 0.1, -0.1, 0.06269141, 0.06928472, 0.1, 0.06269141,
-    0.05456069, -0.1, 0.05456069, 0.05456069, 0.05456069, 0.1, 0.1, -0.1, 0.1, 0.1, -0.1, 0.1, 0.1, 0.1, 0.1,
-]  # fmt: skip
+# (the published cases, with their sources, are written in tests/losses/_rnnt_cases.py)
 
 
 def _b1(dtype=torch.float32):
-    x = torch.tensor(_B1_LOGITS, dtype=dtype).reshape(1, 2, 3, 5).requires_grad_()
+    x = torch.tensor(B1_LOGITS, dtype=dtype).reshape(1, 2, 3, 5).requires_grad_()
     return x, torch.tensor([[1, 2]], dtype=torch.int32), torch.tensor([2], dtype=torch.int32), torch.tensor([2])
 
 
@@ -78,19 +42,19 @@ def test_torchaudio_b1_t2_u3_d5(impl):
     x, tg, il, tl = _b1()
     costs = rnnt_loss(x, tg, il, tl, reduction="none", impl=impl)
     costs.sum().backward()
-    torch.testing.assert_close(costs, torch.tensor([_B1_COST]), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(x.grad, torch.tensor(_B1_GRADS).reshape(1, 2, 3, 5), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(costs, torch.tensor([B1_COST_BLANK_LAST]), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x.grad, torch.tensor(B1_GRADS_BLANK_LAST).reshape(1, 2, 3, 5), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_torchaudio_b2_t4_u3_d3_blank0(impl, dtype):
-    x = torch.tensor(_B2_LOGITS, dtype=dtype).reshape(2, 4, 3, 3).requires_grad_()
+    x = torch.tensor(B2_LOGITS, dtype=dtype).reshape(2, 4, 3, 3).requires_grad_()
     tg = torch.tensor([[1, 2], [1, 1]], dtype=torch.int32)
     costs = rnnt_loss(x, tg, torch.tensor([4, 4]), torch.tensor([2, 2]), blank=0, reduction="none", impl=impl)
     costs.sum().backward()
-    torch.testing.assert_close(costs, torch.tensor(_B2_COSTS, dtype=dtype), rtol=1e-6, atol=1e-5)
-    torch.testing.assert_close(x.grad, torch.tensor(_B2_GRADS, dtype=dtype).reshape(2, 4, 3, 3), rtol=0, atol=2e-6)
+    torch.testing.assert_close(costs, torch.tensor(B2_COSTS, dtype=dtype), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(x.grad, torch.tensor(B2_GRADS, dtype=dtype).reshape(2, 4, 3, 3), rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -98,8 +62,8 @@ def test_nemo_clamp(impl):
     x, tg, il, tl = _b1()
     loss = rnnt_loss(x, tg, il, tl, blank=0, clamp=0.1, reduction="sum", impl=impl)
     loss.backward()
-    assert loss.item() == pytest.approx(_NEMO_COST, rel=1e-6)
-    torch.testing.assert_close(x.grad, torch.tensor(_NEMO_CLAMP_GRADS).reshape(1, 2, 3, 5), rtol=1e-5, atol=1e-6)
+    assert loss.item() == pytest.approx(B1_COST_BLANK0, rel=1e-6)
+    torch.testing.assert_close(x.grad, torch.tensor(B1_GRADS_BLANK0_CLAMP).reshape(1, 2, 3, 5), rtol=1e-5, atol=1e-6)
 
 
 def _fastemit_reference(x, tg, il, tl, blank, lam, clamp):
@@ -116,7 +80,7 @@ def test_nemo_fastemit_clamp(impl, lam):
     x, tg, il, tl = _b1()
     loss = rnnt_loss(x, tg, il, tl, blank=0, clamp=0.1, reduction="sum", fastemit_lambda=lam, impl=impl)
     loss.backward()
-    assert loss.item() == pytest.approx(_NEMO_COST * (1 + lam), rel=1e-5)
+    assert loss.item() == pytest.approx(B1_COST_BLANK0 * (1 + lam), rel=1e-5)
     torch.testing.assert_close(x.grad, _fastemit_reference(x, tg, il, tl, 0, lam, 0.1), rtol=1e-5, atol=1e-6)
 
 

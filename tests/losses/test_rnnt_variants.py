@@ -10,6 +10,7 @@ import torch
 import lightning_gtn.functional as lgf
 import lightning_gtn.nn as lgn
 from lightning_gtn import trust
+from tests.losses._rnnt_cases import B1_COST_BLANK0, B1_GRADS_BLANK0, B1_LOGITS, TDT_COST, TDT_GRADS
 
 # -- independent references ----------------------------------------------------------------------
 
@@ -87,43 +88,9 @@ def _batch(rng, B, T, U, V, K=None, dtype=torch.float64):
 
 # -- published values ----------------------------------------------------------------------------
 
-# NeMo tests/collections/asr/numba/rnnt_loss/test_rnnt_pytorch.py, TestTDTLoss.test_case_fixed_case_act_label:
-# B=1, T=3, U+1=2, V=3 tokens + blank (=3) + durations [0, 1, 2], all-zero logits, label 0, sigma=0.05
-NEMO_TDT_COST = 4.155739
-NEMO_TDT_GRADS = [
-    [
-        [-0.64962804, 0.25, 0.25, 0.14962798, 0.2672583, -0.16792619, -0.09933221],
-        [0.01651875, 0.01651875, 0.01651875, -0.04955626, 0.022025, -0.01227201, -0.009753],
-    ],
-    [
-        [-0.04892651, 0.01714851, 0.01714851, 0.01462949, -0.01143234, -0.01143234, 0.02286467],
-        [0.12531489, 0.12531489, 0.12531489, -0.37594467, 0.16708651, 0.13027048, -0.29735702],
-    ],
-    [
-        [-0.02572276, 0.00857425, 0.00857425, 0.00857425, -0.02286468, 0.01143234, 0.01143234],
-        [0.13388914, 0.13388914, 0.13388914, -0.40166742, 0.17851885, -0.35703772, 0.17851885],
-    ],
-]
+# NeMo's fixed TDT case (TDT_*) and the small RNN-T case with blank 0 (B1_*, no big blanks) are written,
+# with their sources, in tests/losses/_rnnt_cases.py
 
-# warp-transducer's / NeMo's small case (NeMo test_rnnt_pytorch.py test_case_small, torchaudio's
-# rnnt_loss test data): B=1, T=2, U+1=3, V=5, labels [1, 2], blank 0
-SMALL_ACTS = [
-    [[0.1, 0.6, 0.1, 0.1, 0.1], [0.1, 0.1, 0.6, 0.1, 0.1], [0.1, 0.1, 0.2, 0.8, 0.1]],
-    [[0.1, 0.6, 0.1, 0.1, 0.1], [0.1, 0.1, 0.2, 0.1, 0.1], [0.7, 0.1, 0.2, 0.1, 0.1]],
-]
-SMALL_COST = 4.495666
-SMALL_GRADS = [
-    [
-        [-0.13116688, -0.3999269, 0.17703125, 0.17703125, 0.17703125],
-        [-0.18572757, 0.12247056, -0.18168412, 0.12247056, 0.12247056],
-        [-0.32091254, 0.06269141, 0.06928472, 0.12624499, 0.06269141],
-    ],
-    [
-        [0.05456069, -0.21824276, 0.05456069, 0.05456069, 0.05456069],
-        [0.12073959, 0.12073959, -0.48295835, 0.12073959, 0.12073959],
-        [-0.6925882, 0.16871116, 0.18645467, 0.16871116, 0.16871116],
-    ],
-]
 
 IMPLS = ["numba", "torch"]
 
@@ -134,18 +101,18 @@ def test_nemo_tdt_fixed_case(impl):
     loss = lgf.tdt_loss(x, torch.tensor([[0]]), torch.tensor([3]), torch.tensor([1]), blank=3,
                         durations=[0, 1, 2], sigma=0.05, reduction="sum", impl=impl)  # fmt: skip
     loss.backward()
-    assert loss.item() == pytest.approx(NEMO_TDT_COST, rel=1e-6)
-    torch.testing.assert_close(x.grad[0], torch.tensor(NEMO_TDT_GRADS), rtol=1e-4, atol=1e-6)
+    assert loss.item() == pytest.approx(TDT_COST, rel=1e-6)
+    torch.testing.assert_close(x.grad[0], torch.tensor(TDT_GRADS), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_multiblank_without_big_blanks_is_rnnt_published_case(impl):
-    x = torch.tensor([SMALL_ACTS], requires_grad=True)
+    x = torch.tensor([B1_LOGITS], requires_grad=True)
     loss = lgf.multiblank_rnnt_loss(x, torch.tensor([[1, 2]]), torch.tensor([2]), torch.tensor([2]), blank=0,
                                     big_blank_durations=[], reduction="sum", impl=impl)  # fmt: skip
     loss.backward()
-    assert loss.item() == pytest.approx(SMALL_COST, rel=1e-6)
-    torch.testing.assert_close(x.grad[0], torch.tensor(SMALL_GRADS), rtol=1e-4, atol=1e-6)
+    assert loss.item() == pytest.approx(B1_COST_BLANK0, rel=1e-6)
+    torch.testing.assert_close(x.grad[0], torch.tensor(B1_GRADS_BLANK0), rtol=1e-4, atol=1e-6)
 
 
 # -- brute force ---------------------------------------------------------------------------------
