@@ -39,22 +39,11 @@ import numpy as np
 from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
+from .logmath import log_add
 
 __all__ = ["rnnt_cost_grad"]
 
 NEG_INF = -math.inf
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _lse(a, b):
-    """``log(exp(a) + exp(b))``, NaN in gives NaN out."""
-    if a == NEG_INF:
-        return b
-    if b == NEG_INF:
-        return a
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
 
 
 # fast-math flags that keep NaN and inf semantics (no "nnan"/"ninf"): reductions vectorise, NaN
@@ -199,7 +188,7 @@ def _lattice(e0, e1, il, tl, lpb, lpe, alpha, beta, logz):
         for t in range(1, T):
             a[t, 0] = a[t - 1, 0] + p[t - 1, 0]
             for u in range(1, U + 1):
-                a[t, u] = _lse(a[t - 1, u] + p[t - 1, u], a[t, u - 1] + q[t, u - 1])
+                a[t, u] = log_add(a[t - 1, u] + p[t - 1, u], a[t, u - 1] + q[t, u - 1])
         z = beta[b]
         z[T - 1, U] = p[T - 1, U]
         for u in range(U - 1, -1, -1):
@@ -207,7 +196,7 @@ def _lattice(e0, e1, il, tl, lpb, lpe, alpha, beta, logz):
         for t in range(T - 2, -1, -1):
             z[t, U] = z[t + 1, U] + p[t, U]
             for u in range(U - 1, -1, -1):
-                z[t, u] = _lse(z[t + 1, u] + p[t, u], z[t, u + 1] + q[t, u])
+                z[t, u] = log_add(z[t + 1, u] + p[t, u], z[t, u + 1] + q[t, u])
         logz[b] = z[0, 0]
 
 

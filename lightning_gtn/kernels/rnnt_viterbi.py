@@ -30,6 +30,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .logmath import log_add
+
 __all__ = ["rnnt_viterbi"]
 
 _NEG = -np.inf
@@ -65,17 +67,6 @@ def _node_logps(x, y, T, U, blank, normalize, lp_blank, lp_emit):
 
 
 @njit(cache=True, nogil=True)
-def _logadd(a, b):
-    if a == -np.inf:
-        return b
-    if b == -np.inf:
-        return a
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
-
-
-@njit(cache=True, nogil=True)
 def _one(x, y, T, U, blank, normalize, frames, tok_logp, tok_post):
     """Viterbi, alpha, beta of one example; fills its token rows; returns (score, log Z)."""
     lp_blank = np.empty((T, U + 1))
@@ -98,7 +89,7 @@ def _one(x, y, T, U, blank, normalize, frames, tok_logp, tok_post):
                 e = delta[t, u - 1] + lp_emit[t, u - 1]
                 if e > d:
                     d = e
-                a = _logadd(a, alpha[t, u - 1] + lp_emit[t, u - 1])
+                a = log_add(a, alpha[t, u - 1] + lp_emit[t, u - 1])
             delta[t, u] = d
             alpha[t, u] = a
     score = delta[T - 1, U] + lp_blank[T - 1, U]
@@ -113,7 +104,7 @@ def _one(x, y, T, U, blank, normalize, frames, tok_logp, tok_post):
             if t < T - 1:
                 b = beta[t + 1, u] + lp_blank[t, u]
             if u < U:
-                b = _logadd(b, beta[t, u + 1] + lp_emit[t, u])
+                b = log_add(b, beta[t, u + 1] + lp_emit[t, u])
             beta[t, u] = b
     if score == -np.inf:
         return score, logz

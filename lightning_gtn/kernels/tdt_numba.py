@@ -35,6 +35,7 @@ import torch
 from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
+from .logmath import log_add
 
 __all__ = ["lattice_loss", "Arcs"]
 
@@ -42,18 +43,6 @@ NEG_INF = -math.inf
 
 #: ``(tok_dur, tok_didx, blank_ids, blank_dur, blank_didx)``: int64 arrays describing the arcs
 Arcs = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _lae(a, b):
-    """``log(exp(a) + exp(b))``, -inf safe."""
-    if a == NEG_INF:
-        return b
-    if b == NEG_INF:
-        return a
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -152,13 +141,13 @@ def _lattice_kernel(
                     for k in range(NT):
                         t2 = t + tok_dur[k]
                         if t2 < T:
-                            acc = _lae(acc, tok[t, u, k] + beta[t2, u + 1])
+                            acc = log_add(acc, tok[t, u, k] + beta[t2, u + 1])
                 for k in range(NB):
                     t2 = t + blank_dur[k]
                     if t2 < T:
-                        acc = _lae(acc, blk[t, u, k] + beta[t2, u])
+                        acc = log_add(acc, blk[t, u, k] + beta[t2, u])
                     elif t2 == T and u == U:
-                        acc = _lae(acc, blk[t, u, k])
+                        acc = log_add(acc, blk[t, u, k])
                 beta[t, u] = acc
         ll = beta[0, 0]
         if accumulate:
@@ -181,11 +170,11 @@ def _lattice_kernel(
                     for k in range(NT):
                         t0 = t - tok_dur[k]
                         if t0 >= 0:
-                            acc = _lae(acc, alpha[t0, u - 1] + tok[t0, u - 1, k])
+                            acc = log_add(acc, alpha[t0, u - 1] + tok[t0, u - 1, k])
                 for k in range(NB):
                     t0 = t - blank_dur[k]
                     if t0 >= 0:
-                        acc = _lae(acc, alpha[t0, u] + blk[t0, u, k])
+                        acc = log_add(acc, alpha[t0, u] + blk[t0, u, k])
                 alpha[t, u] = acc
         g = scale * coef[e]
         for t in range(T):
