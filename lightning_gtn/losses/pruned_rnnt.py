@@ -278,6 +278,12 @@ def _block_past_end(px: Tensor, boundary: Optional[Tensor]) -> Tensor:
 
 
 def _finish(px: Tensor, py: Tensor, rnnt_type: str, boundary: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """``(px, py)`` of the lattice type from ``px`` ``(B, S, T)`` and ``py`` ``(B, S + 1, T)``:
+    regular gets its end column and its past-the-end arcs blocked; constrained adds ``py``'s
+    next row to ``px``. Both come back contiguous."""
+    if rnnt_type == "regular":
+        px = _end_column(px)
+    px, py = px.contiguous(), py.contiguous()
     if rnnt_type == "regular":
         return _block_past_end(px, boundary), py
     if rnnt_type == "constrained":
@@ -327,8 +333,6 @@ def get_rnnt_logprobs(
     px = am.transpose(1, 2).gather(1, sym.unsqueeze(2).expand(B, S, T))  # am[b, t, sym[b, s]]
     px = px + lm[:, :S].gather(2, sym.unsqueeze(2)) - norm[:, :S]
     py = am[:, :, term].unsqueeze(1) + lm[:, :, term].unsqueeze(2) - norm
-    if rnnt_type == "regular":
-        px = _end_column(px)
     return _finish(px, py, rnnt_type, bnd)
 
 
@@ -424,9 +428,7 @@ def get_rnnt_logprobs_joint(
     px, py = _ArcLogProbs.apply(logits, kept.contiguous(), term)  # (B, T, S + 1) each
     px = px[:, :, :S].transpose(1, 2)  # (B, S, T)
     py = py.transpose(1, 2)  # (B, S + 1, T)
-    if rnnt_type == "regular":
-        px = _end_column(px)
-    return _finish(px.contiguous(), py.contiguous(), rnnt_type, bnd)
+    return _finish(px, py, rnnt_type, bnd)
 
 
 def rnnt_loss(
@@ -655,9 +657,7 @@ def _pruned_logprobs(logits, symbols, ranges, termination_symbol, boundary, rnnt
         px_k, py_k = _ArcLogProbs.apply(logits, kept.squeeze(3).contiguous(), term)  # (B, T, R) each
     px = _spread(px_k, r, S + 1)[:, :S]  # (B, S, T)
     py = _spread(py_k, r, S + 1)  # (B, S + 1, T)
-    if rnnt_type == "regular":
-        px = _end_column(px)
-    return _finish(px.contiguous(), py.contiguous(), rnnt_type, bnd)
+    return _finish(px, py, rnnt_type, bnd)
 
 
 def rnnt_loss_pruned(
@@ -760,8 +760,6 @@ def get_rnnt_logprobs_smoothed(
     am_w = am_only_scale if am_only_scale != 0.0 else 1.0e-20
     px = combined * px_comb + lm_w * px_lm_only + am_w * px_am_only
     py = combined * py_comb + lm_w * py_lm_only + am_w * py_am_only
-    if rnnt_type == "regular":
-        px = _end_column(px)
     return _finish(px, py, rnnt_type, bnd)
 
 
