@@ -12,7 +12,11 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-__all__ = ["greedy_search"]
+__all__ = ["greedy_search", "MAX_SYMBOLS_PER_FRAME"]
+
+#: the most labels a search may emit on one frame: a bound on the work (and the memory) that an
+#: untrained network, which may never emit a blank, can cause
+MAX_SYMBOLS_PER_FRAME = 64
 
 
 def _merge_states(old: Any, new: Any, probe: Any, index: torch.Tensor, n: int) -> Any:
@@ -55,6 +59,11 @@ def _check(encoder_out: torch.Tensor, encoder_lengths: torch.Tensor, blank: int,
         or max_symbols_per_frame < 1
     ):
         raise ValueError(f"max_symbols_per_frame must be an integer >= 1, got {max_symbols_per_frame!r}")
+    if max_symbols_per_frame > MAX_SYMBOLS_PER_FRAME:
+        raise ValueError(
+            f"max_symbols_per_frame must be at most {MAX_SYMBOLS_PER_FRAME} (a bound on the work of one frame), "
+            f"got {max_symbols_per_frame}"
+        )
 
 
 @torch.no_grad()

@@ -38,7 +38,12 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-__all__ = ["TokenLM", "TransducerHypothesis", "modified_beam_search", "modified_beam_search_nbest"]
+from .transducer import MAX_SYMBOLS_PER_FRAME
+
+__all__ = ["MAX_BEAM", "TokenLM", "TransducerHypothesis", "modified_beam_search", "modified_beam_search_nbest"]
+
+#: the widest beam: the hypotheses kept per utterance bound the search's memory and time
+MAX_BEAM = 1 << 16
 
 
 # ----------------------------------------------------------------------------- the token LM
@@ -269,9 +274,12 @@ def _check_args(model, encoder_out, encoder_lengths, blank, beam, lm_weight, max
         raise ValueError(f"encoder_lengths must lie in [0, T={T}], got min {lengths.min()}, max {lengths.max()}")
     if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)) or blank < 0:
         raise ValueError(f"blank must be a non-negative token id, got {blank!r}")
-    for name, v, lo in (("beam", beam, 1), ("max_symbols_per_frame", max_symbols_per_frame, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    for name, v, hi in (
+        ("beam", beam, MAX_BEAM),
+        ("max_symbols_per_frame", max_symbols_per_frame, MAX_SYMBOLS_PER_FRAME),
+    ):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= hi:
+            raise ValueError(f"{name} must be an integer in [1, {hi}], got {v!r}")
     for name, v in (("lm_weight", lm_weight), ("length_bonus", length_bonus)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not math.isfinite(v):
             raise ValueError(f"{name} must be a finite float, got {v!r}")

@@ -98,6 +98,14 @@ class TransducerModel(nn.Module):
         ):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"model.{name} must be an integer >= {low}, got {v!r}")
+        # a config or checkpoint may not ask for unbounded weights
+        for name, v, high in (
+            ("context_size", context_size, 64),
+            ("predictor_dim", predictor_dim, 1 << 16),
+            ("joiner_dim", joiner_dim, 1 << 16),
+        ):
+            if v > high:
+                raise ValueError(f"model.{name} must be at most {high}, got {v}")
         if predictor not in PREDICTORS:
             raise ValueError(f"model.predictor must be one of {PREDICTORS}, got {predictor!r}")
         if isinstance(blank, bool) or not isinstance(blank, int) or not 0 <= blank < num_classes:

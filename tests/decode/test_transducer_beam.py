@@ -304,3 +304,48 @@ def test_states_that_do_not_concatenate_give_the_same_search():
     assert [[(h.tokens, round(h.score, 9)) for h in x] for x in a] == [
         [(h.tokens, round(h.score, 9)) for h in x] for x in b
     ]
+
+
+_HOSTILE = r"""
+import resource, sys, torch
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+from lightning_gtn.decode.transducer import greedy_search
+from lightning_gtn.decode.transducer_beam import modified_beam_search
+from lightning_gtn.lightning import TransducerModel
+small = dict(feature_dim=4, num_classes=5, hidden_size=8, conv_channels=8, joiner_dim=8, predictor_dim=8)
+model = TransducerModel(**small).eval()
+enc, lengths = model.encode(torch.randn(2, 24, 4), torch.full((2,), 24))
+cases = {
+    "beam": lambda: modified_beam_search(model, enc, lengths, blank=0, beam=10**9),
+    "symbols": lambda: greedy_search(model, enc, lengths, blank=0, max_symbols_per_frame=10**9),
+    "beam_symbols": lambda: modified_beam_search(model, enc, lengths, blank=0, max_symbols_per_frame=10**9),
+    "context": lambda: TransducerModel(**{**small, "context_size": 10**9}),
+    "joiner": lambda: TransducerModel(**{**small, "joiner_dim": 10**9}),
+}
+for name, call in cases.items():
+    try:
+        call()
+        print(name, "accepted")
+    except ValueError as e:
+        print(name, "refused", str(e).replace("\\n", " "))
+"""
+
+
+def test_sizes_from_a_config_are_bounded_before_anything_is_allocated():
+    """A beam, a per-frame symbol count or a model size from a config or checkpoint cannot make the
+    process allocate without bound: each is refused with a ValueError naming it (in a child process
+    whose address space is capped, so a regression fails instead of exhausting the machine)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", _HOSTILE], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
+    assert set(lines) == {"beam", "symbols", "beam_symbols", "context", "joiner"}
+    for name, msg in lines.items():
+        assert msg.startswith("refused"), (name, msg)
+    assert "beam must be an integer in [1, 65536]" in lines["beam"]
+    assert "max_symbols_per_frame" in lines["symbols"] and "max_symbols_per_frame" in lines["beam_symbols"]
+    assert "model.context_size" in lines["context"] and "model.joiner_dim" in lines["joiner"]
