@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..core import checks, criterion
 from ..core.cache import LRU, HandleRegistry
-from ..core.scoring import Plan, pick_impl, unique_graphs
+from ..core.scoring import Plan, unique_graphs
 from ..core.shared_graph import SharedGraph, shared_graph
 from ..core.topologies import TOPOLOGIES, numerator_graph
 from ..kernels import mmi_numba, mmi_torch
