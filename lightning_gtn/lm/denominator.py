@@ -14,12 +14,13 @@ smoothed share). As a graph, ``P`` is an **epsilon-free, deterministic** accepto
   ``ln bow(h) + ln P(w | h[1:])`` recursively). This *folds* the back-off arcs: no epsilon arc is
   left and every token sequence has exactly one path, whose weight is the model's
   ``ln P(w_1 .. w_k)`` exactly (what :meth:`NGramLM.sentence_score` with ``eos=False`` gives,
-  up to float32 rounding of each arc). Kaldi's chain denominator LM has the same shape (every
-  phone from every kept history state); folding instead the epsilon back-off arcs by epsilon
-  removal (icefall's ``P``) keeps both the explicit and the backed-off path of a seen n-gram
-  and so over-counts it, which this construction does not.
+  up to float32 rounding of each arc). Kaldi's chain phone LM is also an epsilon-free
+  deterministic acceptor, but unsmoothed (arcs only for the phones seen after a history);
+  removing instead the epsilons of ARPA back-off arcs (icefall's ``P``) keeps both the
+  explicit and the backed-off path of a seen n-gram, which this construction does not.
 * ``</s>`` and ``<unk>`` have no token id and no arc: every state accepts with weight 0 (as
-  Kaldi chain makes every denominator state final with probability one), so the paths of ``T``
+  Kaldi chain treats every denominator state as final with probability one at the end of a
+  training chunk), so the paths of ``T``
   frames score the prefix probabilities ``ln P(w_1 .. w_k)`` without the end-of-sentence
   factor, and the arcs leaving a state sum to ``1 - P(</s> | h) - P(<unk> | h)`` in
   probability.
