@@ -116,8 +116,8 @@ def topology_arrays(num_tokens: int, topology: str = "ctc") -> TopologyArrays:
     k = np.arange(1, n + 1, dtype=np.int64)
     eps = np.full(n, epsilon, dtype=np.int64)
     if topology == "ctc":
-        i, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
-        i, j = i.ravel().astype(np.int64), j.ravel().astype(np.int64)
+        i = np.repeat(np.arange(n + 1, dtype=np.int64), n + 1)  # every (i, j) pair
+        j = np.tile(np.arange(n + 1, dtype=np.int64), n + 1)
         ol = np.where((j == 0) | (j == i), epsilon, j)
         return TopologyArrays(n + 1, 0, np.ones(n + 1, dtype=bool), i, j, j.copy(), ol)
     if topology == "modified_ctc":
@@ -131,8 +131,7 @@ def topology_arrays(num_tokens: int, topology: str = "ctc") -> TopologyArrays:
         return TopologyArrays(n + 1, 0, accept, src, dst, il, ol)
     if topology == "hmm1":
         # node 0: start (nothing read yet); node k: inside token k (class k - 1)
-        a, b = np.meshgrid(k, k, indexing="ij")
-        a, b = a.ravel(), b.ravel()
+        a, b = np.repeat(k, n), np.tile(k, n)  # every (token, next token) pair
         src = np.concatenate([np.zeros(n, dtype=np.int64), k, a])
         dst = np.concatenate([k, k, b])
         il = np.concatenate([k - 1, k - 1, b - 1])
@@ -140,8 +139,7 @@ def topology_arrays(num_tokens: int, topology: str = "ctc") -> TopologyArrays:
         return TopologyArrays(n + 1, 0, np.ones(n + 1, dtype=bool), src, dst, il, ol)
     # hmm2: node 0 start; node 2k - 1 = first state of token k (class 2(k-1)), node 2k = second
     first, second = 2 * k - 1, 2 * k
-    a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    a, b = a.ravel(), b.ravel()  # token indices 0..N-1
+    a, b = np.repeat(np.arange(n), n), np.tile(np.arange(n), n)  # token index pairs, 0..N-1
     src = np.concatenate([np.zeros(n, dtype=np.int64), first, second, first[a], second[a]])
     dst = np.concatenate([first, second, second, first[b], first[b]])
     il = np.concatenate([2 * (k - 1), 2 * k - 1, 2 * k - 1, 2 * b, 2 * b])

@@ -201,8 +201,8 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
         acc[miss] += a.backoff_logp[cur[miss]].astype(np.float64)
         cur[miss] = a.backoff_state[cur[miss]]
         todo = miss[cur[miss] >= 0]  # the root has every word: never -1 for a token
-    nxt = nxt.reshape(S0, num_tokens)
-    logp = logp.reshape(S0, num_tokens)
+    nxt2 = nxt.reshape(S0, num_tokens)
+    logp2 = logp.reshape(S0, num_tokens)
     # keep the states reachable from <s>, numbered breadth first
     start = int(a.start_state)
     new_id = np.full(S0, -1, dtype=np.int64)
@@ -211,7 +211,7 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
     frontier = order_l[0]
     num = 1
     while len(frontier):
-        dst = np.unique(nxt[frontier].ravel())
+        dst = np.unique(nxt2[frontier].ravel())
         dst = dst[(dst >= 0)]
         dst = dst[new_id[dst] < 0]
         new_id[dst] = np.arange(num, num + len(dst))
@@ -221,8 +221,8 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
     old = np.concatenate(order_l)
     table = np.full((num, num_tokens + 1), -1, dtype=np.int64)
     lp = np.full((num, num_tokens + 1), -math.inf)
-    table[:, 1:] = np.where(nxt[old] >= 0, new_id[np.maximum(nxt[old], 0)], -1)
-    lp[:, 1:] = logp[old]
+    table[:, 1:] = np.where(nxt2[old] >= 0, new_id[np.maximum(nxt2[old], 0)], -1)
+    lp[:, 1:] = logp2[old]
     return table, lp, 0
 
 
