@@ -39,6 +39,7 @@ a class sequence may have several readings.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
@@ -301,23 +302,80 @@ def compose_token_acceptor(
     )
 
 
-def _determinise(g: Graph) -> Graph:
-    """An unweighted epsilon-free acceptor with one path per accepted label sequence (subset
-    construction; all weights 0). Used on numerators, which are small and left to right."""
-    a = g.arrays()
+@functools.lru_cache(maxsize=8)
+def _arc_index(num_tokens: int, topology: str):
+    """The topology's arcs by source node: ``(start, accept, silent, emitting)`` with
+    ``silent[t] = [(class, dst)]`` and ``emitting[t] = {token: [(class, dst)]}``."""
+    t = topology_arrays(num_tokens, topology)
+    silent: list[list[tuple[int, int]]] = [[] for _ in range(t.num_nodes)]
+    emitting: list[dict[int, list[tuple[int, int]]]] = [{} for _ in range(t.num_nodes)]
+    for s, d, il, ol in zip(t.src.tolist(), t.dst.tolist(), t.ilabel.tolist(), t.olabel.tolist()):
+        if ol < 0:
+            silent[s].append((il, d))
+        else:
+            emitting[s].setdefault(ol, []).append((il, d))
+    return t.start, t.accept.tolist(), silent, emitting
+
+
+def _target_nfa(num_tokens: int, topology: str, y: list[int]):
+    """The topology composed with the chain of ``y``, trimmed: ``(num_nodes, accept, arcs)``
+    with ``arcs`` a list of ``(src, dst, class)``, node 0 the start (``num_nodes == 0``: empty).
+
+    A breadth-first search over (topology node, tokens read) pairs: O(arcs) Python steps, since
+    only the silent arcs and those emitting the next target token are followed."""
+    start, t_accept, silent, emitting = _arc_index(num_tokens, topology)
+    L = len(y)
+    ids = {(start, 0): 0}
+    order = [(start, 0)]
+    arcs = []
+    k = 0
+    while k < len(order):
+        t, i = order[k]
+        moves = [(il, d, i) for il, d in silent[t]]
+        if i < L:
+            moves += [(il, d, i + 1) for il, d in emitting[t].get(y[i], ())]
+        for il, d, j in moves:
+            did = ids.get((d, j))
+            if did is None:
+                did = ids[(d, j)] = len(order)
+                order.append((d, j))
+            arcs.append((k, did, il))
+        k += 1
+    accept = [q for q, (t, i) in enumerate(order) if i == L and t_accept[t]]
+    back: dict[int, list[int]] = {}
+    for a_src, a_dst, _ in arcs:
+        back.setdefault(a_dst, []).append(a_src)
+    alive = set(accept)
+    stack = list(accept)
+    while stack:
+        for q in back.get(stack.pop(), ()):
+            if q not in alive:
+                alive.add(q)
+                stack.append(q)
+    if 0 not in alive:
+        return 0, [], []
+    new = {q: r for r, q in enumerate(sorted(alive))}
+    arcs = [(new[a], new[b], c) for a, b, c in arcs if a in alive and b in alive]
+    return len(new), [new[q] for q in accept], arcs
+
+
+def _determinise(num_nodes: int, accept: list[int], arcs: list[tuple[int, int, int]]):
+    """Subset construction on an unweighted epsilon-free acceptor (start node 0, trimmed): one
+    path per accepted class sequence. Numerators are small and left to right, so the subsets
+    stay small."""
     out: dict[int, dict[int, set]] = {}
-    for s, d, lab in zip(a.src.tolist(), a.dst.tolist(), a.ilabel.tolist()):
+    for s, d, lab in arcs:
         out.setdefault(s, {}).setdefault(lab, set()).add(d)
-    acc = set(a.accept.tolist())
-    start = frozenset(a.start.tolist())
-    ids = {start: 0}
-    todo = [start]
-    src, dst, lab_l, accept = [], [], [], []
+    acc = set(accept)
+    first = frozenset([0])
+    ids = {first: 0}
+    todo = [first]
+    new_arcs, new_accept = [], []
     while todo:
         cur = todo.pop()
         cid = ids[cur]
         if cur & acc:
-            accept.append(cid)
+            new_accept.append(cid)
         moves: dict[int, set] = {}
         for s in cur:
             for lab, ds in out.get(s, {}).items():
@@ -327,10 +385,8 @@ def _determinise(g: Graph) -> Graph:
             if nxt not in ids:
                 ids[nxt] = len(ids)
                 todo.append(nxt)
-            src.append(cid)
-            dst.append(ids[nxt])
-            lab_l.append(lab)
-    return Graph.from_arrays(len(ids), [0], sorted(accept), src, dst, lab_l, calc_grad=False)
+            new_arcs.append((cid, ids[nxt], lab))
+    return len(ids), sorted(new_accept), new_arcs
 
 
 def numerator_graph(
@@ -377,15 +433,15 @@ def numerator_graph(
     for v in y:
         if not 1 <= v <= n:
             raise ValueError(f"target holds {v}, outside the token ids [1, {n}]")
-    L = len(y)
-    nxt = np.full((L + 1, n + 1), -1, dtype=np.int64)
-    if L:
-        nxt[np.arange(L), y] = np.arange(1, L + 1)
-    accept = np.zeros(L + 1, dtype=bool)
-    accept[L] = True
-    g = compose_token_acceptor(n, topology, nxt, None, 0, accept)
-    if topology in ("modified_ctc", "hmm1"):
-        g = _determinise(g)
+    num, accept, arcs = _target_nfa(n, topology, y)
+    if num == 0:
+        g = Graph.from_arrays(1, [0], [], [], [], [], calc_grad=False)
+    else:
+        if topology in ("modified_ctc", "hmm1"):
+            num, accept, arcs = _determinise(num, accept, arcs)
+        arcs.sort(key=lambda a: (a[0], a[2], a[1]))  # by node, then class
+        src, dst, lab = zip(*arcs) if arcs else ((), (), ())
+        g = Graph.from_arrays(num, [0], accept, src, dst, lab, calc_grad=False)
     if denominator is None:
         return g
     if not isinstance(denominator, Graph):
