@@ -234,6 +234,8 @@ def test_data_round_trip(tmp_path):
     assert gtn.equal(back, den)
     assert back.start() == den.start() and back.accept() == den.accept()
     assert data["num_classes"] == 4 and data["info"] == {"topology": "ctc", "order": 2}
+    assert all(isinstance(v, (int, str, dict)) for v in data.values())
+    assert len(data["arcs"].splitlines()) == den.num_arcs()
     from omegaconf import OmegaConf
 
     assert gtn.equal(graph_from_data(OmegaConf.create(data)), den)
@@ -268,10 +270,19 @@ _BAD_VALUES = st.one_of(
     st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=5),
+    st.text(max_size=8),
+    st.text(alphabet="0123456789 -.e\n", max_size=30),
     st.lists(st.one_of(st.integers(-5, 2**40), st.floats(), st.booleans(), st.text(max_size=2)), max_size=30),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
 )
+
+
+def _accepted_is_sane(g):
+    """A graph that came through: a well-formed epsilon-free acceptor with finite weights."""
+    a = g.arrays()
+    assert len(a.src) <= MAX_DATA_ARCS
+    assert len(a.src) == 0 or (a.src.max() < a.num_nodes and a.dst.max() < a.num_nodes and a.ilabel.min() >= 0)
+    assert np.all(np.isfinite(a.weights))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -283,52 +294,63 @@ def test_hostile_data_fields_give_value_error(key, value):
         g = graph_from_data(data)
     except ValueError:
         return
-    # accepted: then it is a well-formed acceptor within the declared bounds
-    a = g.arrays()
-    assert len(a.src) <= MAX_DATA_ARCS
-    assert len(a.src) == 0 or (a.src.max() < a.num_nodes and a.dst.max() < a.num_nodes and a.ilabel.min() >= 0)
-    assert np.all(np.isfinite(a.weights))
+    _accepted_is_sane(g)
 
 
-@settings(max_examples=100, deadline=None)
-@given(
-    key=st.sampled_from(["start", "accept", "src", "dst", "label", "weight"]),
-    index=st.integers(0, 10**6),
-    value=st.one_of(st.integers(-(2**66), 2**66), st.floats(), st.booleans(), st.none(), st.text(max_size=2)),
-    cut=st.booleans(),
+_BAD_TOKENS = st.one_of(
+    st.integers(-(2**66), 2**66).map(str),
+    st.floats().map(repr),
+    st.sampled_from(["nan", "inf", "-inf", "1e999", "True", "", " ", "\n", "0x1f", "1_0", "١", "+1", "-0"]),
+    st.text(max_size=3),
 )
-def test_hostile_data_entries_give_value_error(key, index, value, cut):
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    key=st.sampled_from(["start", "accept", "arcs"]),
+    index=st.integers(0, 10**6),
+    token=_BAD_TOKENS,
+    mode=st.sampled_from(["replace", "insert", "drop"]),
+)
+def test_hostile_data_entries_give_value_error(key, index, token, mode):
+    """One token of a start/accept/arcs string replaced, inserted or dropped."""
     data = json.loads(_data_json())
-    lst = list(data[key])
-    if cut and lst:
-        lst.pop(index % len(lst))
-    elif lst:
-        lst[index % len(lst)] = value
-    else:
-        lst.append(value)
-    data[key] = lst
+    toks = data[key].split(" ") if key != "arcs" else data[key].replace("\n", " \n ").split(" ")
+    j = index % (len(toks) + 1)
+    if mode == "replace" and toks:
+        toks[j % len(toks)] = token
+    elif mode == "insert":
+        toks.insert(j, token)
+    elif toks:
+        toks.pop(j % len(toks))
+    text = " ".join(toks)
+    data[key] = text.replace(" \n ", "\n") if key == "arcs" else text
     try:
         g = graph_from_data(data)
     except ValueError:
         return
-    a = g.arrays()
-    assert len(a.src) == 0 or (a.src.max() < a.num_nodes and a.dst.max() < a.num_nodes)
-    assert np.all(np.isfinite(a.weights))
+    _accepted_is_sane(g)
 
 
 def test_hostile_data_sizes_refused_before_allocating():
-    data = graph_to_data(_den())
+    data = json.loads(_data_json())
     for key, value in (("num_nodes", 2**40), ("num_classes", 2**40), ("version", 2), ("format", "pickle")):
-        bad = dict(data, **{key: value})
         with pytest.raises(ValueError):
-            graph_from_data(bad)
+            graph_from_data(dict(data, **{key: value}))
 
-    class Huge(list):
+    class Huge(str):
         def __len__(self):
-            return MAX_DATA_ARCS + 1
+            return 2**62
 
-    with pytest.raises(ValueError, match="more than"):
-        graph_from_data(dict(data, src=Huge()))
+    for key in ("arcs", "start", "accept"):
+        with pytest.raises(ValueError, match="longer"):
+            graph_from_data(dict(data, **{key: Huge("0")}))
+    with pytest.raises(ValueError, match="label"):
+        graph_from_data(dict(data, num_classes=3))  # the blank..c labels need 4
+    with pytest.raises(ValueError, match="line 1"):
+        graph_from_data(dict(data, arcs="0 1 2 nan"))
+    with pytest.raises(ValueError, match="more than once"):
+        graph_from_data(dict(data, start="0 0"))
     for bad in (None, [], "data", 3):
         with pytest.raises(ValueError):
             graph_from_data(bad)
