@@ -54,6 +54,7 @@ from .ngram import NGramLM
 
 __all__ = [
     "MAX_ORDER",
+    "MAX_P_ARCS",
     "MAX_DATA_NODES",
     "MAX_DATA_ARCS",
     "MAX_DATA_CLASSES",
@@ -68,6 +69,9 @@ __all__ = [
 
 MAX_ORDER = 4
 """The highest n-gram order of ``P`` (every state has an arc per token, so sizes grow fast)."""
+
+MAX_P_ARCS = 1 << 25
+"""The most arcs ``P`` may have (states times tokens) before folding refuses to allocate it."""
 
 MAX_DATA_NODES = 1 << 22
 """The most nodes :func:`graph_from_data` accepts."""
@@ -177,13 +181,19 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
         ``-inf``); state 0 is ``<s>`` (``start`` is 0); states are numbered breadth first.
 
     Raises:
-        ValueError: the model lacks a token's word.
+        ValueError: the model lacks a token's word, or ``P`` would have more than
+            :data:`MAX_P_ARCS` arcs.
     """
     a = lm.arrays()
-    wid = np.array([lm.word_id(str(k)) for k in range(1, num_tokens + 1)], dtype=np.int64)
-    if np.any(wid == lm.unk) and "<unk>" not in [str(k) for k in range(1, num_tokens + 1)]:
-        raise ValueError("the model lacks a word for some token id (build it with token_lm)")
     S0 = a.backoff_logp.shape[0]
+    if S0 * num_tokens > MAX_P_ARCS:
+        raise ValueError(
+            f"P would have {S0} states x {num_tokens} tokens = {S0 * num_tokens} arcs, more than "
+            f"{MAX_P_ARCS}: lower the order or prune more"
+        )
+    wid = np.array([lm.word_id(str(k)) for k in range(1, num_tokens + 1)], dtype=np.int64)
+    if np.any(wid == lm.unk):
+        raise ValueError("the model lacks a word for some token id (build it with token_lm)")
     V = len(lm.words)
     counts = np.diff(a.state_offsets)
     arc_state = np.repeat(np.arange(S0, dtype=np.int64), counts)

@@ -22,11 +22,13 @@ import lightning_gtn.wfst as gtn
 from lightning_gtn.core.topologies import TOPOLOGIES, num_classes, numerator_graph
 from lightning_gtn.lm.denominator import (
     MAX_DATA_ARCS,
+    MAX_P_ARCS,
     denominator_graph,
     graph_from_data,
     graph_to_data,
     token_lm,
     token_lm_graph,
+    token_lm_tables,
 )
 from tests.core.test_topologies import alignments, readings
 
@@ -206,6 +208,8 @@ def test_bad_arguments():
         denominator_graph(TRAIN, 3, topology="rnnt")
     with pytest.raises(ValueError, match="num_tokens"):
         denominator_graph(TRAIN, 0)
+    with pytest.raises(ValueError, match="prune more"):  # refused before anything is allocated
+        token_lm_tables(token_lm(TRAIN, 3), 3 * MAX_P_ARCS)
 
 
 @functools.lru_cache(maxsize=1)
