@@ -56,7 +56,7 @@ def main(argv: Optional[list] = None) -> str:
     for name, seqs, n in (("characters", char_seqs, len(chars)), ("word pieces", piece_seqs, len(pieces))):
         for order in orders:
             t_est, lm = _best(1, token_lm, seqs, n, order=order)
-            t_tab, (table, lp, start) = _best(reps, token_lm_tables, lm, n)
+            t_tab, (table, lp, start, _) = _best(reps, token_lm_tables, lm, n)
             accept = np.ones(table.shape[0], dtype=bool)
             for topo in TOPOLOGIES:
                 t_cmp, g = _best(reps, compose_token_acceptor, n, topo, table, lp, start, accept)

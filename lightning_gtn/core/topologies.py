@@ -201,6 +201,7 @@ def compose_token_acceptor(
     logp: Optional[np.ndarray],
     start: int,
     accept: np.ndarray,
+    final: Optional[np.ndarray] = None,
 ) -> Graph:
     """Composes a topology with a deterministic epsilon-free acceptor over tokens.
 
@@ -212,6 +213,12 @@ def compose_token_acceptor(
     ``w`` carries the acceptor's weight, the others weigh 0. Built level by level with numpy (no
     Python loop over arcs).
 
+    Graphs have no final weights, so ``final`` (a log weight per acceptor state, e.g.
+    ``ln P(</s> | h)``) is folded into the last frame: every arc entering an accepting node ``q``
+    gets a copy into one new accepting node (the last node, no arcs out) weighing
+    ``final[state of q]`` more, and that node is the only accepting one. Every path of ``T >= 1``
+    frames then ends with its final weight; the arcs at most double.
+
     Args:
         num_tokens: ``N``.
         topology: one of :data:`TOPOLOGIES`.
@@ -219,6 +226,7 @@ def compose_token_acceptor(
         logp: ``(S, N + 1)`` float table, or None for weights 0.
         start: the acceptor's start state.
         accept: ``(S,)`` bool, the acceptor's accepting states.
+        final: optional ``(S,)`` float log final weights of the accepting states (see above).
 
     Returns:
         The composed acceptor (``calc_grad=False``).
@@ -238,6 +246,9 @@ def compose_token_acceptor(
     acc = np.asarray(accept, dtype=bool)
     if acc.shape != (S,):
         raise ValueError(f"accept must have shape ({S},), got {acc.shape}")
+    fin = None if final is None else np.asarray(final, dtype=np.float64)
+    if fin is not None and fin.shape != (S,):
+        raise ValueError(f"final must have shape ({S},), got {fin.shape}")
 
     order = np.argsort(t.src, kind="stable")
     t_src, t_dst, t_il, t_ol = t.src[order], t.dst[order], t.ilabel[order], t.olabel[order]
@@ -288,17 +299,22 @@ def compose_token_acceptor(
     new_id = np.cumsum(keep) - 1
     ka = keep[src] & keep[dst]
     src, dst, il, w = new_id[src[ka]], new_id[dst[ka]], il[ka], w[ka]
+    num_nodes = int(keep.sum())
+    accept_ids = np.flatnonzero(node_accept[keep])
+    if fin is not None:
+        node_final = np.full(num_nodes, -np.inf)
+        node_final[accept_ids] = fin[all_pairs[keep][accept_ids] % S]
+        into = np.isfinite(node_final[dst])  # the arcs that may end a path: copied into the new node
+        extra_w = w[into] + node_final[dst[into]]
+        src = np.concatenate([src, src[into]])
+        dst = np.concatenate([dst, np.full(int(into.sum()), num_nodes, dtype=np.int64)])
+        il = np.concatenate([il, il[into]])
+        w = np.concatenate([w, extra_w])
+        num_nodes += 1
+        accept_ids = np.array([num_nodes - 1])
     o = np.lexsort((dst, il, src))
     return Graph.from_arrays(
-        int(keep.sum()),
-        [0],
-        np.flatnonzero(node_accept[keep]),
-        src[o],
-        dst[o],
-        il[o],
-        None,
-        w[o].astype(np.float32),
-        calc_grad=False,
+        num_nodes, [0], accept_ids, src[o], dst[o], il[o], None, w[o].astype(np.float32), calc_grad=False
     )
 
 

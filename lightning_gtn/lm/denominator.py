@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -61,6 +61,7 @@ __all__ = [
     "DATA_FORMAT",
     "token_lm",
     "token_lm_tables",
+    "PTables",
     "token_lm_graph",
     "denominator_graph",
     "graph_to_data",
@@ -168,7 +169,24 @@ def token_lm(
     return estimate(seqs, order=int(order), method=method, prune=min_counts, vocab=[str(k) for k in range(1, n + 1)])
 
 
-def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarray, int]:
+class PTables(NamedTuple):
+    """``P`` with its back-off folded, as dense tables (see :func:`token_lm_tables`).
+
+    Attributes:
+        next_state: ``(S, N + 1)`` int64, the state after token ``w`` (column ``w``; column 0
+            unused, ``-1``).
+        logp: ``(S, N + 1)`` float64 ``ln P(w | state)`` (column 0: ``-inf``).
+        start: the state of ``<s>`` (0).
+        final: ``(S,)`` float64 ``ln P(</s> | state)``.
+    """
+
+    next_state: np.ndarray
+    logp: np.ndarray
+    start: int
+    final: np.ndarray
+
+
+def token_lm_tables(lm: NGramLM, num_tokens: int) -> PTables:
     """``P`` with its back-off folded, as dense tables over its reachable states.
 
     Args:
@@ -176,9 +194,8 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
         num_tokens: ``N``.
 
     Returns:
-        ``(next_state, logp, start)``: ``next_state`` ``(S, N + 1)`` int64 and ``logp``
-        ``(S, N + 1)`` float64, column ``w`` for token ``w`` (column 0 unused: ``-1`` and
-        ``-inf``); state 0 is ``<s>`` (``start`` is 0); states are numbered breadth first.
+        :class:`PTables`: state 0 is ``<s>`` (``start`` is 0), states are numbered breadth
+        first; ``</s>`` is scored like a token (back-off included) into ``final``.
 
     Raises:
         ValueError: the model lacks a token's word, or ``P`` would have more than
@@ -194,12 +211,14 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
     wid = np.array([lm.word_id(str(k)) for k in range(1, num_tokens + 1)], dtype=np.int64)
     if np.any(wid == lm.unk):
         raise ValueError("the model lacks a word for some token id (build it with token_lm)")
+    wid = np.append(wid, lm.eos)  # the last column: </s>
+    cols = num_tokens + 1
     V = len(lm.words)
     counts = np.diff(a.state_offsets)
     arc_state = np.repeat(np.arange(S0, dtype=np.int64), counts)
     keys = arc_state * V + a.arc_word.astype(np.int64)  # sorted: states, then words ascending
     # fold the back-off of every (state, token) pair at once
-    cur = np.repeat(np.arange(S0, dtype=np.int64), num_tokens)
+    cur = np.repeat(np.arange(S0, dtype=np.int64), cols)
     w = np.tile(wid, S0)
     acc = np.zeros(cur.shape[0])
     logp = np.full(cur.shape[0], -math.inf)
@@ -216,8 +235,10 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
         acc[miss] += a.backoff_logp[cur[miss]].astype(np.float64)
         cur[miss] = a.backoff_state[cur[miss]]
         todo = miss[cur[miss] >= 0]  # the root has every word: never -1 for a token
-    nxt2 = nxt.reshape(S0, num_tokens)
-    logp2 = logp.reshape(S0, num_tokens)
+    nxt2 = nxt.reshape(S0, cols)[:, :num_tokens]
+    logp2 = logp.reshape(S0, cols)
+    final = logp2[:, num_tokens]
+    logp2 = logp2[:, :num_tokens]
     # keep the states reachable from <s>, numbered breadth first
     start = int(a.start_state)
     new_id = np.full(S0, -1, dtype=np.int64)
@@ -238,7 +259,7 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
     lp = np.full((num, num_tokens + 1), -math.inf)
     table[:, 1:] = np.where(nxt2[old] >= 0, new_id[np.maximum(nxt2[old], 0)], -1)
     lp[:, 1:] = logp2[old]
-    return table, lp, 0
+    return PTables(table, lp, 0, final[old])
 
 
 def token_lm_graph(
@@ -248,6 +269,7 @@ def token_lm_graph(
     order: int = 2,
     prune: Union[None, int, Sequence[int]] = None,
     method: str = "kneser_ney",
+    eos: bool = False,
 ) -> Graph:
     """The token n-gram ``P`` as an epsilon-free deterministic acceptor over token ids.
 
@@ -261,6 +283,9 @@ def token_lm_graph(
         order: n-gram order, 1 to :data:`MAX_ORDER`.
         prune: see :func:`token_lm`.
         method: ``"kneser_ney"`` or ``"witten_bell"``.
+        eos: include ``ln P(</s> | history)``: every arc gets a copy, weighing that much more,
+            into one new accepting node (the last; the only accepting one), so a non-empty path
+            scores the whole sentence; twice the arcs.
 
     Returns:
         The acceptor (``calc_grad=False``): labels ``1..N``, arcs sorted by node then label.
@@ -271,21 +296,21 @@ def token_lm_graph(
         (3, 6)
     """
     lm = token_lm(sequences, num_tokens, order=order, prune=prune, method=method)
-    table, lp, start = token_lm_tables(lm, int(num_tokens))
-    S, n = table.shape[0], int(num_tokens)
+    p = token_lm_tables(lm, int(num_tokens))
+    S, n = p.next_state.shape[0], int(num_tokens)
     src = np.repeat(np.arange(S), n)
+    dst = p.next_state[:, 1:].ravel()
     lab = np.tile(np.arange(1, n + 1), S)
-    return Graph.from_arrays(
-        S,
-        [start],
-        np.arange(S),
-        src,
-        table[:, 1:].ravel(),
-        lab,
-        None,
-        lp[:, 1:].ravel().astype(np.float32),
-        calc_grad=False,
-    )
+    w = p.logp[:, 1:].ravel()
+    accept = np.arange(S)
+    if eos:
+        src, lab = np.concatenate([src, src]), np.concatenate([lab, lab])
+        w = np.concatenate([w, w + p.final[dst]])
+        dst = np.concatenate([dst, np.full(len(dst), S)])
+        o = np.lexsort((dst, lab, src))
+        src, dst, lab, w = src[o], dst[o], lab[o], w[o]
+        S, accept = S + 1, np.array([S])
+    return Graph.from_arrays(S, [p.start], accept, src, dst, lab, None, w.astype(np.float32), calc_grad=False)
 
 
 def denominator_graph(
@@ -296,6 +321,7 @@ def denominator_graph(
     topology: str = "ctc",
     prune: Union[None, int, Sequence[int]] = None,
     method: str = "kneser_ney",
+    eos: bool = False,
 ) -> Graph:
     """The LF-MMI denominator: ``topology`` composed with the token n-gram ``P``.
 
@@ -310,6 +336,11 @@ def denominator_graph(
         topology: one of :data:`~lightning_gtn.core.topologies.TOPOLOGIES`.
         prune: see :func:`token_lm`.
         method: ``"kneser_ney"`` or ``"witten_bell"``.
+        eos: include ``ln P(</s> | history)`` at the end of every path of one or more frames:
+            the arcs that may end a path get a copy into one new accepting node (the last, the
+            only accepting one) weighing that much more (about twice the arcs; see
+            :func:`~lightning_gtn.core.topologies.compose_token_acceptor`). Without it every
+            node of an accepting topology node accepts with weight 0.
 
     Returns:
         The denominator acceptor (``calc_grad=False``), arcs sorted by node then class.
@@ -321,13 +352,24 @@ def denominator_graph(
         >>> g = denominator_graph([[1, 2], [2, 1, 1]], 2, order=2, topology="ctc")
         >>> g.num_nodes(), g.num_arcs()
         (5, 15)
+        >>> g = denominator_graph([[1, 2], [2, 1, 1]], 2, order=2, topology="ctc", eos=True)
+        >>> g.num_nodes(), g.num_arcs(), g.accept()
+        (6, 30, [5])
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
     lm = token_lm(sequences, num_tokens, order=order, prune=prune, method=method)
     n = int(num_tokens)
-    table, lp, start = token_lm_tables(lm, n)
-    return compose_token_acceptor(n, topology, table, lp, start, np.ones(table.shape[0], dtype=bool))
+    p = token_lm_tables(lm, n)
+    return compose_token_acceptor(
+        n,
+        topology,
+        p.next_state,
+        p.logp,
+        p.start,
+        np.ones(p.next_state.shape[0], dtype=bool),
+        final=p.final if eos else None,
+    )
 
 
 # -- plain data ----------------------------------------------------------------------------------

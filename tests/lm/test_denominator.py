@@ -68,6 +68,16 @@ def test_lm_graph_scores_are_the_models_sentence_scores(order, method, prune):
             assert _path_score(g, seq) == pytest.approx(want, abs=1e-5), seq
 
 
+def test_lm_graph_with_eos_scores_whole_sentences():
+    N = 3
+    lm = token_lm(TRAIN, N, order=3)
+    g = token_lm_graph(TRAIN, N, order=3, eos=True)
+    assert g.accept() == [g.num_nodes() - 1] and g.num_arcs() == 2 * token_lm_graph(TRAIN, N, order=3).num_arcs()
+    for L in (1, 2, 3):
+        for seq, s in _class_sequence_scores(g, L, N + 1, first=1).items():
+            assert s == pytest.approx(lm.sentence_score([str(t) for t in seq], eos=True), abs=1e-4), seq
+
+
 def test_lm_graph_folds_backoff_exactly():
     """A bigram seen in training keeps its explicit probability; an unseen one gets
     ``bow(h) P(w)``: the folded arcs are the back-off model's, not a sum of both paths."""
@@ -97,11 +107,12 @@ def test_prune_removes_histories():
     assert not np.allclose(tri.weights_to_numpy(), full.weights_to_numpy())
 
 
-def _class_sequence_scores(den, T, C):
-    """``{x: ln sum over the paths of den reading x}`` for every class sequence ``x``."""
+def _class_sequence_scores(den, T, C, first=0):
+    """``{x: ln sum over the paths of den reading x}`` for every sequence ``x`` of ``T`` labels
+    in ``[first, C)``."""
     a = den.arrays()
     out = {}
-    for x in itertools.product(range(C), repeat=T):
+    for x in itertools.product(range(first, C), repeat=T):
         alpha = np.full(den.num_nodes(), -np.inf)
         alpha[a.start] = 0.0
         for c in x:
@@ -113,28 +124,28 @@ def _class_sequence_scores(den, T, C):
     return out
 
 
-def _brute_force(lm, N, T, topology):
+def _brute_force(lm, N, T, topology, eos=False):
     """``{x: ln sum over (y, path) spelling x of P(y)}`` from the topology definitions."""
     out: dict = {}
     for (x, y), count in readings(N, T, topology).items():
-        s = math.log(count) + lm.sentence_score([str(t) for t in y], eos=False)
+        s = math.log(count) + lm.sentence_score([str(t) for t in y], eos=eos)
         out[x] = np.logaddexp(out.get(x, -np.inf), s)
     return out
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_denominator_is_topology_composed_with_p(topology):
+@pytest.mark.parametrize("topology,eos", [(t, False) for t in TOPOLOGIES] + [("ctc", True), ("hmm1", True)])
+def test_denominator_is_topology_composed_with_p(topology, eos):
     N = 2
     train = [[1, 2], [2, 1, 1], [1, 1], [2]]
     lm = token_lm(train, N, order=2)
-    den = denominator_graph(train, N, order=2, topology=topology)
+    den = denominator_graph(train, N, order=2, topology=topology, eos=eos)
     C = num_classes(N, topology)
     labels = den.labels_to_numpy()
     assert labels.min() >= 0 and labels.max() < C
     assert np.array_equal(labels, den.labels_to_numpy(False))  # an acceptor
     for T in (1, 2, 4):
         got = _class_sequence_scores(den, T, C)
-        want = _brute_force(lm, N, T, topology)
+        want = _brute_force(lm, N, T, topology, eos)
         for x, s in got.items():
             assert s == pytest.approx(want.get(x, -np.inf), abs=1e-4), (topology, x)
     # the engine's forward score over random emissions: the same sum, weighted by emissions
@@ -143,22 +154,23 @@ def test_denominator_is_topology_composed_with_p(topology):
     e = rng.standard_normal((T, C))
     em = gtn.linear_graph(T, C)
     em.set_weights(e.astype(np.float32).ravel())
-    ref = np.logaddexp.reduce([s + e[np.arange(T), list(x)].sum() for x, s in _brute_force(lm, N, T, topology).items()])
+    brute = _brute_force(lm, N, T, topology, eos)
+    ref = np.logaddexp.reduce([s + e[np.arange(T), list(x)].sum() for x, s in brute.items()])
     assert gtn.forward_score(gtn.intersect(den, em)).item() == pytest.approx(ref, abs=1e-4)
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_numerator_with_denominator_carries_p(topology):
+@pytest.mark.parametrize("topology,eos", [(t, False) for t in TOPOLOGIES] + [("ctc", True)])
+def test_numerator_with_denominator_carries_p(topology, eos):
     N = 2
     lm = token_lm(TRAIN[:4], N + 1, order=2)
-    den = denominator_graph(TRAIN[:4], N + 1, order=2, topology=topology)
+    den = denominator_graph(TRAIN[:4], N + 1, order=2, topology=topology, eos=eos)
     C = num_classes(N + 1, topology)
     T = 4
     rng = np.random.default_rng(2)
     e = rng.standard_normal((T, C))
     em = gtn.linear_graph(T, C)
     em.set_weights(e.astype(np.float32).ravel())
-    dscore = _brute_force(lm, N + 1, T, topology)
+    dscore = _brute_force(lm, N + 1, T, topology, eos)
     for y in ([1, 2], [1, 1], [3]):
         num = numerator_graph(y, N + 1, topology, denominator=den)
         xs = set(alignments(y, T, topology))  # each class sequence once, weighted by the den
@@ -168,7 +180,7 @@ def test_numerator_with_denominator_carries_p(topology):
             # one reading per class sequence: every alignment weighs exactly ln P(y)
             zero = gtn.linear_graph(T, C)
             zero.set_weights(np.zeros(T * C, dtype=np.float32))
-            want = math.log(len(xs)) + lm.sentence_score([str(t) for t in y], eos=False)
+            want = math.log(len(xs)) + lm.sentence_score([str(t) for t in y], eos=eos)
             assert gtn.forward_score(gtn.intersect(num, zero)).item() == pytest.approx(want, abs=1e-4)
 
 
