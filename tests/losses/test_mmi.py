@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.core.topologies import compose_token_acceptor, numerator_graph
+from lightning_gtn.core.topologies import compose_token_acceptor, num_classes, numerator_graph
 from lightning_gtn.functional import graph_loss, mmi_denominator_score, mmi_loss
 from lightning_gtn.losses.mmi import denominator_handle, denominator_op
 
@@ -81,12 +81,12 @@ def test_equals_brute_force_enumeration():
         assert abs(got[b].item() - (tot - num)) < 1e-10
 
 
-@pytest.mark.parametrize("topology", ["ctc", "modified_ctc", "hmm1"])
+@pytest.mark.parametrize("topology", ["ctc", "modified_ctc", "hmm1", "hmm2"])
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 def test_equals_graph_loss_with_the_same_numerators_and_denominators(topology, reduction):
     N = 3
     den = bigram_den(N, topology, seed=2, keep=0.7)
-    C = N + 1 if topology != "hmm1" else N
+    C = num_classes(N, topology)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 7, C, generator=g, dtype=torch.float64)
     tg = torch.tensor([[1, 2, 3], [3, 3, 0], [2, 0, 0], [1, 3, 2]])
