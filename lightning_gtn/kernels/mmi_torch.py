@@ -83,6 +83,8 @@ def shared_scores(
     B, T, C = E.shape
     dev, dt = E.device, E.dtype
     S, G = graph.num_states, graph.num_groups
+    if graph.max_label >= C or np.any(np.asarray(lengths) > T) or np.any(np.asarray(lengths) < 0):
+        raise ValueError(f"labels must be < C={C} and lengths in [0, {T}]")
     tb = _tables(graph, dev, dt)
     lens = torch.as_tensor(np.asarray(lengths, dtype=np.int64), device=dev)
     Tm = int(lens.max()) if B else 0
