@@ -112,6 +112,11 @@ def _denominator(graph: Graph, topology: str) -> _Denominator:
     hit = _BY_GRAPH.peek(key)
     if hit is not None and hit.graph is graph:
         return hit
+    if torch.compiler.is_compiling():
+        raise ValueError(
+            "this denominator graph has not been seen yet: call mmi_loss (or mmi_denominator_score) once "
+            "eagerly, or lightning_gtn.losses.mmi.denominator_handle(denominator, topology), before torch.compile"
+        )
     with _LOCK:
         d = _Denominator(graph, topology)
         _BY_GRAPH.put(key, d)
@@ -296,7 +301,8 @@ def mmi_loss(
         target_lengths: ``(B,)``, needed with tensor targets.
         denominator: the shared denominator acceptor over ``[0, C)`` (e.g.
             ``lightning_gtn.functional.denominator_graph``); compiled once and cached by identity
-            and version.
+            and version. Under ``torch.compile`` it must have been seen once eagerly (or passed
+            to :func:`denominator_handle`) before the compiled call.
         topology: ``"ctc"``, ``"modified_ctc"``, ``"hmm1"`` or ``"hmm2"`` (as the denominator's).
         den_scale: the denominator's weight, finite and ``>= 0``.
         leaky_hmm: the leaky-HMM coefficient of the denominator, in ``[0, 1)``.
