@@ -280,8 +280,8 @@ def lexicon_numerator_graph(
             "class",
         )
         arcs_c.sort(key=lambda x: (x[0], x[2], x[1]))  # by node, then class
-        src, dst, lab = zip(*arcs_c)
-        g = Graph.from_arrays(num_c, [0], accept_c, src, dst, lab, calc_grad=False)
+        c_src, c_dst, c_lab = zip(*arcs_c)
+        g = Graph.from_arrays(num_c, [0], accept_c, c_src, c_dst, c_lab, calc_grad=False)
     if denominator is None:
         return g
     out = intersect(g, denominator)
