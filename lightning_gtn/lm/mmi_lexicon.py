@@ -50,9 +50,11 @@ __all__ = [
     "lexicon_numerator_graph",
 ]
 
-MAX_LEXICON_ARCS = 1 << 16
+MAX_LEXICON_ARCS = 1 << 12
 """The most arcs of the token acceptor of one transcript (the summed lengths of the spellings of
-its words, plus one or two arcs per separator); refused before the acceptor is built."""
+its words, plus one or two arcs per separator); refused before the acceptor is built. Far above
+a training utterance (30 s of speech is a few hundred characters); the composition's trimming
+grows with depth times arcs, so a transcript at this bound takes 1-2 s to build on a 2-core CPU."""
 
 MAX_LEXICON_STATES = 1 << 16
 """The most states a determinised acceptor (over tokens, or over classes for ``"modified_ctc"``
@@ -81,13 +83,15 @@ def _spellings(lexicon: Mapping, word: str, n: int) -> list[tuple[int, ...]]:
     if word not in lexicon:
         raise ValueError(f"word {word[:40]!r} is not in the lexicon")
     value = lexicon[word]
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
         raise ValueError(f"lexicon: word {word[:40]!r} maps to a {type(value).__name__}, not a sequence of spellings")
     if len(value) == 0:
         raise ValueError(f"lexicon: word {word[:40]!r} has no spellings")
     if isinstance(value[0], (int, np.integer)) and not isinstance(value[0], (bool, np.bool_)):
         value = [value]  # one spelling given as a flat sequence of ids
     out: list[tuple[int, ...]] = []
+    seen: set[tuple[int, ...]] = set()
+    size = 0
     for sp in value:
         if isinstance(sp, (str, bytes)) or not isinstance(sp, (Sequence, np.ndarray)):
             raise ValueError(
@@ -95,8 +99,15 @@ def _spellings(lexicon: Mapping, word: str, n: int) -> list[tuple[int, ...]]:
             )
         if len(sp) == 0:
             raise ValueError(f"lexicon: word {word[:40]!r} has an empty spelling")
+        size += len(sp)
+        if size > MAX_LEXICON_ARCS:  # before reading them all
+            raise ValueError(
+                f"lexicon: the spellings of word {word[:40]!r} have more than "
+                f"MAX_LEXICON_ARCS={MAX_LEXICON_ARCS} tokens"
+            )
         t = tuple(_token_id(v, word, n) for v in sp)
-        if t not in out:
+        if t not in seen:
+            seen.add(t)
             out.append(t)
     return out
 
@@ -176,7 +187,8 @@ def lexicon_numerator_graph(
         words: the transcript as a sequence of words (``text.split()``; a bare string is refused);
             may be empty (the numerator of the empty token sequence).
         lexicon: ``word -> spellings``: one sequence of token ids ``1..N``, or a sequence of such
-            sequences (alternative pronunciations or spellings; duplicates count once).
+            sequences or a 2-D integer array (alternative pronunciations or spellings;
+            duplicates count once).
         num_tokens: ``N``.
         topology: one of :data:`~lightning_gtn.core.topologies.TOPOLOGIES`.
         denominator: optional denominator acceptor over the same classes.
@@ -223,18 +235,18 @@ def lexicon_numerator_graph(
     cache: dict[str, list[tuple[int, ...]]] = {}
     per_word = []
     size = 0
-    for w in words:
+    for i, w in enumerate(words):
         if w not in cache:
             cache[w] = _spellings(lexicon, w, n)
         per_word.append(cache[w])
         size += sum(len(sp) for sp in cache[w])
-    if sep is not None and len(words) > 1:
-        size += (len(words) - 1) * (2 if optional_separator else 1)
-    if size > MAX_LEXICON_ARCS:
-        raise ValueError(
-            f"the token acceptor of these {len(words)} words would have {size} arcs, more than "
-            f"MAX_LEXICON_ARCS={MAX_LEXICON_ARCS}"
-        )
+        if i and sep is not None:
+            size += 2 if optional_separator else 1
+        if size > MAX_LEXICON_ARCS:  # counted before the acceptor is built
+            raise ValueError(
+                f"the token acceptor of these {len(words)} words would have more than "
+                f"MAX_LEXICON_ARCS={MAX_LEXICON_ARCS} arcs"
+            )
 
     # the token acceptor: a chain of words, each the union of its spellings into one exit node
     arcs: list[tuple[int, int, int]] = []

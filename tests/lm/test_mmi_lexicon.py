@@ -38,7 +38,7 @@ def _score(g, em):
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_one_spelling_per_word_is_the_numerator_of_the_spelling(topology):
     N = 4
-    lex = {"ab": [1, 2], "c": [[3]], "bb": [[2, 2]]}
+    lex = {"ab": [1, 2], "c": [[3]], "bb": np.array([[2, 2]])}  # one flat spelling, a list, an array
     C = num_classes(N, topology)
     e, em = _emissions(7, C, 0)
     for words, sep, want in (
@@ -168,9 +168,17 @@ def test_errors_name_the_problem(monkeypatch):
     with pytest.raises(ValueError, match="denominator"):
         lexicon_numerator_graph(["a"], lex, 3, denominator="den")
     # sizes: refused before the acceptor is built
-    long = {"w": [[1] * 40_000]}
+    big = mmi_lexicon.MAX_LEXICON_ARCS
+    long = {"w": [[1] * (big // 2 + 1)], "huge": [[1] * 10 * big], "x": [1]}
     with pytest.raises(ValueError, match="MAX_LEXICON_ARCS"):
         lexicon_numerator_graph(["w", "w"], long, 3)
+    with pytest.raises(ValueError, match="'huge'.*MAX_LEXICON_ARCS"):
+        lexicon_numerator_graph(["huge"], long, 3)
+    monkeypatch.setattr(mmi_lexicon, "MAX_LEXICON_ARCS", 9)  # the count is exact: 5 tokens + 4 separators
+    assert lexicon_numerator_graph(["x"] * 5, long, 3, word_separator=2).num_arcs() > 0
+    with pytest.raises(ValueError, match="MAX_LEXICON_ARCS"):
+        lexicon_numerator_graph(["x"] * 5, long, 3, word_separator=2, optional_separator=True)
+    monkeypatch.setattr(mmi_lexicon, "MAX_LEXICON_ARCS", big)
     monkeypatch.setattr(mmi_lexicon, "MAX_LEXICON_STATES", 3)
     with pytest.raises(ValueError, match="MAX_LEXICON_STATES"):
         lexicon_numerator_graph(["a", "b"], lex, 3)
