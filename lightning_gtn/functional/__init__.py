@@ -46,6 +46,7 @@ from ..decode.viterbi import best_paths, collapse, viterbi
 from ..lm.denominator import denominator_graph, token_lm_graph
 from ..lm.denominator import graph_from_data as mmi_graph_from_data
 from ..lm.denominator import graph_to_data as mmi_graph_to_data
+from ..lm.mmi_lexicon import lexicon_numerator_graph
 from ..losses.asg import asg_loss
 from ..losses.conv_transduce import NORMALIZATIONS as NORMALIZATIONS
 from ..losses.conv_transduce import SCALES as SCALES
@@ -136,6 +137,7 @@ __all__ = [
     "denominator_graph",
     "token_lm_graph",
     "numerator_graph",
+    "lexicon_numerator_graph",
     "topology_graph",
     "mmi_graph_to_data",
     "mmi_graph_from_data",
