@@ -245,6 +245,8 @@ def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: b
         feats = cut.features
         if feats is None:
             raise ValueError(f"{_describe(cut, what)}: no precomputed features (data.features=precomputed)")
+        if "://" in str(feats.storage_path):
+            raise ValueError(f"{_describe(cut, what)}: feature storage {feats.storage_path!r} is not a local path")
         if feats.storage_type not in _FEATURE_STORAGES:
             raise ValueError(
                 f"{_describe(cut, what)}: feature storage {feats.storage_type!r} is not read (only "
@@ -354,11 +356,11 @@ class _Admit:
 class _CutBatches(Dataset):
     """Makes the batch dict of a ``CutSet`` (``dataset[cuts]``): runs in the dataloader workers."""
 
-    def __init__(self, dm: LhotseDataModule, what: str, *, train: bool):
+    def __init__(self, dm: LhotseDataModule, split: LhotseSplit, *, train: bool):
         super().__init__()
-        self.what = what
+        self.what = split.what
         self.max_cut_duration = dm.max_cut_duration
-        self.features = dm.features
+        self.features = "precomputed" if split.precomputed else "fbank"
         self.num_mel_bins = dm.num_mel_bins
         self.sampling_rate = dm.sampling_rate
         self.feature_dim = dm.feature_dim // dm.stack_frames
@@ -467,8 +469,8 @@ class CutBatchLoader:
         self.seed = dm.seed
         self.world_size, self.rank = world_size, rank
         self.num_workers = num_workers
-        self.dataset = _CutBatches(dm, split.what, train=train)
-        fbank = dm.features == "fbank"
+        self.dataset = _CutBatches(dm, split, train=train)
+        fbank = not split.precomputed
         self._check = dict(
             sampling_rate=dm.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank
         )
@@ -538,11 +540,13 @@ class LhotseSplit:
         hours: total admitted audio.
         duration_bins: the bucket boundaries (seconds) estimated from the admitted cuts.
         num_features: the precomputed features' dimension (first cut), or None.
+        precomputed: the cuts carry features (``features="precomputed"`` or the feature cache).
     """
 
-    def __init__(self, cuts, what: str):
+    def __init__(self, cuts, what: str, precomputed: bool = False):
         self.cuts = cuts
         self.what = what
+        self.precomputed = precomputed
         self.texts: list[str] = []
         self.num_cuts = 0
         self.num_skipped = 0
@@ -588,7 +592,12 @@ class LhotseDataModule(L.LightningDataModule):
         max_cut_duration: cuts longer than this (seconds) are skipped, with one warning per split
             giving their number (they would not fit the batch budget, and it bounds what one cut
             may allocate). Must be at most ``max_duration``.
-        feature_cache: reserved (precomputing features into a folder); must be None for now.
+        feature_cache: a folder: with ``features="fbank"``, the filterbanks of every split are
+            computed once (in ``prepare_data``, or when a split is first read) and stored there
+            with Lhotse's ``NumpyFilesWriter`` beside a manifest of the cuts that carry them;
+            later runs (and epochs) read them instead of the audio. A cache entry is keyed by
+            the manifest file (path, size, modification time) and the feature settings; a
+            manifest given as a ``CutSet`` cannot be cached (an error).
         stack_frames: concatenate this many consecutive frames into one (``F = k * num_mel_bins``,
             ``T / k`` frames): cheap subsampling for CPU training.
     """
@@ -648,7 +657,10 @@ class LhotseDataModule(L.LightningDataModule):
         else:
             raise ValueError(f"data.spec_augment: must be true, false or a mapping, got {spec_augment!r}")
         if feature_cache is not None:
-            raise ValueError("data.feature_cache: not available yet (leave it null)")
+            if not isinstance(feature_cache, (str, os.PathLike)):
+                raise ValueError(f"data.feature_cache: must be a folder path or null, got {feature_cache!r}")
+            if features != "fbank":
+                raise ValueError("data.feature_cache: caches filterbanks: use it with data.features=fbank")
         if chars is not None and (not isinstance(chars, str) or not chars):
             raise ValueError(f"data.chars: must be a non-empty string or null, got {chars!r}")
         self.features = features
@@ -677,6 +689,7 @@ class LhotseDataModule(L.LightningDataModule):
         self.val_set: LhotseSplit = None  # type: ignore[assignment]
         self.test_set: LhotseSplit = None  # type: ignore[assignment]
         self._splits: dict[str, LhotseSplit] = {}
+        self._cached_splits: dict[str, LhotseSplit] = {}
         self._epoch = 0
         self._resume: dict | None = None
         self._train_loader: CutBatchLoader | None = None
@@ -695,15 +708,100 @@ class LhotseDataModule(L.LightningDataModule):
         if name not in self._splits:
             what = self._what(name)
             cuts = read_cuts(self.sources[name], self._key(name))
-            self._splits[name] = self._scan(LhotseSplit(cuts, what))
+            self._splits[name] = self._scan(LhotseSplit(cuts, what, precomputed=self.features == "precomputed"))
         return self._splits[name]
+
+    def prepare_data(self) -> None:
+        """Fills the feature cache (``feature_cache``) of the train, val and test splits (Lightning
+        calls this on one process per node before ``setup``)."""
+        if self.feature_cache is not None:
+            for name in ("train", "val", "test"):
+                self._cached(name)
+
+    def _cached(self, name: str) -> LhotseSplit:
+        """The split read from the feature cache, computing the cache entry first if needed."""
+        if name in self._cached_splits:
+            return self._cached_splits[name]
+        import hashlib
+
+        lhotse = _lhotse()
+        src = self.sources[name]
+        if isinstance(src, lhotse.CutSet):
+            raise ValueError(f"data.feature_cache: {self._key(name)} is a CutSet, not a manifest file: cannot cache it")
+        path = Path(src).resolve()
+        split = self.split(name)  # reads and checks the manifest
+        st = path.stat()
+        ident = json.dumps(
+            [str(path), st.st_size, st.st_mtime_ns, self.num_mel_bins, self.sampling_rate, self.max_cut_duration, 1]
+        )
+        folder = Path(self.feature_cache) / f"{name}-{hashlib.sha1(ident.encode()).hexdigest()[:16]}"  # type: ignore[arg-type]
+        manifest = folder / "cuts.jsonl.gz"
+        if not (folder / "complete").is_file():
+            self._fill_cache(split, folder, ident)
+        cached = self._scan(LhotseSplit(read_cuts(str(manifest), "data.feature_cache"), split.what, precomputed=True))
+        if cached.num_cuts != split.num_cuts:
+            raise ValueError(
+                f"data.feature_cache: {manifest} holds {cached.num_cuts} cuts but {split.what} has {split.num_cuts}: "
+                f"delete {folder} to rebuild it"
+            )
+        self._cached_splits[name] = cached
+        return cached
+
+    def _fill_cache(self, split: LhotseSplit, folder: Path, ident: str) -> None:
+        import shutil
+        import tempfile
+
+        from lhotse import CutSet
+        from lhotse.features import Features
+        from lhotse.features.io import NumpyFilesWriter
+        from lhotse.utils import fastcopy
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
+        try:
+            maker = _CutBatches(self, split, train=False)
+            admit = _Admit(
+                split.what,
+                self.max_cut_duration,
+                dict(sampling_rate=self.sampling_rate, needs_audio=True, needs_features=False),
+            )
+            writer = NumpyFilesWriter(tmp / "feats")
+            with CutSet.open_writer(str(tmp / "cuts.jsonl.gz")) as out:
+                for cut in split.cuts:
+                    if not admit(cut):
+                        continue
+                    x = maker.features_of(cut).numpy()
+                    key = writer.write(cut.id.replace("/", "_"), x)
+                    feats = Features(
+                        type="kaldi-fbank",
+                        num_frames=int(x.shape[0]),
+                        num_features=int(x.shape[1]),
+                        frame_shift=0.01,
+                        sampling_rate=self.sampling_rate,
+                        start=cut.start,
+                        duration=cut.duration,
+                        storage_type=writer.name,
+                        storage_path=str(folder / "feats"),
+                        storage_key=key,
+                        recording_id=cut.recording_id,
+                        channels=cut.channel,
+                    )
+                    out.write(fastcopy(cut, features=feats))
+            (tmp / "complete").write_text(ident + "\n")
+            try:
+                os.rename(tmp, folder)
+            except OSError:  # another process filled it meanwhile
+                if not (folder / "complete").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def _scan(self, split: LhotseSplit) -> LhotseSplit:
         """One pass over a split's manifest fields (no audio read): checks every cut, collects
         transcripts, durations for the bucket boundaries, and counts cuts that are too long."""
         from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 
-        fbank = self.features == "fbank"
+        fbank = not split.precomputed
         check = dict(sampling_rate=self.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank)
         durations: list[float] = []
         first_long = None
@@ -785,9 +883,8 @@ class LhotseDataModule(L.LightningDataModule):
         ws, rank = _world()
         if ws == 1 and self.trainer is not None and self.trainer.world_size > 1:  # process group not up yet
             ws, rank = self.trainer.world_size, self.trainer.global_rank
-        loader = CutBatchLoader(
-            self, self.split(name), train=train, world_size=ws, rank=rank, num_workers=self.num_workers
-        )
+        split = self._cached(name) if self.feature_cache is not None else self.split(name)
+        loader = CutBatchLoader(self, split, train=train, world_size=ws, rank=rank, num_workers=self.num_workers)
         if train:
             loader.before_iter = self._start_epoch
         return loader

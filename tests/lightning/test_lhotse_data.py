@@ -4,7 +4,6 @@ sharding, mid-epoch resume, and clear errors for bad manifests and audio files.
 The audio is synthetic (sine bursts and noise written with soundfile into a temporary folder);
 manifests are built with Lhotse itself."""
 
-import gzip
 import json
 import math
 import os
@@ -134,6 +133,41 @@ def test_cutset_objects_and_spec_augment(corpus):
     assert torch.equal(v["inputs"], a["inputs"]) and v["ids"] == a["ids"]
     with pytest.raises(ValueError, match="spec_augment: unknown keys"):
         LhotseDataModule(cuts, cuts, spec_augment={"warp": 3})
+
+
+def test_feature_cache_and_precomputed_features(corpus, tmp_path):
+    import shutil
+
+    # a private copy of the validation cuts, whose audio is deleted once the cache holds it
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    cuts = []
+    for i in range(6):
+        shutil.copy(corpus["root"] / f"va{i}.wav", audio / f"va{i}.wav")
+        cuts.append(_cut(audio / f"va{i}.wav", f"va{i}", WORDS[i]))
+    manifest = _write(cuts, tmp_path / "cuts.jsonl.gz")
+    args = dict(num_mel_bins=20, max_duration=4.0, max_cut_duration=2.0, shuffle=False)
+    plain = list(LhotseDataModule(manifest, manifest, **args).val_dataloader())
+    cached = LhotseDataModule(manifest, manifest, feature_cache=str(tmp_path / "cache"), **args)
+    cached.prepare_data()
+    entries = sorted((tmp_path / "cache").iterdir())
+    assert [p.name.split("-")[0] for p in entries] == ["test", "train", "val"]
+    assert all((p / "complete").is_file() for p in entries)
+    shutil.rmtree(audio)  # from now on only the cache can give features
+    again = LhotseDataModule(manifest, manifest, feature_cache=str(tmp_path / "cache"), **args)
+    got = list(again.val_dataloader())
+    assert [b["ids"] for b in got] == [b["ids"] for b in plain]
+    for a, b in zip(plain, got):
+        assert torch.equal(a["input_lengths"], b["input_lengths"])
+        torch.testing.assert_close(a["inputs"], b["inputs"])
+    # the cache's manifest is an ordinary one of cuts with features
+    pre = str(next((tmp_path / "cache").glob("val-*")) / "cuts.jsonl.gz")
+    dm = LhotseDataModule(pre, pre, features="precomputed", stack_frames=2, **args)
+    assert dm.feature_dim == 40
+    b = next(iter(dm.val_dataloader()))
+    assert b["ids"] == plain[0]["ids"] and b["inputs"].shape[2] == 40
+    with pytest.raises(ValueError, match="no precomputed features"):
+        LhotseDataModule(manifest, manifest, features="precomputed").setup("fit")
 
 
 # ---------------------------------------------------------------------------------------------
