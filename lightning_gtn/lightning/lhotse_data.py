@@ -366,8 +366,8 @@ class _CutBatches(Dataset):
         self.feature_dim = dm.feature_dim // dm.stack_frames
         self.stack_frames = dm.stack_frames
         self.spec_augment = dm.spec_augment if train else None
-        self._fbank = None
-        self._augment = None
+        self._fbank: Any = None
+        self._augment: Any = None
 
     def __getitem__(self, cuts) -> dict:
         return self.collate(cuts)
@@ -513,8 +513,8 @@ class CutBatchLoader:
             batches: Any = (self.dataset.collate(c) for c in self.cut_batches())
         else:
             batches = DataLoader(
-                self.dataset,  # type: ignore[arg-type]  # indexed by CutSets
-                sampler=self.cut_batches(),  # type: ignore[arg-type]
+                self.dataset,  # indexed by CutSets
+                sampler=self.cut_batches(),
                 batch_size=None,
                 num_workers=self.num_workers,
                 collate_fn=_as_is,
@@ -634,14 +634,15 @@ class LhotseDataModule(L.LightningDataModule):
         ):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"data.{name}: must be an integer >= {lo}, got {v!r}")
-        for name, v in (("max_duration", max_duration), ("max_cut_duration", max_cut_duration)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
-                raise ValueError(f"data.{name}: must be a positive number of seconds, got {v!r}")
+        for name, x in (("max_duration", max_duration), ("max_cut_duration", max_cut_duration)):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0 < x < math.inf):
+                raise ValueError(f"data.{name}: must be a positive number of seconds, got {x!r}")
         if max_cut_duration > max_duration:
             raise ValueError(
                 f"data.max_cut_duration ({max_cut_duration}) must be at most data.max_duration ({max_duration}): "
                 "a batch must hold the longest cut"
             )
+        augment: dict | None
         if isinstance(spec_augment, bool):
             augment = {} if spec_augment else None
         elif isinstance(spec_augment, dict) or hasattr(spec_augment, "items"):
@@ -692,6 +693,8 @@ class LhotseDataModule(L.LightningDataModule):
         self._cached_splits: dict[str, LhotseSplit] = {}
         self._epoch = 0
         self._resume: dict | None = None
+        self._data_epoch: int | None = None  # the epoch of the current training pass
+        self._skipped = 0  # batches its start skipped (resuming)
         self._train_loader: CutBatchLoader | None = None
 
     # ---------------------------------------------------------------- splits
@@ -802,7 +805,9 @@ class LhotseDataModule(L.LightningDataModule):
         from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 
         fbank = not split.precomputed
-        check = dict(sampling_rate=self.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank)
+        check: dict[str, Any] = dict(
+            sampling_rate=self.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank
+        )
         durations: list[float] = []
         first_long = None
         seconds = 0.0
@@ -916,10 +921,13 @@ class LhotseDataModule(L.LightningDataModule):
         return int(trainer.current_epoch) if trainer is not None else self._epoch
 
     def _start_epoch(self, dataset: CutBatchLoader) -> None:
-        epoch = self._current_epoch()
-        dataset.epoch, dataset.skip = epoch, 0
+        # the data epoch: the trainer's, or the one a checkpoint continues (which may be one ahead
+        # of the trainer's counter: Lightning creates the first iterator before it moves on from
+        # an epoch that ended with the checkpoint)
         resume, self._resume = self._resume, None
-        if resume is not None and resume["epoch"] == epoch:
+        epoch = resume["epoch"] if resume is not None else self._current_epoch()
+        dataset.epoch, dataset.skip = epoch, 0
+        if resume is not None:
             skip = resume["batches"]
             if resume["world_size"] != dataset.world_size:
                 skip = (skip * resume["world_size"]) // dataset.world_size
@@ -929,20 +937,26 @@ class LhotseDataModule(L.LightningDataModule):
                     stacklevel=2,
                 )
             dataset.skip = skip
+        self._data_epoch = epoch
         self._skipped = dataset.skip
 
     # ---------------------------------------------------------------- resuming
     def state_dict(self) -> dict:
         """Where the training pass stands: ``{"epoch", "batches" (consumed in it), "world_size",
-        "seed"}`` (plain data; Lightning stores it in checkpoints)."""
+        "seed"}`` (plain data; Lightning stores it in checkpoints). An epoch whose last batch was
+        consumed is saved as the next epoch with no batch consumed."""
         trainer = self.trainer
+        epoch = self._data_epoch if self._data_epoch is not None else self._current_epoch()
         if trainer is not None:
-            batches = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            progress = trainer.fit_loop.epoch_loop.batch_progress
+            batches = int(progress.current.processed)  # type: ignore[attr-defined]
+            if progress.is_last_batch and batches > 0:
+                epoch, batches = epoch + 1, 0
         else:
             loader = self._train_loader
-            batches = (loader.yielded + getattr(self, "_skipped", 0)) if loader is not None else 0
+            batches = (loader.yielded + self._skipped) if loader is not None else 0
         ws = self._train_loader.world_size if self._train_loader is not None else _world()[0]
-        return {"epoch": self._current_epoch(), "batches": batches, "world_size": int(ws), "seed": self.seed}
+        return {"epoch": int(epoch), "batches": batches, "world_size": int(ws), "seed": self.seed}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Makes the next training pass of the saved epoch skip the batches already consumed

@@ -266,10 +266,11 @@ def test_resume_mid_epoch_sees_the_same_batches(corpus, tmp_path):
     _trainer(max_steps=stop, enable_checkpointing=True, callbacks=[ckpt]).fit(part, datamodule=_dm(corpus, seed=4))
     assert part.seen == full[:stop]
 
-    for step in (2, stop):  # mid-epoch 0 and mid-epoch 1
+    for step in (2, per_epoch, stop):  # mid-epoch 0, end of epoch 0, mid-epoch 1
         path = next(tmp_path.glob(f"*step={step}.ckpt"))
         state = torch.load(path, weights_only=True)["LhotseDataModule"]
-        assert state["batches"] == (step if step < per_epoch else step - per_epoch)
+        # (a finished epoch is saved as the next one, none of it consumed)
+        assert (state["epoch"], state["batches"]) == ((0, step) if step < per_epoch else (1, step - per_epoch))
         rest = _Recorder()
         _trainer().fit(rest, datamodule=_dm(corpus, seed=4), ckpt_path=str(path))
         assert full[:step] + rest.seen == full, f"resumed after step {step}"
