@@ -691,6 +691,7 @@ class LhotseDataModule(L.LightningDataModule):
         self.test_set: LhotseSplit = None  # type: ignore[assignment]
         self._splits: dict[str, LhotseSplit] = {}
         self._cached_splits: dict[str, LhotseSplit] = {}
+        self._sources_ready = False
         self._epoch = 0
         self._resume: dict | None = None
         self._data_epoch: int | None = None  # the epoch of the current training pass
@@ -709,10 +710,21 @@ class LhotseDataModule(L.LightningDataModule):
     def split(self, name: str) -> LhotseSplit:
         """The split ``"train"``, ``"val"`` or ``"test"``, read and scanned once (lazily)."""
         if name not in self._splits:
+            if not self._sources_ready:
+                self.prepare_sources()
+                self._sources_ready = True
             what = self._what(name)
             cuts = read_cuts(self.sources[name], self._key(name))
             self._splits[name] = self._scan(LhotseSplit(cuts, what, precomputed=self.features == "precomputed"))
         return self._splits[name]
+
+    def prepare_sources(self) -> None:
+        """Called once, before a manifest is first read (by ``chars``, ``setup`` or a loader).
+
+        Does nothing here. A subclass whose manifests are made rather than given (the spoken
+        task writes them into its cache) writes them here, then puts their paths (or CutSets) in
+        ``self.sources`` (keys ``"train"``, ``"val"``, ``"test"``).
+        """
 
     def prepare_data(self) -> None:
         """Fills the feature cache (``feature_cache``) of the train, val and test splits (Lightning

@@ -426,3 +426,18 @@ def test_cli_ddp_cpu_on_lhotse_manifests(corpus, tmp_path):
     assert 3 <= m["global_step"] <= 8
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["LhotseDataModule"]["world_size"] == 2
+
+
+def test_subclass_makes_its_manifests_before_the_first_read(corpus):
+    class Made(LhotseDataModule):
+        calls = 0
+
+        def prepare_sources(self):
+            Made.calls += 1
+            self.sources = {"train": corpus["train"], "val": corpus["val"], "test": corpus["val"]}
+
+    dm = Made(None, None, num_mel_bins=20, max_duration=2.0, max_cut_duration=2.0)
+    assert Made.calls == 0  # nothing is read at construction
+    assert set(dm.chars) == set("".join(c.supervisions[0].text for c in corpus["train_cuts"]))
+    dm.setup("fit")
+    assert Made.calls == 1 and len(dm.train_set.texts) == 24 and dm.val_set.num_cuts == 6
