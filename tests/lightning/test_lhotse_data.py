@@ -441,3 +441,29 @@ def test_subclass_makes_its_manifests_before_the_first_read(corpus):
     assert set(dm.chars) == set("".join(c.supervisions[0].text for c in corpus["train_cuts"]))
     dm.setup("fit")
     assert Made.calls == 1 and len(dm.train_set.texts) == 24 and dm.val_set.num_cuts == 6
+
+
+def test_cuts_inside_a_recording_read_their_own_samples(corpus, tmp_path):
+    # the layout of Lhotse's recipes after trim_to_supervisions(): cuts start inside a recording
+    path = _wav(tmp_path / "long.wav", 1.5, 440, 9)
+    whole = _cut(path, "long", "x")
+    parts = []
+    for k, (start, dur, text) in enumerate([(0.1, 0.5, "one"), (0.7, 0.6, "two")]):
+        sup = SupervisionSegment(id=f"s{k}", recording_id="long", start=start, duration=dur, text=text)
+        parts.append(
+            MonoCut(id=f"s{k}", start=start, duration=dur, channel=0, recording=whole.recording, supervisions=[sup])
+        )
+    manifest = _write(parts, tmp_path / "parts.jsonl")
+    dm = LhotseDataModule(manifest, manifest, num_mel_bins=20, max_duration=2.0, max_cut_duration=2.0, shuffle=False)
+    (batch,) = list(dm.val_dataloader())
+    from lhotse import Fbank, FbankConfig
+
+    audio, _ = sf.read(str(path), dtype="float32")
+    fbank = Fbank(FbankConfig(num_filters=20, sampling_rate=SR))
+    for k, cid in enumerate(batch["ids"]):
+        start, dur = {"s0": (0.1, 0.5), "s1": (0.7, 0.6)}[cid]
+        ref = torch.as_tensor(fbank.extract(audio[int(start * SR) : int(round((start + dur) * SR))], SR))
+        n = int(batch["input_lengths"][k])
+        assert n == ref.shape[0]
+        torch.testing.assert_close(batch["inputs"][k, :n], ref, rtol=1e-4, atol=1e-4)
+    assert sorted(batch["texts"]) == ["one", "two"]
