@@ -781,8 +781,12 @@ class LhotseDataModule(L.LightningDataModule):
                 dict(sampling_rate=self.sampling_rate, needs_audio=True, needs_features=False),
             )
             writer = NumpyFilesWriter(tmp / "feats")
+            from tqdm import tqdm
+
+            total = split.num_cuts + split.num_skipped
+            bar = tqdm(split.cuts, total=total, desc=f"feature cache: {split.what}", unit="cut", mininterval=2.0)
             with CutSet.open_writer(str(tmp / "cuts.jsonl.gz")) as out:
-                for cut in split.cuts:
+                for cut in bar:
                     if not admit(cut):
                         continue
                     x = maker.features_of(cut).numpy()
