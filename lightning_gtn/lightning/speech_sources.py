@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import io
 import math
 import os
@@ -55,6 +56,7 @@ _MAX_SAMPLES = 1 << 28  # frames x channels of one recording (1 GiB as float32)
 _MAX_TEXT_CHARS = 100_000  # one transcript
 _MAX_LINE_CHARS = 1 << 20  # one line of a transcript file
 _MAX_ROWS = 50_000_000  # rows of one HF split
+_MAX_HELD_SAMPLES = 1 << 29  # resampled audio a folder may hold in memory (2 GiB as float32)
 # CMU Sphinx transcript lines: "<s> some words </s> (utterance_id)"
 _SPHINX_LINE = re.compile(r"^(?P<text>.*)\((?P<id>[^()\s]+)\)\s*$")
 _SPHINX_MARKS = frozenset({"<s>", "</s>", "<sil>"})
@@ -94,8 +96,8 @@ def _clean_text(text: Any, what: str) -> str:
     return " ".join(text.split())
 
 
-def _make_cut(cut_id: str, source_type: str, source: str | bytes, info: tuple[int, int, int], text: str, rate: int):
-    """A mono cut (channel 0) over the whole recording with one supervision, at ``rate`` Hz."""
+def _make_cut(cut_id: str, source_type: str, source: str | bytes, info: tuple[int, int, int], text: str):
+    """A mono cut (channel 0) over the whole recording with one supervision."""
     from lhotse import MonoCut, Recording, SupervisionSegment
     from lhotse.audio import AudioSource
 
@@ -110,8 +112,38 @@ def _make_cut(cut_id: str, source_type: str, source: str | bytes, info: tuple[in
     sup = SupervisionSegment(
         id=cut_id, recording_id=cut_id, start=0.0, duration=recording.duration, channel=0, text=text
     )
-    cut = MonoCut(id=cut_id, start=0.0, duration=recording.duration, channel=0, recording=recording, supervisions=[sup])
-    return cut if sr == rate else cut.resample(rate)
+    return MonoCut(
+        id=cut_id, start=0.0, duration=recording.duration, channel=0, recording=recording, supervisions=[sup]
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _resampler(orig: int, new: int):
+    from lhotse.augmentation.resample import Resample  # torch code, no torchaudio
+
+    return Resample(orig, new)
+
+
+def _resampled_wav(source: str | bytes, sr: int, rate: int, what: str) -> tuple[bytes, tuple[int, int, int]]:
+    """The first channel of ``source`` at ``rate`` Hz as float32 WAV bytes, and its ``(rate, 1, frames)``.
+
+    LhotseDataModule reads audio files as they are (no resampling transforms), so audio at another
+    rate is decoded and resampled once, here, and kept in memory.
+    """
+    import soundfile as sf
+    import torch
+
+    try:
+        x, _ = sf.read(io.BytesIO(source) if isinstance(source, bytes) else source, dtype="float32", always_2d=True)
+    except Exception as e:
+        raise ValueError(f"{what}: cannot decode the audio: {e}") from None
+    if x.shape[0] == 0 or not np.isfinite(x[:, 0]).all():
+        raise ValueError(f"{what}: the audio is empty or holds NaN/inf samples")
+    with torch.no_grad():
+        y = _resampler(sr, rate)(torch.from_numpy(np.ascontiguousarray(x[:, 0]))[None])[0].numpy()
+    buf = io.BytesIO()
+    sf.write(buf, y, rate, format="WAV", subtype="FLOAT")
+    return buf.getvalue(), (rate, 1, int(y.shape[0]))
 
 
 def _check_rate(sampling_rate: int) -> int:
@@ -287,6 +319,7 @@ def cuts_from_folder(
         texts = _parse_transcripts(text_files, ids)
 
     cuts = []
+    held = 0  # samples of resampled audio kept in memory
     for uid, p in ids.items():
         if uid not in texts:
             if missing == "skip":
@@ -295,7 +328,17 @@ def cuts_from_folder(
             raise ValueError(f"{p}: no transcript for the id {uid!r} (looked in {where}); or pass missing='skip'")
         text = texts[uid].lower() if lowercase else texts[uid]
         info = _audio_info(str(p), str(p), max_audio_seconds)
-        cuts.append(_make_cut(uid, "file", str(p.resolve()), info, text, sampling_rate))
+        if info[0] == sampling_rate:
+            cuts.append(_make_cut(uid, "file", str(p.resolve()), info, text))
+            continue
+        held += info[2] * sampling_rate // info[0]
+        if held > _MAX_HELD_SAMPLES:
+            raise ValueError(
+                f"{p}: more than {_MAX_HELD_SAMPLES} samples resampled to {sampling_rate} Hz held in memory; "
+                "resample the folder's audio to that rate beforehand (e.g. with sox)"
+            )
+        data, info = _resampled_wav(str(p), info[0], sampling_rate, str(p))
+        cuts.append(_make_cut(uid, "memory", data, info, text))
     if not cuts:
         raise ValueError(f"{folder}: no audio file has a transcript")
     return CutSet.from_cuts(cuts)
@@ -445,8 +488,11 @@ class _HFCuts:
 
     _BATCH = 64
 
-    def __init__(self, ds, audio_column, text_column, kind, root, prefix, rate, max_audio_seconds, max_audio_bytes):
+    def __init__(
+        self, ds, audio_column, text_column, kind, root, prefix, rate, lowercase, max_audio_seconds, max_audio_bytes
+    ):
         self.ds = ds
+        self.lowercase = bool(lowercase)
         self.audio_column, self.text_column, self.kind = audio_column, text_column, kind
         self.root, self.prefix, self.rate = str(root), prefix, rate
         self.max_audio_bytes = max_audio_bytes
@@ -540,12 +586,16 @@ class _HFCuts:
         for row, audio, text in self._rows():
             info = tuple(int(v) for v in self.info[row])
             cut_id = f"{self.prefix}{row:08d}"
+            what = f"{self.root}: row {row} of audio column {self.audio_column!r}"
+            text = _clean_text(text, what)
+            text = text.lower() if self.lowercase else text
             if isinstance(audio, tuple):
-                yield _make_cut(cut_id, "memory", self._encode(row), info, _clean_text(text, ""), self.rate)
-            elif isinstance(audio, bytes):
-                yield _make_cut(cut_id, "memory", audio, info, _clean_text(text, ""), self.rate)
+                audio = self._encode(row)
+            if info[0] != self.rate:  # decoded and resampled on each pass (LhotseDataModule reads audio as is)
+                data, info = _resampled_wav(audio, info[0], self.rate, what)
+                yield _make_cut(cut_id, "memory", data, info, text)
             else:
-                yield _make_cut(cut_id, "file", audio, info, _clean_text(text, ""), self.rate)
+                yield _make_cut(cut_id, "memory" if isinstance(audio, bytes) else "file", audio, info, text)
 
 
 def cuts_from_hf(
@@ -607,20 +657,11 @@ def cuts_from_hf(
         Path(path),
         f"{name or 'hf'}-",
         sampling_rate,
+        lowercase,
         max_audio_seconds,
         max_audio_bytes,
     )
-    cuts = CutSet(source)
-    if lowercase:
-        cuts = cuts.map(_lowercase_cut)
-    return cuts
-
-
-def _lowercase_cut(cut):
-    """The cut with its supervisions' texts lower-cased (a module-level function: it pickles)."""
-    from lhotse.utils import fastcopy
-
-    return fastcopy(cut, supervisions=[fastcopy(s, text=(s.text or "").lower()) for s in cut.supervisions])
+    return CutSet(source)
 
 
 # ----------------------------------------------------------------------------- the data module

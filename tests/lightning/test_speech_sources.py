@@ -177,3 +177,28 @@ def test_hf_errors_name_the_column_and_row(tmp_path: Path):
         cuts_from_hf(path, split="train[:1]", max_audio_bytes=20)
     with pytest.raises(FileNotFoundError, match="never downloaded"):
         cuts_from_hf(tmp_path / "librispeech_asr")
+
+
+def test_hf_other_audio_columns(tmp_path: Path):
+    """Audio given as samples + rate (no Audio feature), or as file paths relative to the dataset."""
+    datasets = pytest.importorskip("datasets")
+    datasets.disable_progress_bars()
+    x = _tone(0.25, 8000, 400.0)
+    arrays = datasets.Dataset.from_dict(
+        {"speech": [{"array": x.tolist(), "sampling_rate": 8000}], "sentence": ["samples"]}
+    )
+    arrays.save_to_disk(str(tmp_path / "arrays"))
+    (cut,) = cuts_from_hf(tmp_path / "arrays", audio_column="speech", text_column="sentence")
+    y = cut.load_audio()[0]
+    assert cut.sampling_rate == 16000 and y.shape == (4000,) and cut.supervisions[0].text == "samples"
+    assert np.argmax(np.abs(np.fft.rfft(y))) * 16000 / 4000 == pytest.approx(400.0, abs=8.0)
+
+    paths = datasets.Dataset.from_dict({"file": ["a.wav", "missing.wav"], "text": ["by path", "gone"]})
+    paths.save_to_disk(str(tmp_path / "paths"))
+    sf.write(tmp_path / "paths" / "a.wav", _tone(0.1, 16000), 16000)
+    (cut,) = cuts_from_hf(tmp_path / "paths", audio_column="file", split="[:1]")
+    np.testing.assert_allclose(cut.load_audio()[0], _tone(0.1, 16000), atol=1e-4)
+    with pytest.raises(
+        ValueError, match=r"row 1 of audio column 'file': no audio bytes and no such file 'missing.wav'"
+    ):
+        cuts_from_hf(tmp_path / "paths", audio_column="file")
