@@ -675,7 +675,7 @@ class HFDataModule(LhotseDataModule):
         audio_column, text_column: the column names.
         train_split, val_split, test_split: split names (with optional slices, e.g.
             ``"train[:95%]"`` and ``"train[95%:]"`` to hold out part of a single split);
-            ``test_split=None``: no test set.
+            ``test_split=None``: the validation split is also the test set.
         sampling_rate, lowercase, max_audio_seconds, max_audio_bytes: as :func:`cuts_from_hf`.
         **kwargs: the options of :class:`LhotseDataModule` (features, max_duration, ...).
     """
@@ -706,5 +706,5 @@ class HFDataModule(LhotseDataModule):
         train = cuts_from_hf(path, split=train_split, **opts)
         val = cuts_from_hf(path, split=val_split, **opts)
         test = cuts_from_hf(path, split=test_split, **opts) if test_split is not None else None
-        super().__init__(train, val, test, **kwargs)
+        super().__init__(train, val, test, sampling_rate=sampling_rate, **kwargs)
         self.hf_path = str(path)

@@ -14,7 +14,9 @@ import torch
 pytest.importorskip("lhotse")
 sf = pytest.importorskip("soundfile")
 
+from lightning_gtn.lightning import ConvRNNEncoder, LhotseDataModule, Vocabulary  # noqa: E402
 from lightning_gtn.lightning.speech_sources import HFDataModule, cuts_from_folder, cuts_from_hf  # noqa: E402
+from lightning_gtn.nn import CTCLoss  # noqa: E402
 
 POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")
 
@@ -202,3 +204,74 @@ def test_hf_other_audio_columns(tmp_path: Path):
         ValueError, match=r"row 1 of audio column 'file': no audio bytes and no such file 'missing.wav'"
     ):
         cuts_from_hf(tmp_path / "paths", audio_column="file")
+
+
+def _all_batches(loader) -> list[dict]:
+    return list(loader)
+
+
+def test_hf_data_module_batches(tmp_path: Path):
+    train = [(_wav_bytes(_tone(0.3 + 0.05 * i, 16000, 150.0 * (i + 1)), 16000), f"say {i}") for i in range(5)]
+    train.append((_wav_bytes(_tone(0.4, 22050), 22050), "at another rate"))
+    val = [(_wav_bytes(_tone(0.2, 16000), 16000), "held out")]
+    path = _save_hf(tmp_path / "ds", {"train": train, "validation": val})
+    dm = HFDataModule(str(path), max_duration=1.0, max_cut_duration=1.0, num_buckets=2, seed=3)
+    assert dm.hparams["path"] == str(path) and dm.hparams["max_duration"] == 1.0
+    dm.setup("fit")
+    assert sorted(dm.train_set.texts) == sorted(t for _, t in train)
+    assert dm.chars == "".join(sorted(set("".join(t for _, t in train))))
+    batches = _all_batches(dm.train_dataloader())
+    assert sorted(t for b in batches for t in b["texts"]) == sorted(t for _, t in train)
+    assert all(sum(int(n) for n in b["input_lengths"]) <= 100 * 1.0 + 2 for b in batches)  # 10 ms frames
+    frames = {t: int(n) for b in batches for t, n in zip(b["texts"], b["input_lengths"])}
+    assert frames["say 0"] == pytest.approx(30, abs=2) and frames["at another rate"] == pytest.approx(40, abs=2)
+    for b in batches:
+        assert b["inputs"].dtype == torch.float32 and b["inputs"].shape[2] == dm.feature_dim == 80
+        assert b["inputs"].shape[1] == int(b["input_lengths"].max()) and torch.isfinite(b["inputs"]).all()
+    dm.setup("test")  # test_split=None: the validation split
+    assert [t for b in dm.test_dataloader() for t in b["texts"]] == ["held out"]
+
+
+def test_folder_to_batches(folder: Path):
+    (folder / "transcripts.txt").write_text("a hello world\nb good day\n")
+    cuts = cuts_from_folder(folder)
+    dm = LhotseDataModule(cuts, cuts, max_duration=5.0, max_cut_duration=5.0, num_buckets=1, shuffle=False)
+    dm.setup("fit")
+    (batch,) = _all_batches(dm.val_dataloader())
+    assert sorted(batch["texts"]) == ["good day", "hello world"]
+    assert sorted(batch["input_lengths"].tolist()) == pytest.approx([25, 50], abs=2)
+
+
+@pytest.mark.skipif(
+    not POCKETSPHINX.is_dir(),
+    reason=f"{POCKETSPHINX} is absent: install Debian's pocketsphinx-testdata (apt-get install pocketsphinx-testdata)",
+)
+def test_real_recordings_through_a_model():
+    """Ten transcribed 16 kHz recordings (LibriVox and card-game commands, about 34 s) from Debian's
+    pocketsphinx-testdata: cuts, filterbank batches, an untrained encoder and a finite CTC loss."""
+    cuts = cuts_from_folder(POCKETSPHINX, transcripts="*transcription")
+    assert len(cuts) == 10
+    assert sum(c.duration for c in cuts) == pytest.approx(34.4, abs=0.5)
+    texts = {c.id: c.supervisions[0].text for c in cuts}
+    assert texts["001"] == "ten of clubs"
+    assert texts["sense_and_sensibility_01_austen_64kb-0880"] == "he was not an ill disposed young man"
+    dm = LhotseDataModule(cuts, cuts, max_duration=12.0, max_cut_duration=12.0, num_buckets=2, shuffle=False)
+    dm.setup("fit")
+    vocab = Vocabulary(dm.chars, blank=True)
+    torch.manual_seed(0)
+    net = ConvRNNEncoder(dm.feature_dim, vocab.num_classes, conv_channels=8, conv_layers=1, hidden_size=8, stride=4)
+    loss_fn = CTCLoss(zero_infinity=False)
+    seen = []
+    for batch in dm.train_dataloader():
+        x, n = batch["inputs"], batch["input_lengths"]
+        assert x.shape[2] == 80 and torch.isfinite(x).all() and x.std() > 0.5  # real speech, not silence
+        emissions, lengths = net(x, n)
+        assert emissions.shape[:2] == (x.shape[0], (x.shape[1] + 3) // 4)
+        targets, target_lengths = vocab.batch_encode(batch["texts"])
+        loss = loss_fn(emissions, targets, lengths, target_lengths)
+        assert torch.isfinite(loss) and loss.item() > 0
+        if not seen:  # one backward (the slow part on a busy CPU)
+            loss.backward()
+            assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
+        seen += batch["texts"]
+    assert sorted(seen) == sorted(texts.values())
