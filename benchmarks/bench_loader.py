@@ -1,7 +1,7 @@
 """Does data loading keep up? LhotseDataModule's batches per second alone vs the default model's step.
 
-Data: a spoken-task-sized set written once into a temporary folder: ``--utterances`` wav files of
-1.5 to 5 s at 16 kHz (the length eSpeak NG gives the text task's sentences of at most 40
+Data: a spoken-task-sized set written once into a temporary folder: ``--utterances`` audio files
+(the data config's ``audio_format``: wav, or flac as the spoken task writes) of 1.5 to 5 s at 16 kHz (the length eSpeak NG gives the text task's sentences of at most 40
 characters), voiced harmonics plus noise, transcripts from the text task's grammar, read back
 through :func:`lightning_gtn.lightning.speech_sources.cuts_from_folder` (files on disk, as the
 embedded spoken task's cache and a user's corpus are).
@@ -38,21 +38,24 @@ ROOT = Path(__file__).resolve().parent.parent
 RATE = 16000
 
 
-def _settings() -> tuple[str, dict, dict]:
-    """(name, data options, model options) from the configs, keys LhotseDataModule / the model take."""
+def _settings(data_config: str | None) -> tuple[str, dict, dict, str]:
+    """(config name, LhotseDataModule options, model options, audio format) from the configs."""
     from omegaconf import OmegaConf
 
-    data_file = next(p for p in (ROOT / "conf/data/speech.yaml", ROOT / "conf/data/lhotse.yaml") if p.exists())
+    candidates = (
+        [Path(data_config)] if data_config else [ROOT / "conf/data/speech.yaml", ROOT / "conf/data/lhotse.yaml"]
+    )
+    data_file = next(p for p in candidates if p.exists())
     data = OmegaConf.to_container(OmegaConf.load(data_file), resolve=True)
     keep = ("num_mel_bins", "max_duration", "num_buckets", "shuffle", "num_workers", "seed", "stack_frames")
     data_opts = {k: data[k] for k in keep if k in data}
     model = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/conv_gru.yaml"), resolve=True)
     model.pop("_target_", None)
-    return data_file.name, data_opts, model
+    return data_file.name, data_opts, model, str(data.get("audio_format", "wav"))
 
 
-def _write_folder(folder: Path, n: int, seed: int) -> None:
-    """``n`` wav files of a voiced buzz with formant-like harmonics and noise, and transcripts.txt."""
+def _write_folder(folder: Path, n: int, seed: int, audio_format: str = "wav") -> None:
+    """``n`` audio files (wav or flac) of a voiced buzz with harmonics and noise, and transcripts.txt."""
     import soundfile as sf
 
     from lightning_gtn.lightning import make_sentences
@@ -67,7 +70,7 @@ def _write_folder(folder: Path, n: int, seed: int) -> None:
         phase = 2 * np.pi * np.cumsum(f0) / RATE
         x = sum(np.sin(k * phase) / k for k in range(1, 12)) * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t) ** 2)
         x = 0.1 * x / np.abs(x).max() + 0.01 * rng.standard_normal(t.shape)
-        sf.write(folder / f"utt{i:05d}.wav", x.astype(np.float32), RATE)
+        sf.write(folder / f"utt{i:05d}.{audio_format}", x.astype(np.float32), RATE, subtype="PCM_16")
         lines.append(f"utt{i:05d} {texts[i]}")
     (folder / "transcripts.txt").write_text("\n".join(lines) + "\n")
 
@@ -134,6 +137,9 @@ def main(argv=None) -> str:
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--workers", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--data-config", default=None, help="a data config (default: conf/data/speech.yaml, else lhotse.yaml)"
+    )
     a = p.parse_args(argv)
     n = a.utterances or (160 if a.quick else 400)
     epochs = a.epochs or (1 if a.quick else 2)
@@ -143,10 +149,10 @@ def main(argv=None) -> str:
     from lightning_gtn.lightning.lhotse_data import LhotseDataModule
     from lightning_gtn.lightning.speech_sources import cuts_from_folder
 
-    conf_name, data_opts, model_opts = _settings()
+    conf_name, data_opts, model_opts, audio_format = _settings(a.data_config)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_loader_") as tmp:
-        _write_folder(Path(tmp), n, seed=0)
+        _write_folder(Path(tmp), n, seed=0, audio_format=audio_format)
         cuts = cuts_from_folder(tmp)
         hours = sum(c.duration for c in cuts) / 3600
 
@@ -170,7 +176,7 @@ def main(argv=None) -> str:
     opts = ", ".join(f"{k}={v}" for k, v in data_opts.items() if k != "num_workers")
     lines = [
         f"CPU, torch threads {a.threads}; {n} synthetic utterances of 1.5-5 s ({60 * hours:.1f} min of 16 kHz audio, "
-        f"wav files) through cuts_from_folder; LhotseDataModule at {conf_name} ({opts}): "
+        f"{audio_format} files) through cuts_from_folder; LhotseDataModule at {conf_name} ({opts}): "
         f"batches of {mean_b:.0f} cuts x {mean_t:.0f} frames x {feature_dim} features on average. Model: "
         f"conv_gru.yaml's ConvRNNEncoder + CTCLoss + Adam, median training step over {len(batches)} of those "
         f"batches. Loader rates over {epochs} epoch(s) after the first batch.",
