@@ -1,10 +1,11 @@
 """Does data loading keep up? LhotseDataModule's batches per second alone vs the default model's step.
 
 Data: a spoken-task-sized set written once into a temporary folder: ``--utterances`` audio files
-(the data config's ``audio_format``: wav, or flac as the spoken task writes) of 1.5 to 5 s at 16 kHz (the length eSpeak NG gives the text task's sentences of at most 40
-characters), voiced harmonics plus noise, transcripts from the text task's grammar, read back
-through :func:`lightning_gtn.lightning.speech_sources.cuts_from_folder` (files on disk, as the
-embedded spoken task's cache and a user's corpus are).
+(the data config's ``audio_format``: wav, or flac as the spoken task writes) of 1.5 to 5 s at
+16 kHz (the length eSpeak NG gives the text task's sentences of at most 40 characters), voiced
+harmonics plus noise, transcripts from the text task's grammar, read back through
+:func:`lightning_gtn.lightning.speech_sources.cuts_from_folder` (files on disk, as the embedded
+spoken task's cache and a user's corpus are).
 
 Loader: :class:`LhotseDataModule` with the settings of ``conf/data/speech.yaml`` where it exists
 (else ``conf/data/lhotse.yaml``): filterbanks computed on the fly, duration buckets of

@@ -124,7 +124,9 @@ def _resampler(orig: int, new: int):
     return Resample(orig, new)
 
 
-def _resampled_wav(source: str | bytes, sr: int, rate: int, what: str) -> tuple[bytes, tuple[int, int, int]]:
+def _resampled_wav(
+    source: str | bytes, info: tuple[int, int, int], rate: int, what: str
+) -> tuple[bytes, tuple[int, int, int]]:
     """The first channel of ``source`` at ``rate`` Hz as float32 WAV bytes, and its ``(rate, 1, frames)``.
 
     LhotseDataModule reads audio files as they are (no resampling transforms), so audio at another
@@ -134,13 +136,15 @@ def _resampled_wav(source: str | bytes, sr: int, rate: int, what: str) -> tuple[
     import torch
 
     try:
-        x, _ = sf.read(io.BytesIO(source) if isinstance(source, bytes) else source, dtype="float32", always_2d=True)
+        # at most the header's frames (checked against the bounds): a compressed stream cannot expand further
+        f = io.BytesIO(source) if isinstance(source, bytes) else source
+        x, _ = sf.read(f, frames=info[2], dtype="float32", always_2d=True)
     except Exception as e:
         raise ValueError(f"{what}: cannot decode the audio: {e}") from None
     if x.shape[0] == 0 or not np.isfinite(x[:, 0]).all():
         raise ValueError(f"{what}: the audio is empty or holds NaN/inf samples")
     with torch.no_grad():
-        y = _resampler(sr, rate)(torch.from_numpy(np.ascontiguousarray(x[:, 0]))[None])[0].numpy()
+        y = _resampler(info[0], rate)(torch.from_numpy(np.ascontiguousarray(x[:, 0]))[None])[0].numpy()
     buf = io.BytesIO()
     sf.write(buf, y, rate, format="WAV", subtype="FLOAT")
     return buf.getvalue(), (rate, 1, int(y.shape[0]))
@@ -200,6 +204,18 @@ def _read_lines(path: Path) -> Iterator[tuple[int, str]]:
                 raise ValueError(f"{path}:{n}: line longer than {_MAX_LINE_CHARS} characters")
             if line.strip():
                 yield n, line.rstrip("\r\n")
+
+
+def _read_whole(path: Path) -> str:
+    """The lines of a ``<name>.txt`` transcript joined by spaces, reading at most ``_MAX_TEXT_CHARS``."""
+    parts: list[str] = []
+    size = 0
+    for n, line in _read_lines(path):
+        size += len(line) + 1
+        if size > _MAX_TEXT_CHARS + 1:
+            raise ValueError(f"{path}:{n}: the transcript is longer than {_MAX_TEXT_CHARS} characters")
+        parts.append(line)
+    return " ".join(parts)
 
 
 def _parse_transcripts(paths: Sequence[Path], ids: dict[str, Path]) -> dict[str, str]:
@@ -306,7 +322,7 @@ def cuts_from_folder(
         for uid, p in ids.items():
             t = p.with_suffix(".txt")
             if t.is_file():
-                texts[uid] = _clean_text(" ".join(line for _, line in _read_lines(t)), str(t))
+                texts[uid] = _clean_text(_read_whole(t), str(t))
     else:
         if single is not None:
             text_files = [single]
@@ -337,7 +353,7 @@ def cuts_from_folder(
                 f"{p}: more than {_MAX_HELD_SAMPLES} samples resampled to {sampling_rate} Hz held in memory; "
                 "resample the folder's audio to that rate beforehand (e.g. with sox)"
             )
-        data, info = _resampled_wav(str(p), info[0], sampling_rate, str(p))
+        data, info = _resampled_wav(str(p), info, sampling_rate, str(p))
         cuts.append(_make_cut(uid, "memory", data, info, text))
     if not cuts:
         raise ValueError(f"{folder}: no audio file has a transcript")
@@ -497,7 +513,7 @@ class _HFCuts:
         self.root, self.prefix, self.rate = str(root), prefix, rate
         self.max_audio_bytes = max_audio_bytes
         n = ds.num_rows
-        self.info = np.zeros((n, 3), dtype=np.int64)
+        self.info = np.zeros((n, 3), dtype=np.int32)  # rate, channels, frames: each < 2**31 (bounded)
         self.files: dict[int, str] = {}
         for row, audio, text in self._rows():
             what = f"{root}: row {row} of audio column {audio_column!r}"
@@ -531,7 +547,15 @@ class _HFCuts:
         row = 0
         for batch in table_ds.iter(batch_size=self._BATCH):
             col = batch.column(self.audio_column).combine_chunks()
-            texts = batch.column(self.text_column).to_pylist()
+            text_col = batch.column(self.text_column)
+            too_long = pc.greater(pc.binary_length(text_col), 4 * _MAX_TEXT_CHARS)  # UTF-8: <= 4 bytes a char
+            if pc.any(too_long).as_py():
+                bad = row + int(pc.index(too_long, True).as_py())
+                raise ValueError(
+                    f"{self.root}: row {bad} of text column {self.text_column!r}: the transcript is longer than "
+                    f"{_MAX_TEXT_CHARS} characters"
+                )
+            texts = text_col.to_pylist()
             if self.kind == "struct":
                 data, paths = col.field("bytes"), col.field("path")
             elif self.kind == "bytes":
@@ -592,7 +616,7 @@ class _HFCuts:
             if isinstance(audio, tuple):
                 audio = self._encode(row)
             if info[0] != self.rate:  # decoded and resampled on each pass (LhotseDataModule reads audio as is)
-                data, info = _resampled_wav(audio, info[0], self.rate, what)
+                data, info = _resampled_wav(audio, info, self.rate, what)
                 yield _make_cut(cut_id, "memory", data, info, text)
             else:
                 yield _make_cut(cut_id, "memory" if isinstance(audio, bytes) else "file", audio, info, text)

@@ -275,3 +275,12 @@ def test_real_recordings_through_a_model():
             assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
         seen += batch["texts"]
     assert sorted(seen) == sorted(texts.values())
+
+
+def test_hf_bounds_before_copying(tmp_path: Path):
+    good = _wav_bytes(_tone(0.1, 16000), 16000)
+    path = _save_hf(tmp_path / "long", {"train": [(good, "ok"), (good, "x" * 400_001)]})
+    with pytest.raises(ValueError, match=r"row 1 of text column 'text': the transcript is longer than 100000"):
+        cuts_from_hf(path)
+    with pytest.raises(ValueError, match=r"row 0 of audio column 'audio': 0\.1 s of audio .* max_audio_seconds=0\.05"):
+        cuts_from_hf(path, split="[:1]", max_audio_seconds=0.05)
