@@ -107,8 +107,9 @@ def _sampler_rate(dm, epochs: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def _model_rate(batches: list[dict], feature_dim: int, chars: str, model_opts: dict) -> float:
-    """Training steps per second of the default model + CTC + Adam on ``batches`` (median step)."""
+def _model_steps(batches: list[dict], feature_dim: int, chars: str, model_opts: dict) -> list[float]:
+    """Seconds of each training step of the default model + CTC + Adam on ``batches`` (a warm-up
+    step first, not counted)."""
     from lightning_gtn.lightning import ConvRNNEncoder, Vocabulary
     from lightning_gtn.nn import CTCLoss
 
@@ -118,7 +119,7 @@ def _model_rate(batches: list[dict], feature_dim: int, chars: str, model_opts: d
     loss_fn = CTCLoss(zero_infinity=True)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     times = []
-    for i, batch in enumerate(batches + batches[:1]):
+    for i, batch in enumerate(batches[:1] + batches):
         t = time.perf_counter()
         targets, target_lengths = vocab.batch_encode(batch["texts"])
         emissions, lengths = net(batch["inputs"], batch["input_lengths"])
@@ -128,7 +129,31 @@ def _model_rate(batches: list[dict], feature_dim: int, chars: str, model_opts: d
         opt.step()
         if i > 0:  # the first step warms up (numba, allocator)
             times.append(time.perf_counter() - t)
-    return 1.0 / statistics.median(times)
+    return times
+
+
+def _precomputed_row(cuts, tmp: Path, data_opts: dict, epochs: int) -> tuple[str, float, float, int]:
+    """The loader over filterbanks computed once and stored as numpy files (``features="precomputed"``; Lilcom is not installed)."""
+    from lhotse import Fbank, FbankConfig, NumpyFilesWriter
+
+    from lightning_gtn.lightning.lhotse_data import LhotseDataModule
+
+    t = time.perf_counter()
+    extractor = Fbank(FbankConfig(num_filters=int(data_opts.get("num_mel_bins", 80)), sampling_rate=RATE))
+    stored = cuts.compute_and_store_features(
+        extractor, storage_path=str(tmp / "feats"), storage_type=NumpyFilesWriter, num_jobs=1
+    ).to_eager()
+    once = time.perf_counter() - t
+    opts = {k: v for k, v in data_opts.items() if k != "num_mel_bins"}
+    dm = LhotseDataModule(stored, stored, features="precomputed", **{**opts, "num_workers": 0})
+    dm.setup("fit")
+    rate, first, count, _ = _loader_rate(dm, epochs)
+    return (
+        f"loader, precomputed filterbanks (numpy files; computing them took {once:.0f} s), num_workers=0",
+        rate,
+        first,
+        count,
+    )
 
 
 def main(argv=None) -> str:
@@ -138,6 +163,7 @@ def main(argv=None) -> str:
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--workers", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-precomputed", dest="precomputed", action="store_false", help="skip the precomputed row")
     p.add_argument(
         "--data-config", default=None, help="a data config (default: conf/data/speech.yaml, else lhotse.yaml)"
     )
@@ -165,12 +191,15 @@ def main(argv=None) -> str:
         dm = module(0)
         sampler = _sampler_rate(dm, epochs)
         feature_dim, chars = dm.feature_dim, dm.chars
-        batches: list[dict] = []
+        batches = _loader_rate(dm, 1)[3]
+        steps = _model_steps(batches, feature_dim, chars, model_opts)  # before and after the loaders
         for w in a.workers:
-            rate, first, count, kept = _loader_rate(module(w), epochs)
-            batches = batches or kept
+            rate, first, count, _ = _loader_rate(module(w), epochs)
             rows.append((f"loader, num_workers={w}", rate, first, count))
-    model = _model_rate(batches, feature_dim, chars, model_opts)
+        if a.precomputed:
+            rows.append(_precomputed_row(cuts, Path(tmp), data_opts, epochs))
+        steps += _model_steps(batches, feature_dim, chars, model_opts)
+    model = 1.0 / statistics.median(steps)
     sizes = [b["inputs"].shape for b in batches]
     mean_b = statistics.mean(s[0] for s in sizes)
     mean_t = statistics.mean(s[1] for s in sizes)
@@ -180,7 +209,7 @@ def main(argv=None) -> str:
         f"{audio_format} files) through cuts_from_folder; LhotseDataModule at {conf_name} ({opts}): "
         f"batches of {mean_b:.0f} cuts x {mean_t:.0f} frames x {feature_dim} features on average. Model: "
         f"conv_gru.yaml's ConvRNNEncoder + CTCLoss + Adam, median training step over {len(batches)} of those "
-        f"batches. Loader rates over {epochs} epoch(s) after the first batch.",
+        f"batches, timed before and after the loaders. Loader rates over {epochs} epoch(s) after the first batch.",
         "",
         "| what | batches/s | ms/batch | first batch (s) | x model step rate |",
         "|---|---:|---:|---:|---:|",
