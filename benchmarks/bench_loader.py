@@ -133,7 +133,8 @@ def _model_steps(batches: list[dict], feature_dim: int, chars: str, model_opts: 
 
 
 def _precomputed_row(cuts, tmp: Path, data_opts: dict, epochs: int) -> tuple[str, float, float, int]:
-    """The loader over filterbanks computed once and stored as numpy files (``features="precomputed"``; Lilcom is not installed)."""
+    """The loader over filterbanks computed once and stored as numpy files (``features="precomputed"``;
+    Lilcom, Lhotse's compressed storage, is not installed)."""
     from lhotse import Fbank, FbankConfig, NumpyFilesWriter
 
     from lightning_gtn.lightning.lhotse_data import LhotseDataModule
@@ -141,7 +142,7 @@ def _precomputed_row(cuts, tmp: Path, data_opts: dict, epochs: int) -> tuple[str
     t = time.perf_counter()
     extractor = Fbank(FbankConfig(num_filters=int(data_opts.get("num_mel_bins", 80)), sampling_rate=RATE))
     stored = cuts.compute_and_store_features(
-        extractor, storage_path=str(tmp / "feats"), storage_type=NumpyFilesWriter, num_jobs=1
+        extractor, storage_path=str(tmp / "feats"), storage_type=NumpyFilesWriter, num_jobs=1, progress_bar=False
     ).to_eager()
     once = time.perf_counter() - t
     opts = {k: v for k, v in data_opts.items() if k != "num_mel_bins"}
