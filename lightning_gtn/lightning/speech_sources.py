@@ -369,6 +369,7 @@ def _hf_offline() -> Iterator[Any]:
     import datasets
     import datasets.config
 
+    hub_constants: Any
     try:
         import huggingface_hub.constants as hub_constants
     except ImportError:  # pragma: no cover - datasets depends on it
@@ -608,7 +609,8 @@ class _HFCuts:
 
     def __iter__(self):
         for row, audio, text in self._rows():
-            info = tuple(int(v) for v in self.info[row])
+            sr, ch, frames = (int(v) for v in self.info[row])
+            info = (sr, ch, frames)
             cut_id = f"{self.prefix}{row:08d}"
             what = f"{self.root}: row {row} of audio column {self.audio_column!r}"
             text = _clean_text(text, what)
@@ -719,7 +721,7 @@ class HFDataModule(LhotseDataModule):
         max_audio_bytes: int = 256 << 20,
         **kwargs: Any,
     ) -> None:
-        opts = dict(
+        opts: dict[str, Any] = dict(
             audio_column=audio_column,
             text_column=text_column,
             sampling_rate=sampling_rate,
