@@ -394,7 +394,7 @@ def _hf_offline() -> Iterator[Any]:
                 os.environ[k] = v
 
 
-_SPLIT_SPEC = re.compile(r"^(?P<name>[^\[\]]*)(?:\[(?P<a>-?\d*%?):(?P<b>-?\d*%?)\])?$")
+_SPLIT_SPEC = re.compile(r"^(?P<name>[^\[\]]*)(?:\[(?P<a>(?:-?\d{1,18}%?)?):(?P<b>(?:-?\d{1,18}%?)?)\])?$")
 
 
 def _parse_split(split: str | None) -> tuple[str | None, str | None, str | None]:

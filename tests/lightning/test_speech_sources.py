@@ -175,6 +175,8 @@ def test_hf_errors_name_the_column_and_row(tmp_path: Path):
         cuts_from_hf(path, split="test")
     with pytest.raises(ValueError, match=r"has the splits \['train', 'validation'\]; choose one"):
         cuts_from_hf(path)
+    with pytest.raises(ValueError, match=r"split 'train\[-:\]': expected a split name with an optional slice"):
+        cuts_from_hf(path, split="train[-:]")
     with pytest.raises(ValueError, match=r"row 0 of audio column 'audio': 3244 bytes of audio \(max_audio_bytes=20\)"):
         cuts_from_hf(path, split="train[:1]", max_audio_bytes=20)
     with pytest.raises(FileNotFoundError, match="never downloaded"):
