@@ -696,6 +696,9 @@ def cuts_from_hf(
 class HFDataModule(LhotseDataModule):
     """``data=hf``: a :class:`LhotseDataModule` over the splits of a HF dataset saved on disk.
 
+    The splits are opened and every row checked (:func:`cuts_from_hf`) when the data are first
+    read (``setup``, ``chars``, a loader), not when the module is built.
+
     Args:
         path: the folder written by ``save_to_disk`` (or a local folder ``load_dataset`` reads).
         audio_column, text_column: the column names.
@@ -703,7 +706,12 @@ class HFDataModule(LhotseDataModule):
             ``"train[:95%]"`` and ``"train[95%:]"`` to hold out part of a single split);
             ``test_split=None``: the validation split is also the test set.
         sampling_rate, lowercase, max_audio_seconds, max_audio_bytes: as :func:`cuts_from_hf`.
-        **kwargs: the options of :class:`LhotseDataModule` (features, max_duration, ...).
+        **kwargs: the options of :class:`LhotseDataModule` (features, max_duration, ...), except
+            ``feature_cache`` (it caches manifest files; these cuts come from Arrow files).
+
+    Raises:
+        FileNotFoundError: no such folder (at once); the errors of :func:`cuts_from_hf` when the
+            data are first read.
     """
 
     def __init__(
@@ -721,7 +729,17 @@ class HFDataModule(LhotseDataModule):
         max_audio_bytes: int = 256 << 20,
         **kwargs: Any,
     ) -> None:
-        opts: dict[str, Any] = dict(
+        if not isinstance(path, (str, os.PathLike)) or not Path(path).is_dir():
+            raise FileNotFoundError(
+                f"data.path: HF dataset folder not found: {path} (the folder written by save_to_disk)"
+            )
+        if kwargs.get("feature_cache") is not None:
+            raise ValueError("data.feature_cache: not available with data=hf (it caches manifest files); leave it null")
+        for split in (train_split, val_split, test_split):
+            _parse_split(split)  # a malformed split fails now
+        self.hf_path = str(path)
+        self.hf_splits = {"train": train_split, "val": val_split, "test": test_split}
+        self.hf_options: dict[str, Any] = dict(
             audio_column=audio_column,
             text_column=text_column,
             sampling_rate=sampling_rate,
@@ -729,8 +747,14 @@ class HFDataModule(LhotseDataModule):
             max_audio_seconds=max_audio_seconds,
             max_audio_bytes=max_audio_bytes,
         )
-        train = cuts_from_hf(path, split=train_split, **opts)
-        val = cuts_from_hf(path, split=val_split, **opts)
-        test = cuts_from_hf(path, split=test_split, **opts) if test_split is not None else None
-        super().__init__(train, val, test, sampling_rate=sampling_rate, **kwargs)
-        self.hf_path = str(path)
+        super().__init__(None, None, None, sampling_rate=sampling_rate, **kwargs)
+
+    def prepare_sources(self) -> None:
+        """Opens the splits (offline) and checks every row: the cuts of ``train``, ``val``, ``test``."""
+        cuts = {
+            name: cuts_from_hf(self.hf_path, split=split, **self.hf_options)
+            for name, split in self.hf_splits.items()
+            if split is not None or name != "test"
+        }
+        cuts.setdefault("test", cuts["val"])
+        self.sources = cuts

@@ -217,6 +217,12 @@ def test_hf_data_module_batches(tmp_path: Path):
     train.append((_wav_bytes(_tone(0.4, 22050), 22050), "at another rate"))
     val = [(_wav_bytes(_tone(0.2, 16000), 16000), "held out")]
     path = _save_hf(tmp_path / "ds", {"train": train, "validation": val})
+    with pytest.raises(FileNotFoundError, match="data.path: HF dataset folder not found"):
+        HFDataModule(str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="data.feature_cache: not available with data=hf"):
+        HFDataModule(str(path), feature_cache=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="no text column 'words'"):  # the rows are read at the first use
+        HFDataModule(str(path), text_column="words").setup("fit")
     dm = HFDataModule(str(path), max_duration=1.0, max_cut_duration=1.0, num_buckets=2, seed=3)
     assert dm.hparams["path"] == str(path) and dm.hparams["max_duration"] == 1.0
     dm.setup("fit")
