@@ -36,6 +36,7 @@ ORDER = [
     "bench_pruned",
     "bench_lattice",
     "bench_mmi",
+    "bench_loader",
 ]
 
 

@@ -121,6 +121,7 @@ _add_builtin("lightning_gtn.lightning", ["ConvRNNEncoder", "ConvTransduceEncoder
 _add_builtin("lightning_gtn.lightning", ["DigitLinesDataModule", "TextLinesDataModule", "FeatureDataModule"], "data")
 _add_builtin("lightning_gtn.lightning", ["LhotseDataModule"], "data")  # speech from Lhotse manifests
 _add_builtin("lightning_gtn.wfst.criterion", ["ctc_graph"], "builder")
+_add_builtin("lightning_gtn.lightning", ["HFDataModule"], "data")  # speech: HF datasets on disk (docs/speech.md)
 _add_builtin(
     "torch.optim",
     [

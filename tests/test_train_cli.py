@@ -82,7 +82,7 @@ def test_compose_every_config(group, option, tmp_path):
         for k, node in cfg[group].items():
             obj = instantiate(node)
             assert obj is not None, k
-    elif group == "data" and option != "features":
+    elif group == "data" and not OmegaConf.missing_keys(cfg.data):  # not those that need the user's paths
         dm = instantiate(cfg.data)
         assert dm.chars == ("abcdefghijklmnopqrstuvwxyz '" if option.startswith("text") else "0123456789 ")
         assert dm.feature_dim == (32 if option.startswith("text") else 8)
