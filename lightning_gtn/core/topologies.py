@@ -174,23 +174,30 @@ def topology_graph(num_tokens: int, topology: str = "ctc") -> Graph:
     return Graph.from_arrays(t.num_nodes, [t.start], accept, t.src, t.dst, t.ilabel, t.olabel, None, calc_grad=False)
 
 
+def _reach(num_nodes: int, seeds: np.ndarray, frm: np.ndarray, to: np.ndarray) -> np.ndarray:
+    """Nodes reachable from ``seeds`` along arcs ``frm -> to`` (bool mask): a breadth-first
+    search over a CSR of the arcs, each arc visited once (linear in nodes + arcs)."""
+    order = np.argsort(frm, kind="stable")
+    targets = to[order]
+    off = np.searchsorted(frm[order], np.arange(num_nodes + 1), side="left")
+    seen = np.zeros(num_nodes, dtype=bool)
+    seen[seeds] = True
+    frontier = np.flatnonzero(seen)
+    while len(frontier):
+        # the arcs leaving the frontier, gathered without a Python loop over nodes
+        counts = off[frontier + 1] - off[frontier]
+        firsts = np.repeat(off[frontier] - np.cumsum(counts) + counts, counts)
+        nxt = targets[firsts + np.arange(int(counts.sum()))]
+        nxt = np.unique(nxt[~seen[nxt]])
+        seen[nxt] = True
+        frontier = nxt
+    return seen
+
+
 def _trim(num_nodes: int, start: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray):
     """Which nodes lie on a path from ``start`` to an accepting node (bool mask)."""
-    fwd = np.zeros(num_nodes, dtype=bool)
-    fwd[start] = True
-    while True:
-        new = fwd.copy()
-        new[dst[fwd[src]]] = True
-        if new.sum() == fwd.sum():
-            break
-        fwd = new
-    bwd = accept.copy()
-    while True:
-        new = bwd.copy()
-        new[src[bwd[dst]]] = True
-        if new.sum() == bwd.sum():
-            break
-        bwd = new
+    fwd = _reach(num_nodes, np.array([start], dtype=np.int64), src, dst)
+    bwd = _reach(num_nodes, np.flatnonzero(accept), dst, src)
     return fwd & bwd
 
 

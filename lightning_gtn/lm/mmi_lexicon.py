@@ -50,7 +50,7 @@ __all__ = [
     "lexicon_numerator_graph",
 ]
 
-MAX_LEXICON_ARCS = 1 << 12
+MAX_LEXICON_ARCS = 1 << 15
 """The most arcs of the token acceptor of one transcript (the summed lengths of the spellings of
 its words, plus one or two arcs per separator); refused before the acceptor is built. Far above
 a training utterance (30 s of speech is a few hundred characters); the composition's trimming
