@@ -379,8 +379,11 @@ class StructuredLossMixin:
             ``nonfinite`` says to skip.
         """
         inputs, input_lengths, targets, target_lengths, _ = self.unpack_batch(batch)
-        if self.is_transducer:  # a warm-up schedule (the pruned loss's) follows the global step
-            self.rnnt_loss.set_step(int(self.global_step))
+        # a warm-up schedule (the pruned RNN-T loss's, LF-MMI's CTC warm-up) follows the global step:
+        # ``set_step`` is the one optional method of the loss protocol the training step calls
+        set_step = getattr(self.structured_loss, "set_step", None)
+        if callable(set_step):
+            set_step(int(self.global_step))
         emissions, lengths = self.outputs(inputs, input_lengths)
         loss = self.compute_loss(emissions, lengths, targets, target_lengths)
         if self._skip_nonfinite(loss, batch_idx):
