@@ -39,8 +39,13 @@ from ..core.criterion_graphs import (
     force_align_graph,
     set_cache_size,
 )
+from ..core.topologies import TOPOLOGIES as MMI_TOPOLOGIES
+from ..core.topologies import numerator_graph, topology_graph
 from ..decode.transducer_beam import TokenLM, modified_beam_search, modified_beam_search_nbest
 from ..decode.viterbi import best_paths, collapse, viterbi
+from ..lm.denominator import denominator_graph, token_lm_graph
+from ..lm.denominator import graph_from_data as mmi_graph_from_data
+from ..lm.denominator import graph_to_data as mmi_graph_to_data
 from ..losses.asg import asg_loss
 from ..losses.conv_transduce import NORMALIZATIONS as NORMALIZATIONS
 from ..losses.conv_transduce import SCALES as SCALES
@@ -125,4 +130,11 @@ __all__ = [
     "modified_beam_search",
     "modified_beam_search_nbest",
     "TokenLM",
+    "denominator_graph",
+    "token_lm_graph",
+    "numerator_graph",
+    "topology_graph",
+    "mmi_graph_to_data",
+    "mmi_graph_from_data",
+    "MMI_TOPOLOGIES",
 ]

@@ -1,0 +1,397 @@
+"""Topologies for LF-MMI: how emission classes (frames) spell token sequences.
+
+A *topology* is a transducer whose input labels are emission classes (one per frame) and whose
+output labels are token ids ``1..N`` or :data:`~lightning_gtn.wfst.epsilon` where a frame emits no
+new token. Every arc consumes exactly one frame (no input epsilons), so composing a topology with
+an epsilon-free acceptor over tokens (a target, or the token language model ``P``) gives an
+epsilon-free acceptor over classes: what the LF-MMI numerator and denominator are.
+
+The four topologies (``N`` tokens, ids ``1..N``):
+
+``"ctc"``
+    The CTC topology (icefall's ``ctc_topo``): blank is class 0, token ``k`` is class ``k``
+    (``C = N + 1``). One node per class, all accepting, start at the blank node; reading class
+    ``j`` from node ``i`` goes to node ``j`` and emits token ``j`` unless ``j`` is the blank or
+    ``j == i`` (a repeat of the class is the same token). Two equal tokens in a row need a blank
+    between them. ``(N + 1) ** 2`` arcs.
+``"modified_ctc"``
+    The modified CTC topology (k2's ``ctc_topo(modified=True)``): the same classes; a hub node
+    (start, the only accepting node) loops on the blank and on every token (emitting it), and
+    for each token ``k`` a node entered from the hub by ``k`` (emitting it) that loops on ``k``
+    and returns to the hub on one more ``k``, both silent. A token covers one or more frames of
+    its class, blanks are optional everywhere, also between two equal tokens (a run of ``k``
+    frames may hold several tokens ``k``). ``4 N + 1`` arcs: linear in ``N``.
+``"hmm1"``
+    Kaldi chain's one-state HMM without blank: class ``k - 1`` is token ``k`` (``C = N``); a
+    token covers one or more frames of its class. A start node and one node per token.
+``"hmm2"``
+    Kaldi chain's two-state HMM: token ``k`` owns classes ``2 (k - 1)`` (its first frame,
+    entered once) and ``2 (k - 1) + 1`` (the optional frames after it, a self-loop)
+    (``C = 2 N``). Every token starts with its own first class, so a class sequence spells at
+    most one token sequence.
+
+Topology arcs weigh 0 (as in Kaldi chain, which does not train transition probabilities).
+
+For ``"ctc"`` and ``"hmm2"`` a class sequence spells at most one token sequence, by one path; for
+``"modified_ctc"`` and ``"hmm1"`` a run of one class may hold one token or several equal ones, so
+a class sequence may have several readings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from ..wfst import Graph, epsilon, intersect
+
+__all__ = [
+    "TOPOLOGIES",
+    "TopologyArrays",
+    "num_classes",
+    "topology_arrays",
+    "topology_graph",
+    "compose_token_acceptor",
+    "numerator_graph",
+]
+
+TOPOLOGIES = ("ctc", "modified_ctc", "hmm1", "hmm2")
+"""The topology names :func:`topology_graph` knows."""
+
+MAX_TOKENS = 1 << 16
+"""The largest number of tokens a topology is built for (the ``"ctc"`` topology has
+``(N + 1) ** 2`` arcs)."""
+
+
+class TopologyArrays(NamedTuple):
+    """A topology as arrays (see :func:`topology_arrays`).
+
+    Attributes:
+        num_nodes: the number of nodes.
+        start: the start node (one).
+        accept: ``(num_nodes,)`` bool, which nodes accept.
+        src, dst: ``(E,)`` int64 arc ends.
+        ilabel: ``(E,)`` int64 emission class of each arc, in ``[0, C)``.
+        olabel: ``(E,)`` int64 token id ``1..N`` emitted, or ``epsilon`` (-1).
+    """
+
+    num_nodes: int
+    start: int
+    accept: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    ilabel: np.ndarray
+    olabel: np.ndarray
+
+
+def _check(num_tokens, topology) -> int:
+    if isinstance(num_tokens, (bool, np.bool_)) or not isinstance(num_tokens, (int, np.integer)):
+        raise ValueError(f"num_tokens must be an integer, got {type(num_tokens).__name__}")
+    n = int(num_tokens)
+    if not 1 <= n <= MAX_TOKENS:
+        raise ValueError(f"num_tokens={n} must lie in [1, {MAX_TOKENS}]")
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
+    return n
+
+
+def num_classes(num_tokens: int, topology: str) -> int:
+    """The number of emission classes ``C`` of ``topology`` for ``num_tokens`` tokens.
+
+    ``N + 1`` for ``"ctc"`` and ``"modified_ctc"`` (blank 0), ``N`` for ``"hmm1"``, ``2 N`` for
+    ``"hmm2"``.
+
+    Example:
+        >>> num_classes(3, "ctc"), num_classes(3, "hmm1"), num_classes(3, "hmm2")
+        (4, 3, 6)
+    """
+    n = _check(num_tokens, topology)
+    return {"ctc": n + 1, "modified_ctc": n + 1, "hmm1": n, "hmm2": 2 * n}[topology]
+
+
+def topology_arrays(num_tokens: int, topology: str = "ctc") -> TopologyArrays:
+    """The topology of :func:`topology_graph` as arrays (what the composition reads)."""
+    n = _check(num_tokens, topology)
+    k = np.arange(1, n + 1, dtype=np.int64)
+    eps = np.full(n, epsilon, dtype=np.int64)
+    if topology == "ctc":
+        i, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+        i, j = i.ravel().astype(np.int64), j.ravel().astype(np.int64)
+        ol = np.where((j == 0) | (j == i), epsilon, j)
+        return TopologyArrays(n + 1, 0, np.ones(n + 1, dtype=bool), i, j, j.copy(), ol)
+    if topology == "modified_ctc":
+        zero = np.zeros(n, dtype=np.int64)
+        src = np.concatenate([[0], zero, zero, k, k])
+        dst = np.concatenate([[0], zero, k, k, zero])
+        il = np.concatenate([[0], k, k, k, k])
+        ol = np.concatenate([[epsilon], k, k, eps, eps])
+        accept = np.zeros(n + 1, dtype=bool)
+        accept[0] = True
+        return TopologyArrays(n + 1, 0, accept, src, dst, il, ol)
+    if topology == "hmm1":
+        # node 0: start (nothing read yet); node k: inside token k (class k - 1)
+        a, b = np.meshgrid(k, k, indexing="ij")
+        a, b = a.ravel(), b.ravel()
+        src = np.concatenate([np.zeros(n, dtype=np.int64), k, a])
+        dst = np.concatenate([k, k, b])
+        il = np.concatenate([k - 1, k - 1, b - 1])
+        ol = np.concatenate([k, eps, b])
+        return TopologyArrays(n + 1, 0, np.ones(n + 1, dtype=bool), src, dst, il, ol)
+    # hmm2: node 0 start; node 2k - 1 = first state of token k (class 2(k-1)), node 2k = second
+    first, second = 2 * k - 1, 2 * k
+    a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    a, b = a.ravel(), b.ravel()  # token indices 0..N-1
+    src = np.concatenate([np.zeros(n, dtype=np.int64), first, second, first[a], second[a]])
+    dst = np.concatenate([first, second, second, first[b], first[b]])
+    il = np.concatenate([2 * (k - 1), 2 * k - 1, 2 * k - 1, 2 * b, 2 * b])
+    ol = np.concatenate([k, eps, eps, b + 1, b + 1])
+    return TopologyArrays(2 * n + 1, 0, np.ones(2 * n + 1, dtype=bool), src, dst, il, ol)
+
+
+def topology_graph(num_tokens: int, topology: str = "ctc") -> Graph:
+    """The topology as a transducer: input label = emission class, output label = token id
+    ``1..N`` or ``wfst.epsilon`` where no token is emitted; weights 0 (module docstring).
+
+    Args:
+        num_tokens: the number of tokens ``N`` (ids ``1..N``).
+        topology: one of :data:`TOPOLOGIES`.
+
+    Returns:
+        The topology graph; start node 0.
+
+    Raises:
+        ValueError: a bad ``num_tokens`` or ``topology``.
+
+    Example:
+        >>> g = topology_graph(2, "ctc")
+        >>> g.num_nodes(), g.num_arcs()
+        (3, 9)
+        >>> topology_graph(2, "modified_ctc").num_arcs()
+        9
+    """
+    t = topology_arrays(num_tokens, topology)
+    accept = np.flatnonzero(t.accept)
+    return Graph.from_arrays(t.num_nodes, [t.start], accept, t.src, t.dst, t.ilabel, t.olabel, None, calc_grad=False)
+
+
+def _trim(num_nodes: int, start: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray):
+    """Which nodes lie on a path from ``start`` to an accepting node (bool mask)."""
+    fwd = np.zeros(num_nodes, dtype=bool)
+    fwd[start] = True
+    while True:
+        new = fwd.copy()
+        new[dst[fwd[src]]] = True
+        if new.sum() == fwd.sum():
+            break
+        fwd = new
+    bwd = accept.copy()
+    while True:
+        new = bwd.copy()
+        new[src[bwd[dst]]] = True
+        if new.sum() == bwd.sum():
+            break
+        bwd = new
+    return fwd & bwd
+
+
+def compose_token_acceptor(
+    num_tokens: int,
+    topology: str,
+    next_state: np.ndarray,
+    logp: Optional[np.ndarray],
+    start: int,
+    accept: np.ndarray,
+) -> Graph:
+    """Composes a topology with a deterministic epsilon-free acceptor over tokens.
+
+    The acceptor is given as dense tables: from state ``s`` token ``w`` (``1..N``) goes to
+    ``next_state[s, w]`` (``-1``: no arc) with weight ``logp[s, w]``; column 0 is unused. The
+    result is an epsilon-free acceptor over emission classes whose nodes are the reachable and
+    co-reachable pairs (topology node, acceptor state), numbered in breadth-first order from the
+    start pair (node 0); its arcs are sorted by source node then class. An arc that emits token
+    ``w`` carries the acceptor's weight, the others weigh 0. Built level by level with numpy (no
+    Python loop over arcs).
+
+    Args:
+        num_tokens: ``N``.
+        topology: one of :data:`TOPOLOGIES`.
+        next_state: ``(S, N + 1)`` integer table, entries in ``[-1, S)``.
+        logp: ``(S, N + 1)`` float table, or None for weights 0.
+        start: the acceptor's start state.
+        accept: ``(S,)`` bool, the acceptor's accepting states.
+
+    Returns:
+        The composed acceptor (``calc_grad=False``).
+    """
+    t = topology_arrays(num_tokens, topology)
+    nxt = np.asarray(next_state, dtype=np.int64)
+    S = nxt.shape[0]
+    if nxt.ndim != 2 or nxt.shape[1] != num_tokens + 1:
+        raise ValueError(f"next_state must have shape (S, {num_tokens + 1}), got {nxt.shape}")
+    if S and (nxt.min() < -1 or nxt.max() >= S):
+        raise ValueError("next_state holds a state outside [-1, S)")
+    if not 0 <= int(start) < S:
+        raise ValueError(f"start={start} outside [0, {S})")
+    lp = None if logp is None else np.asarray(logp, dtype=np.float64)
+    if lp is not None and lp.shape != nxt.shape:
+        raise ValueError(f"logp must have shape {nxt.shape}, got {lp.shape}")
+    acc = np.asarray(accept, dtype=bool)
+    if acc.shape != (S,):
+        raise ValueError(f"accept must have shape ({S},), got {acc.shape}")
+
+    order = np.argsort(t.src, kind="stable")
+    t_src, t_dst, t_il, t_ol = t.src[order], t.dst[order], t.ilabel[order], t.olabel[order]
+    t_off = np.zeros(t.num_nodes + 1, dtype=np.int64)
+    np.add.at(t_off, t_src + 1, 1)
+    t_off = np.cumsum(t_off)
+
+    node_of = np.full(t.num_nodes * S, -1, dtype=np.int64)  # pair id -> node id
+    first = t.start * S + int(start)
+    node_of[first] = 0
+    pairs = [np.array([first], dtype=np.int64)]
+    frontier = pairs[0]
+    num = 1
+    a_src, a_dst, a_il, a_w = [], [], [], []
+    while len(frontier):
+        tn, pn = frontier // S, frontier % S
+        cnt = t_off[tn + 1] - t_off[tn]
+        rep = np.repeat(np.arange(len(frontier)), cnt)
+        arc = np.repeat(t_off[tn] - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()))
+        p = pn[rep]
+        ol = t_ol[arc]
+        emits = ol >= 0
+        col = np.where(emits, ol, 0)
+        p2 = np.where(emits, nxt[p, col], p)
+        ok = p2 >= 0
+        rep, arc, p, p2, emits, col = rep[ok], arc[ok], p[ok], p2[ok], emits[ok], col[ok]
+        w = np.zeros(len(arc)) if lp is None else np.where(emits, lp[p, col], 0.0)
+        dpair = t_dst[arc] * S + p2
+        new = np.unique(dpair[node_of[dpair] < 0])
+        node_of[new] = np.arange(num, num + len(new))
+        num += len(new)
+        pairs.append(new)
+        a_src.append(node_of[frontier[rep]])
+        a_dst.append(node_of[dpair])
+        a_il.append(t_il[arc])
+        a_w.append(w)
+        frontier = new
+    all_pairs = np.concatenate(pairs)
+    src = np.concatenate(a_src)
+    dst = np.concatenate(a_dst)
+    il = np.concatenate(a_il)
+    w = np.concatenate(a_w)
+    node_accept = t.accept[all_pairs // S] & acc[all_pairs % S]
+    keep = _trim(num, 0, node_accept, src, dst)
+    if not keep[0]:
+        # nothing accepted: a graph with a start node and no arcs
+        return Graph.from_arrays(1, [0], [], [], [], [], calc_grad=False)
+    new_id = np.cumsum(keep) - 1
+    ka = keep[src] & keep[dst]
+    src, dst, il, w = new_id[src[ka]], new_id[dst[ka]], il[ka], w[ka]
+    o = np.lexsort((dst, il, src))
+    return Graph.from_arrays(
+        int(keep.sum()),
+        [0],
+        np.flatnonzero(node_accept[keep]),
+        src[o],
+        dst[o],
+        il[o],
+        None,
+        w[o].astype(np.float32),
+        calc_grad=False,
+    )
+
+
+def _determinise(g: Graph) -> Graph:
+    """An unweighted epsilon-free acceptor with one path per accepted label sequence (subset
+    construction; all weights 0). Used on numerators, which are small and left to right."""
+    a = g.arrays()
+    out: dict[int, dict[int, set]] = {}
+    for s, d, lab in zip(a.src.tolist(), a.dst.tolist(), a.ilabel.tolist()):
+        out.setdefault(s, {}).setdefault(lab, set()).add(d)
+    acc = set(a.accept.tolist())
+    start = frozenset(a.start.tolist())
+    ids = {start: 0}
+    todo = [start]
+    src, dst, lab_l, accept = [], [], [], []
+    while todo:
+        cur = todo.pop()
+        cid = ids[cur]
+        if cur & acc:
+            accept.append(cid)
+        moves: dict[int, set] = {}
+        for s in cur:
+            for lab, ds in out.get(s, {}).items():
+                moves.setdefault(lab, set()).update(ds)
+        for lab in sorted(moves):
+            nxt = frozenset(moves[lab])
+            if nxt not in ids:
+                ids[nxt] = len(ids)
+                todo.append(nxt)
+            src.append(cid)
+            dst.append(ids[nxt])
+            lab_l.append(lab)
+    return Graph.from_arrays(len(ids), [0], sorted(accept), src, dst, lab_l, calc_grad=False)
+
+
+def numerator_graph(
+    target: Sequence[int],
+    num_tokens: int,
+    topology: str = "ctc",
+    denominator: Optional[Graph] = None,
+) -> Graph:
+    """The numerator of one target: an epsilon-free acceptor over emission classes whose paths
+    are the alignments of ``target`` in ``topology``, one path per class sequence.
+
+    Without ``denominator`` every arc weighs 0 (for ``"ctc"`` it accepts the same class
+    sequences as ``wfst.criterion.ctc_graph(target, 0)``). With ``denominator`` (a graph of
+    :func:`lightning_gtn.lm.denominator.denominator_graph` for the same topology), the result is
+    ``intersect(numerator, denominator)``: each alignment ``x`` then weighs what the denominator
+    gives ``x``, so ``log Z_num <= log Z_den`` always. For ``"ctc"`` and ``"hmm2"`` that weight is
+    exactly ``log P(target)`` (a class sequence spells one token sequence), as icefall's compiler
+    gives; for ``"modified_ctc"`` and ``"hmm1"`` it is the sum of ``P`` over the readings of
+    ``x`` (Kaldi chain's numerator composed with its normalisation FST does the same).
+
+    Args:
+        target: token ids in ``1..N`` (no blank); may be empty.
+        num_tokens: ``N``.
+        topology: one of :data:`TOPOLOGIES`.
+        denominator: optional denominator acceptor over the same classes.
+
+    Returns:
+        The numerator acceptor (``calc_grad=False``).
+
+    Raises:
+        ValueError: a target id outside ``1..N``, a bad topology, or a denominator that is not
+            a ``Graph``.
+
+    Example:
+        >>> g = numerator_graph([1, 2], 2, "ctc")
+        >>> g.num_nodes(), g.num_arcs()
+        (5, 10)
+    """
+    n = _check(num_tokens, topology)
+    try:
+        y = [int(v) for v in target]
+    except (TypeError, ValueError):
+        raise ValueError("target must be a sequence of integer token ids") from None
+    for v in y:
+        if not 1 <= v <= n:
+            raise ValueError(f"target holds {v}, outside the token ids [1, {n}]")
+    L = len(y)
+    nxt = np.full((L + 1, n + 1), -1, dtype=np.int64)
+    if L:
+        nxt[np.arange(L), y] = np.arange(1, L + 1)
+    accept = np.zeros(L + 1, dtype=bool)
+    accept[L] = True
+    g = compose_token_acceptor(n, topology, nxt, None, 0, accept)
+    if topology in ("modified_ctc", "hmm1"):
+        g = _determinise(g)
+    if denominator is None:
+        return g
+    if not isinstance(denominator, Graph):
+        raise ValueError(f"denominator must be a lightning_gtn.wfst.Graph, got {type(denominator).__name__}")
+    out = intersect(g, denominator)
+    out.calc_grad = False
+    return out
