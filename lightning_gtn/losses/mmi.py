@@ -1,0 +1,341 @@
+"""LF-MMI: numerators per target through the batched graph scoring, one shared denominator
+through the shared-graph kernel.
+
+``mmi_loss`` of example ``b`` is ``-(log Z_num[b] - den_scale * log Z_den[b])``: the numerator is
+the graph of the target's alignments in the topology, intersected with the denominator (so it
+carries the denominator's ``P`` weights, as icefall's MMI compiler does), scored with the
+library's per-target machinery (:func:`lightning_gtn.core.criterion.apply_loss`); the
+denominator is ONE graph for the whole batch, scored by
+:func:`lightning_gtn.kernels.mmi_numba.shared_scores` (CPU) or
+:func:`lightning_gtn.kernels.mmi_torch.shared_scores` (other devices).
+
+Both are ``torch.library`` custom ops with fake implementations; graphs reach them through
+integer handles, so a model step with ``mmi_loss`` compiles with ``torch.compile(fullgraph=True)``
+once the denominator has been seen eagerly (the first call registers it).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..core import checks, criterion
+from ..core.cache import LRU, HandleRegistry
+from ..core.scoring import Plan, unique_graphs
+from ..core.shared_graph import SharedGraph, shared_graph
+from ..core.topologies import TOPOLOGIES, numerator_graph
+from ..kernels import mmi_numba, mmi_torch
+from ..kernels.batch import compile_graph
+from ..wfst import Graph
+from .graph import check_labels
+
+__all__ = ["mmi_loss", "mmi_denominator_score", "MMI_IMPLS", "num_tokens_of"]
+
+#: ``impl=`` values: None (numba on the CPU, torch elsewhere), ``"numba"`` (CPU), ``"torch"``
+MMI_IMPLS = (None, "numba", "torch")
+
+
+def num_tokens_of(C: int, topology: str) -> int:
+    """The number of tokens ``N`` whose ``topology`` has ``C`` emission classes (ValueError when
+    no ``N >= 1`` fits)."""
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
+    n = {"ctc": C - 1, "modified_ctc": C - 1, "hmm1": C, "hmm2": C // 2}[topology]
+    if n < 1 or (topology == "hmm2" and C % 2):
+        raise ValueError(f"log_probs has C={C} classes, which no token set of topology {topology!r} has")
+    return n
+
+
+class _Denominator:
+    """A denominator graph and what is cached for it: its numerators per (target, version)."""
+
+    def __init__(self, graph: Graph, topology: str) -> None:
+        self.graph = graph
+        self.topology = topology
+        self.numerators: LRU[tuple] = LRU(100_000)
+        self.handle = _DENOMINATORS.register(self)
+        self.crit = _Numerators(self)
+
+    def compiled(self) -> SharedGraph:
+        return shared_graph(self.graph, "denominator")
+
+    def numerator(self, target: tuple, C: int):
+        version = self.graph.version
+        key = (target, version)
+        return self.numerators.get(key, lambda: self._build(target, C))
+
+    def _build(self, target: tuple, C: int):
+        N = num_tokens_of(C, self.topology)
+        g = numerator_graph(list(target), N, self.topology, denominator=self.graph)
+        return check_labels(compile_graph(g), C, f"the numerator of target {list(target)}")
+
+
+class _Numerators(criterion.Criterion):
+    """``-log Z_num`` per row: the target's numerator graph (cached per target)."""
+
+    name = "mmi_loss"
+    backends = checks.NATIVE_BACKENDS
+
+    def __init__(self, den: _Denominator) -> None:
+        self.den = den
+        criterion.register_criterion(self)
+
+    def check_options(self, C, blank, weights, device):
+        return -1, None
+
+    def forbidden_label(self, blank: int) -> Optional[int]:
+        return 0  # token ids are 1..N
+
+    def target_classes(self, C: int) -> int:
+        return num_tokens_of(C, self.den.topology) + 1
+
+    def plan(self, seqs, lengths, C, blank):
+        per = [self.den.numerator(tuple(s), C) for s in seqs]
+        graphs, ids = unique_graphs(per)
+        B = len(seqs)
+        return Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B), None
+
+
+_DENOMINATORS: HandleRegistry[_Denominator] = HandleRegistry("MMI denominator")
+_BY_GRAPH: LRU[_Denominator] = LRU(64)
+_LOCK = threading.Lock()
+
+
+def _denominator(graph: Graph, topology: str) -> _Denominator:
+    """The cached :class:`_Denominator` of ``graph`` (by identity) and ``topology``."""
+    key = (id(graph), topology)
+    hit = _BY_GRAPH.peek(key)
+    if hit is not None and hit.graph is graph:
+        return hit
+    with _LOCK:
+        d = _Denominator(graph, topology)
+        _BY_GRAPH.put(key, d)
+    return d
+
+
+def _check_common(log_probs, denominator, leaky_hmm, impl) -> Tuple[int, int, int]:
+    B, T, C = checks.check_emissions(log_probs, "log_probs")
+    if not isinstance(denominator, Graph):
+        raise ValueError(f"denominator must be a lightning_gtn.wfst.Graph, got {type(denominator).__name__}")
+    if isinstance(leaky_hmm, bool) or not isinstance(leaky_hmm, (int, float)) or not 0.0 <= float(leaky_hmm) < 1.0:
+        raise ValueError(f"leaky_hmm must be a number in [0, 1), got {leaky_hmm!r}")
+    if impl not in MMI_IMPLS:
+        raise ValueError(f"impl must be one of {MMI_IMPLS}, got {impl!r}")
+    return B, T, C
+
+
+def _den_impl(x: Tensor, impl: str) -> str:
+    if impl in ("", None):
+        return "numba" if x.device.type == "cpu" else "torch"
+    if impl == "numba" and x.device.type != "cpu":
+        raise ValueError(f"impl='numba' needs CPU tensors, got log_probs on {x.device}")
+    return impl
+
+
+# ---------------------------------------------------------------------------
+# The denominator op
+# ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op("lightning_gtn::mmi_denominator", mutates_args=())
+def denominator_op(
+    log_probs: Tensor, input_lengths: Tensor, handle: int, leaky_hmm: float, impl: str, need_e: bool, need_w: bool
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(log Z (B,), d log Z[b] / d log_probs[b] (B, T, C), d log Z[b] / d w (B, A))`` of the
+    denominator registered under ``handle``; unrequested gradients are empty tensors."""
+    B, T, C = log_probs.shape
+    den = _DENOMINATORS.get(handle)
+    sg = den.compiled()
+    sg.check_classes(C, "denominator")
+    lengths = checks.as_lengths(input_lengths, B, "input_lengths", log_probs.device, max_value=T)
+    impl = _den_impl(log_probs, impl)
+    x = log_probs.detach()
+    if impl == "numba":
+        logz, gE, gW = mmi_numba.shared_scores(
+            sg, x.contiguous().numpy(), lengths, float(leaky_hmm), need_e=need_e, need_w=need_w
+        )
+        out = torch.from_numpy(logz).to(log_probs.dtype)
+        gEt = torch.from_numpy(gE) if gE is not None else log_probs.new_empty(0)
+        gWt = torch.from_numpy(gW).to(log_probs.dtype) if gW is not None else log_probs.new_empty(0)
+        return out, gEt, gWt
+    logz_t, gE_t, gW_t = mmi_torch.shared_scores(sg, x, lengths, float(leaky_hmm), need_e=need_e, need_w=need_w)
+    return (
+        logz_t.to(log_probs.dtype),
+        gE_t if gE_t is not None else log_probs.new_empty(0),
+        gW_t.to(log_probs.dtype) if gW_t is not None else log_probs.new_empty(0),
+    )
+
+
+@denominator_op.register_fake
+def _denominator_fake(log_probs, input_lengths, handle, leaky_hmm, impl, need_e, need_w):
+    B = log_probs.shape[0]
+    gE = torch.empty_like(log_probs) if need_e else log_probs.new_empty(0)
+    if need_w:
+        n = torch.library.get_ctx().new_dynamic_size()
+        gW = log_probs.new_empty((B, n))
+    else:
+        gW = log_probs.new_empty(0)
+    return log_probs.new_empty((B,)), gE, gW
+
+
+def _den_setup(ctx, inputs, output):
+    log_probs, input_lengths, handle, leaky_hmm, impl, need_e, need_w = inputs
+    ctx.handle, ctx.need_e, ctx.need_w = handle, need_e, need_w
+    ctx.den = _DENOMINATORS.get(handle) if need_w else None  # alive until the backward
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(output[0], output[1], output[2])
+
+
+def _den_backward(ctx, g_out, _g1, _g2):
+    if g_out is None:
+        return (None,) * 7
+    logz, gE, gW = ctx.saved_tensors
+    coef = torch.where(torch.isfinite(logz), g_out, torch.zeros_like(g_out))
+    out_e = gE * coef.reshape(-1, 1, 1).to(gE.dtype) if ctx.need_e else None
+    if ctx.need_w and ctx.den is not None and gW.numel():
+        gw = (coef.reshape(-1, 1).to(torch.float64) * gW.to(torch.float64)).sum(0)
+        ctx.den.graph.add_grad(gw.detach().cpu().to(torch.float32).numpy())  # GTN's convention: graph.grad()
+    return out_e, None, None, None, None, None, None
+
+
+denominator_op.register_autograd(_den_backward, setup_context=_den_setup)
+
+
+def _denominator_call(x: Tensor, il: Tensor, den: _Denominator, leaky_hmm: float, impl) -> Tensor:
+    grad = torch.is_grad_enabled()
+    need_e = bool(grad and x.requires_grad)
+    need_w = bool(grad and den.graph.calc_grad and not torch.compiler.is_compiling())
+    logz, _, _ = denominator_op(x, il, int(den.handle), float(leaky_hmm), impl or "", need_e, need_w)
+    return logz
+
+
+def mmi_denominator_score(
+    log_probs: Tensor,
+    input_lengths,
+    denominator: Graph,
+    *,
+    leaky_hmm: float = 0.0,
+    impl: Optional[str] = None,
+) -> Tensor:
+    """``log Z_den`` of every row: the forward score of one shared denominator graph against each
+    example's emissions, by the shared-graph kernel (differentiable).
+
+    Row ``b`` scores ``log_probs[b, :input_lengths[b]]``: the log of the sum over the graph's
+    paths of ``input_lengths[b]`` arcs (start to accept) of ``exp(sum of arc weights + sum of the
+    emissions the arcs read)``; with ``leaky_hmm > 0``, between two frames every state may also
+    jump to any state ``j`` with probability ``leaky_hmm * init[j]`` (Kaldi's leaky HMM; ``init``
+    the graph's averaged walk, see :meth:`~lightning_gtn.core.shared_graph.SharedGraph.leak_distribution`).
+
+    Gradients: w.r.t. ``log_probs`` through autograd (the per-frame class posteriors); when the
+    graph has ``calc_grad`` set, d(loss)/d(arc weights) is accumulated into ``denominator.grad()``
+    on backward (eager mode; not under ``torch.compile``).
+
+    Args:
+        log_probs: ``(B, T, C)`` float scores (float16/bfloat16 scored in float32).
+        input_lengths: ``(B,)`` integer frames, ``<= T``.
+        denominator: an epsilon-free acceptor over ``[0, C)`` with finite weights (compiled once,
+            cached by identity and version).
+        leaky_hmm: the leaky-HMM coefficient in ``[0, 1)``.
+        impl: None (numba on CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+
+    Returns:
+        ``(B,)`` log Z in ``log_probs``' dtype; ``-inf`` for rows with no path.
+    """
+    B, T, C = _check_common(log_probs, denominator, leaky_hmm, impl)
+    den = _denominator(denominator, "ctc")
+    il = checks.int_tensor(input_lengths, "input_lengths")
+    x = log_probs.to(checks.compute_dtype(log_probs))
+    return _denominator_call(x, il, den, float(leaky_hmm), impl).to(log_probs.dtype)
+
+
+def mmi_loss(
+    log_probs: Tensor,
+    targets,
+    input_lengths,
+    target_lengths=None,
+    *,
+    denominator: Graph,
+    topology: str = "ctc",
+    den_scale: float = 1.0,
+    leaky_hmm: float = 0.0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+) -> Tensor:
+    """The (LF-)MMI loss: ``-(log Z_num[b] - den_scale * log Z_den[b])`` per example.
+
+    The numerator of example ``b`` is :func:`lightning_gtn.core.topologies.numerator_graph` of its
+    target in ``topology`` intersected with ``denominator`` (cached per target), scored by the
+    library's batched per-target programme; the denominator is one graph shared by the batch,
+    scored by the shared-graph kernel (see :func:`mmi_denominator_score`). With the default
+    ``den_scale=1`` and ``leaky_hmm=0`` this equals
+    ``graph_loss(log_probs, graphs=numerators, denominators=[denominator] * B)``.
+
+    Args:
+        log_probs: ``(B, T, C)`` scores (any: MMI normalises through the denominator), float32 or
+            float64 (float16/bfloat16 in float32). ``C`` fixes the number of tokens ``N``: ``C - 1``
+            for ``"ctc"``/``"modified_ctc"`` (blank 0), ``C`` for ``"hmm1"``, ``C / 2`` for ``"hmm2"``.
+        targets: token ids ``1..N``: padded ``(B, S)``, concatenated 1-D, or a list of B sequences.
+        input_lengths: ``(B,)`` frames, ``<= T``.
+        target_lengths: ``(B,)``, needed with tensor targets.
+        denominator: the shared denominator acceptor over ``[0, C)`` (e.g.
+            ``lightning_gtn.functional.denominator_graph``); compiled once and cached by identity
+            and version.
+        topology: ``"ctc"``, ``"modified_ctc"``, ``"hmm1"`` or ``"hmm2"`` (as the denominator's).
+        den_scale: the denominator's weight, finite and ``>= 0``.
+        leaky_hmm: the leaky-HMM coefficient of the denominator, in ``[0, 1)``.
+        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: each loss divided by its target
+            length (at least 1), then averaged over the batch (as ``ctc_loss``).
+        zero_infinity: examples with no numerator (or denominator) path give 0 and no gradient.
+        impl: None, ``"numba"`` or ``"torch"`` (both parts).
+
+    Returns:
+        The loss in ``log_probs``' dtype.
+    """
+    B, T, C = _check_common(log_probs, denominator, leaky_hmm, impl)
+    checks.check_reduction(reduction)
+    if isinstance(den_scale, bool) or not isinstance(den_scale, (int, float)) or not math.isfinite(den_scale):
+        raise ValueError(f"den_scale must be a finite number >= 0, got {den_scale!r}")
+    if den_scale < 0:
+        raise ValueError(f"den_scale must be a finite number >= 0, got {den_scale!r}")
+    N = num_tokens_of(C, topology)
+    den = _denominator(denominator, topology)
+    dev = log_probs.device
+    if not torch.compiler.is_compiling():  # eager: clear messages before the ops (which check again)
+        seqs = checks.split_targets(targets, target_lengths, B, dev, 2**62)
+        _check_token_ids(seqs, N)
+        den.compiled().check_classes(C, "denominator")
+        checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
+    il = checks.int_tensor(input_lengths, "input_lengths")
+    num_impl = None if impl is None else ("numba" if impl == "numba" else "torch")
+    x = log_probs.to(checks.compute_dtype(log_probs))
+    neg_num = criterion.apply_loss(
+        den.crit, x, tg, il, tl, blank=-1, reduction="none", zero_infinity=False, impl=num_impl, name="log_probs"
+    )
+    logz_den = _denominator_call(x, il, den, float(leaky_hmm), impl)
+    dead = torch.isinf(neg_num) | torch.isinf(logz_den)
+    safe = torch.where(dead, torch.zeros_like(logz_den), logz_den)
+    losses = torch.where(dead, torch.full_like(neg_num, math.inf), neg_num + float(den_scale) * safe)
+    if zero_infinity:
+        losses = torch.where(dead, torch.zeros_like(losses), losses)
+    if reduction == "none":
+        out = losses
+    elif reduction == "sum":
+        out = losses.sum()
+    else:
+        out = (losses / tl.to(device=dev, dtype=losses.dtype).clamp(min=1)).mean()
+    return out.to(log_probs.dtype)
+
+
+def _check_token_ids(seqs: List[List[int]], N: int) -> None:
+    flat = [v for s in seqs for v in s]
+    if flat and (min(flat) < 1 or max(flat) > N):
+        bad = min(flat) if min(flat) < 1 else max(flat)
+        raise ValueError(f"targets: token id {bad} out of range; token ids must lie in 1..N with N={N}")
