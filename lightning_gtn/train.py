@@ -333,7 +333,10 @@ def _resolve_denominator(cfg: DictConfig, datamodule, output_dir: Path) -> None:
     if isinstance(order, bool) or not isinstance(order, int) or not 1 <= order <= 6:
         raise ConfigError(f"loss.denominator.order: expected an integer in [1, 6], got {order!r}")
     if prune is not None and (isinstance(prune, bool) or not isinstance(prune, int) or prune < 0):
-        raise ConfigError(f"loss.denominator.prune: expected an integer >= 0 (a minimum count; 0: none), got {prune!r}")
+        raise ConfigError(
+            f"loss.denominator.prune: expected an integer >= 0 (n-grams of order >= 2 seen at most this many times "
+            f"are dropped; 0: none), got {prune!r}"
+        )
     if loss.get("topology") is not None and loss.get("topology") != topology:
         raise ConfigError(
             f"loss.denominator.topology: {topology!r} differs from loss.topology {loss.get('topology')!r} "
@@ -353,24 +356,16 @@ def _resolve_denominator(cfg: DictConfig, datamodule, output_dir: Path) -> None:
             len(vocab.chars),
             order=order,
             topology=topology,
-            prune=_prune_counts(prune, order),
+            prune=prune or None,
             method=method,
         )
-        data = functional.mmi_graph_to_data(graph)
+        data = functional.mmi_graph_to_data(graph, info={"topology": topology, "order": order, "prune": prune or 0})
     except ValueError as e:
         raise ConfigError(f"loss.denominator: {' '.join(str(e).split())}") from e
     wfst.save(str(output_dir / "denominator.bin"), graph)
     with open_dict(cfg):
         cfg.loss.denominator = data
         cfg.loss.topology = topology
-
-
-def _prune_counts(prune, order: int):
-    """``prune: k`` (n-grams of order >= 2 seen fewer than k times dropped) as the per-order
-    minimum counts :func:`lightning_gtn.lm.estimate` takes; 0 or None: no pruning."""
-    if not prune:
-        return None
-    return [0] + [int(prune)] * (order - 1)
 
 
 def _vocabulary_arguments(target) -> tuple:

@@ -70,6 +70,12 @@ def _denominator_graph(denominator) -> Graph:
     )
 
 
+def _info(denominator) -> dict:
+    """The ``info`` mapping of denominator data (``{"topology": ..., "order": ...}``), or ``{}``."""
+    info = denominator.get("info") if isinstance(denominator, Mapping) else None
+    return dict(info) if isinstance(info, Mapping) else {}
+
+
 class LFMMILoss(StructuredLoss):
     """Lattice-free MMI over a shared denominator graph, optionally mixed with CTC.
 
@@ -145,6 +151,12 @@ class LFMMILoss(StructuredLoss):
         self.zero_infinity = bool(zero_infinity)
         self.impl = impl
         self.step = 0
+        built_for = _info(denominator).get("topology", topology)
+        if built_for != topology:
+            raise ValueError(
+                f"denominator: built for topology {built_for!r}, but topology={topology!r} (the numerators and the "
+                "denominator need the same topology)"
+            )
         self.denominator = _denominator_graph(denominator)
         self._check_denominator_labels()
 
