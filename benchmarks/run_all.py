@@ -35,6 +35,7 @@ ORDER = [
     "bench_rnnt_variants",
     "bench_pruned",
     "bench_lattice",
+    "bench_mmi",
 ]
 
 

@@ -64,6 +64,7 @@ from ..losses.lattice import (
     rnnt_lattice,
     rnnt_lattice_loss,
 )
+from ..losses.mmi import mmi_denominator_score, mmi_loss
 from ..losses.rnnt import RNNT_IMPLS as RNNT_IMPLS
 from ..losses.rnnt import rnnt_loss
 from ..losses.rnnt_variants import multiblank_rnnt_loss, tdt_loss
@@ -95,6 +96,8 @@ __all__ = [
     "transitions_graph",
     "segment",
     "graph_loss",
+    "mmi_loss",
+    "mmi_denominator_score",
     "target_graph_loss",
     "TargetGraphCriterion",
     "lattice_loss",

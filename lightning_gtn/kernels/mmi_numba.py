@@ -37,51 +37,27 @@ Rows run in chunks (rows sorted by length, dealt round-robin) on the engine's th
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
 
-__all__ = ["shared_scores", "checkpoint_interval", "SEGMENT_BUDGET"]
+__all__ = ["shared_scores", "checkpoint_interval", "chunks_of", "SEGMENT_BUDGET", "CHUNK_ROWS"]
 
 #: bytes the per-segment buffers of all chunks may take before frames are checkpointed
 SEGMENT_BUDGET = 512 << 20
+#: the fewest rows a chunk gets when the batch is split over threads (see :func:`chunks_of`)
+CHUNK_ROWS = 32
 
 
 @njit(cache=True, nogil=True)
-def _emissions(E, rows, t, nact, e, m, bad):
-    """``e[c, b] = exp(E[rows[b], t, c] - m[b])``; ``m[b]`` the row's max; a NaN or ``+inf``
-    marks the row bad, a row of ``-inf`` gives zeros (the row dies)."""
-    C = E.shape[2]
-    for b in range(nact):
-        r = rows[b]
-        mx = -np.inf
-        for c in range(C):
-            x = E[r, t, c]
-            if x != x or x == np.inf:
-                bad[b] = True
-            elif x > mx:
-                mx = x
-        if bad[b] or mx == -np.inf:
-            m[b] = 0.0
-            for c in range(C):
-                e[c, b] = 0.0
-        else:
-            m[b] = mx
-            for c in range(C):
-                e[c, b] = math.exp(E[r, t, c] - mx)
-
-
-@njit(cache=True, nogil=True)
-def _frame(
-    E, rows, lens, t, nact, alpha, anew, e, m, bad, U, logs, tot, lam, leak, state_off, group_label, fwd_off, fwd_src, p
-):
+def _frame(lens, t, nact, alpha, anew, e, U, logs, tot, lam, leak, state_off, group_label, fwd_off, fwd_src, p):
     """One forward frame for the first ``nact`` rows: fills ``U`` (``(G, nb)``, the group sums),
-    moves ``alpha`` on by one frame (rescaled, leaked) and adds to ``logs``."""
+    moves ``alpha`` on by one frame (rescaled, leaked) and adds ``log`` of the scale to ``logs``.
+    ``e``: ``(C, nb)`` the frame's emissions, already ``exp(E - max)``."""
     S = alpha.shape[0]
-    _emissions(E, rows, t, nact, e, m, bad)
     for b in range(nact):
         tot[b] = 0.0
     for d in range(S):
@@ -90,22 +66,28 @@ def _frame(
         for g in range(state_off[d], state_off[d + 1]):
             for b in range(nact):
                 U[g, b] = 0.0
-            for a in range(fwd_off[g], fwd_off[g + 1]):
+            a = fwd_off[g]
+            a1 = fwd_off[g + 1]
+            while a + 4 <= a1:  # four arcs per pass: a quarter of the loads and stores of U
+                s0, s1, s2, s3 = fwd_src[a], fwd_src[a + 1], fwd_src[a + 2], fwd_src[a + 3]
+                p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
+                for b in range(nact):
+                    U[g, b] += (alpha[s0, b] * p0 + alpha[s1, b] * p1) + (alpha[s2, b] * p2 + alpha[s3, b] * p3)
+                a += 4
+            while a < a1:
                 s = fwd_src[a]
                 pa = p[a]
                 for b in range(nact):
                     U[g, b] += alpha[s, b] * pa
+                a += 1
             lab = group_label[g]
             for b in range(nact):
                 anew[d, b] += e[lab, b] * U[g, b]
         for b in range(nact):
             tot[b] += anew[d, b]
     for b in range(nact):
-        if bad[b]:
-            logs[b] = np.nan
-            tot[b] = 0.0
-        elif tot[b] > 0.0:
-            logs[b] += m[b] + math.log(tot[b])
+        if tot[b] > 0.0:
+            logs[b] += math.log(tot[b])
             tot[b] = 1.0 / tot[b]
         else:
             logs[b] = -np.inf
@@ -122,8 +104,7 @@ def _frame(
 
 @njit(cache=True, nogil=True)
 def _chunk(
-    E,
-    rows,
+    ex,
     lens,
     start,
     accept,
@@ -133,37 +114,37 @@ def _chunk(
     fwd_off,
     fwd_src,
     p_fwd,
-    fwd_arc,
     src_off,
     bwd_group,
     p_bwd,
     leak,
     lam,
-    shift,
     K,
     need_e,
     need_w,
+    rows,
     logz,
     gE,
     gW,
 ):
-    """log Z (and gradients) of the rows ``rows`` (sorted by ``lens``, longest first)."""
-    nb = rows.shape[0]
+    """log Z (without the emission maxima and the weight shift) and gradients of one chunk.
+
+    ``ex``: ``(T, C, nb)`` the chunk's emissions ``exp(E - max)``, rows sorted by ``lens``
+    (longest first), ``rows`` their rows in ``gE``. Writes ``logz (nb,)``, ``gE[rows]`` (frames
+    within each row's length) and ``gW (nb, A)`` (forward arc order) of the chunk."""
+    nb = lens.shape[0]
     if nb == 0:
         return
     S = state_off.shape[0] - 1
     G = group_dst.shape[0]
     A = fwd_src.shape[0]
-    C = E.shape[2]
+    C = ex.shape[1]
     Tm = lens[0]
     dt = p_fwd.dtype
     alpha = np.zeros((S, nb), dt)
     anew = np.zeros((S, nb), dt)
-    e = np.zeros((C, nb), dt)
-    m = np.zeros(nb, np.float64)
     tot = np.zeros(nb, np.float64)
     logs = np.zeros(nb, np.float64)
-    bad = np.zeros(nb, np.bool_)
     ns = start.shape[0]
     for b in range(nb):
         if ns == 0:
@@ -177,13 +158,12 @@ def _chunk(
     ck = np.zeros((max(nseg, 1), S, nb), dt)
     U = np.zeros((KK, G, nb), dt)
     AS = np.zeros((KK if need_w else 1, S if need_w else 1, nb), dt)
-    # rows of no frames
     for b in range(nb):
         if lens[b] == 0:
             acc = 0.0
             for i in range(accept.shape[0]):
                 acc += alpha[accept[i], b]
-            logz[rows[b]] = logs[b] + math.log(acc) if acc > 0.0 else -np.inf
+            logz[b] = logs[b] + math.log(acc) if acc > 0.0 else -np.inf
     nact = nb
     for t in range(Tm):
         while nact > 0 and lens[nact - 1] <= t:
@@ -197,16 +177,12 @@ def _chunk(
                 for b in range(nact):
                     AS[t % K, s, b] = alpha[s, b]
         _frame(
-            E,
-            rows,
             lens,
             t,
             nact,
             alpha,
             anew,
-            e,
-            m,
-            bad,
+            ex[t],
             U[t % K],
             logs,
             tot,
@@ -223,18 +199,10 @@ def _chunk(
                 acc = 0.0
                 for i in range(accept.shape[0]):
                     acc += alpha[accept[i], b]
-                if logs[b] != logs[b]:
-                    logz[rows[b]] = np.nan
-                elif acc > 0.0:
-                    logz[rows[b]] = logs[b] + math.log(acc) + lens[b] * shift
-                else:
-                    logz[rows[b]] = -np.inf
+                logz[b] = logs[b] + math.log(acc) if acc > 0.0 else -np.inf
     if not (need_e or need_w) or Tm == 0:
         return
     # ---- backward, segment by segment from the last
-    ok = np.zeros(nb, np.bool_)
-    for b in range(nb):
-        ok[b] = np.isfinite(logz[rows[b]])
     beta = np.zeros((S, nb), dt)
     bprev = np.zeros((S, nb), dt)
     v = np.zeros((G, nb), dt)
@@ -243,7 +211,6 @@ def _chunk(
     gacc = np.zeros((A if need_w else 1, nb), np.float64)
     ra = np.zeros((S, nb), dt)
     rlogs = np.zeros(nb, np.float64)
-    rbad = np.zeros(nb, np.bool_)
     nact = 0
     for seg in range(nseg - 1, -1, -1):
         t0 = seg * K
@@ -255,8 +222,6 @@ def _chunk(
             for s in range(S):
                 for b in range(n0):
                     ra[s, b] = ck[seg, s, b]
-            for b in range(nb):
-                rbad[b] = False
             for t in range(t0, t1):
                 nt = 0
                 while nt < nb and lens[nt] > t:
@@ -266,16 +231,12 @@ def _chunk(
                         for b in range(nt):
                             AS[t - t0, s, b] = ra[s, b]
                 _frame(
-                    E,
-                    rows,
                     lens,
                     t,
                     nt,
                     ra,
                     anew,
-                    e,
-                    m,
-                    rbad,
+                    ex[t],
                     U[t - t0],
                     rlogs,
                     tot,
@@ -294,7 +255,7 @@ def _chunk(
                 for i in range(accept.shape[0]):
                     beta[accept[i], nact] = 1.0
                 nact += 1
-            _emissions(E, rows, t, nact, e, m, rbad)
+            e = ex[t]
             Ut = U[t - t0]
             for b in range(nact):
                 z[b] = 0.0
@@ -305,7 +266,7 @@ def _chunk(
                     v[g, b] = e[lab, b] * beta[d, b]
                     z[b] += Ut[g, b] * v[g, b]
             for b in range(nact):
-                z[b] = 1.0 / z[b] if (z[b] > 0.0 and ok[b]) else 0.0
+                z[b] = 1.0 / z[b] if (z[b] > 0.0 and logz[b] > -np.inf) else 0.0
             if need_e:
                 for c in range(C):
                     for b in range(nact):
@@ -331,11 +292,20 @@ def _chunk(
             for s in range(S):
                 for b in range(nact):
                     bprev[s, b] = 0.0
-                for a in range(src_off[s], src_off[s + 1]):
+                a = src_off[s]
+                a1 = src_off[s + 1]
+                while a + 4 <= a1:
+                    g0, g1, g2, g3 = bwd_group[a], bwd_group[a + 1], bwd_group[a + 2], bwd_group[a + 3]
+                    p0, p1, p2, p3 = p_bwd[a], p_bwd[a + 1], p_bwd[a + 2], p_bwd[a + 3]
+                    for b in range(nact):
+                        bprev[s, b] += (v[g0, b] * p0 + v[g1, b] * p1) + (v[g2, b] * p2 + v[g3, b] * p3)
+                    a += 4
+                while a < a1:
                     g = bwd_group[a]
                     pa = p_bwd[a]
                     for b in range(nact):
                         bprev[s, b] += pa * v[g, b]
+                    a += 1
             if lam > 0.0:
                 for b in range(nact):
                     q = 0.0
@@ -357,9 +327,8 @@ def _chunk(
                     beta[s, b] = bprev[s, b] * z[b]
     if need_w:
         for a in range(A):
-            arc = fwd_arc[a]
             for b in range(nb):
-                gW[rows[b], arc] = gacc[a, b]
+                gW[b, a] = gacc[a, b]
 
 
 def checkpoint_interval(B: int, T: int, S: int, G: int, itemsize: int, need_w: bool) -> int:
@@ -372,6 +341,40 @@ def checkpoint_interval(B: int, T: int, S: int, G: int, itemsize: int, need_w: b
     return max(1, min(T, int(math.sqrt(max(T, 1) * max(G, 1) / max(S, 1)))))
 
 
+def chunks_of(lengths: np.ndarray, threads: int, min_rows: int = CHUNK_ROWS) -> List[np.ndarray]:
+    """Rows sorted by length (longest first) dealt round-robin into chunks of at least
+    ``min_rows`` rows (the batch is the kernels' vectorised axis: wider chunks use the vector
+    units better), at most ``threads`` chunks."""
+    B = len(lengths)
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    n = max(1, min(threads, B // max(min_rows, 1)))
+    return [np.ascontiguousarray(order[i::n]) for i in range(n)]
+
+
+def _exp_emissions(E: np.ndarray, rows: np.ndarray, lens: np.ndarray):
+    """``(ex (T, C, nb), log offsets (nb,), bad (nb,))``: the chunk's emissions as
+    ``exp(E - m_t)`` with ``m_t`` each frame's max, the sum of the ``m_t`` over each row's frames,
+    and the rows that read a NaN or ``+inf`` (their frames are zeroed: the row dies, and is
+    reported as NaN by the caller). A frame of ``-inf`` only is zeroed (no path)."""
+    Ec = E[rows]  # (nb, T, C), a copy: computed on in place
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = Ec.max(axis=2)  # NaN propagates
+    valid = np.arange(E.shape[1])[None, :] < lens[:, None]
+    ok = np.isfinite(m)
+    if ok.all():
+        ms, bad = m, np.zeros(len(rows), dtype=bool)
+    else:
+        bad = ((np.isnan(m) | (m == np.inf)) & valid).any(axis=1)
+        ms = np.where(ok, m, 0.0).astype(E.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.subtract(Ec, ms[:, :, None], out=Ec)
+        np.exp(Ec, out=Ec)
+    if not ok.all():
+        Ec[~ok] = 0.0
+    off = np.where(valid, ms.astype(np.float64), 0.0).sum(axis=1)
+    return np.ascontiguousarray(Ec.transpose(1, 2, 0)), off, bad
+
+
 def shared_scores(
     graph: Any,
     E: np.ndarray,
@@ -381,19 +384,21 @@ def shared_scores(
     need_w: bool = False,
     checkpoint: Optional[int] = None,
     threads: Optional[int] = None,
+    min_rows: int = CHUNK_ROWS,
 ) -> Tuple[np.ndarray, Optional[np.ndarray], Optional[np.ndarray]]:
     """log Z of a compiled shared graph against each row of ``E`` and its gradients.
 
     Args:
         graph: a compiled shared graph (:class:`lightning_gtn.core.shared_graph.SharedGraph`),
             labels already checked against ``C``.
-        E: ``(B, T, C)`` float32 or float64 C-contiguous emissions (log-space scores).
+        E: ``(B, T, C)`` float32 or float64 emissions (log-space scores).
         lengths: ``(B,)`` int64 frames per row, in ``[0, T]`` (checked by the caller).
         leaky: the leaky-HMM coefficient in ``[0, 1)``.
         need_e: also return ``d logZ[b] / d E[b]`` ``(B, T, C)`` in E's dtype.
         need_w: also return ``d logZ[b] / d w`` ``(B, num_arcs)`` float64.
         checkpoint: frames per segment (see :func:`checkpoint_interval`), None for automatic.
         threads: chunks run in parallel (default: the engine's pool size).
+        min_rows: the fewest rows of a chunk (see :func:`chunks_of`).
 
     Returns:
         ``(logz (B,) float64, grad_E or None, grad_w or None)``; rows with no path get
@@ -416,15 +421,17 @@ def shared_scores(
         return logz, (gE if need_e else None), (gW if need_w else None)
     p_fwd = graph.fwd_prob.astype(dt)
     p_bwd = graph.bwd_prob.astype(dt)
-    order = np.argsort(-lens, kind="stable")
-    n = max(1, min(threads or get_num_threads(), B))
-    chunks = [np.ascontiguousarray(order[i::n]) for i in range(n)]
+    chunks = chunks_of(lens, threads or get_num_threads(), min_rows)
 
     def run(rows: np.ndarray) -> None:
+        ln = np.ascontiguousarray(lens[rows])
+        ex, off, bad = _exp_emissions(E, rows, ln)
+        nb = len(rows)
+        lz = np.full(nb, -np.inf, dtype=np.float64)
+        gw = np.zeros((nb, A) if need_w else (1, 1), dtype=np.float64)
         _chunk(
-            E,
-            rows,
-            np.ascontiguousarray(lens[rows]),
+            ex,
+            ln,
             graph.start,
             graph.accept,
             graph.state_off,
@@ -433,22 +440,29 @@ def shared_scores(
             graph.group_off,
             graph.fwd_src,
             p_fwd,
-            graph.fwd_arc,
             graph.src_off,
             graph.bwd_group,
             p_bwd,
             leak,
             float(leaky),
-            float(graph.shift),
             K,
             bool(need_e),
             bool(need_w),
-            logz,
+            np.ascontiguousarray(rows),
+            lz,
             gE,
-            gW,
+            gw,
         )
+        lz = lz + off + ln * float(graph.shift)
+        lz[bad] = np.nan
+        logz[rows] = lz
+        if need_e and bad.any():
+            gE[rows[bad]] = 0.0
+        if need_w:
+            gw[bad] = 0.0
+            gW[rows[:, None], graph.fwd_arc[None, :]] = gw
 
-    if n == 1:
+    if len(chunks) == 1:
         run(chunks[0])
     else:
         parallel_map(run, chunks)

@@ -1,0 +1,217 @@
+"""The shared LF-MMI denominator on the CPU: ``mmi_denominator_score`` forward + backward against
+the same denominator scored per example by the generic path, and against the arithmetic floor.
+
+Graphs: a token bigram ``P`` composed with the CTC topology (``core.topologies.compose_token_acceptor``):
+30 tokens with each history keeping about half of the tokens (a character bigram: about 1,000
+arcs, 61 states) and 200 word pieces the same way (about 40,700 arcs, 401 states). Bigram
+probabilities are random (Dirichlet); only the graph's shape matters for time. Emissions
+``(B, T, C) = (32, 500, N + 1)`` float32 log-softmax, full lengths.
+
+Columns:
+
+* ``shared fwd+bwd``: best of ``--repeats`` wall times of ``mmi_denominator_score(...).sum()`` and its
+  backward (the kernel computes the gradient in the forward; the backward scales it);
+* ``generic fwd+bwd``: ``graph_loss(x, graphs=[den] * B, reduction="sum")`` forward + backward: the
+  same graph handed to the generic batched scorer once per example, exactly what
+  ``graph_loss(..., denominators=[den] * B)`` adds for its denominator part. It is slow at the large
+  graph, so it runs on ``--generic-batch`` rows (default 4 there, all 32 for the small graph) and is
+  scaled linearly to B (the generic scorer's time is linear in the rows: each row is its own
+  problem); the column says so;
+* ``floor``: ``B * T * arcs`` gather-multiply-adds (``y[group a] += x[src a] * p_a`` over the rows,
+  the rows innermost: the forward's arc loop with nothing else) timed in a numba kernel with the
+  same chunks and threads as the shared kernel: the rate this machine reaches on exactly this
+  access pattern (printed as G MAD/s), one pass over the arcs. A forward + backward needs at least
+  two such passes (alpha and beta); the target is ``shared <= 3 x floor``;
+* ``peak MB``: growth of the process's peak resident set (``VmHWM``, reset before the call) over one
+  shared forward + backward, measured in a fresh process, beside the kernel's own buffer estimate.
+
+Threads: the engine's pool (``LIGHTNING_GTN_NUM_THREADS``, default ``min(4, cores)``); the table
+prints it. On a shared machine wall times vary; run it alone for stable numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+from numba import njit
+
+from lightning_gtn.core.shared_graph import shared_graph
+from lightning_gtn.core.topologies import compose_token_acceptor
+from lightning_gtn.functional import graph_loss, mmi_denominator_score
+from lightning_gtn.kernels.mmi_numba import chunks_of
+from lightning_gtn.wfst.parallel import get_num_threads, parallel_map
+
+B, T = 32, 500
+GRAPHS = [("char bigram, CTC", 30, 0.5), ("200 word pieces bigram, CTC", 200, 0.5)]
+
+
+def bigram_ctc(N: int, keep: float, seed: int = 0):
+    """A bigram over ``N`` tokens (each history keeps about ``keep`` of the tokens, at least one) in
+    the CTC topology."""
+    rng = np.random.default_rng(seed)
+    allowed = rng.random((N + 1, N)) < keep
+    allowed[np.arange(N + 1), rng.integers(0, N, N + 1)] = True
+    nxt = np.where(allowed, np.arange(1, N + 1)[None, :], -1)
+    nxt = np.concatenate([np.full((N + 1, 1), -1), nxt], axis=1).astype(np.int64)
+    logp = np.log(rng.dirichlet(np.ones(N + 1), size=N + 1))
+    return compose_token_acceptor(N, "ctc", nxt, logp, 0, np.ones(N + 1, dtype=bool))
+
+
+def _inputs(Bn: int, C: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(Bn, T, C, generator=g).log_softmax(-1)
+
+
+def _shared(den, x: torch.Tensor) -> None:
+    z = x.detach().requires_grad_()
+    mmi_denominator_score(z, torch.full((x.shape[0],), x.shape[1]), den).sum().backward()
+
+
+def _generic(den, x: torch.Tensor) -> None:
+    z = x.detach().requires_grad_()
+    lengths = torch.full((x.shape[0],), x.shape[1])
+    graph_loss(z, graphs=[den] * x.shape[0], input_lengths=lengths, reduction="sum").backward()
+
+
+@njit(cache=True, nogil=True)
+def _floor_kernel(goff, src, p, x, y, frames):
+    """``frames`` passes of ``y[g] = sum over the arcs a of group g of x[src a] * p_a`` (rows
+    innermost, four arcs per pass over the rows): the shared kernel's forward arc loop alone."""
+    nb = x.shape[1]
+    for _ in range(frames):
+        for g in range(goff.shape[0] - 1):
+            for b in range(nb):
+                y[g, b] = 0.0
+            a = goff[g]
+            a1 = goff[g + 1]
+            while a + 4 <= a1:
+                s0, s1, s2, s3 = src[a], src[a + 1], src[a + 2], src[a + 3]
+                p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
+                for b in range(nb):
+                    y[g, b] += (x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)
+                a += 4
+            while a < a1:
+                s = src[a]
+                pa = p[a]
+                for b in range(nb):
+                    y[g, b] += x[s, b] * pa
+                a += 1
+
+
+def _floor(sg, repeats: int):
+    """Best (wall, CPU) times of ``B * T * arcs`` gather-multiply-adds in the shared kernel's
+    layout, with its chunks and threads."""
+    chunks = chunks_of(np.full(B, T), get_num_threads())
+    p = sg.fwd_prob.astype(np.float32)
+    rng = np.random.default_rng(0)
+    xs = [rng.random((sg.num_states, len(c))).astype(np.float32) for c in chunks]
+    ys = [np.zeros((sg.num_groups, len(c)), dtype=np.float32) for c in chunks]
+
+    def run(i):
+        _floor_kernel(sg.group_off, sg.fwd_src, p, xs[i], ys[i], T)
+
+    _floor_kernel(sg.group_off, sg.fwd_src, p, xs[0], ys[0], 1)
+    return _best(lambda: parallel_map(run, list(range(len(chunks)))), repeats)
+
+
+def _best(fn, repeats: int):
+    """Best wall and best process CPU time (all threads) of ``repeats`` calls of ``fn``."""
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
+    return wall, cpu
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _memory_child(k: int) -> None:
+    name, N, keep = GRAPHS[k]
+    den = bigram_ctc(N, keep)
+    x = _inputs(B, N + 1)
+    _shared(den, x[:, :4].contiguous())  # compile, warm caches
+    before = _status_kb("VmRSS") * 1024
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        print(json.dumps({"mb": None}))
+        return
+    _shared(den, x)
+    after = _status_kb("VmHWM") * 1024
+    print(json.dumps({"mb": (after - before) / 2**20}))
+
+
+def _memory(k: int):
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", str(k)], capture_output=True, text=True, env=os.environ.copy()
+    )
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])["mb"]
+    except (ValueError, IndexError, KeyError):
+        return None
+
+
+def main(argv=None) -> str:
+    """Prints the table and returns it."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--generic-batch", type=int, default=4, help="rows of the generic path at the large graph")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.memory_child is not None:
+        _memory_child(args.memory_child)
+        return ""
+    chunks = chunks_of(np.full(B, T), get_num_threads())
+    rows = [
+        f"Shared LF-MMI denominator, B={B}, T={T}, float32, {len(chunks)} chunk(s) of {len(chunks[0])} rows "
+        f"on {get_num_threads()} thread(s); times wall / process CPU (s):",
+        "",
+        "| graph | states | arcs | shared fwd+bwd | generic fwd+bwd | speedup (wall / CPU) | floor "
+        "| floor rate (G MAD/s, wall) | shared / floor (wall / CPU) | peak MB (kernel buffers MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k, (name, N, keep) in enumerate(GRAPHS):
+        den = bigram_ctc(N, keep)
+        sg = shared_graph(den)
+        x = _inputs(B, N + 1)
+        _shared(den, x[:2, :8].contiguous())  # compile
+        ours = _best(functools.partial(_shared, den, x), args.repeats)
+        nb = B if k == 0 else max(1, min(B, args.generic_batch))
+        _generic(den, x[:1, :8].contiguous())
+        xg = x[:nb].contiguous()
+        gen = tuple(v * B / nb for v in _best(functools.partial(_generic, den, xg), 1 if nb < B else args.repeats))
+        note = "" if nb == B else f" ({nb} rows x {B // nb})"
+        fl = _floor(sg, args.repeats)
+        rate = B * T * sg.num_arcs / fl[0] / 1e9
+        buffers = B * (T * sg.num_groups + 4 * sg.num_states + 2 * sg.num_groups) * 4 / 2**20
+        mb = None if args.no_memory else _memory(k)
+        mb_col = ("n/a" if mb is None else f"{mb:.0f}") + f" ({buffers:.0f})"
+        rows.append(
+            f"| {name} | {sg.num_states} | {sg.num_arcs} | {ours[0]:.3f} / {ours[1]:.3f} "
+            f"| {gen[0]:.2f} / {gen[1]:.2f}{note} | {gen[0] / ours[0]:.0f}x / {gen[1] / ours[1]:.0f}x "
+            f"| {fl[0]:.3f} / {fl[1]:.3f} | {rate:.2f} | {ours[0] / fl[0]:.1f}x / {ours[1] / fl[1]:.1f}x | {mb_col} |"
+        )
+    table = "\n".join(rows)
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    main()
