@@ -226,8 +226,8 @@ def test_cli_trains_mmi_and_the_checkpoint_carries_the_denominator(tmp_path):
     args = [
         "experiment=smoke",
         "loss=ctc_mmi",
-        "loss.warmup_steps=2",
-        "trainer.max_steps=4",
+        "loss.warmup_steps=3",
+        "data.num_val=10",
         "trainer.enable_progress_bar=false",
         "logger=none",
         f"hydra.run.dir={run}",
@@ -238,7 +238,7 @@ def test_cli_trains_mmi_and_the_checkpoint_carries_the_denominator(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert metrics["global_step"] == 4 and 0 <= metrics["val/cer"]
+    assert metrics["global_step"] > 3 and 0 <= metrics["val/cer"]  # past the warm-up: MMI trained too
     saved = gtn.load(str(run / "denominator.bin"))
     ckpt = next(run.rglob("last.ckpt"))
     hp = torch.load(ckpt, weights_only=True)["hyper_parameters"]["loss"]
