@@ -175,7 +175,7 @@ class LFMMILoss(StructuredLoss):
             )
 
     @property
-    def topology(self) -> str:  # type: ignore[override]  # a fixed declaration
+    def topology(self) -> str:
         """``"ctc"``: the emissions decode as CTC's."""
         return "ctc"
 
