@@ -39,6 +39,7 @@ a class sequence may have several readings.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
@@ -116,8 +117,8 @@ def topology_arrays(num_tokens: int, topology: str = "ctc") -> TopologyArrays:
     k = np.arange(1, n + 1, dtype=np.int64)
     eps = np.full(n, epsilon, dtype=np.int64)
     if topology == "ctc":
-        i, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
-        i, j = i.ravel().astype(np.int64), j.ravel().astype(np.int64)
+        i = np.repeat(np.arange(n + 1, dtype=np.int64), n + 1)  # every (i, j) pair
+        j = np.tile(np.arange(n + 1, dtype=np.int64), n + 1)
         ol = np.where((j == 0) | (j == i), epsilon, j)
         return TopologyArrays(n + 1, 0, np.ones(n + 1, dtype=bool), i, j, j.copy(), ol)
     if topology == "modified_ctc":
@@ -131,8 +132,7 @@ def topology_arrays(num_tokens: int, topology: str = "ctc") -> TopologyArrays:
         return TopologyArrays(n + 1, 0, accept, src, dst, il, ol)
     if topology == "hmm1":
         # node 0: start (nothing read yet); node k: inside token k (class k - 1)
-        a, b = np.meshgrid(k, k, indexing="ij")
-        a, b = a.ravel(), b.ravel()
+        a, b = np.repeat(k, n), np.tile(k, n)  # every (token, next token) pair
         src = np.concatenate([np.zeros(n, dtype=np.int64), k, a])
         dst = np.concatenate([k, k, b])
         il = np.concatenate([k - 1, k - 1, b - 1])
@@ -140,8 +140,7 @@ def topology_arrays(num_tokens: int, topology: str = "ctc") -> TopologyArrays:
         return TopologyArrays(n + 1, 0, np.ones(n + 1, dtype=bool), src, dst, il, ol)
     # hmm2: node 0 start; node 2k - 1 = first state of token k (class 2(k-1)), node 2k = second
     first, second = 2 * k - 1, 2 * k
-    a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    a, b = a.ravel(), b.ravel()  # token indices 0..N-1
+    a, b = np.repeat(np.arange(n), n), np.tile(np.arange(n), n)  # token index pairs, 0..N-1
     src = np.concatenate([np.zeros(n, dtype=np.int64), first, second, first[a], second[a]])
     dst = np.concatenate([first, second, second, first[b], first[b]])
     il = np.concatenate([2 * (k - 1), 2 * k - 1, 2 * k - 1, 2 * b, 2 * b])
@@ -202,6 +201,7 @@ def compose_token_acceptor(
     logp: Optional[np.ndarray],
     start: int,
     accept: np.ndarray,
+    final: Optional[np.ndarray] = None,
 ) -> Graph:
     """Composes a topology with a deterministic epsilon-free acceptor over tokens.
 
@@ -213,6 +213,12 @@ def compose_token_acceptor(
     ``w`` carries the acceptor's weight, the others weigh 0. Built level by level with numpy (no
     Python loop over arcs).
 
+    Graphs have no final weights, so ``final`` (a log weight per acceptor state, e.g.
+    ``ln P(</s> | h)``) is folded into the last frame: every arc entering an accepting node ``q``
+    gets a copy into one new accepting node (the last node, no arcs out) weighing
+    ``final[state of q]`` more, and that node is the only accepting one. Every path of ``T >= 1``
+    frames then ends with its final weight; the arcs at most double.
+
     Args:
         num_tokens: ``N``.
         topology: one of :data:`TOPOLOGIES`.
@@ -220,6 +226,7 @@ def compose_token_acceptor(
         logp: ``(S, N + 1)`` float table, or None for weights 0.
         start: the acceptor's start state.
         accept: ``(S,)`` bool, the acceptor's accepting states.
+        final: optional ``(S,)`` float log final weights of the accepting states (see above).
 
     Returns:
         The composed acceptor (``calc_grad=False``).
@@ -239,6 +246,9 @@ def compose_token_acceptor(
     acc = np.asarray(accept, dtype=bool)
     if acc.shape != (S,):
         raise ValueError(f"accept must have shape ({S},), got {acc.shape}")
+    fin = None if final is None else np.asarray(final, dtype=np.float64)
+    if fin is not None and fin.shape != (S,):
+        raise ValueError(f"final must have shape ({S},), got {fin.shape}")
 
     order = np.argsort(t.src, kind="stable")
     t_src, t_dst, t_il, t_ol = t.src[order], t.dst[order], t.ilabel[order], t.olabel[order]
@@ -289,37 +299,99 @@ def compose_token_acceptor(
     new_id = np.cumsum(keep) - 1
     ka = keep[src] & keep[dst]
     src, dst, il, w = new_id[src[ka]], new_id[dst[ka]], il[ka], w[ka]
+    num_nodes = int(keep.sum())
+    accept_ids = np.flatnonzero(node_accept[keep])
+    if fin is not None:
+        node_final = np.full(num_nodes, -np.inf)
+        node_final[accept_ids] = fin[all_pairs[keep][accept_ids] % S]
+        into = np.isfinite(node_final[dst])  # the arcs that may end a path: copied into the new node
+        extra_w = w[into] + node_final[dst[into]]
+        src = np.concatenate([src, src[into]])
+        dst = np.concatenate([dst, np.full(int(into.sum()), num_nodes, dtype=np.int64)])
+        il = np.concatenate([il, il[into]])
+        w = np.concatenate([w, extra_w])
+        num_nodes += 1
+        accept_ids = np.array([num_nodes - 1])
     o = np.lexsort((dst, il, src))
     return Graph.from_arrays(
-        int(keep.sum()),
-        [0],
-        np.flatnonzero(node_accept[keep]),
-        src[o],
-        dst[o],
-        il[o],
-        None,
-        w[o].astype(np.float32),
-        calc_grad=False,
+        num_nodes, [0], accept_ids, src[o], dst[o], il[o], None, w[o].astype(np.float32), calc_grad=False
     )
 
 
-def _determinise(g: Graph) -> Graph:
-    """An unweighted epsilon-free acceptor with one path per accepted label sequence (subset
-    construction; all weights 0). Used on numerators, which are small and left to right."""
-    a = g.arrays()
+@functools.lru_cache(maxsize=8)
+def _arc_index(num_tokens: int, topology: str):
+    """The topology's arcs by source node: ``(start, accept, silent, emitting)`` with
+    ``silent[t] = [(class, dst)]`` and ``emitting[t] = {token: [(class, dst)]}``."""
+    t = topology_arrays(num_tokens, topology)
+    silent: list[list[tuple[int, int]]] = [[] for _ in range(t.num_nodes)]
+    emitting: list[dict[int, list[tuple[int, int]]]] = [{} for _ in range(t.num_nodes)]
+    for s, d, il, ol in zip(t.src.tolist(), t.dst.tolist(), t.ilabel.tolist(), t.olabel.tolist()):
+        if ol < 0:
+            silent[s].append((il, d))
+        else:
+            emitting[s].setdefault(ol, []).append((il, d))
+    return t.start, t.accept.tolist(), silent, emitting
+
+
+def _target_nfa(num_tokens: int, topology: str, y: list[int]):
+    """The topology composed with the chain of ``y``, trimmed: ``(num_nodes, accept, arcs)``
+    with ``arcs`` a list of ``(src, dst, class)``, node 0 the start (``num_nodes == 0``: empty).
+
+    A breadth-first search over (topology node, tokens read) pairs: O(arcs) Python steps, since
+    only the silent arcs and those emitting the next target token are followed."""
+    start, t_accept, silent, emitting = _arc_index(num_tokens, topology)
+    L = len(y)
+    ids = {(start, 0): 0}
+    order = [(start, 0)]
+    arcs = []
+    k = 0
+    while k < len(order):
+        t, i = order[k]
+        moves = [(il, d, i) for il, d in silent[t]]
+        if i < L:
+            moves += [(il, d, i + 1) for il, d in emitting[t].get(y[i], ())]
+        for il, d, j in moves:
+            did = ids.get((d, j))
+            if did is None:
+                did = ids[(d, j)] = len(order)
+                order.append((d, j))
+            arcs.append((k, did, il))
+        k += 1
+    accept = [q for q, (t, i) in enumerate(order) if i == L and t_accept[t]]
+    back: dict[int, list[int]] = {}
+    for a_src, a_dst, _ in arcs:
+        back.setdefault(a_dst, []).append(a_src)
+    alive = set(accept)
+    stack = list(accept)
+    while stack:
+        for q in back.get(stack.pop(), ()):
+            if q not in alive:
+                alive.add(q)
+                stack.append(q)
+    if 0 not in alive:
+        return 0, [], []
+    new = {q: r for r, q in enumerate(sorted(alive))}
+    arcs = [(new[a], new[b], c) for a, b, c in arcs if a in alive and b in alive]
+    return len(new), [new[q] for q in accept], arcs
+
+
+def _determinise(num_nodes: int, accept: list[int], arcs: list[tuple[int, int, int]]):
+    """Subset construction on an unweighted epsilon-free acceptor (start node 0, trimmed): one
+    path per accepted class sequence. Numerators are small and left to right, so the subsets
+    stay small."""
     out: dict[int, dict[int, set]] = {}
-    for s, d, lab in zip(a.src.tolist(), a.dst.tolist(), a.ilabel.tolist()):
+    for s, d, lab in arcs:
         out.setdefault(s, {}).setdefault(lab, set()).add(d)
-    acc = set(a.accept.tolist())
-    start = frozenset(a.start.tolist())
-    ids = {start: 0}
-    todo = [start]
-    src, dst, lab_l, accept = [], [], [], []
+    acc = set(accept)
+    first = frozenset([0])
+    ids = {first: 0}
+    todo = [first]
+    new_arcs, new_accept = [], []
     while todo:
         cur = todo.pop()
         cid = ids[cur]
         if cur & acc:
-            accept.append(cid)
+            new_accept.append(cid)
         moves: dict[int, set] = {}
         for s in cur:
             for lab, ds in out.get(s, {}).items():
@@ -329,10 +401,8 @@ def _determinise(g: Graph) -> Graph:
             if nxt not in ids:
                 ids[nxt] = len(ids)
                 todo.append(nxt)
-            src.append(cid)
-            dst.append(ids[nxt])
-            lab_l.append(lab)
-    return Graph.from_arrays(len(ids), [0], sorted(accept), src, dst, lab_l, calc_grad=False)
+            new_arcs.append((cid, ids[nxt], lab))
+    return len(ids), sorted(new_accept), new_arcs
 
 
 def numerator_graph(
@@ -379,15 +449,15 @@ def numerator_graph(
     for v in y:
         if not 1 <= v <= n:
             raise ValueError(f"target holds {v}, outside the token ids [1, {n}]")
-    L = len(y)
-    nxt = np.full((L + 1, n + 1), -1, dtype=np.int64)
-    if L:
-        nxt[np.arange(L), y] = np.arange(1, L + 1)
-    accept = np.zeros(L + 1, dtype=bool)
-    accept[L] = True
-    g = compose_token_acceptor(n, topology, nxt, None, 0, accept)
-    if topology in ("modified_ctc", "hmm1"):
-        g = _determinise(g)
+    num, accept, arcs = _target_nfa(n, topology, y)
+    if num == 0:
+        g = Graph.from_arrays(1, [0], [], [], [], [], calc_grad=False)
+    else:
+        if topology in ("modified_ctc", "hmm1"):
+            num, accept, arcs = _determinise(num, accept, arcs)
+        arcs.sort(key=lambda a: (a[0], a[2], a[1]))  # by node, then class
+        src, dst, lab = zip(*arcs) if arcs else ((), (), ())
+        g = Graph.from_arrays(num, [0], accept, src, dst, lab, calc_grad=False)
     if denominator is None:
         return g
     if not isinstance(denominator, Graph):

@@ -14,12 +14,13 @@ smoothed share). As a graph, ``P`` is an **epsilon-free, deterministic** accepto
   ``ln bow(h) + ln P(w | h[1:])`` recursively). This *folds* the back-off arcs: no epsilon arc is
   left and every token sequence has exactly one path, whose weight is the model's
   ``ln P(w_1 .. w_k)`` exactly (what :meth:`NGramLM.sentence_score` with ``eos=False`` gives,
-  up to float32 rounding of each arc). Kaldi's chain denominator LM has the same shape (every
-  phone from every kept history state); folding instead the epsilon back-off arcs by epsilon
-  removal (icefall's ``P``) keeps both the explicit and the backed-off path of a seen n-gram
-  and so over-counts it, which this construction does not.
+  up to float32 rounding of each arc). Kaldi's chain phone LM is also an epsilon-free
+  deterministic acceptor, but unsmoothed (arcs only for the phones seen after a history);
+  removing instead the epsilons of ARPA back-off arcs (icefall's ``P``) keeps both the
+  explicit and the backed-off path of a seen n-gram, which this construction does not.
 * ``</s>`` and ``<unk>`` have no token id and no arc: every state accepts with weight 0 (as
-  Kaldi chain makes every denominator state final with probability one), so the paths of ``T``
+  Kaldi chain treats every denominator state as final with probability one at the end of a
+  training chunk), so the paths of ``T``
   frames score the prefix probabilities ``ln P(w_1 .. w_k)`` without the end-of-sentence
   factor, and the arcs leaving a state sum to ``1 - P(</s> | h) - P(<unk> | h)`` in
   probability.
@@ -40,8 +41,9 @@ floats, strings, lists) for configs and checkpoints, and back with every field c
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -52,11 +54,14 @@ from .ngram import NGramLM
 
 __all__ = [
     "MAX_ORDER",
+    "MAX_P_ARCS",
     "MAX_DATA_NODES",
     "MAX_DATA_ARCS",
+    "MAX_DATA_CLASSES",
     "DATA_FORMAT",
     "token_lm",
     "token_lm_tables",
+    "PTables",
     "token_lm_graph",
     "denominator_graph",
     "graph_to_data",
@@ -66,11 +71,17 @@ __all__ = [
 MAX_ORDER = 4
 """The highest n-gram order of ``P`` (every state has an arc per token, so sizes grow fast)."""
 
+MAX_P_ARCS = 1 << 25
+"""The most arcs ``P`` may have (states times tokens) before folding refuses to allocate it."""
+
 MAX_DATA_NODES = 1 << 22
 """The most nodes :func:`graph_from_data` accepts."""
 
-MAX_DATA_ARCS = 1 << 24
+MAX_DATA_ARCS = 1 << 22
 """The most arcs :func:`graph_from_data` accepts."""
+
+MAX_DATA_CLASSES = 1 << 24
+"""The most emission classes :func:`graph_from_data` accepts."""
 
 DATA_FORMAT = "lightning_gtn.acceptor"
 """The ``format`` field of :func:`graph_to_data`."""
@@ -158,7 +169,24 @@ def token_lm(
     return estimate(seqs, order=int(order), method=method, prune=min_counts, vocab=[str(k) for k in range(1, n + 1)])
 
 
-def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarray, int]:
+class PTables(NamedTuple):
+    """``P`` with its back-off folded, as dense tables (see :func:`token_lm_tables`).
+
+    Attributes:
+        next_state: ``(S, N + 1)`` int64, the state after token ``w`` (column ``w``; column 0
+            unused, ``-1``).
+        logp: ``(S, N + 1)`` float64 ``ln P(w | state)`` (column 0: ``-inf``).
+        start: the state of ``<s>`` (0).
+        final: ``(S,)`` float64 ``ln P(</s> | state)``.
+    """
+
+    next_state: np.ndarray
+    logp: np.ndarray
+    start: int
+    final: np.ndarray
+
+
+def token_lm_tables(lm: NGramLM, num_tokens: int) -> PTables:
     """``P`` with its back-off folded, as dense tables over its reachable states.
 
     Args:
@@ -166,24 +194,31 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
         num_tokens: ``N``.
 
     Returns:
-        ``(next_state, logp, start)``: ``next_state`` ``(S, N + 1)`` int64 and ``logp``
-        ``(S, N + 1)`` float64, column ``w`` for token ``w`` (column 0 unused: ``-1`` and
-        ``-inf``); state 0 is ``<s>`` (``start`` is 0); states are numbered breadth first.
+        :class:`PTables`: state 0 is ``<s>`` (``start`` is 0), states are numbered breadth
+        first; ``</s>`` is scored like a token (back-off included) into ``final``.
 
     Raises:
-        ValueError: the model lacks a token's word.
+        ValueError: the model lacks a token's word, or ``P`` would have more than
+            :data:`MAX_P_ARCS` arcs.
     """
     a = lm.arrays()
-    wid = np.array([lm.word_id(str(k)) for k in range(1, num_tokens + 1)], dtype=np.int64)
-    if np.any(wid == lm.unk) and "<unk>" not in [str(k) for k in range(1, num_tokens + 1)]:
-        raise ValueError("the model lacks a word for some token id (build it with token_lm)")
     S0 = a.backoff_logp.shape[0]
+    if S0 * num_tokens > MAX_P_ARCS:
+        raise ValueError(
+            f"P would have {S0} states x {num_tokens} tokens = {S0 * num_tokens} arcs, more than "
+            f"{MAX_P_ARCS}: lower the order or prune more"
+        )
+    wid = np.array([lm.word_id(str(k)) for k in range(1, num_tokens + 1)], dtype=np.int64)
+    if np.any(wid == lm.unk):
+        raise ValueError("the model lacks a word for some token id (build it with token_lm)")
+    wid = np.append(wid, lm.eos)  # the last column: </s>
+    cols = num_tokens + 1
     V = len(lm.words)
     counts = np.diff(a.state_offsets)
     arc_state = np.repeat(np.arange(S0, dtype=np.int64), counts)
     keys = arc_state * V + a.arc_word.astype(np.int64)  # sorted: states, then words ascending
     # fold the back-off of every (state, token) pair at once
-    cur = np.repeat(np.arange(S0, dtype=np.int64), num_tokens)
+    cur = np.repeat(np.arange(S0, dtype=np.int64), cols)
     w = np.tile(wid, S0)
     acc = np.zeros(cur.shape[0])
     logp = np.full(cur.shape[0], -math.inf)
@@ -200,8 +235,10 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
         acc[miss] += a.backoff_logp[cur[miss]].astype(np.float64)
         cur[miss] = a.backoff_state[cur[miss]]
         todo = miss[cur[miss] >= 0]  # the root has every word: never -1 for a token
-    nxt = nxt.reshape(S0, num_tokens)
-    logp = logp.reshape(S0, num_tokens)
+    nxt2 = nxt.reshape(S0, cols)[:, :num_tokens]
+    logp2 = logp.reshape(S0, cols)
+    final = logp2[:, num_tokens]
+    logp2 = logp2[:, :num_tokens]
     # keep the states reachable from <s>, numbered breadth first
     start = int(a.start_state)
     new_id = np.full(S0, -1, dtype=np.int64)
@@ -210,7 +247,7 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
     frontier = order_l[0]
     num = 1
     while len(frontier):
-        dst = np.unique(nxt[frontier].ravel())
+        dst = np.unique(nxt2[frontier].ravel())
         dst = dst[(dst >= 0)]
         dst = dst[new_id[dst] < 0]
         new_id[dst] = np.arange(num, num + len(dst))
@@ -220,9 +257,9 @@ def token_lm_tables(lm: NGramLM, num_tokens: int) -> tuple[np.ndarray, np.ndarra
     old = np.concatenate(order_l)
     table = np.full((num, num_tokens + 1), -1, dtype=np.int64)
     lp = np.full((num, num_tokens + 1), -math.inf)
-    table[:, 1:] = np.where(nxt[old] >= 0, new_id[np.maximum(nxt[old], 0)], -1)
-    lp[:, 1:] = logp[old]
-    return table, lp, 0
+    table[:, 1:] = np.where(nxt2[old] >= 0, new_id[np.maximum(nxt2[old], 0)], -1)
+    lp[:, 1:] = logp2[old]
+    return PTables(table, lp, 0, final[old])
 
 
 def token_lm_graph(
@@ -232,6 +269,7 @@ def token_lm_graph(
     order: int = 2,
     prune: Union[None, int, Sequence[int]] = None,
     method: str = "kneser_ney",
+    eos: bool = False,
 ) -> Graph:
     """The token n-gram ``P`` as an epsilon-free deterministic acceptor over token ids.
 
@@ -245,6 +283,9 @@ def token_lm_graph(
         order: n-gram order, 1 to :data:`MAX_ORDER`.
         prune: see :func:`token_lm`.
         method: ``"kneser_ney"`` or ``"witten_bell"``.
+        eos: include ``ln P(</s> | history)``: every arc gets a copy, weighing that much more,
+            into one new accepting node (the last; the only accepting one), so a non-empty path
+            scores the whole sentence; twice the arcs.
 
     Returns:
         The acceptor (``calc_grad=False``): labels ``1..N``, arcs sorted by node then label.
@@ -255,21 +296,21 @@ def token_lm_graph(
         (3, 6)
     """
     lm = token_lm(sequences, num_tokens, order=order, prune=prune, method=method)
-    table, lp, start = token_lm_tables(lm, int(num_tokens))
-    S, n = table.shape[0], int(num_tokens)
+    p = token_lm_tables(lm, int(num_tokens))
+    S, n = p.next_state.shape[0], int(num_tokens)
     src = np.repeat(np.arange(S), n)
+    dst = p.next_state[:, 1:].ravel()
     lab = np.tile(np.arange(1, n + 1), S)
-    return Graph.from_arrays(
-        S,
-        [start],
-        np.arange(S),
-        src,
-        table[:, 1:].ravel(),
-        lab,
-        None,
-        lp[:, 1:].ravel().astype(np.float32),
-        calc_grad=False,
-    )
+    w = p.logp[:, 1:].ravel()
+    accept = np.arange(S)
+    if eos:
+        src, lab = np.concatenate([src, src]), np.concatenate([lab, lab])
+        w = np.concatenate([w, w + p.final[dst]])
+        dst = np.concatenate([dst, np.full(len(dst), S)])
+        o = np.lexsort((dst, lab, src))
+        src, dst, lab, w = src[o], dst[o], lab[o], w[o]
+        S, accept = S + 1, np.array([S])
+    return Graph.from_arrays(S, [p.start], accept, src, dst, lab, None, w.astype(np.float32), calc_grad=False)
 
 
 def denominator_graph(
@@ -280,6 +321,7 @@ def denominator_graph(
     topology: str = "ctc",
     prune: Union[None, int, Sequence[int]] = None,
     method: str = "kneser_ney",
+    eos: bool = False,
 ) -> Graph:
     """The LF-MMI denominator: ``topology`` composed with the token n-gram ``P``.
 
@@ -294,6 +336,11 @@ def denominator_graph(
         topology: one of :data:`~lightning_gtn.core.topologies.TOPOLOGIES`.
         prune: see :func:`token_lm`.
         method: ``"kneser_ney"`` or ``"witten_bell"``.
+        eos: include ``ln P(</s> | history)`` at the end of every path of one or more frames:
+            the arcs that may end a path get a copy into one new accepting node (the last, the
+            only accepting one) weighing that much more (about twice the arcs; see
+            :func:`~lightning_gtn.core.topologies.compose_token_acceptor`). Without it every
+            node of an accepting topology node accepts with weight 0.
 
     Returns:
         The denominator acceptor (``calc_grad=False``), arcs sorted by node then class.
@@ -305,31 +352,57 @@ def denominator_graph(
         >>> g = denominator_graph([[1, 2], [2, 1, 1]], 2, order=2, topology="ctc")
         >>> g.num_nodes(), g.num_arcs()
         (5, 15)
+        >>> g = denominator_graph([[1, 2], [2, 1, 1]], 2, order=2, topology="ctc", eos=True)
+        >>> g.num_nodes(), g.num_arcs(), g.accept()
+        (6, 30, [5])
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
     lm = token_lm(sequences, num_tokens, order=order, prune=prune, method=method)
     n = int(num_tokens)
-    table, lp, start = token_lm_tables(lm, n)
-    return compose_token_acceptor(n, topology, table, lp, start, np.ones(table.shape[0], dtype=bool))
+    p = token_lm_tables(lm, n)
+    return compose_token_acceptor(
+        n,
+        topology,
+        p.next_state,
+        p.logp,
+        p.start,
+        np.ones(p.next_state.shape[0], dtype=bool),
+        final=p.final if eos else None,
+    )
 
 
 # -- plain data ----------------------------------------------------------------------------------
 
+_INT = r"[0-9]{1,10}"
+# every repeat bounded and no two alternatives overlap: matching stays linear on hostile text
+_FLOAT = r"-?(?:[0-9]{1,40}(?:\.[0-9]{0,40})?|\.[0-9]{1,40})(?:[eE][-+]?[0-9]{1,3})?"
+_IDS_RE = re.compile(rf"(?:{_INT}(?: {_INT})*)?")
+_ARC_RE = re.compile(rf"{_INT} {_INT} {_INT} {_FLOAT}")
+_ARCS_RE = re.compile(rf"(?:{_ARC_RE.pattern}(?:\n{_ARC_RE.pattern})*)?")
+_MAX_ARC_CHARS = 64  # a line: three ids of at most 10 digits, a weight of at most 9 digits + exponent
+_KEYS = ("format", "version", "num_nodes", "num_classes", "start", "accept", "arcs", "info")
+_MAX_INFO = 64
+_MAX_STR = 256
+
 
 def graph_to_data(graph: Graph, *, info: Optional[Mapping[str, Any]] = None) -> dict:
-    """A weighted acceptor as plain data (ints, floats, strings and lists of them).
+    """A weighted acceptor as plain data (ints and strings) for configs and checkpoints.
+
+    Arcs travel as one string (a config or checkpoint holds it as one value, not as hundreds of
+    thousands of list entries), one line ``"src dst label weight"`` per arc, in arc order, the
+    weight with 9 significant digits (what a float32 needs to come back exactly).
 
     Args:
-        graph: an epsilon-free acceptor (labels ``>= 0``, input and output labels equal), e.g.
-            a denominator graph.
-        info: optional flat mapping of short strings to ints, floats or strings stored with it
-            (a topology name, an order).
+        graph: an epsilon-free acceptor (labels ``>= 0``, input and output labels equal, finite
+            weights), e.g. a denominator graph.
+        info: optional flat mapping of short strings to ints, floats, strings, bools or None
+            stored with it (a topology name, an order).
 
     Returns:
-        ``{"format": DATA_FORMAT, "version": 1, "num_nodes", "num_classes", "start", "accept",
-        "src", "dst", "label", "weight", "info"}``: ``num_classes`` is one more than the highest
-        label; the lists hold one entry per arc (weights as Python floats, exact float32 values).
+        ``{"format": DATA_FORMAT, "version": 1, "num_nodes": int, "num_classes": int,
+        "start": "ids", "accept": "ids", "arcs": "lines", "info": {...}}``: ``num_classes`` is
+        one more than the highest label; ``start``/``accept`` are space-separated node ids.
 
     Raises:
         ValueError: the graph has an epsilon, differing input/output labels, a non-finite
@@ -337,39 +410,40 @@ def graph_to_data(graph: Graph, *, info: Optional[Mapping[str, Any]] = None) -> 
 
     Example:
         >>> g = denominator_graph([[1, 2]], 2, topology="hmm1")
-        >>> graph_from_data(graph_to_data(g)).num_arcs() == g.num_arcs()
+        >>> data = graph_to_data(g)
+        >>> data["arcs"].splitlines()[0]
+        '0 1 0 -0.437213808'
+        >>> graph_from_data(data).num_arcs() == g.num_arcs()
         True
     """
     if not isinstance(graph, Graph):
         raise ValueError(f"graph must be a lightning_gtn.wfst.Graph, got {type(graph).__name__}")
     a = graph.arrays()
     if a.num_nodes > MAX_DATA_NODES or len(a.src) > MAX_DATA_ARCS:
-        raise ValueError(f"graph too large for data: {a.num_nodes} nodes, {len(a.src)} arcs")
+        raise ValueError(
+            f"graph too large for data: {a.num_nodes} nodes, {len(a.src)} arcs "
+            f"(at most {MAX_DATA_NODES} and {MAX_DATA_ARCS})"
+        )
     if len(a.ilabel) and int(a.ilabel.min()) < 0:
         raise ValueError("graph has an epsilon arc: only epsilon-free acceptors become data")
     if not np.array_equal(a.ilabel, a.olabel):
         raise ValueError("graph is not an acceptor (input and output labels differ)")
     if not np.all(np.isfinite(a.weights)):
         raise ValueError("graph has a non-finite weight")
-    data = {
+    arcs = "\n".join(
+        f"{s} {d} {lab} {w:.9g}"
+        for s, d, lab, w in zip(a.src.tolist(), a.dst.tolist(), a.ilabel.tolist(), a.weights.tolist())
+    )
+    return {
         "format": DATA_FORMAT,
         "version": _DATA_VERSION,
         "num_nodes": int(a.num_nodes),
         "num_classes": int(a.ilabel.max()) + 1 if len(a.ilabel) else 0,
-        "start": a.start.tolist(),
-        "accept": a.accept.tolist(),
-        "src": a.src.tolist(),
-        "dst": a.dst.tolist(),
-        "label": a.ilabel.tolist(),
-        "weight": [float(x) for x in a.weights.tolist()],
+        "start": " ".join(str(i) for i in a.start.tolist()),
+        "accept": " ".join(str(i) for i in a.accept.tolist()),
+        "arcs": arcs,
         "info": _check_info(dict(info) if info is not None else {}),
     }
-    return data
-
-
-_KEYS = ("format", "version", "num_nodes", "num_classes", "start", "accept", "src", "dst", "label", "weight", "info")
-_MAX_INFO = 64
-_MAX_STR = 256
 
 
 def _check_info(info) -> dict:
@@ -377,15 +451,15 @@ def _check_info(info) -> dict:
         raise ValueError(f"data: info must be a mapping, got {type(info).__name__}")
     if len(info) > _MAX_INFO:
         raise ValueError(f"data: info has more than {_MAX_INFO} entries")
-    out = {}
+    out: dict = {}
     for k, v in info.items():
         if not isinstance(k, str) or len(k) > _MAX_STR:
             raise ValueError(f"data: info keys must be strings of at most {_MAX_STR} characters")
         if isinstance(v, str):
             if len(v) > _MAX_STR:
                 raise ValueError(f"data: info[{k!r}] is a string longer than {_MAX_STR}")
-        elif isinstance(v, bool) or v is None:
-            pass
+        elif isinstance(v, (bool, np.bool_)) or v is None:
+            v = None if v is None else bool(v)
         elif isinstance(v, (int, np.integer)):
             v = int(v)
         elif isinstance(v, (float, np.floating)):
@@ -408,25 +482,47 @@ def _int(data: Mapping, key: str, low: int, high: int) -> int:
     return v
 
 
-def _list(data: Mapping, key: str, max_len: int, low: int, high: int) -> np.ndarray:
-    """An integer list field as int64, every entry in ``[low, high)``."""
+def _ids(data: Mapping, key: str, num_nodes: int) -> np.ndarray:
+    """A string of distinct space-separated node ids in ``[0, num_nodes)``."""
     v = data[key]
-    if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Sequence):
-        raise ValueError(f"data: {key} must be a list of integers, got {type(v).__name__}")
-    if len(v) > max_len:
-        raise ValueError(f"data: {key} has {len(v)} entries, more than {max_len}")
-    items = list(v)
-    for x in items:
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-            raise ValueError(f"data: {key} must hold integers only, found {type(x).__name__}")
-    try:
-        arr = np.array(items, dtype=np.int64)
-    except (OverflowError, ValueError):
-        raise ValueError(f"data: {key} holds an integer outside int64") from None
-    if arr.size and (int(arr.min()) < low or int(arr.max()) >= high):
-        bad = int(arr.min()) if int(arr.min()) < low else int(arr.max())
-        raise ValueError(f"data: {key} holds {bad}, outside [{low}, {high - 1}]")
-    return arr
+    if not isinstance(v, str):
+        raise ValueError(f"data: {key} must be a string of space-separated node ids, got {type(v).__name__}")
+    if len(v) > 11 * max(num_nodes, 1):
+        raise ValueError(f"data: {key} is longer than {num_nodes} node ids can be")
+    if not _IDS_RE.fullmatch(v):
+        raise ValueError(f"data: {key} must be node ids (decimal digits) separated by single spaces")
+    ids = np.array([int(t) for t in v.split()], dtype=np.int64)
+    if ids.size and int(ids.max()) >= num_nodes:
+        raise ValueError(f"data: {key} holds {int(ids.max())}, outside [0, {num_nodes - 1}]")
+    if len(np.unique(ids)) != len(ids):
+        raise ValueError(f"data: {key} names a node more than once")
+    return ids
+
+
+def _arcs(data: Mapping, num_nodes: int, num_classes: int):
+    v = data["arcs"]
+    if not isinstance(v, str):
+        raise ValueError(f"data: arcs must be a string of 'src dst label weight' lines, got {type(v).__name__}")
+    if len(v) > MAX_DATA_ARCS * _MAX_ARC_CHARS:
+        raise ValueError(f"data: arcs is longer than {MAX_DATA_ARCS} arcs can be")
+    if not _ARCS_RE.fullmatch(v):
+        for no, line in enumerate(v.split("\n"), start=1):
+            if not _ARC_RE.fullmatch(line):
+                raise ValueError(f"data: arcs line {no} is not 'src dst label weight' (decimal numbers): {line[:60]!r}")
+        raise ValueError("data: arcs must be lines 'src dst label weight' separated by single newlines")
+    toks = v.split()
+    e = len(toks) // 4
+    if e > MAX_DATA_ARCS:
+        raise ValueError(f"data: arcs has {e} lines, more than {MAX_DATA_ARCS}")
+    rows = np.array(toks, dtype=object).reshape(e, 4)
+    ints = rows[:, :3].astype(np.int64)
+    weights = rows[:, 3].astype(np.float64)
+    for col, name, high in ((0, "src", num_nodes), (1, "dst", num_nodes), (2, "label", num_classes)):
+        if e and int(ints[:, col].max()) >= high:
+            raise ValueError(f"data: arcs hold {name} {int(ints[:, col].max())}, outside [0, {high - 1}]")
+    if e and (not np.all(np.isfinite(weights)) or float(np.abs(weights).max()) > 3.0e38):
+        raise ValueError("data: arcs hold a weight beyond float32")
+    return ints[:, 0], ints[:, 1], ints[:, 2], weights.astype(np.float32)
 
 
 def graph_from_data(data: Mapping[str, Any]) -> Graph:
@@ -440,9 +536,10 @@ def graph_from_data(data: Mapping[str, Any]) -> Graph:
 
     Raises:
         ValueError: naming the field: a missing or unknown key, a wrong format or version, a
-            count or list length beyond :data:`MAX_DATA_NODES` / :data:`MAX_DATA_ARCS`, a node id
-            outside ``[0, num_nodes)``, a label outside ``[0, num_classes)``, a repeated start or
-            accept id, lists of different lengths, a weight that is not a finite real number.
+            count beyond :data:`MAX_DATA_NODES` / :data:`MAX_DATA_ARCS` or a string longer than
+            such counts allow (checked before parsing), a malformed line, a node id outside
+            ``[0, num_nodes)``, a label outside ``[0, num_classes)``, a repeated start or accept
+            id, a weight that is not a finite float32.
     """
     if not isinstance(data, Mapping):
         raise ValueError(f"data must be a mapping, got {type(data).__name__}")
@@ -457,32 +554,9 @@ def graph_from_data(data: Mapping[str, Any]) -> Graph:
         raise ValueError(f"data: format must be {DATA_FORMAT!r}")
     _int(data, "version", _DATA_VERSION, _DATA_VERSION)
     n = _int(data, "num_nodes", 0, MAX_DATA_NODES)
-    c = _int(data, "num_classes", 0, 1 << 24)
-    start = _list(data, "start", n, 0, n)
-    accept = _list(data, "accept", n, 0, n)
-    for name, ids in (("start", start), ("accept", accept)):
-        if len(np.unique(ids)) != len(ids):
-            raise ValueError(f"data: {name} names a node more than once")
-    src = _list(data, "src", MAX_DATA_ARCS, 0, n)
-    e = len(src)
-    dst = _list(data, "dst", e, 0, n)
-    lab = _list(data, "label", e, 0, c)
-    w = data["weight"]
-    if isinstance(w, (str, bytes, Mapping)) or not isinstance(w, Sequence):
-        raise ValueError(f"data: weight must be a list of numbers, got {type(w).__name__}")
-    if len(w) > e:
-        raise ValueError(f"data: weight has {len(w)} entries, more than the {e} arcs")
-    wl = list(w)
-    for x in wl:
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
-            raise ValueError(f"data: weight must hold real numbers only, found {type(x).__name__}")
-    try:
-        weights = np.array(wl, dtype=np.float64)
-    except (OverflowError, ValueError):
-        raise ValueError("data: weight holds a number that is not a float") from None
-    if len(dst) != e or len(lab) != e or len(weights) != e:
-        raise ValueError(f"data: src, dst, label and weight must all have {e} entries (one per arc)")
-    if e and (not np.all(np.isfinite(weights)) or np.abs(weights).max() > 3.0e38):
-        raise ValueError("data: weight must hold finite float32 numbers")
+    c = _int(data, "num_classes", 0, MAX_DATA_CLASSES)
+    start = _ids(data, "start", n)
+    accept = _ids(data, "accept", n)
+    src, dst, lab, weights = _arcs(data, n, c)
     _check_info(data["info"])
-    return Graph.from_arrays(n, start, accept, src, dst, lab, None, weights.astype(np.float32), calc_grad=False)
+    return Graph.from_arrays(n, start, accept, src, dst, lab, None, weights, calc_grad=False)

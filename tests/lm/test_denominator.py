@@ -22,11 +22,13 @@ import lightning_gtn.wfst as gtn
 from lightning_gtn.core.topologies import TOPOLOGIES, num_classes, numerator_graph
 from lightning_gtn.lm.denominator import (
     MAX_DATA_ARCS,
+    MAX_P_ARCS,
     denominator_graph,
     graph_from_data,
     graph_to_data,
     token_lm,
     token_lm_graph,
+    token_lm_tables,
 )
 from tests.core.test_topologies import alignments, readings
 
@@ -66,6 +68,16 @@ def test_lm_graph_scores_are_the_models_sentence_scores(order, method, prune):
             assert _path_score(g, seq) == pytest.approx(want, abs=1e-5), seq
 
 
+def test_lm_graph_with_eos_scores_whole_sentences():
+    N = 3
+    lm = token_lm(TRAIN, N, order=3)
+    g = token_lm_graph(TRAIN, N, order=3, eos=True)
+    assert g.accept() == [g.num_nodes() - 1] and g.num_arcs() == 2 * token_lm_graph(TRAIN, N, order=3).num_arcs()
+    for L in (1, 2, 3):
+        for seq, s in _class_sequence_scores(g, L, N + 1, first=1).items():
+            assert s == pytest.approx(lm.sentence_score([str(t) for t in seq], eos=True), abs=1e-4), seq
+
+
 def test_lm_graph_folds_backoff_exactly():
     """A bigram seen in training keeps its explicit probability; an unseen one gets
     ``bow(h) P(w)``: the folded arcs are the back-off model's, not a sum of both paths."""
@@ -95,11 +107,12 @@ def test_prune_removes_histories():
     assert not np.allclose(tri.weights_to_numpy(), full.weights_to_numpy())
 
 
-def _class_sequence_scores(den, T, C):
-    """``{x: ln sum over the paths of den reading x}`` for every class sequence ``x``."""
+def _class_sequence_scores(den, T, C, first=0):
+    """``{x: ln sum over the paths of den reading x}`` for every sequence ``x`` of ``T`` labels
+    in ``[first, C)``."""
     a = den.arrays()
     out = {}
-    for x in itertools.product(range(C), repeat=T):
+    for x in itertools.product(range(first, C), repeat=T):
         alpha = np.full(den.num_nodes(), -np.inf)
         alpha[a.start] = 0.0
         for c in x:
@@ -111,28 +124,28 @@ def _class_sequence_scores(den, T, C):
     return out
 
 
-def _brute_force(lm, N, T, topology):
+def _brute_force(lm, N, T, topology, eos=False):
     """``{x: ln sum over (y, path) spelling x of P(y)}`` from the topology definitions."""
     out: dict = {}
     for (x, y), count in readings(N, T, topology).items():
-        s = math.log(count) + lm.sentence_score([str(t) for t in y], eos=False)
+        s = math.log(count) + lm.sentence_score([str(t) for t in y], eos=eos)
         out[x] = np.logaddexp(out.get(x, -np.inf), s)
     return out
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_denominator_is_topology_composed_with_p(topology):
+@pytest.mark.parametrize("topology,eos", [(t, False) for t in TOPOLOGIES] + [("ctc", True), ("hmm1", True)])
+def test_denominator_is_topology_composed_with_p(topology, eos):
     N = 2
     train = [[1, 2], [2, 1, 1], [1, 1], [2]]
     lm = token_lm(train, N, order=2)
-    den = denominator_graph(train, N, order=2, topology=topology)
+    den = denominator_graph(train, N, order=2, topology=topology, eos=eos)
     C = num_classes(N, topology)
     labels = den.labels_to_numpy()
     assert labels.min() >= 0 and labels.max() < C
     assert np.array_equal(labels, den.labels_to_numpy(False))  # an acceptor
     for T in (1, 2, 4):
         got = _class_sequence_scores(den, T, C)
-        want = _brute_force(lm, N, T, topology)
+        want = _brute_force(lm, N, T, topology, eos)
         for x, s in got.items():
             assert s == pytest.approx(want.get(x, -np.inf), abs=1e-4), (topology, x)
     # the engine's forward score over random emissions: the same sum, weighted by emissions
@@ -141,22 +154,23 @@ def test_denominator_is_topology_composed_with_p(topology):
     e = rng.standard_normal((T, C))
     em = gtn.linear_graph(T, C)
     em.set_weights(e.astype(np.float32).ravel())
-    ref = np.logaddexp.reduce([s + e[np.arange(T), list(x)].sum() for x, s in _brute_force(lm, N, T, topology).items()])
+    brute = _brute_force(lm, N, T, topology, eos)
+    ref = np.logaddexp.reduce([s + e[np.arange(T), list(x)].sum() for x, s in brute.items()])
     assert gtn.forward_score(gtn.intersect(den, em)).item() == pytest.approx(ref, abs=1e-4)
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_numerator_with_denominator_carries_p(topology):
+@pytest.mark.parametrize("topology,eos", [(t, False) for t in TOPOLOGIES] + [("ctc", True)])
+def test_numerator_with_denominator_carries_p(topology, eos):
     N = 2
     lm = token_lm(TRAIN[:4], N + 1, order=2)
-    den = denominator_graph(TRAIN[:4], N + 1, order=2, topology=topology)
+    den = denominator_graph(TRAIN[:4], N + 1, order=2, topology=topology, eos=eos)
     C = num_classes(N + 1, topology)
     T = 4
     rng = np.random.default_rng(2)
     e = rng.standard_normal((T, C))
     em = gtn.linear_graph(T, C)
     em.set_weights(e.astype(np.float32).ravel())
-    dscore = _brute_force(lm, N + 1, T, topology)
+    dscore = _brute_force(lm, N + 1, T, topology, eos)
     for y in ([1, 2], [1, 1], [3]):
         num = numerator_graph(y, N + 1, topology, denominator=den)
         xs = set(alignments(y, T, topology))  # each class sequence once, weighted by the den
@@ -166,7 +180,7 @@ def test_numerator_with_denominator_carries_p(topology):
             # one reading per class sequence: every alignment weighs exactly ln P(y)
             zero = gtn.linear_graph(T, C)
             zero.set_weights(np.zeros(T * C, dtype=np.float32))
-            want = math.log(len(xs)) + lm.sentence_score([str(t) for t in y], eos=False)
+            want = math.log(len(xs)) + lm.sentence_score([str(t) for t in y], eos=eos)
             assert gtn.forward_score(gtn.intersect(num, zero)).item() == pytest.approx(want, abs=1e-4)
 
 
@@ -206,6 +220,8 @@ def test_bad_arguments():
         denominator_graph(TRAIN, 3, topology="rnnt")
     with pytest.raises(ValueError, match="num_tokens"):
         denominator_graph(TRAIN, 0)
+    with pytest.raises(ValueError, match="prune more"):  # refused before anything is allocated
+        token_lm_tables(token_lm(TRAIN, 3), 3 * MAX_P_ARCS)
 
 
 @functools.lru_cache(maxsize=1)
@@ -234,6 +250,8 @@ def test_data_round_trip(tmp_path):
     assert gtn.equal(back, den)
     assert back.start() == den.start() and back.accept() == den.accept()
     assert data["num_classes"] == 4 and data["info"] == {"topology": "ctc", "order": 2}
+    assert all(isinstance(v, (int, str, dict)) for v in data.values())
+    assert len(data["arcs"].splitlines()) == den.num_arcs()
     from omegaconf import OmegaConf
 
     assert gtn.equal(graph_from_data(OmegaConf.create(data)), den)
@@ -268,10 +286,19 @@ _BAD_VALUES = st.one_of(
     st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=5),
+    st.text(max_size=8),
+    st.text(alphabet="0123456789 -.e\n", max_size=30),
     st.lists(st.one_of(st.integers(-5, 2**40), st.floats(), st.booleans(), st.text(max_size=2)), max_size=30),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
 )
+
+
+def _accepted_is_sane(g):
+    """A graph that came through: a well-formed epsilon-free acceptor with finite weights."""
+    a = g.arrays()
+    assert len(a.src) <= MAX_DATA_ARCS
+    assert len(a.src) == 0 or (a.src.max() < a.num_nodes and a.dst.max() < a.num_nodes and a.ilabel.min() >= 0)
+    assert np.all(np.isfinite(a.weights))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -283,52 +310,63 @@ def test_hostile_data_fields_give_value_error(key, value):
         g = graph_from_data(data)
     except ValueError:
         return
-    # accepted: then it is a well-formed acceptor within the declared bounds
-    a = g.arrays()
-    assert len(a.src) <= MAX_DATA_ARCS
-    assert len(a.src) == 0 or (a.src.max() < a.num_nodes and a.dst.max() < a.num_nodes and a.ilabel.min() >= 0)
-    assert np.all(np.isfinite(a.weights))
+    _accepted_is_sane(g)
 
 
-@settings(max_examples=100, deadline=None)
-@given(
-    key=st.sampled_from(["start", "accept", "src", "dst", "label", "weight"]),
-    index=st.integers(0, 10**6),
-    value=st.one_of(st.integers(-(2**66), 2**66), st.floats(), st.booleans(), st.none(), st.text(max_size=2)),
-    cut=st.booleans(),
+_BAD_TOKENS = st.one_of(
+    st.integers(-(2**66), 2**66).map(str),
+    st.floats().map(repr),
+    st.sampled_from(["nan", "inf", "-inf", "1e999", "True", "", " ", "\n", "0x1f", "1_0", "١", "+1", "-0"]),
+    st.text(max_size=3),
 )
-def test_hostile_data_entries_give_value_error(key, index, value, cut):
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    key=st.sampled_from(["start", "accept", "arcs"]),
+    index=st.integers(0, 10**6),
+    token=_BAD_TOKENS,
+    mode=st.sampled_from(["replace", "insert", "drop"]),
+)
+def test_hostile_data_entries_give_value_error(key, index, token, mode):
+    """One token of a start/accept/arcs string replaced, inserted or dropped."""
     data = json.loads(_data_json())
-    lst = list(data[key])
-    if cut and lst:
-        lst.pop(index % len(lst))
-    elif lst:
-        lst[index % len(lst)] = value
-    else:
-        lst.append(value)
-    data[key] = lst
+    toks = data[key].split(" ") if key != "arcs" else data[key].replace("\n", " \n ").split(" ")
+    j = index % (len(toks) + 1)
+    if mode == "replace" and toks:
+        toks[j % len(toks)] = token
+    elif mode == "insert":
+        toks.insert(j, token)
+    elif toks:
+        toks.pop(j % len(toks))
+    text = " ".join(toks)
+    data[key] = text.replace(" \n ", "\n") if key == "arcs" else text
     try:
         g = graph_from_data(data)
     except ValueError:
         return
-    a = g.arrays()
-    assert len(a.src) == 0 or (a.src.max() < a.num_nodes and a.dst.max() < a.num_nodes)
-    assert np.all(np.isfinite(a.weights))
+    _accepted_is_sane(g)
 
 
 def test_hostile_data_sizes_refused_before_allocating():
-    data = graph_to_data(_den())
+    data = json.loads(_data_json())
     for key, value in (("num_nodes", 2**40), ("num_classes", 2**40), ("version", 2), ("format", "pickle")):
-        bad = dict(data, **{key: value})
         with pytest.raises(ValueError):
-            graph_from_data(bad)
+            graph_from_data(dict(data, **{key: value}))
 
-    class Huge(list):
+    class Huge(str):
         def __len__(self):
-            return MAX_DATA_ARCS + 1
+            return 2**62
 
-    with pytest.raises(ValueError, match="more than"):
-        graph_from_data(dict(data, src=Huge()))
+    for key in ("arcs", "start", "accept"):
+        with pytest.raises(ValueError, match="longer"):
+            graph_from_data(dict(data, **{key: Huge("0")}))
+    with pytest.raises(ValueError, match="label"):
+        graph_from_data(dict(data, num_classes=3))  # the blank..c labels need 4
+    with pytest.raises(ValueError, match="line 1"):
+        graph_from_data(dict(data, arcs="0 1 2 nan"))
+    with pytest.raises(ValueError, match="more than once"):
+        graph_from_data(dict(data, start="0 0"))
     for bad in (None, [], "data", 3):
         with pytest.raises(ValueError):
             graph_from_data(bad)
