@@ -173,8 +173,11 @@ def main(argv=None) -> str:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--generic-batch", type=int, default=4, help="rows of the generic path at the large graph")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="one repeat, 2 generic rows at the large graph")
     ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.generic_batch = 1, 2
     if args.memory_child is not None:
         _memory_child(args.memory_child)
         return ""

@@ -410,6 +410,8 @@ def shared_scores(
     lens = np.asarray(lengths, dtype=np.int64)
     if lens.shape != (B,) or (B and (lens.min() < 0 or lens.max() > T)):
         raise ValueError(f"lengths must be {B} values in [0, {T}]")
+    if graph.max_label >= C:  # the kernel reads emissions by these labels
+        raise ValueError(f"the graph's arc label {graph.max_label} is out of range for C={C} classes")
     leak = graph.leak_distribution() if leaky > 0.0 else np.zeros(max(S, 1), dtype=np.float64)
     K = int(checkpoint) if checkpoint else checkpoint_interval(B, T, S, G, dt.itemsize, need_w)
     if K < 1:

@@ -31,11 +31,15 @@ def _tables(graph: Any, device: torch.device, dtype: torch.dtype):
     src = torch.from_numpy(graph.fwd_src.astype(np.int64))
     grp = torch.from_numpy(arc_group.astype(np.int64))
     p = torch.from_numpy(graph.fwd_prob)
-    M = torch.sparse_coo_tensor(torch.stack([grp, src]), p, (G, S)).coalesce()  # u^T = M @ alpha^T
-    Mt = torch.sparse_coo_tensor(torch.stack([src, grp]), p, (S, G)).coalesce()  # beta^T = Mt @ v^T
+    M = torch.sparse_coo_tensor(
+        torch.stack([grp, src]), p, (G, S), check_invariants=True
+    ).coalesce()  # u^T = M @ alpha^T
+    Mt = torch.sparse_coo_tensor(
+        torch.stack([src, grp]), p, (S, G), check_invariants=True
+    ).coalesce()  # beta^T = Mt @ v^T
     gd = torch.from_numpy(graph.group_dst.astype(np.int64))
     D = torch.sparse_coo_tensor(
-        torch.stack([gd, torch.arange(G)]), torch.ones(G, dtype=torch.float64), (S, G)
+        torch.stack([gd, torch.arange(G)]), torch.ones(G, dtype=torch.float64), (S, G), check_invariants=True
     ).coalesce()  # alpha'^T = D @ (e u)^T
     t = dict(
         M=M.to(device=device, dtype=dtype),
@@ -79,6 +83,8 @@ def shared_scores(
     B, T, C = E.shape
     dev, dt = E.device, E.dtype
     S, G = graph.num_states, graph.num_groups
+    if graph.max_label >= C or np.any(np.asarray(lengths) > T) or np.any(np.asarray(lengths) < 0):
+        raise ValueError(f"labels must be < C={C} and lengths in [0, {T}]")
     tb = _tables(graph, dev, dt)
     lens = torch.as_tensor(np.asarray(lengths, dtype=np.int64), device=dev)
     Tm = int(lens.max()) if B else 0

@@ -34,7 +34,7 @@ from ..kernels.batch import compile_graph
 from ..wfst import Graph
 from .graph import check_labels
 
-__all__ = ["mmi_loss", "mmi_denominator_score", "MMI_IMPLS", "num_tokens_of"]
+__all__ = ["mmi_loss", "mmi_denominator_score", "denominator_handle", "MMI_IMPLS", "num_tokens_of"]
 
 #: ``impl=`` values: None (numba on the CPU, torch elsewhere), ``"numba"`` (CPU), ``"torch"``
 MMI_IMPLS = (None, "numba", "torch")
@@ -112,10 +112,23 @@ def _denominator(graph: Graph, topology: str) -> _Denominator:
     hit = _BY_GRAPH.peek(key)
     if hit is not None and hit.graph is graph:
         return hit
+    if torch.compiler.is_compiling():
+        raise ValueError(
+            "this denominator graph has not been seen yet: call mmi_loss (or mmi_denominator_score) once "
+            "eagerly, or lightning_gtn.losses.mmi.denominator_handle(denominator, topology), before torch.compile"
+        )
     with _LOCK:
         d = _Denominator(graph, topology)
         _BY_GRAPH.put(key, d)
     return d
+
+
+def denominator_handle(graph: Graph, topology: str = "ctc") -> int:
+    """The integer handle under which the custom op ``lightning_gtn::mmi_denominator`` finds
+    ``graph`` (registered on first use; the same graph object keeps its handle)."""
+    if not isinstance(graph, Graph):
+        raise ValueError(f"denominator must be a lightning_gtn.wfst.Graph, got {type(graph).__name__}")
+    return int(_denominator(graph, topology).handle)
 
 
 def _check_common(log_probs, denominator, leaky_hmm, impl) -> Tuple[int, int, int]:
@@ -207,10 +220,12 @@ def _den_backward(ctx, g_out, _g1, _g2):
 denominator_op.register_autograd(_den_backward, setup_context=_den_setup)
 
 
-def _denominator_call(x: Tensor, il: Tensor, den: _Denominator, leaky_hmm: float, impl) -> Tensor:
+def _denominator_call(x: Tensor, il: Tensor, den: _Denominator, leaky_hmm: float, impl, graph_grad: bool) -> Tensor:
     grad = torch.is_grad_enabled()
     need_e = bool(grad and x.requires_grad)
-    need_w = bool(grad and den.graph.calc_grad and not torch.compiler.is_compiling())
+    need_w = bool(graph_grad and grad and den.graph.calc_grad and not torch.compiler.is_compiling())
+    if need_w and not x.requires_grad:  # only the graph wants a gradient: a private leaf makes autograd call back
+        x = x.detach().requires_grad_(True)
     logz, _, _ = denominator_op(x, il, int(den.handle), float(leaky_hmm), impl or "", need_e, need_w)
     return logz
 
@@ -251,7 +266,7 @@ def mmi_denominator_score(
     den = _denominator(denominator, "ctc")
     il = checks.int_tensor(input_lengths, "input_lengths")
     x = log_probs.to(checks.compute_dtype(log_probs))
-    return _denominator_call(x, il, den, float(leaky_hmm), impl).to(log_probs.dtype)
+    return _denominator_call(x, il, den, float(leaky_hmm), impl, True).to(log_probs.dtype)
 
 
 def mmi_loss(
@@ -286,7 +301,8 @@ def mmi_loss(
         target_lengths: ``(B,)``, needed with tensor targets.
         denominator: the shared denominator acceptor over ``[0, C)`` (e.g.
             ``lightning_gtn.functional.denominator_graph``); compiled once and cached by identity
-            and version.
+            and version. Under ``torch.compile`` it must have been seen once eagerly (or passed
+            to :func:`denominator_handle`) before the compiled call.
         topology: ``"ctc"``, ``"modified_ctc"``, ``"hmm1"`` or ``"hmm2"`` (as the denominator's).
         den_scale: the denominator's weight, finite and ``>= 0``.
         leaky_hmm: the leaky-HMM coefficient of the denominator, in ``[0, 1)``.
@@ -297,6 +313,10 @@ def mmi_loss(
 
     Returns:
         The loss in ``log_probs``' dtype.
+
+    Gradients flow to ``log_probs`` only: the numerators are copies of the denominator's arcs, so
+    a gradient for its weights would need both terms; ``denominator.grad()`` is filled by
+    :func:`mmi_denominator_score` alone.
     """
     B, T, C = _check_common(log_probs, denominator, leaky_hmm, impl)
     checks.check_reduction(reduction)
@@ -319,7 +339,7 @@ def mmi_loss(
     neg_num = criterion.apply_loss(
         den.crit, x, tg, il, tl, blank=-1, reduction="none", zero_infinity=False, impl=num_impl, name="log_probs"
     )
-    logz_den = _denominator_call(x, il, den, float(leaky_hmm), impl)
+    logz_den = _denominator_call(x, il, den, float(leaky_hmm), impl, False)
     dead = torch.isinf(neg_num) | torch.isinf(logz_den)
     safe = torch.where(dead, torch.zeros_like(logz_den), logz_den)
     losses = torch.where(dead, torch.full_like(neg_num, math.inf), neg_num + float(den_scale) * safe)

@@ -1,0 +1,256 @@
+"""``mmi_loss`` and ``mmi_denominator_score``: equal to the generic ``graph_loss`` with the same
+numerators and denominators, to a brute-force enumeration of the denominator's paths, float64
+gradcheck, the custom op under ``torch.compile(fullgraph=True)``, and clear errors (fuzzed).
+
+No public MMI test has numeric references (k2, icefall, pychain test against their own code), so
+brute force is the reference: every path of the denominator with ``T`` arcs is enumerated, its
+class sequence read off; the numerator is the paths whose class sequence collapses (CTC: merge
+repeats, drop blanks) to the target.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lightning_gtn.wfst as gtn
+from lightning_gtn.core.topologies import compose_token_acceptor, num_classes, numerator_graph
+from lightning_gtn.functional import graph_loss, mmi_denominator_score, mmi_loss
+from lightning_gtn.losses.mmi import denominator_handle, denominator_op
+
+
+def bigram_den(N, topology="ctc", seed=0, keep=1.0):
+    """A token bigram over ``N`` tokens (random log-probabilities) composed with ``topology``."""
+    rng = np.random.default_rng(seed)
+    allowed = rng.random((N + 1, N)) < keep
+    allowed[:, 0] = True
+    nxt = np.concatenate([np.full((N + 1, 1), -1), np.where(allowed, np.arange(1, N + 1)[None, :], -1)], axis=1)
+    logp = np.log(rng.dirichlet(np.ones(N + 1), size=N + 1))
+    return compose_token_acceptor(N, topology, nxt.astype(np.int64), logp, 0, np.ones(N + 1, dtype=bool))
+
+
+def collapse(x):
+    out, prev = [], None
+    for c in x:
+        if c != prev and c != 0:
+            out.append(c)
+        prev = c
+    return out
+
+
+def brute_mmi(den, E, target):
+    """``(log Z_num, log Z_den)`` by enumerating every path of ``len(E)`` arcs of ``den``."""
+    a = den.arrays()
+    T = E.shape[0]
+    start, accept = set(a.start.tolist()), set(a.accept.tolist())
+    num, tot = [], []
+    out = {s: [] for s in range(a.num_nodes)}
+    for k in range(len(a.src)):
+        out[a.src[k]].append(k)
+
+    def walk(node, t, score, labels):
+        if t == T:
+            if node in accept:
+                tot.append(score)
+                if collapse(labels) == list(target):
+                    num.append(score)
+            return
+        for k in out[node]:
+            walk(a.dst[k], t + 1, score + float(a.weights[k]) + E[t, a.ilabel[k]].item(), labels + [a.ilabel[k]])
+
+    for s in start:
+        walk(s, 0, 0.0, [])
+    lse = lambda v: -math.inf if not v else float(np.logaddexp.reduce(np.array(v)))  # noqa: E731
+    return lse(num), lse(tot)
+
+
+def test_equals_brute_force_enumeration():
+    N = 2
+    den = bigram_den(N, seed=1)
+    E = torch.randn(3, 4, N + 1, dtype=torch.float64).log_softmax(-1)
+    targets = [[1, 2], [2], [1, 1]]
+    il = torch.tensor([4, 3, 4])
+    got = mmi_loss(E, targets, il, denominator=den, reduction="none")
+    z = mmi_denominator_score(E, il, den)
+    for b, y in enumerate(targets):
+        num, tot = brute_mmi(den, E[b, : il[b]], y)
+        assert abs(z[b].item() - tot) < 1e-10
+        assert abs(got[b].item() - (tot - num)) < 1e-10
+
+
+@pytest.mark.parametrize("topology", ["ctc", "modified_ctc", "hmm1", "hmm2"])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_equals_graph_loss_with_the_same_numerators_and_denominators(topology, reduction):
+    N = 3
+    den = bigram_den(N, topology, seed=2, keep=0.7)
+    C = num_classes(N, topology)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 7, C, generator=g, dtype=torch.float64)
+    tg = torch.tensor([[1, 2, 3], [3, 3, 0], [2, 0, 0], [1, 3, 2]])
+    tl = torch.tensor([3, 2, 1, 3])
+    il = torch.tensor([7, 6, 4, 7])
+    x1 = x.clone().requires_grad_()
+    ours = mmi_loss(x1, tg, il, tl, denominator=den, topology=topology, reduction=reduction)
+    nums = [numerator_graph(tg[b, : tl[b]].tolist(), N, topology, denominator=den) for b in range(4)]
+    x2 = x.clone().requires_grad_()
+    # graph_loss: -log Z(graphs[b]) + log Z(denominators[b]), the same sign as the MMI loss
+    ref = graph_loss(x2, input_lengths=il, target_lengths=tl, graphs=nums, denominators=[den] * 4, reduction=reduction)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+    (ours.sum() if ours.dim() else ours).backward()
+    (ref.sum() if ref.dim() else ref).backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-9, atol=1e-10)
+
+
+def test_gradcheck_float64_with_den_scale_and_leaky_hmm():
+    den = bigram_den(2, seed=3)
+    x = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    tg, tl, il = torch.tensor([[1, 2], [2, 0]]), torch.tensor([2, 1]), torch.tensor([4, 3])
+
+    def f(y):
+        return mmi_loss(y, tg, il, tl, denominator=den, den_scale=0.6, leaky_hmm=0.2, reduction="sum")
+
+    assert torch.autograd.gradcheck(f, (x,), fast_mode=True)
+    assert torch.autograd.gradcheck(
+        lambda y: mmi_denominator_score(y, il, den, leaky_hmm=0.1, impl="torch"), (x,), fast_mode=True
+    )
+
+
+def test_den_scale_and_leaky_hmm_enter_as_defined():
+    den = bigram_den(2, seed=4)
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    tg, tl, il = torch.tensor([[1, 2], [2, 0]]), torch.tensor([2, 1]), torch.tensor([5, 4])
+    base = mmi_loss(x, tg, il, tl, denominator=den, den_scale=0.0, reduction="none")  # -log Z_num alone
+    z = mmi_denominator_score(x, il, den, leaky_hmm=0.3)
+    got = mmi_loss(x, tg, il, tl, denominator=den, den_scale=0.5, leaky_hmm=0.3, reduction="none")
+    torch.testing.assert_close(got, base + 0.5 * z)
+    assert (z > mmi_denominator_score(x, il, den)).all()  # leaking adds paths
+
+
+def test_zero_infinity_reductions_and_impls():
+    den = bigram_den(2, seed=5)
+    x = torch.randn(3, 4, 3, dtype=torch.float64, requires_grad=True)
+    tg, tl, il = torch.tensor([[1, 2, 1], [1, 1, 1], [2, 0, 0]]), torch.tensor([3, 3, 1]), torch.tensor([4, 4, 2])
+    # row 1 needs 5 frames (1 blank 1 blank 1): no numerator path
+    none = mmi_loss(x, tg, il, tl, denominator=den, reduction="none")
+    assert torch.isinf(none[1]) and torch.isfinite(none[[0, 2]]).all()
+    zi = mmi_loss(x, tg, il, tl, denominator=den, reduction="none", zero_infinity=True)
+    assert zi[1] == 0 and torch.equal(zi[[0, 2]], none[[0, 2]])
+    mean = mmi_loss(x, tg, il, tl, denominator=den, zero_infinity=True)
+    torch.testing.assert_close(mean, (zi / tl.clamp(min=1)).mean())
+    torch.testing.assert_close(mmi_loss(x, tg, il, tl, denominator=den, reduction="sum", zero_infinity=True), zi.sum())
+    mean.backward()
+    assert not x.grad[1].any() and x.grad[0].abs().sum() > 0
+    tz = mmi_loss(x, tg, il, tl, denominator=den, reduction="none", zero_infinity=True, impl="torch")
+    torch.testing.assert_close(tz, zi)
+    f32 = mmi_loss(x.detach().float(), tg, il, tl, denominator=den, reduction="none", zero_infinity=True)
+    assert f32.dtype == torch.float32
+    torch.testing.assert_close(f32.double(), zi, rtol=1e-5, atol=1e-5)
+
+
+def test_arc_weight_gradient_into_graph_grad_equals_graph_loss():
+    den = bigram_den(2, seed=6)
+    den.calc_grad = True
+    x = torch.randn(3, 5, 3, dtype=torch.float64)
+    il = torch.tensor([5, 2, 4])
+    den.zero_grad()
+    mmi_denominator_score(x, il, den).sum().backward()
+    ours = np.array(den.grad().weights_to_list())
+    den.zero_grad()
+    graph_loss(x.requires_grad_(), input_lengths=il, graphs=[den] * 3, reduction="sum").backward()
+    np.testing.assert_allclose(ours, -np.array(den.grad().weights_to_list()), atol=1e-5)
+    assert np.abs(ours).sum() > 0
+
+
+def test_compiles_fullgraph_and_opcheck():
+    den = bigram_den(3, seed=7)
+    x = torch.randn(2, 6, 4)
+    tg, tl, il = torch.tensor([[1, 2], [3, 0]]), torch.tensor([2, 1]), torch.tensor([6, 4])
+    lin = torch.nn.Linear(4, 4)
+
+    def step(inp):
+        return mmi_loss(lin(inp), tg, il, tl, denominator=den, den_scale=0.9)
+
+    with pytest.raises(Exception, match="not been seen yet"):  # registering needs one eager call
+        torch.compile(step, fullgraph=True, backend="aot_eager")(x)
+    eager = step(x)
+    (ge,) = torch.autograd.grad(eager, lin.weight)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(x)
+    (gc,) = torch.autograd.grad(compiled, lin.weight)
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(gc, ge)
+    h = denominator_handle(den)
+    torch.library.opcheck(denominator_op, (x.double().requires_grad_(), il, h, 0.1, "", True, False))
+
+
+def test_errors_are_clear():
+    den = bigram_den(2)
+    x = torch.randn(2, 4, 3)
+    tg, tl, il = torch.tensor([[1, 2], [2, 0]]), torch.tensor([2, 1]), torch.tensor([4, 3])
+    cases = [
+        (dict(targets=torch.tensor([[1, 3], [2, 0]])), "token id 3"),
+        (dict(targets=torch.tensor([[0, 1], [2, 0]])), "token id 0"),
+        (dict(input_lengths=torch.tensor([5, 3])), "input_lengths must be <= T=4"),
+        (dict(den_scale=-1.0), "den_scale"),
+        (dict(den_scale=float("nan")), "den_scale"),
+        (dict(leaky_hmm=1.0), "leaky_hmm"),
+        (dict(topology="hmm3"), "topology"),
+        (dict(log_probs=torch.randn(2, 4)), "log_probs"),
+        (dict(log_probs=torch.randn(2, 4, 2), targets=torch.tensor([[1, 1], [1, 0]])), r"label 2 out of range.*C=2"),
+        (dict(denominator="P"), "denominator"),
+        (dict(reduction="avg"), "reduction"),
+        (dict(impl="gtn"), "impl"),
+    ]
+    for change, msg in cases:
+        kw = dict(log_probs=x, targets=tg, input_lengths=il, target_lengths=tl, denominator=den)
+        kw.update(change)
+        args = [kw.pop(k) for k in ("log_probs", "targets", "input_lengths", "target_lengths")]
+        with pytest.raises(ValueError, match=msg):
+            mmi_loss(*args, **kw)
+    eps = gtn.Graph(False)
+    eps.add_node(True, True)
+    eps.add_arc(0, 0, gtn.epsilon)
+    with pytest.raises(ValueError, match="epsilon"):
+        mmi_denominator_score(x, il, eps)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    arcs=st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.integers(0, 2),
+            st.integers(-1, 4),
+            st.sampled_from([0.0, -1.5, 2.0, float("nan"), float("inf"), -float("inf")]),
+        ),
+        max_size=8,
+    ),
+    lengths=st.lists(st.integers(-1, 5), min_size=2, max_size=2),
+    target=st.lists(st.integers(-1, 4), max_size=3),
+    special=st.sampled_from([None, float("nan"), float("inf"), -float("inf")]),
+    leaky=st.sampled_from([0.0, 0.5]),
+)
+def test_fuzz_bad_graphs_and_inputs_never_crash(arcs, lengths, target, special, leaky):
+    g = gtn.Graph(False)
+    for i in range(3):
+        g.add_node(i == 0, i == 2)
+    for s, d, lab, w in arcs:
+        g.add_arc(s, d, lab, lab, w)
+    x = torch.randn(2, 4, 3, dtype=torch.float64)
+    if special is not None:
+        x[0, 1, 2] = special
+    tl = torch.tensor([len(target), 0])
+    tg = torch.tensor([target + [1] * (3 - len(target)), [1, 1, 1]])
+    try:
+        out = mmi_loss(x, tg, torch.tensor(lengths), tl, denominator=g, leaky_hmm=leaky, reduction="none")
+    except ValueError:
+        return
+    assert out.shape == (2,)
+    # the numerator's paths are a subset of the denominator's, with the same weights: loss >= 0
+    assert not (torch.isfinite(out) & (out < -1e-9)).any()
+    z = mmi_denominator_score(x, torch.tensor(lengths), g, leaky_hmm=leaky)
+    t = mmi_denominator_score(x, torch.tensor(lengths), g, leaky_hmm=leaky, impl="torch")
+    torch.testing.assert_close(z, t, equal_nan=True)
