@@ -22,6 +22,9 @@ of :mod:`lightning_gtn.nn.rnnt`: ``self.net``, or the module itself): the steps 
 ``encode`` and the loss's ``joint_loss``, and decoding runs the transducer greedy search (or the
 ``rnnt_beam`` decoder) instead of reading frame paths.
 
+Before each training step a loss that has ``set_step`` (the RNN-T losses, LF-MMI's CTC warm-up)
+is given the global step.
+
 A non-finite training loss stops training with :class:`NonFiniteLossError` (naming the global
 step and the batch) before the optimizer step, or, with ``nonfinite={"action": "skip",
 "max_consecutive": 10}``, skips that batch with a warning and stops after more than
