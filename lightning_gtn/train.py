@@ -274,6 +274,100 @@ def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
             cfg.loss.transitions = data
 
 
+#: The keys of a denominator recipe (``loss.denominator: {order: 2, prune: 0, topology: ctc}``).
+_DENOMINATOR_KEYS = ("order", "prune", "topology", "method")
+
+
+def _is_mmi_loss(target) -> bool:
+    """Whether ``target`` names :class:`lightning_gtn.nn.LFMMILoss` or a subclass of it."""
+    if not isinstance(target, str):
+        return False
+    if target == "lightning_gtn.nn.LFMMILoss":
+        return True
+    try:
+        from hydra.utils import get_class
+
+        cls = get_class(target)
+    except Exception:
+        return False
+    from lightning_gtn.nn import LFMMILoss
+
+    return isinstance(cls, type) and issubclass(cls, LFMMILoss)
+
+
+def _resolve_denominator(cfg: DictConfig, datamodule, output_dir: Path) -> None:
+    """``loss.denominator`` of an LF-MMI loss, resolved before the model is built.
+
+    A recipe ``{order: 2, prune: 0, topology: ctc}`` (``method`` too: ``kneser_ney``) builds the
+    denominator graph from the training transcripts (tokens: the vocabulary's characters, ids
+    ``1 .. N`` as :class:`lightning_gtn.lightning.Vocabulary` encodes them with a blank) with
+    :func:`lightning_gtn.functional.denominator_graph`, saves it as ``<run>/denominator.bin``
+    (:func:`lightning_gtn.wfst.save`) and puts it into the loss config as data
+    (:func:`lightning_gtn.functional.mmi_graph_to_data`), so the checkpoint carries it; the loss's
+    ``topology`` follows the recipe's. Graph data (what a checkpoint holds) is used as is.
+
+    Raises:
+        ConfigError: the denominator is missing or neither a recipe nor graph data, or a recipe
+            value is bad.
+    """
+    loss = cfg.get("loss")
+    if not isinstance(loss, DictConfig) or not _is_mmi_loss(loss.get("_target_")):
+        return
+    den = loss.get("denominator")
+    recipe = "a recipe {order: 2, prune: 0, topology: ctc} (built from the training transcripts)"
+    if den is None:
+        raise ConfigError(f"loss.denominator: missing; give {recipe} or a graph as data")
+    if not isinstance(den, DictConfig) or len(den) == 0:
+        raise ConfigError(f"loss.denominator: expected {recipe} or a graph as data, got {den!r}")
+    spec = OmegaConf.to_container(den, resolve=True)
+    assert isinstance(spec, dict)
+    if not set(spec) <= set(_DENOMINATOR_KEYS):
+        if set(spec) & set(_DENOMINATOR_KEYS) - {"topology"}:
+            unknown = sorted(set(spec) - set(_DENOMINATOR_KEYS))
+            raise ConfigError(
+                f"loss.denominator.{unknown[0]}: unknown key of a denominator recipe (keys: {_DENOMINATOR_KEYS})"
+            )
+        return  # graph data (a checkpoint's, or the user's own): the loss checks it when it is built
+    order, prune = spec.get("order", 2), spec.get("prune", 0)
+    topology, method = spec.get("topology", loss.get("topology", "ctc")), spec.get("method", "kneser_ney")
+    if isinstance(order, bool) or not isinstance(order, int) or not 1 <= order <= 6:
+        raise ConfigError(f"loss.denominator.order: expected an integer in [1, 6], got {order!r}")
+    if prune is not None and (isinstance(prune, bool) or not isinstance(prune, int) or prune < 0):
+        raise ConfigError(
+            f"loss.denominator.prune: expected an integer >= 0 (n-grams of order >= 2 seen at most this many times "
+            f"are dropped; 0: none), got {prune!r}"
+        )
+    if loss.get("topology") is not None and loss.get("topology") != topology:
+        raise ConfigError(
+            f"loss.denominator.topology: {topology!r} differs from loss.topology {loss.get('topology')!r} "
+            "(the numerators and the denominator need the same topology)"
+        )
+    from lightning_gtn import functional, wfst
+    from lightning_gtn.lightning import Vocabulary
+
+    vocab = Vocabulary(datamodule.chars, blank=True)
+    try:
+        seqs = [vocab.encode(t) for t in train_texts(datamodule)]
+    except ValueError as e:
+        raise ConfigError(f"loss.denominator: the training transcripts do not fit the vocabulary: {e}") from None
+    try:
+        graph = functional.denominator_graph(
+            seqs,
+            len(vocab.chars),
+            order=order,
+            topology=topology,
+            prune=prune or None,
+            method=method,
+        )
+        data = functional.mmi_graph_to_data(graph, info={"topology": topology, "order": order, "prune": prune or 0})
+    except ValueError as e:
+        raise ConfigError(f"loss.denominator: {' '.join(str(e).split())}") from e
+    wfst.save(str(output_dir / "denominator.bin"), graph)
+    with open_dict(cfg):
+        cfg.loss.denominator = data
+        cfg.loss.topology = topology
+
+
 def _vocabulary_arguments(target) -> tuple:
     """The ``vocabulary_arguments`` a library loss class declares (``"tokens"``: word pieces may
     be learned here), or ``()`` for anything else (checked when the loss is built)."""
@@ -474,6 +568,7 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
 
     datamodule = build(cfg.data, "data")
     _resolve_token_files(cfg, datamodule, output_dir)
+    _resolve_denominator(cfg, datamodule, output_dir)
     try:
         # the user's own config: its dotted paths are trusted as given
         own = [p for key in ("model", "loss", "optim") for p, _ in trust.targets_in(cfg.get(key), key)]

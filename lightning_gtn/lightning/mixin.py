@@ -22,6 +22,9 @@ of :mod:`lightning_gtn.nn.rnnt`: ``self.net``, or the module itself): the steps 
 ``encode`` and the loss's ``joint_loss``, and decoding runs the transducer greedy search (or the
 ``rnnt_beam`` decoder) instead of reading frame paths.
 
+Before each training step a loss that has ``set_step`` (the RNN-T losses, LF-MMI's CTC warm-up)
+is given the global step.
+
 A non-finite training loss stops training with :class:`NonFiniteLossError` (naming the global
 step and the batch) before the optimizer step, or, with ``nonfinite={"action": "skip",
 "max_consecutive": 10}``, skips that batch with a warning and stops after more than
@@ -379,8 +382,11 @@ class StructuredLossMixin:
             ``nonfinite`` says to skip.
         """
         inputs, input_lengths, targets, target_lengths, _ = self.unpack_batch(batch)
-        if self.is_transducer:  # a warm-up schedule (the pruned loss's) follows the global step
-            self.rnnt_loss.set_step(int(self.global_step))
+        # a warm-up schedule (the pruned RNN-T loss's, LF-MMI's CTC warm-up) follows the global step:
+        # ``set_step`` is the one optional method of the loss protocol the training step calls
+        set_step = getattr(self.structured_loss, "set_step", None)
+        if callable(set_step):
+            set_step(int(self.global_step))
         emissions, lengths = self.outputs(inputs, input_lengths)
         loss = self.compute_loss(emissions, lengths, targets, target_lengths)
         if self._skip_nonfinite(loss, batch_idx):

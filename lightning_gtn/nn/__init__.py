@@ -13,6 +13,7 @@ from .losses import (
     StructuredLoss,
     TargetGraphLoss,
 )
+from .mmi import LFMMILoss
 from .pruned import PrunedRNNTLoss
 from .rnnt import RNNTLoss, RNNTStructuredLoss
 from .rnnt_variants import MultiBlankRNNTLoss, TDTLoss
@@ -34,6 +35,7 @@ __all__ = [
     "MultiBlankRNNTLoss",
     "TDTLoss",
     "PrunedRNNTLoss",
+    "LFMMILoss",
     "Linear",
     "ConvTransduce1D",
 ]
