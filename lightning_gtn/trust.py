@@ -119,6 +119,7 @@ _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lig
 _add_builtin("lightning_gtn.nn", ["Linear", "ConvTransduce1D"], "module")
 _add_builtin("lightning_gtn.lightning", ["ConvRNNEncoder", "ConvTransduceEncoder", "TransducerModel"], "model")
 _add_builtin("lightning_gtn.lightning", ["DigitLinesDataModule", "TextLinesDataModule", "FeatureDataModule"], "data")
+_add_builtin("lightning_gtn.lightning", ["LhotseDataModule"], "data")  # speech from Lhotse manifests
 _add_builtin("lightning_gtn.wfst.criterion", ["ctc_graph"], "builder")
 _add_builtin(
     "torch.optim",

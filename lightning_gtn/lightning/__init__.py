@@ -7,7 +7,8 @@
 - :func:`build_loss`: a :mod:`lightning_gtn.nn` loss and its vocabulary from a name, config or module.
 - Data: :class:`DigitLinesDataModule` (embedded, no download), :class:`TextLinesDataModule`
   (embedded: English sentences rendered with matplotlib's fonts), :class:`FeatureDataModule`
-  (your own ``.npz`` features and transcripts).
+  (your own ``.npz`` features and transcripts), :class:`LhotseDataModule` (speech: Lhotse
+  manifests, duration bucketing, on-the-fly filterbanks).
 - :class:`ConvRNNEncoder`: a small convolution + bidirectional GRU/LSTM emission model.
 - :class:`ConvTransduceEncoder`: that encoder's letter scores through a WFST convolution
   (:class:`lightning_gtn.nn.ConvTransduce1D`) over a lexicon.
@@ -25,6 +26,7 @@ from .data import (
     make_digit_lines,
     read_transcripts,
 )
+from .lhotse_data import LhotseDataModule, check_cut, read_cuts
 from .losses import BUILTIN_LOSSES, TargetGraphLoss, build_loss
 from .mixin import NonFiniteLossError, StructuredLossMixin
 from .models import ConvRNNEncoder, ConvTransduceEncoder
@@ -44,6 +46,9 @@ __all__ = [
     "BUILTIN_LOSSES",
     "DigitLinesDataModule",
     "FeatureDataModule",
+    "LhotseDataModule",
+    "read_cuts",
+    "check_cut",
     "TextLinesDataModule",
     "TEXT_CHARS",
     "make_sentences",

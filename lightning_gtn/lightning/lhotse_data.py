@@ -1,0 +1,871 @@
+"""Speech data through Lhotse: manifests, duration bucketing, on-the-fly filterbanks.
+
+:class:`LhotseDataModule` reads Lhotse ``CutSet`` manifests (``.jsonl`` / ``.jsonl.gz``, read
+lazily: one cut at a time) and yields the batch dict of every data module of this package::
+
+    {"inputs": (B, T, F) float32, padded with zeros,
+     "input_lengths": (B,) int64,
+     "texts": list of B transcripts (str),
+     "ids": list of B cut ids (str)}
+
+How a batch is made:
+
+* batches are drawn by Lhotse's ``DynamicBucketingSampler``: cuts of similar duration are grouped
+  into buckets and a batch holds at most ``max_duration`` seconds of audio. The sampler is
+  deterministic in ``(seed, epoch)`` (bucket choice included: ``sync_buckets=False``), and shards
+  the epoch between DDP ranks (world size and rank are read from ``torch.distributed`` when the
+  dataloader is made). Dataloader workers share one rank's batches round-robin, so the order of
+  batches does not depend on ``num_workers``.
+* features: log-mel filterbanks computed in the dataloader workers by Lhotse's torch ``Fbank``
+  (``features="fbank"``, no torchaudio), or the cuts' own precomputed features
+  (``features="precomputed"``).
+* optional SpecAugment (Lhotse's ``SpecAugment`` transform, training only) and frame stacking
+  (``stack_frames=k``: k consecutive frames become one of ``k * F`` features).
+
+Resuming: :meth:`LhotseDataModule.state_dict` (saved by Lightning in every checkpoint) holds the
+epoch and the number of training batches consumed in it; a run resumed from a mid-epoch checkpoint
+skips exactly those batches of the same deterministic epoch (the skipped batches are only sampled,
+never loaded), so it sees the batches an uninterrupted run would have seen.
+
+Safety: a manifest is data from outside. Every line is bounded in length and parsed into a cut
+(errors name the file and line); a cut is checked before any audio is read: a single-channel
+``MonoCut``, finite positive duration within ``max_cut_duration`` (longer cuts are skipped with a
+warning, counted per split), the expected sampling rate, audio sources that are local files or
+bytes in the manifest (never URLs or shell commands), a file header (read with soundfile) that
+agrees with the manifest, and a non-empty transcript. Errors name the manifest, the cut and the
+audio file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+import os
+import types
+import warnings
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+__all__ = [
+    "LhotseDataModule",
+    "LhotseSplit",
+    "CutBatchLoader",
+    "read_cuts",
+    "check_cut",
+    "MAX_MANIFEST_LINE",
+    "MAX_CHANNELS",
+]
+
+#: the longest manifest line (characters) read; a longer one is an error (a cut is ~1 kB)
+MAX_MANIFEST_LINE = 1 << 20
+#: the most channels a recording may declare
+MAX_CHANNELS = 64
+#: audio source types read: local files and bytes held in the manifest (never "url" or "command")
+_SOURCE_TYPES = ("file", "memory")
+#: precomputed feature storages read (local files only)
+_FEATURE_STORAGES = ("lilcom_chunky", "lilcom_files", "numpy_files", "lilcom_hdf5", "numpy_hdf5", "memory_npy")
+#: tolerance (seconds) between a manifest's durations and the audio file's
+_SLACK = 0.05
+
+
+def _lhotse():
+    try:
+        import lhotse
+    except ImportError as e:  # pragma: no cover - the [speech] extra is missing
+        raise ImportError(
+            "data=lhotse needs Lhotse: pip install 'lightning_gtn[speech]' (or `make`, which installs it)"
+        ) from e
+    return lhotse
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading manifests
+
+
+class _ManifestLines:
+    """A lazy, re-iterable source of cuts from a ``.jsonl`` / ``.jsonl.gz`` manifest: each pass
+    reads the file again, one bounded line at a time; errors name the file and the line."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"_ManifestLines({self.path!r})"
+
+    def __iter__(self) -> Iterator[Any]:
+        from lhotse.cut.set import deserialize_cut
+
+        path = self.path
+        opener: Callable[..., Any] = gzip.open if path.endswith(".gz") else open
+        n = 0
+        try:
+            with opener(path, "rt", encoding="utf-8") as f:
+                while True:
+                    line = f.readline(MAX_MANIFEST_LINE + 1)
+                    if not line:
+                        return
+                    n += 1
+                    if len(line) > MAX_MANIFEST_LINE:
+                        raise ValueError(f"{path}:{n}: line longer than {MAX_MANIFEST_LINE} characters")
+                    if not line.strip():
+                        continue
+                    try:
+                        d = json.loads(line)
+                    except ValueError as e:
+                        raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+                    if not isinstance(d, dict):
+                        raise ValueError(f"{path}:{n}: expected a JSON object (a Lhotse cut), got {type(d).__name__}")
+                    if "type" not in d:
+                        kind = (
+                            "a recording (RecordingSet manifest)"
+                            if "sources" in d
+                            else "a supervision (SupervisionSet manifest)"
+                            if "recording_id" in d
+                            else "not a cut"
+                        )
+                        raise ValueError(
+                            f"{path}:{n}: {kind}; data.*_cuts must be CutSet manifests: build one with "
+                            "lhotse.CutSet.from_manifests(recordings=..., supervisions=...)"
+                            ".trim_to_supervisions().to_file('cuts.jsonl.gz')"
+                        )
+                    try:
+                        cut = deserialize_cut(d)
+                    except Exception as e:
+                        raise ValueError(f"{path}:{n}: not a valid Lhotse cut ({type(e).__name__}: {e})") from None
+                    yield cut
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+            where = f"{path}:{n + 1}" if n else path
+            raise ValueError(f"{where}: cannot read the manifest ({type(e).__name__}: {e})") from None
+
+
+def read_cuts(path_or_cutset, what: str):
+    """A lazy ``CutSet`` from a manifest path (``.jsonl`` or ``.jsonl.gz``), or ``path_or_cutset``
+    itself when it already is a ``CutSet``.
+
+    The file is opened and its first cut parsed here, so a missing, unreadable or wrong file fails
+    at once; later lines are parsed (and checked) as they are read.
+
+    Args:
+        path_or_cutset: a path (str or ``os.PathLike``) or a ``lhotse.CutSet``.
+        what: the config key, for messages (``"data.train_cuts"``).
+
+    Raises:
+        FileNotFoundError: no such file (naming ``what`` and the path).
+        ValueError: not a ``.jsonl``/``.jsonl.gz`` manifest, empty, corrupt or not a CutSet
+            (naming the file and the line).
+    """
+    lhotse = _lhotse()
+    if isinstance(path_or_cutset, lhotse.CutSet):
+        return path_or_cutset
+    if not isinstance(path_or_cutset, (str, os.PathLike)):
+        raise TypeError(f"{what}: expected a manifest path or a lhotse.CutSet, got {type(path_or_cutset).__name__}")
+    path = str(path_or_cutset)
+    if not (path.endswith(".jsonl") or path.endswith(".jsonl.gz")):
+        raise ValueError(f"{what}: {path} is not a Lhotse JSONL manifest (expected a .jsonl or .jsonl.gz file)")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{what}: manifest not found: {path}")
+    lines = _ManifestLines(path)
+    try:
+        next(iter(lines))
+    except StopIteration:
+        raise ValueError(f"{what}: {path} holds no cuts (empty manifest)") from None
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+    return lhotse.CutSet(lines)
+
+
+def _describe(cut, what: str) -> str:
+    return f"{what}: cut {getattr(cut, 'id', '?')!r}"
+
+
+def _audio_source(cut, what: str):
+    """The recording source holding the cut's channel (checked: local file or bytes)."""
+    rec = cut.recording
+    for src in rec.sources:
+        if src.type not in _SOURCE_TYPES:
+            raise ValueError(
+                f"{_describe(cut, what)}: audio source type {src.type!r} is not read (only {list(_SOURCE_TYPES)}: "
+                "local files or bytes in the manifest, never URLs or commands)"
+            )
+    for src in rec.sources:
+        if cut.channel in src.channels:
+            return src
+    raise ValueError(f"{_describe(cut, what)}: channel {cut.channel} is in none of the recording's sources")
+
+
+def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: bool, needs_features: bool) -> None:
+    """Checks a cut from its manifest fields alone (no file is opened)."""
+    from lhotse import MonoCut
+
+    if not isinstance(cut, MonoCut):
+        raise ValueError(f"{_describe(cut, what)}: only single-channel MonoCut cuts are read, got {type(cut).__name__}")
+    d, start = cut.duration, cut.start
+    if not (isinstance(d, (int, float)) and math.isfinite(d) and d > 0):
+        raise ValueError(f"{_describe(cut, what)}: duration must be a finite positive number of seconds, got {d!r}")
+    if not (isinstance(start, (int, float)) and math.isfinite(start) and start >= 0):
+        raise ValueError(f"{_describe(cut, what)}: start must be a finite number >= 0, got {start!r}")
+    if not isinstance(cut.channel, int):
+        raise ValueError(f"{_describe(cut, what)}: channel must be an int, got {cut.channel!r}")
+    texts = [s.text for s in cut.supervisions]
+    if not texts or not all(isinstance(t, str) for t in texts) or not " ".join(texts).strip():
+        raise ValueError(f"{_describe(cut, what)}: empty transcript (every cut needs a supervision with text)")
+    if needs_audio:
+        rec = cut.recording
+        if rec is None:
+            raise ValueError(f"{_describe(cut, what)}: no recording (audio) in the manifest")
+        if len(rec.channel_ids) > MAX_CHANNELS:
+            raise ValueError(f"{_describe(cut, what)}: {len(rec.channel_ids)} channels (at most {MAX_CHANNELS})")
+        if sampling_rate is not None and rec.sampling_rate != sampling_rate:
+            raise ValueError(
+                f"{_describe(cut, what)}: sampling rate {rec.sampling_rate} Hz, expected {sampling_rate} Hz "
+                "(resample the audio, or set data.sampling_rate)"
+            )
+        if not (isinstance(rec.duration, (int, float)) and math.isfinite(rec.duration)):
+            raise ValueError(f"{_describe(cut, what)}: recording duration {rec.duration!r} is not finite")
+        if start + d > rec.duration + _SLACK:
+            raise ValueError(
+                f"{_describe(cut, what)}: the cut ends at {start + d:.3f} s, after its recording ({rec.duration:.3f} s)"
+            )
+        if rec.transforms:
+            raise ValueError(
+                f"{_describe(cut, what)}: recordings with transforms (speed, volume, resampling) are not read: "
+                "apply them when preparing the manifest"
+            )
+        _audio_source(cut, what)
+    if needs_features:
+        feats = cut.features
+        if feats is None:
+            raise ValueError(f"{_describe(cut, what)}: no precomputed features (data.features=precomputed)")
+        if feats.storage_type not in _FEATURE_STORAGES:
+            raise ValueError(
+                f"{_describe(cut, what)}: feature storage {feats.storage_type!r} is not read (only "
+                f"{list(_FEATURE_STORAGES)})"
+            )
+
+
+def _source_name(src) -> str:
+    return str(src.source) if src.type == "file" else "<audio bytes in the manifest>"
+
+
+def check_cut(cut, what: str, *, sampling_rate: int | None = None) -> None:
+    """Checks that ``cut``'s audio can be read as the manifest says, before reading it.
+
+    Checks the manifest fields (see the module docstring), then opens the audio file's header with
+    soundfile: it must exist, be readable audio, have the manifest's sampling rate and channel
+    count, and hold the cut's samples. Reads no samples.
+
+    Args:
+        cut: a Lhotse cut.
+        what: the manifest (``"data.train_cuts (cuts.jsonl.gz)"``), for messages.
+        sampling_rate: the rate the features expect (None: any).
+
+    Raises:
+        ValueError: naming ``what``, the cut id and the audio file.
+    """
+    import soundfile as sf
+
+    _check_metadata(cut, what, sampling_rate=sampling_rate, needs_audio=True, needs_features=False)
+    src = _audio_source(cut, what)
+    name = _source_name(src)
+    if src.type == "file":
+        if not Path(src.source).is_file():
+            raise ValueError(f"{_describe(cut, what)}: audio file not found: {src.source}")
+    try:
+        info = sf.info(src.source if src.type == "file" else io.BytesIO(src.source))
+    except Exception as e:
+        raise ValueError(
+            f"{_describe(cut, what)}: cannot read audio {name}: {' '.join(str(e).split())[:300]}"
+        ) from None
+    rec = cut.recording
+    if info.samplerate != rec.sampling_rate:
+        raise ValueError(
+            f"{_describe(cut, what)}: audio {name} has sampling rate {info.samplerate} Hz but the manifest says "
+            f"{rec.sampling_rate} Hz"
+        )
+    if info.channels != len(src.channels):
+        raise ValueError(
+            f"{_describe(cut, what)}: audio {name} has {info.channels} channels but the manifest says "
+            f"{len(src.channels)}"
+        )
+    if info.frames <= 0:
+        raise ValueError(f"{_describe(cut, what)}: audio {name} is empty (no samples)")
+    end = cut.start + cut.duration
+    if end > info.frames / info.samplerate + _SLACK:
+        raise ValueError(
+            f"{_describe(cut, what)}: audio {name} lasts {info.frames / info.samplerate:.3f} s but the cut ends at "
+            f"{end:.3f} s"
+        )
+
+
+def _load_samples(cut, what: str) -> np.ndarray:
+    """The cut's samples (float32, 1-D), read with soundfile after :func:`check_cut`."""
+    import soundfile as sf
+
+    src = _audio_source(cut, what)
+    sr = cut.recording.sampling_rate
+    first = int(round(cut.start * sr))
+    count = max(1, int(round(cut.duration * sr)))
+    try:
+        with sf.SoundFile(src.source if src.type == "file" else io.BytesIO(src.source)) as f:
+            first = min(first, max(0, f.frames - 1))
+            f.seek(first)
+            x = f.read(frames=min(count, f.frames - first), dtype="float32", always_2d=True)
+    except Exception as e:
+        raise ValueError(
+            f"{_describe(cut, what)}: cannot read audio {_source_name(src)}: {' '.join(str(e).split())[:300]}"
+        ) from None
+    x = x[:, src.channels.index(cut.channel)]
+    if x.size == 0:
+        raise ValueError(f"{_describe(cut, what)}: audio {_source_name(src)} gave no samples")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{_describe(cut, what)}: audio {_source_name(src)} holds NaN or infinite samples")
+    return np.ascontiguousarray(x)
+
+
+def _text(cut) -> str:
+    return " ".join(s.text.strip() for s in cut.supervisions if s.text and s.text.strip())
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches
+
+
+class _Admit:
+    """The sampler's cut filter: checks the manifest fields and skips cuts over ``max_duration``
+    (a picklable callable)."""
+
+    def __init__(self, what: str, max_duration: float, check: dict):
+        self.what, self.max_duration, self.check = what, max_duration, check
+
+    def __call__(self, cut) -> bool:
+        _check_metadata(cut, self.what, **self.check)
+        return cut.duration <= self.max_duration
+
+
+class _CutBatches(Dataset):
+    """Makes the batch dict of a ``CutSet`` (``dataset[cuts]``): runs in the dataloader workers."""
+
+    def __init__(self, dm: LhotseDataModule, what: str, *, train: bool):
+        super().__init__()
+        self.what = what
+        self.max_cut_duration = dm.max_cut_duration
+        self.features = dm.features
+        self.num_mel_bins = dm.num_mel_bins
+        self.sampling_rate = dm.sampling_rate
+        self.feature_dim = dm.feature_dim // dm.stack_frames
+        self.stack_frames = dm.stack_frames
+        self.spec_augment = dm.spec_augment if train else None
+        self._fbank = None
+        self._augment = None
+
+    def __getitem__(self, cuts) -> dict:
+        return self.collate(cuts)
+
+    def features_of(self, cut) -> torch.Tensor:
+        """``(T, F)`` float32 features of one cut (checked first)."""
+        if self.features == "precomputed":
+            feats = cut.features
+            limit = int(self.max_cut_duration / max(feats.frame_shift, 1e-3)) + 16
+            if not (0 < feats.num_frames <= limit) or feats.num_features != self.feature_dim:
+                raise ValueError(
+                    f"{_describe(cut, self.what)}: precomputed features of {feats.num_frames} frames x "
+                    f"{feats.num_features} (expected at most {limit} frames of {self.feature_dim})"
+                )
+            try:
+                x = np.asarray(cut.load_features(), dtype=np.float32)
+            except Exception as e:
+                raise ValueError(
+                    f"{_describe(cut, self.what)}: cannot read its features from {feats.storage_path}: {e}"
+                ) from None
+            if x.ndim != 2 or x.shape[1] != self.feature_dim or x.shape[0] > limit or not np.isfinite(x).all():
+                raise ValueError(
+                    f"{_describe(cut, self.what)}: features from {feats.storage_path} have shape {x.shape} "
+                    f"(expected (T <= {limit}, {self.feature_dim}), finite)"
+                )
+            return torch.from_numpy(x)
+        check_cut(cut, self.what, sampling_rate=self.sampling_rate)
+        samples = _load_samples(cut, self.what)
+        if self._fbank is None:
+            from lhotse import Fbank, FbankConfig
+
+            self._fbank = Fbank(FbankConfig(num_filters=self.num_mel_bins, sampling_rate=self.sampling_rate))
+        return self._fbank.extract(torch.from_numpy(samples), self.sampling_rate).float()
+
+    def collate(self, cuts) -> dict:
+        """The batch dict of a CutSet (see the module docstring)."""
+        cuts = list(cuts)
+        feats = [self.features_of(c) for c in cuts]
+        lengths = torch.tensor([f.shape[0] for f in feats], dtype=torch.long)
+        x = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+        if self.spec_augment is not None:
+            if self._augment is None:
+                from lhotse.dataset import SpecAugment
+
+                self._augment = SpecAugment(**self.spec_augment)
+            segments = torch.stack([torch.arange(len(cuts)), torch.zeros(len(cuts), dtype=torch.long), lengths], 1)
+            x = self._augment(x, supervision_segments=segments.int())
+        k = self.stack_frames
+        if k > 1:
+            b, t, f = x.shape
+            t2 = -(-t // k)
+            x = torch.nn.functional.pad(x, (0, 0, 0, t2 * k - t)).reshape(b, t2, k * f)
+            lengths = (lengths + k - 1) // k
+        return {
+            "inputs": x.contiguous(),
+            "input_lengths": lengths,
+            "texts": [_text(c) for c in cuts],
+            "ids": [c.id for c in cuts],
+        }
+
+
+def _as_is(batch):
+    return batch
+
+
+class CutBatchLoader:
+    """The batches of one split for one rank: an iterable that Lightning uses as a dataloader.
+
+    Each ``iter()`` is one pass (an epoch): a Lhotse ``DynamicBucketingSampler`` for
+    ``(seed, epoch)`` runs in this process and yields CutSets; a torch ``DataLoader`` turns them
+    into batch dicts in ``num_workers`` worker processes (in order). Before each pass the data
+    module sets ``epoch`` and ``skip`` (batches of the pass to leave out, for resuming); the
+    skipped batches are sampled but never loaded.
+
+    Attributes:
+        world_size, rank: the sampler's DDP sharding.
+        epoch, skip: of the next pass.
+        yielded: batches given by the current pass.
+    """
+
+    def __init__(
+        self,
+        dm: LhotseDataModule,
+        split: LhotseSplit,
+        *,
+        train: bool,
+        world_size: int = 1,
+        rank: int = 0,
+        num_workers: int = 0,
+    ):
+        if not (isinstance(world_size, int) and isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError(f"data: rank {rank!r} must be in [0, world_size={world_size!r})")
+        self.cuts = split.cuts
+        self.what = split.what
+        self.duration_bins = split.duration_bins
+        self.max_duration = dm.max_duration
+        self.max_cut_duration = dm.max_cut_duration
+        self.shuffle = dm.shuffle and train
+        self.seed = dm.seed
+        self.world_size, self.rank = world_size, rank
+        self.num_workers = num_workers
+        self.dataset = _CutBatches(dm, split.what, train=train)
+        fbank = dm.features == "fbank"
+        self._check = dict(
+            sampling_rate=dm.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank
+        )
+        self.epoch = 0
+        self.skip = 0
+        self.yielded = 0
+        self.before_iter: Callable[[CutBatchLoader], None] | None = None
+
+    def make_sampler(self):
+        """A fresh Lhotse sampler over this split for ``self.epoch`` (yields CutSets)."""
+        from lhotse.dataset import DynamicBucketingSampler
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
+            s = DynamicBucketingSampler(
+                self.cuts,
+                max_duration=self.max_duration,
+                duration_bins=self.duration_bins,
+                shuffle=self.shuffle,
+                drop_last=False,
+                seed=self.seed,
+                world_size=self.world_size,
+                rank=self.rank,
+            )
+        s.filter(_Admit(self.what, self.max_cut_duration, self._check))
+        s.set_epoch(self.epoch)
+        return s
+
+    def cut_batches(self) -> Iterator[Any]:
+        """This rank's CutSets for this epoch, after the first ``skip``."""
+        for i, cuts in enumerate(self.make_sampler()):
+            if i >= self.skip:
+                yield cuts
+
+    def __iter__(self) -> Iterator[dict]:
+        if self.before_iter is not None:
+            self.before_iter(self)
+        self.yielded = 0
+        if self.num_workers == 0:
+            batches: Any = (self.dataset.collate(c) for c in self.cut_batches())
+        else:
+            batches = DataLoader(
+                self.dataset,  # type: ignore[arg-type]  # indexed by CutSets
+                sampler=self.cut_batches(),  # type: ignore[arg-type]
+                batch_size=None,
+                num_workers=self.num_workers,
+                collate_fn=_as_is,
+            )
+        for b in batches:
+            self.yielded += 1
+            yield b
+
+
+# ----------------------------------------------------------------------------------------------
+# The data module
+
+
+class LhotseSplit:
+    """One split: its lazy ``cuts``, the manifest name ``what``, and what a scan of it found.
+
+    Attributes:
+        cuts: the lazy ``lhotse.CutSet``.
+        what: ``"data.train_cuts (path)"``, for messages.
+        texts: the transcripts of the admitted cuts (in manifest order).
+        num_cuts, num_skipped: admitted cuts, and cuts skipped for being longer than
+            ``max_cut_duration``.
+        hours: total admitted audio.
+        duration_bins: the bucket boundaries (seconds) estimated from the admitted cuts.
+        num_features: the precomputed features' dimension (first cut), or None.
+    """
+
+    def __init__(self, cuts, what: str):
+        self.cuts = cuts
+        self.what = what
+        self.texts: list[str] = []
+        self.num_cuts = 0
+        self.num_skipped = 0
+        self.hours = 0.0
+        self.duration_bins: list[float] = []
+        self.num_features: int | None = None
+
+    def __len__(self) -> int:
+        return self.num_cuts
+
+    def __repr__(self) -> str:
+        return f"LhotseSplit({self.what}, {self.num_cuts} cuts, {self.hours:.2f} h)"
+
+
+def _world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
+class LhotseDataModule(L.LightningDataModule):
+    """Speech from Lhotse manifests: duration-bucketed batches of filterbanks and transcripts.
+
+    Args:
+        train_cuts, val_cuts, test_cuts: a Lhotse ``CutSet`` manifest path (``.jsonl`` or
+            ``.jsonl.gz``, read lazily) or a ``CutSet``; ``test_cuts`` defaults to ``val_cuts``.
+        features: ``"fbank"`` (log-mel filterbanks computed on the fly by Lhotse's torch
+            ``Fbank``) or ``"precomputed"`` (the cuts carry features, e.g. from
+            ``CutSet.compute_and_store_features``).
+        num_mel_bins: filterbank channels (``"fbank"``).
+        sampling_rate: the audio's sampling rate (Hz); a cut with another rate is an error.
+        max_duration: seconds of audio per batch (the sampler's budget).
+        num_buckets: duration buckets of the sampler.
+        shuffle: shuffle the training cuts (within the sampler's buffer of 20000 cuts), per epoch.
+        spec_augment: ``False``, ``True`` (Lhotse's ``SpecAugment`` with its defaults) or a dict of
+            ``SpecAugment`` arguments (``time_warp_factor``, ``num_feature_masks``,
+            ``features_mask_size``, ``num_frame_masks``, ``frames_mask_size``,
+            ``max_frames_mask_fraction``, ``p``); training batches only, before frame stacking.
+        num_workers: dataloader worker processes (features are computed there).
+        seed: the sampler's seed (with the epoch, it fixes every batch).
+        chars: the characters of the vocabulary (a string), or ``None``: the sorted characters of
+            the training transcripts.
+        max_cut_duration: cuts longer than this (seconds) are skipped, with one warning per split
+            giving their number (they would not fit the batch budget, and it bounds what one cut
+            may allocate). Must be at most ``max_duration``.
+        feature_cache: reserved (precomputing features into a folder); must be None for now.
+        stack_frames: concatenate this many consecutive frames into one (``F = k * num_mel_bins``,
+            ``T / k`` frames): cheap subsampling for CPU training.
+    """
+
+    def __init__(
+        self,
+        train_cuts,
+        val_cuts,
+        test_cuts=None,
+        *,
+        features: str = "fbank",
+        num_mel_bins: int = 80,
+        sampling_rate: int = 16000,
+        max_duration: float = 200.0,
+        num_buckets: int = 10,
+        shuffle: bool = True,
+        spec_augment: bool | dict = False,
+        num_workers: int = 0,
+        seed: int = 0,
+        chars: str | None = None,
+        max_cut_duration: float = 30.0,
+        feature_cache: str | None = None,
+        stack_frames: int = 1,
+    ):
+        super().__init__()
+        if features not in ("fbank", "precomputed"):
+            raise ValueError(f"data.features: must be 'fbank' or 'precomputed', got {features!r}")
+        for name, v, lo in (
+            ("num_mel_bins", num_mel_bins, 1),
+            ("num_buckets", num_buckets, 1),
+            ("num_workers", num_workers, 0),
+            ("stack_frames", stack_frames, 1),
+            ("sampling_rate", sampling_rate, 1),
+        ):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"data.{name}: must be an integer >= {lo}, got {v!r}")
+        for name, v in (("max_duration", max_duration), ("max_cut_duration", max_cut_duration)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
+                raise ValueError(f"data.{name}: must be a positive number of seconds, got {v!r}")
+        if max_cut_duration > max_duration:
+            raise ValueError(
+                f"data.max_cut_duration ({max_cut_duration}) must be at most data.max_duration ({max_duration}): "
+                "a batch must hold the longest cut"
+            )
+        if isinstance(spec_augment, bool):
+            augment = {} if spec_augment else None
+        elif isinstance(spec_augment, dict) or hasattr(spec_augment, "items"):
+            augment = dict(spec_augment.items())
+            from inspect import signature
+
+            from lhotse.dataset import SpecAugment
+
+            allowed = set(signature(SpecAugment.__init__).parameters) - {"self"}
+            bad = sorted(set(augment) - allowed)
+            if bad:
+                raise ValueError(f"data.spec_augment: unknown keys {bad}; SpecAugment takes {sorted(allowed)}")
+        else:
+            raise ValueError(f"data.spec_augment: must be true, false or a mapping, got {spec_augment!r}")
+        if feature_cache is not None:
+            raise ValueError("data.feature_cache: not available yet (leave it null)")
+        if chars is not None and (not isinstance(chars, str) or not chars):
+            raise ValueError(f"data.chars: must be a non-empty string or null, got {chars!r}")
+        self.features = features
+        self.num_mel_bins = num_mel_bins
+        self.sampling_rate = sampling_rate
+        self.max_duration = float(max_duration)
+        self.num_buckets = num_buckets
+        self.shuffle = bool(shuffle)
+        self.spec_augment = augment
+        self.num_workers = num_workers
+        self.seed = int(seed)
+        self.max_cut_duration = float(max_cut_duration)
+        self.stack_frames = stack_frames
+        self.feature_cache = feature_cache
+        self._chars = chars
+        self.sources = {"train": train_cuts, "val": val_cuts, "test": test_cuts if test_cuts is not None else val_cuts}
+        # plain-data hyper-parameters only (a CutSet is no checkpoint data; chars=None would clash
+        # with the model's chars when loggers merge hyper-parameters)
+        lhotse = _lhotse()
+        given = {"train_cuts": train_cuts, "val_cuts": val_cuts, "test_cuts": test_cuts}
+        ignore = [k for k, v in given.items() if isinstance(v, lhotse.CutSet)]
+        if chars is None:
+            ignore.append("chars")
+        self.save_hyperparameters(ignore=ignore)
+        self.train_set: LhotseSplit = None  # type: ignore[assignment]  # until setup()
+        self.val_set: LhotseSplit = None  # type: ignore[assignment]
+        self.test_set: LhotseSplit = None  # type: ignore[assignment]
+        self._splits: dict[str, LhotseSplit] = {}
+        self._epoch = 0
+        self._resume: dict | None = None
+        self._train_loader: CutBatchLoader | None = None
+
+    # ---------------------------------------------------------------- splits
+    def _key(self, name: str) -> str:
+        key = "val" if name == "test" and self.sources["test"] is self.sources["val"] else name
+        return f"data.{key}_cuts"
+
+    def _what(self, name: str) -> str:
+        src = self.sources[name]
+        return f"{self._key(name)} ({src})" if isinstance(src, (str, os.PathLike)) else f"{self._key(name)} (CutSet)"
+
+    def split(self, name: str) -> LhotseSplit:
+        """The split ``"train"``, ``"val"`` or ``"test"``, read and scanned once (lazily)."""
+        if name not in self._splits:
+            what = self._what(name)
+            cuts = read_cuts(self.sources[name], self._key(name))
+            self._splits[name] = self._scan(LhotseSplit(cuts, what))
+        return self._splits[name]
+
+    def _scan(self, split: LhotseSplit) -> LhotseSplit:
+        """One pass over a split's manifest fields (no audio read): checks every cut, collects
+        transcripts, durations for the bucket boundaries, and counts cuts that are too long."""
+        from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
+
+        fbank = self.features == "fbank"
+        check = dict(sampling_rate=self.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank)
+        durations: list[float] = []
+        first_long = None
+        seconds = 0.0
+        for cut in split.cuts:
+            _check_metadata(cut, split.what, **check)
+            if cut.duration > self.max_cut_duration:
+                split.num_skipped += 1
+                first_long = first_long or cut.id
+                continue
+            if not fbank:
+                nf = cut.features.num_features
+                if split.num_features is None:
+                    split.num_features = nf
+                elif nf != split.num_features:
+                    raise ValueError(
+                        f"{_describe(cut, split.what)}: {nf} features per frame but the first cut has "
+                        f"{split.num_features}"
+                    )
+            split.texts.append(_text(cut))
+            split.num_cuts += 1
+            seconds += cut.duration
+            if len(durations) < 10000:
+                durations.append(cut.duration)
+        split.hours = seconds / 3600
+        if split.num_skipped:
+            warnings.warn(
+                f"{split.what}: {split.num_skipped} cuts longer than data.max_cut_duration={self.max_cut_duration} s "
+                f"are skipped (the first: {first_long!r})",
+                stacklevel=2,
+            )
+        if not split.num_cuts:
+            raise ValueError(f"{split.what}: no usable cuts (all {split.num_skipped} are longer than max_cut_duration)")
+        nb = min(self.num_buckets, len(durations))
+        if nb > 1:
+            split.duration_bins = [
+                float(b) for b in estimate_duration_buckets([types.SimpleNamespace(duration=d) for d in durations], nb)
+            ]
+            split.duration_bins = sorted(set(split.duration_bins))
+        if not split.duration_bins:
+            split.duration_bins = [max(durations) + 1.0]
+        return split
+
+    @property
+    def chars(self) -> str:
+        """The vocabulary's characters: given, or the sorted characters of the training transcripts."""
+        if self._chars is None:
+            self._chars = "".join(sorted(set("".join(self.split("train").texts))))
+        return self._chars
+
+    @property
+    def feature_dim(self) -> int:
+        """Features per frame of a batch (``stack_frames`` times the filterbank channels)."""
+        if self.features == "fbank":
+            return self.num_mel_bins * self.stack_frames
+        nf = self.split("train").num_features
+        assert nf is not None
+        return nf * self.stack_frames
+
+    def setup(self, stage: str | None = None) -> None:
+        """Reads and checks the manifests of the stage (``fit``: train and val; ``validate``: val;
+        ``test``/``predict``: test), once."""
+        names = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}.get(
+            stage or "", ("train", "val", "test")
+        )
+        for n in names:
+            setattr(self, f"{n}_set", self.split(n))
+        if self.features == "precomputed":
+            for n in names:
+                s = self.split(n)
+                if s.num_features != self.feature_dim // self.stack_frames:
+                    raise ValueError(
+                        f"{s.what}: precomputed features have {s.num_features} per frame but the training "
+                        f"split's have {self.feature_dim // self.stack_frames}"
+                    )
+
+    # ---------------------------------------------------------------- loaders
+    def _loader(self, name: str, train: bool) -> CutBatchLoader:
+        ws, rank = _world()
+        if ws == 1 and self.trainer is not None and self.trainer.world_size > 1:  # process group not up yet
+            ws, rank = self.trainer.world_size, self.trainer.global_rank
+        loader = CutBatchLoader(
+            self, self.split(name), train=train, world_size=ws, rank=rank, num_workers=self.num_workers
+        )
+        if train:
+            loader.before_iter = self._start_epoch
+        return loader
+
+    def train_dataloader(self) -> CutBatchLoader:
+        """The training batches (shuffled per epoch, sharded by rank, resumable)."""
+        self._train_loader = self._loader("train", True)
+        return self._train_loader
+
+    def val_dataloader(self) -> CutBatchLoader:
+        """The validation batches (in manifest order within buckets, sharded by rank)."""
+        return self._loader("val", False)
+
+    def test_dataloader(self) -> CutBatchLoader:
+        """The test batches (``test_cuts``, or the validation cuts)."""
+        return self._loader("test", False)
+
+    def predict_dataloader(self) -> CutBatchLoader:
+        """The test batches."""
+        return self.test_dataloader()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch of the next training pass when no trainer is attached (a trainer's
+        ``current_epoch`` is used otherwise)."""
+        self._epoch = int(epoch)
+
+    def _current_epoch(self) -> int:
+        trainer = self.trainer
+        return int(trainer.current_epoch) if trainer is not None else self._epoch
+
+    def _start_epoch(self, dataset: CutBatchLoader) -> None:
+        epoch = self._current_epoch()
+        dataset.epoch, dataset.skip = epoch, 0
+        resume, self._resume = self._resume, None
+        if resume is not None and resume["epoch"] == epoch:
+            skip = resume["batches"]
+            if resume["world_size"] != dataset.world_size:
+                skip = (skip * resume["world_size"]) // dataset.world_size
+                warnings.warn(
+                    f"data: resuming on {dataset.world_size} processes a run that had {resume['world_size']}: "
+                    f"the epoch continues after about {skip} batches per process, not exactly where it stopped",
+                    stacklevel=2,
+                )
+            dataset.skip = skip
+        self._skipped = dataset.skip
+
+    # ---------------------------------------------------------------- resuming
+    def state_dict(self) -> dict:
+        """Where the training pass stands: ``{"epoch", "batches" (consumed in it), "world_size",
+        "seed"}`` (plain data; Lightning stores it in checkpoints)."""
+        trainer = self.trainer
+        if trainer is not None:
+            batches = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        else:
+            loader = self._train_loader
+            batches = (loader.yielded + getattr(self, "_skipped", 0)) if loader is not None else 0
+        ws = self._train_loader.world_size if self._train_loader is not None else _world()[0]
+        return {"epoch": self._current_epoch(), "batches": batches, "world_size": int(ws), "seed": self.seed}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Makes the next training pass of the saved epoch skip the batches already consumed
+        (checked: a checkpoint is outside data)."""
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"data state: expected a dict, got {type(state_dict).__name__}")
+        clean = {}
+        for k in ("epoch", "batches", "world_size", "seed"):
+            v = state_dict.get(k)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int)
+                or v < (1 if k == "world_size" else 0 if k != "seed" else -(2**63))
+            ):
+                raise ValueError(f"data state: {k} must be an integer, got {v!r}")
+            clean[k] = v
+        if clean["seed"] != self.seed:
+            warnings.warn(
+                f"data: the checkpoint's data.seed is {clean['seed']}, this run's is {self.seed}: the resumed epoch "
+                "draws other batches",
+                stacklevel=2,
+            )
+        self._resume = clean
