@@ -8,7 +8,8 @@
 - Data: :class:`DigitLinesDataModule` (embedded, no download), :class:`TextLinesDataModule`
   (embedded: English sentences rendered with matplotlib's fonts), :class:`FeatureDataModule`
   (your own ``.npz`` features and transcripts), :class:`LhotseDataModule` (speech: Lhotse
-  manifests, duration bucketing, on-the-fly filterbanks).
+  manifests, duration bucketing, on-the-fly filterbanks), :class:`SpokenTaskDataModule` (embedded
+  speech: the text task's sentences spoken by eSpeak NG, written as Lhotse manifests).
 - :class:`ConvRNNEncoder`: a small convolution + bidirectional GRU/LSTM emission model.
 - :class:`ConvTransduceEncoder`: that encoder's letter scores through a WFST convolution
   (:class:`lightning_gtn.nn.ConvTransduce1D`) over a lexicon.
@@ -32,6 +33,7 @@ from .mixin import NonFiniteLossError, StructuredLossMixin
 from .models import ConvRNNEncoder, ConvTransduceEncoder
 from .module import SequenceModule
 from .plots import plot_alignments, plot_training_curves
+from .spoken import SpokenTaskDataModule, list_voices, make_spoken_task, synthesise
 from .text import TEXT_CHARS, TextLinesDataModule, make_sentences, make_text_lines, save_text_lines_png
 from .transducer import TransducerModel
 from .vocabulary import Vocabulary
@@ -49,6 +51,10 @@ __all__ = [
     "LhotseDataModule",
     "read_cuts",
     "check_cut",
+    "SpokenTaskDataModule",
+    "synthesise",
+    "list_voices",
+    "make_spoken_task",
     "TextLinesDataModule",
     "TEXT_CHARS",
     "make_sentences",

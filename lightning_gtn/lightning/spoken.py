@@ -35,6 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from .lhotse_data import LhotseDataModule
+from .text import TEXT_CHARS
+
 __all__ = [
     "SAMPLE_RATE",
     "DEFAULT_VOICES",
@@ -48,6 +51,7 @@ __all__ = [
     "default_cache_dir",
     "task_key",
     "make_spoken_task",
+    "SpokenTaskDataModule",
 ]
 
 #: the sample rate of everything this module returns and writes
@@ -744,3 +748,122 @@ def _generate(settings: dict[str, Any], tmp: Path, final: Path, num_workers: int
         CutSet.from_manifests(recordings=recs, supervisions=sups).to_file(tmp / f"cuts_{split}.jsonl.gz")
     hours = sum(lengths.values()) / SAMPLE_RATE / 3600
     (tmp / _COMPLETE).write_text(json.dumps({"settings": settings, "hours": round(hours, 4)}, indent=1, sort_keys=True))
+
+
+class SpokenTaskDataModule(LhotseDataModule):
+    """``data=speech``: the embedded spoken task, generated once into a cache and read back
+    through :class:`~lightning_gtn.lightning.lhotse_data.LhotseDataModule` (the real speech path:
+    Lhotse manifests, duration buckets, on-the-fly filterbanks).
+
+    The task (see :func:`make_spoken_task`) is generated in ``prepare_data`` (or ``setup``, when
+    used without a trainer) into ``cache_dir/<task_key>``, once: a complete folder of the same
+    settings is reused. The vocabulary is the text task's characters (``chars``).
+
+    Args:
+        cache_dir: the cache root (None: :func:`default_cache_dir`).
+        num_train, num_val, num_test, seed, voices, variants, voice_split, max_chars, rate, pitch,
+            volume, snr_db, reverb_prob, rt60, audio_format: the task; see :func:`make_spoken_task`.
+        generation_workers: processes synthesising the task (0: the calling process).
+        progress: show a progress bar while generating.
+        features, num_mel_bins, max_duration, num_buckets, shuffle, spec_augment, num_workers,
+            chars, max_cut_duration, stack_frames: see
+            :class:`~lightning_gtn.lightning.lhotse_data.LhotseDataModule`; ``seed`` is also the
+            sampler's.
+    """
+
+    def __init__(
+        self,
+        cache_dir: str | None = None,
+        num_train: int = 4000,
+        num_val: int = 300,
+        num_test: int = 300,
+        seed: int = 0,
+        voices: Sequence[str] = DEFAULT_VOICES,
+        variants: Sequence[str] = DEFAULT_VARIANTS,
+        voice_split: Sequence[float] = (0.8, 0.1, 0.1),
+        max_chars: int = 40,
+        rate: Sequence[int] = (140, 210),
+        pitch: Sequence[int] = (25, 75),
+        volume: Sequence[int] = (60, 140),
+        snr_db: Sequence[float] = (10.0, 40.0),
+        reverb_prob: float = 0.5,
+        rt60: Sequence[float] = (0.1, 0.5),
+        audio_format: str = "flac",
+        generation_workers: int = 0,
+        progress: bool = True,
+        *,
+        features: str = "fbank",
+        num_mel_bins: int = 40,
+        max_duration: float = 60.0,
+        num_buckets: int = 10,
+        shuffle: bool = True,
+        spec_augment: bool | dict = False,
+        num_workers: int = 0,
+        chars: str | None = TEXT_CHARS,
+        max_cut_duration: float = 30.0,
+        stack_frames: int = 1,
+    ):
+        # plain data in the saved hyper-parameters (Hydra passes ListConfigs), so a checkpoint
+        # loads with torch.load(weights_only=True)
+        voices, variants = [str(v) for v in voices], [str(v) for v in variants]
+        voice_split = [float(v) for v in voice_split]
+        rate, pitch, volume = (_pair(n, v, int) for n, v in (("rate", rate), ("pitch", pitch), ("volume", volume)))
+        snr_db, rt60 = _pair("snr_db", snr_db), _pair("rt60", rt60)
+        if isinstance(generation_workers, bool) or not isinstance(generation_workers, int) or generation_workers < 0:
+            raise ValueError(f"data.generation_workers: must be an integer >= 0, got {generation_workers!r}")
+        self.task_settings = _settings(
+            num_train=num_train,
+            num_val=num_val,
+            num_test=num_test,
+            seed=seed,
+            voices=voices,
+            variants=variants,
+            voice_split=voice_split,
+            max_chars=max_chars,
+            rate=rate,
+            pitch=pitch,
+            volume=volume,
+            snr_db=snr_db,
+            reverb_prob=reverb_prob,
+            rt60=rt60,
+            audio_format=audio_format,
+        )
+        self.cache_root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        #: the folder of this task's audio and manifests
+        self.task_dir = self.cache_root / task_key(self.task_settings)
+        paths = _manifest_paths(self.task_dir)
+        super().__init__(
+            str(paths["train"]),
+            str(paths["val"]),
+            str(paths["test"]),
+            features=features,
+            num_mel_bins=num_mel_bins,
+            sampling_rate=SAMPLE_RATE,
+            max_duration=max_duration,
+            num_buckets=num_buckets,
+            shuffle=shuffle,
+            spec_augment=spec_augment,
+            num_workers=num_workers,
+            seed=seed,
+            chars=chars,
+            max_cut_duration=max_cut_duration,
+            stack_frames=stack_frames,
+        )
+        self.generation_workers = generation_workers
+        self.progress = bool(progress)
+
+    def generate(self) -> dict[str, Path]:
+        """Generates the task into :attr:`task_dir` unless it is complete there; returns the
+        manifest paths (see :func:`make_spoken_task`)."""
+        s = {k: v for k, v in self.task_settings.items() if k not in ("espeakng_loader", "format_version")}
+        return make_spoken_task(self.cache_root, num_workers=self.generation_workers, progress=self.progress, **s)
+
+    def prepare_data(self) -> None:
+        """Generates the task (once per node; Lightning calls it on one process)."""
+        self.generate()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Generates the task if ``prepare_data`` has not, then reads its manifests."""
+        if not _is_complete(self.task_dir, self.task_settings):
+            self.generate()
+        super().setup(stage)
