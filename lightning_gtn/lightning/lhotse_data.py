@@ -245,6 +245,8 @@ def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: b
         feats = cut.features
         if feats is None:
             raise ValueError(f"{_describe(cut, what)}: no precomputed features (data.features=precomputed)")
+        if "://" in str(feats.storage_path):
+            raise ValueError(f"{_describe(cut, what)}: feature storage {feats.storage_path!r} is not a local path")
         if feats.storage_type not in _FEATURE_STORAGES:
             raise ValueError(
                 f"{_describe(cut, what)}: feature storage {feats.storage_type!r} is not read (only "
@@ -354,18 +356,18 @@ class _Admit:
 class _CutBatches(Dataset):
     """Makes the batch dict of a ``CutSet`` (``dataset[cuts]``): runs in the dataloader workers."""
 
-    def __init__(self, dm: LhotseDataModule, what: str, *, train: bool):
+    def __init__(self, dm: LhotseDataModule, split: LhotseSplit, *, train: bool):
         super().__init__()
-        self.what = what
+        self.what = split.what
         self.max_cut_duration = dm.max_cut_duration
-        self.features = dm.features
+        self.features = "precomputed" if split.precomputed else "fbank"
         self.num_mel_bins = dm.num_mel_bins
         self.sampling_rate = dm.sampling_rate
         self.feature_dim = dm.feature_dim // dm.stack_frames
         self.stack_frames = dm.stack_frames
         self.spec_augment = dm.spec_augment if train else None
-        self._fbank = None
-        self._augment = None
+        self._fbank: Any = None
+        self._augment: Any = None
 
     def __getitem__(self, cuts) -> dict:
         return self.collate(cuts)
@@ -467,8 +469,8 @@ class CutBatchLoader:
         self.seed = dm.seed
         self.world_size, self.rank = world_size, rank
         self.num_workers = num_workers
-        self.dataset = _CutBatches(dm, split.what, train=train)
-        fbank = dm.features == "fbank"
+        self.dataset = _CutBatches(dm, split, train=train)
+        fbank = not split.precomputed
         self._check = dict(
             sampling_rate=dm.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank
         )
@@ -511,8 +513,8 @@ class CutBatchLoader:
             batches: Any = (self.dataset.collate(c) for c in self.cut_batches())
         else:
             batches = DataLoader(
-                self.dataset,  # type: ignore[arg-type]  # indexed by CutSets
-                sampler=self.cut_batches(),  # type: ignore[arg-type]
+                self.dataset,  # indexed by CutSets
+                sampler=self.cut_batches(),
                 batch_size=None,
                 num_workers=self.num_workers,
                 collate_fn=_as_is,
@@ -538,11 +540,13 @@ class LhotseSplit:
         hours: total admitted audio.
         duration_bins: the bucket boundaries (seconds) estimated from the admitted cuts.
         num_features: the precomputed features' dimension (first cut), or None.
+        precomputed: the cuts carry features (``features="precomputed"`` or the feature cache).
     """
 
-    def __init__(self, cuts, what: str):
+    def __init__(self, cuts, what: str, precomputed: bool = False):
         self.cuts = cuts
         self.what = what
+        self.precomputed = precomputed
         self.texts: list[str] = []
         self.num_cuts = 0
         self.num_skipped = 0
@@ -588,7 +592,12 @@ class LhotseDataModule(L.LightningDataModule):
         max_cut_duration: cuts longer than this (seconds) are skipped, with one warning per split
             giving their number (they would not fit the batch budget, and it bounds what one cut
             may allocate). Must be at most ``max_duration``.
-        feature_cache: reserved (precomputing features into a folder); must be None for now.
+        feature_cache: a folder: with ``features="fbank"``, the filterbanks of every split are
+            computed once (in ``prepare_data``, or when a split is first read) and stored there
+            with Lhotse's ``NumpyFilesWriter`` beside a manifest of the cuts that carry them;
+            later runs (and epochs) read them instead of the audio. A cache entry is keyed by
+            the manifest file (path, size, modification time) and the feature settings; a
+            manifest given as a ``CutSet`` cannot be cached (an error).
         stack_frames: concatenate this many consecutive frames into one (``F = k * num_mel_bins``,
             ``T / k`` frames): cheap subsampling for CPU training.
     """
@@ -625,14 +634,15 @@ class LhotseDataModule(L.LightningDataModule):
         ):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"data.{name}: must be an integer >= {lo}, got {v!r}")
-        for name, v in (("max_duration", max_duration), ("max_cut_duration", max_cut_duration)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
-                raise ValueError(f"data.{name}: must be a positive number of seconds, got {v!r}")
+        for name, x in (("max_duration", max_duration), ("max_cut_duration", max_cut_duration)):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0 < x < math.inf):
+                raise ValueError(f"data.{name}: must be a positive number of seconds, got {x!r}")
         if max_cut_duration > max_duration:
             raise ValueError(
                 f"data.max_cut_duration ({max_cut_duration}) must be at most data.max_duration ({max_duration}): "
                 "a batch must hold the longest cut"
             )
+        augment: dict | None
         if isinstance(spec_augment, bool):
             augment = {} if spec_augment else None
         elif isinstance(spec_augment, dict) or hasattr(spec_augment, "items"):
@@ -648,7 +658,10 @@ class LhotseDataModule(L.LightningDataModule):
         else:
             raise ValueError(f"data.spec_augment: must be true, false or a mapping, got {spec_augment!r}")
         if feature_cache is not None:
-            raise ValueError("data.feature_cache: not available yet (leave it null)")
+            if not isinstance(feature_cache, (str, os.PathLike)):
+                raise ValueError(f"data.feature_cache: must be a folder path or null, got {feature_cache!r}")
+            if features != "fbank":
+                raise ValueError("data.feature_cache: caches filterbanks: use it with data.features=fbank")
         if chars is not None and (not isinstance(chars, str) or not chars):
             raise ValueError(f"data.chars: must be a non-empty string or null, got {chars!r}")
         self.features = features
@@ -677,8 +690,12 @@ class LhotseDataModule(L.LightningDataModule):
         self.val_set: LhotseSplit = None  # type: ignore[assignment]
         self.test_set: LhotseSplit = None  # type: ignore[assignment]
         self._splits: dict[str, LhotseSplit] = {}
+        self._cached_splits: dict[str, LhotseSplit] = {}
+        self._sources_ready = False
         self._epoch = 0
         self._resume: dict | None = None
+        self._data_epoch: int | None = None  # the epoch of the current training pass
+        self._skipped = 0  # batches its start skipped (resuming)
         self._train_loader: CutBatchLoader | None = None
 
     # ---------------------------------------------------------------- splits
@@ -693,18 +710,116 @@ class LhotseDataModule(L.LightningDataModule):
     def split(self, name: str) -> LhotseSplit:
         """The split ``"train"``, ``"val"`` or ``"test"``, read and scanned once (lazily)."""
         if name not in self._splits:
+            if not self._sources_ready:
+                self.prepare_sources()
+                self._sources_ready = True
             what = self._what(name)
             cuts = read_cuts(self.sources[name], self._key(name))
-            self._splits[name] = self._scan(LhotseSplit(cuts, what))
+            self._splits[name] = self._scan(LhotseSplit(cuts, what, precomputed=self.features == "precomputed"))
         return self._splits[name]
+
+    def prepare_sources(self) -> None:
+        """Called once, before a manifest is first read (by ``chars``, ``setup`` or a loader).
+
+        Does nothing here. A subclass whose manifests are made rather than given (the spoken
+        task writes them into its cache) writes them here, then puts their paths (or CutSets) in
+        ``self.sources`` (keys ``"train"``, ``"val"``, ``"test"``).
+        """
+
+    def prepare_data(self) -> None:
+        """Fills the feature cache (``feature_cache``) of the train, val and test splits (Lightning
+        calls this on one process per node before ``setup``)."""
+        if self.feature_cache is not None:
+            for name in ("train", "val", "test"):
+                self._cached(name)
+
+    def _cached(self, name: str) -> LhotseSplit:
+        """The split read from the feature cache, computing the cache entry first if needed."""
+        if name in self._cached_splits:
+            return self._cached_splits[name]
+        import hashlib
+
+        lhotse = _lhotse()
+        src = self.sources[name]
+        if isinstance(src, lhotse.CutSet):
+            raise ValueError(f"data.feature_cache: {self._key(name)} is a CutSet, not a manifest file: cannot cache it")
+        path = Path(src).resolve()
+        split = self.split(name)  # reads and checks the manifest
+        st = path.stat()
+        ident = json.dumps(
+            [str(path), st.st_size, st.st_mtime_ns, self.num_mel_bins, self.sampling_rate, self.max_cut_duration, 1]
+        )
+        folder = Path(self.feature_cache) / f"{name}-{hashlib.sha1(ident.encode()).hexdigest()[:16]}"  # type: ignore[arg-type]
+        manifest = folder / "cuts.jsonl.gz"
+        if not (folder / "complete").is_file():
+            self._fill_cache(split, folder, ident)
+        cached = self._scan(LhotseSplit(read_cuts(str(manifest), "data.feature_cache"), split.what, precomputed=True))
+        if cached.num_cuts != split.num_cuts:
+            raise ValueError(
+                f"data.feature_cache: {manifest} holds {cached.num_cuts} cuts but {split.what} has {split.num_cuts}: "
+                f"delete {folder} to rebuild it"
+            )
+        self._cached_splits[name] = cached
+        return cached
+
+    def _fill_cache(self, split: LhotseSplit, folder: Path, ident: str) -> None:
+        import shutil
+        import tempfile
+
+        from lhotse import CutSet
+        from lhotse.features import Features
+        from lhotse.features.io import NumpyFilesWriter
+        from lhotse.utils import fastcopy
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
+        try:
+            maker = _CutBatches(self, split, train=False)
+            admit = _Admit(
+                split.what,
+                self.max_cut_duration,
+                dict(sampling_rate=self.sampling_rate, needs_audio=True, needs_features=False),
+            )
+            writer = NumpyFilesWriter(tmp / "feats")
+            with CutSet.open_writer(str(tmp / "cuts.jsonl.gz")) as out:
+                for cut in split.cuts:
+                    if not admit(cut):
+                        continue
+                    x = maker.features_of(cut).numpy()
+                    key = writer.write(cut.id.replace("/", "_"), x)
+                    feats = Features(
+                        type="kaldi-fbank",
+                        num_frames=int(x.shape[0]),
+                        num_features=int(x.shape[1]),
+                        frame_shift=0.01,
+                        sampling_rate=self.sampling_rate,
+                        start=cut.start,
+                        duration=cut.duration,
+                        storage_type=writer.name,
+                        storage_path=str(folder / "feats"),
+                        storage_key=key,
+                        recording_id=cut.recording_id,
+                        channels=cut.channel,
+                    )
+                    out.write(fastcopy(cut, features=feats))
+            (tmp / "complete").write_text(ident + "\n")
+            try:
+                os.rename(tmp, folder)
+            except OSError:  # another process filled it meanwhile
+                if not (folder / "complete").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def _scan(self, split: LhotseSplit) -> LhotseSplit:
         """One pass over a split's manifest fields (no audio read): checks every cut, collects
         transcripts, durations for the bucket boundaries, and counts cuts that are too long."""
         from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 
-        fbank = self.features == "fbank"
-        check = dict(sampling_rate=self.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank)
+        fbank = not split.precomputed
+        check: dict[str, Any] = dict(
+            sampling_rate=self.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank
+        )
         durations: list[float] = []
         first_long = None
         seconds = 0.0
@@ -785,9 +900,8 @@ class LhotseDataModule(L.LightningDataModule):
         ws, rank = _world()
         if ws == 1 and self.trainer is not None and self.trainer.world_size > 1:  # process group not up yet
             ws, rank = self.trainer.world_size, self.trainer.global_rank
-        loader = CutBatchLoader(
-            self, self.split(name), train=train, world_size=ws, rank=rank, num_workers=self.num_workers
-        )
+        split = self._cached(name) if self.feature_cache is not None else self.split(name)
+        loader = CutBatchLoader(self, split, train=train, world_size=ws, rank=rank, num_workers=self.num_workers)
         if train:
             loader.before_iter = self._start_epoch
         return loader
@@ -819,10 +933,13 @@ class LhotseDataModule(L.LightningDataModule):
         return int(trainer.current_epoch) if trainer is not None else self._epoch
 
     def _start_epoch(self, dataset: CutBatchLoader) -> None:
-        epoch = self._current_epoch()
-        dataset.epoch, dataset.skip = epoch, 0
+        # the data epoch: the trainer's, or the one a checkpoint continues (which may be one ahead
+        # of the trainer's counter: Lightning creates the first iterator before it moves on from
+        # an epoch that ended with the checkpoint)
         resume, self._resume = self._resume, None
-        if resume is not None and resume["epoch"] == epoch:
+        epoch = resume["epoch"] if resume is not None else self._current_epoch()
+        dataset.epoch, dataset.skip = epoch, 0
+        if resume is not None:
             skip = resume["batches"]
             if resume["world_size"] != dataset.world_size:
                 skip = (skip * resume["world_size"]) // dataset.world_size
@@ -832,20 +949,26 @@ class LhotseDataModule(L.LightningDataModule):
                     stacklevel=2,
                 )
             dataset.skip = skip
+        self._data_epoch = epoch
         self._skipped = dataset.skip
 
     # ---------------------------------------------------------------- resuming
     def state_dict(self) -> dict:
         """Where the training pass stands: ``{"epoch", "batches" (consumed in it), "world_size",
-        "seed"}`` (plain data; Lightning stores it in checkpoints)."""
+        "seed"}`` (plain data; Lightning stores it in checkpoints). An epoch whose last batch was
+        consumed is saved as the next epoch with no batch consumed."""
         trainer = self.trainer
+        epoch = self._data_epoch if self._data_epoch is not None else self._current_epoch()
         if trainer is not None:
-            batches = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            progress = trainer.fit_loop.epoch_loop.batch_progress
+            batches = int(progress.current.processed)  # type: ignore[attr-defined]
+            if progress.is_last_batch and batches > 0:
+                epoch, batches = epoch + 1, 0
         else:
             loader = self._train_loader
-            batches = (loader.yielded + getattr(self, "_skipped", 0)) if loader is not None else 0
+            batches = (loader.yielded + self._skipped) if loader is not None else 0
         ws = self._train_loader.world_size if self._train_loader is not None else _world()[0]
-        return {"epoch": self._current_epoch(), "batches": batches, "world_size": int(ws), "seed": self.seed}
+        return {"epoch": int(epoch), "batches": batches, "world_size": int(ws), "seed": self.seed}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Makes the next training pass of the saved epoch skip the batches already consumed
