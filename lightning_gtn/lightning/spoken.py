@@ -755,9 +755,10 @@ class SpokenTaskDataModule(LhotseDataModule):
     through :class:`~lightning_gtn.lightning.lhotse_data.LhotseDataModule` (the real speech path:
     Lhotse manifests, duration buckets, on-the-fly filterbanks).
 
-    The task (see :func:`make_spoken_task`) is generated in ``prepare_data`` (or ``setup``, when
-    used without a trainer) into ``cache_dir/<task_key>``, once: a complete folder of the same
-    settings is reused. The vocabulary is the text task's characters (``chars``).
+    The task (see :func:`make_spoken_task`) is generated into ``cache_dir/<task_key>`` before its
+    manifests are first read (``prepare_data``, or ``setup`` / ``chars`` without a trainer), once:
+    a complete folder of the same settings is reused. The vocabulary is the text task's
+    characters (``chars``).
 
     Args:
         cache_dir: the cache root (None: :func:`default_cache_dir`).
@@ -769,6 +770,9 @@ class SpokenTaskDataModule(LhotseDataModule):
             chars, max_cut_duration, stack_frames: see
             :class:`~lightning_gtn.lightning.lhotse_data.LhotseDataModule`; ``seed`` is also the
             sampler's.
+        cache_features: keep the filterbanks in ``task_dir/features`` (LhotseDataModule's
+            ``feature_cache``): computed once from the audio by the same code as on the fly, then
+            read by every epoch and run.
     """
 
     def __init__(
@@ -802,6 +806,7 @@ class SpokenTaskDataModule(LhotseDataModule):
         chars: str | None = TEXT_CHARS,
         max_cut_duration: float = 30.0,
         stack_frames: int = 1,
+        cache_features: bool = True,
     ):
         # plain data in the saved hyper-parameters (Hydra passes ListConfigs), so a checkpoint
         # loads with torch.load(weights_only=True)
@@ -848,6 +853,7 @@ class SpokenTaskDataModule(LhotseDataModule):
             chars=chars,
             max_cut_duration=max_cut_duration,
             stack_frames=stack_frames,
+            feature_cache=str(self.task_dir / "features") if cache_features and features == "fbank" else None,
         )
         self.generation_workers = generation_workers
         self.progress = bool(progress)
@@ -858,12 +864,13 @@ class SpokenTaskDataModule(LhotseDataModule):
         s = {k: v for k, v in self.task_settings.items() if k not in ("espeakng_loader", "format_version")}
         return make_spoken_task(self.cache_root, num_workers=self.generation_workers, progress=self.progress, **s)
 
-    def prepare_data(self) -> None:
-        """Generates the task (once per node; Lightning calls it on one process)."""
-        self.generate()
+    def prepare_sources(self) -> None:
+        """Generates the task (once: a complete cache is reused) before its manifests are read."""
+        paths = self.generate()
+        self.sources = {k: str(v) for k, v in paths.items()}
 
-    def setup(self, stage: str | None = None) -> None:
-        """Generates the task if ``prepare_data`` has not, then reads its manifests."""
-        if not _is_complete(self.task_dir, self.task_settings):
-            self.generate()
-        super().setup(stage)
+    def prepare_data(self) -> None:
+        """Generates the task and fills the feature cache (Lightning calls it on one process per
+        node before ``setup``)."""
+        self.generate()
+        super().prepare_data()
