@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("espeakng_loader", reason="the [speech] extra (espeakng-loader) is not installed")
 pytest.importorskip("lhotse", reason="the [speech] extra (lhotse) is not installed")
@@ -168,3 +169,9 @@ def test_data_module_reads_the_task_through_lhotse(task):
     assert x.dtype.is_floating_point and x.shape[0] == len(batch["texts"]) and x.shape[2] == 40
     assert int(lengths.max()) == x.shape[1]
     assert set(batch["texts"]) <= set(dm.train_set.texts)
+    # normalised with the training split's statistics: about zero mean, unit variance, padding 0
+    mask = torch.arange(x.shape[1])[None, :] < lengths[:, None]
+    assert abs(float(x[mask].mean())) < 0.5 and 0.5 < float(x[mask].std()) < 1.5
+    assert not x[~mask].any()
+    mean, std = dm.feature_stats()
+    assert mean.shape == std.shape == (40,) and bool((std > 0).all())
