@@ -116,7 +116,7 @@ class _Voice(ctypes.Structure):
 
 def _loader():
     try:
-        import espeakng_loader
+        import espeakng_loader  # type: ignore[import-untyped]
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
             "the spoken task needs eSpeak NG through the optional 'espeakng-loader' package: "
