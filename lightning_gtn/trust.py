@@ -121,6 +121,7 @@ _add_builtin("lightning_gtn.nn", ["Linear", "ConvTransduce1D"], "module")
 _add_builtin("lightning_gtn.lightning", ["ConvRNNEncoder", "ConvTransduceEncoder", "TransducerModel"], "model")
 _add_builtin("lightning_gtn.lightning", ["DigitLinesDataModule", "TextLinesDataModule", "FeatureDataModule"], "data")
 _add_builtin("lightning_gtn.lightning", ["LhotseDataModule"], "data")  # speech from Lhotse manifests
+_add_builtin("lightning_gtn.lightning", ["SpokenTaskDataModule"], "data")  # the embedded spoken task
 _add_builtin("lightning_gtn.wfst.criterion", ["ctc_graph"], "builder")
 _add_builtin("lightning_gtn.lightning", ["HFDataModule"], "data")  # speech: HF datasets on disk (docs/speech.md)
 _add_builtin(

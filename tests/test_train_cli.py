@@ -91,6 +91,10 @@ def test_compose_every_config(group, option, tmp_path):
         for k, node in cfg[group].items():
             obj = instantiate(node)
             assert obj is not None, k
+    elif group == "data" and option.startswith("speech"):
+        dm = instantiate(cfg.data)  # nothing is synthesised until the manifests are read
+        assert dm.chars == "abcdefghijklmnopqrstuvwxyz '" and dm.feature_dim == 80
+        assert cfg.trainer.max_time == "00:00:09:30"  # data=speech picks trainer=cpu_speech
     elif group == "data" and not OmegaConf.missing_keys(cfg.data):  # not those that need the user's paths
         dm = instantiate(cfg.data)
         assert dm.chars == ("abcdefghijklmnopqrstuvwxyz '" if option.startswith("text") else "0123456789 ")

@@ -9,7 +9,9 @@
   (embedded: English sentences rendered with matplotlib's fonts), :class:`FeatureDataModule`
   (your own ``.npz`` features and transcripts), :class:`LhotseDataModule` (speech: Lhotse
   manifests, duration bucketing, on-the-fly filterbanks), :class:`HFDataModule` (speech: a HF
-  ``datasets`` dataset on disk); :func:`cuts_from_folder` / :func:`cuts_from_hf` build the cuts.
+  ``datasets`` dataset on disk); :func:`cuts_from_folder` / :func:`cuts_from_hf` build the cuts;
+  :class:`SpokenTaskDataModule` (embedded speech: the text task's sentences spoken by eSpeak NG,
+  written as Lhotse manifests).
 - :class:`ConvRNNEncoder`: a small convolution + bidirectional GRU/LSTM emission model.
 - :class:`ConvTransduceEncoder`: that encoder's letter scores through a WFST convolution
   (:class:`lightning_gtn.nn.ConvTransduce1D`) over a lexicon.
@@ -34,6 +36,7 @@ from .models import ConvRNNEncoder, ConvTransduceEncoder
 from .module import SequenceModule
 from .plots import plot_alignments, plot_training_curves
 from .speech_sources import HFDataModule, cuts_from_folder, cuts_from_hf
+from .spoken import SpokenTaskDataModule, list_voices, make_spoken_task, synthesise
 from .text import TEXT_CHARS, TextLinesDataModule, make_sentences, make_text_lines, save_text_lines_png
 from .transducer import TransducerModel
 from .vocabulary import Vocabulary
@@ -54,6 +57,10 @@ __all__ = [
     "cuts_from_hf",
     "read_cuts",
     "check_cut",
+    "SpokenTaskDataModule",
+    "synthesise",
+    "list_voices",
+    "make_spoken_task",
     "TextLinesDataModule",
     "TEXT_CHARS",
     "make_sentences",
