@@ -213,7 +213,12 @@ def _den_backward(ctx, g_out, _g1, _g2):
     out_e = None
     if ctx.need_e:
         c = coef.reshape(-1, 1, 1).to(gE.dtype)
-        if gE.device.type == "cpu" and not torch.is_grad_enabled():
+        if (
+            type(gE) is torch.Tensor
+            and type(c) is torch.Tensor
+            and gE.device.type == "cpu"
+            and not torch.is_grad_enabled()
+        ):
             # numpy: one thread; torch's pool costs more than this memory-bound product on a busy CPU
             out_e = torch.from_numpy(np.multiply(gE.detach().numpy(), c.detach().numpy()))
         else:
