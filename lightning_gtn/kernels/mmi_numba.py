@@ -194,7 +194,17 @@ def _frame(lens, t, nact, alpha, anew, e, U, logs, tot, lam, leak, state_off, gr
                 U[g, b] = 0.0
             a = fwd_off[g]
             a1 = fwd_off[g + 1]
-            while a + 4 <= a1:  # four arcs per pass: a quarter of the loads and stores of U
+            while a + 8 <= a1:  # eight arcs per pass: an eighth of the loads and stores of U
+                s0, s1, s2, s3 = fwd_src[a], fwd_src[a + 1], fwd_src[a + 2], fwd_src[a + 3]
+                s4, s5, s6, s7 = fwd_src[a + 4], fwd_src[a + 5], fwd_src[a + 6], fwd_src[a + 7]
+                p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
+                p4, p5, p6, p7 = p[a + 4], p[a + 5], p[a + 6], p[a + 7]
+                for b in range(nact):
+                    U[g, b] += ((alpha[s0, b] * p0 + alpha[s1, b] * p1) + (alpha[s2, b] * p2 + alpha[s3, b] * p3)) + (
+                        (alpha[s4, b] * p4 + alpha[s5, b] * p5) + (alpha[s6, b] * p6 + alpha[s7, b] * p7)
+                    )
+                a += 8
+            while a + 4 <= a1:
                 s0, s1, s2, s3 = fwd_src[a], fwd_src[a + 1], fwd_src[a + 2], fwd_src[a + 3]
                 p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
                 for b in range(nact):
@@ -342,7 +352,7 @@ def _chunk(
     v = np.zeros((G, nb), dt)
     z = np.zeros(nb, dt)
     zs = np.zeros(nb, np.float64)
-    gbuf = np.zeros((nb, C), dt)
+    gbuf = np.zeros((C, nb), dt)
     gacc = np.zeros((A if need_w else 1, nb), np.float64)
     ra = np.zeros((S, nb), dt)
     rlogs = np.zeros(nb, np.float64)
@@ -404,18 +414,17 @@ def _chunk(
             for b in range(nact):
                 z[b] = 1.0 / z[b] if (z[b] > 0.0 and logz[b] > -np.inf) else 0.0
             if need_e:
-                for b in range(nact):
-                    for c in range(C):
-                        gbuf[b, c] = 0.0
-                for g in range(G):  # the posteriors, reusing U
+                for c in range(C):
                     for b in range(nact):
-                        Ut[g, b] *= v[g, b] * z[b]
-                for g in range(G):
+                        gbuf[c, b] = 0.0
+                for g in range(G):  # the posteriors of the groups, summed by label
                     lab = group_label[g]
                     for b in range(nact):
-                        gbuf[b, lab] += Ut[g, b]
+                        gbuf[lab, b] += Ut[g, b] * v[g, b] * z[b]
                 for b in range(nact):
-                    gE[rows[b], t] = gbuf[b]
+                    gr = gE[rows[b], t]
+                    for c in range(C):
+                        gr[c] = gbuf[c, b]
             if need_w:
                 At = AS[t - t0]
                 for g in range(G):
@@ -431,6 +440,16 @@ def _chunk(
                 a1 = src_off[s + 1]
                 for b in range(nact):
                     bprev[s, b] = 0.0
+                while a + 8 <= a1:
+                    g0, g1, g2, g3 = bwd_group[a], bwd_group[a + 1], bwd_group[a + 2], bwd_group[a + 3]
+                    g4, g5, g6, g7 = bwd_group[a + 4], bwd_group[a + 5], bwd_group[a + 6], bwd_group[a + 7]
+                    p0, p1, p2, p3 = p_bwd[a], p_bwd[a + 1], p_bwd[a + 2], p_bwd[a + 3]
+                    p4, p5, p6, p7 = p_bwd[a + 4], p_bwd[a + 5], p_bwd[a + 6], p_bwd[a + 7]
+                    for b in range(nact):
+                        bprev[s, b] += ((v[g0, b] * p0 + v[g1, b] * p1) + (v[g2, b] * p2 + v[g3, b] * p3)) + (
+                            (v[g4, b] * p4 + v[g5, b] * p5) + (v[g6, b] * p6 + v[g7, b] * p7)
+                        )
+                    a += 8
                 while a + 4 <= a1:
                     g0, g1, g2, g3 = bwd_group[a], bwd_group[a + 1], bwd_group[a + 2], bwd_group[a + 3]
                     p0, p1, p2, p3 = p_bwd[a], p_bwd[a + 1], p_bwd[a + 2], p_bwd[a + 3]
