@@ -282,7 +282,6 @@ def _chunk(
     dt = p_fwd.dtype
     alpha = np.zeros((S, nb), dt)
     anew = np.zeros((S, nb), dt)
-    e = np.zeros((C, nb), dt)
     tmp = np.zeros(C, dt)
     tot = np.zeros(nb, np.float64)
     logs = np.zeros(nb, np.float64)
@@ -299,6 +298,7 @@ def _chunk(
     ck = np.zeros((max(nseg, 1), S, nb), dt)
     mx = np.zeros((max(Tm, 1), nb), np.float64)
     U = np.zeros((KK, G, nb), dt)
+    EX = np.zeros((KK, C, nb), dt)  # the segment's exp(E - max), (C, nb) per frame
     AS = np.zeros((KK if need_w else 1, S if need_w else 1, nb), dt)
     for b in range(nb):
         if lens[b] == 0:
@@ -319,14 +319,14 @@ def _chunk(
                 for b in range(nact):
                     AS[t % K, s, b] = alpha[s, b]
         _maxima(E, rows, t, nact, lens, mx[t], logs, bad)
-        _emissions(E, rows, t, nact, mx[t], e, tmp)
+        _emissions(E, rows, t, nact, mx[t], EX[t % K], tmp)
         _frame(
             lens,
             t,
             nact,
             alpha,
             anew,
-            e,
+            EX[t % K],
             U[t % K],
             logs,
             tot,
@@ -375,14 +375,14 @@ def _chunk(
                     for s in range(S):
                         for b in range(nt):
                             AS[t - t0, s, b] = ra[s, b]
-                _emissions(E, rows, t, nt, mx[t], e, tmp)
+                _emissions(E, rows, t, nt, mx[t], EX[t - t0], tmp)
                 _frame(
                     lens,
                     t,
                     nt,
                     ra,
                     anew,
-                    e,
+                    EX[t - t0],
                     U[t - t0],
                     rlogs,
                     tot,
@@ -401,7 +401,7 @@ def _chunk(
                 for i in range(accept.shape[0]):
                     beta[accept[i], nact] = 1.0
                 nact += 1
-            _emissions(E, rows, t, nact, mx[t], e, tmp)
+            e = EX[t - t0]
             Ut = U[t - t0]
             for b in range(nact):
                 z[b] = 0.0
@@ -487,14 +487,15 @@ def _chunk(
                 gW[b, a] = gacc[a, b]
 
 
-def checkpoint_interval(B: int, T: int, S: int, G: int, itemsize: int, need_w: bool) -> int:
+def checkpoint_interval(B: int, T: int, S: int, G: int, itemsize: int, need_w: bool, C: int = 0) -> int:
     """Frames per segment: all ``T`` (no recompute) when the segment buffers of the batch
-    (``B * T * (G + S if need_w)`` values) fit :data:`SEGMENT_BUDGET`, else about
-    ``sqrt(T * G / S)`` (balances the segment buffers against the checkpoints)."""
-    per = B * max(T, 1) * (G + (S if need_w else 0)) * itemsize
+    (``B * T * (G + C + S if need_w)`` values: group sums, emissions, states) fit
+    :data:`SEGMENT_BUDGET`, else about ``sqrt(T * S / (G + C))`` (balances the segment buffers,
+    ``K (G + C)`` per row, against the checkpoints, ``(T / K) S`` per row)."""
+    per = B * max(T, 1) * (G + C + (S if need_w else 0)) * itemsize
     if per <= SEGMENT_BUDGET:
         return max(T, 1)
-    return max(1, min(T, int(math.sqrt(max(T, 1) * max(G, 1) / max(S, 1)))))
+    return max(1, min(T, int(math.sqrt(max(T, 1) * max(S, 1) / max(G + C, 1)))))
 
 
 def chunks_of(lengths: np.ndarray, threads: int, min_rows: int = CHUNK_ROWS) -> List[np.ndarray]:
@@ -545,7 +546,7 @@ def shared_scores(
     if graph.max_label >= C:  # the kernel reads emissions by these labels
         raise ValueError(f"the graph's arc label {graph.max_label} is out of range for C={C} classes")
     leak = graph.leak_distribution() if leaky > 0.0 else np.zeros(max(S, 1), dtype=np.float64)
-    K = int(checkpoint) if checkpoint else checkpoint_interval(B, T, S, G, dt.itemsize, need_w)
+    K = int(checkpoint) if checkpoint else checkpoint_interval(B, T, S, G, dt.itemsize, need_w, C)
     if K < 1:
         raise ValueError(f"checkpoint must be >= 1, got {checkpoint}")
     logz = np.full(B, -np.inf, dtype=np.float64)
