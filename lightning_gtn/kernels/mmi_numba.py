@@ -6,7 +6,10 @@ recursion runs over frames with the batch as the innermost, contiguous axis (eve
 ``nb`` values, one per row of a chunk), so each arc costs one vectorised multiply-add over the
 chunk's rows. Per frame ``t`` (``alpha`` the state distribution before the frame, summing to 1):
 
-* ``e[c] = exp(E[t, c] - m_t)`` once per frame, ``m_t = max_c E[t, c]``;
+* ``e[c] = exp(E[t, c] - m_t)`` once per frame, ``m_t = max_c E[t, c]``, computed inside the
+  frame loop from the ``(B, T, C)`` emissions themselves (no copy of the batch; float32 through a
+  polynomial ``exp`` the compiler vectorises, :func:`exp_f32`) and kept for the segment's frames
+  (``(C, nb)`` per frame) so the backward reuses it;
 * ``u[g] = sum_{arcs a of group g} alpha[src a] * p_a`` for every group ``g`` (the arcs sharing a
   destination ``d_g`` and a label ``l_g``; ``p_a = exp(w_a - shift)``);
 * ``alpha'[d] = sum_{groups g into d} e[l_g] * u[g]``; ``s = sum_d alpha'[d]``; ``alpha = alpha' / s``
@@ -24,10 +27,10 @@ p_a v[g_a]`` followed by the leak's transpose ``beta_prev += leaky * (init . bet
 emission gradient of class ``c`` at frame ``t`` is the sum of the posteriors of the groups with
 label ``c``; the arc-weight gradient adds ``alpha[src a] p_a v[g_a] / sum_g u v`` per frame.
 
-Memory: the forward keeps ``u`` (``G`` values per row and frame, ``G`` about the number of
-states) for the frames of one segment of ``K`` frames and the state distribution at the start of
+Memory: the forward keeps ``u`` and ``e`` (``G + C`` values per row and frame, ``G`` about the
+number of states) for the frames of one segment of ``K`` frames and the state distribution at the start of
 every segment (a checkpoint every ``K`` frames); the backward recomputes ``u`` segment by segment
-from the checkpoints (one more forward pass when ``K < T``). With ``K >= T`` nothing is
+and ``e`` from the checkpoints (one more forward pass when ``K < T``). With ``K >= T`` nothing is
 recomputed: two arc passes in all (forward, backward).
 
 Rows run in chunks (rows sorted by length, dealt round-robin) on the engine's thread pool
