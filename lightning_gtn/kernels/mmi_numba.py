@@ -84,23 +84,22 @@ def _bits_f32(typingctx, i):
 @njit(cache=True, inline="always")
 def exp_f32(x):
     """``exp(x)`` of a float32 ``x <= 0`` in a form the compiler vectorises (no vector math
-    library here): ``2^k * 2^f`` with ``k`` the nearest integer to ``x log2 e``, ``2^f``
-    (``|f| <= 1/2``) by its degree-6 Taylor polynomial (relative error about ``1e-7`` plus the
-    float32 rounding of ``x log2 e``) and ``2^k`` added into the exponent bits; 0 below -87
-    (float32's normal range) and for ``-inf``."""
-    y = x * np.float32(1.4426950408889634)
-    y = min(max(y, np.float32(-126.0)), np.float32(127.0))
-    k = np.floor(y + np.float32(0.5))
-    f = y - k
-    p = np.float32(1.5403530393381608e-4)
-    p = p * f + np.float32(1.3333558146428443e-3)
-    p = p * f + np.float32(9.618129107628477e-3)
-    p = p * f + np.float32(5.550410866482158e-2)
-    p = p * f + np.float32(0.2402265069591007)
-    p = p * f + np.float32(0.6931471805599453)
-    p = p * f + np.float32(1.0)
-    r = _bits_f32(np.int32(_f32_bits(p) + (np.int32(k) << np.int32(23))))
-    return r if x > np.float32(-87.0) else np.float32(0.0)
+    library here): ``2^k e^r`` with ``k`` the nearest integer to ``x / ln 2``,
+    ``r = x - k ln 2`` (``ln 2`` in two parts, so ``r`` is exact to float32), ``e^r``
+    (``|r| <= ln 2 / 2``) by its degree-6 Taylor polynomial (relative error below ``2e-7``) and
+    ``2^k`` added into the exponent bits; 0 below -87 (float32's normal range) and for ``-inf``."""
+    xc = min(max(x, np.float32(-87.0)), np.float32(88.0))
+    k = np.floor(xc * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = (xc - k * np.float32(0.693359375)) - k * np.float32(-2.12194440e-4)
+    p = np.float32(1.0 / 720.0)
+    p = p * r + np.float32(1.0 / 120.0)
+    p = p * r + np.float32(1.0 / 24.0)
+    p = p * r + np.float32(1.0 / 6.0)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    p = p * r + np.float32(1.0)
+    y = _bits_f32(np.int32(_f32_bits(p) + (np.int32(k) << np.int32(23))))
+    return y if x > np.float32(-87.0) else np.float32(0.0)
 
 
 def _exp_shifted(x, m, out):
