@@ -43,7 +43,7 @@ import math
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
-from llvmlite import ir
+from llvmlite import ir  # type: ignore[import-untyped]
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
@@ -98,7 +98,7 @@ def exp_f32(x):
     p = p * r + np.float32(0.5)
     p = p * r + np.float32(1.0)
     p = p * r + np.float32(1.0)
-    y = _bits_f32(np.int32(_f32_bits(p) + (np.int32(k) << np.int32(23))))
+    y = _bits_f32(np.int32(_f32_bits(p) + (np.int32(k) << np.int32(23))))  # type: ignore[call-arg,var-annotated]
     return y if x > np.float32(-87.0) else np.float32(0.0)
 
 
