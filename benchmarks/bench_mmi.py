@@ -9,8 +9,9 @@ probabilities are random (Dirichlet); only the graph's shape matters for time. E
 
 Columns:
 
-* ``shared fwd+bwd``: best of ``--repeats`` wall times of ``mmi_denominator_score(...).sum()`` and its
-  backward (the kernel computes the gradient in the forward; the backward scales it);
+* ``shared fwd+bwd``: best (and median) of ``--repeats`` wall and process-CPU times of
+  ``mmi_denominator_score(...).sum()`` and its backward (the kernel computes the gradient in the
+  forward; the backward scales it);
 * ``generic fwd+bwd``: ``graph_loss(x, graphs=[den] * B, reduction="sum")`` forward + backward: the
   same graph handed to the generic batched scorer once per example, exactly what
   ``graph_loss(..., denominators=[den] * B)`` adds for its denominator part. It is slow at the large
@@ -18,10 +19,12 @@ Columns:
   scaled linearly to B (the generic scorer's time is linear in the rows: each row is its own
   problem); the column says so;
 * ``floor``: ``B * T * arcs`` gather-multiply-adds (``y[group a] += x[src a] * p_a`` over the rows,
-  the rows innermost: the forward's arc loop with nothing else) timed in a numba kernel with the
-  same chunks and threads as the shared kernel: the rate this machine reaches on exactly this
-  access pattern (printed as G MAD/s), one pass over the arcs. A forward + backward needs at least
-  two such passes (alpha and beta); the target is ``shared <= 3 x floor``;
+  the rows innermost, eight then four arcs per pass over the rows: the forward's arc loop with
+  nothing else, no emissions, no rescaling) timed in a numba kernel with the same chunks, threads,
+  layout and float32 as the shared kernel: the rate this machine reaches on exactly this access
+  pattern (printed as G MAD/s), one pass over the arcs. A forward + backward needs at least two
+  such passes (alpha and beta) plus the emissions' ``exp`` and the ``(B, T, C)`` gradient; the
+  target is ``shared <= 3 x floor``;
 * ``peak MB``: growth of the process's peak resident set (``VmHWM``, reset before the call) over one
   shared forward + backward, measured in a fresh process, beside the kernel's own buffer estimate.
 
@@ -84,7 +87,7 @@ def _generic(den, x: torch.Tensor) -> None:
 @njit(cache=True, nogil=True)
 def _floor_kernel(goff, src, p, x, y, frames):
     """``frames`` passes of ``y[g] = sum over the arcs a of group g of x[src a] * p_a`` (rows
-    innermost, four arcs per pass over the rows): the shared kernel's forward arc loop alone."""
+    innermost, eight then four arcs per pass over the rows): the shared kernel's forward arc loop alone."""
     nb = x.shape[1]
     for _ in range(frames):
         for g in range(goff.shape[0] - 1):
@@ -92,6 +95,16 @@ def _floor_kernel(goff, src, p, x, y, frames):
                 y[g, b] = 0.0
             a = goff[g]
             a1 = goff[g + 1]
+            while a + 8 <= a1:
+                s0, s1, s2, s3 = src[a], src[a + 1], src[a + 2], src[a + 3]
+                s4, s5, s6, s7 = src[a + 4], src[a + 5], src[a + 6], src[a + 7]
+                p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
+                p4, p5, p6, p7 = p[a + 4], p[a + 5], p[a + 6], p[a + 7]
+                for b in range(nb):
+                    y[g, b] += ((x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)) + (
+                        (x[s4, b] * p4 + x[s5, b] * p5) + (x[s6, b] * p6 + x[s7, b] * p7)
+                    )
+                a += 8
             while a + 4 <= a1:
                 s0, s1, s2, s3 = src[a], src[a + 1], src[a + 2], src[a + 3]
                 p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
@@ -106,11 +119,11 @@ def _floor_kernel(goff, src, p, x, y, frames):
                 a += 1
 
 
-def _floor(sg, repeats: int):
-    """Best (wall, CPU) times of ``B * T * arcs`` gather-multiply-adds in the shared kernel's
-    layout, with its chunks and threads."""
+def _floor_fn(sg):
+    """A call of ``B * T * arcs`` gather-multiply-adds in the shared kernel's layout, with its
+    chunks and threads."""
     chunks = chunks_of(np.full(B, T), get_num_threads())
-    p = sg.fwd_prob.astype(np.float32)
+    p = sg.probabilities(np.float32)[0]
     rng = np.random.default_rng(0)
     xs = [rng.random((sg.num_states, len(c))).astype(np.float32) for c in chunks]
     ys = [np.zeros((sg.num_groups, len(c)), dtype=np.float32) for c in chunks]
@@ -119,17 +132,33 @@ def _floor(sg, repeats: int):
         _floor_kernel(sg.group_off, sg.fwd_src, p, xs[i], ys[i], T)
 
     _floor_kernel(sg.group_off, sg.fwd_src, p, xs[0], ys[0], 1)
-    return _best(lambda: parallel_map(run, list(range(len(chunks)))), repeats)
+    if len(chunks) == 1:
+        return lambda: run(0)
+    return lambda: parallel_map(run, list(range(len(chunks))))
+
+
+def _times(fns, repeats: int):
+    """Per function, its ``repeats`` (wall, process CPU of all threads) times; the functions run
+    in turn, so a change of the machine's load hits them alike."""
+    out: list = [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            out[i].append((time.perf_counter() - t0, time.process_time() - c0))
+    return out
 
 
 def _best(fn, repeats: int):
     """Best wall and best process CPU time (all threads) of ``repeats`` calls of ``fn``."""
-    wall = cpu = float("inf")
-    for _ in range(repeats):
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
-    return wall, cpu
+    return _stats(_times([fn], repeats)[0])[:2]
+
+
+def _stats(ts):
+    """``(best wall, best CPU, median wall, median CPU)`` of a list of (wall, CPU)."""
+    w = sorted(t[0] for t in ts)
+    c = sorted(t[1] for t in ts)
+    return w[0], c[0], w[len(w) // 2], c[len(c) // 2]
 
 
 def _status_kb(key: str) -> int:
@@ -184,7 +213,8 @@ def main(argv=None) -> str:
     chunks = chunks_of(np.full(B, T), get_num_threads())
     rows = [
         f"Shared LF-MMI denominator, B={B}, T={T}, float32, {len(chunks)} chunk(s) of {len(chunks[0])} rows "
-        f"on {get_num_threads()} thread(s); times wall / process CPU (s):",
+        f"on {get_num_threads()} thread(s); times wall / process CPU (s), best of {args.repeats} "
+        "(median in brackets):",
         "",
         "| graph | states | arcs | shared fwd+bwd | generic fwd+bwd | speedup (wall / CPU) | floor "
         "| floor rate (G MAD/s, wall) | shared / floor (wall / CPU) | peak MB (kernel buffers MB) |",
@@ -195,22 +225,32 @@ def main(argv=None) -> str:
         sg = shared_graph(den)
         x = _inputs(B, N + 1)
         _shared(den, x[:2, :8].contiguous())  # compile
-        ours = _best(functools.partial(_shared, den, x), args.repeats)
         nb = B if k == 0 else max(1, min(B, args.generic_batch))
         _generic(den, x[:1, :8].contiguous())
         xg = x[:nb].contiguous()
-        gen = tuple(v * B / nb for v in _best(functools.partial(_generic, den, xg), 1 if nb < B else args.repeats))
+        fns = [functools.partial(_shared, den, x), _floor_fn(sg), functools.partial(_generic, den, xg)]
+        ts = _times(fns, args.repeats)
+        ours, fl = _stats(ts[0]), _stats(ts[1])
+        gen = tuple(v * B / nb for v in _stats(ts[2])[:2])
         note = "" if nb == B else f" ({nb} rows x {B // nb})"
-        fl = _floor(sg, args.repeats)
         rate = B * T * sg.num_arcs / fl[0] / 1e9
-        buffers = B * (T * sg.num_groups + 4 * sg.num_states + 2 * sg.num_groups) * 4 / 2**20
+        C = N + 1
+        buffers = B * (T * (sg.num_groups + C) + 4 * sg.num_states + 2 * sg.num_groups) * 4 / 2**20
         mb = None if args.no_memory else _memory(k)
         mb_col = ("n/a" if mb is None else f"{mb:.0f}") + f" ({buffers:.0f})"
         rows.append(
-            f"| {name} | {sg.num_states} | {sg.num_arcs} | {ours[0]:.3f} / {ours[1]:.3f} "
+            f"| {name} | {sg.num_states} | {sg.num_arcs} | {ours[0]:.4f} / {ours[1]:.4f} "
+            f"({ours[2]:.4f} / {ours[3]:.4f}) "
             f"| {gen[0]:.2f} / {gen[1]:.2f}{note} | {gen[0] / ours[0]:.0f}x / {gen[1] / ours[1]:.0f}x "
-            f"| {fl[0]:.3f} / {fl[1]:.3f} | {rate:.2f} | {ours[0] / fl[0]:.1f}x / {ours[1] / fl[1]:.1f}x | {mb_col} |"
+            f"| {fl[0]:.4f} / {fl[1]:.4f} | {rate:.2f} | {ours[0] / fl[0]:.1f}x / {ours[1] / fl[1]:.1f}x | {mb_col} |"
         )
+    rows += [
+        "",
+        "floor: B*T*arcs float32 gather-multiply-adds (y[group] += x[src] * p, rows innermost, the forward's",
+        "arc loop alone, same chunks/threads/layout), timed in turn with the shared call; one arc pass,",
+        "where a forward + backward needs two plus exp(E) and the (B, T, C) gradient. Generic: graph_loss",
+        "with graphs=[den] * rows, also in turn, scaled to B rows when run on fewer.",
+    ]
     table = "\n".join(rows)
     print(table)
     return table

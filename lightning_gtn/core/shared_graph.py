@@ -101,6 +101,16 @@ class SharedGraph:
         self._leak: Optional[np.ndarray] = None
         self._lock = threading.Lock()
         self._device: Dict[str, tuple] = {}  # per-device tensors of the torch path
+        self._probs: Dict[str, tuple] = {}  # (fwd_prob, bwd_prob) per numpy dtype
+
+    def probabilities(self, dtype) -> tuple:
+        """``(fwd_prob, bwd_prob)`` in ``dtype`` (converted once per dtype, then cached)."""
+        key = np.dtype(dtype).str
+        hit = self._probs.get(key)
+        if hit is None:
+            hit = (np.ascontiguousarray(self.fwd_prob.astype(dtype)), np.ascontiguousarray(self.bwd_prob.astype(dtype)))
+            self._probs[key] = hit
+        return hit
 
     def check_classes(self, C: int, name: str = "denominator") -> None:
         """ValueError unless every arc label lies in ``[0, C)`` (the kernels index emissions

@@ -6,7 +6,10 @@ recursion runs over frames with the batch as the innermost, contiguous axis (eve
 ``nb`` values, one per row of a chunk), so each arc costs one vectorised multiply-add over the
 chunk's rows. Per frame ``t`` (``alpha`` the state distribution before the frame, summing to 1):
 
-* ``e[c] = exp(E[t, c] - m_t)`` once per frame, ``m_t = max_c E[t, c]``;
+* ``e[c] = exp(E[t, c] - m_t)`` once per frame, ``m_t = max_c E[t, c]``, computed inside the
+  frame loop from the ``(B, T, C)`` emissions themselves (no copy of the batch; float32 through a
+  polynomial ``exp`` the compiler vectorises, :func:`exp_f32`) and kept for the segment's frames
+  (``(C, nb)`` per frame) so the backward reuses it;
 * ``u[g] = sum_{arcs a of group g} alpha[src a] * p_a`` for every group ``g`` (the arcs sharing a
   destination ``d_g`` and a label ``l_g``; ``p_a = exp(w_a - shift)``);
 * ``alpha'[d] = sum_{groups g into d} e[l_g] * u[g]``; ``s = sum_d alpha'[d]``; ``alpha = alpha' / s``
@@ -24,10 +27,10 @@ p_a v[g_a]`` followed by the leak's transpose ``beta_prev += leaky * (init . bet
 emission gradient of class ``c`` at frame ``t`` is the sum of the posteriors of the groups with
 label ``c``; the arc-weight gradient adds ``alpha[src a] p_a v[g_a] / sum_g u v`` per frame.
 
-Memory: the forward keeps ``u`` (``G`` values per row and frame, ``G`` about the number of
-states) for the frames of one segment of ``K`` frames and the state distribution at the start of
+Memory: the forward keeps ``u`` and ``e`` (``G + C`` values per row and frame, ``G`` about the
+number of states) for the frames of one segment of ``K`` frames and the state distribution at the start of
 every segment (a checkpoint every ``K`` frames); the backward recomputes ``u`` segment by segment
-from the checkpoints (one more forward pass when ``K < T``). With ``K >= T`` nothing is
+and ``e`` from the checkpoints (one more forward pass when ``K < T``). With ``K >= T`` nothing is
 recomputed: two arc passes in all (forward, backward).
 
 Rows run in chunks (rows sorted by length, dealt round-robin) on the engine's thread pool
@@ -40,7 +43,9 @@ import math
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
-from numba import njit
+from llvmlite import ir  # type: ignore[import-untyped]
+from numba import njit, types
+from numba.extending import intrinsic, overload
 
 from ..wfst.parallel import get_num_threads, parallel_map
 
@@ -50,6 +55,129 @@ __all__ = ["shared_scores", "checkpoint_interval", "chunks_of", "SEGMENT_BUDGET"
 SEGMENT_BUDGET = 512 << 20
 #: the fewest rows a chunk gets when the batch is split over threads (see :func:`chunks_of`)
 CHUNK_ROWS = 32
+
+
+@intrinsic
+def _f32_bits(typingctx, x):
+    """The bits of a float32 as an int32 (a bit cast, no conversion)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, i):
+    """The float32 whose bits are the int32 ``i``."""
+    if i != types.int32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@njit(cache=True, inline="always")
+def exp_f32(x):
+    """``exp(x)`` of a float32 ``x <= 0`` in a form the compiler vectorises (no vector math
+    library here): ``2^k e^r`` with ``k`` the nearest integer to ``x / ln 2``,
+    ``r = x - k ln 2`` (``ln 2`` in two parts, so ``r`` is exact to float32), ``e^r``
+    (``|r| <= ln 2 / 2``) by its degree-6 Taylor polynomial (relative error below ``2e-7``) and
+    ``2^k`` added into the exponent bits; 0 below -87 (float32's normal range) and for ``-inf``."""
+    xc = min(max(x, np.float32(-87.0)), np.float32(88.0))
+    k = np.floor(xc * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = (xc - k * np.float32(0.693359375)) - k * np.float32(-2.12194440e-4)
+    p = np.float32(1.0 / 720.0)
+    p = p * r + np.float32(1.0 / 120.0)
+    p = p * r + np.float32(1.0 / 24.0)
+    p = p * r + np.float32(1.0 / 6.0)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    p = p * r + np.float32(1.0)
+    y = _bits_f32(np.int32(_f32_bits(p) + (np.int32(k) << np.int32(23))))  # type: ignore[call-arg,var-annotated]
+    return y if x > np.float32(-87.0) else np.float32(0.0)
+
+
+def _exp_shifted(x, m, out):
+    """``out[c] = exp(x[c] - m)`` (a stub: see the overload)."""
+
+
+@overload(_exp_shifted, inline="always")
+def _exp_shifted_impl(x, m, out):
+    if x.dtype == types.float32:
+
+        def f32(x, m, out):
+            mm = np.float32(m)
+            for c in range(x.shape[0]):
+                out[c] = exp_f32(x[c] - mm)
+
+        return f32
+
+    def f64(x, m, out):
+        for c in range(x.shape[0]):
+            out[c] = math.exp(x[c] - m)
+
+    return f64
+
+
+@njit(cache=True, nogil=True)
+def _maxima(E, rows, t, nact, lens, mt, logs, bad):
+    """Each row's maximum emission at frame ``t`` into ``mt`` (``-inf`` when it is not finite:
+    the frame then reads nothing), added to the row's log-scale; rows reading a NaN or ``+inf``
+    within their length are marked in ``bad``."""
+    C = E.shape[2]
+    C4 = C - C % 4
+    for b in range(nact):
+        x = E[rows[b], t]
+        m0 = m1 = m2 = m3 = x[0]
+        k0 = k1 = k2 = k3 = x[0] * 0.0
+        for c in range(0, C4, 4):  # four independent chains: max and the NaN/inf probe
+            m0 = max(m0, x[c])
+            m1 = max(m1, x[c + 1])
+            m2 = max(m2, x[c + 2])
+            m3 = max(m3, x[c + 3])
+            k0 += x[c] * 0.0  # NaN if any value is NaN or infinite
+            k1 += x[c + 1] * 0.0
+            k2 += x[c + 2] * 0.0
+            k3 += x[c + 3] * 0.0
+        for c in range(C4, C):
+            m0 = max(m0, x[c])
+            k0 += x[c] * 0.0
+        m = max(max(m0, m1), max(m2, m3))
+        chk = (k0 + k1) + (k2 + k3)
+        if chk != chk:
+            for c in range(C):
+                if x[c] != x[c] or x[c] == np.inf:
+                    bad[b] = True
+            m = -np.inf if bad[b] else max(m, -np.inf)
+            if m == np.inf or m != m:
+                m = -np.inf
+        if m == -np.inf:
+            mt[b] = -np.inf
+            logs[b] = -np.inf
+        else:
+            mt[b] = m
+            logs[b] += m
+
+
+@njit(cache=True, nogil=True)
+def _emissions(E, rows, t, nact, mt, e, tmp):
+    """``e[c, b] = exp(E[rows[b], t, c] - mt[b])`` (``(C, nb)``, the batch innermost); zero where
+    ``mt`` is ``-inf``."""
+    C = E.shape[2]
+    for b in range(nact):
+        m = mt[b]
+        if m == -np.inf:
+            for c in range(C):
+                e[c, b] = 0.0
+            continue
+        _exp_shifted(E[rows[b], t], m, tmp)
+        for c in range(C):
+            e[c, b] = tmp[c]
 
 
 @njit(cache=True, nogil=True)
@@ -68,7 +196,17 @@ def _frame(lens, t, nact, alpha, anew, e, U, logs, tot, lam, leak, state_off, gr
                 U[g, b] = 0.0
             a = fwd_off[g]
             a1 = fwd_off[g + 1]
-            while a + 4 <= a1:  # four arcs per pass: a quarter of the loads and stores of U
+            while a + 8 <= a1:  # eight arcs per pass: an eighth of the loads and stores of U
+                s0, s1, s2, s3 = fwd_src[a], fwd_src[a + 1], fwd_src[a + 2], fwd_src[a + 3]
+                s4, s5, s6, s7 = fwd_src[a + 4], fwd_src[a + 5], fwd_src[a + 6], fwd_src[a + 7]
+                p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
+                p4, p5, p6, p7 = p[a + 4], p[a + 5], p[a + 6], p[a + 7]
+                for b in range(nact):
+                    U[g, b] += ((alpha[s0, b] * p0 + alpha[s1, b] * p1) + (alpha[s2, b] * p2 + alpha[s3, b] * p3)) + (
+                        (alpha[s4, b] * p4 + alpha[s5, b] * p5) + (alpha[s6, b] * p6 + alpha[s7, b] * p7)
+                    )
+                a += 8
+            while a + 4 <= a1:
                 s0, s1, s2, s3 = fwd_src[a], fwd_src[a + 1], fwd_src[a + 2], fwd_src[a + 3]
                 p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
                 for b in range(nact):
@@ -104,7 +242,8 @@ def _frame(lens, t, nact, alpha, anew, e, U, logs, tot, lam, leak, state_off, gr
 
 @njit(cache=True, nogil=True)
 def _chunk(
-    ex,
+    E,
+    rows,
     lens,
     start,
     accept,
@@ -122,27 +261,30 @@ def _chunk(
     K,
     need_e,
     need_w,
-    rows,
     logz,
+    bad,
     gE,
     gW,
 ):
-    """log Z (without the emission maxima and the weight shift) and gradients of one chunk.
+    """log Z (without the weight shift) and gradients of one chunk of rows.
 
-    ``ex``: ``(T, C, nb)`` the chunk's emissions ``exp(E - max)``, rows sorted by ``lens``
-    (longest first), ``rows`` their rows in ``gE``. Writes ``logz (nb,)``, ``gE[rows]`` (frames
-    within each row's length) and ``gW (nb, A)`` (forward arc order) of the chunk."""
+    ``E``: ``(B, T, C)`` the emissions of the whole batch; ``rows`` the chunk's rows, sorted by
+    ``lens`` (longest first). The frames' ``exp(E - max)`` are computed here, frame by frame,
+    in the forward and again in the backward (only each row's per-frame maximum is kept).
+    Writes ``logz (nb,)``, ``bad (nb,)`` (rows that read a NaN or ``+inf``), ``gE[rows]``
+    (frames within each row's length) and ``gW (nb, A)`` (forward arc order)."""
     nb = lens.shape[0]
     if nb == 0:
         return
     S = state_off.shape[0] - 1
     G = group_dst.shape[0]
     A = fwd_src.shape[0]
-    C = ex.shape[1]
+    C = E.shape[2]
     Tm = lens[0]
     dt = p_fwd.dtype
     alpha = np.zeros((S, nb), dt)
     anew = np.zeros((S, nb), dt)
+    tmp = np.zeros(C, dt)
     tot = np.zeros(nb, np.float64)
     logs = np.zeros(nb, np.float64)
     ns = start.shape[0]
@@ -156,7 +298,9 @@ def _chunk(
     nseg = (Tm + K - 1) // K
     KK = min(K, Tm) if Tm > 0 else 1
     ck = np.zeros((max(nseg, 1), S, nb), dt)
+    mx = np.zeros((max(Tm, 1), nb), np.float64)
     U = np.zeros((KK, G, nb), dt)
+    EX = np.zeros((KK, C, nb), dt)  # the segment's exp(E - max), (C, nb) per frame
     AS = np.zeros((KK if need_w else 1, S if need_w else 1, nb), dt)
     for b in range(nb):
         if lens[b] == 0:
@@ -176,13 +320,15 @@ def _chunk(
             for s in range(S):
                 for b in range(nact):
                     AS[t % K, s, b] = alpha[s, b]
+        _maxima(E, rows, t, nact, lens, mx[t], logs, bad)
+        _emissions(E, rows, t, nact, mx[t], EX[t % K], tmp)
         _frame(
             lens,
             t,
             nact,
             alpha,
             anew,
-            ex[t],
+            EX[t % K],
             U[t % K],
             logs,
             tot,
@@ -206,8 +352,9 @@ def _chunk(
     beta = np.zeros((S, nb), dt)
     bprev = np.zeros((S, nb), dt)
     v = np.zeros((G, nb), dt)
-    z = np.zeros(nb, np.float64)
-    gbuf = np.zeros((C, nb), np.float64)
+    z = np.zeros(nb, dt)
+    zs = np.zeros(nb, np.float64)
+    gbuf = np.zeros((C, nb), dt)
     gacc = np.zeros((A if need_w else 1, nb), np.float64)
     ra = np.zeros((S, nb), dt)
     rlogs = np.zeros(nb, np.float64)
@@ -230,13 +377,14 @@ def _chunk(
                     for s in range(S):
                         for b in range(nt):
                             AS[t - t0, s, b] = ra[s, b]
+                _emissions(E, rows, t, nt, mx[t], EX[t - t0], tmp)
                 _frame(
                     lens,
                     t,
                     nt,
                     ra,
                     anew,
-                    ex[t],
+                    EX[t - t0],
                     U[t - t0],
                     rlogs,
                     tot,
@@ -255,7 +403,7 @@ def _chunk(
                 for i in range(accept.shape[0]):
                     beta[accept[i], nact] = 1.0
                 nact += 1
-            e = ex[t]
+            e = EX[t - t0]
             Ut = U[t - t0]
             for b in range(nact):
                 z[b] = 0.0
@@ -271,14 +419,14 @@ def _chunk(
                 for c in range(C):
                     for b in range(nact):
                         gbuf[c, b] = 0.0
-                for g in range(G):
+                for g in range(G):  # the posteriors of the groups, summed by label
                     lab = group_label[g]
                     for b in range(nact):
                         gbuf[lab, b] += Ut[g, b] * v[g, b] * z[b]
                 for b in range(nact):
-                    r = rows[b]
+                    gr = gE[rows[b], t]
                     for c in range(C):
-                        gE[r, t, c] = gbuf[c, b]
+                        gr[c] = gbuf[c, b]
             if need_w:
                 At = AS[t - t0]
                 for g in range(G):
@@ -290,10 +438,20 @@ def _chunk(
             if t == 0:
                 continue
             for s in range(S):
-                for b in range(nact):
-                    bprev[s, b] = 0.0
                 a = src_off[s]
                 a1 = src_off[s + 1]
+                for b in range(nact):
+                    bprev[s, b] = 0.0
+                while a + 8 <= a1:
+                    g0, g1, g2, g3 = bwd_group[a], bwd_group[a + 1], bwd_group[a + 2], bwd_group[a + 3]
+                    g4, g5, g6, g7 = bwd_group[a + 4], bwd_group[a + 5], bwd_group[a + 6], bwd_group[a + 7]
+                    p0, p1, p2, p3 = p_bwd[a], p_bwd[a + 1], p_bwd[a + 2], p_bwd[a + 3]
+                    p4, p5, p6, p7 = p_bwd[a + 4], p_bwd[a + 5], p_bwd[a + 6], p_bwd[a + 7]
+                    for b in range(nact):
+                        bprev[s, b] += ((v[g0, b] * p0 + v[g1, b] * p1) + (v[g2, b] * p2 + v[g3, b] * p3)) + (
+                            (v[g4, b] * p4 + v[g5, b] * p5) + (v[g6, b] * p6 + v[g7, b] * p7)
+                        )
+                    a += 8
                 while a + 4 <= a1:
                     g0, g1, g2, g3 = bwd_group[a], bwd_group[a + 1], bwd_group[a + 2], bwd_group[a + 3]
                     p0, p1, p2, p3 = p_bwd[a], p_bwd[a + 1], p_bwd[a + 2], p_bwd[a + 3]
@@ -311,17 +469,17 @@ def _chunk(
                     q = 0.0
                     for s in range(S):
                         q += leak[s] * bprev[s, b]
-                    z[b] = lam * q
+                    zs[b] = lam * q
                 for s in range(S):
                     for b in range(nact):
-                        bprev[s, b] += z[b]
+                        bprev[s, b] += zs[b]
             for b in range(nact):
-                z[b] = 0.0
+                zs[b] = 0.0
             for s in range(S):
                 for b in range(nact):
-                    z[b] += bprev[s, b]
+                    zs[b] += bprev[s, b]
             for b in range(nact):
-                z[b] = 1.0 / z[b] if z[b] > 0.0 else 0.0
+                z[b] = 1.0 / zs[b] if zs[b] > 0.0 else 0.0
             for s in range(S):
                 for b in range(nact):
                     beta[s, b] = bprev[s, b] * z[b]
@@ -331,14 +489,15 @@ def _chunk(
                 gW[b, a] = gacc[a, b]
 
 
-def checkpoint_interval(B: int, T: int, S: int, G: int, itemsize: int, need_w: bool) -> int:
+def checkpoint_interval(B: int, T: int, S: int, G: int, itemsize: int, need_w: bool, C: int = 0) -> int:
     """Frames per segment: all ``T`` (no recompute) when the segment buffers of the batch
-    (``B * T * (G + S if need_w)`` values) fit :data:`SEGMENT_BUDGET`, else about
-    ``sqrt(T * G / S)`` (balances the segment buffers against the checkpoints)."""
-    per = B * max(T, 1) * (G + (S if need_w else 0)) * itemsize
+    (``B * T * (G + C + S if need_w)`` values: group sums, emissions, states) fit
+    :data:`SEGMENT_BUDGET`, else about ``sqrt(T * S / (G + C))`` (balances the segment buffers,
+    ``K (G + C)`` per row, against the checkpoints, ``(T / K) S`` per row)."""
+    per = B * max(T, 1) * (G + C + (S if need_w else 0)) * itemsize
     if per <= SEGMENT_BUDGET:
         return max(T, 1)
-    return max(1, min(T, int(math.sqrt(max(T, 1) * max(G, 1) / max(S, 1)))))
+    return max(1, min(T, int(math.sqrt(max(T, 1) * max(S, 1) / max(G + C, 1)))))
 
 
 def chunks_of(lengths: np.ndarray, threads: int, min_rows: int = CHUNK_ROWS) -> List[np.ndarray]:
@@ -349,30 +508,6 @@ def chunks_of(lengths: np.ndarray, threads: int, min_rows: int = CHUNK_ROWS) -> 
     order = np.argsort(-np.asarray(lengths), kind="stable")
     n = max(1, min(threads, B // max(min_rows, 1)))
     return [np.ascontiguousarray(order[i::n]) for i in range(n)]
-
-
-def _exp_emissions(E: np.ndarray, rows: np.ndarray, lens: np.ndarray):
-    """``(ex (T, C, nb), log offsets (nb,), bad (nb,))``: the chunk's emissions as
-    ``exp(E - m_t)`` with ``m_t`` each frame's max, the sum of the ``m_t`` over each row's frames,
-    and the rows that read a NaN or ``+inf`` (their frames are zeroed: the row dies, and is
-    reported as NaN by the caller). A frame of ``-inf`` only is zeroed (no path)."""
-    Ec = E[rows]  # (nb, T, C), a copy: computed on in place
-    with np.errstate(invalid="ignore", over="ignore"):
-        m = Ec.max(axis=2)  # NaN propagates
-    valid = np.arange(E.shape[1])[None, :] < lens[:, None]
-    ok = np.isfinite(m)
-    if ok.all():
-        ms, bad = m, np.zeros(len(rows), dtype=bool)
-    else:
-        bad = ((np.isnan(m) | (m == np.inf)) & valid).any(axis=1)
-        ms = np.where(ok, m, 0.0).astype(E.dtype)
-    with np.errstate(invalid="ignore", over="ignore"):
-        np.subtract(Ec, ms[:, :, None], out=Ec)
-        np.exp(Ec, out=Ec)
-    if not ok.all():
-        Ec[~ok] = 0.0
-    off = np.where(valid, ms.astype(np.float64), 0.0).sum(axis=1)
-    return np.ascontiguousarray(Ec.transpose(1, 2, 0)), off, bad
 
 
 def shared_scores(
@@ -413,7 +548,7 @@ def shared_scores(
     if graph.max_label >= C:  # the kernel reads emissions by these labels
         raise ValueError(f"the graph's arc label {graph.max_label} is out of range for C={C} classes")
     leak = graph.leak_distribution() if leaky > 0.0 else np.zeros(max(S, 1), dtype=np.float64)
-    K = int(checkpoint) if checkpoint else checkpoint_interval(B, T, S, G, dt.itemsize, need_w)
+    K = int(checkpoint) if checkpoint else checkpoint_interval(B, T, S, G, dt.itemsize, need_w, C)
     if K < 1:
         raise ValueError(f"checkpoint must be >= 1, got {checkpoint}")
     logz = np.full(B, -np.inf, dtype=np.float64)
@@ -421,18 +556,19 @@ def shared_scores(
     gW = np.zeros((B, A) if need_w else (1, 1), dtype=np.float64)
     if B == 0:
         return logz, (gE if need_e else None), (gW if need_w else None)
-    p_fwd = graph.fwd_prob.astype(dt)
-    p_bwd = graph.bwd_prob.astype(dt)
+    p_fwd, p_bwd = graph.probabilities(dt)
     chunks = chunks_of(lens, threads or get_num_threads(), min_rows)
+    Ec = np.ascontiguousarray(E)
 
     def run(rows: np.ndarray) -> None:
         ln = np.ascontiguousarray(lens[rows])
-        ex, off, bad = _exp_emissions(E, rows, ln)
         nb = len(rows)
         lz = np.full(nb, -np.inf, dtype=np.float64)
+        bad = np.zeros(nb, dtype=np.bool_)
         gw = np.zeros((nb, A) if need_w else (1, 1), dtype=np.float64)
         _chunk(
-            ex,
+            Ec,
+            np.ascontiguousarray(rows),
             ln,
             graph.start,
             graph.accept,
@@ -450,12 +586,12 @@ def shared_scores(
             K,
             bool(need_e),
             bool(need_w),
-            np.ascontiguousarray(rows),
             lz,
+            bad,
             gE,
             gw,
         )
-        lz = lz + off + ln * float(graph.shift)
+        lz = lz + ln * float(graph.shift)
         lz[bad] = np.nan
         logz[rows] = lz
         if need_e and bad.any():

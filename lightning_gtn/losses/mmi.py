@@ -210,7 +210,19 @@ def _den_backward(ctx, g_out, _g1, _g2):
         return (None,) * 7
     logz, gE, gW = ctx.saved_tensors
     coef = torch.where(torch.isfinite(logz), g_out, torch.zeros_like(g_out))
-    out_e = gE * coef.reshape(-1, 1, 1).to(gE.dtype) if ctx.need_e else None
+    out_e = None
+    if ctx.need_e:
+        c = coef.reshape(-1, 1, 1).to(gE.dtype)
+        if (
+            type(gE) is torch.Tensor
+            and type(c) is torch.Tensor
+            and gE.device.type == "cpu"
+            and not torch.is_grad_enabled()
+        ):
+            # numpy: one thread; torch's pool costs more than this memory-bound product on a busy CPU
+            out_e = torch.from_numpy(np.multiply(gE.detach().numpy(), c.detach().numpy()))
+        else:
+            out_e = gE * c
     if ctx.need_w and ctx.den is not None and gW.numel():
         gw = (coef.reshape(-1, 1).to(torch.float64) * gW.to(torch.float64)).sum(0)
         ctx.den.graph.add_grad(gw.detach().cpu().to(torch.float32).numpy())  # GTN's convention: graph.grad()

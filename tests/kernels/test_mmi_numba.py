@@ -155,3 +155,25 @@ def test_compiled_graph_cache_and_checks():
         shared_graph(bad)
     with pytest.raises(TypeError):
         shared_graph("not a graph")
+
+
+def test_float32_exp_is_accurate_and_zero_below_the_normal_range():
+    x = np.concatenate([-np.linspace(0.0, 86.0, 2001), [-1e-7, -87.5, -200.0, -np.inf]]).astype(np.float32)
+    ref = np.exp(x.astype(np.float64))
+    out = _exp_all(x)  # inside a compiled loop, as the kernel calls it
+    ok = x > -87.0
+    np.testing.assert_allclose(out[ok], ref[ok], rtol=5e-7, atol=0)  # numpy float32 exp: 2e-7
+    assert (out[~ok] == 0.0).all()
+
+
+def _exp_all(x):
+    from numba import njit
+
+    @njit
+    def run(x, out):
+        for i in range(x.shape[0]):
+            out[i] = mmi_numba.exp_f32(x[i])
+
+    out = np.empty_like(x)
+    run(x, out)
+    return out
