@@ -625,15 +625,17 @@ class LhotseDataModule(L.LightningDataModule):
         super().__init__()
         if features not in ("fbank", "precomputed"):
             raise ValueError(f"data.features: must be 'fbank' or 'precomputed', got {features!r}")
-        for name, v, lo in (
-            ("num_mel_bins", num_mel_bins, 1),
-            ("num_buckets", num_buckets, 1),
-            ("num_workers", num_workers, 0),
-            ("stack_frames", stack_frames, 1),
-            ("sampling_rate", sampling_rate, 1),
+        # upper bounds: a model is built from feature_dim = stack_frames * num_mel_bins, and buffers
+        # scale with the others; a config must not ask for unbounded memory
+        for name, v, lo, hi in (
+            ("num_mel_bins", num_mel_bins, 1, 512),
+            ("num_buckets", num_buckets, 1, 1024),
+            ("num_workers", num_workers, 0, 256),
+            ("stack_frames", stack_frames, 1, 64),
+            ("sampling_rate", sampling_rate, 1, 384000),
         ):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"data.{name}: must be an integer >= {lo}, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"data.{name}: must be an integer in [{lo}, {hi}], got {v!r}")
         for name, x in (("max_duration", max_duration), ("max_cut_duration", max_cut_duration)):
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0 < x < math.inf):
                 raise ValueError(f"data.{name}: must be a positive number of seconds, got {x!r}")
