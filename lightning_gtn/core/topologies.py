@@ -54,6 +54,7 @@ __all__ = [
     "topology_arrays",
     "topology_graph",
     "compose_token_acceptor",
+    "determinise_acceptor",
     "numerator_graph",
 ]
 
@@ -382,18 +383,53 @@ def _target_nfa(num_tokens: int, topology: str, y: list[int]):
     return len(new), [new[q] for q in accept], arcs
 
 
-def _determinise(num_nodes: int, accept: list[int], arcs: list[tuple[int, int, int]]):
-    """Subset construction on an unweighted epsilon-free acceptor (start node 0, trimmed): one
-    path per accepted class sequence. Numerators are small and left to right, so the subsets
-    stay small."""
-    out: dict[int, dict[int, set]] = {}
+def determinise_acceptor(
+    num_nodes: int,
+    accept: Sequence[int],
+    arcs: Sequence[tuple[int, int, int]],
+    *,
+    eps_label: Optional[int] = None,
+    max_states: Optional[int] = None,
+    what: str = "",
+) -> tuple[int, list[int], list[tuple[int, int, int]]]:
+    """Subset construction from node 0 on an unweighted acceptor: one path per accepted label
+    sequence.
+
+    Args:
+        num_nodes: nodes of the acceptor (ids ``0..num_nodes-1``, start node 0).
+        accept: its accepting nodes.
+        arcs: ``(src, dst, label)`` triples; arcs labelled ``eps_label`` (when not None) read
+            nothing and are followed by epsilon closure.
+        max_states: stop with a ValueError naming ``what`` beyond this many subset states
+            (None: no bound; numerators of targets are small and left to right).
+
+    Returns:
+        ``(num_states, accept, arcs)`` of the deterministic acceptor, arcs as ``(src, dst, label)``.
+    """
+    out: list[dict[int, list[int]]] = [{} for _ in range(num_nodes)]
+    eps: list[list[int]] = [[] for _ in range(num_nodes)]
     for s, d, lab in arcs:
-        out.setdefault(s, {}).setdefault(lab, set()).add(d)
-    acc = set(accept)
-    first = frozenset([0])
+        if eps_label is not None and lab == eps_label:
+            eps[s].append(d)
+        else:
+            out[s].setdefault(lab, []).append(d)
+
+    def closure(nodes) -> frozenset:
+        seen = set(nodes)
+        stack = list(nodes)
+        while stack:
+            for d in eps[stack.pop()]:
+                if d not in seen:
+                    seen.add(d)
+                    stack.append(d)
+        return frozenset(seen)
+
+    acc = set(int(x) for x in accept)
+    first = closure([0])
     ids = {first: 0}
     todo = [first]
-    new_arcs, new_accept = [], []
+    new_arcs: list[tuple[int, int, int]] = []
+    new_accept: list[int] = []
     while todo:
         cur = todo.pop()
         cid = ids[cur]
@@ -401,11 +437,13 @@ def _determinise(num_nodes: int, accept: list[int], arcs: list[tuple[int, int, i
             new_accept.append(cid)
         moves: dict[int, set] = {}
         for s in cur:
-            for lab, ds in out.get(s, {}).items():
+            for lab, ds in out[s].items():
                 moves.setdefault(lab, set()).update(ds)
         for lab in sorted(moves):
-            nxt = frozenset(moves[lab])
+            nxt = closure(moves[lab])
             if nxt not in ids:
+                if max_states is not None and len(ids) >= max_states:
+                    raise ValueError(f"the determinised {what} acceptor has more than {max_states} states")
                 ids[nxt] = len(ids)
                 todo.append(nxt)
             new_arcs.append((cid, ids[nxt], lab))
@@ -461,7 +499,7 @@ def numerator_graph(
         g = Graph.from_arrays(1, [0], [], [], [], [], calc_grad=False)
     else:
         if topology in ("modified_ctc", "hmm1"):
-            num, accept, arcs = _determinise(num, accept, arcs)
+            num, accept, arcs = determinise_acceptor(num, accept, arcs)
         arcs.sort(key=lambda a: (a[0], a[2], a[1]))  # by node, then class
         src, dst, lab = zip(*arcs) if arcs else ((), (), ())
         g = Graph.from_arrays(num, [0], accept, src, dst, lab, calc_grad=False)

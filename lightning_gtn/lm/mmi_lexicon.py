@@ -40,7 +40,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.topologies import compose_token_acceptor, num_classes, topology_arrays
+from ..core.topologies import compose_token_acceptor, determinise_acceptor, num_classes, topology_arrays
 from ..wfst import Graph, intersect
 
 __all__ = [
@@ -113,55 +113,9 @@ def _spellings(lexicon: Mapping, word: str, n: int) -> list[tuple[int, ...]]:
 
 
 def _determinise(num_nodes: int, accept: Sequence[int], arcs, what: str, eps_label: Optional[int] = None):
-    """Subset construction from node 0 on an unweighted acceptor (``arcs``: ``(src, dst, label)``)
-    whose arcs labelled ``eps_label`` (when not None) read nothing.
-
-    Returns ``(num_states, accept, arcs)`` with ``arcs`` a list of ``(src, dst, label)``. Stops
-    with a ValueError beyond :data:`MAX_LEXICON_STATES` states."""
-    out: list[dict[int, list[int]]] = [{} for _ in range(num_nodes)]
-    eps: list[list[int]] = [[] for _ in range(num_nodes)]
-    for s, d, lab in arcs:
-        if lab == eps_label:
-            eps[s].append(d)
-        else:
-            out[s].setdefault(lab, []).append(d)
-
-    def closure(nodes) -> frozenset:
-        seen = set(nodes)
-        stack = list(nodes)
-        while stack:
-            for d in eps[stack.pop()]:
-                if d not in seen:
-                    seen.add(d)
-                    stack.append(d)
-        return frozenset(seen)
-
-    acc = set(int(a) for a in accept)
-    first = closure([0])
-    ids = {first: 0}
-    todo = [first]
-    new_arcs: list[tuple[int, int, int]] = []
-    new_accept: list[int] = []
-    while todo:
-        cur = todo.pop()
-        cid = ids[cur]
-        if cur & acc:
-            new_accept.append(cid)
-        moves: dict[int, set] = {}
-        for s in cur:
-            for lab, ds in out[s].items():
-                moves.setdefault(lab, set()).update(ds)
-        for lab in sorted(moves):
-            nxt = closure(moves[lab])
-            if nxt not in ids:
-                if len(ids) >= MAX_LEXICON_STATES:
-                    raise ValueError(
-                        f"the determinised {what} acceptor has more than MAX_LEXICON_STATES={MAX_LEXICON_STATES} states"
-                    )
-                ids[nxt] = len(ids)
-                todo.append(nxt)
-            new_arcs.append((cid, ids[nxt], lab))
-    return len(ids), sorted(new_accept), new_arcs
+    """:func:`lightning_gtn.core.topologies.determinise_acceptor`, bounded by
+    :data:`MAX_LEXICON_STATES` (a ValueError beyond it)."""
+    return determinise_acceptor(num_nodes, accept, arcs, eps_label=eps_label, max_states=MAX_LEXICON_STATES, what=what)
 
 
 def lexicon_numerator_graph(
