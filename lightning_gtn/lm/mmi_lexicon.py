@@ -115,7 +115,12 @@ def _spellings(lexicon: Mapping, word: str, n: int) -> list[tuple[int, ...]]:
 def _determinise(num_nodes: int, accept: Sequence[int], arcs, what: str, eps_label: Optional[int] = None):
     """:func:`lightning_gtn.core.topologies.determinise_acceptor`, bounded by
     :data:`MAX_LEXICON_STATES` (a ValueError beyond it)."""
-    return determinise_acceptor(num_nodes, accept, arcs, eps_label=eps_label, max_states=MAX_LEXICON_STATES, what=what)
+    try:
+        return determinise_acceptor(
+            num_nodes, accept, arcs, eps_label=eps_label, max_states=MAX_LEXICON_STATES, what=what
+        )
+    except ValueError as e:
+        raise ValueError(f"{e} (MAX_LEXICON_STATES={MAX_LEXICON_STATES})") from None
 
 
 def lexicon_numerator_graph(
