@@ -101,6 +101,17 @@ def test_compose_every_config(group, option, tmp_path):
         assert dm.feature_dim == (32 if option.startswith("text") else 8)
 
 
+def test_data_may_pick_the_model_and_a_loss_needing_its_own_model_wins(tmp_path):
+    # conf/train.yaml lists data after model/trainer and loss after data
+    cfg = _compose(["data=speech"], tmp_path)
+    assert cfg.model.rnn == "lstm" and cfg.model.hidden_size == 128  # model=conv_gru_speech
+    cfg = _compose(["data=speech", "loss=rnnt"], tmp_path)
+    assert cfg.model._target_.endswith("TransducerModel")
+    assert cfg.trainer.max_time == "00:00:09:30"
+    cfg = _compose(["data=speech", "model=conv_lstm"], tmp_path)
+    assert cfg.model.rnn == "lstm" and cfg.model.hidden_size != 128  # the command line wins
+
+
 def test_compose_slurm_launcher(tmp_path):
     cfg = _compose(["hydra/launcher=slurm", "trainer=ddp", "trainer.devices=4"], tmp_path)
     assert "submitit" in cfg.hydra.launcher._target_.lower()
