@@ -49,7 +49,7 @@ from numba import njit
 from lightning_gtn.core.shared_graph import shared_graph
 from lightning_gtn.core.topologies import compose_token_acceptor
 from lightning_gtn.functional import graph_loss, mmi_denominator_score
-from lightning_gtn.kernels.mmi_numba import chunks_of
+from lightning_gtn.kernels.mmi_numba import chunks_of, gather_mad
 from lightning_gtn.wfst.parallel import get_num_threads, parallel_map
 
 B, T = 32, 500
@@ -95,28 +95,7 @@ def _floor_kernel(goff, src, p, x, y, frames):
                 y[g, b] = 0.0
             a = goff[g]
             a1 = goff[g + 1]
-            while a + 8 <= a1:
-                s0, s1, s2, s3 = src[a], src[a + 1], src[a + 2], src[a + 3]
-                s4, s5, s6, s7 = src[a + 4], src[a + 5], src[a + 6], src[a + 7]
-                p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
-                p4, p5, p6, p7 = p[a + 4], p[a + 5], p[a + 6], p[a + 7]
-                for b in range(nb):
-                    y[g, b] += ((x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)) + (
-                        (x[s4, b] * p4 + x[s5, b] * p5) + (x[s6, b] * p6 + x[s7, b] * p7)
-                    )
-                a += 8
-            while a + 4 <= a1:
-                s0, s1, s2, s3 = src[a], src[a + 1], src[a + 2], src[a + 3]
-                p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
-                for b in range(nb):
-                    y[g, b] += (x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)
-                a += 4
-            while a < a1:
-                s = src[a]
-                pa = p[a]
-                for b in range(nb):
-                    y[g, b] += x[s, b] * pa
-                a += 1
+            gather_mad(y, g, x, src, p, a, a1, nb)
 
 
 def _floor_fn(sg):

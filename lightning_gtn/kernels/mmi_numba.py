@@ -49,7 +49,7 @@ from numba.extending import intrinsic, overload
 
 from ..wfst.parallel import get_num_threads, parallel_map
 
-__all__ = ["shared_scores", "checkpoint_interval", "chunks_of", "SEGMENT_BUDGET", "CHUNK_ROWS"]
+__all__ = ["shared_scores", "checkpoint_interval", "chunks_of", "gather_mad", "SEGMENT_BUDGET", "CHUNK_ROWS"]
 
 #: bytes the per-segment buffers of all chunks may take before frames are checkpointed
 SEGMENT_BUDGET = 512 << 20
@@ -124,6 +124,34 @@ def _exp_shifted_impl(x, m, out):
     return f64
 
 
+@njit(cache=True, inline="always")
+def gather_mad(y, row, x, idx, p, a, a1, nb):
+    """``y[row, :nb] += sum_{a <= k < a1} x[idx[k], :nb] * p[k]``: the arc loop of both passes,
+    eight arcs per pass (an eighth of the loads and stores of ``y``), then four, then one."""
+    while a + 8 <= a1:
+        s0, s1, s2, s3 = idx[a], idx[a + 1], idx[a + 2], idx[a + 3]
+        s4, s5, s6, s7 = idx[a + 4], idx[a + 5], idx[a + 6], idx[a + 7]
+        p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
+        p4, p5, p6, p7 = p[a + 4], p[a + 5], p[a + 6], p[a + 7]
+        for b in range(nb):
+            y[row, b] += ((x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)) + (
+                (x[s4, b] * p4 + x[s5, b] * p5) + (x[s6, b] * p6 + x[s7, b] * p7)
+            )
+        a += 8
+    while a + 4 <= a1:
+        s0, s1, s2, s3 = idx[a], idx[a + 1], idx[a + 2], idx[a + 3]
+        p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
+        for b in range(nb):
+            y[row, b] += (x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)
+        a += 4
+    while a < a1:
+        s = idx[a]
+        pa = p[a]
+        for b in range(nb):
+            y[row, b] += x[s, b] * pa
+        a += 1
+
+
 @njit(cache=True, nogil=True)
 def _maxima(E, rows, t, nact, lens, mt, logs, bad):
     """Each row's maximum emission at frame ``t`` into ``mt`` (``-inf`` when it is not finite:
@@ -196,28 +224,7 @@ def _frame(lens, t, nact, alpha, anew, e, U, logs, tot, lam, leak, state_off, gr
                 U[g, b] = 0.0
             a = fwd_off[g]
             a1 = fwd_off[g + 1]
-            while a + 8 <= a1:  # eight arcs per pass: an eighth of the loads and stores of U
-                s0, s1, s2, s3 = fwd_src[a], fwd_src[a + 1], fwd_src[a + 2], fwd_src[a + 3]
-                s4, s5, s6, s7 = fwd_src[a + 4], fwd_src[a + 5], fwd_src[a + 6], fwd_src[a + 7]
-                p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
-                p4, p5, p6, p7 = p[a + 4], p[a + 5], p[a + 6], p[a + 7]
-                for b in range(nact):
-                    U[g, b] += ((alpha[s0, b] * p0 + alpha[s1, b] * p1) + (alpha[s2, b] * p2 + alpha[s3, b] * p3)) + (
-                        (alpha[s4, b] * p4 + alpha[s5, b] * p5) + (alpha[s6, b] * p6 + alpha[s7, b] * p7)
-                    )
-                a += 8
-            while a + 4 <= a1:
-                s0, s1, s2, s3 = fwd_src[a], fwd_src[a + 1], fwd_src[a + 2], fwd_src[a + 3]
-                p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
-                for b in range(nact):
-                    U[g, b] += (alpha[s0, b] * p0 + alpha[s1, b] * p1) + (alpha[s2, b] * p2 + alpha[s3, b] * p3)
-                a += 4
-            while a < a1:
-                s = fwd_src[a]
-                pa = p[a]
-                for b in range(nact):
-                    U[g, b] += alpha[s, b] * pa
-                a += 1
+            gather_mad(U, g, alpha, fwd_src, p, a, a1, nact)
             lab = group_label[g]
             for b in range(nact):
                 anew[d, b] += e[lab, b] * U[g, b]
@@ -442,28 +449,7 @@ def _chunk(
                 a1 = src_off[s + 1]
                 for b in range(nact):
                     bprev[s, b] = 0.0
-                while a + 8 <= a1:
-                    g0, g1, g2, g3 = bwd_group[a], bwd_group[a + 1], bwd_group[a + 2], bwd_group[a + 3]
-                    g4, g5, g6, g7 = bwd_group[a + 4], bwd_group[a + 5], bwd_group[a + 6], bwd_group[a + 7]
-                    p0, p1, p2, p3 = p_bwd[a], p_bwd[a + 1], p_bwd[a + 2], p_bwd[a + 3]
-                    p4, p5, p6, p7 = p_bwd[a + 4], p_bwd[a + 5], p_bwd[a + 6], p_bwd[a + 7]
-                    for b in range(nact):
-                        bprev[s, b] += ((v[g0, b] * p0 + v[g1, b] * p1) + (v[g2, b] * p2 + v[g3, b] * p3)) + (
-                            (v[g4, b] * p4 + v[g5, b] * p5) + (v[g6, b] * p6 + v[g7, b] * p7)
-                        )
-                    a += 8
-                while a + 4 <= a1:
-                    g0, g1, g2, g3 = bwd_group[a], bwd_group[a + 1], bwd_group[a + 2], bwd_group[a + 3]
-                    p0, p1, p2, p3 = p_bwd[a], p_bwd[a + 1], p_bwd[a + 2], p_bwd[a + 3]
-                    for b in range(nact):
-                        bprev[s, b] += (v[g0, b] * p0 + v[g1, b] * p1) + (v[g2, b] * p2 + v[g3, b] * p3)
-                    a += 4
-                while a < a1:
-                    g = bwd_group[a]
-                    pa = p_bwd[a]
-                    for b in range(nact):
-                        bprev[s, b] += pa * v[g, b]
-                    a += 1
+                gather_mad(bprev, s, v, bwd_group, p_bwd, a, a1, nact)
             if lam > 0.0:
                 for b in range(nact):
                     q = 0.0
