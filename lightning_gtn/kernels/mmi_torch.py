@@ -79,7 +79,17 @@ def shared_scores(
     need_w: bool = False,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """As :func:`.mmi_numba.shared_scores` for a tensor ``E`` ``(B, T, C)`` on any device:
-    ``(logz (B,) float64, grad_E (B, T, C) or None, grad_w (B, num_arcs) float64 or None)``."""
+    ``(logz (B,) float64, grad_E (B, T, C) or None, grad_w (B, num_arcs) float64 or None)``.
+
+    Half-precision emissions are scored in float32 (the gradient is returned in their dtype), and
+    autocast is off inside: under ``precision="bf16-mixed"`` it would otherwise run the sparse
+    products in bfloat16, which CUDA's sparse kernels refuse and which would lose the sums' precision."""
+    if E.dtype in (torch.float16, torch.bfloat16):
+        logz, gE, gW = shared_scores(graph, E.float(), lengths, leaky, need_e, need_w)
+        return logz, (gE.to(E.dtype) if gE is not None else None), gW
+    if torch.is_autocast_enabled(E.device.type):
+        with torch.autocast(E.device.type, enabled=False):
+            return shared_scores(graph, E, lengths, leaky, need_e, need_w)
     B, T, C = E.shape
     dev, dt = E.device, E.dtype
     S, G = graph.num_states, graph.num_groups

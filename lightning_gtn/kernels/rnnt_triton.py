@@ -229,7 +229,7 @@ def rnnt_triton(
     alpha = torch.empty_like(lse)
     beta = torch.empty_like(lse) if need_grad else alpha
     ll = torch.empty(B, dtype=dtype, device=dev)
-    params = torch.tensor([float(clamp), float(fastemit_lambda)], dtype=dtype, device=dev)
+    scalars = torch.tensor([float(clamp), float(fastemit_lambda)], dtype=dtype, device=dev)
     br, bv, nw = _row_blocks(V, block_v)
     grid_rows = (triton.cdiv(R, br),)
     _rows_kernel[grid_rows](
@@ -245,7 +245,7 @@ def rnnt_triton(
         return costs, None
     grads = x if inplace else torch.empty_like(x)
     _grad_kernel[grid_rows](
-        x, grads, lse, lpb, lpe, alpha, beta, ll, tg, xl, yl, params, R, T, U1, V, blank,
+        x, grads, lse, lpb, lpe, alpha, beta, ll, tg, xl, yl, scalars, R, T, U1, V, blank,
         FUSED=bool(fused_log_softmax), CLAMP=float(clamp) > 0, EMIT_SCALE=float(fastemit_lambda) != 0,
         BLOCK_R=br, BLOCK_V=bv, num_warps=nw,
     )  # fmt: skip
@@ -535,12 +535,12 @@ def _duration_transducer(
     alpha = torch.empty_like(lse)
     beta = torch.empty_like(lse) if need_grad else alpha
     ll = torch.empty(B, dtype=dtype, device=dev)
-    params = torch.tensor([float(clamp), float(fastemit_lambda), float(sigma)], dtype=dtype, device=dev)
+    scalars = torch.tensor([float(clamp), float(fastemit_lambda), float(sigma)], dtype=dtype, device=dev)
     br, bv, nw = _row_blocks(V, block_v)
     bd = triton.next_power_of_2(max(D, 1))
     grid_rows = (triton.cdiv(R, br),)
     _drows_kernel[grid_rows](
-        x, lse, dlse, wb, we, tg, xl, yl, bcol, bdi, edi, params, R, T, U1, V, C, D,
+        x, lse, dlse, wb, we, tg, xl, yl, bcol, bdi, edi, scalars, R, T, U1, V, C, D,
         KB=KB, KE=KE, HAS_D=D > 0, ONE_PASS=bv >= V, BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, NORMALISE=bool(normalise),
         num_warps=nw,
     )  # fmt: skip
@@ -554,7 +554,7 @@ def _duration_transducer(
         return costs, None
     grads = torch.empty_like(x)
     _dgrad_kernel[grid_rows](
-        x, grads, lse, dlse, wb, we, alpha, beta, ll, tg, xl, yl, bcol, bdur, bdi, edur, edi, params,
+        x, grads, lse, dlse, wb, we, alpha, beta, ll, tg, xl, yl, bcol, bdur, bdi, edur, edi, scalars,
         R, T, U1, V, C, D,
         KB=KB, KE=KE, HAS_D=D > 0, CLAMP=float(clamp) > 0, EMIT_SCALE=float(fastemit_lambda) != 0,
         BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, NORMALISE=bool(normalise), num_warps=nw,
@@ -696,7 +696,7 @@ if triton is not None:
         tgt,
         xlen,
         ylen,
-        params,
+        scalars,
         R,
         T,
         U1,
@@ -725,14 +725,14 @@ if triton is not None:
         p_blank = tl.where(ok, p_blank, 0.0)
         p_emit = tl.where(emit, p_emit, 0.0)
         if EMIT_SCALE:
-            p_emit = p_emit * (1.0 + tl.load(params + 1))
+            p_emit = p_emit * (1.0 + tl.load(scalars + 1))
         y = tl.load(tgt + b.to(tl.int64) * (U1 - 1) + u, mask=emit, other=-1)
         y = tl.where(emit, y, -1)
         if FUSED:
             lse = tl.load(LSE + rows, mask=ok, other=0.0)
             occ = p_blank + p_emit
         if CLAMP:
-            c = tl.load(params)
+            c = tl.load(scalars)
         base = rows.to(tl.int64) * V
         cols = tl.arange(0, BLOCK_V)
         for v0 in range(0, V, BLOCK_V):
@@ -845,7 +845,7 @@ if triton is not None:
 
     @triton.jit
     def _drows_kernel(
-        X, LSE, DLSE, WB, WE, tgt, xlen, ylen, BCOL, BDI, EDI, params, R, T, U1, V, C, D,
+        X, LSE, DLSE, WB, WE, tgt, xlen, ylen, BCOL, BDI, EDI, scalars, R, T, U1, V, C, D,
         KB: tl.constexpr, KE: tl.constexpr, HAS_D: tl.constexpr, ONE_PASS: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, NORMALISE: tl.constexpr = True,
     ):  # fmt: skip
@@ -857,7 +857,7 @@ if triton is not None:
         ok = rmask & (t < tb) & (u <= ub)
         emit = ok & (u < ub)
         base = rows.to(tl.int64) * C
-        sigma = tl.load(params + 2)
+        sigma = tl.load(scalars + 2)
         if NORMALISE:
             lse = _row_lse(X, base, ok, 0, V, ONE_PASS, BLOCK_R, BLOCK_V)
         else:  # the logits are log-probabilities already
@@ -973,7 +973,7 @@ if triton is not None:
 
     @triton.jit
     def _dgrad_kernel(
-        X, G, LSE, DLSE, WB, WE, ALPHA, BETA, LL, tgt, xlen, ylen, BCOL, BDUR, BDI, EDUR, EDI, params,
+        X, G, LSE, DLSE, WB, WE, ALPHA, BETA, LL, tgt, xlen, ylen, BCOL, BDUR, BDI, EDUR, EDI, scalars,
         R, T, U1, V, C, D,
         KB: tl.constexpr, KE: tl.constexpr, HAS_D: tl.constexpr, CLAMP: tl.constexpr, EMIT_SCALE: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, NORMALISE: tl.constexpr = True,
@@ -996,12 +996,12 @@ if triton is not None:
         occ = p_blank + p_emit  # the node's posterior
         scale = 1.0
         if EMIT_SCALE:
-            scale = 1.0 + tl.load(params + 1)
+            scale = 1.0 + tl.load(scalars + 1)
         y = tl.load(tgt + b.to(tl.int64) * (U1 - 1) + u, mask=emit, other=-1)
         y = tl.where(emit, y, -1)
         lse = tl.load(LSE + rows, mask=ok, other=0.0)
         if CLAMP:
-            c = tl.load(params)
+            c = tl.load(scalars)
         base = rows.to(tl.int64) * C
         cols = tl.arange(0, BLOCK_V)
         for v0 in range(0, V, BLOCK_V):

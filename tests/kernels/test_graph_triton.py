@@ -382,9 +382,10 @@ def test_kernel_variant_compiles_for_the_gpu(name, dtype, consts, capability):
     assert len(kernel.asm["cubin"]) > 0
     ptx = kernel.asm["ptx"]
     assert "bar.sync" in ptx or "barrier.sync" in ptx  # frames are separated by block barriers
-    # gradient sums need no ordering: fire-and-forget reductions, no fences
+    # gradient sums need no ordering: relaxed reductions, no fences (Triton 3.7+ writes them as
+    # fire-and-forget `red`, Triton 3.6 as `atom` with the result unused: both unordered)
     atomics = set(re.findall(r"\b(?:red|atom)\.[\w.]+", ptx))
-    assert all(a.startswith("red.") and ".relaxed." in a for a in atomics), atomics
+    assert all(".relaxed." in a and ".add." in a for a in atomics), atomics
     assert bool(atomics) == (name == "_backward_kernel")  # emission and/or weight gradients
 
 

@@ -195,3 +195,27 @@ def test_cuda_default_is_triton_and_equals_numba():
 if __name__ == "__main__":  # the child of test_public_functions_under_the_interpreter
     assert INTERPRETED, "run with TRITON_INTERPRET=1"
     print(f"wired: {_interpreted_checks()} groups equal to numba")
+
+
+def test_no_kernel_argument_shadows_the_launchers_own_names():
+    """Triton 3.6's launcher binds a kernel's arguments inside a generated function whose locals
+    are ``params``, ``specialization`` and ``options``; a kernel argument of one of those names is
+    replaced by the launcher's own value there ("failed to specialize argument of type: dict",
+    seen on an H200 with torch 2.11). No kernel of the package may use them."""
+    import importlib
+    import pkgutil
+
+    import lightning_gtn.kernels as kernels
+
+    triton = pytest.importorskip("triton")
+    found = []
+    for info in pkgutil.iter_modules(kernels.__path__):
+        if "triton" not in info.name:
+            continue
+        mod = importlib.import_module(f"lightning_gtn.kernels.{info.name}")
+        for name, fn in vars(mod).items():
+            if isinstance(fn, triton.runtime.jit.JITFunction):
+                found.append(name)
+                bad = {"params", "specialization", "options"} & set(fn.arg_names)
+                assert not bad, (info.name, name, bad)
+    assert len(found) >= 6, found

@@ -254,3 +254,48 @@ def test_fuzz_bad_graphs_and_inputs_never_crash(arcs, lengths, target, special, 
     z = mmi_denominator_score(x, torch.tensor(lengths), g, leaky_hmm=leaky)
     t = mmi_denominator_score(x, torch.tensor(lengths), g, leaky_hmm=leaky, impl="torch")
     torch.testing.assert_close(z, t, equal_nan=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_tensors_equal_the_cpu_kernel(dtype):
+    """On CUDA tensors the torch path runs on the device: the same losses, gradients and graph gradient."""
+    den = bigram_den(4, seed=11, keep=0.7)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(5, 9, 5, dtype=dtype, generator=g)
+    tg = torch.tensor([[1, 2, 3], [4, 4, 0], [2, 0, 0], [1, 3, 1], [3, 2, 0]])
+    tl, il = torch.tensor([3, 2, 1, 3, 2]), torch.tensor([9, 7, 3, 9, 6])
+    xc, xg = x.clone().requires_grad_(), x.cuda().requires_grad_()
+    kw = dict(denominator=den, den_scale=0.8, leaky_hmm=0.05, reduction="none")
+    cpu = mmi_loss(xc, tg, il, tl, **kw)
+    gpu = mmi_loss(xg, tg.cuda(), il.cuda(), tl.cuda(), **kw)
+    assert gpu.device.type == "cuda" and gpu.dtype == dtype
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(gpu.cpu(), cpu, **tol)
+    cpu.sum().backward()
+    gpu.sum().backward()
+    torch.testing.assert_close(xg.grad.cpu(), xc.grad, **tol)
+    den.calc_grad = True
+    den.zero_grad()
+    mmi_denominator_score(x, il, den).sum().backward()
+    ref = np.array(den.grad().weights_to_list())
+    den.zero_grad()
+    mmi_denominator_score(x.cuda(), il.cuda(), den).sum().backward()
+    np.testing.assert_allclose(np.array(den.grad().weights_to_list()), ref, rtol=1e-3, atol=1e-4)
+
+
+def test_torch_path_under_autocast_and_half_inputs_scores_in_float32():
+    """``precision="bf16-mixed"`` runs the loss under autocast: the torch path (CUDA's) must not
+    let autocast turn its sparse products into bfloat16, and bfloat16 emissions are scored in float32."""
+    den = bigram_den(3, seed=12)
+    x = torch.randn(3, 7, 4).log_softmax(-1)
+    il = torch.tensor([7, 5, 2])
+    ref = mmi_denominator_score(x, il, den, impl="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = mmi_denominator_score(x, il, den, impl="torch")
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    xb = x.bfloat16().requires_grad_()
+    zb = mmi_denominator_score(xb, il, den, impl="torch")
+    torch.testing.assert_close(zb.float(), mmi_denominator_score(xb.detach().float(), il, den), rtol=1e-2, atol=1e-2)
+    zb.sum().backward()
+    assert xb.grad.dtype == torch.bfloat16 and torch.isfinite(xb.grad.float()).all()
