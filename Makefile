@@ -47,6 +47,7 @@ gpu-check: $(STAMP)
 	$(PY) benchmarks/bench_rnnt.py --gpu-only
 	$(PY) benchmarks/bench_rnnt_variants.py --gpu-only
 	$(PY) benchmarks/bench_pruned.py --gpu-only
+	$(PY) benchmarks/bench_mmi_gpu.py
 	$(VENV)/bin/lightning-gtn-train experiment=smoke trainer=gpu trainer.enable_progress_bar=false
 
 clean:

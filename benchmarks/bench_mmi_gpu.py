@@ -1,14 +1,13 @@
 """The shared LF-MMI denominator on a CUDA device: ``mmi_denominator_score`` forward + backward on
-CUDA tensors (the torch path, :mod:`lightning_gtn.kernels.mmi_torch`) against the same denominator
-scored per example by the generic ``graph_loss`` on the device (its Triton scorer), and against the
-CPU kernel on the same inputs.
+CUDA tensors by its default path (the Triton kernels, :mod:`lightning_gtn.kernels.mmi_triton`) and
+by the torch path (:mod:`lightning_gtn.kernels.mmi_torch`, ``impl="torch"``), against the same
+denominator scored per example by the generic ``graph_loss`` on the device (its Triton scorer), and
+the CPU kernel on the same inputs.
 
 The graphs and inputs are ``bench_mmi.py``'s: a character bigram (30 tokens) and a 200-word-piece
 bigram in the CTC topology, ``(B, T) = (32, 500)``, float32 log-softmax emissions. Times are the
-median of ``--repeats`` calls after a warm-up, each ended by ``torch.cuda.synchronize()``. The
-generic scorer runs ``--generic-batch`` rows at the large graph and is scaled linearly to ``B``
-(each row is its own problem there). ``make gpu-check`` runs it; without a CUDA device it says so
-and exits.
+median of ``--repeats`` calls after a warm-up, each ended by ``torch.cuda.synchronize()``; every
+path scores all ``B`` rows. ``make gpu-check`` runs it; without a CUDA device it says so and exits.
 """
 
 from __future__ import annotations
@@ -41,11 +40,11 @@ def _median(fn, repeats: int, cuda: bool) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
-def _shared(den, x: torch.Tensor):
+def _shared(den, x: torch.Tensor, impl=None):
     def run() -> None:
         z = x.detach().requires_grad_()
         lengths = torch.full((x.shape[0],), x.shape[1], device=x.device)
-        mmi_denominator_score(z, lengths, den).sum().backward()
+        mmi_denominator_score(z, lengths, den, impl=impl).sum().backward()
 
     return run
 
@@ -62,7 +61,6 @@ def _generic(den, x: torch.Tensor):
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--generic-batch", type=int, default=4, help="rows of the generic path at the large graph")
     ap.add_argument("--gpu-only", action="store_true", help="accepted for make gpu-check's uniformity")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -76,24 +74,25 @@ def main(argv=None) -> str:
         x = torch.randn(B, T, N + 1, generator=g).log_softmax(-1)
         xg = x.to(dev)
         shared = _median(_shared(den, xg), args.repeats, True)
+        torch_path = _median(_shared(den, xg, "torch"), max(1, args.repeats // 2), True)
+        generic = _median(_generic(den, xg), max(1, args.repeats // 2), True)
         cpu = _median(_shared(den, x), max(1, args.repeats // 2), False)
-        gb = B if N <= 30 else min(B, args.generic_batch)
-        generic = _median(_generic(den, xg[:gb]), max(1, args.repeats // 2), True) * B / gb
-        rows.append((name, den.num_arcs(), shared, generic, gb, cpu))
+        rows.append((name, den.num_arcs(), shared, torch_path, generic, cpu))
         print(
-            f"  {name}: shared {shared * 1e3:.1f} ms, generic {generic * 1e3:.1f} ms, CPU {cpu * 1e3:.1f} ms",
+            f"  {name}: shared {shared * 1e3:.2f} ms, torch path {torch_path * 1e3:.1f} ms, "
+            f"generic {generic * 1e3:.1f} ms, CPU {cpu * 1e3:.1f} ms",
             flush=True,
         )
     head = (
         f"\nShared MMI denominator on {torch.cuda.get_device_name()} (torch {torch.__version__}), "
         f"B={B}, T={T}, float32, forward + backward, median of {args.repeats}\n\n"
-        "| graph | arcs | shared, CUDA (ms) | generic graph_loss, CUDA (ms) | generic / shared | CPU kernel (ms) |\n"
-        "|---|---:|---:|---:|---:|---:|\n"
+        "| graph | arcs | shared, Triton (ms) | shared, torch path (ms) | generic graph_loss (ms) "
+        "| generic / shared | CPU kernel (ms) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|\n"
     )
     body = "".join(
-        f"| {n} | {a:,} | {s * 1e3:.1f} | {g * 1e3:.1f}{'' if gb == B else f' ({gb} rows x {B // gb})'} "
-        f"| {g / s:.1f}x | {c * 1e3:.1f} |\n"
-        for n, a, s, g, gb, c in rows
+        f"| {n} | {a:,} | {s * 1e3:.2f} | {tp * 1e3:.1f} | {g * 1e3:.1f} | {g / s:.1f}x | {c * 1e3:.1f} |\n"
+        for n, a, s, tp, g, c in rows
     )
     text = head + body
     print(text)

@@ -6,8 +6,11 @@ the graph of the target's alignments in the topology, intersected with the denom
 carries the denominator's ``P`` weights, as icefall's MMI compiler does), scored with the
 library's per-target machinery (:func:`lightning_gtn.core.criterion.apply_loss`); the
 denominator is ONE graph for the whole batch, scored by
-:func:`lightning_gtn.kernels.mmi_numba.shared_scores` (CPU) or
-:func:`lightning_gtn.kernels.mmi_torch.shared_scores` (other devices).
+:func:`lightning_gtn.kernels.mmi_numba.shared_scores` (CPU),
+:func:`lightning_gtn.kernels.mmi_triton.shared_scores` (CUDA, when Triton is importable, the
+graph has one label per state and no arc-weight gradient is asked for; checked once per device
+against the torch path on a small problem, which takes over with a warning if they disagree) or
+:func:`lightning_gtn.kernels.mmi_torch.shared_scores` (other devices and graphs).
 
 Both are ``torch.library`` custom ops with fake implementations; graphs reach them through
 integer handles, so a model step with ``mmi_loss`` compiles with ``torch.compile(fullgraph=True)``
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -28,16 +32,17 @@ from ..core import checks, criterion
 from ..core.cache import LRU, HandleRegistry
 from ..core.scoring import Plan, unique_graphs
 from ..core.shared_graph import SharedGraph, shared_graph
-from ..core.topologies import TOPOLOGIES, numerator_graph
-from ..kernels import mmi_numba, mmi_torch
+from ..core.topologies import TOPOLOGIES, compose_token_acceptor, numerator_graph
+from ..kernels import mmi_numba, mmi_torch, mmi_triton
 from ..kernels.batch import compile_graph
 from ..wfst import Graph
 from .graph import check_labels
 
 __all__ = ["mmi_loss", "mmi_denominator_score", "denominator_handle", "MMI_IMPLS", "num_tokens_of"]
 
-#: ``impl=`` values: None (numba on the CPU, torch elsewhere), ``"numba"`` (CPU), ``"torch"``
-MMI_IMPLS = (None, "numba", "torch")
+#: ``impl=`` values: None (numba on the CPU, Triton or torch on CUDA), ``"numba"`` (CPU),
+#: ``"torch"``, ``"triton"`` (CUDA tensors, or any under ``TRITON_INTERPRET=1``)
+MMI_IMPLS = (None, "numba", "torch", "triton")
 
 
 def num_tokens_of(C: int, topology: str) -> int:
@@ -144,10 +149,52 @@ def _check_common(log_probs, denominator, leaky_hmm, impl) -> Tuple[int, int, in
 
 def _den_impl(x: Tensor, impl: str) -> str:
     if impl in ("", None):
-        return "numba" if x.device.type == "cpu" else "torch"
+        return "numba" if x.device.type == "cpu" else ("auto" if x.device.type == "cuda" else "torch")
     if impl == "numba" and x.device.type != "cpu":
         raise ValueError(f"impl='numba' needs CPU tensors, got log_probs on {x.device}")
+    if impl == "triton" and not mmi_triton.available():
+        raise ValueError("impl='triton' needs Triton (it comes with CUDA builds of torch)")
     return impl
+
+
+_TRITON_OK: dict = {}
+
+
+def _self_check_problem(device: torch.device):
+    """A small denominator (a 3-token bigram in the CTC topology, leaky) and emissions on ``device``."""
+    rng = np.random.default_rng(0)
+    N = 3
+    nxt = np.concatenate([np.full((N + 1, 1), -1), np.tile(np.arange(1, N + 1), (N + 1, 1))], axis=1)
+    g = compose_token_acceptor(N, "ctc", nxt.astype(np.int64), np.log(rng.dirichlet(np.ones(N + 1), N + 1)), 0,
+                               np.ones(N + 1, dtype=bool))  # fmt: skip
+    x = torch.from_numpy(rng.standard_normal((3, 11, N + 1))).float().log_softmax(-1).to(device)
+    return shared_graph(g), x, np.array([11, 7, 0])
+
+
+def _triton_works(device: torch.device) -> bool:
+    """Whether the Triton kernels agree with the torch path on ``device`` (decided once per device;
+    a failure warns and leaves the device to the torch path)."""
+    key = str(device)
+    if key not in _TRITON_OK:
+        err = None
+        try:
+            sg, x, lens = _self_check_problem(device)
+            z1, g1 = mmi_triton.shared_scores(sg, x, lens, 0.1, need_e=True)
+            z2, g2, _ = mmi_torch.shared_scores(sg, x, lens, 0.1, need_e=True)
+            assert g1 is not None and g2 is not None
+            if not (torch.allclose(z1, z2, rtol=1e-4, atol=1e-4) and torch.allclose(g1, g2, rtol=1e-3, atol=1e-4)):
+                err = f"values differ from the torch path by {(z1 - z2).abs().max().item():.3g}"
+        except Exception as exc:  # noqa: BLE001 - any failure of a kernel means: do not use it here
+            err = repr(exc)
+        if err is not None:
+            warnings.warn(
+                f"lightning_gtn: the Triton MMI kernels failed their self-check on {device} ({err}); "
+                "using the torch implementation instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        _TRITON_OK[key] = err is None
+    return _TRITON_OK[key]
 
 
 # ---------------------------------------------------------------------------
@@ -176,6 +223,21 @@ def denominator_op(
         gEt = torch.from_numpy(gE) if gE is not None else log_probs.new_empty(0)
         gWt = torch.from_numpy(gW).to(log_probs.dtype) if gW is not None else log_probs.new_empty(0)
         return out, gEt, gWt
+    if impl == "auto":
+        impl = "triton" if mmi_triton.supports(sg, need_w) and _triton_works(x.device) else "torch"
+    if impl == "triton":
+        if not mmi_triton.supports(sg, need_w):
+            raise ValueError(
+                "impl='triton' scores denominators with one label per state, at most "
+                f"{mmi_triton.MAX_NODES} states and no arc-weight gradient; use impl='torch'"
+            )
+        xt = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        logz_t, gE_t = mmi_triton.shared_scores(sg, xt, lengths, float(leaky_hmm), need_e=need_e)
+        return (
+            logz_t.to(log_probs.dtype),
+            gE_t.to(log_probs.dtype) if gE_t is not None else log_probs.new_empty(0),
+            log_probs.new_empty(0),
+        )
     logz_t, gE_t, gW_t = mmi_torch.shared_scores(sg, x, lengths, float(leaky_hmm), need_e=need_e, need_w=need_w)
     return (
         logz_t.to(log_probs.dtype),
@@ -269,7 +331,7 @@ def mmi_denominator_score(
         denominator: an epsilon-free acceptor over ``[0, C)`` with finite weights (compiled once,
             cached by identity and version).
         leaky_hmm: the leaky-HMM coefficient in ``[0, 1)``.
-        impl: None (numba on CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+        impl: None (numba on CPU, Triton or torch on CUDA), ``"numba"``, ``"torch"`` or ``"triton"``.
 
     Returns:
         ``(B,)`` log Z in ``log_probs``' dtype; ``-inf`` for rows with no path.
@@ -321,7 +383,8 @@ def mmi_loss(
         reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: each loss divided by its target
             length (at least 1), then averaged over the batch (as ``ctc_loss``).
         zero_infinity: examples with no numerator (or denominator) path give 0 and no gradient.
-        impl: None, ``"numba"`` or ``"torch"`` (both parts).
+        impl: None, ``"numba"``, ``"torch"`` or ``"triton"`` (the denominator; the numerators
+            take the default scorer of their device with ``"triton"``).
 
     Returns:
         The loss in ``log_probs``' dtype.
@@ -346,7 +409,7 @@ def mmi_loss(
         checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
     tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
     il = checks.int_tensor(input_lengths, "input_lengths")
-    num_impl = None if impl is None else ("numba" if impl == "numba" else "torch")
+    num_impl = {None: None, "triton": None, "numba": "numba"}.get(impl, "torch")
     x = log_probs.to(checks.compute_dtype(log_probs))
     neg_num = criterion.apply_loss(
         den.crit, x, tg, il, tl, blank=-1, reduction="none", zero_infinity=False, impl=num_impl, name="log_probs"

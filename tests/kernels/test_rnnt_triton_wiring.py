@@ -192,11 +192,6 @@ def test_cuda_default_is_triton_and_equals_numba():
     _close(got[1][0], want[1][0], "k2 simple px_grad (float32)", tol=1e-4)
 
 
-if __name__ == "__main__":  # the child of test_public_functions_under_the_interpreter
-    assert INTERPRETED, "run with TRITON_INTERPRET=1"
-    print(f"wired: {_interpreted_checks()} groups equal to numba")
-
-
 def test_no_kernel_argument_shadows_the_launchers_own_names():
     """Triton 3.6's launcher binds a kernel's arguments inside a generated function whose locals
     are ``params``, ``specialization`` and ``options``; a kernel argument of one of those names is
@@ -219,3 +214,8 @@ def test_no_kernel_argument_shadows_the_launchers_own_names():
                 bad = {"params", "specialization", "options"} & set(fn.arg_names)
                 assert not bad, (info.name, name, bad)
     assert len(found) >= 6, found
+
+
+if __name__ == "__main__":  # the child of test_public_functions_under_the_interpreter
+    assert INTERPRETED, "run with TRITON_INTERPRET=1"
+    print(f"wired: {_interpreted_checks()} groups equal to numba")
