@@ -189,9 +189,11 @@ def shared_scores(
     if B == 0:
         return logz[:0], gE
     bs, bk, nw = _blocks(S, tb["k_in"])
+    # the leak's vectors are scaled here, in E's dtype (a Python float would reach the kernels as float32)
+    leak_in, leak_init = tb["leak_in"] * leaky, tb["init"] * leaky
     _forward_kernel[(B,)](
-        E, E.stride(0), E.stride(1), lens, tb["lab"], tb["has"], tb["in_src"], tb["in_p"], tb["leak_in"],
-        tb["start"], tb["accept"], P, logz, S, tb["k_in"], T, float(leaky),
+        E, E.stride(0), E.stride(1), lens, tb["lab"], tb["has"], tb["in_src"], tb["in_p"], leak_in,
+        tb["start"], tb["accept"], P, logz, S, tb["k_in"], T,
         BLOCK_S=bs, BLOCK_K=bk, ONE_K=bk >= tb["k_in"], LEAK=leaky > 0, num_warps=nw,
     )  # fmt: skip
     logz = logz + lens.to(torch.float64) * graph.shift
@@ -203,7 +205,7 @@ def shared_scores(
     bs, bk, nw = _blocks(S, tb["k_out"])
     _backward_kernel[(B,)](
         E, gE, E.stride(0), E.stride(1), lens, ok, tb["lab"], tb["has"], tb["out_dst"], tb["out_p"],
-        tb["init"], tb["accept"], P, V, S, tb["k_out"], T, float(leaky),
+        leak_init, tb["accept"], P, V, S, tb["k_out"], T,
         BLOCK_S=bs, BLOCK_K=bk, ONE_K=bk >= tb["k_out"], LEAK=leaky > 0, num_warps=nw,
     )  # fmt: skip
     return logz, gE
@@ -241,7 +243,7 @@ if triton is not None:
 
     @triton.jit
     def _forward_kernel(
-        E, sEb, sEt, lens, lab_t, has_t, in_src, in_p, leak_in, start, accept, P, logz, S, K, T, leaky,
+        E, sEb, sEt, lens, lab_t, has_t, in_src, in_p, leak_in, start, accept, P, logz, S, K, T,
         BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, LEAK: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
@@ -255,7 +257,7 @@ if triton is not None:
         ebase = E + b.to(tl.int64) * sEb
         logs = tl.load(logz + b)
         if LEAK:
-            lk = tl.load(leak_in + ns, mask=nmask, other=0.0) * leaky
+            lk = tl.load(leak_in + ns, mask=nmask, other=0.0)  # leaky * c_d
         prev = start
         for t in range(0, L):
             e, m = _emissions(ebase + t * sEt, lab, has, nmask)
@@ -274,7 +276,7 @@ if triton is not None:
 
     @triton.jit
     def _backward_kernel(
-        E, gE, sEb, sEt, lens, ok, lab_t, has_t, out_dst, out_p, init, accept, P, V, S, K, T, leaky,
+        E, gE, sEb, sEt, lens, ok, lab_t, has_t, out_dst, out_p, init, accept, P, V, S, K, T,
         BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, LEAK: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
@@ -290,7 +292,7 @@ if triton is not None:
         vbase = V + b.to(tl.int64) * S
         beta = tl.load(accept + ns, mask=nmask, other=0.0)
         if LEAK:
-            ini = tl.load(init + ns, mask=nmask, other=0.0)
+            ini = tl.load(init + ns, mask=nmask, other=0.0)  # leaky * init
         for i in range(0, L):
             t = L - 1 - i
             q = tl.load(pbase + t * S + ns, mask=nmask, other=0.0) * beta
@@ -303,7 +305,7 @@ if triton is not None:
                 tl.debug_barrier()
                 bp = _gather(vbase, out_dst, out_p, ns, nmask, ks, K, BLOCK_S, ONE_K, BLOCK_K)
                 if LEAK:
-                    bp += leaky * tl.sum(ini * bp, 0)
+                    bp += tl.sum(ini * bp, 0)
                 s = tl.sum(bp, 0)
                 beta = bp * tl.where(s > 0, 1.0 / tl.where(s > 0, s, 1.0), 0.0)
                 tl.debug_barrier()
