@@ -242,19 +242,23 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _row(lab_t, has_t, P, E, sEb, S, T, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+        """This program's row ``b``, the state and arc-slot ranges, the states' labels, and the
+        row's bases in ``P`` ``(B, T, S)`` and ``E``."""
+        b = tl.program_id(0)
+        ns = tl.arange(0, BLOCK_S)
+        nmask = ns < S
+        lab = tl.load(lab_t + ns, mask=nmask, other=0)
+        has = tl.load(has_t + ns, mask=nmask, other=0)
+        return b, ns, nmask, tl.arange(0, BLOCK_K), lab, has, P + b.to(tl.int64) * T * S, E + b.to(tl.int64) * sEb
+
+    @triton.jit
     def _forward_kernel(
         E, sEb, sEt, lens, lab_t, has_t, in_src, in_p, leak_in, start, accept, P, logz, S, K, T,
         BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, LEAK: tl.constexpr,
     ):  # fmt: skip
-        b = tl.program_id(0)
+        b, ns, nmask, ks, lab, has, pbase, ebase = _row(lab_t, has_t, P, E, sEb, S, T, BLOCK_S, BLOCK_K)
         L = tl.load(lens + b)
-        ns = tl.arange(0, BLOCK_S)
-        nmask = ns < S
-        ks = tl.arange(0, BLOCK_K)
-        lab = tl.load(lab_t + ns, mask=nmask, other=0)
-        has = tl.load(has_t + ns, mask=nmask, other=0)
-        pbase = P + b.to(tl.int64) * T * S
-        ebase = E + b.to(tl.int64) * sEb
         logs = tl.load(logz + b)
         if LEAK:
             lk = tl.load(leak_in + ns, mask=nmask, other=0.0)  # leaky * c_d
@@ -279,15 +283,8 @@ if triton is not None:
         E, gE, sEb, sEt, lens, ok, lab_t, has_t, out_dst, out_p, init, accept, P, V, S, K, T,
         BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, LEAK: tl.constexpr,
     ):  # fmt: skip
-        b = tl.program_id(0)
+        b, ns, nmask, ks, lab, has, pbase, ebase = _row(lab_t, has_t, P, E, sEb, S, T, BLOCK_S, BLOCK_K)
         L = tl.where(tl.load(ok + b) != 0, tl.load(lens + b), 0)
-        ns = tl.arange(0, BLOCK_S)
-        nmask = ns < S
-        ks = tl.arange(0, BLOCK_K)
-        lab = tl.load(lab_t + ns, mask=nmask, other=0)
-        has = tl.load(has_t + ns, mask=nmask, other=0)
-        pbase = P + b.to(tl.int64) * T * S
-        ebase = E + b.to(tl.int64) * sEb
         gbase = gE + b.to(tl.int64) * sEb
         vbase = V + b.to(tl.int64) * S
         beta = tl.load(accept + ns, mask=nmask, other=0.0)

@@ -8,8 +8,6 @@ default path of ``mmi_loss`` must pick them and equal the CPU kernel.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,9 +15,8 @@ import torch
 from lightning_gtn.core.shared_graph import shared_graph
 from lightning_gtn.functional import mmi_denominator_score, mmi_loss
 from lightning_gtn.kernels import mmi_triton
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "losses"))
-from test_mmi import bigram_den  # noqa: E402
+from tests.kernels._interpreted import run_interpreted
+from tests.losses.test_mmi import bigram_den
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CLASSES = {"ctc": 4, "hmm1": 3, "hmm2": 6}  # 3 tokens
@@ -76,14 +73,7 @@ def _interpreted_checks() -> int:
 @pytest.mark.skipif(not mmi_triton.available() or INTERPRETED, reason="needs triton")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels run on the GPU here (the CUDA test below)")
 def test_equals_numba_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "mmi triton: 15 cases equal to numba" in proc.stdout, proc.stdout[-2000:]
+    run_interpreted(__file__, "mmi triton: 15 cases equal to numba")
 
 
 def test_supports_one_label_per_state_only_and_says_so():

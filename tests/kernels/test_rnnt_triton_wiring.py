@@ -10,8 +10,6 @@ the CPU; ``make gpu-check`` runs it on a machine with a GPU.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,6 +17,7 @@ import torch
 import lightning_gtn.k2 as k2
 from lightning_gtn.functional import multiblank_rnnt_loss, rnnt_loss, tdt_loss
 from lightning_gtn.kernels import rnnt_dispatch, rnnt_triton
+from tests.kernels._interpreted import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available()
@@ -107,14 +106,7 @@ def _interpreted_checks() -> int:
 @pytest.mark.skipif(not rnnt_triton.available(), reason="needs triton")
 @pytest.mark.skipif(INTERPRETED or CUDA, reason="runs the kernels directly here (CUDA test below)")
 def test_public_functions_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "wired: 7 groups equal to numba" in proc.stdout, proc.stdout[-2000:]
+    run_interpreted(__file__, "wired: 7 groups equal to numba")
 
 
 @pytest.mark.skipif(not rnnt_triton.available() or INTERPRETED, reason="needs triton's compiler")
