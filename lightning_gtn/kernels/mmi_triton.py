@@ -18,12 +18,12 @@ per-frame rescaling, so an arc costs a gather and a multiply-add (no ``exp`` per
   ``beta_prev[s] = sum_{arcs a from s} p_a e_t[l_{dst a}] beta[dst a]`` plus the leak's transpose
   ``leaky * (init . beta_prev)``, then rescaled by its sum.
 
-This needs every arc into a state to carry the same label (``l_d``): true of the CTC, modified
-CTC and HMM topologies this library builds (:func:`supports` checks it), and at most
-``MAX_NODES`` states (the whole state vector lives in one program). The arc-weight gradient and
-other graphs go to :mod:`.mmi_torch`. Arc tables are ``(S, K)`` lists of each state's incoming
-(forward) or outgoing (backward) arcs, padded with -1 to the largest degree, built once per
-compiled graph and device.
+The kernels walk nodes that each carry one label (:class:`_Nodes`): the states themselves
+when every arc into a state carries the same label (the CTC and HMM topologies), else a node per
+``(destination, label)`` group plus a copy of each state (the modified CTC topology). At most
+``MAX_NODES`` nodes (the whole vector lives in one program); the arc-weight gradient goes to
+:mod:`.mmi_torch`. Arc tables are ``(N, K)`` lists of each node's incoming (forward) or outgoing
+(backward) arcs, padded with -1 to the largest degree, built once per compiled graph and device.
 """
 
 from __future__ import annotations
@@ -53,43 +53,80 @@ def available() -> bool:
     return triton is not None
 
 
-def _state_labels(graph: Any) -> Optional[np.ndarray]:
-    """``(S,)`` label of the arcs entering each state (-1: none), or None when a state is entered
-    under two labels (cached on the graph)."""
-    if "triton/labels" in graph._device:
-        return graph._device["triton/labels"]
-    out: Optional[np.ndarray] = np.full(graph.num_states, -1, dtype=np.int32)
-    gd = graph.group_dst.astype(np.int64)
-    if len(gd) and np.any(gd[1:] == gd[:-1]):  # groups are (destination, label), sorted
-        out = None
-    elif out is not None:
-        out[gd] = graph.group_label
-    graph._device["triton/labels"] = out
-    return out
+class _Nodes:
+    """The graph as the kernels walk it: nodes that each carry one label, their incoming arcs
+    ``(node, predecessor node, probability)``, and the start, accept and leak vectors over them.
+
+    When every arc into a state carries the same label (the CTC and HMM topologies) the nodes are
+    the states. Otherwise (the modified CTC topology: its blank state is entered under the blank
+    and under a token) each group ``(destination, label)`` is a node, and each state gets a copy
+    node with no label and no incoming arc that holds the start distribution and the leak's
+    ``init`` mass: an arc ``a`` of group ``g`` then comes from every node standing for its source
+    state (the groups entering it and its copy). Every path of the graph is one path of nodes with
+    the same labels and weight, so ``log Z`` and its gradient are unchanged.
+    """
+
+    def __init__(self, graph: Any) -> None:
+        S, G = graph.num_states, graph.num_groups
+        arc_group = np.repeat(np.arange(G), np.diff(graph.group_off))
+        src = graph.fwd_src.astype(np.int64)
+        gd = graph.group_dst.astype(np.int64)
+        p = graph.fwd_prob
+        init = graph.leak_distribution()
+        self.split = bool(len(gd) and np.any(gd[1:] == gd[:-1]))  # groups are sorted by (destination, label)
+        if not self.split:
+            N = S
+            self.lab = np.full(S, -1, dtype=np.int64)
+            self.lab[gd] = graph.group_label
+            rows, cols, vals = gd[arc_group], src, p
+            state_of = np.arange(S)
+            copy = np.arange(S)
+        else:
+            N = G + S
+            self.lab = np.concatenate([graph.group_label.astype(np.int64), np.full(S, -1)])
+            off = graph.state_off.astype(np.int64)
+            k = off[src + 1] - off[src]  # groups entering each arc's source state
+            rep = np.repeat(np.arange(len(src)), k)
+            first = np.repeat(np.cumsum(k) - k, k)
+            pred = off[src][rep] + (np.arange(len(rep)) - first)
+            rows = np.concatenate([arc_group[rep], arc_group])
+            cols = np.concatenate([pred, G + src])
+            vals = np.concatenate([p[rep], p])
+            state_of = np.concatenate([gd, np.arange(S)])
+            copy = G + np.arange(S)
+        self.num_nodes = N
+        self.rows, self.cols, self.vals = rows, cols, vals
+        self.start = np.zeros(N)
+        if len(graph.start):
+            self.start[copy[graph.start]] = 1.0 / len(graph.start)
+        acc = np.zeros(S)
+        acc[graph.accept] = 1.0
+        self.accept = acc[state_of]
+        self.init = np.zeros(N)
+        self.init[copy] = init
+        self.leak_in = np.bincount(rows, weights=vals * self.init[cols], minlength=N)  # each arc once: via the copy
+        ins = np.bincount(rows, minlength=N)
+        outs = np.bincount(cols, minlength=N)
+        self.degree = int(max(ins.max(initial=0), outs.max(initial=0)))
 
 
-def _max_degree(graph: Any) -> int:
-    """The largest in- or out-degree of a state (the width of the padded tables), cached."""
-    if "triton/degree" not in graph._device:
-        S = graph.num_states
-        arc_group = np.repeat(np.arange(graph.num_groups), np.diff(graph.group_off))
-        ins = np.bincount(graph.group_dst.astype(np.int64)[arc_group], minlength=S)
-        outs = np.bincount(graph.fwd_src.astype(np.int64), minlength=S)
-        graph._device["triton/degree"] = int(max(ins.max(initial=0), outs.max(initial=0)))
-    return graph._device["triton/degree"]
+def _nodes(graph: Any) -> _Nodes:
+    """The kernels' node view of a compiled shared graph, cached on it."""
+    hit = graph._device.get("triton/nodes")
+    if hit is None:
+        hit = graph._device["triton/nodes"] = _Nodes(graph)
+    return hit
 
 
 def supports(graph: Any, need_w: bool = False) -> bool:
     """Whether these kernels score ``graph`` (a :class:`~lightning_gtn.core.shared_graph.SharedGraph`):
-    Triton importable, at most ``MAX_NODES`` states, one label per state, padded tables of at most
-    ``MAX_TABLE`` entries, no arc-weight gradient."""
-    return (
-        available()
-        and not need_w
-        and 0 < graph.num_states <= MAX_NODES
-        and _state_labels(graph) is not None
-        and graph.num_states * max(1, _max_degree(graph)) <= MAX_TABLE
-    )
+    Triton importable, at most ``MAX_NODES`` nodes (states, or groups + states when a state is
+    entered under two labels: see :class:`_Nodes`), padded tables of at most ``MAX_TABLE`` entries,
+    no arc-weight gradient."""
+    if not available() or need_w or graph.num_states == 0 or graph.num_states > MAX_NODES:
+        return False
+    nd = _nodes(graph)
+    return nd.num_nodes <= MAX_NODES and nd.num_nodes * max(1, nd.degree) <= MAX_TABLE
 
 
 def _padded(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, S: int) -> Tuple[np.ndarray, np.ndarray, int]:
@@ -108,27 +145,15 @@ def _padded(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, S: int) -> Tup
 
 
 def _tables(graph: Any, device: torch.device, dtype: torch.dtype) -> dict:
-    """Device tables of a compiled shared graph, cached on it per (device, dtype)."""
+    """Device tables of a compiled shared graph's nodes, cached on it per (device, dtype)."""
     key = f"triton/{device}/{dtype}"
     hit = graph._device.get(key)
     if hit is not None:
         return hit
-    S = graph.num_states
-    lab = _state_labels(graph)
-    assert lab is not None
-    arc_group = np.repeat(np.arange(graph.num_groups), np.diff(graph.group_off))
-    src = graph.fwd_src.astype(np.int64)
-    dst = graph.group_dst.astype(np.int64)[arc_group]
-    p = graph.fwd_prob
-    in_src, in_p, k_in = _padded(dst, src, p, S)
-    out_dst, out_p, k_out = _padded(src, dst, p, S)
-    init = graph.leak_distribution()
-    leak_in = np.where(in_src >= 0, in_p * init[np.maximum(in_src, 0)], 0.0).sum(1)
-    start = np.zeros(S)
-    if len(graph.start):
-        start[graph.start] = 1.0 / len(graph.start)
-    accept = np.zeros(S)
-    accept[graph.accept] = 1.0
+    nd = _nodes(graph)
+    N = nd.num_nodes
+    in_src, in_p, k_in = _padded(nd.rows, nd.cols, nd.vals, N)
+    out_dst, out_p, k_out = _padded(nd.cols, nd.rows, nd.vals, N)
 
     def f(a):
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
@@ -137,18 +162,19 @@ def _tables(graph: Any, device: torch.device, dtype: torch.dtype) -> dict:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device=device)
 
     t = dict(
-        lab=i(np.maximum(lab, 0)),
-        has=i(lab >= 0),
+        N=N,
+        lab=i(np.maximum(nd.lab, 0)),
+        has=i(nd.lab >= 0),
         in_src=i(in_src),
         in_p=f(in_p),
         k_in=k_in,
         out_dst=i(out_dst),
         out_p=f(out_p),
         k_out=k_out,
-        init=f(init),
-        leak_in=f(leak_in),
-        start=f(start),
-        accept=f(accept),
+        init=f(nd.init),
+        leak_in=f(nd.leak_in),
+        start=f(nd.start),
+        accept=f(nd.accept),
     )
     graph._device[key] = t
     return t
@@ -171,13 +197,13 @@ def shared_scores(
     no gradient), as on the CPU. ``graph`` must satisfy :func:`supports`."""
     B, T, C = E.shape
     dev, dt = E.device, E.dtype
-    S = graph.num_states
     if graph.max_label >= C:
         raise ValueError(f"the denominator's labels must be < C={C}, got {graph.max_label}")
     lens_np = np.asarray(lengths, dtype=np.int64)
     if lens_np.shape != (B,) or np.any(lens_np < 0) or np.any(lens_np > T):
         raise ValueError(f"lengths must be ({B},) in [0, {T}]")
     tb = _tables(graph, dev, dt)
+    S = tb["N"]  # nodes: the states, or groups + states (see _Nodes)
     E = E.contiguous()
     lens = torch.from_numpy(lens_np.astype(np.int32)).to(dev)
     frames = torch.arange(T, device=dev)[None, :] < lens.to(torch.int64)[:, None]

@@ -8,7 +8,7 @@ library's per-target machinery (:func:`lightning_gtn.core.criterion.apply_loss`)
 denominator is ONE graph for the whole batch, scored by
 :func:`lightning_gtn.kernels.mmi_numba.shared_scores` (CPU),
 :func:`lightning_gtn.kernels.mmi_triton.shared_scores` (CUDA, when Triton is importable, the
-graph has one label per state and no arc-weight gradient is asked for; checked once per device
+graph fits its tables and no arc-weight gradient is asked for; checked once per device
 against the torch path on a small problem, which takes over with a warning if they disagree) or
 :func:`lightning_gtn.kernels.mmi_torch.shared_scores` (other devices and graphs).
 
@@ -228,8 +228,9 @@ def denominator_op(
     if impl == "triton":
         if not mmi_triton.supports(sg, need_w):
             raise ValueError(
-                "impl='triton' scores denominators with one label per state, at most "
-                f"{mmi_triton.MAX_NODES} states and no arc-weight gradient; use impl='torch'"
+                f"impl='triton' scores denominators of at most {mmi_triton.MAX_NODES} nodes (states, or "
+                "groups + states where a state is entered under two labels) and no arc-weight gradient; "
+                "use impl='torch'"
             )
         xt = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         logz_t, gE_t = mmi_triton.shared_scores(sg, xt, lengths, float(leaky_hmm), need_e=need_e)

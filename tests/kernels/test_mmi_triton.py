@@ -9,6 +9,7 @@ default path of ``mmi_loss`` must pick them and equal the CPU kernel.
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ from tests.kernels._interpreted import run_interpreted
 from tests.losses.test_mmi import bigram_den
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-CLASSES = {"ctc": 4, "hmm1": 3, "hmm2": 6}  # 3 tokens
+CLASSES = {"ctc": 4, "modified_ctc": 4, "hmm1": 3, "hmm2": 6}  # 3 tokens
 
 
 def _pair(den, C, dtype, leaky, device, impl, lengths=(6, 4, 0, 5), nan_row=None):
@@ -73,18 +74,33 @@ def _interpreted_checks() -> int:
 @pytest.mark.skipif(not mmi_triton.available() or INTERPRETED, reason="needs triton")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels run on the GPU here (the CUDA test below)")
 def test_equals_numba_under_the_interpreter():
-    run_interpreted(__file__, "mmi triton: 15 cases equal to numba")
+    run_interpreted(__file__, "mmi triton: 19 cases equal to numba")
 
 
-def test_supports_one_label_per_state_only_and_says_so():
-    assert mmi_triton.supports(shared_graph(bigram_den(3)))
-    assert not mmi_triton.supports(shared_graph(bigram_den(3)), need_w=True)
-    mod = shared_graph(bigram_den(3, topology="modified_ctc"))  # its blank state is entered under two labels
-    assert not mmi_triton.supports(mod)
-    if mmi_triton.available():
-        x = torch.randn(2, 4, 4).log_softmax(-1)
-        with pytest.raises(ValueError, match="one label per state"):
-            mmi_denominator_score(x, torch.tensor([4, 3]), bigram_den(3, topology="modified_ctc"), impl="triton")
+def test_node_view_splits_states_entered_under_two_labels():
+    """The modified CTC topology's states are entered under two labels: its node view has a node per
+    group and per state, and the same paths (weights and label sequences)."""
+    ctc = mmi_triton._nodes(shared_graph(bigram_den(3, seed=1)))
+    assert not ctc.split and ctc.num_nodes == shared_graph(bigram_den(3, seed=1)).num_states
+    sg = shared_graph(bigram_den(3, topology="modified_ctc", seed=1))
+    nd = mmi_triton._nodes(sg)
+    assert nd.split and nd.num_nodes == sg.num_groups + sg.num_states
+    assert mmi_triton.supports(sg) and not mmi_triton.supports(sg, need_w=True)
+    # the total weight of all 3-frame paths by label sequence, on the graph and on the node view
+    a = sg
+    A = np.zeros((nd.num_nodes, nd.num_nodes))
+    np.add.at(A, (nd.cols, nd.rows), nd.vals)
+    assert (np.abs(nd.start.sum() - 1) < 1e-12) and (nd.lab[nd.start > 0] < 0).all()
+    vec = nd.start @ A @ A @ A
+    start = np.zeros(a.num_states)
+    start[a.start] = 1 / len(a.start)
+    M = np.zeros((a.num_states, a.num_states))
+    ag = np.repeat(np.arange(a.num_groups), np.diff(a.group_off))
+    np.add.at(M, (a.fwd_src, a.group_dst[ag]), a.fwd_prob)
+    graph_mass = start @ M @ M @ M
+    acc = np.zeros(a.num_states)
+    acc[a.accept] = 1
+    assert abs(vec @ nd.accept - graph_mass @ acc) < 1e-12 and graph_mass @ acc > 0
 
 
 @pytest.mark.skipif(not mmi_triton.available() or INTERPRETED, reason="needs triton's compiler")
