@@ -235,14 +235,15 @@ def _load_frame(E, rows, t, nact, X, mt, chk, bad):
 
 
 @njit(cache=True, nogil=True)
-def _exp_frame(X, mt, r, nact, ms, e):
-    """``e[c, b] = exp(X[c, b] - mt[b]) * r[b]`` (0 where ``mt`` is ``-inf``), vectorised over the rows."""
-    C = X.shape[0]
+def _exp_frame(e, mt, r, nact, ms):
+    """``e[c, b] = exp(e[c, b] - mt[b]) * r[b]`` in place (0 where ``mt`` is ``-inf``), vectorised over
+    the rows (one array read and written at the same place: no overlap check for the compiler)."""
+    C = e.shape[0]
     for b in range(nact):
         ms[b] = mt[b] if mt[b] > -np.inf else 0.0
     for c in range(C):
         for b in range(nact):
-            e[c, b] = _exp1(X[c, b] - ms[b]) * r[b]
+            e[c, b] = _exp1(e[c, b] - ms[b]) * r[b]
 
 
 @njit(cache=True, nogil=True)
@@ -366,7 +367,6 @@ def _chunk(
     dt = p_fwd.dtype
     alpha = np.zeros((S, nb), dt)
     anew = np.zeros((S, nb), dt)
-    X = np.zeros((C, nb), dt)
     mt = np.zeros(nb, dt)
     chk = np.zeros(nb, dt)
     ms = np.zeros(nb, dt)
@@ -411,10 +411,10 @@ def _chunk(
             for s in range(S):
                 for b in range(nact):
                     AS[t % K, s, b] = alpha[s, b]
-        _load_frame(E, rows, t, nact, X, mt, chk, bad)
+        _load_frame(E, rows, t, nact, EX[t % K], mt, chk, bad)
         for b in range(nact):
             logs[b] += mt[b]
-        _exp_frame(X, mt, r, nact, ms, EX[t % K])
+        _exp_frame(EX[t % K], mt, r, nact, ms)
         _frame(nact, alpha, anew, EX[t % K], U[t % K], tot, state_off, group_label, fwd_off, fwd_src, p_fwd)
         _rescale(t, nact, lens, anew, tot, r, cl, prod, logs, lam, leak, True)
         alpha, anew = anew, alpha
@@ -461,8 +461,8 @@ def _chunk(
                     for s in range(S):
                         for b in range(nt):
                             AS[t - t0, s, b] = alpha[s, b]
-                _load_frame(E, rows, t, nt, X, mt, chk, bad)
-                _exp_frame(X, mt, r, nt, ms, EX[t - t0])
+                _load_frame(E, rows, t, nt, EX[t - t0], mt, chk, bad)
+                _exp_frame(EX[t - t0], mt, r, nt, ms)
                 _frame(nt, alpha, anew, EX[t - t0], U[t - t0], tot, state_off, group_label, fwd_off, fwd_src, p_fwd)
                 _rescale(t, nt, lens, anew, tot, r, cl, prod, logs, lam, leak, False)
                 alpha, anew = anew, alpha
