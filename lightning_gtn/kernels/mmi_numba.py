@@ -50,6 +50,7 @@ Rows run in chunks (rows sorted by length, dealt round-robin) on the engine's th
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -347,6 +348,7 @@ def _chunk(
     bad,
     gE,
     gW,
+    work,
 ):
     """log Z (without the weight shift) and gradients of one chunk of rows.
 
@@ -388,9 +390,13 @@ def _chunk(
     # written before they are read (only the active rows' columns are ever read): no zeroing
     ck = np.empty((max(nseg, 1), S, nb), dt)
     ckr = np.empty((max(nseg, 1), nb), dt)
-    U = np.empty((KK, G, nb), dt)
-    EX = np.empty((KK, C, nb), dt)  # the segment's emissions, scale folded in, (C, nb) per frame
-    AS = np.empty((KK if need_w else 1, S if need_w else 1, nb), dt)
+    nU = KK * G * nb
+    nX = KK * C * nb
+    U = work[:nU].reshape((KK, G, nb))
+    EX = work[nU : nU + nX].reshape((KK, C, nb))  # the segment's emissions, scale folded in, (C, nb) per frame
+    AS = work[nU + nX : nU + nX + (KK * S * nb if need_w else nb)].reshape(
+        (KK if need_w else 1, S if need_w else 1, nb)
+    )
     for b in range(nb):
         if lens[b] == 0:
             acc = 0.0
@@ -554,6 +560,38 @@ def _chunk(
                 gW[b, a] = gacc[a, b]
 
 
+#: bytes of the per-thread segment buffer kept between calls (a larger one is freed after the call)
+WORKSPACE_KEEP = 64 << 20
+_local = threading.local()
+
+
+def work_size(nb: int, KK: int, S: int, G: int, C: int, need_w: bool) -> int:
+    """Values of the segment buffer of a chunk of ``nb`` rows and ``KK`` frames per segment: the
+    group sums, the emissions, and (``need_w``) the state vectors."""
+    KK = max(1, KK)
+    return KK * (G + C) * nb + (KK * S * nb if need_w else nb)
+
+
+def _workspace(n: int, dtype) -> np.ndarray:
+    """A 1-D buffer of at least ``n`` values of ``dtype`` for the calling thread, the previous
+    call's when it is large enough. Fresh memory costs a page fault per page at its first write
+    (milliseconds for the megabytes of a segment, and the allocator hands fresh memory back
+    whenever other allocations, torch's, came in between); kept while it takes at most
+    :data:`WORKSPACE_KEEP` bytes. Each chunk's kernel runs on one thread and is done with the
+    buffer when it returns."""
+    dt = np.dtype(dtype)
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    buf = bufs.get(dt.str)
+    if buf is None or buf.size < n:
+        bufs.pop(dt.str, None)
+        buf = np.empty(max(n, 1), dtype=dt)
+        if buf.nbytes <= WORKSPACE_KEEP:
+            bufs[dt.str] = buf
+    return buf
+
+
 def checkpoint_interval(B: int, T: int, S: int, G: int, itemsize: int, need_w: bool, C: int = 0) -> int:
     """Frames per segment: all ``T`` (no recompute) when the segment buffers of the batch
     (``B * T * (G + C + S if need_w)`` values: group sums, emissions, states) fit
@@ -655,6 +693,7 @@ def shared_scores(
             bad,
             gE,
             gw,
+            _workspace(work_size(nb, min(K, T), S, G, C, need_w), dt),
         )
         lz = lz + ln * float(graph.shift)
         lz[bad] = np.nan
