@@ -19,12 +19,12 @@ Columns:
   scaled linearly to B (the generic scorer's time is linear in the rows: each row is its own
   problem); the column says so;
 * ``floor``: ``B * T * arcs`` gather-multiply-adds (``y[group a] += x[src a] * p_a`` over the rows,
-  the rows innermost, eight then four arcs per pass over the rows: the forward's arc loop with
-  nothing else, no emissions, no rescaling) timed in a numba kernel with the same chunks, threads,
-  layout and float32 as the shared kernel: the rate this machine reaches on exactly this access
-  pattern (printed as G MAD/s), one pass over the arcs. A forward + backward needs at least two
-  such passes (alpha and beta) plus the emissions' ``exp`` and the ``(B, T, C)`` gradient; the
-  target is ``shared <= 3 x floor``;
+  the rows innermost, eight arcs per pass over the rows, the first pass writing: the forward's arc
+  loop ``gather_set`` with nothing else, no emissions, no rescaling) timed in a numba kernel with
+  the same chunks, threads, layout and float32 as the shared kernel: the rate this machine reaches
+  on exactly this access pattern (printed as G MAD/s), one pass over the arcs. A forward +
+  backward needs at least two such passes (alpha and beta) plus the emissions' ``exp`` and the
+  ``(B, T, C)`` gradient; the target is ``shared <= 3 x floor``;
 * ``peak MB``: growth of the process's peak resident set (``VmHWM``, reset before the call) over one
   shared forward + backward, measured in a fresh process, beside the kernel's own buffer estimate.
 
@@ -49,7 +49,7 @@ from numba import njit
 from lightning_gtn.core.shared_graph import shared_graph
 from lightning_gtn.core.topologies import compose_token_acceptor
 from lightning_gtn.functional import graph_loss, mmi_denominator_score
-from lightning_gtn.kernels.mmi_numba import chunks_of, gather_mad
+from lightning_gtn.kernels.mmi_numba import chunks_of, gather_set, shared_scores
 from lightning_gtn.wfst.parallel import get_num_threads, parallel_map
 
 B, T = 32, 500
@@ -78,6 +78,12 @@ def _shared(den, x: torch.Tensor) -> None:
     mmi_denominator_score(z, torch.full((x.shape[0],), x.shape[1]), den).sum().backward()
 
 
+def _kernel(sg, E: np.ndarray) -> None:
+    """The numba kernel alone (``shared_scores`` with the emission gradient), without the torch op
+    around it."""
+    shared_scores(sg, E, np.full(E.shape[0], E.shape[1]), need_e=True)
+
+
 def _generic(den, x: torch.Tensor) -> None:
     z = x.detach().requires_grad_()
     lengths = torch.full((x.shape[0],), x.shape[1])
@@ -87,15 +93,13 @@ def _generic(den, x: torch.Tensor) -> None:
 @njit(cache=True, nogil=True)
 def _floor_kernel(goff, src, p, x, y, frames):
     """``frames`` passes of ``y[g] = sum over the arcs a of group g of x[src a] * p_a`` (rows
-    innermost, eight then four arcs per pass over the rows): the shared kernel's forward arc loop alone."""
+    innermost; a first pass over the rows writes eight, four, two or one arcs' sum, the rest are
+    added eight, four, then one at a time): the shared kernel's forward arc loop
+    (:func:`gather_set`) alone."""
     nb = x.shape[1]
     for _ in range(frames):
         for g in range(goff.shape[0] - 1):
-            for b in range(nb):
-                y[g, b] = 0.0
-            a = goff[g]
-            a1 = goff[g + 1]
-            gather_mad(y, g, x, src, p, a, a1, nb)
+            gather_set(y, g, x, src, p, goff[g], goff[g + 1], nb)
 
 
 def _floor_fn(sg):
@@ -190,14 +194,16 @@ def main(argv=None) -> str:
         _memory_child(args.memory_child)
         return ""
     chunks = chunks_of(np.full(B, T), get_num_threads())
+    load0 = os.getloadavg()[0]
     rows = [
         f"Shared LF-MMI denominator, B={B}, T={T}, float32, {len(chunks)} chunk(s) of {len(chunks[0])} rows "
-        f"on {get_num_threads()} thread(s); times wall / process CPU (s), best of {args.repeats} "
-        "(median in brackets):",
+        f"on {get_num_threads()} thread(s) (torch: {torch.get_num_threads()}); times wall / process CPU (s), "
+        f"best of {args.repeats} (median in brackets):",
         "",
-        "| graph | states | arcs | shared fwd+bwd | generic fwd+bwd | speedup (wall / CPU) | floor "
-        "| floor rate (G MAD/s, wall) | shared / floor (wall / CPU) | peak MB (kernel buffers MB) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| graph | states | arcs | shared fwd+bwd | kernel alone | generic fwd+bwd | speedup (wall / CPU) | floor "
+        "| floor rate (G MAD/s, wall) | shared / floor (wall / CPU) | kernel / floor (wall / CPU) "
+        "| peak MB (kernel buffers MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for k, (name, N, keep) in enumerate(GRAPHS):
         den = bigram_ctc(N, keep)
@@ -207,10 +213,17 @@ def main(argv=None) -> str:
         nb = B if k == 0 else max(1, min(B, args.generic_batch))
         _generic(den, x[:1, :8].contiguous())
         xg = x[:nb].contiguous()
-        fns = [functools.partial(_shared, den, x), _floor_fn(sg), functools.partial(_generic, den, xg)]
+        E = x.numpy()
+        fns = [
+            functools.partial(_shared, den, x),
+            functools.partial(_kernel, sg, E),
+            _floor_fn(sg),
+            functools.partial(_generic, den, xg),
+        ]
+        fns[1]()
         ts = _times(fns, args.repeats)
-        ours, fl = _stats(ts[0]), _stats(ts[1])
-        gen = tuple(v * B / nb for v in _stats(ts[2])[:2])
+        ours, ker, fl = _stats(ts[0]), _stats(ts[1]), _stats(ts[2])
+        gen = tuple(v * B / nb for v in _stats(ts[3])[:2])
         note = "" if nb == B else f" ({nb} rows x {B // nb})"
         rate = B * T * sg.num_arcs / fl[0] / 1e9
         C = N + 1
@@ -219,16 +232,19 @@ def main(argv=None) -> str:
         mb_col = ("n/a" if mb is None else f"{mb:.0f}") + f" ({buffers:.0f})"
         rows.append(
             f"| {name} | {sg.num_states} | {sg.num_arcs} | {ours[0]:.4f} / {ours[1]:.4f} "
-            f"({ours[2]:.4f} / {ours[3]:.4f}) "
+            f"({ours[2]:.4f} / {ours[3]:.4f}) | {ker[0]:.4f} / {ker[1]:.4f} "
             f"| {gen[0]:.2f} / {gen[1]:.2f}{note} | {gen[0] / ours[0]:.0f}x / {gen[1] / ours[1]:.0f}x "
-            f"| {fl[0]:.4f} / {fl[1]:.4f} | {rate:.2f} | {ours[0] / fl[0]:.1f}x / {ours[1] / fl[1]:.1f}x | {mb_col} |"
+            f"| {fl[0]:.4f} / {fl[1]:.4f} | {rate:.2f} | {ours[0] / fl[0]:.1f}x / {ours[1] / fl[1]:.1f}x "
+            f"| {ker[0] / fl[0]:.1f}x / {ker[1] / fl[1]:.1f}x | {mb_col} |"
         )
     rows += [
         "",
         "floor: B*T*arcs float32 gather-multiply-adds (y[group] += x[src] * p, rows innermost, the forward's",
         "arc loop alone, same chunks/threads/layout), timed in turn with the shared call; one arc pass,",
         "where a forward + backward needs two plus exp(E) and the (B, T, C) gradient. Generic: graph_loss",
-        "with graphs=[den] * rows, also in turn, scaled to B rows when run on fewer.",
+        "with graphs=[den] * rows, also in turn, scaled to B rows when run on fewer. Kernel alone: the numba",
+        "kernel without the torch op around it (the op adds the autograd plumbing and the gradient's scaling).",
+        f"Load average (1 min) before / after: {load0:.2f} / {os.getloadavg()[0]:.2f}.",
     ]
     table = "\n".join(rows)
     print(table)

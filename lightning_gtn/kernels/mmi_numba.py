@@ -4,32 +4,42 @@ batch of emissions, with its gradients, in probability space.
 LF-MMI's denominator is one graph (thousands of arcs) scored against all ``B`` rows. The
 recursion runs over frames with the batch as the innermost, contiguous axis (every state holds
 ``nb`` values, one per row of a chunk), so each arc costs one vectorised multiply-add over the
-chunk's rows. Per frame ``t`` (``alpha`` the state distribution before the frame, summing to 1):
+chunk's rows. Per frame ``t`` (``alpha`` the state distribution before the frame, times a per-row
+scale):
 
-* ``e[c] = exp(E[t, c] - m_t)`` once per frame, ``m_t = max_c E[t, c]``, computed inside the
-  frame loop from the ``(B, T, C)`` emissions themselves (no copy of the batch; float32 through a
-  polynomial ``exp`` the compiler vectorises, :func:`exp_f32`) and kept for the segment's frames
+* the frame of the chunk's rows is transposed into a ``(C, nb)`` block (the batch innermost),
+  its maxima ``m_t`` taken and ``e[c] = exp(E[t, c] - m_t) * r`` computed vectorised over the
+  rows (float32 through a polynomial ``exp`` the compiler vectorises, :func:`exp_f32`), with
+  ``r = 1 / s_{t-1}`` the previous frame's scale folded in; kept for the segment's frames
   (``(C, nb)`` per frame) so the backward reuses it;
 * ``u[g] = sum_{arcs a of group g} alpha[src a] * p_a`` for every group ``g`` (the arcs sharing a
-  destination ``d_g`` and a label ``l_g``; ``p_a = exp(w_a - shift)``);
-* ``alpha'[d] = sum_{groups g into d} e[l_g] * u[g]``; ``s = sum_d alpha'[d]``; ``alpha = alpha' / s``
-  and ``log s + m_t`` is added to the row's log-scale (float64), Kaldi's per-frame rescaling;
-* leaky HMM, between two frames of a row: ``alpha[d] += leaky * init[d]`` (``sum alpha == 1``, so
-  this is Kaldi's ``alpha + leaky * tot_alpha * init``).
+  destination ``d_g`` and a label ``l_g``; ``p_a = exp(w_a - shift)``), written by the first pass
+  over the group's arcs (:func:`gather_set`, no zeroing pass);
+* ``alpha'[d] = sum_{groups g into d} e[l_g] * u[g]`` with ``s_t = sum_d alpha'[d]`` added up in the
+  same loop; ``alpha'`` becomes the next ``alpha`` as it is (no pass divides it by ``s_t``: the next
+  frame's ``e`` carries ``1 / s_t``, so ``alpha`` is the state distribution times ``s_{t-1}``, and
+  it is normalised explicitly only when ``s_t`` leaves ``[2^-30, 2^30]``); ``s_t`` is multiplied
+  into a float64 product folded into the row's log-scale (with ``m_t``) only when it would leave
+  ``[1e-250, 1e250]``: Kaldi's per-frame rescaling without a ``log`` per row and frame;
+* leaky HMM, between two frames of a row: ``alpha[d] += leaky * s_t * init[d]`` (Kaldi's
+  ``alpha + leaky * tot_alpha * init``).
 
 ``log Z = logscale + log(sum over accept states of alpha) + T * shift``.
 
-The backward walks the frames in reverse with ``beta`` (rescaled by its sum each frame):
-``v[g] = e[l_g] * beta[d_g]``; the posterior of group ``g`` at frame ``t`` is
+The backward walks the frames in reverse with ``beta``, whose scale is folded into the
+next frame's product the same way (``beta`` times ``1 / sum beta``, applied while reading):
+``v[g] = e[l_g] * beta[d_g] / sum(beta)``; the posterior of group ``g`` at frame ``t`` is
 ``u[g] v[g] / sum_g u[g] v[g]`` (every path crosses exactly one arc per frame, so each frame's
-posteriors sum to one and no scale needs to be tracked); ``beta_prev[s] = sum_{arcs a from s}
-p_a v[g_a]`` followed by the leak's transpose ``beta_prev += leaky * (init . beta_prev)``. The
-emission gradient of class ``c`` at frame ``t`` is the sum of the posteriors of the groups with
-label ``c``; the arc-weight gradient adds ``alpha[src a] p_a v[g_a] / sum_g u v`` per frame.
+posteriors sum to one and no scale needs to be tracked; the scales folded into ``u`` and ``e``
+cancel in the ratio); ``beta_prev[s] = sum_{arcs a from s} p_a v[g_a]`` followed by the leak's
+transpose ``beta_prev += leaky * (init . beta_prev)``. The emission gradient of class ``c`` at
+frame ``t`` is the sum of the posteriors of the groups with label ``c`` (summed unscaled in the
+``v`` loop, scaled once as they are written back to the ``(B, T, C)`` layout); the
+arc-weight gradient adds ``alpha[src a] p_a v[g_a] / sum_g u v`` per frame.
 
 Memory: the forward keeps ``u`` and ``e`` (``G + C`` values per row and frame, ``G`` about the
-number of states) for the frames of one segment of ``K`` frames and the state distribution at the start of
-every segment (a checkpoint every ``K`` frames); the backward recomputes ``u`` segment by segment
+number of states) for the frames of one segment of ``K`` frames and the state vector (with its
+scale) at the start of every segment (a checkpoint every ``K`` frames); the backward recomputes ``u`` segment by segment
 and ``e`` from the checkpoints (one more forward pass when ``K < T``). With ``K >= T`` nothing is
 recomputed: two arc passes in all (forward, backward).
 
@@ -40,6 +50,7 @@ Rows run in chunks (rows sorted by length, dealt round-robin) on the engine's th
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -49,7 +60,16 @@ from numba.extending import intrinsic, overload
 
 from ..wfst.parallel import get_num_threads, parallel_map
 
-__all__ = ["shared_scores", "checkpoint_interval", "chunks_of", "gather_mad", "SEGMENT_BUDGET", "CHUNK_ROWS"]
+__all__ = [
+    "shared_scores",
+    "checkpoint_interval",
+    "chunks_of",
+    "gather_mad",
+    "gather_set",
+    "SEGMENT_BUDGET",
+    "CHUNK_ROWS",
+    "SCALE_RANGE",
+]
 
 #: bytes the per-segment buffers of all chunks may take before frames are checkpointed
 SEGMENT_BUDGET = 512 << 20
@@ -102,26 +122,15 @@ def exp_f32(x):
     return y if x > np.float32(-87.0) else np.float32(0.0)
 
 
-def _exp_shifted(x, m, out):
-    """``out[c] = exp(x[c] - m)`` (a stub: see the overload)."""
+def _exp1(x):
+    """``exp(x)`` of a scalar (a stub: see the overload)."""
 
 
-@overload(_exp_shifted, inline="always")
-def _exp_shifted_impl(x, m, out):
-    if x.dtype == types.float32:
-
-        def f32(x, m, out):
-            mm = np.float32(m)
-            for c in range(x.shape[0]):
-                out[c] = exp_f32(x[c] - mm)
-
-        return f32
-
-    def f64(x, m, out):
-        for c in range(x.shape[0]):
-            out[c] = math.exp(x[c] - m)
-
-    return f64
+@overload(_exp1, inline="always")
+def _exp1_impl(x):
+    if x == types.float32:
+        return lambda x: exp_f32(x)
+    return lambda x: math.exp(x)
 
 
 @njit(cache=True, inline="always")
@@ -152,99 +161,166 @@ def gather_mad(y, row, x, idx, p, a, a1, nb):
         a += 1
 
 
-@njit(cache=True, nogil=True)
-def _maxima(E, rows, t, nact, lens, mt, logs, bad):
-    """Each row's maximum emission at frame ``t`` into ``mt`` (``-inf`` when it is not finite:
-    the frame then reads nothing), added to the row's log-scale; rows reading a NaN or ``+inf``
-    within their length are marked in ``bad``."""
-    C = E.shape[2]
-    C4 = C - C % 4
-    for b in range(nact):
-        x = E[rows[b], t]
-        m0 = m1 = m2 = m3 = x[0]
-        k0 = k1 = k2 = k3 = x[0] * 0.0
-        for c in range(0, C4, 4):  # four independent chains: max and the NaN/inf probe
-            m0 = max(m0, x[c])
-            m1 = max(m1, x[c + 1])
-            m2 = max(m2, x[c + 2])
-            m3 = max(m3, x[c + 3])
-            k0 += x[c] * 0.0  # NaN if any value is NaN or infinite
-            k1 += x[c + 1] * 0.0
-            k2 += x[c + 2] * 0.0
-            k3 += x[c + 3] * 0.0
-        for c in range(C4, C):
-            m0 = max(m0, x[c])
-            k0 += x[c] * 0.0
-        m = max(max(m0, m1), max(m2, m3))
-        chk = (k0 + k1) + (k2 + k3)
-        if chk != chk:
-            for c in range(C):
-                if x[c] != x[c] or x[c] == np.inf:
-                    bad[b] = True
-            m = -np.inf if bad[b] else max(m, -np.inf)
-            if m == np.inf or m != m:
-                m = -np.inf
-        if m == -np.inf:
-            mt[b] = -np.inf
-            logs[b] = -np.inf
-        else:
-            mt[b] = m
-            logs[b] += m
+@njit(cache=True, inline="always")
+def gather_set(y, row, x, idx, p, a, a1, nb):
+    """``y[row, :nb] = sum_{a <= k < a1} x[idx[k], :nb] * p[k]`` (zero without arcs): the first
+    pass over the row writes it (no zeroing pass), the rest is :func:`gather_mad`."""
+    n = a1 - a
+    if n >= 8:
+        s0, s1, s2, s3 = idx[a], idx[a + 1], idx[a + 2], idx[a + 3]
+        s4, s5, s6, s7 = idx[a + 4], idx[a + 5], idx[a + 6], idx[a + 7]
+        p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
+        p4, p5, p6, p7 = p[a + 4], p[a + 5], p[a + 6], p[a + 7]
+        for b in range(nb):
+            y[row, b] = ((x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)) + (
+                (x[s4, b] * p4 + x[s5, b] * p5) + (x[s6, b] * p6 + x[s7, b] * p7)
+            )
+        a += 8
+    elif n >= 4:
+        s0, s1, s2, s3 = idx[a], idx[a + 1], idx[a + 2], idx[a + 3]
+        p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
+        for b in range(nb):
+            y[row, b] = (x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)
+        a += 4
+    elif n >= 2:
+        s0, s1 = idx[a], idx[a + 1]
+        p0, p1 = p[a], p[a + 1]
+        for b in range(nb):
+            y[row, b] = x[s0, b] * p0 + x[s1, b] * p1
+        a += 2
+    elif n == 1:
+        s0 = idx[a]
+        p0 = p[a]
+        for b in range(nb):
+            y[row, b] = x[s0, b] * p0
+        a += 1
+    else:
+        for b in range(nb):
+            y[row, b] = 0.0
+    gather_mad(y, row, x, idx, p, a, a1, nb)
 
 
 @njit(cache=True, nogil=True)
-def _emissions(E, rows, t, nact, mt, e, tmp):
-    """``e[c, b] = exp(E[rows[b], t, c] - mt[b])`` (``(C, nb)``, the batch innermost); zero where
-    ``mt`` is ``-inf``."""
-    C = E.shape[2]
+def _load_frame(E, rows, t, nact, X, mt, chk, bad):
+    """Frame ``t`` of the first ``nact`` rows transposed into ``X`` (``(C, nb)``, the batch
+    innermost) and each row's maximum into ``mt``; a row reading a NaN or ``+inf`` is marked in
+    ``bad`` and its frame set to ``-inf`` (it reads nothing, ``mt = -inf``)."""
+    C = X.shape[0]
     for b in range(nact):
-        m = mt[b]
-        if m == -np.inf:
-            for c in range(C):
-                e[c, b] = 0.0
-            continue
-        _exp_shifted(E[rows[b], t], m, tmp)
+        row = rows[b]
         for c in range(C):
-            e[c, b] = tmp[c]
+            X[c, b] = E[row, t, c]
+    for b in range(nact):
+        mt[b] = X[0, b]
+        chk[b] = X[0, b] - X[0, b]
+    for c in range(1, C):  # vectorised over the rows
+        for b in range(nact):
+            x = X[c, b]
+            m = mt[b]
+            mt[b] = x if x > m else m  # a select the compiler vectorises (max() it does not)
+            chk[b] += x - x  # NaN if any value is NaN or infinite
+    for b in range(nact):
+        if chk[b] != chk[b]:
+            mm = -np.inf
+            for c in range(C):
+                y = X[c, b]
+                if y != y or y == np.inf:
+                    bad[b] = True
+                elif y > mm:
+                    mm = y
+            if bad[b]:
+                mm = -np.inf
+                for c in range(C):
+                    X[c, b] = -np.inf
+            mt[b] = mm
 
 
 @njit(cache=True, nogil=True)
-def _frame(lens, t, nact, alpha, anew, e, U, logs, tot, lam, leak, state_off, group_label, fwd_off, fwd_src, p):
-    """One forward frame for the first ``nact`` rows: fills ``U`` (``(G, nb)``, the group sums),
-    moves ``alpha`` on by one frame (rescaled, leaked) and adds ``log`` of the scale to ``logs``.
-    ``e``: ``(C, nb)`` the frame's emissions, already ``exp(E - max)``."""
+def _exp_frame(e, mt, r, nact, ms):
+    """``e[c, b] = exp(e[c, b] - mt[b]) * r[b]`` in place (0 where ``mt`` is ``-inf``), vectorised over
+    the rows (one array read and written at the same place: no overlap check for the compiler)."""
+    C = e.shape[0]
+    for b in range(nact):
+        ms[b] = mt[b] if mt[b] > -np.inf else 0.0
+    for c in range(C):
+        for b in range(nact):
+            e[c, b] = _exp1(e[c, b] - ms[b]) * r[b]
+
+
+@njit(cache=True, nogil=True)
+def _frame(nact, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src, p):
+    """One forward frame for the first ``nact`` rows: the group sums ``U`` (``(G, nb)``, written),
+    ``anew[d] = sum_{groups g into d} e[label g] * U[g]`` (written) and ``tot = sum_d anew[d]``.
+    ``e``: ``(C, nb)`` the frame's emissions with the previous frame's scale folded in."""
     S = alpha.shape[0]
     for b in range(nact):
         tot[b] = 0.0
     for d in range(S):
-        for b in range(nact):
-            anew[d, b] = 0.0
-        for g in range(state_off[d], state_off[d + 1]):
+        g0 = state_off[d]
+        g1 = state_off[d + 1]
+        if g0 == g1:
             for b in range(nact):
-                U[g, b] = 0.0
-            a = fwd_off[g]
-            a1 = fwd_off[g + 1]
-            gather_mad(U, g, alpha, fwd_src, p, a, a1, nact)
+                anew[d, b] = 0.0
+            continue
+        gather_set(U, g0, alpha, fwd_src, p, fwd_off[g0], fwd_off[g0 + 1], nact)
+        lab = group_label[g0]
+        if g1 == g0 + 1:
+            for b in range(nact):
+                q = e[lab, b] * U[g0, b]
+                anew[d, b] = q
+                tot[b] += q
+            continue
+        for b in range(nact):
+            anew[d, b] = e[lab, b] * U[g0, b]
+        for g in range(g0 + 1, g1):
+            gather_set(U, g, alpha, fwd_src, p, fwd_off[g], fwd_off[g + 1], nact)
             lab = group_label[g]
             for b in range(nact):
                 anew[d, b] += e[lab, b] * U[g, b]
         for b in range(nact):
             tot[b] += anew[d, b]
+
+
+#: a state vector whose sum leaves ``[1 / SCALE_RANGE, SCALE_RANGE]`` is normalised explicitly
+SCALE_RANGE = 2.0**30
+
+
+@njit(cache=True, nogil=True)
+def _rescale(t, nact, lens, anew, tot, r, cl, prod, logs, lam, leak, track):
+    """After frame ``t``: ``r = 1 / tot`` (folded into the next frame's emissions instead of a
+    pass over ``anew``; ``anew`` is normalised explicitly only when its sum leaves
+    :data:`SCALE_RANGE`), the leak ``anew[d] += lam * tot * leak[d]`` for the rows that go on,
+    and (``track``) ``tot`` multiplied into ``prod``, which is folded into ``logs`` as a log
+    when it would leave ``[1e-250, 1e250]``. Dead rows (``tot == 0``) get ``r = 0``."""
+    S = anew.shape[0]
     for b in range(nact):
-        if tot[b] > 0.0:
-            logs[b] += math.log(tot[b])
-            tot[b] = 1.0 / tot[b]
-        else:
-            logs[b] = -np.inf
-            tot[b] = 0.0
-    for d in range(S):
-        for b in range(nact):
-            alpha[d, b] = anew[d, b] * tot[b]
-    if lam > 0.0:
-        for b in range(nact):
-            if t + 1 < lens[b] and tot[b] > 0.0:
+        tt = tot[b]
+        if tt > 0.0:
+            if track:
+                q = prod[b] * tt
+                if q < 1e-250 or q > 1e250:
+                    logs[b] += math.log(prod[b]) + math.log(tt)
+                    prod[b] = 1.0
+                else:
+                    prod[b] = q
+            if tt < 1.0 / SCALE_RANGE or tt > SCALE_RANGE:
                 for d in range(S):
-                    alpha[d, b] += lam * leak[d]
+                    anew[d, b] = anew[d, b] / tt
+                tt = 1.0
+                r[b] = 1.0
+            else:
+                r[b] = 1.0 / tt
+            cl[b] = lam * tt if t + 1 < lens[b] else 0.0
+        else:
+            if track:
+                logs[b] = -np.inf
+            r[b] = 0.0
+            cl[b] = 0.0
+    if lam > 0.0:
+        for d in range(S):
+            lk = leak[d]
+            for b in range(nact):
+                anew[d, b] += cl[b] * lk
 
 
 @njit(cache=True, nogil=True)
@@ -272,14 +348,16 @@ def _chunk(
     bad,
     gE,
     gW,
+    work,
 ):
     """log Z (without the weight shift) and gradients of one chunk of rows.
 
     ``E``: ``(B, T, C)`` the emissions of the whole batch; ``rows`` the chunk's rows, sorted by
-    ``lens`` (longest first). The frames' ``exp(E - max)`` are computed here, frame by frame,
-    in the forward and again in the backward (only each row's per-frame maximum is kept).
-    Writes ``logz (nb,)``, ``bad (nb,)`` (rows that read a NaN or ``+inf``), ``gE[rows]``
-    (frames within each row's length) and ``gW (nb, A)`` (forward arc order)."""
+    ``lens`` (longest first). Each frame is transposed into a ``(C, nb)`` block and its
+    ``exp(E - max)`` computed vectorised over the rows, with the previous frame's ``1 / sum``
+    folded in (the state vectors are never rescaled by a pass of their own); kept for the
+    segment's frames. Writes ``logz (nb,)``, ``bad (nb,)`` (rows that read a NaN or ``+inf``),
+    ``gE[rows]`` (frames within each row's length) and ``gW (nb, A)`` (forward arc order)."""
     nb = lens.shape[0]
     if nb == 0:
         return
@@ -291,8 +369,13 @@ def _chunk(
     dt = p_fwd.dtype
     alpha = np.zeros((S, nb), dt)
     anew = np.zeros((S, nb), dt)
-    tmp = np.zeros(C, dt)
-    tot = np.zeros(nb, np.float64)
+    mt = np.zeros(nb, dt)
+    chk = np.zeros(nb, dt)
+    ms = np.zeros(nb, dt)
+    tot = np.zeros(nb, dt)
+    r = np.ones(nb, dt)
+    cl = np.zeros(nb, dt)
+    prod = np.ones(nb, np.float64)
     logs = np.zeros(nb, np.float64)
     ns = start.shape[0]
     for b in range(nb):
@@ -304,11 +387,16 @@ def _chunk(
                 alpha[start[i], b] = 1.0 / ns
     nseg = (Tm + K - 1) // K
     KK = min(K, Tm) if Tm > 0 else 1
-    ck = np.zeros((max(nseg, 1), S, nb), dt)
-    mx = np.zeros((max(Tm, 1), nb), np.float64)
-    U = np.zeros((KK, G, nb), dt)
-    EX = np.zeros((KK, C, nb), dt)  # the segment's exp(E - max), (C, nb) per frame
-    AS = np.zeros((KK if need_w else 1, S if need_w else 1, nb), dt)
+    # written before they are read (only the active rows' columns are ever read): no zeroing
+    ck = np.empty((max(nseg, 1), S, nb), dt)
+    ckr = np.empty((max(nseg, 1), nb), dt)
+    nU = KK * G * nb
+    nX = KK * C * nb
+    U = work[:nU].reshape((KK, G, nb))
+    EX = work[nU : nU + nX].reshape((KK, C, nb))  # the segment's emissions, scale folded in, (C, nb) per frame
+    AS = work[nU + nX : nU + nX + (KK * S * nb if need_w else nb)].reshape(
+        (KK if need_w else 1, S if need_w else 1, nb)
+    )
     for b in range(nb):
         if lens[b] == 0:
             acc = 0.0
@@ -319,40 +407,33 @@ def _chunk(
     for t in range(Tm):
         while nact > 0 and lens[nact - 1] <= t:
             nact -= 1
-        if t % K == 0:
+        if t % K == 0 and nseg > 1:
             for s in range(S):
                 for b in range(nact):
                     ck[t // K, s, b] = alpha[s, b]
+            for b in range(nact):
+                ckr[t // K, b] = r[b]
         if need_w:
             for s in range(S):
                 for b in range(nact):
                     AS[t % K, s, b] = alpha[s, b]
-        _maxima(E, rows, t, nact, lens, mx[t], logs, bad)
-        _emissions(E, rows, t, nact, mx[t], EX[t % K], tmp)
-        _frame(
-            lens,
-            t,
-            nact,
-            alpha,
-            anew,
-            EX[t % K],
-            U[t % K],
-            logs,
-            tot,
-            lam,
-            leak,
-            state_off,
-            group_label,
-            fwd_off,
-            fwd_src,
-            p_fwd,
-        )
+        _load_frame(E, rows, t, nact, EX[t % K], mt, chk, bad)
+        for b in range(nact):
+            logs[b] += mt[b]
+        _exp_frame(EX[t % K], mt, r, nact, ms)
+        _frame(nact, alpha, anew, EX[t % K], U[t % K], tot, state_off, group_label, fwd_off, fwd_src, p_fwd)
+        _rescale(t, nact, lens, anew, tot, r, cl, prod, logs, lam, leak, True)
+        alpha, anew = anew, alpha
         for b in range(nact):
             if lens[b] == t + 1:
                 acc = 0.0
                 for i in range(accept.shape[0]):
                     acc += alpha[accept[i], b]
-                logz[b] = logs[b] + math.log(acc) if acc > 0.0 else -np.inf
+                acc *= r[b]
+                logz[b] = logs[b] + math.log(prod[b]) + math.log(acc) if acc > 0.0 else -np.inf
+    if need_e:  # gE is not zeroed by the caller: the frames past each row's length
+        for b in range(nb):
+            gE[rows[b], lens[b] :] = 0.0
     if not (need_e or need_w) or Tm == 0:
         return
     # ---- backward, segment by segment from the last
@@ -360,22 +441,24 @@ def _chunk(
     bprev = np.zeros((S, nb), dt)
     v = np.zeros((G, nb), dt)
     z = np.zeros(nb, dt)
-    zs = np.zeros(nb, np.float64)
+    zs = np.zeros(nb, dt)
+    rz = np.ones(nb, dt)
+    q = np.zeros(nb, dt)
     gbuf = np.zeros((C, nb), dt)
     gacc = np.zeros((A if need_w else 1, nb), np.float64)
-    ra = np.zeros((S, nb), dt)
-    rlogs = np.zeros(nb, np.float64)
     nact = 0
     for seg in range(nseg - 1, -1, -1):
         t0 = seg * K
         t1 = min(t0 + K, Tm)
-        if seg != nseg - 1:  # recompute this segment's group sums from its checkpoint
+        if seg != nseg - 1:  # recompute this segment's group sums and emissions from its checkpoint
             n0 = 0
             while n0 < nb and lens[n0] > t0:
                 n0 += 1
             for s in range(S):
                 for b in range(n0):
-                    ra[s, b] = ck[seg, s, b]
+                    alpha[s, b] = ck[seg, s, b]
+            for b in range(n0):
+                r[b] = ckr[seg, b]
             for t in range(t0, t1):
                 nt = 0
                 while nt < nb and lens[nt] > t:
@@ -383,57 +466,53 @@ def _chunk(
                 if need_w:
                     for s in range(S):
                         for b in range(nt):
-                            AS[t - t0, s, b] = ra[s, b]
-                _emissions(E, rows, t, nt, mx[t], EX[t - t0], tmp)
-                _frame(
-                    lens,
-                    t,
-                    nt,
-                    ra,
-                    anew,
-                    EX[t - t0],
-                    U[t - t0],
-                    rlogs,
-                    tot,
-                    lam,
-                    leak,
-                    state_off,
-                    group_label,
-                    fwd_off,
-                    fwd_src,
-                    p_fwd,
-                )
+                            AS[t - t0, s, b] = alpha[s, b]
+                _load_frame(E, rows, t, nt, EX[t - t0], mt, chk, bad)
+                _exp_frame(EX[t - t0], mt, r, nt, ms)
+                _frame(nt, alpha, anew, EX[t - t0], U[t - t0], tot, state_off, group_label, fwd_off, fwd_src, p_fwd)
+                _rescale(t, nt, lens, anew, tot, r, cl, prod, logs, lam, leak, False)
+                alpha, anew = anew, alpha
         for t in range(t1 - 1, t0 - 1, -1):
             while nact < nb and lens[nact] >= t + 1:
                 for s in range(S):
                     beta[s, nact] = 0.0
                 for i in range(accept.shape[0]):
                     beta[accept[i], nact] = 1.0
+                rz[nact] = 1.0
                 nact += 1
             e = EX[t - t0]
             Ut = U[t - t0]
             for b in range(nact):
                 z[b] = 0.0
-            for g in range(G):
-                d = group_dst[g]
-                lab = group_label[g]
-                for b in range(nact):
-                    v[g, b] = e[lab, b] * beta[d, b]
-                    z[b] += Ut[g, b] * v[g, b]
-            for b in range(nact):
-                z[b] = 1.0 / z[b] if (z[b] > 0.0 and logz[b] > -np.inf) else 0.0
             if need_e:
                 for c in range(C):
                     for b in range(nact):
                         gbuf[c, b] = 0.0
-                for g in range(G):  # the posteriors of the groups, summed by label
+                for g in range(G):  # v, the normaliser and the posteriors summed by label, unscaled
+                    d = group_dst[g]
                     lab = group_label[g]
                     for b in range(nact):
-                        gbuf[lab, b] += Ut[g, b] * v[g, b] * z[b]
+                        vv = e[lab, b] * beta[d, b] * rz[b]
+                        v[g, b] = vv
+                        uv = Ut[g, b] * vv
+                        z[b] += uv
+                        gbuf[lab, b] += uv
+            else:
+                for g in range(G):
+                    d = group_dst[g]
+                    lab = group_label[g]
+                    for b in range(nact):
+                        vv = e[lab, b] * beta[d, b] * rz[b]
+                        v[g, b] = vv
+                        z[b] += Ut[g, b] * vv
+            for b in range(nact):
+                z[b] = 1.0 / z[b] if (z[b] > 0.0 and logz[b] > -np.inf) else 0.0
+            if need_e:
                 for b in range(nact):
-                    gr = gE[rows[b], t]
+                    row = rows[b]
+                    zb = z[b]
                     for c in range(C):
-                        gr[c] = gbuf[c, b]
+                        gE[row, t, c] = gbuf[c, b] * zb
             if need_w:
                 At = AS[t - t0]
                 for g in range(G):
@@ -444,35 +523,73 @@ def _chunk(
                             gacc[a, b] += At[s, b] * pa * v[g, b] * z[b]
             if t == 0:
                 continue
-            for s in range(S):
-                a = src_off[s]
-                a1 = src_off[s + 1]
-                for b in range(nact):
-                    bprev[s, b] = 0.0
-                gather_mad(bprev, s, v, bwd_group, p_bwd, a, a1, nact)
-            if lam > 0.0:
-                for b in range(nact):
-                    q = 0.0
-                    for s in range(S):
-                        q += leak[s] * bprev[s, b]
-                    zs[b] = lam * q
-                for s in range(S):
-                    for b in range(nact):
-                        bprev[s, b] += zs[b]
             for b in range(nact):
                 zs[b] = 0.0
             for s in range(S):
+                gather_set(bprev, s, v, bwd_group, p_bwd, src_off[s], src_off[s + 1], nact)
                 for b in range(nact):
                     zs[b] += bprev[s, b]
-            for b in range(nact):
-                z[b] = 1.0 / zs[b] if zs[b] > 0.0 else 0.0
-            for s in range(S):
+            if lam > 0.0:
                 for b in range(nact):
-                    beta[s, b] = bprev[s, b] * z[b]
+                    q[b] = 0.0
+                for s in range(S):
+                    lk = leak[s]
+                    for b in range(nact):
+                        q[b] += lk * bprev[s, b]
+                for b in range(nact):
+                    q[b] *= lam
+                    zs[b] += S * q[b]
+                for s in range(S):
+                    for b in range(nact):
+                        bprev[s, b] += q[b]
+            for b in range(nact):
+                tt = zs[b]
+                if tt > 0.0:
+                    if tt < 1.0 / SCALE_RANGE or tt > SCALE_RANGE:
+                        for s in range(S):
+                            bprev[s, b] = bprev[s, b] / tt
+                        rz[b] = 1.0
+                    else:
+                        rz[b] = 1.0 / tt
+                else:
+                    rz[b] = 0.0
+            beta, bprev = bprev, beta
     if need_w:
         for a in range(A):
             for b in range(nb):
                 gW[b, a] = gacc[a, b]
+
+
+#: bytes of the per-thread segment buffer kept between calls (a larger one is freed after the call)
+WORKSPACE_KEEP = 64 << 20
+_local = threading.local()
+
+
+def work_size(nb: int, KK: int, S: int, G: int, C: int, need_w: bool) -> int:
+    """Values of the segment buffer of a chunk of ``nb`` rows and ``KK`` frames per segment: the
+    group sums, the emissions, and (``need_w``) the state vectors."""
+    KK = max(1, KK)
+    return KK * (G + C) * nb + (KK * S * nb if need_w else nb)
+
+
+def _workspace(n: int, dtype) -> np.ndarray:
+    """A 1-D buffer of at least ``n`` values of ``dtype`` for the calling thread, the previous
+    call's when it is large enough. Fresh memory costs a page fault per page at its first write
+    (milliseconds for the megabytes of a segment, and the allocator hands fresh memory back
+    whenever other allocations, torch's, came in between); kept while it takes at most
+    :data:`WORKSPACE_KEEP` bytes. Each chunk's kernel runs on one thread and is done with the
+    buffer when it returns."""
+    dt = np.dtype(dtype)
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    buf = bufs.get(dt.str)
+    if buf is None or buf.size < n:
+        bufs.pop(dt.str, None)
+        buf = np.empty(max(n, 1), dtype=dt)
+        if buf.nbytes <= WORKSPACE_KEEP:
+            bufs[dt.str] = buf
+    return buf
 
 
 def checkpoint_interval(B: int, T: int, S: int, G: int, itemsize: int, need_w: bool, C: int = 0) -> int:
@@ -538,7 +655,7 @@ def shared_scores(
     if K < 1:
         raise ValueError(f"checkpoint must be >= 1, got {checkpoint}")
     logz = np.full(B, -np.inf, dtype=np.float64)
-    gE = np.zeros((B, T, C) if need_e else (1, 1, 1), dtype=dt)
+    gE = np.empty((B, T, C) if need_e else (1, 1, 1), dtype=dt)  # the kernel writes every frame
     gW = np.zeros((B, A) if need_w else (1, 1), dtype=np.float64)
     if B == 0:
         return logz, (gE if need_e else None), (gW if need_w else None)
@@ -576,6 +693,7 @@ def shared_scores(
             bad,
             gE,
             gw,
+            _workspace(work_size(nb, min(K, T), S, G, C, need_w), dt),
         )
         lz = lz + ln * float(graph.shift)
         lz[bad] = np.nan

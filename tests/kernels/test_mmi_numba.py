@@ -78,6 +78,36 @@ def test_values_and_gradients_equal_brute_force(leaky, checkpoint):
         assert not gE[b, lens[b] :].any()  # frames past the row's length get nothing
 
 
+@pytest.mark.parametrize("leaky", [0.0, 0.25])
+def test_frames_whose_sums_leave_the_scale_range_are_renormalised(leaky):
+    # class 0 dominates every frame by e^40 but no arc reads it: each frame's sum is about e^-40
+    # (below SCALE_RANGE's 2^-30), so the kernel's explicit renormalisation of alpha and beta runs
+    # at every frame instead of folding 1 / sum into the next frame's emissions
+    rng = np.random.default_rng(5)
+    g = gtn.Graph(True)
+    for i in range(4):
+        g.add_node(i == 0, i >= 2)
+    for src, dst, lab in ((0, 1, 1), (1, 2, 2), (2, 3, 1), (1, 1, 1), (2, 2, 2), (3, 2, 1), (1, 3, 2)):
+        g.add_arc(src, dst, lab, lab, float(rng.normal()))
+    sg = shared_graph(g)
+    E = torch.randn(3, 4, 3, dtype=torch.float64)
+    E[:, :, 0] += 40.0
+    lens = np.array([4, 3, 2])
+    logz, gE, gW = mmi_numba.shared_scores(sg, E.numpy(), lens, leaky, need_e=True, need_w=True)
+    init = sg.leak_distribution()
+    for b in range(3):
+        e = E[b].clone().requires_grad_()
+        w = torch.as_tensor(g.weights_to_numpy(), dtype=torch.float64).requires_grad_()
+        ref = brute_logz(g, e, int(lens[b]), leaky, init, w)
+        assert torch.isfinite(ref) and abs(logz[b] - ref.item()) < 1e-9
+        re, rw = torch.autograd.grad(ref, (e, w))
+        np.testing.assert_allclose(gE[b], re.numpy(), atol=1e-10)
+        np.testing.assert_allclose(gW[b], rw.numpy(), atol=1e-10)
+    f32 = mmi_numba.shared_scores(sg, E.numpy().astype(np.float32), lens, leaky, need_e=True)
+    np.testing.assert_allclose(f32[0], logz, rtol=1e-5)
+    np.testing.assert_allclose(f32[1], gE, atol=1e-5)
+
+
 def test_float32_matches_float64_and_chunking_does_not_matter():
     rng = np.random.default_rng(1)
     g = random_graph(rng, 6, 30, 5)
