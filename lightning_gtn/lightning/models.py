@@ -51,8 +51,9 @@ class ConvEncoder(nn.Module):
     Each block is pre-norm and residual: ``x + dropout(act(pointwise(depthwise(LayerNorm(x)))))``,
     with a depthwise convolution of ``kernel_size`` frames over time and a pointwise (``C x C``)
     layer. The receptive field is ``blocks * (kernel_size - 1) + 1`` output frames (``stride``
-    input frames each), widened by the input convolution's ``input_kernel`` input frames. Convolutions over whole sequences are large matrix
-    products, which a CPU runs many times faster per operation than a recurrent layer's steps.
+    input frames each), widened by the input convolution's ``input_kernel`` input frames.
+    Convolutions over whole sequences are large matrix products, which a CPU runs several times
+    faster per operation than a recurrent layer's steps.
 
     Args:
         feature_dim: ``F``, features per input frame.
