@@ -30,7 +30,10 @@ class _SeparableBlock(nn.Module):
         self.norm = nn.LayerNorm(channels)
         self.depthwise = nn.Conv2d(
             channels, channels, (1, kernel_size), padding=(0, kernel_size // 2), groups=channels, bias=False
-        ).to(memory_format=torch.channels_last)
+        )
+        # a channels-last weight keeps the convolution on the fast channels-last path
+        weight = self.depthwise.weight.detach().contiguous(memory_format=torch.channels_last)
+        self.depthwise.weight = nn.Parameter(weight)
         self.pointwise = nn.Linear(channels, channels)
         self.act = nn.GELU() if activation == "gelu" else nn.ReLU()
         self.dropout = nn.Dropout(dropout)
