@@ -119,6 +119,7 @@ _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lig
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning.losses")
 _add_builtin("lightning_gtn.nn", ["Linear", "ConvTransduce1D"], "module")
 _add_builtin("lightning_gtn.lightning", ["ConvRNNEncoder", "ConvTransduceEncoder", "TransducerModel"], "model")
+_add_builtin("lightning_gtn.lightning", ["ConvEncoder"], "model")  # the speech encoder (docs/speech.md)
 _add_builtin("lightning_gtn.lightning", ["DigitLinesDataModule", "TextLinesDataModule", "FeatureDataModule"], "data")
 _add_builtin("lightning_gtn.lightning", ["LhotseDataModule"], "data")  # speech from Lhotse manifests
 _add_builtin("lightning_gtn.lightning", ["SpokenTaskDataModule"], "data")  # the embedded spoken task

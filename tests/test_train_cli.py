@@ -104,7 +104,7 @@ def test_compose_every_config(group, option, tmp_path):
 def test_data_may_pick_the_model_and_a_loss_needing_its_own_model_wins(tmp_path):
     # conf/train.yaml lists data after model/trainer and loss after data
     cfg = _compose(["data=speech"], tmp_path)
-    assert cfg.model.rnn == "lstm" and cfg.model.hidden_size == 128  # model=conv_gru_speech
+    assert cfg.model._target_.endswith("ConvEncoder") and cfg.model.channels == 256  # model=conv_speech
     cfg = _compose(["data=speech", "loss=rnnt"], tmp_path)
     assert cfg.model._target_.endswith("TransducerModel")
     assert cfg.trainer.max_time == "00:00:09:30"

@@ -18,6 +18,7 @@ from lightning_gtn.trust import (
 
 ALLOWED = [
     "lightning_gtn.lightning.ConvRNNEncoder",
+    "lightning_gtn.lightning.ConvEncoder",
     "lightning_gtn.nn.CTCLoss",
     "lightning_gtn.nn.ASGLoss",
     "lightning_gtn.nn.TransducerLoss",

@@ -12,6 +12,7 @@
   ``datasets`` dataset on disk); :func:`cuts_from_folder` / :func:`cuts_from_hf` build the cuts;
   :class:`SpokenTaskDataModule` (embedded speech: the text task's sentences spoken by eSpeak NG,
   written as Lhotse manifests).
+- :class:`ConvEncoder`: an all-convolutional (depthwise separable, residual) emission model.
 - :class:`ConvRNNEncoder`: a small convolution + bidirectional GRU/LSTM emission model.
 - :class:`ConvTransduceEncoder`: that encoder's letter scores through a WFST convolution
   (:class:`lightning_gtn.nn.ConvTransduce1D`) over a lexicon.
@@ -32,7 +33,7 @@ from .data import (
 from .lhotse_data import LhotseDataModule, check_cut, read_cuts
 from .losses import BUILTIN_LOSSES, TargetGraphLoss, build_loss
 from .mixin import NonFiniteLossError, StructuredLossMixin
-from .models import ConvRNNEncoder, ConvTransduceEncoder
+from .models import ConvEncoder, ConvRNNEncoder, ConvTransduceEncoder
 from .module import SequenceModule
 from .plots import plot_alignments, plot_training_curves
 from .speech_sources import HFDataModule, cuts_from_folder, cuts_from_hf
@@ -70,6 +71,7 @@ __all__ = [
     "collate_sequences",
     "make_digit_lines",
     "read_transcripts",
+    "ConvEncoder",
     "ConvRNNEncoder",
     "ConvTransduceEncoder",
     "TransducerModel",

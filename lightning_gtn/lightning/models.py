@@ -7,7 +7,145 @@ from torch import nn
 
 from lightning_gtn.nn import Linear
 
-__all__ = ["ConvRNNEncoder", "ConvTransduceEncoder"]
+__all__ = ["ConvEncoder", "ConvRNNEncoder", "ConvTransduceEncoder"]
+
+
+def _check_int(name: str, value: int, low: int, high: int) -> int:
+    """``value`` as an int in ``[low, high]``, or a ValueError naming ``model.<name>``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"model.{name} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+class _SeparableBlock(nn.Module):
+    """``x + dropout(act(pointwise(depthwise(norm(x)))))`` on ``(B, T, C)`` frames.
+
+    The depthwise convolution runs as a ``(1, k)`` 2-D convolution on a channels-last view of the
+    ``(B, T, C)`` tensor (no copy): on CPU that is several times faster than ``Conv1d`` with
+    ``groups=C`` on ``(B, C, T)``, and the pointwise convolution is a plain matrix product.
+    """
+
+    def __init__(self, channels: int, kernel_size: int, dropout: float, activation: str):
+        super().__init__()
+        self.norm = nn.LayerNorm(channels)
+        self.depthwise = nn.Conv2d(
+            channels, channels, (1, kernel_size), padding=(0, kernel_size // 2), groups=channels, bias=False
+        )
+        # a channels-last weight keeps the convolution on the fast channels-last path
+        weight = self.depthwise.weight.detach().contiguous(memory_format=torch.channels_last)
+        self.depthwise.weight = nn.Parameter(weight)
+        self.pointwise = nn.Linear(channels, channels)
+        self.act = nn.GELU() if activation == "gelu" else nn.ReLU()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``x`` ``(B, T, C)``, ``mask`` ``(B, T, 1)`` (1 on valid frames) -> ``(B, T, C)``."""
+        h = self.norm(x) * mask  # padded frames are zero before the convolution reads them
+        h = self.depthwise(h.transpose(1, 2).unsqueeze(2)).squeeze(2).transpose(1, 2)
+        h = self.dropout(self.act(self.pointwise(h)))
+        return x + h
+
+
+class ConvEncoder(nn.Module):
+    """An all-convolutional encoder: a strided input convolution, residual blocks of depthwise
+    separable 1-D convolutions, and a :class:`lightning_gtn.nn.Linear` output layer giving
+    log-probabilities.
+
+    Each block is pre-norm and residual: ``x + dropout(act(pointwise(depthwise(LayerNorm(x)))))``,
+    with a depthwise convolution of ``kernel_size`` frames over time and a pointwise (``C x C``)
+    layer. The receptive field is ``blocks * (kernel_size - 1) + 1`` output frames (``stride``
+    input frames each), widened by the input convolution's ``input_kernel`` input frames.
+    Convolutions over whole sequences are large matrix products, which a CPU runs several times
+    faster per operation than a recurrent layer's steps.
+
+    Args:
+        feature_dim: ``F``, features per input frame.
+        num_classes: ``C``, emission classes (the vocabulary's ``num_classes``).
+        channels: channels of every block (1 to 4096).
+        blocks: residual blocks (0 to 64).
+        kernel_size: odd depthwise kernel width in frames (1 to 63); padding keeps ``T'``.
+        input_kernel: odd kernel width of the input convolution (1 to 63).
+        stride: stride of the input convolution (1 to 8); output length ``ceil(T / stride)``.
+        dropout: dropout in each block and before the output layer, in ``[0, 1)``.
+        activation: ``"relu"`` or ``"gelu"``.
+        log_softmax: return log-probabilities (True) or raw scores.
+
+    Shapes:
+        inputs ``(B, T, F)`` float, zero-padded; input_lengths ``(B,)`` int64 on any device.
+        Returns emissions ``(B, T', C)`` and output lengths ``(B,)`` int64 on the inputs' device.
+        Padded frames never reach valid ones: in eval mode a padded batch gives each example
+        the emissions it gets alone.
+    """
+
+    def __init__(
+        self,
+        feature_dim: int,
+        num_classes: int,
+        channels: int = 256,
+        blocks: int = 8,
+        kernel_size: int = 11,
+        input_kernel: int = 5,
+        stride: int = 2,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        log_softmax: bool = True,
+    ):
+        super().__init__()
+        _check_int("feature_dim", feature_dim, 1, 1 << 16)
+        _check_int("num_classes", num_classes, 1, 1 << 20)
+        _check_int("channels", channels, 1, 4096)
+        _check_int("blocks", blocks, 0, 64)
+        for name, k in (("kernel_size", kernel_size), ("input_kernel", input_kernel)):
+            if _check_int(name, k, 1, 63) % 2 != 1:
+                raise ValueError(f"model.{name} must be odd, got {k}")
+        _check_int("stride", stride, 1, 8)
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1), got {dropout!r}")
+        if activation not in ("relu", "gelu"):
+            raise ValueError(f"model.activation must be 'relu' or 'gelu', got {activation!r}")
+        self.stride = stride
+        self.input = nn.Conv1d(feature_dim, channels, input_kernel, stride=stride, padding=input_kernel // 2)
+        self.input_act = nn.GELU() if activation == "gelu" else nn.ReLU()
+        self.blocks = nn.ModuleList(_SeparableBlock(channels, kernel_size, dropout, activation) for _ in range(blocks))
+        self.norm = nn.LayerNorm(channels)
+        self.dropout = nn.Dropout(dropout)
+        self.output = Linear(channels, num_classes)
+        self.log_softmax = log_softmax
+        self.num_classes = num_classes
+
+    def output_lengths(self, input_lengths: torch.Tensor) -> torch.Tensor:
+        """``ceil(T / stride)`` for each example."""
+        return torch.div(input_lengths + self.stride - 1, self.stride, rounding_mode="floor")
+
+    def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
+        """Encodes a padded batch.
+
+        Args:
+            inputs: ``(B, T, F)`` features.
+            input_lengths: ``(B,)`` valid frames of each example.
+
+        Returns:
+            ``(emissions (B, T', num_classes), lengths (B,))`` with ``T' = ceil(T / stride)``;
+            log-probabilities when ``log_softmax`` is set.
+        """
+        if inputs.ndim != 3:
+            raise ValueError(f"inputs must be (B, T, F), got shape {tuple(inputs.shape)}")
+        if input_lengths.shape != inputs.shape[:1]:
+            raise ValueError(f"input_lengths must be ({inputs.shape[0]},), got shape {tuple(input_lengths.shape)}")
+        lengths = input_lengths.to(inputs.device).clamp(min=0, max=inputs.shape[1])
+        valid = torch.arange(inputs.shape[1], device=inputs.device)[None, :] < lengths[:, None]
+        x = inputs * valid[:, :, None].to(inputs.dtype)  # whatever the padding holds, it reads as zeros
+        h = self.input_act(self.input(x.transpose(1, 2))).transpose(1, 2)  # (B, T', C)
+        lengths = self.output_lengths(lengths).clamp(min=1, max=h.shape[1])
+        mask = (torch.arange(h.shape[1], device=h.device)[None, :] < lengths[:, None])[:, :, None].to(h.dtype)
+        for block in self.blocks:
+            h = block(h, mask)
+        # The output layer and log-softmax run in float32 even under autocast (see ConvRNNEncoder).
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            scores = self.output(self.dropout(self.norm(h.float())))
+            if self.log_softmax:
+                scores = scores.log_softmax(-1)
+        return scores, lengths.to(inputs.device)
 
 
 class ConvRNNEncoder(nn.Module):
