@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -46,7 +48,35 @@ class _SeparableBlock(nn.Module):
         return x + h
 
 
-class ConvEncoder(nn.Module):
+class _StridedEncoder(nn.Module):
+    """What the CTC encoders share: ``stride``, :meth:`output_lengths`, and the output layer
+    (``dropout``, ``output``, ``log_softmax``) applied in float32.
+
+    ``forward(inputs, input_lengths)`` encodes a padded batch: ``inputs`` ``(B, T, F)`` features and
+    ``input_lengths`` ``(B,)`` valid frames give ``(emissions (B, T', num_classes), lengths (B,))``
+    with ``T' = ceil(T / stride)``, log-probabilities when ``log_softmax`` is set.
+    """
+
+    stride: int
+    dropout: nn.Module
+    output: nn.Module
+    log_softmax: bool
+
+    def output_lengths(self, input_lengths: torch.Tensor) -> torch.Tensor:
+        """``ceil(T / stride)`` for each example."""
+        return torch.div(input_lengths + self.stride - 1, self.stride, rounding_mode="floor")
+
+    def _scores(self, h: torch.Tensor, norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """``norm`` (if any), the output layer and log-softmax, in float32 even under autocast
+        (bf16-mixed): the structured losses need precise scores, and it keeps the custom Linear's
+        backward in one dtype."""
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            h = h.float() if norm is None else norm(h.float())
+            scores = self.output(self.dropout(h))
+            return scores.log_softmax(-1) if self.log_softmax else scores
+
+
+class ConvEncoder(_StridedEncoder):
     """An all-convolutional encoder: a strided input convolution, residual blocks of depthwise
     separable 1-D convolutions, and a :class:`lightning_gtn.nn.Linear` output layer giving
     log-probabilities.
@@ -113,21 +143,8 @@ class ConvEncoder(nn.Module):
         self.log_softmax = log_softmax
         self.num_classes = num_classes
 
-    def output_lengths(self, input_lengths: torch.Tensor) -> torch.Tensor:
-        """``ceil(T / stride)`` for each example."""
-        return torch.div(input_lengths + self.stride - 1, self.stride, rounding_mode="floor")
-
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
-        """Encodes a padded batch.
-
-        Args:
-            inputs: ``(B, T, F)`` features.
-            input_lengths: ``(B,)`` valid frames of each example.
-
-        Returns:
-            ``(emissions (B, T', num_classes), lengths (B,))`` with ``T' = ceil(T / stride)``;
-            log-probabilities when ``log_softmax`` is set.
-        """
+        """Encodes a padded batch (see :class:`_StridedEncoder`)."""
         if inputs.ndim != 3:
             raise ValueError(f"inputs must be (B, T, F), got shape {tuple(inputs.shape)}")
         if input_lengths.shape != inputs.shape[:1]:
@@ -140,15 +157,10 @@ class ConvEncoder(nn.Module):
         mask = (torch.arange(h.shape[1], device=h.device)[None, :] < lengths[:, None])[:, :, None].to(h.dtype)
         for block in self.blocks:
             h = block(h, mask)
-        # The output layer and log-softmax run in float32 even under autocast (see ConvRNNEncoder).
-        with torch.autocast(device_type=h.device.type, enabled=False):
-            scores = self.output(self.dropout(self.norm(h.float())))
-            if self.log_softmax:
-                scores = scores.log_softmax(-1)
-        return scores, lengths.to(inputs.device)
+        return self._scores(h, self.norm), lengths.to(inputs.device)
 
 
-class ConvRNNEncoder(nn.Module):
+class ConvRNNEncoder(_StridedEncoder):
     """Convolutions over time, a bidirectional GRU or LSTM, and a :class:`lightning_gtn.nn.Linear`
     output layer giving log-probabilities.
 
@@ -216,21 +228,8 @@ class ConvRNNEncoder(nn.Module):
         self.log_softmax = log_softmax
         self.num_classes = num_classes
 
-    def output_lengths(self, input_lengths: torch.Tensor) -> torch.Tensor:
-        """``ceil(T / stride)`` for each example."""
-        return torch.div(input_lengths + self.stride - 1, self.stride, rounding_mode="floor")
-
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
-        """Encodes a padded batch.
-
-        Args:
-            inputs: ``(B, T, F)`` features.
-            input_lengths: ``(B,)`` valid frames of each example.
-
-        Returns:
-            ``(emissions (B, T', num_classes), lengths (B,))`` with ``T' = ceil(T / stride)``;
-            log-probabilities when ``log_softmax`` is set.
-        """
+        """Encodes a padded batch (see :class:`_StridedEncoder`)."""
         if inputs.ndim != 3:
             raise ValueError(f"inputs must be (B, T, F), got shape {tuple(inputs.shape)}")
         h = inputs.transpose(1, 2)  # (B, F, T)
@@ -249,14 +248,7 @@ class ConvRNNEncoder(nn.Module):
         packed = nn.utils.rnn.pack_padded_sequence(h, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = self.rnn(packed)
         out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=h.shape[1])
-        # The output layer and log-softmax run in float32 even under autocast (bf16-mixed): the
-        # structured losses need precise scores, and it keeps the custom Linear's backward in
-        # one dtype.
-        with torch.autocast(device_type=out.device.type, enabled=False):
-            scores = self.output(self.dropout(out.float()))
-            if self.log_softmax:
-                scores = scores.log_softmax(-1)
-        return scores, lengths.to(inputs.device)
+        return self._scores(out), lengths.to(inputs.device)
 
 
 class ConvTransduceEncoder(nn.Module):
