@@ -1,4 +1,4 @@
-"""Does data loading keep up? LhotseDataModule's batches per second alone vs the default model's step.
+"""Does data loading keep up? LhotseDataModule's batches per second alone vs the data config's model's step.
 
 Data: a spoken-task-sized set written once into a temporary folder: ``--utterances`` audio files
 (the data config's ``audio_format``: wav, or flac as the spoken task writes) of 1.5 to 5 s at
@@ -14,8 +14,10 @@ Loader: :class:`LhotseDataModule` with the settings of ``conf/data/speech.yaml``
 apart), and the sampler alone (``DynamicBucketingSampler`` over the cuts, no audio read: the
 bucketing cost).
 
-Model: the default model (``conf/model/conv_gru.yaml``: :class:`ConvRNNEncoder`, F from the data)
-with :class:`lightning_gtn.nn.CTCLoss` and Adam: one training step (forward, loss, backward,
+Model: the model the data config selects (``data=speech``: ``conf/model/conv_speech.yaml``'s
+:class:`ConvEncoder`; a data config that selects none: ``conf/model/conv_gru.yaml``'s
+:class:`ConvRNNEncoder`; F from the data) with :class:`lightning_gtn.nn.CTCLoss` and Adam: one
+training step (forward, loss, backward,
 optimizer step) on the same batches, ``torch.set_num_threads(1)`` as ``train.yaml``'s
 ``num_threads``. The ratio is loader batches per second over model steps per second; the issue's
 target is at least 5 at the default settings.
@@ -39,8 +41,21 @@ ROOT = Path(__file__).resolve().parent.parent
 RATE = 16000
 
 
+def _model_config(name: str) -> dict:
+    """``conf/model/<name>.yaml`` with the configs its ``defaults`` list names merged under it."""
+    from omegaconf import OmegaConf
+
+    own = OmegaConf.to_container(OmegaConf.load(ROOT / f"conf/model/{name}.yaml"), resolve=True)
+    assert isinstance(own, dict)
+    out: dict = {}
+    for parent in own.pop("defaults", []):
+        out.update(_model_config(parent) if parent != "_self_" else {})
+    out.update(own)
+    return out
+
+
 def _settings(data_config: str | None) -> tuple[str, dict, dict, str]:
-    """(config name, LhotseDataModule options, model options, audio format) from the configs."""
+    """(config name, LhotseDataModule options, model config, audio format) from the configs."""
     from omegaconf import OmegaConf
 
     candidates = (
@@ -50,8 +65,13 @@ def _settings(data_config: str | None) -> tuple[str, dict, dict, str]:
     data = OmegaConf.to_container(OmegaConf.load(data_file), resolve=True)
     keep = ("num_mel_bins", "max_duration", "num_buckets", "shuffle", "num_workers", "seed", "stack_frames")
     data_opts = {k: data[k] for k in keep if k in data}
-    model = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/conv_gru.yaml"), resolve=True)
-    model.pop("_target_", None)
+    name = "conv_gru"
+    for entry in data.get("defaults", []):  # "override /model@_global_.model: <name>"
+        for key, value in entry.items() if isinstance(entry, dict) else []:
+            if key.startswith("override /model"):
+                name = value
+    model = _model_config(name)
+    model["name"] = name
     return data_file.name, data_opts, model, str(data.get("audio_format", "wav"))
 
 
@@ -108,14 +128,17 @@ def _sampler_rate(dm, epochs: int) -> float:
 
 
 def _model_steps(batches: list[dict], feature_dim: int, chars: str, model_opts: dict) -> list[float]:
-    """Seconds of each training step of the default model + CTC + Adam on ``batches`` (a warm-up
+    """Seconds of each training step of the model + CTC + Adam on ``batches`` (a warm-up
     step first, not counted)."""
-    from lightning_gtn.lightning import ConvRNNEncoder, Vocabulary
+    import lightning_gtn.lightning as lgl
+    from lightning_gtn.lightning import Vocabulary
     from lightning_gtn.nn import CTCLoss
 
     torch.manual_seed(0)
     vocab = Vocabulary(chars, blank=True)
-    net = ConvRNNEncoder(feature_dim, vocab.num_classes, **model_opts)
+    opts = {k: v for k, v in model_opts.items() if k not in ("_target_", "name")}
+    cls = getattr(lgl, model_opts["_target_"].rsplit(".", 1)[1])  # one of the package's encoders
+    net = cls(feature_dim, vocab.num_classes, **opts)
     loss_fn = CTCLoss(zero_infinity=True)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     times = []
@@ -209,7 +232,8 @@ def main(argv=None) -> str:
         f"CPU, torch threads {a.threads}; {n} synthetic utterances of 1.5-5 s ({60 * hours:.1f} min of 16 kHz audio, "
         f"{audio_format} files) through cuts_from_folder; LhotseDataModule at {conf_name} ({opts}): "
         f"batches of {mean_b:.0f} cuts x {mean_t:.0f} frames x {feature_dim} features on average. Model: "
-        f"conv_gru.yaml's ConvRNNEncoder + CTCLoss + Adam, median training step over {len(batches)} of those "
+        f"{model_opts['name']}.yaml's {model_opts['_target_'].rsplit('.', 1)[1]} + CTCLoss + Adam, median "
+        f"training step over {len(batches)} of those "
         f"batches, timed before and after the loaders. Loader rates over {epochs} epoch(s) after the first batch.",
         "",
         "| what | batches/s | ms/batch | first batch (s) | x model step rate |",
