@@ -9,7 +9,18 @@ from torch import nn
 
 from lightning_gtn.nn import Linear
 
-__all__ = ["ConvEncoder", "ConvRNNEncoder", "ConvTransduceEncoder"]
+__all__ = ["ConvEncoder", "ConvRNNEncoder", "ConvTransduceEncoder", "MAX_PARAMS"]
+
+
+#: the most weights an encoder built from a config or a checkpoint may have (1 GiB as float32)
+MAX_PARAMS = 1 << 28
+
+
+def _check_params(count: int) -> None:
+    """A ValueError when an encoder of ``count`` weights would exceed :data:`MAX_PARAMS` (checked
+    before anything is allocated: a config or checkpoint may not ask for unbounded memory)."""
+    if count > MAX_PARAMS:
+        raise ValueError(f"model: these sizes make {count:,} weights, over the limit of {MAX_PARAMS:,}")
 
 
 def _check_int(name: str, value: int, low: int, high: int) -> int:
@@ -133,6 +144,8 @@ class ConvEncoder(_StridedEncoder):
             raise ValueError(f"model.dropout must be in [0, 1), got {dropout!r}")
         if activation not in ("relu", "gelu"):
             raise ValueError(f"model.activation must be 'relu' or 'gelu', got {activation!r}")
+        block = channels * kernel_size + channels * channels + 4 * channels  # depthwise, pointwise, norm
+        _check_params(feature_dim * channels * input_kernel + blocks * block + (channels + 1) * (num_classes + 2))
         self.stride = stride
         self.input = nn.Conv1d(feature_dim, channels, input_kernel, stride=stride, padding=input_kernel // 2)
         self.input_act = nn.GELU() if activation == "gelu" else nn.ReLU()
@@ -198,10 +211,25 @@ class ConvRNNEncoder(_StridedEncoder):
         log_softmax: bool = True,
     ):
         super().__init__()
-        if kernel_size % 2 != 1:
+        _check_int("feature_dim", feature_dim, 1, 1 << 16)
+        _check_int("num_classes", num_classes, 1, 1 << 20)
+        _check_int("conv_channels", conv_channels, 1, 8192)
+        _check_int("conv_layers", conv_layers, 0, 64)
+        _check_int("stride", stride, 1, 8)
+        _check_int("hidden_size", hidden_size, 1, 8192)
+        _check_int("rnn_layers", rnn_layers, 1, 64)
+        if _check_int("kernel_size", kernel_size, 1, 63) % 2 != 1:
             raise ValueError(f"model.kernel_size must be odd, got {kernel_size}")
         if rnn not in ("gru", "lstm"):
             raise ValueError(f"model.rnn must be 'gru' or 'lstm', got {rnn!r}")
+        gates = 3 if rnn == "gru" else 4
+        conv_in = [feature_dim] + [conv_channels] * max(conv_layers - 1, 0)
+        rnn_in = [conv_channels if conv_layers else feature_dim] + [2 * hidden_size] * (rnn_layers - 1)
+        _check_params(
+            sum(c * conv_channels * kernel_size + conv_channels for c in conv_in[:conv_layers])
+            + sum(2 * gates * hidden_size * (i + hidden_size + 2) for i in rnn_in)
+            + (2 * hidden_size + 1) * num_classes
+        )
         layers: list[nn.Module] = []
         channels = feature_dim
         for i in range(conv_layers):

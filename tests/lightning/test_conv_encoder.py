@@ -102,3 +102,46 @@ def test_checkpoint_round_trip(tmp_path):
     assert isinstance(loaded.net, ConvEncoder)
     x, lengths = torch.randn(2, 6, 4), torch.tensor([6, 3])
     torch.testing.assert_close(loaded.net.eval()(x, lengths)[0], model.net.eval()(x, lengths)[0])
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, match",
+    [
+        ("ConvRNNEncoder", dict(hidden_size=10**9), "model.hidden_size"),
+        ("ConvRNNEncoder", dict(rnn_layers=0), "model.rnn_layers"),
+        ("ConvRNNEncoder", dict(conv_layers=-1), "model.conv_layers"),
+        ("ConvRNNEncoder", dict(kernel_size=4), "model.kernel_size"),
+        ("ConvRNNEncoder", dict(hidden_size=8000, rnn_layers=10), "over the limit"),
+        ("ConvEncoder", dict(channels=4096, blocks=64), "over the limit"),
+    ],
+)
+def test_sizes_a_config_may_not_ask_for(cls, kwargs, match):
+    """A config or checkpoint asking for unbounded weights is refused before anything is allocated."""
+    import lightning_gtn.lightning.models as models
+
+    with pytest.raises(ValueError, match=match):
+        getattr(models, cls)(40, 30, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [
+        ("ConvRNNEncoder", dict()),
+        ("ConvRNNEncoder", dict(conv_channels=32, hidden_size=48, rnn="lstm", rnn_layers=2, stride=2)),
+        ("ConvRNNEncoder", dict(conv_layers=0)),
+        ("ConvEncoder", dict(channels=64, blocks=3)),
+    ],
+)
+def test_the_weight_estimate_bounds_the_real_count(cls, kwargs):
+    """The estimate checked against MAX_PARAMS is never below the model's real size, nor far above."""
+    import lightning_gtn.lightning.models as models
+
+    seen = []
+    real_check = models._check_params
+    models._check_params = seen.append
+    try:
+        net = getattr(models, cls)(40, 30, **kwargs)
+    finally:
+        models._check_params = real_check
+    n = sum(p.numel() for p in net.parameters())
+    assert len(seen) == 1 and n <= seen[0] <= 1.1 * n, (seen, n)
