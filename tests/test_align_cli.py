@@ -12,6 +12,7 @@ import torch
 
 from lightning_gtn.align_cli import main
 from lightning_gtn.functional import forced_align
+from tests._checkpoints import save_module_checkpoint
 
 
 @pytest.fixture
@@ -216,7 +217,6 @@ def test_checkpoint_trained_a_few_steps(tmp_path, capsys):
 
 def test_checkpoint_of_an_asg_model_uses_its_transitions(tmp_path, capsys):
     # an untrained ASG model saved as lightning-gtn-train would (no subprocess needed)
-    import lightning as L
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.utils import instantiate
@@ -232,16 +232,7 @@ def test_checkpoint_of_an_asg_model_uses_its_transitions(tmp_path, capsys):
     with torch.no_grad():
         model.structured_loss.transitions.normal_()
     ckpt = tmp_path / "asg.ckpt"
-    torch.save(
-        {
-            "state_dict": model.state_dict(),
-            "hyper_parameters": dict(model.hparams),
-            "epoch": 0,
-            "global_step": 0,
-            "pytorch-lightning_version": L.__version__,
-        },
-        ckpt,
-    )
+    save_module_checkpoint(model, ckpt)
     out = tmp_path / "a.json"
     rc = main(
         [

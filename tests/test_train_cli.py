@@ -21,6 +21,7 @@ from omegaconf import OmegaConf, open_dict
 
 from lightning_gtn.lightning import build_loss
 from lightning_gtn.train import CONF_DIR, ConfigError, run
+from tests._checkpoints import save_module_checkpoint
 
 GROUPS = ["loss", "model", "data", "optim", "trainer", "callbacks", "logger", "experiment", "decoder"]
 LOSSES = sorted(p.stem for p in (CONF_DIR / "loss").glob("*.yaml"))
@@ -382,22 +383,12 @@ def test_wheel_ships_the_configs(tmp_path):
 
 def _checkpoint_of(cfg, path):
     """A checkpoint with the hyper-parameters ``run(cfg)`` would store (no training)."""
-    import lightning as L
 
     from lightning_gtn.lightning import SequenceModule
 
     dm = instantiate(cfg.data)
     model = SequenceModule(cfg.model, cfg.loss, dm.chars, dm.feature_dim, cfg.optim.optimizer)
-    torch.save(
-        {
-            "state_dict": model.state_dict(),
-            "hyper_parameters": dict(model.hparams),
-            "epoch": 0,
-            "global_step": 0,
-            "pytorch-lightning_version": L.__version__,
-        },
-        path,
-    )
+    save_module_checkpoint(model, path)
     return path
 
 

@@ -10,6 +10,7 @@ import torch
 
 from lightning_gtn import trust
 from lightning_gtn.lightning import SequenceModule
+from tests._checkpoints import save_module_checkpoint
 
 CHARS = "0123456789 "
 NET = {"_target_": "lightning_gtn.lightning.ConvRNNEncoder", "conv_channels": 8, "hidden_size": 8, "stride": 2}
@@ -129,16 +130,7 @@ def real_checkpoint(path):
         nonfinite={"action": "skip", "max_consecutive": 3},
         decoder={"name": "greedy"},
     )
-    torch.save(
-        {
-            "state_dict": model.state_dict(),
-            "hyper_parameters": dict(model.hparams),
-            "epoch": 0,
-            "global_step": 0,
-            "pytorch-lightning_version": L.__version__,
-        },
-        path,
-    )
+    save_module_checkpoint(model, path)
     return path
 
 

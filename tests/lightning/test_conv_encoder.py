@@ -2,11 +2,11 @@
 independence, finite gradients, option checks, and a checkpoint that loads back through the
 trusted-target check."""
 
-import lightning as L
 import pytest
 import torch
 
 from lightning_gtn.lightning import ConvEncoder, SequenceModule
+from tests._checkpoints import save_module_checkpoint
 
 SMALL = {"channels": 8, "blocks": 2, "kernel_size": 3, "input_kernel": 3}
 
@@ -88,16 +88,7 @@ def test_checkpoint_round_trip(tmp_path):
     net = {"_target_": "lightning_gtn.lightning.ConvEncoder", **SMALL}
     model = SequenceModule(net, {"_target_": "lightning_gtn.nn.CTCLoss"}, "ab ", feature_dim=4)
     path = tmp_path / "m.ckpt"
-    torch.save(
-        {
-            "state_dict": model.state_dict(),
-            "hyper_parameters": dict(model.hparams),
-            "epoch": 0,
-            "global_step": 0,
-            "pytorch-lightning_version": L.__version__,
-        },
-        path,
-    )
+    save_module_checkpoint(model, path)
     loaded = SequenceModule.load_from_checkpoint(str(path), map_location="cpu")
     assert isinstance(loaded.net, ConvEncoder)
     x, lengths = torch.randn(2, 6, 4), torch.tensor([6, 3])

@@ -18,6 +18,7 @@ from lightning_gtn import functional as F
 from lightning_gtn import trust
 from lightning_gtn.lightning import SequenceModule, Vocabulary
 from lightning_gtn.nn import LFMMILoss
+from tests._checkpoints import save_module_checkpoint
 
 CHARS = "abc"  # tokens 1..3, blank 0: C = 4
 TEXTS = ["abc", "aab", "cab", "bca", "ab", "cc"]
@@ -115,16 +116,7 @@ def test_denominator_travels_through_a_checkpoint(tmp_path):
     model = SequenceModule(NET, _loss_config(ctc_weight=0.5), CHARS, feature_dim=8, optimizer=OPT)
     assert model.structured_loss.num_classes == 4  # filled from the vocabulary
     path = tmp_path / "mmi.ckpt"
-    torch.save(
-        {
-            "state_dict": model.state_dict(),
-            "hyper_parameters": dict(model.hparams),
-            "epoch": 0,
-            "global_step": 0,
-            "pytorch-lightning_version": L.__version__,
-        },
-        path,
-    )
+    save_module_checkpoint(model, path)
     loaded = SequenceModule.load_from_checkpoint(str(path), map_location="cpu")  # weights_only, trust checks
     a, b = model.structured_loss.denominator, loaded.structured_loss.denominator
     assert gtn.equal(a, b)
