@@ -43,6 +43,7 @@ import time
 
 import torch
 import torch.nn.functional as TF
+from _procmem import peak_growth  # noqa: E402
 
 from lightning_gtn.functional import asg_loss, ctc_loss, sequence_loss
 
@@ -179,26 +180,14 @@ def _gtn_available() -> bool:
     return True
 
 
-def _status_kb(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def _memory_worker(kind, impl, shape) -> None:
     import gc
 
     step = _make(kind, impl, *shape)
     step()
     gc.collect()
-    base = _status_kb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    step()
-    peak = _status_kb("VmHWM")
-    print(json.dumps({"extra_mb": max(peak - base, 0) / 1024}))
+    extra, _ = peak_growth(step)
+    print(json.dumps({"extra_mb": (extra or 0) / 2**20}))
 
 
 def _memory(kind, impl, shape):

@@ -44,6 +44,7 @@ import time
 
 import numpy as np
 import torch
+from _procmem import peak_growth  # noqa: E402
 from numba import njit
 
 from lightning_gtn.core.shared_graph import shared_graph
@@ -144,29 +145,13 @@ def _stats(ts):
     return w[0], c[0], w[len(w) // 2], c[len(c) // 2]
 
 
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def _memory_child(k: int) -> None:
     name, N, keep = GRAPHS[k]
     den = bigram_ctc(N, keep)
     x = _inputs(B, N + 1)
     _shared(den, x[:, :4].contiguous())  # compile, warm caches
-    before = _status_kb("VmRSS") * 1024
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        print(json.dumps({"mb": None}))
-        return
-    _shared(den, x)
-    after = _status_kb("VmHWM") * 1024
-    print(json.dumps({"mb": (after - before) / 2**20}))
+    grew, _ = peak_growth(lambda: _shared(den, x))
+    print(json.dumps({"mb": None if grew is None else grew / 2**20}))
 
 
 def _memory(k: int):

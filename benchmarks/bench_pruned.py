@@ -35,6 +35,7 @@ import sys
 import time
 
 import torch
+from _procmem import peak_growth  # noqa: E402
 
 import lightning_gtn.k2 as k2
 
@@ -86,25 +87,14 @@ def _time(step, repeats: int) -> tuple:
     return statistics.median(wall), statistics.median(cpu)
 
 
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def _memory_worker(kind: str, shape) -> None:
     import gc
 
     step = _make(kind, *shape)
     step()
     gc.collect()
-    base = _status_kb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    step()
-    print(json.dumps({"extra_mb": max(_status_kb("VmHWM") - base, 0) / 1024}))
+    extra, _ = peak_growth(step)
+    print(json.dumps({"extra_mb": (extra or 0) / 2**20}))
 
 
 def _memory(kind: str, shape) -> float:

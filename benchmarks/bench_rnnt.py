@@ -38,6 +38,7 @@ import sys
 import time
 
 import torch
+from _procmem import peak_growth  # noqa: E402
 
 SHAPES = [(8, 150, 40, 128), (4, 500, 100, 500)]
 SIDE = "/tmp/side"
@@ -88,14 +89,6 @@ def _best(fn, args, repeats):
     return min(wall), min(cpu)
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def _memory_child(kind, B, T, U, V):
     """Runs in a fresh process: prints the peak-RSS growth (bytes) of one forward + backward.
 
@@ -108,12 +101,8 @@ def _memory_child(kind, B, T, U, V):
         _log_softmax(small[0], torch.ones_like(small[0]))
     x, tg, il, tl = _inputs(B, T, U, V)
     ones = torch.ones_like(x) if kind == "lsm" else None
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = _status_kb("VmRSS") * 1024
-    g = _ours(x, tg, il, tl) if kind == "ours" else _log_softmax(x, ones)
-    after = _status_kb("VmHWM") * 1024
-    print(json.dumps({"growth": after - before, "grad": g.numel() * g.element_size()}))
+    growth, g = peak_growth(lambda: _ours(x, tg, il, tl) if kind == "ours" else _log_softmax(x, ones))
+    print(json.dumps({"growth": growth or 0, "grad": g.numel() * g.element_size()}))
 
 
 def _memory(kind, shape):
