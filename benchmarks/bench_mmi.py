@@ -19,9 +19,9 @@ Columns:
   scaled linearly to B (the generic scorer's time is linear in the rows: each row is its own
   problem); the column says so;
 * ``floor``: ``B * T * arcs`` gather-multiply-adds (``y[group a] += x[src a] * p_a`` over the rows,
-  the rows innermost, eight arcs per pass over the rows, the first pass writing: the forward's arc
-  loop ``gather_set`` with nothing else, no emissions, no rescaling) timed in a numba kernel with
-  the same chunks, threads, layout and float32 as the shared kernel: the rate this machine reaches
+  the rows innermost, 32 rows at a time in eight vector registers: the forward's arc loop
+  ``gather32`` / ``gather8`` with nothing else, no emissions, no rescaling) timed in a numba kernel
+  with the same chunks, threads, layout and float32 as the shared kernel: the rate this machine reaches
   on exactly this access pattern (printed as G MAD/s), one pass over the arcs. A forward +
   backward needs at least two such passes (alpha and beta) plus the emissions' ``exp`` and the
   ``(B, T, C)`` gradient; the target is ``shared <= 3 x floor``;
@@ -50,7 +50,8 @@ from numba import njit
 from lightning_gtn.core.shared_graph import shared_graph
 from lightning_gtn.core.topologies import compose_token_acceptor
 from lightning_gtn.functional import graph_loss, mmi_denominator_score
-from lightning_gtn.kernels.mmi_numba import chunks_of, gather_set, shared_scores
+from lightning_gtn.kernels.mmi_numba import chunks_of, gather8, gather32, shared_scores
+from lightning_gtn.kernels.simd import vstore
 from lightning_gtn.wfst.parallel import get_num_threads, parallel_map
 
 B, T = 32, 500
@@ -94,13 +95,23 @@ def _generic(den, x: torch.Tensor) -> None:
 @njit(cache=True, nogil=True)
 def _floor_kernel(goff, src, p, x, y, frames):
     """``frames`` passes of ``y[g] = sum over the arcs a of group g of x[src a] * p_a`` (rows
-    innermost; a first pass over the rows writes eight, four, two or one arcs' sum, the rest are
-    added eight, four, then one at a time): the shared kernel's forward arc loop
-    (:func:`gather_set`) alone."""
-    nb = x.shape[1]
+    innermost, padded to whole vectors; 32 rows at a time into eight vector accumulators, then 8
+    at a time): the shared kernel's forward arc loop (:func:`gather32`, :func:`gather8`) alone."""
+    nbp = x.shape[1]
     for _ in range(frames):
         for g in range(goff.shape[0] - 1):
-            gather_set(y, g, x, src, p, goff[g], goff[g + 1], nb)
+            a0, a1 = goff[g], goff[g + 1]
+            k = 0
+            while k + 32 <= nbp:
+                u0, u1, u2, u3 = gather32(x, nbp, k, src, p, a0, a1)
+                vstore(y, g * nbp + k, u0)
+                vstore(y, g * nbp + k + 8, u1)
+                vstore(y, g * nbp + k + 16, u2)
+                vstore(y, g * nbp + k + 24, u3)
+                k += 32
+            while k < nbp:
+                vstore(y, g * nbp + k, gather8(x, nbp, k, src, p, a0, a1))
+                k += 8
 
 
 def _floor_fn(sg):
@@ -109,8 +120,9 @@ def _floor_fn(sg):
     chunks = chunks_of(np.full(B, T), get_num_threads())
     p = sg.probabilities(np.float32)[0]
     rng = np.random.default_rng(0)
-    xs = [rng.random((sg.num_states, len(c))).astype(np.float32) for c in chunks]
-    ys = [np.zeros((sg.num_groups, len(c)), dtype=np.float32) for c in chunks]
+    width = [(len(c) + 7) // 8 * 8 for c in chunks]  # the kernel's columns: rows padded to whole vectors
+    xs = [rng.random((sg.num_states, w)).astype(np.float32) for w in width]
+    ys = [np.zeros((sg.num_groups, w), dtype=np.float32) for w in width]
 
     def run(i):
         _floor_kernel(sg.group_off, sg.fwd_src, p, xs[i], ys[i], T)

@@ -59,13 +59,14 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from ..wfst.parallel import get_num_threads, parallel_map
+from .simd import LANES, ld, vadd, vfma, vload, vmul, vsplat, vstore, vzero
 
 __all__ = [
     "shared_scores",
     "checkpoint_interval",
     "chunks_of",
-    "gather_mad",
-    "gather_set",
+    "gather32",
+    "gather8",
     "SEGMENT_BUDGET",
     "CHUNK_ROWS",
     "SCALE_RANGE",
@@ -133,73 +134,6 @@ def _exp1_impl(x):
     return lambda x: math.exp(x)
 
 
-@njit(cache=True, inline="always")
-def gather_mad(y, row, x, idx, p, a, a1, nb):
-    """``y[row, :nb] += sum_{a <= k < a1} x[idx[k], :nb] * p[k]``: the arc loop of both passes,
-    eight arcs per pass (an eighth of the loads and stores of ``y``), then four, then one."""
-    while a + 8 <= a1:
-        s0, s1, s2, s3 = idx[a], idx[a + 1], idx[a + 2], idx[a + 3]
-        s4, s5, s6, s7 = idx[a + 4], idx[a + 5], idx[a + 6], idx[a + 7]
-        p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
-        p4, p5, p6, p7 = p[a + 4], p[a + 5], p[a + 6], p[a + 7]
-        for b in range(nb):
-            y[row, b] += ((x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)) + (
-                (x[s4, b] * p4 + x[s5, b] * p5) + (x[s6, b] * p6 + x[s7, b] * p7)
-            )
-        a += 8
-    while a + 4 <= a1:
-        s0, s1, s2, s3 = idx[a], idx[a + 1], idx[a + 2], idx[a + 3]
-        p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
-        for b in range(nb):
-            y[row, b] += (x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)
-        a += 4
-    while a < a1:
-        s = idx[a]
-        pa = p[a]
-        for b in range(nb):
-            y[row, b] += x[s, b] * pa
-        a += 1
-
-
-@njit(cache=True, inline="always")
-def gather_set(y, row, x, idx, p, a, a1, nb):
-    """``y[row, :nb] = sum_{a <= k < a1} x[idx[k], :nb] * p[k]`` (zero without arcs): the first
-    pass over the row writes it (no zeroing pass), the rest is :func:`gather_mad`."""
-    n = a1 - a
-    if n >= 8:
-        s0, s1, s2, s3 = idx[a], idx[a + 1], idx[a + 2], idx[a + 3]
-        s4, s5, s6, s7 = idx[a + 4], idx[a + 5], idx[a + 6], idx[a + 7]
-        p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
-        p4, p5, p6, p7 = p[a + 4], p[a + 5], p[a + 6], p[a + 7]
-        for b in range(nb):
-            y[row, b] = ((x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)) + (
-                (x[s4, b] * p4 + x[s5, b] * p5) + (x[s6, b] * p6 + x[s7, b] * p7)
-            )
-        a += 8
-    elif n >= 4:
-        s0, s1, s2, s3 = idx[a], idx[a + 1], idx[a + 2], idx[a + 3]
-        p0, p1, p2, p3 = p[a], p[a + 1], p[a + 2], p[a + 3]
-        for b in range(nb):
-            y[row, b] = (x[s0, b] * p0 + x[s1, b] * p1) + (x[s2, b] * p2 + x[s3, b] * p3)
-        a += 4
-    elif n >= 2:
-        s0, s1 = idx[a], idx[a + 1]
-        p0, p1 = p[a], p[a + 1]
-        for b in range(nb):
-            y[row, b] = x[s0, b] * p0 + x[s1, b] * p1
-        a += 2
-    elif n == 1:
-        s0 = idx[a]
-        p0 = p[a]
-        for b in range(nb):
-            y[row, b] = x[s0, b] * p0
-        a += 1
-    else:
-        for b in range(nb):
-            y[row, b] = 0.0
-    gather_mad(y, row, x, idx, p, a, a1, nb)
-
-
 @njit(cache=True, nogil=True)
 def _load_frame(E, rows, t, nact, X, mt, chk, bad):
     """Frame ``t`` of the first ``nact`` rows transposed into ``X`` (``(C, nb)``, the batch
@@ -238,47 +172,187 @@ def _load_frame(E, rows, t, nact, X, mt, chk, bad):
 @njit(cache=True, nogil=True)
 def _exp_frame(e, mt, r, nact, ms):
     """``e[c, b] = exp(e[c, b] - mt[b]) * r[b]`` in place (0 where ``mt`` is ``-inf``), vectorised over
-    the rows (one array read and written at the same place: no overlap check for the compiler)."""
+    the rows (one array read and written at the same place: no overlap check for the compiler);
+    zero in the columns from ``nact`` to the next multiple of :data:`LANES` (rows that are done,
+    or padding), which the vector passes read."""
     C = e.shape[0]
+    nw = _width(nact)
     for b in range(nact):
         ms[b] = mt[b] if mt[b] > -np.inf else 0.0
     for c in range(C):
         for b in range(nact):
             e[c, b] = _exp1(e[c, b] - ms[b]) * r[b]
+        for b in range(nact, nw):
+            e[c, b] = 0.0
+
+
+@njit(cache=True, inline="always")
+def _width(n):
+    """``n`` rounded up to a multiple of :data:`LANES`: the columns the vector passes compute."""
+    return (n + LANES - 1) // LANES * LANES
+
+
+@njit(cache=True, inline="always")
+def gather32(x, nbp, k, idx, p, a0, a1):
+    """``sum_{a0 <= a < a1} x[idx[a], k:k + 32] * p[a]`` as four vectors (``x``: ``(n, nbp)``),
+    two arcs per step into eight accumulators kept in registers."""
+    c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = vzero(x)
+    a = a0
+    while a + 2 <= a1:
+        o0 = ld(idx, a) * nbp + k
+        o1 = ld(idx, a + 1) * nbp + k
+        p0 = vsplat(ld(p, a))
+        p1 = vsplat(ld(p, a + 1))
+        c0 = vfma(c0, vload(x, o0), p0)
+        c1 = vfma(c1, vload(x, o0 + 8), p0)
+        c2 = vfma(c2, vload(x, o0 + 16), p0)
+        c3 = vfma(c3, vload(x, o0 + 24), p0)
+        d0 = vfma(d0, vload(x, o1), p1)
+        d1 = vfma(d1, vload(x, o1 + 8), p1)
+        d2 = vfma(d2, vload(x, o1 + 16), p1)
+        d3 = vfma(d3, vload(x, o1 + 24), p1)
+        a += 2
+    if a < a1:
+        o0 = ld(idx, a) * nbp + k
+        p0 = vsplat(ld(p, a))
+        c0 = vfma(c0, vload(x, o0), p0)
+        c1 = vfma(c1, vload(x, o0 + 8), p0)
+        c2 = vfma(c2, vload(x, o0 + 16), p0)
+        c3 = vfma(c3, vload(x, o0 + 24), p0)
+    return vadd(c0, d0), vadd(c1, d1), vadd(c2, d2), vadd(c3, d3)
+
+
+@njit(cache=True, inline="always")
+def gather8(x, nbp, k, idx, p, a0, a1):
+    """``sum_{a0 <= a < a1} x[idx[a], k:k + 8] * p[a]`` as one vector, four arcs per step into
+    four accumulators."""
+    c0 = c1 = c2 = c3 = vzero(x)
+    a = a0
+    while a + 4 <= a1:
+        c0 = vfma(c0, vload(x, ld(idx, a) * nbp + k), vsplat(ld(p, a)))
+        c1 = vfma(c1, vload(x, ld(idx, a + 1) * nbp + k), vsplat(ld(p, a + 1)))
+        c2 = vfma(c2, vload(x, ld(idx, a + 2) * nbp + k), vsplat(ld(p, a + 2)))
+        c3 = vfma(c3, vload(x, ld(idx, a + 3) * nbp + k), vsplat(ld(p, a + 3)))
+        a += 4
+    while a < a1:
+        c0 = vfma(c0, vload(x, ld(idx, a) * nbp + k), vsplat(ld(p, a)))
+        a += 1
+    return vadd(vadd(c0, c1), vadd(c2, c3))
+
+
+@njit(cache=True, inline="always")
+def _vadd_to(y, o, v):
+    """``y[o:o + 8] += v``."""
+    vstore(y, o, vadd(vload(y, o), v))
 
 
 @njit(cache=True, nogil=True)
-def _frame(nact, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src, p):
-    """One forward frame for the first ``nact`` rows: the group sums ``U`` (``(G, nb)``, written),
-    ``anew[d] = sum_{groups g into d} e[label g] * U[g]`` (written) and ``tot = sum_d anew[d]``.
-    ``e``: ``(C, nb)`` the frame's emissions with the previous frame's scale folded in."""
+def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src, p):
+    """One forward frame for the first ``nw`` columns (a multiple of :data:`LANES`): the group
+    sums ``U`` (``(G, nbp)``, written), ``anew[d] = sum_{groups g into d} e[label g] * U[g]``
+    (written) and ``tot = sum_d anew[d]``. ``e``: ``(C, nbp)`` the frame's emissions with the
+    previous frame's scale folded in (zero in the columns of rows that are done)."""
     S = alpha.shape[0]
-    for b in range(nact):
-        tot[b] = 0.0
+    nbp = alpha.shape[1]
+    z = vzero(alpha)
+    for k in range(0, nw, LANES):
+        vstore(tot, k, z)
     for d in range(S):
-        g0 = state_off[d]
-        g1 = state_off[d + 1]
-        if g0 == g1:
-            for b in range(nact):
-                anew[d, b] = 0.0
-            continue
-        gather_set(U, g0, alpha, fwd_src, p, fwd_off[g0], fwd_off[g0 + 1], nact)
-        lab = group_label[g0]
-        if g1 == g0 + 1:
-            for b in range(nact):
-                q = e[lab, b] * U[g0, b]
-                anew[d, b] = q
-                tot[b] += q
-            continue
-        for b in range(nact):
-            anew[d, b] = e[lab, b] * U[g0, b]
-        for g in range(g0 + 1, g1):
-            gather_set(U, g, alpha, fwd_src, p, fwd_off[g], fwd_off[g + 1], nact)
-            lab = group_label[g]
-            for b in range(nact):
-                anew[d, b] += e[lab, b] * U[g, b]
-        for b in range(nact):
-            tot[b] += anew[d, b]
+        g0 = ld(state_off, d)
+        g1 = ld(state_off, d + 1)
+        ao = d * nbp
+        k = 0
+        while k + 32 <= nw:
+            s0 = s1 = s2 = s3 = z
+            for g in range(g0, g1):
+                u0, u1, u2, u3 = gather32(alpha, nbp, k, fwd_src, p, ld(fwd_off, g), ld(fwd_off, g + 1))
+                uo = g * nbp + k
+                vstore(U, uo, u0)
+                vstore(U, uo + 8, u1)
+                vstore(U, uo + 16, u2)
+                vstore(U, uo + 24, u3)
+                eo = ld(group_label, g) * nbp + k
+                s0 = vfma(s0, u0, vload(e, eo))
+                s1 = vfma(s1, u1, vload(e, eo + 8))
+                s2 = vfma(s2, u2, vload(e, eo + 16))
+                s3 = vfma(s3, u3, vload(e, eo + 24))
+            vstore(anew, ao + k, s0)
+            vstore(anew, ao + k + 8, s1)
+            vstore(anew, ao + k + 16, s2)
+            vstore(anew, ao + k + 24, s3)
+            _vadd_to(tot, k, s0)
+            _vadd_to(tot, k + 8, s1)
+            _vadd_to(tot, k + 16, s2)
+            _vadd_to(tot, k + 24, s3)
+            k += 32
+        while k < nw:
+            s0 = z
+            for g in range(g0, g1):
+                u0 = gather8(alpha, nbp, k, fwd_src, p, ld(fwd_off, g), ld(fwd_off, g + 1))
+                vstore(U, g * nbp + k, u0)
+                s0 = vfma(s0, u0, vload(e, ld(group_label, g) * nbp + k))
+            vstore(anew, ao + k, s0)
+            _vadd_to(tot, k, s0)
+            k += LANES
+
+
+@njit(cache=True, nogil=True)
+def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p):
+    """``bprev[s] = sum_{arcs a from s} p[a] * v[group a]`` for the first ``nw`` columns, and
+    ``zs = sum_s bprev[s]``."""
+    S = bprev.shape[0]
+    nbp = bprev.shape[1]
+    z = vzero(bprev)
+    for k in range(0, nw, LANES):
+        vstore(zs, k, z)
+    for s in range(S):
+        a0 = ld(src_off, s)
+        a1 = ld(src_off, s + 1)
+        bo = s * nbp
+        k = 0
+        while k + 32 <= nw:
+            b0, b1, b2, b3 = gather32(v, nbp, k, bwd_group, p, a0, a1)
+            vstore(bprev, bo + k, b0)
+            vstore(bprev, bo + k + 8, b1)
+            vstore(bprev, bo + k + 16, b2)
+            vstore(bprev, bo + k + 24, b3)
+            _vadd_to(zs, k, b0)
+            _vadd_to(zs, k + 8, b1)
+            _vadd_to(zs, k + 16, b2)
+            _vadd_to(zs, k + 24, b3)
+            k += 32
+        while k < nw:
+            b0 = gather8(v, nbp, k, bwd_group, p, a0, a1)
+            vstore(bprev, bo + k, b0)
+            _vadd_to(zs, k, b0)
+            k += LANES
+
+
+@njit(cache=True, nogil=True)
+def _posteriors(nw, e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e):
+    """``v[g] = e[label g] * beta[dst g] * rz`` and ``z = sum_g Ut[g] v[g]`` for the first ``nw``
+    columns; with ``need_e`` also ``gbuf[c] = sum_{groups g of label c} Ut[g] v[g]`` (``gbuf``
+    zeroed here)."""
+    G = v.shape[0]
+    nbp = v.shape[1]
+    zero = vzero(v)
+    for k in range(0, nw, LANES):
+        vstore(z, k, zero)
+    if need_e:
+        for c in range(gbuf.shape[0]):
+            for k in range(0, nw, LANES):
+                vstore(gbuf, c * nbp + k, zero)
+    for g in range(G):
+        do = ld(group_dst, g) * nbp
+        lo = ld(group_label, g) * nbp
+        go = g * nbp
+        for k in range(0, nw, LANES):
+            vv = vmul(vmul(vload(e, lo + k), vload(beta, do + k)), vload(rz, k))
+            vstore(v, go + k, vv)
+            uv = vmul(vload(Ut, go + k), vv)
+            _vadd_to(z, k, uv)
+            if need_e:
+                _vadd_to(gbuf, lo + k, uv)
 
 
 #: a state vector whose sum leaves ``[1 / SCALE_RANGE, SCALE_RANGE]`` is normalised explicitly
@@ -367,12 +441,13 @@ def _chunk(
     C = E.shape[2]
     Tm = lens[0]
     dt = p_fwd.dtype
-    alpha = np.zeros((S, nb), dt)
-    anew = np.zeros((S, nb), dt)
+    nbp = _width(nb)  # the state vectors' columns: the rows padded to whole vectors
+    alpha = np.zeros((S, nbp), dt)
+    anew = np.zeros((S, nbp), dt)
     mt = np.zeros(nb, dt)
     chk = np.zeros(nb, dt)
     ms = np.zeros(nb, dt)
-    tot = np.zeros(nb, dt)
+    tot = np.zeros(nbp, dt)
     r = np.ones(nb, dt)
     cl = np.zeros(nb, dt)
     prod = np.ones(nb, np.float64)
@@ -390,12 +465,12 @@ def _chunk(
     # written before they are read (only the active rows' columns are ever read): no zeroing
     ck = np.empty((max(nseg, 1), S, nb), dt)
     ckr = np.empty((max(nseg, 1), nb), dt)
-    nU = KK * G * nb
-    nX = KK * C * nb
-    U = work[:nU].reshape((KK, G, nb))
-    EX = work[nU : nU + nX].reshape((KK, C, nb))  # the segment's emissions, scale folded in, (C, nb) per frame
-    AS = work[nU + nX : nU + nX + (KK * S * nb if need_w else nb)].reshape(
-        (KK if need_w else 1, S if need_w else 1, nb)
+    nU = KK * G * nbp
+    nX = KK * C * nbp
+    U = work[:nU].reshape((KK, G, nbp))
+    EX = work[nU : nU + nX].reshape((KK, C, nbp))  # the segment's emissions, scale folded in, (C, nbp) per frame
+    AS = work[nU + nX : nU + nX + (KK * S * nbp if need_w else nbp)].reshape(
+        (KK if need_w else 1, S if need_w else 1, nbp)
     )
     for b in range(nb):
         if lens[b] == 0:
@@ -421,7 +496,7 @@ def _chunk(
         for b in range(nact):
             logs[b] += mt[b]
         _exp_frame(EX[t % K], mt, r, nact, ms)
-        _frame(nact, alpha, anew, EX[t % K], U[t % K], tot, state_off, group_label, fwd_off, fwd_src, p_fwd)
+        _frame(_width(nact), alpha, anew, EX[t % K], U[t % K], tot, state_off, group_label, fwd_off, fwd_src, p_fwd)
         _rescale(t, nact, lens, anew, tot, r, cl, prod, logs, lam, leak, True)
         alpha, anew = anew, alpha
         for b in range(nact):
@@ -437,14 +512,14 @@ def _chunk(
     if not (need_e or need_w) or Tm == 0:
         return
     # ---- backward, segment by segment from the last
-    beta = np.zeros((S, nb), dt)
-    bprev = np.zeros((S, nb), dt)
-    v = np.zeros((G, nb), dt)
-    z = np.zeros(nb, dt)
-    zs = np.zeros(nb, dt)
-    rz = np.ones(nb, dt)
+    beta = np.zeros((S, nbp), dt)
+    bprev = np.zeros((S, nbp), dt)
+    v = np.zeros((G, nbp), dt)
+    z = np.zeros(nbp, dt)
+    zs = np.zeros(nbp, dt)
+    rz = np.ones(nbp, dt)
     q = np.zeros(nb, dt)
-    gbuf = np.zeros((C, nb), dt)
+    gbuf = np.zeros((C, nbp), dt)
     gacc = np.zeros((A if need_w else 1, nb), np.float64)
     nact = 0
     for seg in range(nseg - 1, -1, -1):
@@ -469,7 +544,9 @@ def _chunk(
                             AS[t - t0, s, b] = alpha[s, b]
                 _load_frame(E, rows, t, nt, EX[t - t0], mt, chk, bad)
                 _exp_frame(EX[t - t0], mt, r, nt, ms)
-                _frame(nt, alpha, anew, EX[t - t0], U[t - t0], tot, state_off, group_label, fwd_off, fwd_src, p_fwd)
+                _frame(
+                    _width(nt), alpha, anew, EX[t - t0], U[t - t0], tot, state_off, group_label, fwd_off, fwd_src, p_fwd
+                )
                 _rescale(t, nt, lens, anew, tot, r, cl, prod, logs, lam, leak, False)
                 alpha, anew = anew, alpha
         for t in range(t1 - 1, t0 - 1, -1):
@@ -482,29 +559,7 @@ def _chunk(
                 nact += 1
             e = EX[t - t0]
             Ut = U[t - t0]
-            for b in range(nact):
-                z[b] = 0.0
-            if need_e:
-                for c in range(C):
-                    for b in range(nact):
-                        gbuf[c, b] = 0.0
-                for g in range(G):  # v, the normaliser and the posteriors summed by label, unscaled
-                    d = group_dst[g]
-                    lab = group_label[g]
-                    for b in range(nact):
-                        vv = e[lab, b] * beta[d, b] * rz[b]
-                        v[g, b] = vv
-                        uv = Ut[g, b] * vv
-                        z[b] += uv
-                        gbuf[lab, b] += uv
-            else:
-                for g in range(G):
-                    d = group_dst[g]
-                    lab = group_label[g]
-                    for b in range(nact):
-                        vv = e[lab, b] * beta[d, b] * rz[b]
-                        v[g, b] = vv
-                        z[b] += Ut[g, b] * vv
+            _posteriors(_width(nact), e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e)
             for b in range(nact):
                 z[b] = 1.0 / z[b] if (z[b] > 0.0 and logz[b] > -np.inf) else 0.0
             if need_e:
@@ -523,12 +578,7 @@ def _chunk(
                             gacc[a, b] += At[s, b] * pa * v[g, b] * z[b]
             if t == 0:
                 continue
-            for b in range(nact):
-                zs[b] = 0.0
-            for s in range(S):
-                gather_set(bprev, s, v, bwd_group, p_bwd, src_off[s], src_off[s + 1], nact)
-                for b in range(nact):
-                    zs[b] += bprev[s, b]
+            _back_gather(_width(nact), v, bprev, zs, src_off, bwd_group, p_bwd)
             if lam > 0.0:
                 for b in range(nact):
                     q[b] = 0.0
@@ -569,6 +619,7 @@ def work_size(nb: int, KK: int, S: int, G: int, C: int, need_w: bool) -> int:
     """Values of the segment buffer of a chunk of ``nb`` rows and ``KK`` frames per segment: the
     group sums, the emissions, and (``need_w``) the state vectors."""
     KK = max(1, KK)
+    nb = (nb + LANES - 1) // LANES * LANES
     return KK * (G + C) * nb + (KK * S * nb if need_w else nb)
 
 

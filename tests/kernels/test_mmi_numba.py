@@ -90,7 +90,7 @@ def test_frames_whose_sums_leave_the_scale_range_are_renormalised(leaky):
     for src, dst, lab in ((0, 1, 1), (1, 2, 2), (2, 3, 1), (1, 1, 1), (2, 2, 2), (3, 2, 1), (1, 3, 2)):
         g.add_arc(src, dst, lab, lab, float(rng.normal()))
     sg = shared_graph(g)
-    E = torch.randn(3, 4, 3, dtype=torch.float64)
+    E = torch.randn(3, 4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
     E[:, :, 0] += 40.0
     lens = np.array([4, 3, 2])
     logz, gE, gW = mmi_numba.shared_scores(sg, E.numpy(), lens, leaky, need_e=True, need_w=True)
@@ -104,7 +104,8 @@ def test_frames_whose_sums_leave_the_scale_range_are_renormalised(leaky):
         np.testing.assert_allclose(gE[b], re.numpy(), atol=1e-10)
         np.testing.assert_allclose(gW[b], rw.numpy(), atol=1e-10)
     f32 = mmi_numba.shared_scores(sg, E.numpy().astype(np.float32), lens, leaky, need_e=True)
-    np.testing.assert_allclose(f32[0], logz, rtol=1e-5)
+    # log Z is a difference of terms of about 40 per frame here: float32 keeps it to ~40 * 2^-24 per frame
+    np.testing.assert_allclose(f32[0], logz, rtol=1e-5, atol=2e-5)
     np.testing.assert_allclose(f32[1], gE, atol=1e-5)
 
 

@@ -1,0 +1,178 @@
+"""Eight-lane vectors for numba kernels: a value type the compiler keeps in registers.
+
+numba's loop vectoriser gives up on the gather loops of the shared-graph kernel
+(:mod:`lightning_gtn.kernels.mmi_numba`): ``y[g, :] += x[src, :] * p`` over several source
+rows needs a runtime overlap check per source row, and past a handful of them LLVM keeps the
+scalar loop. Here a vector of eight float32 or float64 values is a numba type of its own
+(:class:`Vec8`, an LLVM ``<8 x float>`` or ``<8 x double>``), loaded from and stored to
+C-contiguous arrays at a flat element offset, so a kernel spells its vector code out and keeps
+its accumulators in registers. LLVM lowers the eight lanes to what the machine has (one AVX
+register, two SSE or NEON registers, ...).
+
+The loads and stores do no bounds checks and no negative-index wrap (as numba's own indexing,
+which checks no bounds either): the kernel that calls them proves its offsets in range, and
+:func:`ld` is for index arrays whose values its caller has range-checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from llvmlite import ir  # type: ignore[import-untyped]
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+__all__ = ["Vec8", "vzero", "vsplat", "vload", "vstore", "vfma", "vadd", "vmul", "ld", "LANES"]
+
+#: values per vector
+LANES = 8
+
+
+class Vec8(types.Type):
+    """Eight float32 or float64 values (``dtype``) held as one LLVM vector."""
+
+    def __init__(self, dtype: types.Type) -> None:
+        self.dtype = dtype
+        super().__init__(name=f"Vec8({dtype})")
+
+
+_VEC = {types.float32: Vec8(types.float32), types.float64: Vec8(types.float64)}
+
+
+@register_model(Vec8)
+class _Vec8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        elt = ir.FloatType() if fe_type.dtype == types.float32 else ir.DoubleType()
+        super().__init__(dmm, fe_type, ir.VectorType(elt, LANES))
+
+
+def _float_array(a) -> bool:
+    return isinstance(a, types.Array) and a.layout == "C" and a.dtype in _VEC
+
+
+def _pointer(context, builder, aty, aval, off):
+    """The address of element ``off`` (flat) of the C-contiguous array ``aval``."""
+    arr = context.make_array(aty)(context, builder, aval)
+    return builder.gep(arr.data, [off])
+
+
+@intrinsic
+def _vzero(typingctx, a):
+    """Eight zeros of the dtype of the array ``a``."""
+    if not _float_array(a):
+        return None
+    vt = _VEC[a.dtype]
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(context.get_value_type(vt), None)
+
+    return vt(a), codegen
+
+
+@intrinsic
+def _vsplat(typingctx, x):
+    """Eight copies of the float ``x``."""
+    if x not in _VEC:
+        return None
+    vt = _VEC[x]
+
+    def codegen(context, builder, sig, args):
+        ty = context.get_value_type(vt)
+        one = builder.insert_element(ir.Constant(ty, ir.Undefined), args[0], ir.Constant(ir.IntType(32), 0))
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        return builder.shuffle_vector(one, ir.Constant(ty, ir.Undefined), mask)
+
+    return vt(x), codegen
+
+
+@intrinsic
+def _vload(typingctx, a, off):
+    """The eight elements of ``a`` (C-contiguous, any rank) from flat offset ``off``."""
+    if not _float_array(a) or not isinstance(off, types.Integer):
+        return None
+    vt = _VEC[a.dtype]
+
+    def codegen(context, builder, sig, args):
+        ptr = _pointer(context, builder, sig.args[0], args[0], args[1])
+        vp = builder.bitcast(ptr, context.get_value_type(vt).as_pointer())
+        return builder.load(vp, align=a.dtype.bitwidth // 8)
+
+    return vt(a, types.intp), codegen
+
+
+@intrinsic
+def _vstore(typingctx, a, off, v):
+    """Writes the vector ``v`` to the eight elements of ``a`` from flat offset ``off``."""
+    if not _float_array(a) or not isinstance(off, types.Integer) or v != _VEC.get(a.dtype):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _pointer(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(ptr, args[2].type.as_pointer()), align=a.dtype.bitwidth // 8)
+        return context.get_dummy_value()
+
+    return types.none(a, types.intp, v), codegen
+
+
+@intrinsic
+def _vfma(typingctx, acc, x, y):
+    """``acc + x * y`` lane by lane (fused where the machine has it)."""
+    if not isinstance(acc, Vec8) or x != acc or y != acc:
+        return None
+
+    def codegen(context, builder, sig, args):
+        ty = args[0].type
+        name = f"llvm.fmuladd.v{LANES}f{32 if ty.element == ir.FloatType() else 64}"
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty, ty]), name)
+        return builder.call(fn, [args[1], args[2], args[0]])
+
+    return acc(acc, x, y), codegen
+
+
+@intrinsic
+def _vadd(typingctx, x, y):
+    """``x + y`` lane by lane."""
+    if not isinstance(x, Vec8) or y != x:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return x(x, y), codegen
+
+
+@intrinsic
+def _vmul(typingctx, x, y):
+    """``x * y`` lane by lane."""
+    if not isinstance(x, Vec8) or y != x:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+
+    return x(x, y), codegen
+
+
+@intrinsic
+def _ld(typingctx, a, i):
+    """``a[i]`` of a 1-D array without numba's negative-index wrap (``0 <= i < len(a)`` is the
+    caller's guarantee)."""
+    if not isinstance(a, types.Array) or a.ndim != 1 or a.layout != "C" or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_pointer(context, builder, sig.args[0], args[0], args[1]))
+
+    return a.dtype(a, types.intp), codegen
+
+
+# typed as the kernels call them (an intrinsic's own signature takes the typing context first)
+vzero: Callable[..., Any] = _vzero
+vsplat: Callable[..., Any] = _vsplat
+vload: Callable[..., Any] = _vload
+vstore: Callable[..., Any] = _vstore
+vfma: Callable[..., Any] = _vfma
+vadd: Callable[..., Any] = _vadd
+vmul: Callable[..., Any] = _vmul
+ld: Callable[..., Any] = _ld
