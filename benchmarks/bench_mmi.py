@@ -55,6 +55,8 @@ from lightning_gtn.kernels.simd import vstore
 from lightning_gtn.wfst.parallel import get_num_threads, parallel_map
 
 B, T = 32, 500
+#: seconds of pause before each timed call (see :func:`_times`)
+QUIESCE = 0.05
 GRAPHS = [("char bigram, CTC", 30, 0.5), ("200 word pieces bigram, CTC", 200, 0.5)]
 
 
@@ -135,10 +137,14 @@ def _floor_fn(sg):
 
 def _times(fns, repeats: int):
     """Per function, its ``repeats`` (wall, process CPU of all threads) times; the functions run
-    in turn, so a change of the machine's load hits them alike."""
+    in turn, so a change of the machine's load hits them alike, each after a pause of
+    :data:`QUIESCE` seconds: torch's OpenMP workers spin-wait for milliseconds after a parallel
+    region (``OMP_WAIT_POLICY`` unset), and on two cores the spinning thread halves whatever runs
+    next on two threads, so without the pause each call would pay for its predecessor's threads."""
     out: list = [[] for _ in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):
+            time.sleep(QUIESCE)
             c0, t0 = time.process_time(), time.perf_counter()
             fn()
             out[i].append((time.perf_counter() - t0, time.process_time() - c0))

@@ -56,16 +56,18 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 from llvmlite import ir  # type: ignore[import-untyped]
 from numba import njit, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 from ..wfst.parallel import get_num_threads, parallel_map
-from .simd import LANES, ld, vadd, vfma, vload, vmul, vsplat, vstore, vzero
+from .buffers import OUTPUTS
+from .simd import LANES, ld, st, vadd, vexp, vfma, vload, vmax, vmul, vsplat, vstore, vsub, vzero
 
 __all__ = [
     "shared_scores",
     "checkpoint_interval",
     "chunks_of",
     "gather32",
+    "gather16",
     "gather8",
     "SEGMENT_BUDGET",
     "CHUNK_ROWS",
@@ -75,7 +77,7 @@ __all__ = [
 #: bytes the per-segment buffers of all chunks may take before frames are checkpointed
 SEGMENT_BUDGET = 512 << 20
 #: the fewest rows a chunk gets when the batch is split over threads (see :func:`chunks_of`)
-CHUNK_ROWS = 32
+CHUNK_ROWS = 16
 
 
 @intrinsic
@@ -123,36 +125,27 @@ def exp_f32(x):
     return y if x > np.float32(-87.0) else np.float32(0.0)
 
 
-def _exp1(x):
-    """``exp(x)`` of a scalar (a stub: see the overload)."""
-
-
-@overload(_exp1, inline="always")
-def _exp1_impl(x):
-    if x == types.float32:
-        return lambda x: exp_f32(x)
-    return lambda x: math.exp(x)
-
-
 @njit(cache=True, nogil=True)
 def _load_frame(E, rows, t, nact, X, mt, chk, bad):
     """Frame ``t`` of the first ``nact`` rows transposed into ``X`` (``(C, nb)``, the batch
     innermost) and each row's maximum into ``mt``; a row reading a NaN or ``+inf`` is marked in
     ``bad`` and its frame set to ``-inf`` (it reads nothing, ``mt = -inf``)."""
     C = X.shape[0]
-    for b in range(nact):
-        row = rows[b]
+    nbp = X.shape[1]
+    T = E.shape[1]
+    for b in range(nact):  # rows in [0, B), t < T: the caller's
+        base = (ld(rows, b) * T + t) * C
         for c in range(C):
-            X[c, b] = E[row, t, c]
-    for b in range(nact):
-        mt[b] = X[0, b]
-        chk[b] = X[0, b] - X[0, b]
-    for c in range(1, C):  # vectorised over the rows
-        for b in range(nact):
-            x = X[c, b]
-            m = mt[b]
-            mt[b] = x if x > m else m  # a select the compiler vectorises (max() it does not)
-            chk[b] += x - x  # NaN if any value is NaN or infinite
+            st(X, c * nbp + b, ld(E, base + c))
+    for k in range(0, _width(nact), LANES):  # the padding columns' maxima are never read
+        m = vload(X, k)
+        ch = vsub(m, m)
+        for c in range(1, C):
+            x = vload(X, c * nbp + k)
+            m = vmax(x, m)
+            ch = vadd(ch, vsub(x, x))  # NaN if any value is NaN or infinite
+        vstore(mt, k, m)
+        vstore(chk, k, ch)
     for b in range(nact):
         if chk[b] != chk[b]:
             mm = -np.inf
@@ -176,12 +169,17 @@ def _exp_frame(e, mt, r, nact, ms):
     zero in the columns from ``nact`` to the next multiple of :data:`LANES` (rows that are done,
     or padding), which the vector passes read."""
     C = e.shape[0]
+    nbp = e.shape[1]
     nw = _width(nact)
     for b in range(nact):
         ms[b] = mt[b] if mt[b] > -np.inf else 0.0
+    for k in range(0, nw, LANES):
+        m = vload(ms, k)
+        rk = vload(r, k)
+        for c in range(C):
+            o = c * nbp + k
+            vstore(e, o, vmul(vexp(vsub(vload(e, o), m)), rk))
     for c in range(C):
-        for b in range(nact):
-            e[c, b] = _exp1(e[c, b] - ms[b]) * r[b]
         for b in range(nact, nw):
             e[c, b] = 0.0
 
@@ -220,6 +218,39 @@ def gather32(x, nbp, k, idx, p, a0, a1):
         c2 = vfma(c2, vload(x, o0 + 16), p0)
         c3 = vfma(c3, vload(x, o0 + 24), p0)
     return vadd(c0, d0), vadd(c1, d1), vadd(c2, d2), vadd(c3, d3)
+
+
+@njit(cache=True, inline="always")
+def gather16(x, nbp, k, idx, p, a0, a1):
+    """``sum_{a0 <= a < a1} x[idx[a], k:k + 16] * p[a]`` as two vectors, four arcs per step into
+    eight accumulators."""
+    c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = vzero(x)
+    a = a0
+    while a + 4 <= a1:
+        o0 = ld(idx, a) * nbp + k
+        o1 = ld(idx, a + 1) * nbp + k
+        o2 = ld(idx, a + 2) * nbp + k
+        o3 = ld(idx, a + 3) * nbp + k
+        p0 = vsplat(ld(p, a))
+        p1 = vsplat(ld(p, a + 1))
+        p2 = vsplat(ld(p, a + 2))
+        p3 = vsplat(ld(p, a + 3))
+        c0 = vfma(c0, vload(x, o0), p0)
+        d0 = vfma(d0, vload(x, o0 + 8), p0)
+        c1 = vfma(c1, vload(x, o1), p1)
+        d1 = vfma(d1, vload(x, o1 + 8), p1)
+        c2 = vfma(c2, vload(x, o2), p2)
+        d2 = vfma(d2, vload(x, o2 + 8), p2)
+        c3 = vfma(c3, vload(x, o3), p3)
+        d3 = vfma(d3, vload(x, o3 + 8), p3)
+        a += 4
+    while a < a1:
+        o0 = ld(idx, a) * nbp + k
+        p0 = vsplat(ld(p, a))
+        c0 = vfma(c0, vload(x, o0), p0)
+        d0 = vfma(d0, vload(x, o0 + 8), p0)
+        a += 1
+    return vadd(vadd(c0, c1), vadd(c2, c3)), vadd(vadd(d0, d1), vadd(d2, d3))
 
 
 @njit(cache=True, inline="always")
@@ -285,6 +316,21 @@ def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src,
             _vadd_to(tot, k + 16, s2)
             _vadd_to(tot, k + 24, s3)
             k += 32
+        if k + 16 <= nw:
+            s0 = s1 = z
+            for g in range(g0, g1):
+                u0, u1 = gather16(alpha, nbp, k, fwd_src, p, ld(fwd_off, g), ld(fwd_off, g + 1))
+                uo = g * nbp + k
+                vstore(U, uo, u0)
+                vstore(U, uo + 8, u1)
+                eo = ld(group_label, g) * nbp + k
+                s0 = vfma(s0, u0, vload(e, eo))
+                s1 = vfma(s1, u1, vload(e, eo + 8))
+            vstore(anew, ao + k, s0)
+            vstore(anew, ao + k + 8, s1)
+            _vadd_to(tot, k, s0)
+            _vadd_to(tot, k + 8, s1)
+            k += 16
         while k < nw:
             s0 = z
             for g in range(g0, g1):
@@ -321,6 +367,13 @@ def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p):
             _vadd_to(zs, k + 16, b2)
             _vadd_to(zs, k + 24, b3)
             k += 32
+        if k + 16 <= nw:
+            b0, b1 = gather16(v, nbp, k, bwd_group, p, a0, a1)
+            vstore(bprev, bo + k, b0)
+            vstore(bprev, bo + k + 8, b1)
+            _vadd_to(zs, k, b0)
+            _vadd_to(zs, k + 8, b1)
+            k += 16
         while k < nw:
             b0 = gather8(v, nbp, k, bwd_group, p, a0, a1)
             vstore(bprev, bo + k, b0)
@@ -444,11 +497,11 @@ def _chunk(
     nbp = _width(nb)  # the state vectors' columns: the rows padded to whole vectors
     alpha = np.zeros((S, nbp), dt)
     anew = np.zeros((S, nbp), dt)
-    mt = np.zeros(nb, dt)
-    chk = np.zeros(nb, dt)
-    ms = np.zeros(nb, dt)
+    mt = np.zeros(nbp, dt)
+    chk = np.zeros(nbp, dt)
+    ms = np.zeros(nbp, dt)
     tot = np.zeros(nbp, dt)
-    r = np.ones(nb, dt)
+    r = np.ones(nbp, dt)
     cl = np.zeros(nb, dt)
     prod = np.ones(nb, np.float64)
     logs = np.zeros(nb, np.float64)
@@ -564,10 +617,10 @@ def _chunk(
                 z[b] = 1.0 / z[b] if (z[b] > 0.0 and logz[b] > -np.inf) else 0.0
             if need_e:
                 for b in range(nact):
-                    row = rows[b]
+                    base = (ld(rows, b) * E.shape[1] + t) * C
                     zb = z[b]
                     for c in range(C):
-                        gE[row, t, c] = gbuf[c, b] * zb
+                        st(gE, base + c, ld(gbuf, c * nbp + b) * zb)
             if need_w:
                 At = AS[t - t0]
                 for g in range(G):
@@ -706,7 +759,8 @@ def shared_scores(
     if K < 1:
         raise ValueError(f"checkpoint must be >= 1, got {checkpoint}")
     logz = np.full(B, -np.inf, dtype=np.float64)
-    gE = np.empty((B, T, C) if need_e else (1, 1, 1), dtype=dt)  # the kernel writes every frame
+    # the kernel writes every frame; a pooled array: no fresh pages to fault in at every call
+    gE = OUTPUTS.empty((B, T, C), dt) if need_e else np.empty((1, 1, 1), dtype=dt)
     gW = np.zeros((B, A) if need_w else (1, 1), dtype=np.float64)
     if B == 0:
         return logz, (gE if need_e else None), (gW if need_w else None)

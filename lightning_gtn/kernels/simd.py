@@ -23,7 +23,22 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-__all__ = ["Vec8", "vzero", "vsplat", "vload", "vstore", "vfma", "vadd", "vmul", "ld", "LANES"]
+__all__ = [
+    "Vec8",
+    "vzero",
+    "vsplat",
+    "vload",
+    "vstore",
+    "vfma",
+    "vadd",
+    "vsub",
+    "vmul",
+    "vmax",
+    "vexp",
+    "ld",
+    "st",
+    "LANES",
+]
 
 #: values per vector
 LANES = 8
@@ -155,16 +170,96 @@ def _vmul(typingctx, x, y):
 
 
 @intrinsic
+def _vsub(typingctx, x, y):
+    """``x - y`` lane by lane."""
+    if not isinstance(x, Vec8) or y != x:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fsub(args[0], args[1])
+
+    return x(x, y), codegen
+
+
+@intrinsic
+def _vmax(typingctx, x, y):
+    """``x if x > y else y`` lane by lane (``y`` where ``x`` is NaN)."""
+    if not isinstance(x, Vec8) or y != x:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+
+    return x(x, y), codegen
+
+
+def _const(ty, value):
+    return ir.Constant(ty, [value] * LANES)
+
+
+@intrinsic
+def _vexp(typingctx, x):
+    """``exp(x)`` lane by lane. float32: for ``x <= 0``, the polynomial of
+    :func:`lightning_gtn.kernels.mmi_numba.exp_f32` lane by lane (``2^k e^r``, ``k`` the nearest
+    integer to ``x / ln 2``, ``ln 2`` in two parts, ``e^r`` by its degree-6 Taylor polynomial,
+    ``2^k`` added into the exponent bits; 0 below -87); float64: LLVM's ``exp``."""
+    if not isinstance(x, Vec8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ty = args[0].type
+        if ty.element != ir.FloatType():
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty]), f"llvm.exp.v{LANES}f64")
+            return builder.call(fn, [args[0]])
+        ity = ir.VectorType(ir.IntType(32), LANES)
+        v = args[0]
+        lo = _const(ty, -87.0)
+        xc = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
+        hi = _const(ty, 88.0)
+        xc = builder.select(builder.fcmp_ordered("<", xc, hi), xc, hi)
+        floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty]), f"llvm.floor.v{LANES}f32")
+        k = builder.call(floor, [builder.fadd(builder.fmul(xc, _const(ty, 1.4426950408889634)), _const(ty, 0.5))])
+        r = builder.fsub(
+            builder.fsub(xc, builder.fmul(k, _const(ty, 0.693359375))), builder.fmul(k, _const(ty, -2.12194440e-4))
+        )
+        q = _const(ty, 1.0 / 720.0)
+        for c in (1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0):
+            q = builder.fadd(builder.fmul(q, r), _const(ty, c))
+        ki = builder.shl(builder.fptosi(k, ity), _const(ity, 23))
+        y = builder.bitcast(builder.add(builder.bitcast(q, ity), ki), ty)
+        return builder.select(builder.fcmp_ordered(">", v, lo), y, ir.Constant(ty, None))
+
+    return x(x), codegen
+
+
+@intrinsic
 def _ld(typingctx, a, i):
-    """``a[i]`` of a 1-D array without numba's negative-index wrap (``0 <= i < len(a)`` is the
-    caller's guarantee)."""
-    if not isinstance(a, types.Array) or a.ndim != 1 or a.layout != "C" or not isinstance(i, types.Integer):
+    """``a.flat[i]`` of a C-contiguous array of any rank, without numba's negative-index wrap
+    (``0 <= i < a.size`` is the caller's guarantee)."""
+    if not isinstance(a, types.Array) or a.layout != "C" or not isinstance(i, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
         return builder.load(_pointer(context, builder, sig.args[0], args[0], args[1]))
 
     return a.dtype(a, types.intp), codegen
+
+
+@intrinsic
+def _st(typingctx, a, i, x):
+    """``a.flat[i] = x`` for a C-contiguous array of any rank (``0 <= i < a.size`` is the
+    caller's guarantee)."""
+    if not isinstance(a, types.Array) or a.layout != "C" or not isinstance(i, types.Integer):
+        return None
+    if not isinstance(x, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        val = context.cast(builder, args[2], sig.args[2], sig.args[0].dtype)
+        builder.store(val, _pointer(context, builder, sig.args[0], args[0], args[1]))
+        return context.get_dummy_value()
+
+    return types.none(a, types.intp, x), codegen
 
 
 # typed as the kernels call them (an intrinsic's own signature takes the typing context first)
@@ -176,3 +271,7 @@ vfma: Callable[..., Any] = _vfma
 vadd: Callable[..., Any] = _vadd
 vmul: Callable[..., Any] = _vmul
 ld: Callable[..., Any] = _ld
+st: Callable[..., Any] = _st
+vsub: Callable[..., Any] = _vsub
+vmax: Callable[..., Any] = _vmax
+vexp: Callable[..., Any] = _vexp

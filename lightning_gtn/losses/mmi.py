@@ -33,7 +33,7 @@ from ..core.cache import LRU, HandleRegistry
 from ..core.scoring import Plan, unique_graphs
 from ..core.shared_graph import SharedGraph, shared_graph
 from ..core.topologies import TOPOLOGIES, compose_token_acceptor, numerator_graph
-from ..kernels import mmi_numba, mmi_torch, mmi_triton
+from ..kernels import buffers, mmi_numba, mmi_torch, mmi_triton
 from ..kernels.batch import compile_graph
 from ..wfst import Graph
 from .graph import check_labels
@@ -283,7 +283,9 @@ def _den_backward(ctx, g_out, _g1, _g2):
             and not torch.is_grad_enabled()
         ):
             # numpy: one thread; torch's pool costs more than this memory-bound product on a busy CPU
-            out_e = torch.from_numpy(np.multiply(gE.detach().numpy(), c.detach().numpy()))
+            # into a pooled array (kernels.buffers): no fresh pages to fault in at every step
+            out = buffers.OUTPUTS.empty(tuple(gE.shape), gE.detach().numpy().dtype)
+            out_e = torch.from_numpy(np.multiply(gE.detach().numpy(), c.detach().numpy(), out=out))
         else:
             out_e = gE * c
     if ctx.need_w and ctx.den is not None and gW.numel():
