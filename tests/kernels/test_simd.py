@@ -5,7 +5,8 @@ import pytest
 from numba import njit
 from numba.core.errors import TypingError
 
-from lightning_gtn.kernels.simd import LANES, ld, vadd, vfma, vload, vmul, vsplat, vstore, vzero
+from lightning_gtn.kernels.mmi_numba import exp_f32
+from lightning_gtn.kernels.simd import LANES, ld, st, vadd, vexp, vfma, vload, vmax, vmul, vsplat, vstore, vsub, vzero
 
 
 @njit(cache=False)
@@ -47,3 +48,46 @@ def test_mixed_or_non_float_types_are_refused():
         mixed(np.zeros(8, dtype=np.float32), np.zeros(8, dtype=np.float64))
     with pytest.raises(TypingError):  # a strided view is not C-contiguous: flat offsets would be wrong
         ints(np.zeros((8, 2))[:, 0])
+
+
+@njit(cache=False)
+def _exp_max(x, out, m):
+    """out = exp(x) lane by lane, m = lane-wise max of x's two halves, and x[0] copied by st."""
+    for k in range(0, x.size, LANES):
+        vstore(out, k, vexp(vload(x, k)))
+    vstore(m, 0, vmax(vload(x, 0), vsub(vload(x, 8), vzero(x))))
+    st(m, 8, ld(x, 0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vexp_vmax_st(dtype):
+    x = np.concatenate(
+        [-np.geomspace(1e-6, 100.0, 1014), [0.0, -87.5, -np.inf, -1e-30, -88.0, -86.9, -0.5, -2.0, -3.0, -4.0]]
+    )
+    x = x.astype(dtype)
+    out = np.empty_like(x)
+    m = np.zeros(16, dtype=dtype)
+    _exp_max(x, out, m)
+    want = np.exp(x.astype(np.float64))
+    if dtype == np.float32:  # exp_f32's contract: relative error below 2e-7 in float32's normal range, 0 below -87
+        normal = x > -87.0
+        np.testing.assert_allclose(out[normal], want[normal], rtol=3e-7)
+        assert (out[~normal] == 0).all()
+        scalar = np.array([mmi_numba_exp(v) for v in x[:64]])
+        np.testing.assert_array_equal(out[:64], scalar)  # the same polynomial as the scalar exp_f32
+    else:
+        np.testing.assert_allclose(out, want, rtol=1e-15)
+    np.testing.assert_array_equal(m[:8], np.maximum(x[:8], x[8:16]))
+    assert m[8] == x[0]
+
+
+@njit(cache=False)
+def _exp_f32_all(x, out):
+    for i in range(x.size):
+        out[i] = exp_f32(x[i])
+
+
+def mmi_numba_exp(v):
+    out = np.empty(1, dtype=np.float32)
+    _exp_f32_all(np.array([v], dtype=np.float32), out)
+    return out[0]
