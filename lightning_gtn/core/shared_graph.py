@@ -99,6 +99,14 @@ class SharedGraph:
         self.bwd_prob = np.ascontiguousarray(prob[border])
         self.bwd_arc = np.ascontiguousarray(border.astype(_I32))
         self._leak: Optional[np.ndarray] = None
+        # sums of sources (see :meth:`factored`): none here
+        self.num_real = S
+        self.virt_off = np.zeros(1, dtype=_I32)
+        self.virt_member = np.zeros(0, dtype=_I32)
+        self.real_virt_off = np.zeros(S + 1, dtype=_I32)
+        self.real_virt = np.zeros(0, dtype=_I32)
+        self._base: Optional["SharedGraph"] = None
+        self._factored: Optional["SharedGraph"] = None
         self._lock = threading.Lock()
         self._device: Dict[str, tuple] = {}  # per-device tensors of the torch path
         self._probs: Dict[str, tuple] = {}  # (fwd_prob, bwd_prob) per numpy dtype
@@ -118,6 +126,27 @@ class SharedGraph:
         if self.max_label >= C:
             raise ValueError(f"{name}: arc label {self.max_label} out of range; labels must lie in [0, C) with C={C}")
 
+    def factored(self) -> "SharedGraph":
+        """This graph with its shared sources summed first (cached; ``self`` when nothing is
+        shared).
+
+        Arcs with the same destination, label and probability leaving the same set of states
+        (two or more), where that set leaves together in at least two such places, become one
+        arc each from a *sum node* of the set: ``alpha[sum] = sum of alpha[member]`` is formed
+        once per frame, then read by each of those arcs instead of every member. A CTC topology
+        composed with a token n-gram has exactly this shape: a token state and the blank state
+        after it share their history, so every arc of the n-gram leaves both with the same
+        weight; summing the pair first halves those arcs. The sum nodes are states
+        ``num_real ..`` of the returned graph (no arc enters them; never start or accept);
+        ``virt_off`` / ``virt_member`` list each one's members, ``real_virt_off`` /
+        ``real_virt`` the sum nodes of each real state (the backward adds a sum node's
+        ``beta`` into its members). Graphs of more than :data:`FACTOR_MAX_ARCS` arcs are not
+        factored."""
+        with self._lock:
+            if self._factored is None:
+                self._factored = _factor_sources(self)
+            return self._factored
+
     def leak_distribution(self) -> np.ndarray:
         """``(S,)`` float64: where the leaky HMM re-enters the graph.
 
@@ -126,10 +155,65 @@ class SharedGraph:
         the uniform distribution over its start states, renormalised each frame, and the
         distributions of those frames are averaged. Treated as a constant (no gradient flows
         into it from the arc weights)."""
+        if self._base is not None:  # a factored graph: its sum nodes get nothing
+            base = self._base.leak_distribution()
+            return np.concatenate([base, np.zeros(self.num_states - len(base))])
         with self._lock:
             if self._leak is None:
                 self._leak = _walk_average(self)
             return self._leak
+
+
+#: the most arcs of a graph that :meth:`SharedGraph.factored` looks for shared sources in
+FACTOR_MAX_ARCS = 1 << 22
+
+
+def _factor_sources(g: SharedGraph) -> SharedGraph:
+    """The factored form of ``g`` (see :meth:`SharedGraph.factored`), or ``g`` itself."""
+    A, S = g.num_arcs, g.num_states
+    if A == 0 or A > FACTOR_MAX_ARCS:
+        return g
+    group = np.repeat(np.arange(g.num_groups, dtype=np.int64), np.diff(g.group_off))
+    prob, src = g.fwd_prob, g.fwd_src.astype(np.int64)
+    order = np.lexsort((src, prob, group))  # runs of the same (group, probability), sources sorted
+    gs, ps, ss = group[order], prob[order], src[order]
+    cut = np.ones(A + 1, dtype=bool)
+    cut[1:A] = (gs[1:] != gs[:-1]) | (ps[1:] != ps[:-1])
+    bounds = np.flatnonzero(cut)
+    sets: Dict[bytes, list] = {}  # the source set of a run of two or more arcs -> its runs
+    for r in np.flatnonzero(np.diff(bounds) >= 2):
+        sets.setdefault(ss[bounds[r] : bounds[r + 1]].tobytes(), []).append(r)
+    chosen = [(key, runs) for key, runs in sets.items() if len(runs) >= 2]
+    if not chosen:
+        return g
+    keep = np.ones(A, dtype=bool)  # arcs (in ``order``) that stay as they are
+    new_src, new_group, new_prob, members = [], [], [], []
+    for h, (key, runs) in enumerate(chosen):
+        members.append(np.frombuffer(key, dtype=np.int64))
+        for r in runs:
+            keep[bounds[r] : bounds[r + 1]] = False
+            new_src.append(S + h)
+            new_group.append(gs[bounds[r]])
+            new_prob.append(ps[bounds[r]])
+    H = len(chosen)
+    src2 = np.concatenate([ss[keep], np.asarray(new_src, dtype=np.int64)])
+    grp2 = np.concatenate([gs[keep], np.asarray(new_group, dtype=np.int64)])
+    prob2 = np.concatenate([ps[keep], np.asarray(new_prob, dtype=np.float64)])
+    with np.errstate(divide="ignore"):
+        w2 = np.log(prob2) + g.shift
+    f = SharedGraph(S + H, g.start, g.accept, src2, g.group_dst[grp2], g.group_label[grp2], w2)
+    f.num_real = S
+    f.virt_off = np.ascontiguousarray(np.cumsum([0] + [len(m) for m in members]).astype(_I32))
+    f.virt_member = np.ascontiguousarray(np.concatenate(members).astype(_I32))
+    owner = np.repeat(np.arange(H, dtype=np.int64), np.diff(f.virt_off))  # the sum node of each member entry
+    by_member = np.argsort(f.virt_member, kind="stable")
+    f.real_virt_off = np.ascontiguousarray(
+        np.searchsorted(f.virt_member[by_member], np.arange(S + 1), side="left").astype(_I32)
+    )
+    f.real_virt = np.ascontiguousarray((S + owner[by_member]).astype(_I32))
+    f._base = g
+    f._factored = f
+    return f
 
 
 def _walk_average(g: SharedGraph) -> np.ndarray:

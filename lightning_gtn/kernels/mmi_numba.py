@@ -125,7 +125,7 @@ def exp_f32(x):
     return y if x > np.float32(-87.0) else np.float32(0.0)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _load_frame(E, rows, t, nact, X, mt, chk, bad):
     """Frame ``t`` of the first ``nact`` rows transposed into ``X`` (``(C, nb)``, the batch
     innermost) and each row's maximum into ``mt``; a row reading a NaN or ``+inf`` is marked in
@@ -162,7 +162,7 @@ def _load_frame(E, rows, t, nact, X, mt, chk, bad):
             mt[b] = mm
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _exp_frame(e, mt, r, nact, ms):
     """``e[c, b] = exp(e[c, b] - mt[b]) * r[b]`` in place (0 where ``mt`` is ``-inf``), vectorised over
     the rows (one array read and written at the same place: no overlap check for the compiler);
@@ -277,7 +277,7 @@ def _vadd_to(y, o, v):
     vstore(y, o, vadd(vload(y, o), v))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src, p):
     """One forward frame for the first ``nw`` columns (a multiple of :data:`LANES`): the group
     sums ``U`` (``(G, nbp)``, written), ``anew[d] = sum_{groups g into d} e[label g] * U[g]``
@@ -342,46 +342,87 @@ def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src,
             k += LANES
 
 
-@njit(cache=True, nogil=True)
-def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p):
-    """``bprev[s] = sum_{arcs a from s} p[a] * v[group a]`` for the first ``nw`` columns, and
-    ``zs = sum_s bprev[s]``."""
-    S = bprev.shape[0]
+@njit(cache=True, inline="always")
+def _back_row(nw, v, bprev, zs, s, a0, a1, bwd_group, p, j0, j1, real_virt, to_z):
+    """``bprev[s] = sum_{a0 <= a < a1} p[a] * v[group a] + sum_{j0 <= j < j1} bprev[real_virt[j]]``
+    for the first ``nw`` columns, added into ``zs`` when ``to_z``."""
     nbp = bprev.shape[1]
-    z = vzero(bprev)
-    for k in range(0, nw, LANES):
-        vstore(zs, k, z)
-    for s in range(S):
-        a0 = ld(src_off, s)
-        a1 = ld(src_off, s + 1)
-        bo = s * nbp
-        k = 0
-        while k + 32 <= nw:
-            b0, b1, b2, b3 = gather32(v, nbp, k, bwd_group, p, a0, a1)
-            vstore(bprev, bo + k, b0)
-            vstore(bprev, bo + k + 8, b1)
-            vstore(bprev, bo + k + 16, b2)
-            vstore(bprev, bo + k + 24, b3)
+    bo = s * nbp
+    k = 0
+    while k + 32 <= nw:
+        b0, b1, b2, b3 = gather32(v, nbp, k, bwd_group, p, a0, a1)
+        for j in range(j0, j1):
+            vo = ld(real_virt, j) * nbp + k
+            b0 = vadd(b0, vload(bprev, vo))
+            b1 = vadd(b1, vload(bprev, vo + 8))
+            b2 = vadd(b2, vload(bprev, vo + 16))
+            b3 = vadd(b3, vload(bprev, vo + 24))
+        vstore(bprev, bo + k, b0)
+        vstore(bprev, bo + k + 8, b1)
+        vstore(bprev, bo + k + 16, b2)
+        vstore(bprev, bo + k + 24, b3)
+        if to_z:
             _vadd_to(zs, k, b0)
             _vadd_to(zs, k + 8, b1)
             _vadd_to(zs, k + 16, b2)
             _vadd_to(zs, k + 24, b3)
-            k += 32
-        if k + 16 <= nw:
-            b0, b1 = gather16(v, nbp, k, bwd_group, p, a0, a1)
-            vstore(bprev, bo + k, b0)
-            vstore(bprev, bo + k + 8, b1)
+        k += 32
+    if k + 16 <= nw:
+        b0, b1 = gather16(v, nbp, k, bwd_group, p, a0, a1)
+        for j in range(j0, j1):
+            vo = ld(real_virt, j) * nbp + k
+            b0 = vadd(b0, vload(bprev, vo))
+            b1 = vadd(b1, vload(bprev, vo + 8))
+        vstore(bprev, bo + k, b0)
+        vstore(bprev, bo + k + 8, b1)
+        if to_z:
             _vadd_to(zs, k, b0)
             _vadd_to(zs, k + 8, b1)
-            k += 16
-        while k < nw:
-            b0 = gather8(v, nbp, k, bwd_group, p, a0, a1)
-            vstore(bprev, bo + k, b0)
+        k += 16
+    while k < nw:
+        b0 = gather8(v, nbp, k, bwd_group, p, a0, a1)
+        for j in range(j0, j1):
+            b0 = vadd(b0, vload(bprev, ld(real_virt, j) * nbp + k))
+        vstore(bprev, bo + k, b0)
+        if to_z:
             _vadd_to(zs, k, b0)
-            k += LANES
+        k += LANES
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
+def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p, nreal, real_virt_off, real_virt):
+    """``bprev[s] = sum_{arcs a from s} p[a] * v[group a]`` for the first ``nw`` columns, the
+    sum nodes (rows ``nreal ..``) first, each then added into its members, and
+    ``zs = sum_{s < nreal} bprev[s]``."""
+    S = bprev.shape[0]
+    z = vzero(bprev)
+    for k in range(0, nw, LANES):
+        vstore(zs, k, z)
+    for s in range(nreal, S):
+        _back_row(nw, v, bprev, zs, s, ld(src_off, s), ld(src_off, s + 1), bwd_group, p, 0, 0, real_virt, False)
+    for s in range(nreal):
+        j0 = ld(real_virt_off, s)
+        j1 = ld(real_virt_off, s + 1)
+        _back_row(nw, v, bprev, zs, s, ld(src_off, s), ld(src_off, s + 1), bwd_group, p, j0, j1, real_virt, True)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _sum_nodes(nw, x, nreal, virt_off, virt_member):
+    """``x[nreal + h] = sum of x[m]`` over the members ``m`` of sum node ``h`` (two or more), for
+    the first ``nw`` columns."""
+    nbp = x.shape[1]
+    for h in range(virt_off.shape[0] - 1):
+        m0 = ld(virt_off, h)
+        m1 = ld(virt_off, h + 1)
+        o = (nreal + h) * nbp
+        for k in range(0, nw, LANES):
+            acc = vload(x, ld(virt_member, m0) * nbp + k)
+            for m in range(m0 + 1, m1):
+                acc = vadd(acc, vload(x, ld(virt_member, m) * nbp + k))
+            vstore(x, o + k, acc)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
 def _posteriors(nw, e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e):
     """``v[g] = e[label g] * beta[dst g] * rz`` and ``z = sum_g Ut[g] v[g]`` for the first ``nw``
     columns; with ``need_e`` also ``gbuf[c] = sum_{groups g of label c} Ut[g] v[g]`` (``gbuf``
@@ -412,7 +453,7 @@ def _posteriors(nw, e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e)
 SCALE_RANGE = 2.0**30
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _rescale(t, nact, lens, anew, tot, r, cl, prod, logs, lam, leak, track):
     """After frame ``t``: ``r = 1 / tot`` (folded into the next frame's emissions instead of a
     pass over ``anew``; ``anew`` is normalised explicitly only when its sum leaves
@@ -468,6 +509,11 @@ def _chunk(
     p_bwd,
     leak,
     lam,
+    nreal,
+    virt_off,
+    virt_member,
+    real_virt_off,
+    real_virt,
     K,
     need_e,
     need_w,
@@ -513,6 +559,7 @@ def _chunk(
             logs[b] = math.log(ns)
             for i in range(ns):
                 alpha[start[i], b] = 1.0 / ns
+    _sum_nodes(nbp, alpha, nreal, virt_off, virt_member)
     nseg = (Tm + K - 1) // K
     KK = min(K, Tm) if Tm > 0 else 1
     # written before they are read (only the active rows' columns are ever read): no zeroing
@@ -551,6 +598,7 @@ def _chunk(
         _exp_frame(EX[t % K], mt, r, nact, ms)
         _frame(_width(nact), alpha, anew, EX[t % K], U[t % K], tot, state_off, group_label, fwd_off, fwd_src, p_fwd)
         _rescale(t, nact, lens, anew, tot, r, cl, prod, logs, lam, leak, True)
+        _sum_nodes(_width(nact), anew, nreal, virt_off, virt_member)
         alpha, anew = anew, alpha
         for b in range(nact):
             if lens[b] == t + 1:
@@ -601,6 +649,7 @@ def _chunk(
                     _width(nt), alpha, anew, EX[t - t0], U[t - t0], tot, state_off, group_label, fwd_off, fwd_src, p_fwd
                 )
                 _rescale(t, nt, lens, anew, tot, r, cl, prod, logs, lam, leak, False)
+                _sum_nodes(_width(nt), anew, nreal, virt_off, virt_member)
                 alpha, anew = anew, alpha
         for t in range(t1 - 1, t0 - 1, -1):
             while nact < nb and lens[nact] >= t + 1:
@@ -631,18 +680,18 @@ def _chunk(
                             gacc[a, b] += At[s, b] * pa * v[g, b] * z[b]
             if t == 0:
                 continue
-            _back_gather(_width(nact), v, bprev, zs, src_off, bwd_group, p_bwd)
+            _back_gather(_width(nact), v, bprev, zs, src_off, bwd_group, p_bwd, nreal, real_virt_off, real_virt)
             if lam > 0.0:
                 for b in range(nact):
                     q[b] = 0.0
-                for s in range(S):
+                for s in range(nreal):
                     lk = leak[s]
                     for b in range(nact):
                         q[b] += lk * bprev[s, b]
                 for b in range(nact):
                     q[b] *= lam
-                    zs[b] += S * q[b]
-                for s in range(S):
+                    zs[b] += nreal * q[b]
+                for s in range(nreal):
                     for b in range(nact):
                         bprev[s, b] += q[b]
             for b in range(nact):
@@ -748,6 +797,8 @@ def shared_scores(
     """
     B, T, C = E.shape
     dt = E.dtype
+    if not need_w:  # shared sources summed first (the arc-weight gradient wants every arc as it is)
+        graph = graph.factored()
     S, G, A = graph.num_states, graph.num_groups, graph.num_arcs
     lens = np.asarray(lengths, dtype=np.int64)
     if lens.shape != (B,) or (B and (lens.min() < 0 or lens.max() > T)):
@@ -791,6 +842,11 @@ def shared_scores(
             p_bwd,
             leak,
             float(leaky),
+            graph.num_real,
+            graph.virt_off,
+            graph.virt_member,
+            graph.real_virt_off,
+            graph.real_virt,
             K,
             bool(need_e),
             bool(need_w),
