@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from llvmlite import ir  # type: ignore[import-untyped]
@@ -74,6 +74,9 @@ __all__ = [
     "SCALE_RANGE",
 ]
 
+#: per-frame helpers allocate nothing and run without numba's reference counting (an atomic
+#: increment and decrement of every array argument at every call: 29% of the kernel's time before)
+_NO_REFCOUNT: Dict[str, Any] = {"_nrt": False}
 #: bytes the per-segment buffers of all chunks may take before frames are checkpointed
 SEGMENT_BUDGET = 512 << 20
 #: the fewest rows a chunk gets when the batch is split over threads (see :func:`chunks_of`)
@@ -125,7 +128,7 @@ def exp_f32(x):
     return y if x > np.float32(-87.0) else np.float32(0.0)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _load_frame(E, rows, t, nact, X, mt, chk, bad):
     """Frame ``t`` of the first ``nact`` rows transposed into ``X`` (``(C, nb)``, the batch
     innermost) and each row's maximum into ``mt``; a row reading a NaN or ``+inf`` is marked in
@@ -162,7 +165,7 @@ def _load_frame(E, rows, t, nact, X, mt, chk, bad):
             mt[b] = mm
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _exp_frame(e, mt, r, nact, ms):
     """``e[c, b] = exp(e[c, b] - mt[b]) * r[b]`` in place (0 where ``mt`` is ``-inf``), vectorised over
     the rows (one array read and written at the same place: no overlap check for the compiler);
@@ -277,7 +280,7 @@ def _vadd_to(y, o, v):
     vstore(y, o, vadd(vload(y, o), v))
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src, p):
     """One forward frame for the first ``nw`` columns (a multiple of :data:`LANES`): the group
     sums ``U`` (``(G, nbp)``, written), ``anew[d] = sum_{groups g into d} e[label g] * U[g]``
@@ -389,7 +392,7 @@ def _back_row(nw, v, bprev, zs, s, a0, a1, bwd_group, p, j0, j1, real_virt, to_z
         k += LANES
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p, nreal, real_virt_off, real_virt):
     """``bprev[s] = sum_{arcs a from s} p[a] * v[group a]`` for the first ``nw`` columns, the
     sum nodes (rows ``nreal ..``) first, each then added into its members, and
@@ -406,7 +409,7 @@ def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p, nreal, real_virt_off, 
         _back_row(nw, v, bprev, zs, s, ld(src_off, s), ld(src_off, s + 1), bwd_group, p, j0, j1, real_virt, True)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _sum_nodes(nw, x, nreal, virt_off, virt_member):
     """``x[nreal + h] = sum of x[m]`` over the members ``m`` of sum node ``h`` (two or more), for
     the first ``nw`` columns."""
@@ -422,7 +425,7 @@ def _sum_nodes(nw, x, nreal, virt_off, virt_member):
             vstore(x, o + k, acc)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _posteriors(nw, e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e):
     """``v[g] = e[label g] * beta[dst g] * rz`` and ``z = sum_g Ut[g] v[g]`` for the first ``nw``
     columns; with ``need_e`` also ``gbuf[c] = sum_{groups g of label c} Ut[g] v[g]`` (``gbuf``
@@ -453,7 +456,7 @@ def _posteriors(nw, e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e)
 SCALE_RANGE = 2.0**30
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _rescale(t, nact, lens, anew, tot, r, cl, prod, logs, lam, leak, track):
     """After frame ``t``: ``r = 1 / tot`` (folded into the next frame's emissions instead of a
     pass over ``anew``; ``anew`` is normalised explicitly only when its sum leaves
