@@ -208,3 +208,94 @@ def _exp_all(x):
     out = np.empty_like(x)
     run(x, out)
     return out
+
+
+def _bigram(topology, N, seed):
+    """A token bigram (each history keeps about half of the N tokens) in ``topology``."""
+    from lightning_gtn.core.topologies import compose_token_acceptor
+
+    rng = np.random.default_rng(seed)
+    allowed = rng.random((N + 1, N)) < 0.5
+    allowed[np.arange(N + 1), rng.integers(0, N, N + 1)] = True
+    nxt = np.where(allowed, np.arange(1, N + 1)[None, :], -1)
+    nxt = np.concatenate([np.full((N + 1, 1), -1), nxt], axis=1).astype(np.int64)
+    logp = np.log(rng.dirichlet(np.ones(N + 1), size=N + 1))
+    return compose_token_acceptor(N, topology, nxt, logp, 0, np.ones(N + 1, dtype=bool))
+
+
+def test_shared_sources_are_summed_once_in_the_factored_graph():
+    sg = compile_shared(_bigram("ctc", 6, 0))
+    f = sg.factored()
+    assert f is not sg and f.factored() is f and f.num_real == sg.num_states
+    H = f.num_states - f.num_real
+    assert H > 0 and f.num_arcs < 0.75 * sg.num_arcs
+    assert np.diff(f.virt_off).min() >= 2  # every sum node has two or more members
+    assert f.virt_member.max() < f.num_real and f.real_virt.min() >= f.num_real
+    # the two CSR views agree: member m of sum node h <=> h listed for m
+    pairs = {(int(m), f.num_real + h) for h in range(H) for m in f.virt_member[f.virt_off[h] : f.virt_off[h + 1]]}
+    listed = {(s, int(v)) for s in range(f.num_real) for v in f.real_virt[f.real_virt_off[s] : f.real_virt_off[s + 1]]}
+    assert pairs == listed
+    assert (np.diff(f.state_off)[f.num_real :] == 0).all()  # no arc enters a sum node
+    # arcs of the original graph = arcs kept + each sum node's arcs times its members
+    per_node = np.diff(f.src_off)
+    assert sg.num_arcs == per_node[: f.num_real].sum() + (per_node[f.num_real :] * np.diff(f.virt_off)).sum()
+    leak = f.leak_distribution()
+    np.testing.assert_array_equal(leak[: f.num_real], sg.leak_distribution())
+    assert (leak[f.num_real :] == 0).all()
+    # random weights share no sources: nothing to factor
+    g = random_graph(np.random.default_rng(3), 6, 30, 5)
+    assert compile_shared(g).factored().num_states == 6
+
+
+@pytest.mark.parametrize("topology", ["ctc", "modified_ctc", "hmm1", "hmm2"])
+@pytest.mark.parametrize("leaky,checkpoint", [(0.0, None), (0.2, 3)])
+def test_factored_graph_scores_equal_the_graph_as_it_is(topology, leaky, checkpoint):
+    sg = compile_shared(_bigram(topology, 5, 1))
+    C = 6 if topology != "hmm2" else 11
+    C = max(C, sg.max_label + 1)
+    E = np.random.default_rng(2).normal(size=(11, 9, C))
+    lens = np.array([9, 1, 4, 9, 0, 7, 2, 9, 5, 3, 8])
+    # need_w scores the graph as it is; without it, the factored graph
+    ref = mmi_numba.shared_scores(sg, E, lens, leaky, need_e=True, need_w=True, checkpoint=checkpoint)
+    got = mmi_numba.shared_scores(sg, E, lens, leaky, need_e=True, checkpoint=checkpoint, threads=2, min_rows=4)
+    # CTC and the two-state HMM enter a token's state from two states of each history (a token and
+    # the blank or second state after it): those factor; modified CTC and the one-state HMM do not
+    assert (sg.factored().num_arcs < sg.num_arcs) == (topology in ("ctc", "hmm2"))
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-12)
+    np.testing.assert_allclose(got[1], ref[1], atol=1e-12)
+    got32 = mmi_numba.shared_scores(sg, E.astype(np.float32), lens, leaky, need_e=True, checkpoint=checkpoint)
+    np.testing.assert_allclose(got32[0], ref[0], rtol=2e-5)
+    np.testing.assert_allclose(got32[1], ref[1], atol=2e-5)
+
+
+def test_a_sum_node_of_three_states_and_a_state_in_two_sum_nodes():
+    # states 1, 2, 3 each go to 4 (label 1, weight -0.5) and to 5 (label 2, weight -1); 1 and 2 also
+    # to 6 and 7 (labels 1 and 2, weight -2): sum nodes {1, 2, 3} and {1, 2}
+    g = gtn.Graph(True)
+    for i in range(8):
+        g.add_node(i == 0, i >= 4)
+    for s in (1, 2, 3):
+        g.add_arc(0, s, s, s, 0.1 * s)
+        g.add_arc(s, 4, 1, 1, -0.5)
+        g.add_arc(s, 5, 2, 2, -1.0)
+    for s in (1, 2):
+        g.add_arc(s, 6, 1, 1, -2.0)
+        g.add_arc(s, 7, 2, 2, -2.0)
+    for s in (4, 5, 6, 7):
+        g.add_arc(s, s, 3, 3, -0.3)
+        g.add_arc(s, 1, 1, 1, -0.7)
+    sg = compile_shared(g)
+    f = sg.factored()
+    members = sorted(
+        tuple(sorted(f.virt_member[f.virt_off[h] : f.virt_off[h + 1]])) for h in range(len(f.virt_off) - 1)
+    )
+    assert members == [(1, 2), (1, 2, 3)]
+    E = torch.randn(3, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    lens = np.array([3, 2, 1])  # brute force walks 21^L arc sequences
+    logz, gE, _ = mmi_numba.shared_scores(sg, E.numpy(), lens, 0.1, need_e=True)
+    init = sg.leak_distribution()
+    for b in range(3):
+        e = E[b].clone().requires_grad_()
+        ref = brute_logz(g, e, int(lens[b]), 0.1, init)
+        assert abs(logz[b] - ref.item()) < 1e-10
+        np.testing.assert_allclose(gE[b], torch.autograd.grad(ref, e)[0].numpy(), atol=1e-10)
