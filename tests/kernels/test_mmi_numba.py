@@ -291,7 +291,7 @@ def test_a_sum_node_of_three_states_and_a_state_in_two_sum_nodes():
     )
     assert members == [(1, 2), (1, 2, 3)]
     E = torch.randn(3, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    lens = np.array([3, 2, 1])  # brute force walks 21^L arc sequences
+    lens = np.array([3, 2, 2])  # brute force walks 21^L arc sequences
     logz, gE, _ = mmi_numba.shared_scores(sg, E.numpy(), lens, 0.1, need_e=True)
     init = sg.leak_distribution()
     for b in range(3):
