@@ -129,17 +129,46 @@ def exp_f32(x):
 
 
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)
-def _load_frame(E, rows, t, nact, X, mt, chk, bad):
-    """Frame ``t`` of the first ``nact`` rows transposed into ``X`` (``(C, nb)``, the batch
-    innermost) and each row's maximum into ``mt``; a row reading a NaN or ``+inf`` is marked in
-    ``bad`` and its frame set to ``-inf`` (it reads nothing, ``mt = -inf``)."""
+def _load_segment(E, rows, lens, t0, t1, EX):
+    """Frames ``t0 <= t < t1`` of the chunk's rows transposed into ``EX[t - t0]`` (``(C, nbp)``,
+    the batch innermost), each row's frames within its length only. One pass before the frames
+    are scored: a vector load right after the scalar stores that wrote its lanes would wait for
+    them (no store forwarding across eight stores)."""
+    C = EX.shape[1]
+    nbp = EX.shape[2]
+    T = E.shape[1]
+    for b in range(lens.shape[0]):  # rows in [0, B), lens[b] <= T: the caller's
+        row = ld(rows, b)
+        for t in range(t0, min(t1, lens[b])):
+            base = (row * T + t) * C
+            xo = (t - t0) * C * nbp + b
+            for c in range(C):
+                st(EX, xo + c * nbp, ld(E, base + c))
+
+
+@njit(cache=True, nogil=True, **_NO_REFCOUNT)
+def _store_segment(gE, rows, lens, t0, t1, EX):
+    """The inverse of :func:`_load_segment`: ``gE[rows[b], t] = EX[t - t0][:, b]`` for the frames
+    ``t0 <= t < t1`` within each row's length."""
+    C = EX.shape[1]
+    nbp = EX.shape[2]
+    T = gE.shape[1]
+    for b in range(lens.shape[0]):
+        row = ld(rows, b)
+        for t in range(t0, min(t1, lens[b])):
+            base = (row * T + t) * C
+            xo = (t - t0) * C * nbp + b
+            for c in range(C):
+                st(gE, base + c, ld(EX, xo + c * nbp))
+
+
+@njit(cache=True, nogil=True, **_NO_REFCOUNT)
+def _max_frame(X, nact, mt, chk, bad):
+    """Each row's maximum over the classes of its frame ``X`` (``(C, nbp)``, from
+    :func:`_load_segment`) into ``mt``; a row reading a NaN or ``+inf`` is marked in ``bad`` and
+    its frame set to ``-inf`` (it reads nothing, ``mt = -inf``)."""
     C = X.shape[0]
     nbp = X.shape[1]
-    T = E.shape[1]
-    for b in range(nact):  # rows in [0, B), t < T: the caller's
-        base = (ld(rows, b) * T + t) * C
-        for c in range(C):
-            st(X, c * nbp + b, ld(E, base + c))
     for k in range(0, _width(nact), LANES):  # the padding columns' maxima are never read
         m = vload(X, k)
         ch = vsub(m, m)
@@ -410,6 +439,16 @@ def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p, nreal, real_virt_off, 
 
 
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)
+def _scale_rows(nw, x, z, y):
+    """``y[c] = x[c] * z`` (``(C, nbp)`` by ``(nbp,)``) for the first ``nw`` columns."""
+    nbp = x.shape[1]
+    for k in range(0, nw, LANES):
+        zk = vload(z, k)
+        for c in range(x.shape[0]):
+            vstore(y, c * nbp + k, vmul(vload(x, c * nbp + k), zk))
+
+
+@njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _sum_nodes(nw, x, nreal, virt_off, virt_member):
     """``x[nreal + h] = sum of x[m]`` over the members ``m`` of sum node ``h`` (two or more), for
     the first ``nw`` columns."""
@@ -595,7 +634,9 @@ def _chunk(
             for s in range(S):
                 for b in range(nact):
                     AS[t % K, s, b] = alpha[s, b]
-        _load_frame(E, rows, t, nact, EX[t % K], mt, chk, bad)
+        if t % K == 0:
+            _load_segment(E, rows, lens, t, min(t + K, Tm), EX)
+        _max_frame(EX[t % K], nact, mt, chk, bad)
         for b in range(nact):
             logs[b] += mt[b]
         _exp_frame(EX[t % K], mt, r, nact, ms)
@@ -646,7 +687,9 @@ def _chunk(
                     for s in range(S):
                         for b in range(nt):
                             AS[t - t0, s, b] = alpha[s, b]
-                _load_frame(E, rows, t, nt, EX[t - t0], mt, chk, bad)
+                if t == t0:
+                    _load_segment(E, rows, lens, t0, t1, EX)
+                _max_frame(EX[t - t0], nt, mt, chk, bad)
                 _exp_frame(EX[t - t0], mt, r, nt, ms)
                 _frame(
                     _width(nt), alpha, anew, EX[t - t0], U[t - t0], tot, state_off, group_label, fwd_off, fwd_src, p_fwd
@@ -667,12 +710,8 @@ def _chunk(
             _posteriors(_width(nact), e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e)
             for b in range(nact):
                 z[b] = 1.0 / z[b] if (z[b] > 0.0 and logz[b] > -np.inf) else 0.0
-            if need_e:
-                for b in range(nact):
-                    base = (ld(rows, b) * E.shape[1] + t) * C
-                    zb = z[b]
-                    for c in range(C):
-                        st(gE, base + c, ld(gbuf, c * nbp + b) * zb)
+            if need_e:  # the posteriors scaled into this frame's emission slot, transposed into gE per segment
+                _scale_rows(_width(nact), gbuf, z, e)
             if need_w:
                 At = AS[t - t0]
                 for g in range(G):
@@ -709,6 +748,8 @@ def _chunk(
                 else:
                     rz[b] = 0.0
             beta, bprev = bprev, beta
+        if need_e:
+            _store_segment(gE, rows, lens, t0, t1, EX)
     if need_w:
         for a in range(A):
             for b in range(nb):
