@@ -137,10 +137,12 @@ def _load_segment(E, rows, lens, t0, t1, EX):
     C = EX.shape[1]
     nbp = EX.shape[2]
     T = E.shape[1]
-    for b in range(lens.shape[0]):  # rows in [0, B), lens[b] <= T: the caller's
-        row = ld(rows, b)
-        for t in range(t0, min(t1, lens[b])):
-            base = (row * T + t) * C
+    n = lens.shape[0]
+    for t in range(t0, t1):  # frame by frame: one (C, nbp) block at a time in the cache
+        while n > 0 and lens[n - 1] <= t:  # rows sorted by length, longest first
+            n -= 1
+        for b in range(n):  # rows in [0, B), t < lens[b] <= T: the caller's
+            base = (ld(rows, b) * T + t) * C
             xo = (t - t0) * C * nbp + b
             for c in range(C):
                 st(EX, xo + c * nbp, ld(E, base + c))
@@ -153,10 +155,12 @@ def _store_segment(gE, rows, lens, t0, t1, EX):
     C = EX.shape[1]
     nbp = EX.shape[2]
     T = gE.shape[1]
-    for b in range(lens.shape[0]):
-        row = ld(rows, b)
-        for t in range(t0, min(t1, lens[b])):
-            base = (row * T + t) * C
+    n = lens.shape[0]
+    for t in range(t0, t1):
+        while n > 0 and lens[n - 1] <= t:
+            n -= 1
+        for b in range(n):
+            base = (ld(rows, b) * T + t) * C
             xo = (t - t0) * C * nbp + b
             for c in range(C):
                 st(gE, base + c, ld(EX, xo + c * nbp))
