@@ -91,6 +91,28 @@ def test_exceptions_propagate_after_every_call_ran(threads):
         gtn.parallel_for(None, range(3))
 
 
+def test_the_last_chunk_runs_on_the_calling_thread_and_its_error_comes_last(threads):
+    threads(2)
+    where = {}
+
+    def work(i):
+        where[i] = threading.get_ident()
+        if i in bad:
+            raise KeyError(f"item {i}")
+        return i
+
+    bad = ()
+    assert gtn.parallel_map(work, list(range(6))) == list(range(6))
+    assert {where[i] for i in (3, 4, 5)} == {threading.get_ident()}
+    assert threading.get_ident() not in {where[i] for i in (0, 1, 2)}
+    bad = (5,)  # only the caller's chunk fails
+    with pytest.raises(KeyError, match="item 5"):
+        gtn.parallel_map(work, list(range(6)))
+    bad = (1, 4)  # both fail: the earlier item's error
+    with pytest.raises(KeyError, match="item 1"):
+        gtn.parallel_map(work, list(range(6)))
+
+
 def test_nested_calls_do_not_deadlock(threads):
     threads(2)
     out = {}
