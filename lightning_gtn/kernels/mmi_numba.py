@@ -60,7 +60,7 @@ from numba.extending import intrinsic
 
 from ..wfst.parallel import get_num_threads, parallel_map
 from .buffers import OUTPUTS
-from .simd import LANES, ld, st, vadd, vexp, vfma, vload, vmax, vmul, vsplat, vstore, vsub, vzero
+from .simd import LANES, ld, st, vadd, vexp, vfma, vload, vmax, vmul, vsplat, vstore, vsub, vtrans8, vzero
 
 __all__ = [
     "shared_scores",
@@ -129,41 +129,71 @@ def exp_f32(x):
 
 
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)
-def _load_segment(E, rows, lens, t0, t1, EX):
+def _load_segment(E, rows, lens, t0, t1, EX, offs, offd):
     """Frames ``t0 <= t < t1`` of the chunk's rows transposed into ``EX[t - t0]`` (``(C, nbp)``,
     the batch innermost), each row's frames within its length only. One pass before the frames
-    are scored: a vector load right after the scalar stores that wrote its lanes would wait for
-    them (no store forwarding across eight stores)."""
+    are scored (a vector load right after the scalar stores that wrote its lanes would wait for
+    them), frame by frame (one block in the cache at a time), eight rows by eight classes
+    transposed in registers (:func:`~lightning_gtn.kernels.simd.vtrans8`), the rest one by one.
+    ``offs``, ``offd``: int64 scratch of eight."""
     C = EX.shape[1]
     nbp = EX.shape[2]
     T = E.shape[1]
+    for j in range(LANES):
+        offd[j] = j * nbp
     n = lens.shape[0]
-    for t in range(t0, t1):  # frame by frame: one (C, nbp) block at a time in the cache
+    for t in range(t0, t1):
         while n > 0 and lens[n - 1] <= t:  # rows sorted by length, longest first
             n -= 1
-        for b in range(n):  # rows in [0, B), t < lens[b] <= T: the caller's
-            base = (ld(rows, b) * T + t) * C
-            xo = (t - t0) * C * nbp + b
-            for c in range(C):
-                st(EX, xo + c * nbp, ld(E, base + c))
+        xo = (t - t0) * C * nbp
+        b = 0
+        while b + LANES <= n:  # rows in [0, B), t < lens[b] <= T: the caller's
+            for i in range(LANES):
+                offs[i] = (ld(rows, b + i) * T + t) * C
+            c = 0
+            while c + LANES <= C:
+                vtrans8(E, offs, c, EX, offd, xo + c * nbp + b)
+                c += LANES
+            for i in range(LANES):
+                for cc in range(c, C):
+                    st(EX, xo + cc * nbp + b + i, ld(E, offs[i] + cc))
+            b += LANES
+        for bb in range(b, n):
+            base = (ld(rows, bb) * T + t) * C
+            for cc in range(C):
+                st(EX, xo + cc * nbp + bb, ld(E, base + cc))
 
 
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)
-def _store_segment(gE, rows, lens, t0, t1, EX):
+def _store_segment(gE, rows, lens, t0, t1, EX, offs, offd):
     """The inverse of :func:`_load_segment`: ``gE[rows[b], t] = EX[t - t0][:, b]`` for the frames
     ``t0 <= t < t1`` within each row's length."""
     C = EX.shape[1]
     nbp = EX.shape[2]
     T = gE.shape[1]
+    for i in range(LANES):
+        offs[i] = i * nbp
     n = lens.shape[0]
     for t in range(t0, t1):
         while n > 0 and lens[n - 1] <= t:
             n -= 1
-        for b in range(n):
-            base = (ld(rows, b) * T + t) * C
-            xo = (t - t0) * C * nbp + b
-            for c in range(C):
-                st(gE, base + c, ld(EX, xo + c * nbp))
+        xo = (t - t0) * C * nbp
+        b = 0
+        while b + LANES <= n:
+            for j in range(LANES):
+                offd[j] = (ld(rows, b + j) * T + t) * C
+            c = 0
+            while c + LANES <= C:
+                vtrans8(EX, offs, xo + c * nbp + b, gE, offd, c)
+                c += LANES
+            for j in range(LANES):
+                for cc in range(c, C):
+                    st(gE, offd[j] + cc, ld(EX, xo + cc * nbp + b + j))
+            b += LANES
+        for bb in range(b, n):
+            base = (ld(rows, bb) * T + t) * C
+            for cc in range(C):
+                st(gE, base + cc, ld(EX, xo + cc * nbp + bb))
 
 
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)
@@ -592,6 +622,8 @@ def _chunk(
     mt = np.zeros(nbp, dt)
     chk = np.zeros(nbp, dt)
     ms = np.zeros(nbp, dt)
+    offs = np.empty(LANES, np.int64)  # scratch of the segment transposes
+    offd = np.empty(LANES, np.int64)
     tot = np.zeros(nbp, dt)
     r = np.ones(nbp, dt)
     cl = np.zeros(nb, dt)
@@ -639,7 +671,7 @@ def _chunk(
                 for b in range(nact):
                     AS[t % K, s, b] = alpha[s, b]
         if t % K == 0:
-            _load_segment(E, rows, lens, t, min(t + K, Tm), EX)
+            _load_segment(E, rows, lens, t, min(t + K, Tm), EX, offs, offd)
         _max_frame(EX[t % K], nact, mt, chk, bad)
         for b in range(nact):
             logs[b] += mt[b]
@@ -692,7 +724,7 @@ def _chunk(
                         for b in range(nt):
                             AS[t - t0, s, b] = alpha[s, b]
                 if t == t0:
-                    _load_segment(E, rows, lens, t0, t1, EX)
+                    _load_segment(E, rows, lens, t0, t1, EX, offs, offd)
                 _max_frame(EX[t - t0], nt, mt, chk, bad)
                 _exp_frame(EX[t - t0], mt, r, nt, ms)
                 _frame(
@@ -753,7 +785,7 @@ def _chunk(
                     rz[b] = 0.0
             beta, bprev = bprev, beta
         if need_e:
-            _store_segment(gE, rows, lens, t0, t1, EX)
+            _store_segment(gE, rows, lens, t0, t1, EX, offs, offd)
     if need_w:
         for a in range(A):
             for b in range(nb):

@@ -35,6 +35,7 @@ __all__ = [
     "vmul",
     "vmax",
     "vexp",
+    "vtrans8",
     "ld",
     "st",
     "LANES",
@@ -262,6 +263,65 @@ def _st(typingctx, a, i, x):
     return types.none(a, types.intp, x), codegen
 
 
+def _transpose8(builder, rows):
+    """The 8x8 transpose of eight ``<8 x T>`` vectors (``out[j][i] = rows[i][j]``) in three rounds
+    of two-vector shuffles (LLVM lowers them to the machine's unpack / shuffle / permute)."""
+
+    def shuf(a, b, idx):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), LANES), idx))
+
+    lo, hi = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    t = []
+    for i in range(0, 8, 2):
+        t += [shuf(rows[i], rows[i + 1], lo), shuf(rows[i], rows[i + 1], hi)]
+    lo2, hi2 = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    u = []
+    for i in (0, 4):
+        u += [shuf(t[i], t[i + 2], lo2), shuf(t[i], t[i + 2], hi2), shuf(t[i + 1], t[i + 3], lo2)]
+        u += [shuf(t[i + 1], t[i + 3], hi2)]
+    lo4, hi4 = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    out = [None] * 8
+    for j in range(4):
+        out[j], out[j + 4] = shuf(u[j], u[j + 4], lo4), shuf(u[j], u[j + 4], hi4)
+    return out
+
+
+@intrinsic
+def _vtrans8(typingctx, src, soff, sbase, dst, doff, dbase):
+    """Eight vectors read from ``src.flat[soff[i] + sbase:][:8]`` (``i < 8``), transposed, and
+    written to ``dst.flat[doff[j] + dbase:][:8]`` (``j < 8``): vector ``j`` written holds element
+    ``j`` of each vector read. ``soff`` and ``doff``: int64 arrays of eight offsets. No bounds
+    checks (the caller's offsets are in range)."""
+    if not (_float_array(src) and _float_array(dst) and src.dtype == dst.dtype):
+        return None
+    for off in (soff, doff):
+        if not (isinstance(off, types.Array) and off.dtype == types.int64 and off.layout == "C"):
+            return None
+    if not isinstance(sbase, types.Integer) or not isinstance(dbase, types.Integer):
+        return None
+    vt = _VEC[src.dtype]
+
+    def codegen(context, builder, sig, args):
+        vty = context.get_value_type(vt)
+        align = src.dtype.bitwidth // 8
+        so = context.make_array(sig.args[1])(context, builder, args[1]).data
+        do = context.make_array(sig.args[4])(context, builder, args[4]).data
+        sb = context.cast(builder, args[2], sig.args[2], types.intp)
+        db = context.cast(builder, args[5], sig.args[5], types.intp)
+        rows = []
+        for i in range(LANES):
+            o = builder.add(builder.load(builder.gep(so, [ir.Constant(ir.IntType(64), i)])), sb)
+            ptr = _pointer(context, builder, sig.args[0], args[0], o)
+            rows.append(builder.load(builder.bitcast(ptr, vty.as_pointer()), align=align))
+        for j, v in enumerate(_transpose8(builder, rows)):
+            o = builder.add(builder.load(builder.gep(do, [ir.Constant(ir.IntType(64), j)])), db)
+            ptr = _pointer(context, builder, sig.args[3], args[3], o)
+            builder.store(v, builder.bitcast(ptr, vty.as_pointer()), align=align)
+        return context.get_dummy_value()
+
+    return types.none(src, soff, types.intp, dst, doff, types.intp), codegen
+
+
 # typed as the kernels call them (an intrinsic's own signature takes the typing context first)
 vzero: Callable[..., Any] = _vzero
 vsplat: Callable[..., Any] = _vsplat
@@ -275,3 +335,4 @@ st: Callable[..., Any] = _st
 vsub: Callable[..., Any] = _vsub
 vmax: Callable[..., Any] = _vmax
 vexp: Callable[..., Any] = _vexp
+vtrans8: Callable[..., Any] = _vtrans8

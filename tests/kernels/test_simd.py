@@ -6,7 +6,22 @@ from numba import njit
 from numba.core.errors import TypingError
 
 from lightning_gtn.kernels.mmi_numba import exp_f32
-from lightning_gtn.kernels.simd import LANES, ld, st, vadd, vexp, vfma, vload, vmax, vmul, vsplat, vstore, vsub, vzero
+from lightning_gtn.kernels.simd import (
+    LANES,
+    ld,
+    st,
+    vadd,
+    vexp,
+    vfma,
+    vload,
+    vmax,
+    vmul,
+    vsplat,
+    vstore,
+    vsub,
+    vtrans8,
+    vzero,
+)
 
 
 @njit(cache=False)
@@ -91,3 +106,25 @@ def mmi_numba_exp(v):
     out = np.empty(1, dtype=np.float32)
     _exp_f32_all(np.array([v], dtype=np.float32), out)
     return out[0]
+
+
+@njit(cache=False)
+def _trans(src, soff, sbase, dst, doff, dbase):
+    vtrans8(src, soff, sbase, dst, doff, dbase)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vtrans8_reads_eight_vectors_and_writes_their_transpose(dtype):
+    rng = np.random.default_rng(1)
+    src = rng.normal(size=200).astype(dtype)
+    soff = rng.choice(180, size=8, replace=False).astype(np.int64)  # anywhere, unaligned
+    dst = np.zeros(300, dtype=dtype)
+    doff = (np.arange(8) * 31).astype(np.int64)
+    _trans(src, soff, 3, dst, doff, 5)
+    block = np.stack([src[o + 3 : o + 11] for o in soff])  # (8 read, 8 lanes)
+    for j in range(8):
+        np.testing.assert_array_equal(dst[doff[j] + 5 : doff[j] + 13], block[:, j])
+    written = np.zeros(300, dtype=bool)
+    for j in range(8):
+        written[doff[j] + 5 : doff[j] + 13] = True
+    assert (dst[~written] == 0).all()  # nothing else touched
