@@ -129,18 +129,20 @@ def exp_f32(x):
 
 
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)
-def _load_segment(E, rows, lens, t0, t1, EX, offs, offd):
-    """Frames ``t0 <= t < t1`` of the chunk's rows transposed into ``EX[t - t0]`` (``(C, nbp)``,
-    the batch innermost), each row's frames within its length only. One pass before the frames
-    are scored (a vector load right after the scalar stores that wrote its lanes would wait for
-    them), frame by frame (one block in the cache at a time), eight rows by eight classes
-    transposed in registers (:func:`~lightning_gtn.kernels.simd.vtrans8`), the rest one by one.
-    ``offs``, ``offd``: int64 scratch of eight."""
+def _transpose_segment(Y, rows, lens, t0, t1, EX, offr, offx, into_ex):
+    """Between the ``(B, T, C)`` array ``Y`` and the segment blocks ``EX[t - t0]`` (``(C, nbp)``,
+    the batch innermost), for the frames ``t0 <= t < t1`` of each of the chunk's rows within its
+    length: ``EX[t - t0][:, b] = Y[rows[b], t]`` (``into_ex``: the emissions, before the frames
+    are scored) or the reverse (the gradient, after). One pass per segment rather than per frame
+    (a vector load right after the scalar stores that wrote its lanes would wait for them),
+    frame by frame (one block in the cache at a time), eight rows by eight classes transposed in
+    registers (:func:`~lightning_gtn.kernels.simd.vtrans8`), the rest one by one. ``offr``,
+    ``offx``: int64 scratch of eight."""
     C = EX.shape[1]
     nbp = EX.shape[2]
-    T = E.shape[1]
+    T = Y.shape[1]
     for j in range(LANES):
-        offd[j] = j * nbp
+        offx[j] = j * nbp
     n = lens.shape[0]
     for t in range(t0, t1):
         while n > 0 and lens[n - 1] <= t:  # rows sorted by length, longest first
@@ -149,57 +151,36 @@ def _load_segment(E, rows, lens, t0, t1, EX, offs, offd):
         b = 0
         while b + LANES <= n:  # rows in [0, B), t < lens[b] <= T: the caller's
             for i in range(LANES):
-                offs[i] = (ld(rows, b + i) * T + t) * C
+                offr[i] = (ld(rows, b + i) * T + t) * C
             c = 0
             while c + LANES <= C:
-                vtrans8(E, offs, c, EX, offd, xo + c * nbp + b)
+                if into_ex:
+                    vtrans8(Y, offr, c, EX, offx, xo + c * nbp + b)
+                else:
+                    vtrans8(EX, offx, xo + c * nbp + b, Y, offr, c)
                 c += LANES
             for i in range(LANES):
-                for cc in range(c, C):
-                    st(EX, xo + cc * nbp + b + i, ld(E, offs[i] + cc))
+                _copy_tail(Y, offr[i], EX, xo + b + i, nbp, c, C, into_ex)
             b += LANES
         for bb in range(b, n):
-            base = (ld(rows, bb) * T + t) * C
-            for cc in range(C):
-                st(EX, xo + cc * nbp + bb, ld(E, base + cc))
+            _copy_tail(Y, (ld(rows, bb) * T + t) * C, EX, xo + bb, nbp, 0, C, into_ex)
 
 
-@njit(cache=True, nogil=True, **_NO_REFCOUNT)
-def _store_segment(gE, rows, lens, t0, t1, EX, offs, offd):
-    """The inverse of :func:`_load_segment`: ``gE[rows[b], t] = EX[t - t0][:, b]`` for the frames
-    ``t0 <= t < t1`` within each row's length."""
-    C = EX.shape[1]
-    nbp = EX.shape[2]
-    T = gE.shape[1]
-    for i in range(LANES):
-        offs[i] = i * nbp
-    n = lens.shape[0]
-    for t in range(t0, t1):
-        while n > 0 and lens[n - 1] <= t:
-            n -= 1
-        xo = (t - t0) * C * nbp
-        b = 0
-        while b + LANES <= n:
-            for j in range(LANES):
-                offd[j] = (ld(rows, b + j) * T + t) * C
-            c = 0
-            while c + LANES <= C:
-                vtrans8(EX, offs, xo + c * nbp + b, gE, offd, c)
-                c += LANES
-            for j in range(LANES):
-                for cc in range(c, C):
-                    st(gE, offd[j] + cc, ld(EX, xo + cc * nbp + b + j))
-            b += LANES
-        for bb in range(b, n):
-            base = (ld(rows, bb) * T + t) * C
-            for cc in range(C):
-                st(gE, base + cc, ld(EX, xo + cc * nbp + bb))
+@njit(cache=True, inline="always", **_NO_REFCOUNT)
+def _copy_tail(Y, yo, EX, xo, nbp, c0, C, into_ex):
+    """Classes ``c0 <= c < C`` of one row and frame, one by one: ``EX.flat[xo + c * nbp] =
+    Y.flat[yo + c]`` (``into_ex``) or the reverse."""
+    for c in range(c0, C):
+        if into_ex:
+            st(EX, xo + c * nbp, ld(Y, yo + c))
+        else:
+            st(Y, yo + c, ld(EX, xo + c * nbp))
 
 
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _max_frame(X, nact, mt, chk, bad):
     """Each row's maximum over the classes of its frame ``X`` (``(C, nbp)``, from
-    :func:`_load_segment`) into ``mt``; a row reading a NaN or ``+inf`` is marked in ``bad`` and
+    :func:`_transpose_segment`) into ``mt``; a row reading a NaN or ``+inf`` is marked in ``bad`` and
     its frame set to ``-inf`` (it reads nothing, ``mt = -inf``)."""
     C = X.shape[0]
     nbp = X.shape[1]
@@ -671,7 +652,7 @@ def _chunk(
                 for b in range(nact):
                     AS[t % K, s, b] = alpha[s, b]
         if t % K == 0:
-            _load_segment(E, rows, lens, t, min(t + K, Tm), EX, offs, offd)
+            _transpose_segment(E, rows, lens, t, min(t + K, Tm), EX, offs, offd, True)
         _max_frame(EX[t % K], nact, mt, chk, bad)
         for b in range(nact):
             logs[b] += mt[b]
@@ -724,7 +705,7 @@ def _chunk(
                         for b in range(nt):
                             AS[t - t0, s, b] = alpha[s, b]
                 if t == t0:
-                    _load_segment(E, rows, lens, t0, t1, EX, offs, offd)
+                    _transpose_segment(E, rows, lens, t0, t1, EX, offs, offd, True)
                 _max_frame(EX[t - t0], nt, mt, chk, bad)
                 _exp_frame(EX[t - t0], mt, r, nt, ms)
                 _frame(
@@ -785,7 +766,7 @@ def _chunk(
                     rz[b] = 0.0
             beta, bprev = bprev, beta
         if need_e:
-            _store_segment(gE, rows, lens, t0, t1, EX, offs, offd)
+            _transpose_segment(gE, rows, lens, t0, t1, EX, offs, offd, False)
     if need_w:
         for a in range(A):
             for b in range(nb):
