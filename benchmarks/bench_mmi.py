@@ -20,7 +20,7 @@ Columns:
   problem); the column says so;
 * ``floor``: ``B * T * arcs`` gather-multiply-adds (``y[group a] += x[src a] * p_a`` over the rows,
   the rows innermost, 32 rows at a time in eight vector registers: the forward's arc loop
-  ``gather32`` / ``gather8`` with nothing else, no emissions, no rescaling) timed in a numba kernel
+  ``gather32`` / ``gather16`` / ``gather8`` with nothing else, no emissions, no rescaling) timed in a numba kernel
   with the same chunks, threads, layout and float32 as the shared kernel: the rate this machine reaches
   on exactly this access pattern (printed as G MAD/s), one pass over the arcs. A forward +
   backward needs at least two such passes (alpha and beta) plus the emissions' ``exp`` and the
@@ -50,7 +50,7 @@ from numba import njit
 from lightning_gtn.core.shared_graph import shared_graph
 from lightning_gtn.core.topologies import compose_token_acceptor
 from lightning_gtn.functional import graph_loss, mmi_denominator_score
-from lightning_gtn.kernels.mmi_numba import chunks_of, gather8, gather32, shared_scores
+from lightning_gtn.kernels.mmi_numba import chunks_of, gather8, gather16, gather32, shared_scores
 from lightning_gtn.kernels.simd import vstore
 from lightning_gtn.wfst.parallel import get_num_threads, parallel_map
 
@@ -97,8 +97,9 @@ def _generic(den, x: torch.Tensor) -> None:
 @njit(cache=True, nogil=True)
 def _floor_kernel(goff, src, p, x, y, frames):
     """``frames`` passes of ``y[g] = sum over the arcs a of group g of x[src a] * p_a`` (rows
-    innermost, padded to whole vectors; 32 rows at a time into eight vector accumulators, then 8
-    at a time): the shared kernel's forward arc loop (:func:`gather32`, :func:`gather8`) alone."""
+    innermost, padded to whole vectors; 32, then 16, then 8 rows at a time into vector
+    accumulators, as the kernel's frame): the shared kernel's forward arc loop (:func:`gather32`,
+    :func:`gather16`, :func:`gather8`) alone."""
     nbp = x.shape[1]
     for _ in range(frames):
         for g in range(goff.shape[0] - 1):
@@ -111,6 +112,11 @@ def _floor_kernel(goff, src, p, x, y, frames):
                 vstore(y, g * nbp + k + 16, u2)
                 vstore(y, g * nbp + k + 24, u3)
                 k += 32
+            if k + 16 <= nbp:
+                u0, u1 = gather16(x, nbp, k, src, p, a0, a1)
+                vstore(y, g * nbp + k, u0)
+                vstore(y, g * nbp + k + 8, u1)
+                k += 16
             while k < nbp:
                 vstore(y, g * nbp + k, gather8(x, nbp, k, src, p, a0, a1))
                 k += 8
