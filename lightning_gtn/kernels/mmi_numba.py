@@ -7,14 +7,15 @@ recursion runs over frames with the batch as the innermost, contiguous axis (eve
 chunk's rows. Per frame ``t`` (``alpha`` the state distribution before the frame, times a per-row
 scale):
 
-* the frame of the chunk's rows is transposed into a ``(C, nb)`` block (the batch innermost),
-  its maxima ``m_t`` taken and ``e[c] = exp(E[t, c] - m_t) * r`` computed vectorised over the
-  rows (float32 through a polynomial ``exp`` the compiler vectorises, :func:`exp_f32`), with
-  ``r = 1 / s_{t-1}`` the previous frame's scale folded in; kept for the segment's frames
-  (``(C, nb)`` per frame) so the backward reuses it;
+* the frames of a segment of the chunk's rows are transposed into ``(C, nbp)`` blocks (the batch
+  innermost, the rows padded to whole vectors; :func:`_transpose_segment`), each frame's maxima
+  ``m_t`` taken and ``e[c] = exp(E[t, c] - m_t) * r`` computed eight rows at a time
+  (:mod:`lightning_gtn.kernels.simd`), with ``r = 1 / s_{t-1}`` the previous frame's scale folded
+  in; kept for the segment's frames so the backward reuses them;
 * ``u[g] = sum_{arcs a of group g} alpha[src a] * p_a`` for every group ``g`` (the arcs sharing a
-  destination ``d_g`` and a label ``l_g``; ``p_a = exp(w_a - shift)``), written by the first pass
-  over the group's arcs (:func:`gather_set`, no zeroing pass);
+  destination ``d_g`` and a label ``l_g``; ``p_a = exp(w_a - shift)``), summed in vector registers
+  and stored once (:func:`gather32`, :func:`gather16`, :func:`gather8`); a graph's shared sources
+  are summed first (sum nodes, :meth:`~lightning_gtn.core.shared_graph.SharedGraph.factored`);
 * ``alpha'[d] = sum_{groups g into d} e[l_g] * u[g]`` with ``s_t = sum_d alpha'[d]`` added up in the
   same loop; ``alpha'`` becomes the next ``alpha`` as it is (no pass divides it by ``s_t``: the next
   frame's ``e`` carries ``1 / s_t``, so ``alpha`` is the state distribution times ``s_{t-1}``, and
@@ -54,9 +55,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
-from llvmlite import ir  # type: ignore[import-untyped]
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
 from .buffers import OUTPUTS
@@ -81,51 +80,6 @@ _NO_REFCOUNT: Dict[str, Any] = {"_nrt": False}
 SEGMENT_BUDGET = 512 << 20
 #: the fewest rows a chunk gets when the batch is split over threads (see :func:`chunks_of`)
 CHUNK_ROWS = 16
-
-
-@intrinsic
-def _f32_bits(typingctx, x):
-    """The bits of a float32 as an int32 (a bit cast, no conversion)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.int32(types.float32), codegen
-
-
-@intrinsic
-def _bits_f32(typingctx, i):
-    """The float32 whose bits are the int32 ``i``."""
-    if i != types.int32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(types.int32), codegen
-
-
-@njit(cache=True, inline="always")
-def exp_f32(x):
-    """``exp(x)`` of a float32 ``x <= 0`` in a form the compiler vectorises (no vector math
-    library here): ``2^k e^r`` with ``k`` the nearest integer to ``x / ln 2``,
-    ``r = x - k ln 2`` (``ln 2`` in two parts, so ``r`` is exact to float32), ``e^r``
-    (``|r| <= ln 2 / 2``) by its degree-6 Taylor polynomial (relative error below ``2e-7``) and
-    ``2^k`` added into the exponent bits; 0 below -87 (float32's normal range) and for ``-inf``."""
-    xc = min(max(x, np.float32(-87.0)), np.float32(88.0))
-    k = np.floor(xc * np.float32(1.4426950408889634) + np.float32(0.5))
-    r = (xc - k * np.float32(0.693359375)) - k * np.float32(-2.12194440e-4)
-    p = np.float32(1.0 / 720.0)
-    p = p * r + np.float32(1.0 / 120.0)
-    p = p * r + np.float32(1.0 / 24.0)
-    p = p * r + np.float32(1.0 / 6.0)
-    p = p * r + np.float32(0.5)
-    p = p * r + np.float32(1.0)
-    p = p * r + np.float32(1.0)
-    y = _bits_f32(np.int32(_f32_bits(p) + (np.int32(k) << np.int32(23))))  # type: ignore[call-arg,var-annotated]
-    return y if x > np.float32(-87.0) else np.float32(0.0)
 
 
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)

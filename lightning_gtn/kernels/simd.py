@@ -200,10 +200,11 @@ def _const(ty, value):
 
 @intrinsic
 def _vexp(typingctx, x):
-    """``exp(x)`` lane by lane. float32: for ``x <= 0``, the polynomial of
-    :func:`lightning_gtn.kernels.mmi_numba.exp_f32` lane by lane (``2^k e^r``, ``k`` the nearest
-    integer to ``x / ln 2``, ``ln 2`` in two parts, ``e^r`` by its degree-6 Taylor polynomial,
-    ``2^k`` added into the exponent bits; 0 below -87); float64: LLVM's ``exp``."""
+    """``exp(x)`` lane by lane. float32, for ``x <= 0`` (no vector math library here): ``2^k e^r``
+    with ``k`` the nearest integer to ``x / ln 2``, ``r = x - k ln 2`` (``ln 2`` in two parts, so
+    ``r`` is exact to float32), ``e^r`` (``|r| <= ln 2 / 2``) by its degree-6 Taylor polynomial
+    (relative error below ``2e-7``) and ``2^k`` added into the exponent bits; 0 below -87
+    (float32's normal range) and for ``-inf``. float64: LLVM's ``exp``."""
     if not isinstance(x, Vec8):
         return None
 
