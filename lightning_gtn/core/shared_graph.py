@@ -165,7 +165,7 @@ class SharedGraph:
 
 
 #: the most arcs of a graph that :meth:`SharedGraph.factored` looks for shared sources in
-FACTOR_MAX_ARCS = 1 << 22
+FACTOR_MAX_ARCS = 1 << 20
 
 
 def _factor_sources(g: SharedGraph) -> SharedGraph:

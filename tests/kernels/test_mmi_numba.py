@@ -304,3 +304,13 @@ def test_a_sum_node_of_three_states_and_a_state_in_two_sum_nodes():
         ref = brute_logz(g, e, int(lens[b]), 0.1, init)
         assert abs(logz[b] - ref.item()) < 1e-10
         np.testing.assert_allclose(gE[b], torch.autograd.grad(ref, e)[0].numpy(), atol=1e-10)
+
+
+def test_graphs_above_the_factoring_bound_run_as_they_are(monkeypatch):
+    import lightning_gtn.core.shared_graph as shared
+
+    monkeypatch.setattr(shared, "FACTOR_MAX_ARCS", 40)  # the search is a Python loop over the arcs: bounded
+    sg = compile_shared(_bigram("ctc", 6, 0))
+    assert sg.num_arcs > 40 and sg.factored() is sg
+    monkeypatch.setattr(shared, "FACTOR_MAX_ARCS", 1 << 20)
+    assert compile_shared(_bigram("ctc", 6, 0)).factored().num_arcs < sg.num_arcs
