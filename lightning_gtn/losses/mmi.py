@@ -284,8 +284,8 @@ def _den_backward(ctx, g_out, _g1, _g2):
         ):
             # numpy: one thread; torch's pool costs more than this memory-bound product on a busy CPU
             # into a pooled array (kernels.buffers): no fresh pages to fault in at every step
-            out = buffers.OUTPUTS.empty(tuple(gE.shape), gE.detach().numpy().dtype)
-            out_e = torch.from_numpy(np.multiply(gE.detach().numpy(), c.detach().numpy(), out=out))
+            ge = gE.detach().numpy()
+            out_e = torch.from_numpy(np.multiply(ge, c.detach().numpy(), out=buffers.OUTPUTS.empty(ge.shape, ge.dtype)))
         else:
             out_e = gE * c
     if ctx.need_w and ctx.den is not None and gW.numel():
