@@ -283,20 +283,17 @@ def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src,
     """One forward frame for the first ``nw`` columns (a multiple of :data:`LANES`): the group
     sums ``U`` (``(G, nbp)``, written), ``anew[d] = sum_{groups g into d} e[label g] * U[g]``
     (written) and ``tot = sum_d anew[d]``. ``e``: ``(C, nbp)`` the frame's emissions with the
-    previous frame's scale folded in (zero in the columns of rows that are done)."""
+    previous frame's scale folded in (zero in the columns of rows that are done). The columns
+    run in blocks of 32, 16, 8, each over all states with its sums ``tot`` in registers."""
     S = alpha.shape[0]
     nbp = alpha.shape[1]
     z = vzero(alpha)
-    for k in range(0, nw, LANES):
-        vstore(tot, k, z)
-    for d in range(S):
-        g0 = ld(state_off, d)
-        g1 = ld(state_off, d + 1)
-        ao = d * nbp
-        k = 0
-        while k + 32 <= nw:
+    k = 0
+    while k + 32 <= nw:
+        t0 = t1 = t2 = t3 = z
+        for d in range(S):
             s0 = s1 = s2 = s3 = z
-            for g in range(g0, g1):
+            for g in range(ld(state_off, d), ld(state_off, d + 1)):
                 u0, u1, u2, u3 = gather32(alpha, nbp, k, fwd_src, p, ld(fwd_off, g), ld(fwd_off, g + 1))
                 uo = g * nbp + k
                 vstore(U, uo, u0)
@@ -308,18 +305,25 @@ def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src,
                 s1 = vfma(s1, u1, vload(e, eo + 8))
                 s2 = vfma(s2, u2, vload(e, eo + 16))
                 s3 = vfma(s3, u3, vload(e, eo + 24))
-            vstore(anew, ao + k, s0)
-            vstore(anew, ao + k + 8, s1)
-            vstore(anew, ao + k + 16, s2)
-            vstore(anew, ao + k + 24, s3)
-            _vadd_to(tot, k, s0)
-            _vadd_to(tot, k + 8, s1)
-            _vadd_to(tot, k + 16, s2)
-            _vadd_to(tot, k + 24, s3)
-            k += 32
-        if k + 16 <= nw:
+            ao = d * nbp + k
+            vstore(anew, ao, s0)
+            vstore(anew, ao + 8, s1)
+            vstore(anew, ao + 16, s2)
+            vstore(anew, ao + 24, s3)
+            t0 = vadd(t0, s0)
+            t1 = vadd(t1, s1)
+            t2 = vadd(t2, s2)
+            t3 = vadd(t3, s3)
+        vstore(tot, k, t0)
+        vstore(tot, k + 8, t1)
+        vstore(tot, k + 16, t2)
+        vstore(tot, k + 24, t3)
+        k += 32
+    if k + 16 <= nw:
+        t0 = t1 = z
+        for d in range(S):
             s0 = s1 = z
-            for g in range(g0, g1):
+            for g in range(ld(state_off, d), ld(state_off, d + 1)):
                 u0, u1 = gather16(alpha, nbp, k, fwd_src, p, ld(fwd_off, g), ld(fwd_off, g + 1))
                 uo = g * nbp + k
                 vstore(U, uo, u0)
@@ -327,66 +331,25 @@ def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src,
                 eo = ld(group_label, g) * nbp + k
                 s0 = vfma(s0, u0, vload(e, eo))
                 s1 = vfma(s1, u1, vload(e, eo + 8))
-            vstore(anew, ao + k, s0)
-            vstore(anew, ao + k + 8, s1)
-            _vadd_to(tot, k, s0)
-            _vadd_to(tot, k + 8, s1)
-            k += 16
-        while k < nw:
+            ao = d * nbp + k
+            vstore(anew, ao, s0)
+            vstore(anew, ao + 8, s1)
+            t0 = vadd(t0, s0)
+            t1 = vadd(t1, s1)
+        vstore(tot, k, t0)
+        vstore(tot, k + 8, t1)
+        k += 16
+    while k < nw:
+        t0 = z
+        for d in range(S):
             s0 = z
-            for g in range(g0, g1):
+            for g in range(ld(state_off, d), ld(state_off, d + 1)):
                 u0 = gather8(alpha, nbp, k, fwd_src, p, ld(fwd_off, g), ld(fwd_off, g + 1))
                 vstore(U, g * nbp + k, u0)
                 s0 = vfma(s0, u0, vload(e, ld(group_label, g) * nbp + k))
-            vstore(anew, ao + k, s0)
-            _vadd_to(tot, k, s0)
-            k += LANES
-
-
-@njit(cache=True, inline="always")
-def _back_row(nw, v, bprev, zs, s, a0, a1, bwd_group, p, j0, j1, real_virt, to_z):
-    """``bprev[s] = sum_{a0 <= a < a1} p[a] * v[group a] + sum_{j0 <= j < j1} bprev[real_virt[j]]``
-    for the first ``nw`` columns, added into ``zs`` when ``to_z``."""
-    nbp = bprev.shape[1]
-    bo = s * nbp
-    k = 0
-    while k + 32 <= nw:
-        b0, b1, b2, b3 = gather32(v, nbp, k, bwd_group, p, a0, a1)
-        for j in range(j0, j1):
-            vo = ld(real_virt, j) * nbp + k
-            b0 = vadd(b0, vload(bprev, vo))
-            b1 = vadd(b1, vload(bprev, vo + 8))
-            b2 = vadd(b2, vload(bprev, vo + 16))
-            b3 = vadd(b3, vload(bprev, vo + 24))
-        vstore(bprev, bo + k, b0)
-        vstore(bprev, bo + k + 8, b1)
-        vstore(bprev, bo + k + 16, b2)
-        vstore(bprev, bo + k + 24, b3)
-        if to_z:
-            _vadd_to(zs, k, b0)
-            _vadd_to(zs, k + 8, b1)
-            _vadd_to(zs, k + 16, b2)
-            _vadd_to(zs, k + 24, b3)
-        k += 32
-    if k + 16 <= nw:
-        b0, b1 = gather16(v, nbp, k, bwd_group, p, a0, a1)
-        for j in range(j0, j1):
-            vo = ld(real_virt, j) * nbp + k
-            b0 = vadd(b0, vload(bprev, vo))
-            b1 = vadd(b1, vload(bprev, vo + 8))
-        vstore(bprev, bo + k, b0)
-        vstore(bprev, bo + k + 8, b1)
-        if to_z:
-            _vadd_to(zs, k, b0)
-            _vadd_to(zs, k + 8, b1)
-        k += 16
-    while k < nw:
-        b0 = gather8(v, nbp, k, bwd_group, p, a0, a1)
-        for j in range(j0, j1):
-            b0 = vadd(b0, vload(bprev, ld(real_virt, j) * nbp + k))
-        vstore(bprev, bo + k, b0)
-        if to_z:
-            _vadd_to(zs, k, b0)
+            vstore(anew, d * nbp + k, s0)
+            t0 = vadd(t0, s0)
+        vstore(tot, k, t0)
         k += LANES
 
 
@@ -394,17 +357,75 @@ def _back_row(nw, v, bprev, zs, s, a0, a1, bwd_group, p, j0, j1, real_virt, to_z
 def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p, nreal, real_virt_off, real_virt):
     """``bprev[s] = sum_{arcs a from s} p[a] * v[group a]`` for the first ``nw`` columns, the
     sum nodes (rows ``nreal ..``) first, each then added into its members, and
-    ``zs = sum_{s < nreal} bprev[s]``."""
+    ``zs = sum_{s < nreal} bprev[s]`` (in registers: the columns run in blocks of 32, 16, 8)."""
     S = bprev.shape[0]
+    nbp = bprev.shape[1]
     z = vzero(bprev)
-    for k in range(0, nw, LANES):
-        vstore(zs, k, z)
-    for s in range(nreal, S):
-        _back_row(nw, v, bprev, zs, s, ld(src_off, s), ld(src_off, s + 1), bwd_group, p, 0, 0, real_virt, False)
-    for s in range(nreal):
-        j0 = ld(real_virt_off, s)
-        j1 = ld(real_virt_off, s + 1)
-        _back_row(nw, v, bprev, zs, s, ld(src_off, s), ld(src_off, s + 1), bwd_group, p, j0, j1, real_virt, True)
+    k = 0
+    while k + 32 <= nw:
+        for s in range(nreal, S):
+            b0, b1, b2, b3 = gather32(v, nbp, k, bwd_group, p, ld(src_off, s), ld(src_off, s + 1))
+            bo = s * nbp + k
+            vstore(bprev, bo, b0)
+            vstore(bprev, bo + 8, b1)
+            vstore(bprev, bo + 16, b2)
+            vstore(bprev, bo + 24, b3)
+        t0 = t1 = t2 = t3 = z
+        for s in range(nreal):
+            b0, b1, b2, b3 = gather32(v, nbp, k, bwd_group, p, ld(src_off, s), ld(src_off, s + 1))
+            for j in range(ld(real_virt_off, s), ld(real_virt_off, s + 1)):
+                vo = ld(real_virt, j) * nbp + k
+                b0 = vadd(b0, vload(bprev, vo))
+                b1 = vadd(b1, vload(bprev, vo + 8))
+                b2 = vadd(b2, vload(bprev, vo + 16))
+                b3 = vadd(b3, vload(bprev, vo + 24))
+            bo = s * nbp + k
+            vstore(bprev, bo, b0)
+            vstore(bprev, bo + 8, b1)
+            vstore(bprev, bo + 16, b2)
+            vstore(bprev, bo + 24, b3)
+            t0 = vadd(t0, b0)
+            t1 = vadd(t1, b1)
+            t2 = vadd(t2, b2)
+            t3 = vadd(t3, b3)
+        vstore(zs, k, t0)
+        vstore(zs, k + 8, t1)
+        vstore(zs, k + 16, t2)
+        vstore(zs, k + 24, t3)
+        k += 32
+    if k + 16 <= nw:
+        for s in range(nreal, S):
+            b0, b1 = gather16(v, nbp, k, bwd_group, p, ld(src_off, s), ld(src_off, s + 1))
+            bo = s * nbp + k
+            vstore(bprev, bo, b0)
+            vstore(bprev, bo + 8, b1)
+        t0 = t1 = z
+        for s in range(nreal):
+            b0, b1 = gather16(v, nbp, k, bwd_group, p, ld(src_off, s), ld(src_off, s + 1))
+            for j in range(ld(real_virt_off, s), ld(real_virt_off, s + 1)):
+                vo = ld(real_virt, j) * nbp + k
+                b0 = vadd(b0, vload(bprev, vo))
+                b1 = vadd(b1, vload(bprev, vo + 8))
+            bo = s * nbp + k
+            vstore(bprev, bo, b0)
+            vstore(bprev, bo + 8, b1)
+            t0 = vadd(t0, b0)
+            t1 = vadd(t1, b1)
+        vstore(zs, k, t0)
+        vstore(zs, k + 8, t1)
+        k += 16
+    while k < nw:
+        for s in range(nreal, S):
+            vstore(bprev, s * nbp + k, gather8(v, nbp, k, bwd_group, p, ld(src_off, s), ld(src_off, s + 1)))
+        t0 = z
+        for s in range(nreal):
+            b0 = gather8(v, nbp, k, bwd_group, p, ld(src_off, s), ld(src_off, s + 1))
+            for j in range(ld(real_virt_off, s), ld(real_virt_off, s + 1)):
+                b0 = vadd(b0, vload(bprev, ld(real_virt, j) * nbp + k))
+            vstore(bprev, s * nbp + k, b0)
+            t0 = vadd(t0, b0)
+        vstore(zs, k, t0)
+        k += LANES
 
 
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)
@@ -437,27 +458,46 @@ def _sum_nodes(nw, x, nreal, virt_off, virt_member):
 def _posteriors(nw, e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e):
     """``v[g] = e[label g] * beta[dst g] * rz`` and ``z = sum_g Ut[g] v[g]`` for the first ``nw``
     columns; with ``need_e`` also ``gbuf[c] = sum_{groups g of label c} Ut[g] v[g]`` (``gbuf``
-    zeroed here)."""
+    zeroed here). Eight columns at a time over all groups, ``z`` in a register."""
     G = v.shape[0]
     nbp = v.shape[1]
     zero = vzero(v)
-    for k in range(0, nw, LANES):
-        vstore(z, k, zero)
     if need_e:
         for c in range(gbuf.shape[0]):
             for k in range(0, nw, LANES):
                 vstore(gbuf, c * nbp + k, zero)
-    for g in range(G):
-        do = ld(group_dst, g) * nbp
-        lo = ld(group_label, g) * nbp
-        go = g * nbp
-        for k in range(0, nw, LANES):
-            vv = vmul(vmul(vload(e, lo + k), vload(beta, do + k)), vload(rz, k))
-            vstore(v, go + k, vv)
-            uv = vmul(vload(Ut, go + k), vv)
-            _vadd_to(z, k, uv)
+    for k in range(0, nw, LANES):
+        rk = vload(rz, k)
+        z0 = z1 = zero
+        g = 0
+        while g + 2 <= G:
+            lo = ld(group_label, g) * nbp + k
+            go = g * nbp + k
+            vv = vmul(vmul(vload(e, lo), vload(beta, ld(group_dst, g) * nbp + k)), rk)
+            vstore(v, go, vv)
+            uv = vmul(vload(Ut, go), vv)
+            z0 = vadd(z0, uv)
             if need_e:
-                _vadd_to(gbuf, lo + k, uv)
+                _vadd_to(gbuf, lo, uv)
+            lo = ld(group_label, g + 1) * nbp + k
+            go = go + nbp
+            vv = vmul(vmul(vload(e, lo), vload(beta, ld(group_dst, g + 1) * nbp + k)), rk)
+            vstore(v, go, vv)
+            uv = vmul(vload(Ut, go), vv)
+            z1 = vadd(z1, uv)
+            if need_e:
+                _vadd_to(gbuf, lo, uv)
+            g += 2
+        if g < G:
+            lo = ld(group_label, g) * nbp + k
+            go = g * nbp + k
+            vv = vmul(vmul(vload(e, lo), vload(beta, ld(group_dst, g) * nbp + k)), rk)
+            vstore(v, go, vv)
+            uv = vmul(vload(Ut, go), vv)
+            z0 = vadd(z0, uv)
+            if need_e:
+                _vadd_to(gbuf, lo, uv)
+        vstore(z, k, vadd(z0, z1))
 
 
 #: a state vector whose sum leaves ``[1 / SCALE_RANGE, SCALE_RANGE]`` is normalised explicitly

@@ -122,6 +122,23 @@ def test_float32_matches_float64_and_chunking_does_not_matter():
         np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("leaky", [0.0, 0.2])
+def test_every_column_block_width_gives_the_same_scores(leaky):
+    """A chunk of 56 rows runs its columns as blocks of 32, 16 and 8 (each width its own code,
+    with its sums kept in registers); eight chunks of 7 rows run blocks of 8 only. Both against
+    float64."""
+    rng = np.random.default_rng(11)
+    sg = shared_graph(random_graph(rng, 7, 40, 6))
+    E = rng.normal(size=(56, 9, 6))
+    lens = rng.integers(0, 10, size=56)
+    ref = mmi_numba.shared_scores(sg, E, lens, leaky, need_e=True)
+    for threads, rows in ((1, 64), (8, 1)):
+        x = E.astype(np.float32)
+        got = mmi_numba.shared_scores(sg, x, lens, leaky, need_e=True, threads=threads, min_rows=rows)
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
+
+
 @pytest.mark.parametrize("leaky", [0.0, 0.3])
 def test_torch_path_equals_numba(leaky):
     rng = np.random.default_rng(3)
