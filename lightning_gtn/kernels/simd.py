@@ -203,8 +203,9 @@ def _vexp(typingctx, x):
     """``exp(x)`` lane by lane. float32, for ``x <= 0`` (no vector math library here): ``2^k e^r``
     with ``k`` the nearest integer to ``x / ln 2``, ``r = x - k ln 2`` (``ln 2`` in two parts, so
     ``r`` is exact to float32), ``e^r`` (``|r| <= ln 2 / 2``) by its degree-6 Taylor polynomial
-    (relative error below ``2e-7``) and ``2^k`` added into the exponent bits; 0 below -87
-    (float32's normal range) and for ``-inf``. float64: LLVM's ``exp``."""
+    (relative error below ``2.5e-7`` measured against float64; its multiply-adds fused) and
+    ``2^k`` added into the exponent bits; 0 below -87 (float32's normal range) and for ``-inf``.
+    float64: LLVM's ``exp``."""
     if not isinstance(x, Vec8):
         return None
 
@@ -220,13 +221,17 @@ def _vexp(typingctx, x):
         hi = _const(ty, 88.0)
         xc = builder.select(builder.fcmp_ordered("<", xc, hi), xc, hi)
         floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty]), f"llvm.floor.v{LANES}f32")
-        k = builder.call(floor, [builder.fadd(builder.fmul(xc, _const(ty, 1.4426950408889634)), _const(ty, 0.5))])
-        r = builder.fsub(
-            builder.fsub(xc, builder.fmul(k, _const(ty, 0.693359375))), builder.fmul(k, _const(ty, -2.12194440e-4))
-        )
+        fma_ty = ir.FunctionType(ty, [ty, ty, ty])
+        fma = cgutils.get_or_insert_function(builder.module, fma_ty, f"llvm.fmuladd.v{LANES}f32")
+
+        def mad(a, b, c):  # a * b + c, one instruction where the machine fuses
+            return builder.call(fma, [a, b, c])
+
+        k = builder.call(floor, [mad(xc, _const(ty, 1.4426950408889634), _const(ty, 0.5))])
+        r = mad(k, _const(ty, 2.12194440e-4), mad(k, _const(ty, -0.693359375), xc))
         q = _const(ty, 1.0 / 720.0)
         for c in (1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0):
-            q = builder.fadd(builder.fmul(q, r), _const(ty, c))
+            q = mad(q, r, _const(ty, c))
         ki = builder.shl(builder.fptosi(k, ity), _const(ity, 23))
         y = builder.bitcast(builder.add(builder.bitcast(q, ity), ki), ty)
         return builder.select(builder.fcmp_ordered(">", v, lo), y, ir.Constant(ty, None))
