@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core import checks
 from ..kernels.rnnt_viterbi import rnnt_viterbi
 from .forced import Alignment
 
@@ -26,10 +27,8 @@ __all__ = ["rnnt_forced_align", "rnnt_align", "rnnt_lattice"]
 
 
 def _ints(x, name: str) -> torch.Tensor:
-    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integers, got {t.dtype}")
-    return t.detach().to("cpu", torch.int64)
+    """``x`` as an int64 tensor on the host (the Viterbi kernel checks shapes and values)."""
+    return checks.int_tensor(x, name).detach().to("cpu")
 
 
 def rnnt_forced_align(
@@ -72,15 +71,8 @@ def rnnt_forced_align(
         >>> bool((al.token_start[0].diff() >= 0).all()), al.token_start[1, 2].item()
         (True, -1)
     """
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 4 or not logits.is_floating_point():
-        what = (
-            f"shape {tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
-        )
-        raise ValueError(f"logits must be a float tensor of shape (B, T, U + 1, V), got {what}")
-    B, T, U1, V = logits.shape
-    if isinstance(blank, (bool, np.bool_)) or not isinstance(blank, (int, np.integer)) or not -V <= blank < V:
-        raise ValueError(f"blank must be an int in [-V, V) = [{-V}, {V}), got {blank!r}")
-    blank = int(blank) % V
+    B, T, U1, V = checks.check_joiner_logits(logits)
+    blank = checks.check_class_id(blank, "blank", V)
     dev = logits.device
     dt = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
     x = logits.detach().to("cpu", dt)
@@ -162,9 +154,7 @@ def rnnt_lattice(
     with torch.no_grad():
         enc, enc_lengths = model.encode(inputs, input_lengths)
         start = torch.full((targets.shape[0], 1), int(blank), dtype=torch.long, device=targets.device)
-        tl = _ints(target_lengths, "target_lengths")
-        if tl.shape != (targets.shape[0],):
-            raise ValueError(f"target_lengths must have shape (B,) = ({targets.shape[0]},), got {tuple(tl.shape)}")
+        tl = checks.check_index_tensor(target_lengths, "target_lengths", (targets.shape[0],), "(B,)").cpu()
         pad = torch.arange(targets.shape[1])[None, :] >= tl[:, None]
         # padding is never scored; the prediction network reads the blank there (a valid id)
         y = torch.where(pad.to(targets.device), torch.full_like(targets, int(blank)), targets).to(torch.long)

@@ -7,7 +7,9 @@ lengths, labels or blanks (``8.5``, ``True``, a float tensor) are errors, never 
 from __future__ import annotations
 
 import itertools
-from typing import List, Literal, Optional, Sequence, Tuple, overload
+import math
+import numbers
+from typing import List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 import torch
@@ -32,6 +34,16 @@ __all__ = [
     "targets_tensors",
     "compute_dtype",
     "graph_list",
+    "check_int",
+    "check_bool",
+    "check_real",
+    "check_labels",
+    "check_float_tensor",
+    "check_joiner_logits",
+    "check_index_tensor",
+    "check_class_id",
+    "check_in_range",
+    "check_padded_labels",
 ]
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -147,19 +159,25 @@ def check_label(value, name: str, num_classes: int, allow_none: bool = False) ->
     """An integer label in ``[0, num_classes)`` (bool and float values are errors)."""
     if value is None and allow_none:
         return None
-    if (
-        isinstance(value, torch.Tensor)
-        and value.dim() == 0
-        and not value.is_floating_point()
-        and value.dtype != torch.bool
-    ):
-        value = int(value)
+    value = _scalar_int(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         also = " or None" if allow_none else ""
         raise ValueError(f"{name} must be an integer label in [0, C) with C={num_classes}{also}, got {value!r}")
     if not 0 <= int(value) < num_classes:
         raise ValueError(f"{name} must be an integer label in [0, C) with C={num_classes}, got {int(value)}")
     return int(value)
+
+
+def _scalar_int(value):
+    """A 0-dim integer tensor as a Python int (bool and float tensors stay as they are, to be refused)."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 0
+        and not value.is_floating_point()
+        and value.dtype != torch.bool
+    ):
+        return int(value)
+    return value
 
 
 def int_tensor(x, name: str, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -226,18 +244,37 @@ def _check_seq_labels(seqs: Sequence[Sequence[int]], num_classes: int, blank: Op
         flat = np.fromiter((v for s in seqs for v in s), dtype=np.int64)
     except OverflowError:
         raise ValueError(f"{name}: a label out of range [0, C) with C={num_classes} (beyond int64)") from None
-    _check_flat_labels(flat, num_classes, blank, name)
+    check_labels(flat, num_classes, blank, name)
 
 
-def _check_flat_labels(flat: np.ndarray, num_classes: int, blank: Optional[int], name: str) -> None:
+def check_labels(
+    flat: np.ndarray,
+    num_classes: int,
+    blanks: Union[None, int, Sequence[int]] = None,
+    name: str = "targets",
+    classes: str = "C",
+) -> None:
+    """ValueError naming ``name`` unless every label of ``flat`` lies in ``[0, num_classes)``
+    (``classes`` is the class count's symbol in the message: ``C``, ``V``, ``K``) and none is one
+    of ``blanks`` (None, one blank id, or several: a multi-blank transducer's)."""
     if not len(flat):
         return
     lo, hi = int(flat.min()), int(flat.max())
     if lo < 0 or hi >= num_classes:
         bad = lo if lo < 0 else hi
-        raise ValueError(f"{name}: label {bad} out of range [0, C) with C={num_classes}")
-    if blank is not None and (flat == blank).any():
-        raise ValueError(f"{name}: label equal to blank={blank} found; targets must not contain the blank")
+        raise ValueError(f"{name}: label {bad} out of range [0, {classes}) with {classes}={num_classes}")
+    if blanks is None:
+        return
+    if isinstance(blanks, (int, np.integer)):
+        if (flat == blanks).any():
+            raise ValueError(f"{name}: label equal to blank={int(blanks)} found; targets must not contain the blank")
+        return
+    ids = np.asarray([int(b) for b in blanks], dtype=np.int64)
+    hit = flat[np.isin(flat, ids)]
+    if hit.size:
+        raise ValueError(
+            f"{name}: label {int(hit[0])} is a blank class {sorted(ids.tolist())}; targets must not contain the blanks"
+        )
 
 
 _NP_INTS = frozenset({np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64})
@@ -295,11 +332,7 @@ def split_targets(
     if arr.ndim == 2:
         if arr.shape[0] != B:
             raise ValueError(f"{name} must have shape (B, S) with B={B}, got {arr.shape}")
-        if len(lengths) and lengths.max() > arr.shape[1]:
-            raise ValueError(
-                f"target_lengths must be <= S={arr.shape[1]} (targets of shape (B, S)), " f"got {int(lengths.max())}"
-            )
-        flat = arr[np.arange(arr.shape[1])[None, :] < lengths[:, None]]
+        check_padded_labels(arr, lengths, num_classes, blank, name, "C")
         rows = arr.tolist()
         seqs = [rows[b][: lengths[b]] for b in range(B)]
     elif arr.ndim == 1:
@@ -308,13 +341,12 @@ def split_targets(
             raise ValueError(
                 f"concatenated 1-D {name} must have sum(target_lengths)={total} labels, " f"got shape {arr.shape}"
             )
-        flat = arr
+        check_labels(arr, num_classes, blank, name)
         lst = arr.tolist()
         off = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         seqs = [lst[off[b] : off[b + 1]] for b in range(B)]
     else:
         raise ValueError(f"{name} must have shape (B, S) or (sum(target_lengths),), got {arr.shape}")
-    _check_flat_labels(flat, num_classes, blank, name)
     return seqs
 
 
@@ -369,3 +401,135 @@ def graph_list(graphs, B: int, name: str) -> List[Graph]:
         if not isinstance(g, Graph):
             raise ValueError(f"{name} must hold lightning_gtn.wfst.Graph objects, got {type(g).__name__}")
     return graphs
+
+
+# -- the RNN-T family: joiner outputs (B, T, U + 1, V), index tensors, lengths, labels ---------
+# rnnt_loss, the multi-blank and TDT losses, k2's functions, the RNN-T lattices, the forced
+# aligner and the pruned module check their arguments with these, so one argument is refused with
+# one message wherever it is passed.
+
+
+def _dims(shape: str) -> List[str]:
+    """The symbols of a shape text: ``"(B, T, U + 1, V)"`` -> ``["B", "T", "U + 1", "V"]``."""
+    return [d.strip() for d in shape.strip("()").split(",") if d.strip()]
+
+
+def check_bool(value, name: str) -> bool:
+    """``value`` as a bool; ValueError naming ``name`` unless it is a bool (Python's or numpy's)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def check_real(value, name: str, lo: float = -math.inf, hi: float = math.inf, *, finite: bool = True) -> float:
+    """``value`` as a float in ``[lo, hi]``; ValueError naming ``name`` unless it is a real number
+    (not a bool), never NaN, and finite unless ``finite=False`` (which lets ``lo``/``hi`` be met by
+    +-inf)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    v = float(value)
+    if math.isnan(v) or (finite and not math.isfinite(v)):
+        raise ValueError(f"{name} must be {'finite' if finite else 'a number (not NaN)'}, got {v}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v}")
+    return v
+
+
+def check_float_tensor(x, name: str, ndim: int, shape: str) -> torch.Tensor:
+    """``x`` if it is a floating point tensor of ``ndim`` dims, else ValueError naming ``name``
+    and the expected ``shape`` (a text such as ``"(B, S + 1, T)"``)."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have shape {shape}, got {x.dim()} dims: {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating point tensor, got {x.dtype}")
+    return x
+
+
+def check_joiner_logits(logits, name: str = "logits", shape: str = "(B, T, U + 1, V)") -> Tuple[int, int, int, int]:
+    """``(B, T, U + 1, V)`` of a transducer's joiner outputs: a floating point tensor of 4 dims
+    whose last two are not empty; else ValueError naming ``name`` and ``shape`` (k2 names them
+    ``"(B, T, S + 1, C)"``)."""
+    check_float_tensor(logits, name, 4, shape)
+    B, T, U1, V = logits.shape
+    if U1 < 1 or V < 1:
+        d = _dims(shape)
+        raise ValueError(f"{name} must have shape {shape} with {d[2]} >= 1 and {d[3]} >= 1, got {tuple(logits.shape)}")
+    return B, T, U1, V
+
+
+def check_index_tensor(
+    x, name: str, shape: Sequence[Optional[int]], text: str, device: Optional[torch.device] = None
+) -> torch.Tensor:
+    """``x`` (a tensor, or a sequence of integers) as an int64 tensor of ``shape`` (None: any size
+    in that dimension), on its own device.
+
+    ValueError naming ``name`` and ``text`` (the shape's symbols, ``"(B, U)"``) for a float, bool or
+    complex dtype and for a wrong shape; with ``device``, also for a tensor on another device than
+    ``device`` or the CPU (the logits' device: nothing is moved between accelerators silently).
+    """
+    if not isinstance(x, torch.Tensor):
+        x = int_tensor(x, name)
+    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        raise ValueError(f"{name} must be an int32 or int64 tensor of shape {text}, got {x.dtype}")
+    if x.dim() != len(shape) or any(n is not None and x.shape[i] != n for i, n in enumerate(shape)):
+        known = ", ".join(f"{d}={n}" for d, n in zip(_dims(text), shape) if n is not None and not d.isdigit())
+        raise ValueError(f"{name} must have shape {text}{' with ' + known if known else ''}, got {tuple(x.shape)}")
+    if device is not None and x.device.type != "cpu" and x.device != device:
+        raise ValueError(f"{name} is on {x.device} but the logits are on {device}; put it on {device} or the CPU")
+    return x.to(torch.int64)
+
+
+def check_class_id(value, name: str, n: int, classes: str = "V", of: str = "") -> int:
+    """A class id in ``[-n, n)`` (an int, numpy integer or 0-dim integer tensor) as an int in
+    ``[0, n)``: negative ids count from the end (torchaudio's ``blank=-1`` is ``n - 1``).
+    ValueError naming ``name`` otherwise; ``classes`` is ``n``'s symbol, ``of`` says where ``n``
+    comes from (``"logits of shape (B, T, U + 1, V)"``)."""
+    value = _scalar_int(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(
+            f"{name} must be an integer class id in [-{classes}, {classes}) with {classes}={n}, got {value!r}"
+        )
+    v = int(value)
+    if not -n <= v < n:
+        where = f" ({of})" if of else ""
+        raise ValueError(f"{name} must lie in [-{classes}, {classes}) with {classes}={n}{where}, got {v}")
+    return v % n
+
+
+def check_in_range(values, name: str, bound: str, high: int, *, inclusive: bool, of: str = "") -> None:
+    """ValueError naming ``name`` unless every entry of ``values`` (a tensor on any device, or a
+    numpy array) lies in ``[0, high]`` (``inclusive``: lengths) or ``[0, high)`` (class ids).
+    ``bound`` is ``high``'s symbol (``T``, ``U``, ``C``), ``of`` where it comes from (``"logits of
+    shape (B, T, U + 1, V)"``). Reads two values on the host (a device sync for device tensors)."""
+    count = values.numel() if isinstance(values, torch.Tensor) else np.size(values)
+    if not count:
+        return
+    lo, hi = int(values.min()), int(values.max())
+    if lo < 0 or hi > (high if inclusive else high - 1):
+        where = f" ({of})" if of else ""
+        raise ValueError(
+            f"{name} must lie in [0, {bound}{']' if inclusive else ')'} with {bound}={high}{where}, got "
+            f"{lo if lo < 0 else hi}"
+        )
+
+
+def check_padded_labels(
+    targets: np.ndarray,
+    target_lengths: np.ndarray,
+    num_classes: int,
+    blanks: Union[None, int, Sequence[int]] = None,
+    name: str = "targets",
+    classes: str = "V",
+) -> np.ndarray:
+    """Padded targets ``(B, S)`` with their lengths ``(B,)`` (host int64 arrays, the lengths
+    ``>= 0``): ValueError unless ``target_lengths <= S`` and the first ``target_lengths[b]`` labels
+    of each row pass :func:`check_labels`. Returns the ``(B, S)`` mask of those labels (the padding
+    past them is never read, so never checked)."""
+    S = targets.shape[1]
+    if len(target_lengths) and target_lengths.max() > S:
+        raise ValueError(f"target_lengths must be <= S={S} (targets of shape (B, S)), got {int(target_lengths.max())}")
+    valid = np.arange(S)[None, :] < target_lengths[:, None]
+    check_labels(targets[valid], num_classes, blanks, name, classes)
+    return valid

@@ -250,15 +250,12 @@ def lattice_viterbi(scores: torch.Tensor, lattices: Union[Graph, Sequence[Graph]
 
 def _check_transducer_args(targets, V: int, blank: int, where: str):
     V = checks.check_int(V, f"{where}: V", 1)
-    if isinstance(blank, (bool, np.bool_)) or not isinstance(blank, (int, np.integer)) or not -V <= blank < V:
-        raise ValueError(f"{where}: blank must be an integer in [-V, V) = [{-V}, {V}), got {blank!r}")
-    blank = int(blank) % V
+    blank = checks.check_class_id(blank, f"{where}: blank", V)
     y = np.asarray(targets.detach().cpu() if isinstance(targets, torch.Tensor) else targets)
     if y.size and (y.dtype.kind not in "iu" or y.ndim != 1):
         raise ValueError(f"{where}: targets must be a 1-D sequence of integer token ids, got {y.dtype} {y.shape}")
     y = y.astype(np.int64).reshape(-1)
-    if y.size and (y.min() < 0 or y.max() >= V or (y == blank).any()):
-        raise ValueError(f"{where}: targets must lie in [0, V={V}) and not be the blank {blank}, got {y.tolist()}")
+    checks.check_labels(y, V, blank, f"{where}: targets", "V")
     return V, blank, y
 
 
@@ -538,13 +535,8 @@ def rnnt_lattice_loss(
     Returns:
         The loss in ``logits``' dtype and device.
     """
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 4:
-        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"logits must have shape (B, T, U + 1, V), got {got}")
-    V = int(logits.shape[-1])
-    if isinstance(blank, (bool, np.bool_)) or not isinstance(blank, (int, np.integer)) or not -V <= blank < V:
-        raise ValueError(f"blank must be an integer in [-V, V) = [{-V}, {V}), got {blank!r}")
-    b = int(blank) % V
+    V = checks.check_joiner_logits(logits)[3]
+    b = checks.check_class_id(blank, "blank", V)
     crit = _RNNT_CRITERIA.get(b)
     if crit is None:
         crit = _RNNT_CRITERIA[b] = LatticeCriterion(_rnnt_builder, {"blank": b}, blank=b)

@@ -30,7 +30,8 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..core.checks import check_reduction
+from ..core import checks
+from ..core.checks import check_float_tensor, check_reduction
 from ..kernels.mutual_information import check_boundary_values, mutual_information_op, pick_impl
 
 __all__ = [
@@ -59,32 +60,13 @@ NEG_INF = -math.inf
 # -- checks --------------------------------------------------------------------------------------
 
 
-def _float_tensor(x, name: str, ndim: int, shape: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
-    if x.dim() != ndim:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must be a floating point tensor, got {x.dtype}")
-    return x
-
-
 def _compute(x: Tensor) -> Tensor:
     """float16 / bfloat16 are computed in float32 (k2 takes float32 or float64)."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def _int_tensor(x, name: str, shape: Tuple[int, ...], shape_txt: str, device) -> Tensor:
-    if not isinstance(x, Tensor):
-        try:
-            x = torch.as_tensor(x)
-        except Exception as exc:  # noqa: BLE001 - any conversion failure is a bad argument
-            raise ValueError(f"{name} must be an integer tensor of shape {shape_txt}: {exc}") from None
-    if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
-        raise ValueError(f"{name} must be an integer tensor of shape {shape_txt}, got dtype {x.dtype}")
-    if tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {shape_txt} = {tuple(shape)}, got {tuple(x.shape)}")
-    return x.to(device=device, dtype=torch.long)
+    return checks.check_index_tensor(x, name, shape, shape_txt).to(device)
 
 
 def _eager() -> bool:
@@ -95,19 +77,15 @@ def _eager() -> bool:
 
 def _check_symbols(symbols, B: int, S: int, C: int, device) -> Tensor:
     sym = _int_tensor(symbols, "symbols", (B, S), "(B, S)", device)
-    if _eager() and sym.numel() and (int(sym.min()) < 0 or int(sym.max()) >= C):
-        raise ValueError(f"symbols must lie in [0, C={C}), got values in [{int(sym.min())}, {int(sym.max())}]")
+    if _eager():
+        checks.check_in_range(sym, "symbols", "C", C, inclusive=False)
     return sym
 
 
 def _check_termination(termination_symbol, C: int) -> int:
     if isinstance(termination_symbol, Tensor) and termination_symbol.numel() == 1:
         termination_symbol = termination_symbol.item()
-    if isinstance(termination_symbol, bool) or not isinstance(termination_symbol, int):
-        raise ValueError(f"termination_symbol must be an integer in [0, C={C}), got {termination_symbol!r}")
-    if not 0 <= termination_symbol < C:
-        raise ValueError(f"termination_symbol must lie in [0, C={C}), got {termination_symbol}")
-    return int(termination_symbol)
+    return checks.check_label(termination_symbol, "termination_symbol", C)
 
 
 def _check_type(rnnt_type) -> str:
@@ -141,15 +119,7 @@ def _reduce(negated: Tensor, reduction: str) -> Tensor:
 
 
 def _check_delay(delay_penalty) -> float:
-    if isinstance(delay_penalty, bool) or not isinstance(delay_penalty, (int, float)) or delay_penalty != delay_penalty:
-        raise ValueError(f"delay_penalty must be a number, got {delay_penalty!r}")
-    return float(delay_penalty)
-
-
-def _check_scale(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
+    return checks.check_real(delay_penalty, "delay_penalty", finite=False)
 
 
 # -- log-probabilities of joiner outputs ---------------------------------------------------------
@@ -218,8 +188,8 @@ def mutual_information_recursion(
         ``scores`` ``(B,)``: ``p[b, s_end, t_end]`` (a log-likelihood), or
         ``(scores, (px_grad, py_grad))`` with ``return_grad``.
     """
-    _float_tensor(px, "px", 3, "(B, S, T + 1) or (B, S, T)")
-    _float_tensor(py, "py", 3, "(B, S + 1, T)")
+    check_float_tensor(px, "px", 3, "(B, S, T + 1) or (B, S, T)")
+    check_float_tensor(py, "py", 3, "(B, S + 1, T)")
     B, S, T1 = px.shape
     if py.shape[0] != B or py.shape[1] != S + 1 or T1 not in (py.shape[2], py.shape[2] + 1):
         raise ValueError(
@@ -248,8 +218,8 @@ def mutual_information_recursion(
 
 
 def _check_lm_am(lm, am) -> Tuple[int, int, int, int]:
-    _float_tensor(lm, "lm", 3, "(B, S + 1, C)")
-    _float_tensor(am, "am", 3, "(B, T, C)")
+    check_float_tensor(lm, "lm", 3, "(B, S + 1, C)")
+    check_float_tensor(am, "am", 3, "(B, T, C)")
     if lm.shape[0] != am.shape[0] or lm.shape[2] != am.shape[2] or lm.shape[1] < 1:
         raise ValueError(
             f"lm must have shape (B, S + 1, C) and am (B, T, C) with the same B and C, got lm {tuple(lm.shape)}, "
@@ -414,10 +384,7 @@ def get_rnnt_logprobs_joint(
     Returns:
         ``px`` ``(B, S, T + 1)`` (regular) or ``(B, S, T)``, ``py`` ``(B, S + 1, T)``.
     """
-    _float_tensor(logits, "logits", 4, "(B, T, S + 1, C)")
-    B, T, S1, C = logits.shape
-    if S1 < 1:
-        raise ValueError(f"logits must have shape (B, T, S + 1, C) with S + 1 >= 1, got {tuple(logits.shape)}")
+    B, T, S1, C = checks.check_joiner_logits(logits, shape="(B, T, S + 1, C)")
     S = S1 - 1
     rnnt_type = _check_type(rnnt_type)
     sym = _check_symbols(symbols, B, S, C, logits.device)
@@ -512,8 +479,8 @@ def get_rnnt_prune_ranges(
         ``ranges`` ``(B, T, s_range')`` int64: ``ranges[b, t] = r + arange(s_range')``, with
         ``s_range'`` the range actually used.
     """
-    _float_tensor(px_grad, "px_grad", 3, "(B, S, T + 1) or (B, S, T)")
-    _float_tensor(py_grad, "py_grad", 3, "(B, S + 1, T)")
+    check_float_tensor(px_grad, "px_grad", 3, "(B, S, T + 1) or (B, S, T)")
+    check_float_tensor(py_grad, "py_grad", 3, "(B, S + 1, T)")
     B, S, T1 = px_grad.shape
     T = py_grad.shape[2]
     if tuple(py_grad.shape[:2]) != (B, S + 1) or T1 not in (T, T + 1):
@@ -521,8 +488,7 @@ def get_rnnt_prune_ranges(
             f"py_grad must have shape (B, S + 1, T) with px_grad (B, S, T + 1) or (B, S, T); got px_grad "
             f"{tuple(px_grad.shape)}, py_grad {tuple(py_grad.shape)}"
         )
-    if isinstance(s_range, bool) or not isinstance(s_range, int) or s_range < 1:
-        raise ValueError(f"s_range must be an integer >= 1, got {s_range!r}")
+    s_range = checks.check_int(s_range, "s_range", 1)
     regular = T1 == T + 1
     dev = px_grad.device
     bnd = _full_boundary(_check_boundary(boundary, B, S, T, dev), B, S, T, dev)
@@ -589,8 +555,8 @@ def do_rnnt_pruning(am: Tensor, lm: Tensor, ranges: Tensor) -> Tuple[Tensor, Ten
         ``am_pruned`` ``(B, T, s_range, D1)`` (an expanded view) and ``lm_pruned``
         ``(B, T, s_range, D2)`` (``lm[b, ranges[b, t, k]]``).
     """
-    _float_tensor(am, "am", 3, "(B, T, encoder_dim)")
-    _float_tensor(lm, "lm", 3, "(B, S + 1, decoder_dim)")
+    check_float_tensor(am, "am", 3, "(B, T, encoder_dim)")
+    check_float_tensor(lm, "lm", 3, "(B, S + 1, decoder_dim)")
     if lm.shape[0] != am.shape[0] or lm.shape[1] < 1:
         raise ValueError(f"am (B, T, D1) and lm (B, S + 1, D2) must share B, got {tuple(am.shape)}, {tuple(lm.shape)}")
     B, T, D1 = am.shape
@@ -632,7 +598,7 @@ def get_rnnt_logprobs_pruned(
 
 
 def _pruned_logprobs(logits, symbols, ranges, termination_symbol, boundary, rnnt_type, hat: bool):
-    _float_tensor(logits, "logits", 4, "(B, T, s_range, C)")
+    check_float_tensor(logits, "logits", 4, "(B, T, s_range, C)")
     B, T, R, C = logits.shape
     rnnt_type = _check_type(rnnt_type)
     if not isinstance(symbols, Tensor) or symbols.dim() != 2 or symbols.shape[0] != B:
@@ -730,8 +696,8 @@ def get_rnnt_logprobs_smoothed(
     """
     B, S, T, C = _check_lm_am(lm, am)
     rnnt_type = _check_type(rnnt_type)
-    lm_only_scale = _check_scale(lm_only_scale, "lm_only_scale")
-    am_only_scale = _check_scale(am_only_scale, "am_only_scale")
+    lm_only_scale = checks.check_real(lm_only_scale, "lm_only_scale")
+    am_only_scale = checks.check_real(am_only_scale, "am_only_scale")
     sym = _check_symbols(symbols, B, S, C, am.device)
     term = _check_termination(termination_symbol, C)
     bnd = _check_boundary(boundary, B, S, T, am.device)

@@ -13,7 +13,6 @@ the logits' own storage instead of a new buffer.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import numpy as np
@@ -35,64 +34,19 @@ RNNT_IMPLS = ("numba", "torch", "triton")
 def resolve_blank(blank, V: int) -> int:
     """``blank`` as a class id in ``[0, V)``: negative values count from the end (torchaudio's
     ``blank=-1`` is ``V - 1``); ValueError unless it is an integer in ``[-V, V)``."""
-    if isinstance(blank, torch.Tensor) and blank.dim() == 0 and not blank.is_floating_point():
-        blank = int(blank)
-    if isinstance(blank, (bool, np.bool_)) or not isinstance(blank, (int, np.integer)):
-        raise ValueError(f"blank must be an integer class id in [-V, V) with V={V}, got {blank!r}")
-    b = int(blank)
-    if not -V <= b < V:
-        raise ValueError(f"blank must lie in [-V, V) with V={V} (logits of shape (B, T, U + 1, V)), got {b}")
-    return b % V
+    return checks.check_class_id(blank, "blank", V, "V", "logits of shape (B, T, U + 1, V)")
 
 
-def _check_logits(logits) -> Tuple[int, int, int, int]:
-    if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"logits must be a torch.Tensor of shape (B, T, U + 1, V), got {type(logits).__name__}")
-    if logits.dim() != 4:
-        raise ValueError(f"logits must have shape (B, T, U + 1, V), got {logits.dim()} dims: {tuple(logits.shape)}")
-    if not logits.is_floating_point():
-        raise ValueError(f"logits must be a floating point tensor, got {logits.dtype}")
-    B, T, U1, V = logits.shape
-    if U1 < 1 or V < 1:
-        raise ValueError(
-            f"logits must have shape (B, T, U + 1, V) with U + 1 >= 1 and V >= 1, got {tuple(logits.shape)}"
-        )
-    return B, T, U1, V
-
-
-def _check_index_tensor(x, name: str, B: int, ndim: int, device: torch.device) -> Tensor:
-    shape = "(B, U)" if ndim == 2 else "(B,)"
-    if not isinstance(x, torch.Tensor):
-        x = checks.int_tensor(x, name)
-    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
-        raise ValueError(f"{name} must be an int32 or int64 tensor of shape {shape}, got {x.dtype}")
-    if x.dim() != ndim or x.shape[0] != B:
-        raise ValueError(f"{name} must have shape {shape} with B={B}, got {tuple(x.shape)}")
-    if x.device.type != "cpu" and x.device != device:
-        raise ValueError(f"{name} is on {x.device} but the logits are on {device}; put it on {device} or the CPU")
-    return x.to(torch.int64)
+def _host(x: Tensor) -> np.ndarray:
+    return x.detach().cpu().numpy().astype(np.int64, copy=False)
 
 
 def _check_values(targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, T: int, U: int, V: int, blank: int):
     """Host copies ``(targets, logit_lengths, target_lengths)`` as int64 numpy, range-checked."""
-    il = logit_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tl = target_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tg = targets.detach().cpu().numpy().astype(np.int64, copy=False)
-    if il.size and (il.min() < 0 or il.max() > T):
-        bad = int(il.min()) if il.min() < 0 else int(il.max())
-        raise ValueError(f"logit_lengths must lie in [0, T] with T={T} (logits of shape (B, T, U + 1, V)), got {bad}")
-    if tl.size and (tl.min() < 0 or tl.max() > U):
-        bad = int(tl.min()) if tl.min() < 0 else int(tl.max())
-        raise ValueError(f"target_lengths must lie in [0, U] with U={U} (logits of shape (B, T, U + 1, V)), got {bad}")
-    if tl.size and tl.max() > tg.shape[1]:
-        raise ValueError(f"target_lengths must be <= S={tg.shape[1]} (targets of shape (B, S)), got {int(tl.max())}")
-    used = tg[np.arange(tg.shape[1])[None, :] < tl[:, None]]
-    if used.size:
-        lo, hi = int(used.min()), int(used.max())
-        if lo < 0 or hi >= V:
-            raise ValueError(f"targets: label {lo if lo < 0 else hi} out of range [0, V) with V={V}")
-        if (used == blank).any():
-            raise ValueError(f"targets: label equal to blank={blank} found; targets must not contain the blank")
+    il, tl, tg = _host(logit_lengths), _host(target_lengths), _host(targets)
+    checks.check_in_range(il, "logit_lengths", "T", T, inclusive=True, of="logits of shape (B, T, U + 1, V)")
+    checks.check_in_range(tl, "target_lengths", "U", U, inclusive=True, of="logits of shape (B, T, U + 1, V)")
+    checks.check_padded_labels(tg, tl, V, blank)
     return tg, il, tl
 
 
@@ -308,15 +262,6 @@ class _RNNTInplace(torch.autograd.Function):
         return g, None, None, None, None
 
 
-def _check_float(value, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v}")
-    return v
-
-
 def rnnt_loss(
     logits: Tensor,
     targets,
@@ -394,26 +339,22 @@ def rnnt_loss(
         >>> loss = rnnt_loss(logits, targets, torch.tensor([6, 5]), torch.tensor([3, 2]), blank=0)
         >>> loss.backward()
     """
-    B, T, U1, V = _check_logits(logits)
+    B, T, U1, V = checks.check_joiner_logits(logits)
     checks.check_reduction(reduction)
-    if impl is not None and impl not in RNNT_IMPLS:
-        raise ValueError(f"impl must be None or one of {RNNT_IMPLS} for rnnt_loss, got {impl!r}")
-    if impl is not None:  # numba off the CPU, triton on a device it cannot run on: a clear error now
+    if impl is not None:  # a name not offered, numba off the CPU, triton where it cannot run: a clear error now
         rnnt_dispatch.pick(logits.device, impl, RNNT_IMPLS, "rnnt_loss")
     blank_id = resolve_blank(blank, V)
-    clamp_v = _check_float(clamp, "clamp")
-    lam = _check_float(fastemit_lambda, "fastemit_lambda")
+    clamp_v = checks.check_real(clamp, "clamp")
+    lam = checks.check_real(fastemit_lambda, "fastemit_lambda")
     if lam < 0:
         raise ValueError(f"fastemit_lambda must be >= 0, got {lam}")
     for name, flag in (("fused_log_softmax", fused_log_softmax), ("zero_infinity", zero_infinity)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise ValueError(f"{name} must be a bool, got {flag!r}")
-    if not isinstance(inplace_grad, (bool, np.bool_)):
-        raise ValueError(f"inplace_grad must be a bool, got {inplace_grad!r}")
+        checks.check_bool(flag, name)
+    checks.check_bool(inplace_grad, "inplace_grad")
     dev = logits.device
-    tg = _check_index_tensor(targets, "targets", B, 2, dev)
-    il = _check_index_tensor(logit_lengths, "logit_lengths", B, 1, dev)
-    tl = _check_index_tensor(target_lengths, "target_lengths", B, 1, dev)
+    tg = checks.check_index_tensor(targets, "targets", (B, None), "(B, U)", dev)
+    il = checks.check_index_tensor(logit_lengths, "logit_lengths", (B,), "(B,)", dev)
+    tl = checks.check_index_tensor(target_lengths, "target_lengths", (B,), "(B,)", dev)
     run_impl = impl or ""  # "": the device's default, chosen inside the op (a CUDA self-check runs eagerly)
     need_grad = bool(torch.is_grad_enabled() and logits.requires_grad)
     options = (blank_id, clamp_v, reduction, bool(fused_log_softmax), bool(zero_infinity), lam, run_impl)

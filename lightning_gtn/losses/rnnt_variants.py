@@ -27,8 +27,6 @@ pass their self-check, autograd through the torch reference elsewhere).
 from __future__ import annotations
 
 import concurrent.futures
-import math
-import numbers
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -54,19 +52,6 @@ IMPLS = ("numba", "torch", "triton")
 # -- argument checks ------------------------------------------------------------------------------
 
 
-def _check_logits(logits, name: str = "logits") -> Tuple[int, int, int, int]:
-    if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of shape (B, T, U + 1, V), got {type(logits).__name__}")
-    if logits.dim() != 4:
-        raise ValueError(f"{name} must have shape (B, T, U + 1, V), got {logits.dim()} dims: {tuple(logits.shape)}")
-    if not logits.is_floating_point():
-        raise ValueError(f"{name} must be a floating point tensor, got {logits.dtype}")
-    B, T, U1, V = logits.shape
-    if U1 < 1:
-        raise ValueError(f"{name} must have shape (B, T, U + 1, V) with U + 1 >= 1, got {tuple(logits.shape)}")
-    return B, T, U1, V
-
-
 def _check_durations(values, name: str, *, allow_empty: bool, allow_zero: bool) -> List[int]:
     """A strictly increasing list of integers (``>= 0`` or ``>= 1``), else ValueError naming ``name``."""
     if isinstance(values, torch.Tensor):
@@ -90,45 +75,13 @@ def _check_durations(values, name: str, *, allow_empty: bool, allow_zero: bool) 
     return out
 
 
-def _check_real(value, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or not lo <= v <= hi:
-        raise ValueError(f"{name} must be a finite number in [{lo}, {hi}], got {value!r}")
-    return v
-
-
 def _check_common(reduction, impl, zero_infinity, fused_log_softmax, device, what) -> None:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if impl is not None and impl not in IMPLS:
-        raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
-    if impl is not None:  # numba off the CPU, triton where it cannot run: a clear error before the op
+    if impl is not None:  # a name not offered, numba off the CPU, triton where it cannot run: a clear error now
         rnnt_dispatch.pick(device, impl, IMPLS, what)
-    if not isinstance(zero_infinity, (bool, np.bool_)):
-        raise ValueError(f"zero_infinity must be a bool, got {zero_infinity!r}")
-    if not isinstance(fused_log_softmax, (bool, np.bool_)):
-        raise ValueError(f"fused_log_softmax must be a bool, got {fused_log_softmax!r}")
-
-
-def _index(value, name: str, n: int) -> int:
-    """A class id in ``[-n, n)`` as a non-negative int (negative ids count from the end)."""
-    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
-        value = int(value)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer class id in [-{n}, {n}), got {value!r}")
-    v = int(value)
-    if not -n <= v < n:
-        raise ValueError(f"{name} must be an integer class id in [-{n}, {n}), got {v}")
-    return v % n
-
-
-def _tensor_arg(x, name: str, dim: int, shape: str) -> Tensor:
-    t = checks.int_tensor(x, name)
-    if t.dim() != dim:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
-    return t
+    checks.check_bool(zero_infinity, "zero_infinity")
+    checks.check_bool(fused_log_softmax, "fused_log_softmax")
 
 
 # -- the op ---------------------------------------------------------------------------------------
@@ -142,41 +95,17 @@ def _coefficients(reduction: str, ulen: np.ndarray, B: int) -> np.ndarray:
     return np.ones(B)
 
 
-def _lengths(x: Tensor, B: int, name: str, hi: int, what: str, device: torch.device) -> np.ndarray:
-    if x.device.type != "cpu" and x.device != device:
-        raise ValueError(f"{name} is on {x.device} but the logits are on {device}; put it there or on the CPU")
-    if x.dim() != 1 or x.shape[0] != B:
-        raise ValueError(f"{name} must have shape (B,) = ({B},), got {tuple(x.shape)}")
-    a = x.detach().cpu().numpy().astype(np.int64)
-    if B and a.min() < 0:
-        raise ValueError(f"{name} must be >= 0, got {int(a.min())}")
-    if B and a.max() > hi:
-        raise ValueError(f"{name} must be <= {what}={hi}, got {int(a.max())}")
+def _lengths(x: Tensor, B: int, name: str, hi: int, bound: str, device: torch.device) -> np.ndarray:
+    a = checks.check_index_tensor(x, name, (B,), "(B,)", device).detach().cpu().numpy().astype(np.int64)
+    checks.check_in_range(a, name, bound, hi, inclusive=True, of="logits of shape (B, T, U + 1, V)")
     return a
 
 
 def _targets(tg: Tensor, B: int, ulen: np.ndarray, K: int, forbidden: Sequence[int], device) -> np.ndarray:
-    if tg.device.type != "cpu" and tg.device != device:
-        raise ValueError(f"targets is on {tg.device} but the logits are on {device}; put it there or on the CPU")
-    if tg.dim() != 2 or tg.shape[0] != B:
-        raise ValueError(f"targets must have shape (B, U) with B={B}, got {tuple(tg.shape)}")
-    S = tg.shape[1]
-    if B and int(ulen.max()) > S:
-        raise ValueError(f"target_lengths must be <= targets.shape[1]={S}, got {int(ulen.max())}")
-    a = tg.detach().cpu().numpy().astype(np.int64)
-    valid = np.arange(S)[None, :] < ulen[:, None]
-    vals = a[valid]
-    if vals.size:
-        lo, hi = int(vals.min()), int(vals.max())
-        if lo < 0 or hi >= K:
-            raise ValueError(f"targets: label {lo if lo < 0 else hi} out of range [0, {K})")
-        bad = np.isin(vals, np.asarray(list(forbidden), dtype=np.int64))
-        if bad.any():
-            raise ValueError(
-                f"targets: label {int(vals[bad][0])} is a blank class {sorted(forbidden)}; targets hold tokens only"
-            )
-    out = np.zeros((B, max(S, 1)), dtype=np.int64)
-    out[:, :S] = np.where(valid, a, 0)
+    a = checks.check_index_tensor(tg, "targets", (B, None), "(B, U)", device).detach().cpu().numpy().astype(np.int64)
+    valid = checks.check_padded_labels(a, ulen, K, forbidden, classes="K")
+    out = np.zeros((B, max(a.shape[1], 1)), dtype=np.int64)
+    out[:, : a.shape[1]] = np.where(valid, a, 0)
     return out
 
 
@@ -289,8 +218,8 @@ def duration_lattice_op(
     B, T, U1, V = logits.shape
     dev = logits.device
     tok_dur, blank_dur = _op_arcs(K, D, V, T, tok_dur, tok_didx, blank_ids, blank_dur, blank_didx)
-    tlen = _lengths(logit_lengths, B, "logit_lengths", T, "T (logits.shape[1])", dev)
-    ulen = _lengths(target_lengths, B, "target_lengths", U1 - 1, "U (logits.shape[2] - 1)", dev)
+    tlen = _lengths(logit_lengths, B, "logit_lengths", T, "T", dev)
+    ulen = _lengths(target_lengths, B, "target_lengths", U1 - 1, "U", dev)
     tg = _targets(targets, B, ulen, K, blank_ids, dev)
     impl = rnnt_dispatch.pick(dev, impl or None, IMPLS, "duration lattice")
     coef = _coefficients(reduction, ulen, B)
@@ -373,9 +302,10 @@ def _call(logits, targets, logit_lengths, target_lengths, K, D, arcs, sigma, ome
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     x = logits.to(dtype)
     need = bool(torch.is_grad_enabled() and x.requires_grad)
-    tg = _tensor_arg(targets, "targets", 2, "(B, U)")
-    il = _tensor_arg(logit_lengths, "logit_lengths", 1, "(B,)")
-    tl = _tensor_arg(target_lengths, "target_lengths", 1, "(B,)")
+    B, dev = logits.shape[0], logits.device
+    tg = checks.check_index_tensor(targets, "targets", (B, None), "(B, U)", dev)
+    il = checks.check_index_tensor(logit_lengths, "logit_lengths", (B,), "(B,)", dev)
+    tl = checks.check_index_tensor(target_lengths, "target_lengths", (B,), "(B,)", dev)
     out, _ = duration_lattice_op(
         x, tg, il, tl, int(K), int(D), *[list(a) for a in arcs], float(sigma), float(omega), bool(fused),
         reduction, bool(zi), impl or "", need,
@@ -436,11 +366,11 @@ def multiblank_rnnt_loss(
         ``(B,)`` for ``reduction="none"``, else a scalar, in ``logits``'s dtype. NaN logits in an
         example's lattice give a NaN loss.
     """
-    B, T, U1, V = _check_logits(logits)
+    B, T, U1, V = checks.check_joiner_logits(logits)
     _check_common(reduction, impl, zero_infinity, fused_log_softmax, logits.device, "multiblank_rnnt_loss")
-    blank = _index(blank, "blank", V)
+    blank = checks.check_class_id(blank, "blank", V)
     durs = _check_durations(big_blank_durations, "big_blank_durations", allow_empty=True, allow_zero=False)
-    sigma = _check_real(sigma, "sigma")
+    sigma = checks.check_real(sigma, "sigma")
     if big_blank_ids is None:
         if blank < len(durs):
             raise ValueError(
@@ -451,7 +381,7 @@ def multiblank_rnnt_loss(
     else:
         if isinstance(big_blank_ids, (str, bytes)) or not isinstance(big_blank_ids, Sequence):
             raise ValueError(f"big_blank_ids must be a list of class ids, got {big_blank_ids!r}")
-        ids = [_index(c, "big_blank_ids", V) for c in big_blank_ids]
+        ids = [checks.check_class_id(c, "big_blank_ids", V) for c in big_blank_ids]
         if len(ids) != len(durs):
             raise ValueError(f"big_blank_ids must have len(big_blank_durations)={len(durs)} ids, got {len(ids)}")
         if len(set(ids + [blank])) != len(ids) + 1:
@@ -507,7 +437,7 @@ def tdt_loss(
     Returns:
         ``(B,)`` for ``reduction="none"``, else a scalar, in ``logits``'s dtype.
     """
-    B, T, U1, V = _check_logits(logits)
+    B, T, U1, V = checks.check_joiner_logits(logits)
     _check_common(reduction, impl, zero_infinity, fused_log_softmax, logits.device, "tdt_loss")
     durs = _check_durations(durations, "durations", allow_empty=False, allow_zero=True)
     if durs[-1] < 1:
@@ -516,9 +446,9 @@ def tdt_loss(
     K = V - D
     if K < 1:
         raise ValueError(f"logits must have V > len(durations)={D} classes (labels, then durations), got V={V}")
-    blank = _index(blank, "blank", K)
-    sigma = _check_real(sigma, "sigma")
-    omega = _check_real(omega, "omega", 0.0, 1.0)
+    blank = checks.check_class_id(blank, "blank", K, "K")
+    sigma = checks.check_real(sigma, "sigma")
+    omega = checks.check_real(omega, "omega", 0.0, 1.0)
     pos = [i for i, d in enumerate(durs) if d > 0]
     arcs = (durs, list(range(D)), [blank] * len(pos), [durs[i] for i in pos], pos)
     return _call(logits, targets, logit_lengths, target_lengths, K, D, arcs, sigma, omega, fused_log_softmax,

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .. import k2 as k2f
+from ..core import checks
 from ..core.checks import check_label, check_reduction
 from .rnnt import RNNTStructuredLoss, prepend_blank
 
@@ -39,9 +40,7 @@ def _at_least_float32(x: Tensor) -> Tensor:
 
 
 def _number(value, name: str, low: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value == value or value < low:
-        raise ValueError(f"{name} must be a number >= {low}, got {value!r}")
-    return float(value)
+    return checks.check_real(value, name, low, finite=False)
 
 
 class PrunedRNNTLoss(RNNTStructuredLoss):
@@ -95,10 +94,8 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
     ) -> None:
         super().__init__()
         self.blank = check_label(blank, "blank", 2**62)
-        if isinstance(s_range, bool) or not isinstance(s_range, int) or s_range < 1:
-            raise ValueError(f"s_range must be an integer >= 1, got {s_range!r}")
-        if isinstance(warm_step, bool) or not isinstance(warm_step, int) or warm_step < 0:
-            raise ValueError(f"warm_step must be an integer >= 0, got {warm_step!r}")
+        s_range = checks.check_int(s_range, "s_range", 1)
+        warm_step = checks.check_int(warm_step, "warm_step", 0)
         if rnnt_type not in k2f.RNNT_TYPES:
             raise ValueError(f"rnnt_type must be one of {k2f.RNNT_TYPES}, got {rnnt_type!r}")
         if warmup not in WARMUPS:
@@ -125,9 +122,7 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
 
     def set_step(self, step: int) -> None:
         """Sets :attr:`step`, the training step the warm-up schedule reads."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an integer >= 0, got {step!r}")
-        self.step = step
+        self.step = checks.check_int(step, "step", 0)
 
     def scales(self, step: Optional[int] = None) -> Tuple[float, float]:
         """``(simple_scale, pruned_scale)`` at ``step`` (default :attr:`step`)."""
@@ -144,34 +139,25 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
 
     def _symbols(self, targets: Tensor, target_lengths: Tensor, B: int, device) -> Tuple[Tensor, Tensor]:
         """Padded ``(B, U)`` targets with the padding replaced by the blank, and int64 lengths."""
-        if not isinstance(targets, Tensor) or targets.dim() != 2 or targets.shape[0] != B:
-            got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
-            raise ValueError(f"targets must be a padded integer tensor of shape (B, U) with B={B}, got {got}")
-        if targets.is_floating_point() or targets.dtype == torch.bool:
-            raise ValueError(f"targets must be an integer tensor, got {targets.dtype}")
+        if not isinstance(targets, Tensor):
+            raise ValueError(f"targets must be a padded integer tensor of shape (B, U), got {type(targets).__name__}")
+        targets = checks.check_index_tensor(targets, "targets", (B, None), "(B, U)")
         U = targets.shape[1]
-        tl = self._lengths(target_lengths, B, U, "target_lengths", device)
+        tl = self._lengths(target_lengths, B, U, "target_lengths", device, "U", "targets of shape (B, U)")
         pos = torch.arange(U, device=device).reshape(1, U)
-        sym = torch.where(pos < tl.reshape(B, 1), targets.to(device=device, dtype=torch.long), int(self.blank or 0))
+        sym = torch.where(pos < tl.reshape(B, 1), targets.to(device=device), int(self.blank or 0))
         return sym, tl
 
     def _check_classes(self, sym: Tensor, V: int) -> None:
         """ValueError unless the blank and every (unpadded) target id is a class in ``[0, V)``."""
-        if not 0 <= int(self.blank or 0) < V:
-            raise ValueError(f"blank must be a class id in [0, V={V}), got {self.blank}")
-        if sym.numel() and not torch.compiler.is_compiling() and (int(sym.min()) < 0 or int(sym.max()) >= V):
-            raise ValueError(
-                f"targets must be class ids in [0, V={V}), got values in [{int(sym.min())}, {int(sym.max())}]"
-            )
+        check_label(int(self.blank or 0), "blank", V)
+        if not torch.compiler.is_compiling():
+            checks.check_in_range(sym, "targets", "V", V, inclusive=False)
 
     @staticmethod
-    def _lengths(lengths, B: int, high: int, name: str, device) -> Tensor:
-        x = torch.as_tensor(lengths)
-        if x.is_floating_point() or x.dtype == torch.bool or tuple(x.shape) != (B,):
-            raise ValueError(f"{name} must be {B} integers in [0, {high}], got {x.dtype} of shape {tuple(x.shape)}")
-        x = x.to(device=device, dtype=torch.long)
-        if B and (int(x.min()) < 0 or int(x.max()) > high):
-            raise ValueError(f"{name} must lie in [0, {high}], got values in [{int(x.min())}, {int(x.max())}]")
+    def _lengths(lengths, B: int, high: int, name: str, device, bound: str, of: str) -> Tensor:
+        x = checks.check_index_tensor(lengths, name, (B,), "(B,)").to(device)
+        checks.check_in_range(x, name, bound, high, inclusive=True, of=of)
         return x
 
     def _finish(self, losses: Tensor) -> Tensor:
@@ -185,15 +171,12 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
     def forward(self, logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor) -> Tensor:
         """The full k2 ``rnnt_loss`` of joiner outputs ``(B, T, U + 1, V)`` (torchaudio's calling
         convention): a scalar, or ``(B,)`` with ``reduction="none"``."""
-        if not isinstance(logits, Tensor) or logits.dim() != 4:
-            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-            raise ValueError(f"logits must have shape (B, T, U + 1, V), got {got}")
-        B, T = logits.shape[0], logits.shape[1]
+        B, T = checks.check_joiner_logits(logits)[:2]
         sym, tl = self._symbols(targets, target_lengths, B, logits.device)
         if logits.shape[2] != sym.shape[1] + 1:
             raise ValueError(f"logits (B, T, U + 1, V) must have U + 1 = {sym.shape[1] + 1}, got {tuple(logits.shape)}")
         self._check_classes(sym, logits.shape[3])
-        ll = self._lengths(logit_lengths, B, T, "logit_lengths", logits.device)
+        ll = self._lengths(logit_lengths, B, T, "logit_lengths", logits.device, "T", "logits of shape (B, T, U + 1, V)")
         boundary = torch.stack([torch.zeros_like(tl), torch.zeros_like(tl), tl, ll], dim=1)
         losses = k2f.rnnt_loss(
             logits,
@@ -223,7 +206,9 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
         B, T = encoder_out.shape[0], encoder_out.shape[1]
         blank = int(self.blank or 0)
         sym, tl = self._symbols(targets, target_lengths, B, encoder_out.device)
-        el = self._lengths(encoder_lengths, B, T, "encoder_lengths", encoder_out.device)
+        el = self._lengths(
+            encoder_lengths, B, T, "encoder_lengths", encoder_out.device, "T", "encoder_out of shape (B, T, J)"
+        )
         boundary = torch.stack([torch.zeros_like(tl), torch.zeros_like(tl), tl, el], dim=1)
         am = network.simple_am(encoder_out)  # (B, T, V): V checks the targets before any lookup
         self._check_classes(sym, am.shape[-1])
