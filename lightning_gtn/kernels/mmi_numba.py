@@ -291,6 +291,20 @@ def _vadd_to(y, o, v):
     vstore(y, o, vadd(vload(y, o), v))
 
 
+@njit(cache=True, inline="always")
+def _vstore2(y, o, v0, v1):
+    """``y[o:o + 16] = (v0, v1)``."""
+    vstore(y, o, v0)
+    vstore(y, o + 8, v1)
+
+
+@njit(cache=True, inline="always")
+def _vstore4(y, o, v0, v1, v2, v3):
+    """``y[o:o + 32] = (v0, v1, v2, v3)``."""
+    _vstore2(y, o, v0, v1)
+    _vstore2(y, o + 16, v2, v3)
+
+
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src, p):
     """One forward frame for the first ``nw`` columns (a multiple of :data:`LANES`): the group
@@ -309,28 +323,16 @@ def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src,
             for g in range(ld(state_off, d), ld(state_off, d + 1)):
                 u0, u1, u2, u3 = gather32(alpha, nbp, k, fwd_src, p, ld(fwd_off, g), ld(fwd_off, g + 1))
                 uo = g * nbp + k
-                vstore(U, uo, u0)
-                vstore(U, uo + 8, u1)
-                vstore(U, uo + 16, u2)
-                vstore(U, uo + 24, u3)
+                _vstore4(U, uo, u0, u1, u2, u3)
                 eo = ld(group_label, g) * nbp + k
                 s0 = vfma(s0, u0, vload(e, eo))
                 s1 = vfma(s1, u1, vload(e, eo + 8))
                 s2 = vfma(s2, u2, vload(e, eo + 16))
                 s3 = vfma(s3, u3, vload(e, eo + 24))
             ao = d * nbp + k
-            vstore(anew, ao, s0)
-            vstore(anew, ao + 8, s1)
-            vstore(anew, ao + 16, s2)
-            vstore(anew, ao + 24, s3)
-            t0 = vadd(t0, s0)
-            t1 = vadd(t1, s1)
-            t2 = vadd(t2, s2)
-            t3 = vadd(t3, s3)
-        vstore(tot, k, t0)
-        vstore(tot, k + 8, t1)
-        vstore(tot, k + 16, t2)
-        vstore(tot, k + 24, t3)
+            _vstore4(anew, ao, s0, s1, s2, s3)
+            t0, t1, t2, t3 = vadd(t0, s0), vadd(t1, s1), vadd(t2, s2), vadd(t3, s3)
+        _vstore4(tot, k, t0, t1, t2, t3)
         k += 32
     if k + 16 <= nw:
         t0 = t1 = z
@@ -339,18 +341,14 @@ def _frame(nw, alpha, anew, e, U, tot, state_off, group_label, fwd_off, fwd_src,
             for g in range(ld(state_off, d), ld(state_off, d + 1)):
                 u0, u1 = gather16(alpha, nbp, k, fwd_src, p, ld(fwd_off, g), ld(fwd_off, g + 1))
                 uo = g * nbp + k
-                vstore(U, uo, u0)
-                vstore(U, uo + 8, u1)
+                _vstore2(U, uo, u0, u1)
                 eo = ld(group_label, g) * nbp + k
                 s0 = vfma(s0, u0, vload(e, eo))
                 s1 = vfma(s1, u1, vload(e, eo + 8))
             ao = d * nbp + k
-            vstore(anew, ao, s0)
-            vstore(anew, ao + 8, s1)
-            t0 = vadd(t0, s0)
-            t1 = vadd(t1, s1)
-        vstore(tot, k, t0)
-        vstore(tot, k + 8, t1)
+            _vstore2(anew, ao, s0, s1)
+            t0, t1 = vadd(t0, s0), vadd(t1, s1)
+        _vstore2(tot, k, t0, t1)
         k += 16
     while k < nw:
         t0 = z
@@ -379,10 +377,7 @@ def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p, nreal, real_virt_off, 
         for s in range(nreal, S):
             b0, b1, b2, b3 = gather32(v, nbp, k, bwd_group, p, ld(src_off, s), ld(src_off, s + 1))
             bo = s * nbp + k
-            vstore(bprev, bo, b0)
-            vstore(bprev, bo + 8, b1)
-            vstore(bprev, bo + 16, b2)
-            vstore(bprev, bo + 24, b3)
+            _vstore4(bprev, bo, b0, b1, b2, b3)
         t0 = t1 = t2 = t3 = z
         for s in range(nreal):
             b0, b1, b2, b3 = gather32(v, nbp, k, bwd_group, p, ld(src_off, s), ld(src_off, s + 1))
@@ -393,25 +388,15 @@ def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p, nreal, real_virt_off, 
                 b2 = vadd(b2, vload(bprev, vo + 16))
                 b3 = vadd(b3, vload(bprev, vo + 24))
             bo = s * nbp + k
-            vstore(bprev, bo, b0)
-            vstore(bprev, bo + 8, b1)
-            vstore(bprev, bo + 16, b2)
-            vstore(bprev, bo + 24, b3)
-            t0 = vadd(t0, b0)
-            t1 = vadd(t1, b1)
-            t2 = vadd(t2, b2)
-            t3 = vadd(t3, b3)
-        vstore(zs, k, t0)
-        vstore(zs, k + 8, t1)
-        vstore(zs, k + 16, t2)
-        vstore(zs, k + 24, t3)
+            _vstore4(bprev, bo, b0, b1, b2, b3)
+            t0, t1, t2, t3 = vadd(t0, b0), vadd(t1, b1), vadd(t2, b2), vadd(t3, b3)
+        _vstore4(zs, k, t0, t1, t2, t3)
         k += 32
     if k + 16 <= nw:
         for s in range(nreal, S):
             b0, b1 = gather16(v, nbp, k, bwd_group, p, ld(src_off, s), ld(src_off, s + 1))
             bo = s * nbp + k
-            vstore(bprev, bo, b0)
-            vstore(bprev, bo + 8, b1)
+            _vstore2(bprev, bo, b0, b1)
         t0 = t1 = z
         for s in range(nreal):
             b0, b1 = gather16(v, nbp, k, bwd_group, p, ld(src_off, s), ld(src_off, s + 1))
@@ -420,12 +405,9 @@ def _back_gather(nw, v, bprev, zs, src_off, bwd_group, p, nreal, real_virt_off, 
                 b0 = vadd(b0, vload(bprev, vo))
                 b1 = vadd(b1, vload(bprev, vo + 8))
             bo = s * nbp + k
-            vstore(bprev, bo, b0)
-            vstore(bprev, bo + 8, b1)
-            t0 = vadd(t0, b0)
-            t1 = vadd(t1, b1)
-        vstore(zs, k, t0)
-        vstore(zs, k + 8, t1)
+            _vstore2(bprev, bo, b0, b1)
+            t0, t1 = vadd(t0, b0), vadd(t1, b1)
+        _vstore2(zs, k, t0, t1)
         k += 16
     while k < nw:
         for s in range(nreal, S):
@@ -467,6 +449,20 @@ def _sum_nodes(nw, x, nreal, virt_off, virt_member):
             vstore(x, o + k, acc)
 
 
+@njit(cache=True, inline="always")
+def _posterior(g, k, nbp, rk, e, beta, Ut, v, gbuf, group_dst, group_label, need_e):
+    """Group ``g``, columns ``k:k + 8``: ``v[g] = e[label g] * beta[dst g] * rk`` stored, and
+    ``Ut[g] v[g]`` returned (and added into ``gbuf[label g]`` with ``need_e``)."""
+    lo = ld(group_label, g) * nbp + k
+    go = g * nbp + k
+    vv = vmul(vmul(vload(e, lo), vload(beta, ld(group_dst, g) * nbp + k)), rk)
+    vstore(v, go, vv)
+    uv = vmul(vload(Ut, go), vv)
+    if need_e:
+        _vadd_to(gbuf, lo, uv)
+    return uv
+
+
 @njit(cache=True, nogil=True, **_NO_REFCOUNT)
 def _posteriors(nw, e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e):
     """``v[g] = e[label g] * beta[dst g] * rz`` and ``z = sum_g Ut[g] v[g]`` for the first ``nw``
@@ -483,33 +479,12 @@ def _posteriors(nw, e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e)
         rk = vload(rz, k)
         z0 = z1 = zero
         g = 0
-        while g + 2 <= G:
-            lo = ld(group_label, g) * nbp + k
-            go = g * nbp + k
-            vv = vmul(vmul(vload(e, lo), vload(beta, ld(group_dst, g) * nbp + k)), rk)
-            vstore(v, go, vv)
-            uv = vmul(vload(Ut, go), vv)
-            z0 = vadd(z0, uv)
-            if need_e:
-                _vadd_to(gbuf, lo, uv)
-            lo = ld(group_label, g + 1) * nbp + k
-            go = go + nbp
-            vv = vmul(vmul(vload(e, lo), vload(beta, ld(group_dst, g + 1) * nbp + k)), rk)
-            vstore(v, go, vv)
-            uv = vmul(vload(Ut, go), vv)
-            z1 = vadd(z1, uv)
-            if need_e:
-                _vadd_to(gbuf, lo, uv)
+        while g + 2 <= G:  # two groups per step: two independent sums
+            z0 = vadd(z0, _posterior(g, k, nbp, rk, e, beta, Ut, v, gbuf, group_dst, group_label, need_e))
+            z1 = vadd(z1, _posterior(g + 1, k, nbp, rk, e, beta, Ut, v, gbuf, group_dst, group_label, need_e))
             g += 2
         if g < G:
-            lo = ld(group_label, g) * nbp + k
-            go = g * nbp + k
-            vv = vmul(vmul(vload(e, lo), vload(beta, ld(group_dst, g) * nbp + k)), rk)
-            vstore(v, go, vv)
-            uv = vmul(vload(Ut, go), vv)
-            z0 = vadd(z0, uv)
-            if need_e:
-                _vadd_to(gbuf, lo, uv)
+            z0 = vadd(z0, _posterior(g, k, nbp, rk, e, beta, Ut, v, gbuf, group_dst, group_label, need_e))
         vstore(z, k, vadd(z0, z1))
 
 
