@@ -5,7 +5,8 @@ read and a gradient written) and against warprnnt-numba's CPU loss.
 Shapes: ``(B, T, U, V) = (8, 150, 40, 128)`` and ``(4, 500, 100, 500)``, logits ``(B, T, U + 1, V)``
 float32, full lengths, blank 0, ``reduction="mean"``.
 
-Columns: the best of ``--repeats`` wall times (after one warm-up call) of ``rnnt_loss`` (impl
+Columns: the best of ``--repeats`` (default 5) wall times (after one warm-up call; ``rnnt_loss``
+and ``log_softmax`` timed in turn, each after a 50 ms pause, :func:`_best_interleaved`) of ``rnnt_loss`` (impl
 numba: the kernel with the log-softmax fused, gradient computed in the forward, scaled by the
 backward), of ``log_softmax`` + its backward (``torch.autograd.grad`` with a ready ones tensor), the
 ratio; the same as process CPU time (all threads; steadier than wall time on a shared machine);
@@ -77,16 +78,28 @@ def _warp(side: str):
     return warp
 
 
-def _best(fn, args, repeats):
-    """``(best wall time, best process CPU time (all threads))`` of ``repeats`` calls."""
-    fn(*args)  # warm-up (numba's cache, torch's allocator)
-    wall, cpu = [], []
+#: seconds of pause before each timed call (see :func:`_best_interleaved`)
+QUIESCE = 0.05
+
+
+def _best_interleaved(calls, repeats):
+    """Per ``(fn, args)`` of ``calls``, ``(best wall time, best process CPU time (all threads))``
+    of ``repeats`` calls, the functions timed in turn (a change of the machine's load hits them
+    alike), each after a pause of :data:`QUIESCE` seconds: torch's OpenMP workers spin-wait for
+    milliseconds after a parallel region, and on two cores whatever runs next on two threads
+    would pay for them."""
+    for fn, args in calls:
+        fn(*args)  # warm-up (numba's cache, torch's allocator)
+    wall = [[] for _ in calls]
+    cpu = [[] for _ in calls]
     for _ in range(repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn(*args)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return min(wall), min(cpu)
+        for i, (fn, args) in enumerate(calls):
+            time.sleep(QUIESCE)
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn(*args)
+            wall[i].append(time.perf_counter() - t0)
+            cpu[i].append(time.process_time() - c0)
+    return [(min(w), min(c)) for w, c in zip(wall, cpu)]
 
 
 def _memory_child(kind, B, T, U, V):
@@ -188,7 +201,7 @@ def gpu_table(repeats: int = 5) -> str:
 def main(argv=None) -> str:
     """Prints the table and returns it."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--full", action="store_true", help="also run warprnnt-numba at the large shape (minutes)")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory columns (fresh processes)")
     ap.add_argument("--side", default=SIDE, help="folder warprnnt-numba was installed into with pip --target")
@@ -208,8 +221,9 @@ def main(argv=None) -> str:
     for k, (B, T, U, V) in enumerate(shapes):
         x, tg, il, tl = _inputs(B, T, U, V)
         ones = torch.ones_like(x)
-        ours, ours_cpu = _best(_ours, (x, tg, il, tl), args.repeats)
-        lsm, lsm_cpu = _best(_log_softmax, (x, ones), args.repeats)
+        (ours, ours_cpu), (lsm, lsm_cpu) = _best_interleaved(
+            [(_ours, (x, tg, il, tl)), (_log_softmax, (x, ones))], args.repeats
+        )
         del ones
         if warp is None:
             w_col, r_col = "not installed", "-"
