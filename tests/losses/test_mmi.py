@@ -186,6 +186,41 @@ def test_compiles_fullgraph_and_opcheck():
     torch.library.opcheck(denominator_op, (x.double().requires_grad_(), il, h, 0.1, "", True, False))
 
 
+@pytest.mark.parametrize("calc_grad", [False, True])
+def test_eager_path_equals_the_custom_op(calc_grad):
+    """Outside ``torch.compile`` the denominator runs as a plain autograd Function (no custom op
+    dispatch), with its backward in numpy on the CPU: the same values and gradients as the op,
+    for every upstream gradient (zero, negative, a row with no path), and backward twice."""
+    den = gtn.Graph(calc_grad)  # accepts only even lengths: odd rows have no path
+    den.add_node(True, True)
+    den.add_node()
+    den.add_arc(0, 1, 1, 1, 0.3)
+    den.add_arc(0, 1, 2, 2, -0.2)
+    den.add_arc(1, 0, 0, 0, 0.1)
+    den.add_arc(1, 0, 2, 2, 0.0)
+    x = torch.randn(4, 6, 3, dtype=torch.float64)
+    il = torch.tensor([6, 3, 0, 4])
+    g = torch.tensor([0.5, -2.0, 1.0, 0.0], dtype=torch.float64)
+    xa = x.clone().requires_grad_()
+    a = mmi_denominator_score(xa, il, den, leaky_hmm=0.0)
+    assert torch.isinf(a[1]) and a[2] == 0.0
+    assert type(a.grad_fn).__name__ == "_EagerDenominatorBackward"
+    (a * g).sum().backward(retain_graph=True)
+    ga, wa = xa.grad.clone(), den.grad().weights_to_numpy().copy() if calc_grad else None
+    (a * g).sum().backward()  # a second backward through the same graph gives the same gradient again
+    torch.testing.assert_close(xa.grad, 2 * ga)
+    den.zero_grad()
+    xb = x.clone().requires_grad_()
+    b = denominator_op(xb, il, denominator_handle(den), 0.0, "", True, calc_grad)[0]
+    (b * g).sum().backward()
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ga, xb.grad)
+    assert ga[1].abs().sum() == 0 and ga[0].abs().sum() > 0
+    if calc_grad:
+        np.testing.assert_allclose(wa, den.grad().weights_to_numpy(), rtol=1e-6)
+        assert np.abs(wa).sum() > 0
+
+
 def test_errors_are_clear():
     den = bigram_den(2)
     x = torch.randn(2, 4, 3)
