@@ -14,7 +14,9 @@ against the torch path on a small problem, which takes over with a warning if th
 
 Both are ``torch.library`` custom ops with fake implementations; graphs reach them through
 integer handles, so a model step with ``mmi_loss`` compiles with ``torch.compile(fullgraph=True)``
-once the denominator has been seen eagerly (the first call registers it).
+once the denominator has been seen eagerly (the first call registers it). Outside
+``torch.compile`` the denominator op's body and autograd formula run as a plain autograd
+Function (:class:`_EagerDenominator`), without the custom op's dispatch.
 """
 
 from __future__ import annotations
@@ -329,13 +331,15 @@ class _EagerDenominator(torch.autograd.Function):
         logz, gE, gW = _denominator_scores(x, il, handle, leaky_hmm, impl, need_e, need_w)
         ctx.need_e, ctx.need_w = need_e, need_w
         ctx.den = _DENOMINATORS.get(handle) if need_w else None  # alive until the backward
-        ctx.grads = (logz, gE, gW)
+        # saved, not kept as attributes: ``logz`` is the output, whose node would then hold itself (a
+        # reference cycle, freed late by the garbage collector, and the pooled gradient with it)
+        ctx.save_for_backward(logz, gE, gW)
         return logz
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_out: Tensor):
-        logz, gE, gW = ctx.grads
+        logz, gE, gW = ctx.saved_tensors
         return (_den_grads(logz, gE, gW, g_out, ctx.need_e, ctx.need_w, ctx.den),) + (None,) * 6
 
 

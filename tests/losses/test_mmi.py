@@ -8,6 +8,7 @@ class sequence read off; the numerator is the paths whose class sequence collaps
 repeats, drop blanks) to the target.
 """
 
+import gc
 import math
 
 import numpy as np
@@ -19,6 +20,8 @@ from hypothesis import strategies as st
 import lightning_gtn.wfst as gtn
 from lightning_gtn.core.topologies import compose_token_acceptor, num_classes, numerator_graph
 from lightning_gtn.functional import graph_loss, mmi_denominator_score, mmi_loss
+from lightning_gtn.kernels import buffers, mmi_numba
+from lightning_gtn.kernels.buffers import BufferPool
 from lightning_gtn.losses.mmi import denominator_handle, denominator_op
 
 
@@ -219,6 +222,29 @@ def test_eager_path_equals_the_custom_op(calc_grad):
     if calc_grad:
         np.testing.assert_allclose(wa, den.grad().weights_to_numpy(), rtol=1e-6)
         assert np.abs(wa).sum() > 0
+
+
+def test_eager_path_hands_its_buffers_back_without_the_garbage_collector(monkeypatch):
+    """The kernel's ``(B, T, C)`` gradient and the backward's product come from a pool that reuses
+    an array once nobody holds it: after the backward, the autograd node must not keep the
+    gradient alive (an output kept as an attribute of ``ctx`` made a reference cycle, which held
+    it until the garbage collector ran, and every call faulted in fresh pages)."""
+    pool = BufferPool(64 << 20)
+    monkeypatch.setattr(mmi_numba, "OUTPUTS", pool)
+    monkeypatch.setattr(buffers, "OUTPUTS", pool)
+    den = bigram_den(3)
+    il = torch.tensor([9, 7])
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(4):
+            x = torch.randn(2, 9, 4, requires_grad=True)
+            mmi_denominator_score(x, il, den).sum().backward()
+            assert x.grad.abs().sum() > 0
+            del x
+    finally:
+        gc.enable()
+    assert pool.kept_bytes == 2 * 2 * 9 * 4 * 4  # the kernel's gradient and the product, reused
 
 
 def test_errors_are_clear():
