@@ -40,11 +40,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import torch
 from _procmem import peak_growth  # noqa: E402
+from _timing import times_in_turn  # noqa: E402
 from numba import njit
 
 from lightning_gtn.core.shared_graph import shared_graph
@@ -55,8 +55,6 @@ from lightning_gtn.kernels.simd import vstore
 from lightning_gtn.wfst.parallel import get_num_threads, parallel_map
 
 B, T = 32, 500
-#: seconds of pause before each timed call (see :func:`_times`)
-QUIESCE = 0.05
 GRAPHS = [("char bigram, CTC", 30, 0.5), ("200 word pieces bigram, CTC", 200, 0.5)]
 
 
@@ -141,25 +139,9 @@ def _floor_fn(sg):
     return lambda: parallel_map(run, list(range(len(chunks))))
 
 
-def _times(fns, repeats: int):
-    """Per function, its ``repeats`` (wall, process CPU of all threads) times; the functions run
-    in turn, so a change of the machine's load hits them alike, each after a pause of
-    :data:`QUIESCE` seconds: torch's OpenMP workers spin-wait for milliseconds after a parallel
-    region (``OMP_WAIT_POLICY`` unset), and on two cores the spinning thread halves whatever runs
-    next on two threads, so without the pause each call would pay for its predecessor's threads."""
-    out: list = [[] for _ in fns]
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            time.sleep(QUIESCE)
-            c0, t0 = time.process_time(), time.perf_counter()
-            fn()
-            out[i].append((time.perf_counter() - t0, time.process_time() - c0))
-    return out
-
-
 def _best(fn, repeats: int):
     """Best wall and best process CPU time (all threads) of ``repeats`` calls of ``fn``."""
-    return _stats(_times([fn], repeats)[0])[:2]
+    return _stats(times_in_turn([fn], repeats)[0])[:2]
 
 
 def _stats(ts):
@@ -230,7 +212,7 @@ def main(argv=None) -> str:
             functools.partial(_generic, den, xg),
         ]
         fns[1]()
-        ts = _times(fns, args.repeats)
+        ts = times_in_turn(fns, args.repeats)
         ours, ker, fl = _stats(ts[0]), _stats(ts[1]), _stats(ts[2])
         gen = tuple(v * B / nb for v in _stats(ts[3])[:2])
         note = "" if nb == B else f" ({nb} rows x {B // nb})"

@@ -40,6 +40,7 @@ import time
 
 import torch
 from _procmem import peak_growth  # noqa: E402
+from _timing import times_in_turn  # noqa: E402
 
 SHAPES = [(8, 150, 40, 128), (4, 500, 100, 500)]
 SIDE = "/tmp/side"
@@ -78,28 +79,14 @@ def _warp(side: str):
     return warp
 
 
-#: seconds of pause before each timed call (see :func:`_best_interleaved`)
-QUIESCE = 0.05
-
-
 def _best_interleaved(calls, repeats):
     """Per ``(fn, args)`` of ``calls``, ``(best wall time, best process CPU time (all threads))``
-    of ``repeats`` calls, the functions timed in turn (a change of the machine's load hits them
-    alike), each after a pause of :data:`QUIESCE` seconds: torch's OpenMP workers spin-wait for
-    milliseconds after a parallel region, and on two cores whatever runs next on two threads
-    would pay for them."""
-    for fn, args in calls:
-        fn(*args)  # warm-up (numba's cache, torch's allocator)
-    wall = [[] for _ in calls]
-    cpu = [[] for _ in calls]
-    for _ in range(repeats):
-        for i, (fn, args) in enumerate(calls):
-            time.sleep(QUIESCE)
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn(*args)
-            wall[i].append(time.perf_counter() - t0)
-            cpu[i].append(time.process_time() - c0)
-    return [(min(w), min(c)) for w, c in zip(wall, cpu)]
+    of ``repeats`` calls after one warm-up call (numba's cache, torch's allocator), the
+    functions timed in turn, each after a pause (:func:`_timing.times_in_turn`)."""
+    fns = [functools.partial(fn, *args) for fn, args in calls]
+    for fn in fns:
+        fn()
+    return [(min(t[0] for t in ts), min(t[1] for t in ts)) for ts in times_in_turn(fns, repeats)]
 
 
 def _memory_child(kind, B, T, U, V):
