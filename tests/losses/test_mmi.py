@@ -224,11 +224,39 @@ def test_eager_path_equals_the_custom_op(calc_grad):
         assert np.abs(wa).sum() > 0
 
 
+def test_eager_backward_scales_in_place_and_a_retained_graph_computes_again():
+    """The eager backward hands the kernel's gradient on, scaled in place: the leaf's ``grad`` is
+    that array. Through a retained graph every further backward computes the gradient again from
+    the saved inputs, whatever was done to the first one (zeroed here in place); an input changed
+    in place after the forward makes the backward fail as autograd's own do."""
+    den = bigram_den(3)
+    il = torch.tensor([9, 5])
+    x = torch.randn(2, 9, 4, dtype=torch.float64, requires_grad=True)
+    ref = torch.autograd.grad(denominator_op(x, il, denominator_handle(den), 0.0, "", True, False)[0].sum(), x)[0]
+    out = mmi_denominator_score(x, il, den)
+    g = torch.tensor([1.5, -0.5], dtype=torch.float64)
+    (out * g).sum().backward(retain_graph=True)
+    first = x.grad
+    torch.testing.assert_close(first, ref * g.reshape(-1, 1, 1))
+    first.zero_()  # the leaf's gradient is the kernel's array: changing it must not reach the node
+    for k in range(1, 3):
+        (out * g).sum().backward(retain_graph=True)
+        torch.testing.assert_close(x.grad, k * ref * g.reshape(-1, 1, 1))
+    y = torch.randn(2, 9, 4, dtype=torch.float64, requires_grad=True)
+    z = y * 1.0
+    out = mmi_denominator_score(z, il, den)
+    with torch.no_grad():
+        z.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 def test_eager_path_hands_its_buffers_back_without_the_garbage_collector(monkeypatch):
-    """The kernel's ``(B, T, C)`` gradient and the backward's product come from a pool that reuses
-    an array once nobody holds it: after the backward, the autograd node must not keep the
-    gradient alive (an output kept as an attribute of ``ctx`` made a reference cycle, which held
-    it until the garbage collector ran, and every call faulted in fresh pages)."""
+    """The kernel's ``(B, T, C)`` gradient comes from a pool that reuses an array once nobody
+    holds it, and the backward scales it in place into the gradient it returns: after the
+    backward, the autograd node must not keep it alive (an output kept as an attribute of ``ctx``
+    made a reference cycle, which held it until the garbage collector ran, and every call faulted
+    in fresh pages), and no second array is needed."""
     pool = BufferPool(64 << 20)
     monkeypatch.setattr(mmi_numba, "OUTPUTS", pool)
     monkeypatch.setattr(buffers, "OUTPUTS", pool)
@@ -244,7 +272,7 @@ def test_eager_path_hands_its_buffers_back_without_the_garbage_collector(monkeyp
             del x
     finally:
         gc.enable()
-    assert pool.kept_bytes == 2 * 2 * 9 * 4 * 4  # the kernel's gradient and the product, reused
+    assert pool.kept_bytes == 2 * 9 * 4 * 4  # the kernel's gradient, scaled in place, reused
 
 
 def test_errors_are_clear():
