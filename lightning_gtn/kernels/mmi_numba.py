@@ -45,7 +45,10 @@ and ``e`` from the checkpoints (one more forward pass when ``K < T``). With ``K 
 recomputed: two arc passes in all (forward, backward).
 
 Rows run in chunks (rows sorted by length, dealt round-robin) on the engine's thread pool
-(:func:`lightning_gtn.wfst.parallel.parallel_map`; the kernels release the GIL).
+(:func:`lightning_gtn.wfst.parallel.parallel_map`; the kernels release the GIL). A chunk is one
+call of :func:`_chunk`, which also writes its rows' results into the batch's arrays: no numpy
+work per chunk in Python (each such call took tens of microseconds right after a pause, on the
+thread that had just woken, and held the GIL that the other thread wanted).
 """
 
 from __future__ import annotations
@@ -531,7 +534,7 @@ def _rescale(t, nact, lens, anew, tot, r, cl, prod, logs, lam, leak, track):
 
 
 @njit(cache=True, nogil=True)
-def _chunk(
+def _chunk_rows(
     E,
     rows,
     lens,
@@ -755,6 +758,97 @@ def _chunk(
                 gW[b, a] = gacc[a, b]
 
 
+@njit(cache=True, nogil=True)
+def _chunk(
+    rows,
+    lengths,
+    E,
+    start,
+    accept,
+    state_off,
+    group_dst,
+    group_label,
+    fwd_off,
+    fwd_src,
+    p_fwd,
+    src_off,
+    bwd_group,
+    p_bwd,
+    leak,
+    lam,
+    nreal,
+    virt_off,
+    virt_member,
+    real_virt_off,
+    real_virt,
+    fwd_arc,
+    shift,
+    K,
+    need_e,
+    need_w,
+    logz,
+    gE,
+    gW,
+    work,
+):
+    """One chunk of rows from start to finish, in one call (the GIL released throughout): the
+    rows' lengths gathered, :func:`_chunk_rows`, then ``logz[rows]`` written with the weight
+    shift (``lengths * shift``) and NaN for the rows that read a NaN or ``+inf`` (their emission
+    gradient zeroed), and (``need_w``) each row's arc-weight gradient scattered into ``gW[rows]``
+    in the graph's arc order (``fwd_arc``). ``rows``: distinct rows of the batch, sorted by
+    length (longest first); ``lengths``: the batch's, in ``[0, T]`` (both checked by the caller)."""
+    nb = rows.shape[0]
+    lens = np.empty(nb, np.int64)
+    for b in range(nb):
+        lens[b] = lengths[rows[b]]
+    lz = np.full(nb, -np.inf)
+    bad = np.zeros(nb, np.bool_)
+    A = fwd_src.shape[0]
+    gw = np.zeros((nb, A) if need_w else (1, 1), np.float64)
+    _chunk_rows(
+        E,
+        rows,
+        lens,
+        start,
+        accept,
+        state_off,
+        group_dst,
+        group_label,
+        fwd_off,
+        fwd_src,
+        p_fwd,
+        src_off,
+        bwd_group,
+        p_bwd,
+        leak,
+        lam,
+        nreal,
+        virt_off,
+        virt_member,
+        real_virt_off,
+        real_virt,
+        K,
+        need_e,
+        need_w,
+        lz,
+        bad,
+        gE,
+        gw,
+        work,
+    )
+    for b in range(nb):
+        row = rows[b]
+        if bad[b]:
+            logz[row] = np.nan
+            if need_e:
+                gE[row] = 0.0
+        else:
+            logz[row] = lz[b] + lens[b] * shift
+        if need_w:
+            for a in range(A):
+                gW[row, fwd_arc[a]] = 0.0 if bad[b] else gw[b, a]
+
+
 #: bytes of the per-thread segment buffer kept between calls (a larger one is freed after the call)
 WORKSPACE_KEEP = 64 << 20
 _local = threading.local()
@@ -863,15 +957,10 @@ def shared_scores(
     Ec = np.ascontiguousarray(E)
 
     def run(rows: np.ndarray) -> None:
-        ln = np.ascontiguousarray(lens[rows])
-        nb = len(rows)
-        lz = np.full(nb, -np.inf, dtype=np.float64)
-        bad = np.zeros(nb, dtype=np.bool_)
-        gw = np.zeros((nb, A) if need_w else (1, 1), dtype=np.float64)
         _chunk(
+            rows,
+            lens,
             Ec,
-            np.ascontiguousarray(rows),
-            ln,
             graph.start,
             graph.accept,
             graph.state_off,
@@ -890,23 +979,16 @@ def shared_scores(
             graph.virt_member,
             graph.real_virt_off,
             graph.real_virt,
+            graph.fwd_arc,
+            float(graph.shift),
             K,
             bool(need_e),
             bool(need_w),
-            lz,
-            bad,
+            logz,
             gE,
-            gw,
-            _workspace(work_size(nb, min(K, T), S, G, C, need_w), dt),
+            gW,
+            _workspace(work_size(len(rows), min(K, T), S, G, C, need_w), dt),
         )
-        lz = lz + ln * float(graph.shift)
-        lz[bad] = np.nan
-        logz[rows] = lz
-        if need_e and bad.any():
-            gE[rows[bad]] = 0.0
-        if need_w:
-            gw[bad] = 0.0
-            gW[rows[:, None], graph.fwd_arc[None, :]] = gw
 
     if len(chunks) == 1:
         run(chunks[0])
