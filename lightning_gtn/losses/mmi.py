@@ -227,10 +227,9 @@ def _denominator_scores(
     impl = _den_impl(log_probs, impl)
     x = log_probs.detach()
     if impl == "numba":
-        logz, gE, gW = mmi_numba.shared_scores(
-            sg, x.contiguous().numpy(), lengths, float(leaky_hmm), need_e=need_e, need_w=need_w
-        )
-        out = torch.from_numpy(logz).to(log_probs.dtype)
+        xn = x.contiguous().numpy()
+        logz, gE, gW = mmi_numba.shared_scores(sg, xn, lengths, float(leaky_hmm), need_e=need_e, need_w=need_w)
+        out = torch.from_numpy(logz.astype(xn.dtype, copy=False))  # numpy's cast: no torch dispatch
         gEt = torch.from_numpy(gE) if gE is not None else log_probs.new_empty(0)
         gWt = torch.from_numpy(gW).to(log_probs.dtype) if gW is not None else log_probs.new_empty(0)
         return out, gEt, gWt
@@ -421,8 +420,10 @@ def mmi_denominator_score(
     B, T, C = _check_common(log_probs, denominator, leaky_hmm, impl)
     den = _denominator(denominator, "ctc")
     il = checks.int_tensor(input_lengths, "input_lengths")
-    x = log_probs.to(checks.compute_dtype(log_probs))
-    return _denominator_call(x, il, den, float(leaky_hmm), impl, True).to(log_probs.dtype)
+    dt = checks.compute_dtype(log_probs)
+    x = log_probs if log_probs.dtype == dt else log_probs.to(dt)
+    out = _denominator_call(x, il, den, float(leaky_hmm), impl, True)
+    return out if out.dtype == log_probs.dtype else out.to(log_probs.dtype)
 
 
 def mmi_loss(
