@@ -251,6 +251,26 @@ def test_eager_backward_scales_in_place_and_a_retained_graph_computes_again():
         out.sum().backward()
 
 
+def test_eager_backward_computes_again_only_for_a_second_emission_gradient(monkeypatch):
+    """Only the arc weights' gradient asked for (the emissions need none): the backward scales
+    nothing in place, so neither its first nor a second backward runs the kernel again, and each
+    adds the same gradient into the graph's ``grad()``."""
+    den = bigram_den(3)
+    den.calc_grad = True
+    x = torch.randn(2, 7, 4, dtype=torch.float64)
+    il = torch.tensor([7, 4])
+    calls = []
+    real = mmi_numba.shared_scores
+    monkeypatch.setattr(mmi_numba, "shared_scores", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = mmi_denominator_score(x, il, den)
+    out.sum().backward(retain_graph=True)
+    once = den.grad().weights_to_numpy().copy()
+    out.sum().backward()
+    assert len(calls) == 1
+    assert np.abs(once).sum() > 0
+    np.testing.assert_allclose(den.grad().weights_to_numpy(), 2 * once, rtol=1e-6)
+
+
 def test_eager_path_hands_its_buffers_back_without_the_garbage_collector(monkeypatch):
     """The kernel's ``(B, T, C)`` gradient comes from a pool that reuses an array once nobody
     holds it, and the backward scales it in place into the gradient it returns: after the
