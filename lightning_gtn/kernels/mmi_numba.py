@@ -534,10 +534,28 @@ def _rescale(t, nact, lens, anew, tot, r, cl, prod, logs, lam, leak, track):
 
 
 @njit(cache=True, nogil=True)
-def _chunk_rows(
-    E,
+def _finish(rows, lens, lz, bad, shift, need_e, gacc, fwd_arc, need_w, logz, gE, gW):
+    """A chunk's results into the batch's arrays: ``logz[rows] = lz + lens * shift`` (NaN for the
+    ``bad`` rows, whose emission gradient is zeroed) and (``need_w``) ``gW[rows, fwd_arc[a]] =
+    gacc[a]`` (zero for the bad rows)."""
+    for b in range(rows.shape[0]):
+        row = rows[b]
+        if bad[b]:
+            logz[row] = np.nan
+            if need_e:
+                gE[row] = 0.0
+        else:
+            logz[row] = lz[b] + lens[b] * shift
+        if need_w:
+            for a in range(fwd_arc.shape[0]):
+                gW[row, fwd_arc[a]] = 0.0 if bad[b] else gacc[a, b]
+
+
+@njit(cache=True, nogil=True)
+def _chunk(
     rows,
-    lens,
+    lengths,
+    E,
     start,
     accept,
     state_off,
@@ -556,31 +574,41 @@ def _chunk_rows(
     virt_member,
     real_virt_off,
     real_virt,
+    fwd_arc,
+    shift,
     K,
     need_e,
     need_w,
     logz,
-    bad,
     gE,
     gW,
     work,
 ):
-    """log Z (without the weight shift) and gradients of one chunk of rows.
+    """log Z and gradients of one chunk of rows, from start to finish in one call (the GIL
+    released throughout).
 
-    ``E``: ``(B, T, C)`` the emissions of the whole batch; ``rows`` the chunk's rows, sorted by
-    ``lens`` (longest first). Each frame is transposed into a ``(C, nb)`` block and its
+    ``E``: ``(B, T, C)`` the emissions of the whole batch; ``rows`` the chunk's distinct rows,
+    sorted by their ``lengths`` (longest first; ``lengths`` the batch's, in ``[0, T]``: both
+    checked by the caller). Each frame is transposed into a ``(C, nb)`` block and its
     ``exp(E - max)`` computed vectorised over the rows, with the previous frame's ``1 / sum``
     folded in (the state vectors are never rescaled by a pass of their own); kept for the
-    segment's frames. Writes ``logz (nb,)``, ``bad (nb,)`` (rows that read a NaN or ``+inf``),
-    ``gE[rows]`` (frames within each row's length) and ``gW (nb, A)`` (forward arc order)."""
-    nb = lens.shape[0]
+    segment's frames. Writes (:func:`_finish`) ``logz[rows]`` with the weight shift, NaN for rows
+    that read a NaN or ``+inf``, ``gE[rows]`` (zero past each row's length) and ``gW[rows]`` (the
+    graph's arc order)."""
+    nb = rows.shape[0]
     if nb == 0:
         return
+    lens = np.empty(nb, np.int64)
+    for b in range(nb):
+        lens[b] = lengths[rows[b]]
+    lz = np.full(nb, -np.inf)  # log Z without the weight shift
+    bad = np.zeros(nb, np.bool_)  # rows that read a NaN or +inf
     S = state_off.shape[0] - 1
     G = group_dst.shape[0]
     A = fwd_src.shape[0]
     C = E.shape[2]
     Tm = lens[0]
+    gacc = np.zeros((A if need_w else 1, nb), np.float64)  # the arc weights' gradient
     dt = p_fwd.dtype
     nbp = _width(nb)  # the state vectors' columns: the rows padded to whole vectors
     alpha = np.zeros((S, nbp), dt)
@@ -621,7 +649,7 @@ def _chunk_rows(
             acc = 0.0
             for i in range(accept.shape[0]):
                 acc += alpha[accept[i], b]
-            logz[b] = logs[b] + math.log(acc) if acc > 0.0 else -np.inf
+            lz[b] = logs[b] + math.log(acc) if acc > 0.0 else -np.inf
     nact = nb
     for t in range(Tm):
         while nact > 0 and lens[nact - 1] <= t:
@@ -652,11 +680,12 @@ def _chunk_rows(
                 for i in range(accept.shape[0]):
                     acc += alpha[accept[i], b]
                 acc *= r[b]
-                logz[b] = logs[b] + math.log(prod[b]) + math.log(acc) if acc > 0.0 else -np.inf
+                lz[b] = logs[b] + math.log(prod[b]) + math.log(acc) if acc > 0.0 else -np.inf
     if need_e:  # gE is not zeroed by the caller: the frames past each row's length
         for b in range(nb):
             gE[rows[b], lens[b] :] = 0.0
     if not (need_e or need_w) or Tm == 0:
+        _finish(rows, lens, lz, bad, shift, need_e, gacc, fwd_arc, need_w, logz, gE, gW)
         return
     # ---- backward, segment by segment from the last
     beta = np.zeros((S, nbp), dt)
@@ -667,7 +696,6 @@ def _chunk_rows(
     rz = np.ones(nbp, dt)
     q = np.zeros(nb, dt)
     gbuf = np.zeros((C, nbp), dt)
-    gacc = np.zeros((A if need_w else 1, nb), np.float64)
     nact = 0
     for seg in range(nseg - 1, -1, -1):
         t0 = seg * K
@@ -711,7 +739,7 @@ def _chunk_rows(
             Ut = U[t - t0]
             _posteriors(_width(nact), e, beta, rz, Ut, v, z, gbuf, group_dst, group_label, need_e)
             for b in range(nact):
-                z[b] = 1.0 / z[b] if (z[b] > 0.0 and logz[b] > -np.inf) else 0.0
+                z[b] = 1.0 / z[b] if (z[b] > 0.0 and lz[b] > -np.inf) else 0.0
             if need_e:  # the posteriors scaled into this frame's emission slot, transposed into gE per segment
                 _scale_rows(_width(nact), gbuf, z, e)
             if need_w:
@@ -752,101 +780,7 @@ def _chunk_rows(
             beta, bprev = bprev, beta
         if need_e:
             _transpose_segment(gE, rows, lens, t0, t1, EX, offs, offd, False)
-    if need_w:
-        for a in range(A):
-            for b in range(nb):
-                gW[b, a] = gacc[a, b]
-
-
-@njit(cache=True, nogil=True)
-def _chunk(
-    rows,
-    lengths,
-    E,
-    start,
-    accept,
-    state_off,
-    group_dst,
-    group_label,
-    fwd_off,
-    fwd_src,
-    p_fwd,
-    src_off,
-    bwd_group,
-    p_bwd,
-    leak,
-    lam,
-    nreal,
-    virt_off,
-    virt_member,
-    real_virt_off,
-    real_virt,
-    fwd_arc,
-    shift,
-    K,
-    need_e,
-    need_w,
-    logz,
-    gE,
-    gW,
-    work,
-):
-    """One chunk of rows from start to finish, in one call (the GIL released throughout): the
-    rows' lengths gathered, :func:`_chunk_rows`, then ``logz[rows]`` written with the weight
-    shift (``lengths * shift``) and NaN for the rows that read a NaN or ``+inf`` (their emission
-    gradient zeroed), and (``need_w``) each row's arc-weight gradient scattered into ``gW[rows]``
-    in the graph's arc order (``fwd_arc``). ``rows``: distinct rows of the batch, sorted by
-    length (longest first); ``lengths``: the batch's, in ``[0, T]`` (both checked by the caller)."""
-    nb = rows.shape[0]
-    lens = np.empty(nb, np.int64)
-    for b in range(nb):
-        lens[b] = lengths[rows[b]]
-    lz = np.full(nb, -np.inf)
-    bad = np.zeros(nb, np.bool_)
-    A = fwd_src.shape[0]
-    gw = np.zeros((nb, A) if need_w else (1, 1), np.float64)
-    _chunk_rows(
-        E,
-        rows,
-        lens,
-        start,
-        accept,
-        state_off,
-        group_dst,
-        group_label,
-        fwd_off,
-        fwd_src,
-        p_fwd,
-        src_off,
-        bwd_group,
-        p_bwd,
-        leak,
-        lam,
-        nreal,
-        virt_off,
-        virt_member,
-        real_virt_off,
-        real_virt,
-        K,
-        need_e,
-        need_w,
-        lz,
-        bad,
-        gE,
-        gw,
-        work,
-    )
-    for b in range(nb):
-        row = rows[b]
-        if bad[b]:
-            logz[row] = np.nan
-            if need_e:
-                gE[row] = 0.0
-        else:
-            logz[row] = lz[b] + lens[b] * shift
-        if need_w:
-            for a in range(A):
-                gW[row, fwd_arc[a]] = 0.0 if bad[b] else gw[b, a]
+    _finish(rows, lens, lz, bad, shift, need_e, gacc, fwd_arc, need_w, logz, gE, gW)
 
 
 #: bytes of the per-thread segment buffer kept between calls (a larger one is freed after the call)
