@@ -364,12 +364,11 @@ class _EagerDenominator(torch.autograd.Function):
     def backward(ctx, g_out: Tensor):
         logz, x, il = ctx.saved_tensors
         gE, gW = ctx.gE, ctx.gW
-        ctx.gE = None
-        if gE is None and ctx.need_e:  # a second backward through a retained graph: the first scaled gE in place
-            handle, leaky_hmm, impl = ctx.args
-            _, gE, _ = _denominator_scores(x, il, handle, leaky_hmm, impl, True, False)
-        elif gE is None:  # only the arc weights' gradient, which is not scaled in place
-            gE = x.new_empty(0)
+        if ctx.need_e:  # scaled in place below: not for a second backward
+            ctx.gE = None
+            if gE is None:  # a second backward through a retained graph: computed again
+                handle, leaky_hmm, impl = ctx.args
+                _, gE, _ = _denominator_scores(x, il, handle, leaky_hmm, impl, True, False)
         return (_den_grads(logz, gE, gW, g_out, ctx.need_e, ctx.need_w, ctx.den, in_place=True),) + (None,) * 6
 
 
