@@ -23,13 +23,13 @@ NEG_INF = -math.inf
 BOUNDARY = -7
 
 
-@njit(cache=False, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _mix(h, v):
     x = (h ^ (v + 0x2545F4914F6CDD1D)) * 0x100000001B3
     return x ^ (x >> 29)
 
 
-@njit(cache=False, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _logadd(a, b):
     if a < b:
         a, b = b, a
@@ -38,7 +38,7 @@ def _logadd(a, b):
     return a + math.log1p(math.exp(b - a))
 
 
-@njit(cache=False, nogil=True)
+@njit(cache=True, nogil=True)
 def lm_score(state, w, st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state):
     """``(ln P(w | state) with back-off, next state)``; ``(-inf, -1)`` if no state has ``w``."""
     acc = 0.0
@@ -63,7 +63,7 @@ def lm_score(state, w, st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state):
     return NEG_INF, -1
 
 
-@njit(cache=False, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _child(ch_off, ch_tok, ch_node, node, tok):
     """The trie child of ``node`` by ``tok``, or -1 (also for ``node`` -1)."""
     if node < 0:
@@ -82,7 +82,7 @@ def _child(ch_off, ch_tok, ch_node, node, tok):
     return -1
 
 
-@njit(cache=False, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _bonus(wd_off, wd_id, word_extra, node):
     """Sum of ``word_extra`` of the words ending at ``node`` (0 for ``node`` -1)."""
     b = 0.0
@@ -92,7 +92,7 @@ def _bonus(wd_off, wd_id, word_extra, node):
     return b
 
 
-@njit(cache=False, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tr(trans, prev, c):
     """ASG's transition score from frame token ``prev`` (-1: the start) to ``c``; ``trans`` is
     ``(C + 1, C)`` (row 0: start scores) or empty (no transitions)."""
@@ -101,7 +101,7 @@ def _tr(trans, prev, c):
     return trans[prev + 1, c] if prev < 0 else trans[c + 1, prev]
 
 
-@njit(cache=False, nogil=True)
+@njit(cache=True, nogil=True)
 def smear_kernel(
     ch_off,
     ch_node,
@@ -146,7 +146,7 @@ def smear_kernel(
     return smear
 
 
-@njit(cache=False, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _push(ci, ch, cf, n, parent, node, lm, last, inw, tok, word, hist, ac, lms, ext, total):
     ci[n, 0] = parent
     ci[n, 1] = node
@@ -163,7 +163,7 @@ def _push(ci, ch, cf, n, parent, node, lm, last, inw, tok, word, hist, ac, lms, 
     return n + 1
 
 
-@njit(cache=False, nogil=True)
+@njit(cache=True, nogil=True)
 def _merge(ci, ch, cf, n, slot, stamp, gen, uniq):
     """Log-adds candidates with equal (hist, node, lm, last, inw); returns the count of ``uniq``."""
     mask = slot.shape[0] - 1
@@ -200,7 +200,7 @@ def _merge(ci, ch, cf, n, slot, stamp, gen, uniq):
     return nu
 
 
-@njit(cache=False, nogil=True)
+@njit(cache=True, nogil=True)
 def beam_kernel(
     em,
     T,
