@@ -329,3 +329,24 @@ def test_lexicon_from_pieces_enumerates_decompositions():
     assert all(len(sp) == 3 for sp in got["abab"] - {(2, 2)})
     with pytest.raises(ValueError, match="cannot be spelled"):
         Lexicon.from_pieces(["abc"], pieces)
+
+
+def test_kth_best_score_is_numpys_partition():
+    """The beam's cut (the ``beam_size``-th best candidate score) is the value ``np.partition``
+    gives (which it replaced), on random, tied, sorted and infinite scores, and leaves the
+    scores as they were."""
+    from lightning_gtn.decode._kernels import _kth_smallest
+
+    rng = np.random.default_rng(3)
+    for trial in range(2000):
+        n = int(rng.integers(1, 50))
+        a = [
+            rng.normal(size=n),
+            rng.integers(0, 3, n).astype(np.float64),  # ties
+            np.sort(rng.normal(size=n))[::-1].copy(),
+            np.where(rng.random(n) < 0.3, np.inf, rng.normal(size=n)),
+        ][trial % 4]
+        k = int(rng.integers(0, n))
+        kept = a.copy()
+        assert _kth_smallest(a, n, k, np.empty(k + 1)) == np.partition(kept, k)[k]
+        np.testing.assert_array_equal(a, kept)
