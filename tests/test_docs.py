@@ -34,7 +34,7 @@ OPT_OUTS = {
 }
 # pages whose blocks run in a second child marked slow, and why
 SLOW_PAGES = {
-    "docs/lm.md": "the beam decoder's numba kernels compile on first use with no disk cache (1-2 min on 2 cores)",
+    "docs/lm.md": "the beam decoder's numba kernels compile on first use (about 20 s on 2 cores; cached after)",
 }
 
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
