@@ -421,17 +421,19 @@ def check_bool(value, name: str) -> bool:
     return bool(value)
 
 
-def check_real(value, name: str, lo: float = -math.inf, hi: float = math.inf, *, finite: bool = True) -> float:
-    """``value`` as a float in ``[lo, hi]``; ValueError naming ``name`` unless it is a real number
-    (not a bool), never NaN, and finite unless ``finite=False`` (which lets ``lo``/``hi`` be met by
-    +-inf)."""
+def check_real(
+    value, name: str, lo: float = -math.inf, hi: float = math.inf, *, finite: bool = True, hi_open: bool = False
+) -> float:
+    """``value`` as a float in ``[lo, hi]`` (``[lo, hi)`` with ``hi_open``); ValueError naming
+    ``name`` unless it is a real number (not a bool), never NaN, and finite unless
+    ``finite=False`` (which lets ``lo``/``hi`` be met by +-inf)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     v = float(value)
     if math.isnan(v) or (finite and not math.isfinite(v)):
         raise ValueError(f"{name} must be {'finite' if finite else 'a number (not NaN)'}, got {v}")
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v}")
+    if not (lo <= v < hi if hi_open else lo <= v <= hi):
+        raise ValueError(f"{name} must lie in [{lo}, {hi}{')' if hi_open else ']'}, got {v}")
     return v
 
 

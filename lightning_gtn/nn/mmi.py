@@ -13,7 +13,6 @@ module rebuilds it when loaded.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Optional
 
@@ -35,15 +34,6 @@ MODULE_TOPOLOGIES = ("ctc", "modified_ctc")
 #: The keys of a denominator *recipe* (``loss.denominator: {order: 2, prune: 0, topology: ctc}``),
 #: which ``lightning-gtn-train`` turns into a graph from the training transcripts.
 SPEC_KEYS = ("order", "prune", "topology", "method")
-
-
-def _number(value, name: str, low: float, high: float = math.inf, high_open: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
-    v = float(value) if ok else math.nan
-    if not (math.isfinite(v) and low <= v and (v < high if high_open else v <= high)):
-        bound = f"[{low}, {high})" if high_open else f"[{low}, {high}]"
-        raise ValueError(f"{name} must be a finite number in {bound}, got {value!r}")
-    return v
 
 
 def _denominator_graph(denominator) -> Graph:
@@ -143,9 +133,9 @@ class LFMMILoss(StructuredLoss):
             num_classes = checks.check_int(num_classes, "num_classes", 2)
         self.num_classes = num_classes
         self.mmi_topology = topology
-        self.den_scale = _number(den_scale, "den_scale", 0.0)
-        self.leaky_hmm = _number(leaky_hmm, "leaky_hmm", 0.0, 1.0, high_open=True)
-        self.ctc_weight = _number(ctc_weight, "ctc_weight", 0.0, 1.0)
+        self.den_scale = checks.check_real(den_scale, "den_scale", 0.0)
+        self.leaky_hmm = checks.check_real(leaky_hmm, "leaky_hmm", 0.0, 1.0, hi_open=True)
+        self.ctc_weight = checks.check_real(ctc_weight, "ctc_weight", 0.0, 1.0)
         self.warmup_steps = checks.check_int(warmup_steps, "warmup_steps", 0)
         self.reduction = reduction
         self.zero_infinity = bool(zero_infinity)

@@ -71,6 +71,10 @@ def test_reals_and_bools():
         checks.check_real(float("nan"), "delay_penalty", finite=False)
     with pytest.raises(ValueError, match=r"omega must lie in \[0.0, 1.0\]"):
         checks.check_real(1.5, "omega", 0.0, 1.0)
+    assert checks.check_real(1.0, "omega", 0.0, 1.0) == 1.0
+    assert checks.check_real(np.float64(0.999), "leaky_hmm", 0.0, 1.0, hi_open=True) == 0.999
+    with pytest.raises(ValueError, match=r"leaky_hmm must lie in \[0.0, 1.0\), got 1.0"):
+        checks.check_real(1.0, "leaky_hmm", 0.0, 1.0, hi_open=True)
     with pytest.raises(ValueError, match="sigma must be a real number"):
         checks.check_real("0.1", "sigma")
     with pytest.raises(ValueError, match="zero_infinity must be a bool"):
