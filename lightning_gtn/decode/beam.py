@@ -384,10 +384,13 @@ class BeamSearchDecoder:
         return i
 
     def _work_bytes(self, T: int) -> int:
-        """Upper bound of the kernel's buffers for one utterance of T frames (bytes)."""
+        """Upper bound of the kernel's buffers for one utterance of T frames (bytes): per candidate
+        its slot, 7 ints, hash, 4 floats and score (112); the merge table (16 per slot); per
+        record 4 ints (32); per hypothesis its 5 ints, hash, 4 floats and the beam cut's heap
+        slot (88)."""
         cap = self.beam_size * self._per_hyp
         tsize = 1 << max(1, (2 * cap - 1).bit_length())
-        return cap * 112 + tsize * 16 + (T * self.beam_size + 1) * 32 + self.beam_size * 80
+        return cap * 112 + tsize * 16 + (T * self.beam_size + 1) * 32 + self.beam_size * 88
 
     def _decode_one(self, x: np.ndarray, T: int):
         return _kernels.beam_kernel(
