@@ -32,8 +32,10 @@ Safety: a manifest is data from outside. Every line is bounded in length and par
 ``MonoCut``, finite positive duration within ``max_cut_duration`` (longer cuts are skipped with a
 warning, counted per split), the expected sampling rate, audio sources that are local files or
 bytes in the manifest (never URLs or shell commands), a file header (read with soundfile) that
-agrees with the manifest, and a non-empty transcript. Errors name the manifest, the cut and the
-audio file.
+agrees with the manifest, and a non-empty transcript. Precomputed features are read here, not by
+Lhotse's readers: only numpy arrays (``numpy_files`` in a local folder, ``memory_npy``), from a
+regular file, the ``.npy`` header checked (float, ``(T, F)``, ``T`` within ``max_cut_duration``)
+before any data is read. Errors name the manifest, the cut and the audio or feature file.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import io
 import json
 import math
 import os
+import stat
 import types
 import warnings
 import zlib
@@ -71,8 +74,13 @@ MAX_MANIFEST_LINE = 1 << 20
 MAX_CHANNELS = 64
 #: audio source types read: local files and bytes held in the manifest (never "url" or "command")
 _SOURCE_TYPES = ("file", "memory")
-#: precomputed feature storages read (local files only)
-_FEATURE_STORAGES = ("lilcom_chunky", "lilcom_files", "numpy_files", "lilcom_hdf5", "numpy_hdf5", "memory_npy")
+#: precomputed feature storages read: ``.npy`` files in a local folder (what ``feature_cache`` writes)
+#: and ``.npy`` bytes held by the cut; read here, header first, never by Lhotse's readers (which
+#: run ``pipe:`` paths as shell commands and load a whole array before its shape is known) nor by
+#: the native decoders of compressed or HDF5 storages
+_FEATURE_STORAGES = ("numpy_files", "memory_npy")
+#: the longest ``.npy`` header read (numpy's own default bound)
+_NPY_HEADER_MAX = 10_000
 #: tolerance (seconds) between a manifest's durations and the audio file's
 _SLACK = 0.05
 
@@ -242,16 +250,98 @@ def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: b
             )
         _audio_source(cut, what)
     if needs_features:
-        feats = cut.features
-        if feats is None:
-            raise ValueError(f"{_describe(cut, what)}: no precomputed features (data.features=precomputed)")
-        if "://" in str(feats.storage_path):
-            raise ValueError(f"{_describe(cut, what)}: feature storage {feats.storage_path!r} is not a local path")
-        if feats.storage_type not in _FEATURE_STORAGES:
-            raise ValueError(
-                f"{_describe(cut, what)}: feature storage {feats.storage_type!r} is not read (only "
-                f"{list(_FEATURE_STORAGES)})"
-            )
+        _check_feature_storage(cut, what)
+
+
+def _check_feature_storage(cut, what: str) -> None:
+    """Checks that the cut's features are stored where :func:`_load_features` reads them."""
+    feats = cut.features
+    if feats is None:
+        raise ValueError(f"{_describe(cut, what)}: no precomputed features (data.features=precomputed)")
+    if feats.storage_type not in _FEATURE_STORAGES:
+        raise ValueError(
+            f"{_describe(cut, what)}: feature storage {feats.storage_type!r} is not read (only "
+            f"{list(_FEATURE_STORAGES)}: numpy arrays; store other features with Lhotse's NumpyFilesWriter)"
+        )
+    if feats.storage_type == "numpy_files":
+        path = str(feats.storage_path)
+        if "://" in path or path.startswith("pipe:") or not isinstance(feats.storage_key, str):
+            raise ValueError(f"{_describe(cut, what)}: feature storage {path!r} is not a local folder")
+
+
+def _npy_array(f, what: str, max_frames: int, num_features: int) -> np.ndarray:
+    """The ``(T, F)`` array of the ``.npy`` stream ``f``, its header checked before any data is
+    read: a float array of ``0 < T <= max_frames`` rows of ``num_features`` values, no objects."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(f, max_header_size=_NPY_HEADER_MAX)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = fmt.read_array_header_2_0(f, max_header_size=_NPY_HEADER_MAX)
+        else:
+            raise ValueError(f".npy version {version} is not read")
+    except Exception as e:
+        raise ValueError(f"{what}: not a readable .npy array: {' '.join(str(e).split())[:200]}") from None
+    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
+        raise ValueError(f"{what}: features must be float16/32/64, the .npy file holds {dtype}")
+    if len(shape) != 2 or shape[1] != num_features or not 0 < shape[0] <= max_frames:
+        raise ValueError(
+            f"{what}: the .npy file declares shape {shape}; expected (T, {num_features}) with 0 < T <= {max_frames}"
+        )
+    nbytes = shape[0] * shape[1] * dtype.itemsize
+    data = f.read(nbytes)
+    if len(data) != nbytes:
+        raise ValueError(f"{what}: the .npy file is truncated ({len(data)} of {nbytes} bytes of data)")
+    x = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    return np.array(x, dtype=np.float32, order="C")  # a writable copy
+
+
+def _load_features(cut, what: str, max_frames: int, num_features: int) -> np.ndarray:
+    """The cut's precomputed ``(T, F)`` float32 features, trimmed to the cut as Lhotse's
+    ``cut.load_features()`` does, read without Lhotse's readers: the storage must be an ``.npy``
+    file that is a regular file (not a pipe or a device) or ``.npy`` bytes; its header must declare
+    at most ``max_frames`` rows of ``num_features`` floats (checked before the data is read).
+
+    Raises:
+        ValueError: naming ``what``, the cut and the storage.
+    """
+    from lhotse.utils import compute_num_frames
+
+    feats = cut.features
+    _check_feature_storage(cut, what)
+    name = f"{_describe(cut, what)}: features {feats.storage_path}/{feats.storage_key}"
+    if feats.storage_type == "memory_npy":
+        if not isinstance(feats.storage_key, (bytes, bytearray)):
+            raise ValueError(f"{_describe(cut, what)}: memory_npy features must hold bytes")
+        x = _npy_array(io.BytesIO(feats.storage_key), name, max_frames, num_features)
+    else:
+        path = Path(feats.storage_path) / feats.storage_key.lstrip("/")
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except OSError as e:
+            raise ValueError(f"{name}: cannot open: {e.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ValueError(f"{name}: not a regular file")
+            x = _npy_array(f, name, max_frames, num_features)
+    start = cut.start
+    if start < feats.start - 1e-3:
+        raise ValueError(f"{_describe(cut, what)}: the cut starts at {start} s, before its features ({feats.start} s)")
+    left = 0
+    if not math.isclose(start, feats.start):
+        left = compute_num_frames(start - feats.start, frame_shift=feats.frame_shift, sampling_rate=feats.sampling_rate)
+    right = left + compute_num_frames(cut.duration, frame_shift=feats.frame_shift, sampling_rate=feats.sampling_rate)
+    x = x[left:right]
+    # Lhotse forgives one frame more or less than the cut's num_frames; so does this
+    extra = x.shape[0] - cut.num_frames
+    if extra == 1:
+        x = x[: cut.num_frames]
+    elif extra == -1 and x.shape[0] > 0:
+        x = np.concatenate((x, x[-1:]), axis=0)
+    if x.shape[0] == 0:
+        raise ValueError(f"{name}: no frames in the cut's span")
+    return x
 
 
 def _source_name(src) -> str:
@@ -382,12 +472,7 @@ class _CutBatches(Dataset):
                     f"{_describe(cut, self.what)}: precomputed features of {feats.num_frames} frames x "
                     f"{feats.num_features} (expected at most {limit} frames of {self.feature_dim})"
                 )
-            try:
-                x = np.asarray(cut.load_features(), dtype=np.float32)
-            except Exception as e:
-                raise ValueError(
-                    f"{_describe(cut, self.what)}: cannot read its features from {feats.storage_path}: {e}"
-                ) from None
+            x = _load_features(cut, self.what, limit, self.feature_dim)
             if x.ndim != 2 or x.shape[1] != self.feature_dim or x.shape[0] > limit or not np.isfinite(x).all():
                 raise ValueError(
                     f"{_describe(cut, self.what)}: features from {feats.storage_path} have shape {x.shape} "

@@ -389,6 +389,82 @@ def test_hostile_manifest_runs_nothing_and_allocates_nothing(corpus, tmp_path):
         LhotseDataModule(corpus["train"], corpus["val"], max_duration=10.0, max_cut_duration=20.0)
 
 
+def _feature_cut(cid: str, storage_type: str, storage_path: str, storage_key, frames: int = 50, start: float = 0.0):
+    """A cut of ``frames`` 10 ms frames of 40 features held by the given storage."""
+    from lhotse.features import Features
+
+    d = frames * 0.01
+    feats = Features(
+        type="fbank",
+        num_frames=frames,
+        num_features=40,
+        frame_shift=0.01,
+        sampling_rate=SR,
+        start=0.0,
+        duration=d,
+        storage_type=storage_type,
+        storage_path=storage_path,
+        storage_key=storage_key,
+        recording_id=cid,
+        channels=0,
+    )
+    sup = SupervisionSegment(id=cid, recording_id=cid, start=0.0, duration=d - start, text="one")
+    return MonoCut(id=cid, start=start, duration=d - start, channel=0, features=feats, supervisions=[sup])
+
+
+def _features_of(tmp_path, cut):
+    manifest = _write([cut], tmp_path / f"{cut.id}.jsonl")
+    dm = LhotseDataModule(manifest, manifest, features="precomputed", max_duration=2.0, max_cut_duration=1.0)
+    return next(iter(dm.val_dataloader()))["inputs"][0]
+
+
+def test_precomputed_features_are_read_header_first_and_never_run(tmp_path):
+    from lhotse.features.io import NumpyFilesWriter
+
+    x = np.random.default_rng(0).standard_normal((50, 40)).astype(np.float32)
+    key = NumpyFilesWriter(tmp_path / "feats").write("good", x)
+    good = _feature_cut("good", "numpy_files", str(tmp_path / "feats"), key)
+    torch.testing.assert_close(_features_of(tmp_path, good), torch.from_numpy(x))
+    # a cut inside its features is trimmed as Lhotse trims it
+    inner = _feature_cut("inner", "numpy_files", str(tmp_path / "feats"), key, start=0.2)
+    np.testing.assert_array_equal(_features_of(tmp_path, inner)[:30].numpy(), inner.load_features())
+    # Lhotse runs a "pipe:" storage as a shell command: refused when the manifest is read
+    marker = tmp_path / "ran"
+    pipe = _feature_cut("pipe", "numpy_files", f"pipe:touch {marker}; #", "x.npy")
+    with pytest.raises(ValueError, match="is not a local folder"):
+        _features_of(tmp_path, pipe)
+    assert not marker.exists()
+    with pytest.raises(ValueError, match="'lilcom_chunky' is not read"):
+        _features_of(tmp_path, _feature_cut("lil", "lilcom_chunky", str(tmp_path / "f.llc"), "0,10"))
+
+    def npy(name, header_shape, dtype="<f4", data=b""):
+        hdr = "{'descr': '%s', 'fortran_order': False, 'shape': %r, }" % (dtype, header_shape)
+        hdr += " " * (63 - (10 + len(hdr)) % 64) + "\n"
+        (tmp_path / "feats" / name).write_bytes(
+            b"\x93NUMPY\x01\x00" + len(hdr).to_bytes(2, "little") + hdr.encode() + data
+        )
+        return _feature_cut(name.split(".")[0], "numpy_files", str(tmp_path / "feats"), name)
+
+    # the header is checked before any data is read: a declared 40 GB array allocates nothing
+    with pytest.raises(ValueError, match=r"declares shape \(134217728, 80\)"):
+        _features_of(tmp_path, npy("huge.npy", (1 << 27, 80)))
+    with pytest.raises(ValueError, match=r"declares shape \(50, 40, 2\)"):
+        _features_of(tmp_path, npy("three.npy", (50, 40, 2)))
+    with pytest.raises(ValueError, match="must be float16/32/64, the .npy file holds object"):
+        _features_of(tmp_path, npy("obj.npy", (50, 40), dtype="|O"))
+    with pytest.raises(ValueError, match="truncated"):
+        _features_of(tmp_path, npy("short.npy", (50, 40), data=b"\0" * 100))
+    (tmp_path / "feats" / "junk.npy").write_bytes(b"not an array at all")
+    with pytest.raises(ValueError, match="not a readable .npy array"):
+        _features_of(tmp_path, _feature_cut("junk", "numpy_files", str(tmp_path / "feats"), "junk.npy"))
+    # a pipe (which would block a reader forever) or a device is not a regular file
+    os.mkfifo(tmp_path / "feats" / "fifo.npy")
+    with pytest.raises(ValueError, match="not a regular file"):
+        _features_of(tmp_path, _feature_cut("fifo", "numpy_files", str(tmp_path / "feats"), "fifo.npy"))
+    with pytest.raises(ValueError, match="not a regular file"):
+        _features_of(tmp_path, _feature_cut("zero", "numpy_files", "/dev", "zero"))
+
+
 # ---------------------------------------------------------------------------------------------
 # The CLI under DDP (a subprocess: Lightning's ddp would relaunch pytest)
 
