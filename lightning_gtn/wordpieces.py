@@ -27,6 +27,8 @@ import os
 from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ._files import open_regular
+
 __all__ = [
     "train_word_pieces",
     "save_word_pieces",
@@ -409,8 +411,8 @@ def load_word_pieces(path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> List[str]:
     """
     _check_int(max_bytes, "max_bytes", 1)
     where = os.fspath(path)
-    with open(where, "rb") as f:
-        data = f.read(max_bytes + 1)  # bounded even for files that grow or never end
+    with open_regular(where, "word-piece file") as f:
+        data = f.read(max_bytes + 1)  # bounded even for files that grow
     if len(data) > max_bytes:
         raise ValueError(f"{where!r}: word-piece file larger than max_bytes={max_bytes}")
     try:

@@ -13,6 +13,8 @@ inside the step, so a data module does not depend on the loss (blank or repeat c
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from .._files import npy_data, npy_header, open_regular
 
 __all__ = [
     "SequenceDataset",
@@ -322,30 +326,64 @@ def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
     return out
 
 
+#: the most values (frames x features, all utterances of a split) a feature file may declare
+MAX_FEATURE_VALUES = 1 << 28
+#: the most features per frame
+MAX_FEATURES = 1 << 16
+
+
 def _load_split(features: str | os.PathLike, transcripts: str | os.PathLike) -> SequenceDataset:
+    """The utterances of an ``.npz`` file, each member's header checked (a real ``(T, F)`` array,
+    F the same for all, the split within :data:`MAX_FEATURE_VALUES`) before its data is read, and
+    only its declared bytes decompressed."""
     feats_path = Path(features)
     if not feats_path.exists():
         raise FileNotFoundError(f"data features file not found: {feats_path}")
     texts = read_transcripts(transcripts)
-    with np.load(feats_path) as arrays:
-        missing = [k for k in texts if k not in arrays.files]
+    f = open_regular(feats_path, "data features file")
+    try:
+        archive = zipfile.ZipFile(f)
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        f.close()
+        raise ValueError(f"{feats_path}: not an .npz archive (np.savez's format): {e}") from None
+    with f, archive:
+        members = {n[: -len(".npy")] for n in archive.namelist() if n.endswith(".npy")}
+        missing = [k for k in texts if k not in members]
         if missing:
             raise ValueError(f"{len(missing)} transcript ids have no array in {feats_path}, e.g. {missing[:3]}")
         ids = list(texts)
         feats: list[np.ndarray] = []
+        total = 0
         for k in ids:
-            a = arrays[k]
-            if a.ndim != 2 or a.dtype.kind not in "fiu":
-                raise ValueError(
-                    f"{feats_path}: utterance {k!r} must be a real array of shape (T, F), "
-                    f"got shape {a.shape} and dtype {a.dtype}"
-                )
-            if feats and a.shape[1] != feats[0].shape[1]:
-                raise ValueError(
-                    f"{feats_path}: utterance {k!r} has {a.shape[1]} features per frame but "
-                    f"{ids[0]!r} has {feats[0].shape[1]}; every utterance needs the same F "
-                    f"(shape (T, F))"
-                )
+            what = f"{feats_path}: utterance {k!r}"
+            try:
+                member = archive.open(k + ".npy")
+            except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as e:
+                raise ValueError(f"{what}: cannot read its array: {e}") from None
+            with member:
+                shape, fortran, dtype = npy_header(member, what)
+                if len(shape) != 2 or dtype.kind not in "fiu":
+                    raise ValueError(
+                        f"{what} must be a real array of shape (T, F), got shape {shape} and dtype {dtype}"
+                    )
+                if feats and shape[1] != feats[0].shape[1]:
+                    raise ValueError(
+                        f"{feats_path}: utterance {k!r} has {shape[1]} features per frame but "
+                        f"{ids[0]!r} has {feats[0].shape[1]}; every utterance needs the same F "
+                        f"(shape (T, F))"
+                    )
+                total += shape[0] * shape[1]
+                if shape[1] > MAX_FEATURES or total > MAX_FEATURE_VALUES:
+                    raise ValueError(
+                        f"{what}: shape {shape}: at most {MAX_FEATURES} features per frame and "
+                        f"{MAX_FEATURE_VALUES} values in a split"
+                    )
+                try:
+                    a = npy_data(member, shape, fortran, dtype, what)
+                except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:
+                    raise ValueError(f"{what}: cannot read its array: {e}") from None
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                raise ValueError(f"{what}: NaN or infinite features")
             feats.append(a)
     return SequenceDataset(feats, [texts[k] for k in ids])
 

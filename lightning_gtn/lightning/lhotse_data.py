@@ -45,7 +45,6 @@ import io
 import json
 import math
 import os
-import stat
 import types
 import warnings
 import zlib
@@ -57,6 +56,8 @@ import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from .._files import npy_data, npy_header, open_regular
 
 __all__ = [
     "LhotseDataModule",
@@ -271,30 +272,15 @@ def _check_feature_storage(cut, what: str) -> None:
 
 def _npy_array(f, what: str, max_frames: int, num_features: int) -> np.ndarray:
     """The ``(T, F)`` array of the ``.npy`` stream ``f``, its header checked before any data is
-    read: a float array of ``0 < T <= max_frames`` rows of ``num_features`` values, no objects."""
-    fmt = np.lib.format
-    try:
-        version = fmt.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(f, max_header_size=_NPY_HEADER_MAX)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = fmt.read_array_header_2_0(f, max_header_size=_NPY_HEADER_MAX)
-        else:
-            raise ValueError(f".npy version {version} is not read")
-    except Exception as e:
-        raise ValueError(f"{what}: not a readable .npy array: {' '.join(str(e).split())[:200]}") from None
+    read: a float array of ``0 < T <= max_frames`` rows of ``num_features`` values."""
+    shape, fortran, dtype = npy_header(f, what, _NPY_HEADER_MAX)
     if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
         raise ValueError(f"{what}: features must be float16/32/64, the .npy file holds {dtype}")
     if len(shape) != 2 or shape[1] != num_features or not 0 < shape[0] <= max_frames:
         raise ValueError(
             f"{what}: the .npy file declares shape {shape}; expected (T, {num_features}) with 0 < T <= {max_frames}"
         )
-    nbytes = shape[0] * shape[1] * dtype.itemsize
-    data = f.read(nbytes)
-    if len(data) != nbytes:
-        raise ValueError(f"{what}: the .npy file is truncated ({len(data)} of {nbytes} bytes of data)")
-    x = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
-    return np.array(x, dtype=np.float32, order="C")  # a writable copy
+    return np.ascontiguousarray(npy_data(f, shape, fortran, dtype, what), dtype=np.float32)
 
 
 def _load_features(cut, what: str, max_frames: int, num_features: int) -> np.ndarray:
@@ -318,12 +304,10 @@ def _load_features(cut, what: str, max_frames: int, num_features: int) -> np.nda
     else:
         path = Path(feats.storage_path) / feats.storage_key.lstrip("/")
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            f = open_regular(path, name)
         except OSError as e:
             raise ValueError(f"{name}: cannot open: {e.strerror}") from None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ValueError(f"{name}: not a regular file")
+        with f:
             x = _npy_array(f, name, max_frames, num_features)
     start = cut.start
     if start < feats.start - 1e-3:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .._files import open_regular
 from .lhotse_data import LhotseDataModule
 
 __all__ = [
@@ -57,6 +58,10 @@ _MAX_TEXT_CHARS = 100_000  # one transcript
 _MAX_LINE_CHARS = 1 << 20  # one line of a transcript file
 _MAX_ROWS = 50_000_000  # rows of one HF split
 _MAX_HELD_SAMPLES = 1 << 29  # resampled audio a folder may hold in memory (2 GiB as float32)
+#: the largest reduced rate ``rate / gcd`` (either side) of a resampling: the filter grows with the
+#: product of the two, so rates with few common factors (8009 Hz to 16 kHz) would allocate
+#: gigabytes; 8, 11.025, 22.05, 44.1, 48 and 96 kHz to 16 kHz reduce to at most 441 and 640
+_MAX_RESAMPLE_PHASES = 1000
 # CMU Sphinx transcript lines: "<s> some words </s> (utterance_id)"
 _SPHINX_LINE = re.compile(r"^(?P<text>.*)\((?P<id>[^()\s]+)\)\s*$")
 _SPHINX_MARKS = frozenset({"<s>", "</s>", "<sil>"})
@@ -69,6 +74,8 @@ def _audio_info(source: str | bytes, what: str, max_audio_seconds: float) -> tup
     """``(sampling_rate, channels, frames)`` of an audio file or encoded bytes, bounds checked."""
     import soundfile as sf
 
+    if isinstance(source, str) and not os.path.isfile(source):  # a pipe would block soundfile forever
+        raise ValueError(f"{what}: not a regular file")
     try:
         info = sf.info(io.BytesIO(source) if isinstance(source, bytes) else source)
     except Exception as e:  # soundfile raises its own LibsndfileError / RuntimeError / TypeError
@@ -135,6 +142,13 @@ def _resampled_wav(
     import soundfile as sf
     import torch
 
+    g = math.gcd(info[0], rate)
+    if max(info[0] // g, rate // g) > _MAX_RESAMPLE_PHASES:
+        raise ValueError(
+            f"{what}: resampling {info[0]} Hz to {rate} Hz needs a filter of {info[0] // g} x {rate // g} phases "
+            f"(at most {_MAX_RESAMPLE_PHASES} each way: common rates such as 8, 22.05, 44.1 or 48 kHz are fine); "
+            "resample the audio beforehand"
+        )
     try:
         # at most the header's frames (checked against the bounds): a compressed stream cannot expand further
         f = io.BytesIO(source) if isinstance(source, bytes) else source
@@ -187,8 +201,8 @@ def _walk(folder: Path, pattern: str | None, max_files: int) -> tuple[list[Path]
 def _read_lines(path: Path) -> Iterator[tuple[int, str]]:
     """Non-empty lines of a UTF-8 text file with their numbers; a line is at most ``_MAX_LINE_CHARS``."""
     try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
+        f = open_regular(path, "transcript file", "r", encoding="utf-8")
+    except (OSError, ValueError) as e:
         raise ValueError(f"{path}: cannot read the transcript file: {e}") from None
     with f:
         n = 0

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .._files import read_regular
 from .lhotse_data import CutBatchLoader, LhotseDataModule
 from .text import TEXT_CHARS
 
@@ -571,8 +572,10 @@ def _render_many(items: list[dict[str, Any]], folder: str, audio_format: str) ->
 
 def _is_complete(folder: Path, settings: dict[str, Any]) -> bool:
     try:
-        done = json.loads((folder / _COMPLETE).read_text())
-    except (OSError, ValueError):
+        done = json.loads(read_regular(folder / _COMPLETE, "spoken task marker", 1 << 20).decode("utf-8"))
+    except (OSError, ValueError):  # missing, not a regular file (a link to /dev/zero), too large, not JSON
+        return False
+    if not isinstance(done, dict):
         return False
     if done.get("settings") != settings:
         return False

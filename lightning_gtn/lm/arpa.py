@@ -33,6 +33,7 @@ import os
 import re
 import sys
 
+from .._files import open_regular
 from .symbols import BOS, EOS, LN10, MAX_ORDER, UNK
 
 __all__ = ["parse_arpa", "format_arpa", "estimate_bytes", "MIN_LOG10_PROB", "MAX_LOG10_BACKOFF"]
@@ -93,7 +94,7 @@ def _lines(path, max_chars: int):
     if hasattr(path, "readline"):
         f, close = path, False
     else:
-        f, close = open(os.fspath(path), "r", encoding="utf-8", errors="strict", newline=None), True
+        f, close = open_regular(path, "ARPA file", "r", encoding="utf-8", errors="strict", newline=None), True
     try:
         no = 0
         read = 0

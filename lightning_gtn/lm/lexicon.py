@@ -6,6 +6,8 @@ import math
 import os
 from typing import Optional
 
+from .._files import open_regular
+
 __all__ = ["read_lexicon"]
 
 MAX_LINE = 1 << 16
@@ -58,7 +60,7 @@ def read_lexicon(
         size = os.path.getsize(p)
         if size > max_bytes:
             raise ValueError(f"lexicon {p!r}: {size} bytes, over max_bytes={max_bytes}")
-        with open(p, "r", encoding="utf-8") as fh:
+        with open_regular(p, "lexicon", "r", encoding="utf-8") as fh:
             text = fh.read(max_bytes + 1)
     if len(text) > max_bytes:
         raise ValueError(f"lexicon: over max_bytes={max_bytes}")

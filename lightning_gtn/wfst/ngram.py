@@ -52,6 +52,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
+from .._files import open_regular
 from .graph import _FLOAT, _INT, Graph, epsilon
 from .utils import load, save
 
@@ -523,7 +524,7 @@ def _check_labels(graph: Graph, num_tokens: int, where: str) -> None:
 
 
 def _read_bounded(path: str, max_bytes: int, what: str) -> bytes:
-    with open(path, "rb") as f:
+    with open_regular(path, what) as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path!r}: {what} larger than max_bytes={max_bytes}")

@@ -29,6 +29,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from .._files import open_regular
 from ._text import fmt_weight, format_graph
 from .graph import _FLOAT, _INT, MAX_NODES, MAX_UNREFERENCED_NODES, Graph, _validate_arrays, epsilon
 
@@ -370,7 +371,7 @@ def loadtxt(file_name, max_bytes: int = MAX_FILE_BYTES) -> Graph:
         return _parse_lines(_bounded_lines(file_name, source, max_bytes), source)
     path = os.fspath(file_name)
     try:
-        with open(path, "r", encoding="utf-8") as f:
+        with open_regular(path, "graph file", "r", encoding="utf-8") as f:
             return _parse_lines(_bounded_lines(f, repr(path), max_bytes), repr(path))
     except FileNotFoundError:
         raise GraphFileNotFoundError(f"Couldn't find graph file to load. {path!r}") from None
@@ -446,7 +447,7 @@ def load(file_name, max_bytes: int = MAX_FILE_BYTES) -> Graph:
     else:
         name = os.fspath(file_name)
         try:
-            with open(name, "rb") as f:
+            with open_regular(name, "graph file") as f:
                 data = _read_bounded(f, repr(name), max_bytes)
         except FileNotFoundError:
             raise GraphFileNotFoundError(f"Couldn't find graph file to load. {name!r}") from None

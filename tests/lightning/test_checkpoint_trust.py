@@ -1,6 +1,7 @@
 """A crafted checkpoint never runs code: every dotted path in its hyper-parameters is checked by
 lightning_gtn.trust before SequenceModule.load_from_checkpoint imports or calls it."""
 
+import os
 import shlex
 import sys
 
@@ -371,6 +372,7 @@ def test_decoder_files_named_by_a_checkpoint_are_not_read(tmp_path, monkeypatch)
 
     monkeypatch.setattr(builtins, "open", spy(real_open))
     monkeypatch.setattr(io, "open", spy(real_io_open))
+    monkeypatch.setattr(os, "open", spy(os.open))  # how lightning_gtn._files opens a named file
     with pytest.raises(trust.UntrustedTargetError, match=r"^decoder\.lexicon: .*names a file.*trusted\(paths="):
         SequenceModule.load_from_checkpoint(str(tmp_path / "old.ckpt"), map_location="cpu")
     ckpt["hyper_parameters"]["decoder"]["lexicon"] = {"format": "lightning_gtn.lexicon/1", "entries": [["5", "5"]]}
