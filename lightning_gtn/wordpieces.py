@@ -27,7 +27,7 @@ import os
 from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ._files import open_regular
+from .files import open_regular
 
 __all__ = [
     "train_word_pieces",

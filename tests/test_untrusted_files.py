@@ -9,7 +9,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from lightning_gtn._files import npy_data, npy_header, open_regular, read_regular
+from lightning_gtn.files import npy_data, npy_header, open_regular, read_regular
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .._files import npy_data, npy_header, open_regular
+from ..files import npy_data, npy_header, open_regular
 
 __all__ = [
     "SequenceDataset",

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .._files import open_regular
+from ..files import open_regular
 from .lhotse_data import LhotseDataModule
 
 __all__ = [

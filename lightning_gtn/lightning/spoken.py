@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .._files import read_regular
+from ..files import read_regular
 from .lhotse_data import CutBatchLoader, LhotseDataModule
 from .text import TEXT_CHARS
 

@@ -33,7 +33,7 @@ import os
 import re
 import sys
 
-from .._files import open_regular
+from ..files import open_regular
 from .symbols import BOS, EOS, LN10, MAX_ORDER, UNK
 
 __all__ = ["parse_arpa", "format_arpa", "estimate_bytes", "MIN_LOG10_PROB", "MAX_LOG10_BACKOFF"]

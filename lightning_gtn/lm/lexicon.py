@@ -6,7 +6,7 @@ import math
 import os
 from typing import Optional
 
-from .._files import open_regular
+from ..files import open_regular
 
 __all__ = ["read_lexicon"]
 

@@ -52,7 +52,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-from .._files import open_regular
+from ..files import open_regular
 from .graph import _FLOAT, _INT, Graph, epsilon
 from .utils import load, save
 

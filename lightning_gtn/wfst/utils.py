@@ -29,7 +29,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from .._files import open_regular
+from ..files import open_regular
 from ._text import fmt_weight, format_graph
 from .graph import _FLOAT, _INT, MAX_NODES, MAX_UNREFERENCED_NODES, Graph, _validate_arrays, epsilon
 
