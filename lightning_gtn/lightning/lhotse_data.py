@@ -131,6 +131,8 @@ class _ManifestLines:
                         d = json.loads(line)
                     except ValueError as e:
                         raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+                    except RecursionError:
+                        raise ValueError(f"{path}:{n}: JSON nested too deeply") from None
                     if not isinstance(d, dict):
                         raise ValueError(f"{path}:{n}: expected a JSON object (a Lhotse cut), got {type(d).__name__}")
                     if "type" not in d:
@@ -469,7 +471,18 @@ class _CutBatches(Dataset):
             from lhotse import Fbank, FbankConfig
 
             self._fbank = Fbank(FbankConfig(num_filters=self.num_mel_bins, sampling_rate=self.sampling_rate))
-        return self._fbank.extract(torch.from_numpy(samples), self.sampling_rate).float()
+        window = int(round(self._fbank.config.frame_length * self.sampling_rate))
+        if samples.shape[0] < window:
+            raise ValueError(
+                f"{_describe(cut, self.what)}: {samples.shape[0]} samples, fewer than one filterbank window "
+                f"({window} samples, {self._fbank.config.frame_length * 1000:g} ms)"
+            )
+        x = self._fbank.extract(torch.from_numpy(samples), self.sampling_rate).float()
+        if not torch.isfinite(x).all():
+            raise ValueError(
+                f"{_describe(cut, self.what)}: the audio's filterbanks are not finite (samples too large?)"
+            )
+        return x
 
     def collate(self, cuts) -> dict:
         """The batch dict of a CutSet (see the module docstring)."""

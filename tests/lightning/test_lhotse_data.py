@@ -389,6 +389,22 @@ def test_hostile_manifest_runs_nothing_and_allocates_nothing(corpus, tmp_path):
         LhotseDataModule(corpus["train"], corpus["val"], max_duration=10.0, max_cut_duration=20.0)
 
 
+def test_audio_too_short_or_too_loud_and_deep_json_name_the_cut(tmp_path):
+    short = _wav(tmp_path / "short.wav", 0.02, 300, 0)  # 320 samples: less than one 25 ms window
+    manifest = _write([_cut(short, "short", "one")], tmp_path / "short.jsonl")
+    with pytest.raises(ValueError, match="cut 'short': 320 samples, fewer than one filterbank window"):
+        _batches(manifest)
+    loud = tmp_path / "loud.wav"
+    sf.write(str(loud), np.full(SR // 4, 1e38, np.float32), SR, subtype="FLOAT")
+    manifest = _write([_cut(loud, "loud", "one")], tmp_path / "loud.jsonl")
+    with pytest.raises(ValueError, match="cut 'loud': the audio's filterbanks are not finite"):
+        _batches(manifest)
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ValueError, match=r"deep.jsonl:1: JSON nested too deeply"):
+        LhotseDataModule(str(deep), str(deep)).setup("fit")
+
+
 def _feature_cut(cid: str, storage_type: str, storage_path: str, storage_key, frames: int = 50, start: float = 0.0):
     """A cut of ``frames`` 10 ms frames of 40 features held by the given storage."""
     from lhotse.features import Features
