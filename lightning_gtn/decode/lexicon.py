@@ -6,7 +6,12 @@ from typing import Dict, Iterable, List, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Lexicon"]
+__all__ = ["Lexicon", "MAX_TRIE_NODES", "MAX_SPELLING_TOKENS"]
+
+#: the most trie nodes a lexicon builds (about 2 GB of Python objects while building)
+MAX_TRIE_NODES = 1 << 23
+#: the most tokens over all spellings (each is a step of the trie's construction)
+MAX_SPELLING_TOKENS = 1 << 24
 
 
 class Lexicon:
@@ -40,6 +45,7 @@ class Lexicon:
         children: List[Dict[int, int]] = [{}]
         node_words: List[List[int]] = [[]]
         max_token = -1
+        total = 0
         for word, spellings in words_to_spellings.items():
             if not isinstance(word, str) or not word:
                 raise ValueError(f"words_to_spellings: words must be non-empty strings, got {word!r}")
@@ -56,6 +62,12 @@ class Lexicon:
                 sp = list(sp)
                 if not sp:
                     raise ValueError(f"words_to_spellings[{word!r}]: empty spelling")
+                total += len(sp)
+                if total > MAX_SPELLING_TOKENS:
+                    raise ValueError(
+                        f"words_to_spellings: more than MAX_SPELLING_TOKENS={MAX_SPELLING_TOKENS} tokens over all "
+                        "spellings (fewer words, or fewer spellings per word)"
+                    )
                 node = 0
                 for tok in sp:
                     if isinstance(tok, (bool, np.bool_)) or not isinstance(tok, (int, np.integer)):
@@ -67,6 +79,11 @@ class Lexicon:
                     nxt = children[node].get(tok)
                     if nxt is None:
                         nxt = len(children)
+                        if nxt >= MAX_TRIE_NODES:
+                            raise ValueError(
+                                f"words_to_spellings: the trie would exceed MAX_TRIE_NODES={MAX_TRIE_NODES} nodes "
+                                "(fewer words, or fewer spellings per word)"
+                            )
                         children[node][tok] = nxt
                         children.append({})
                         node_words.append([])
@@ -143,21 +160,44 @@ class Lexicon:
         if isinstance(max_spellings, bool) or not isinstance(max_spellings, int) or max_spellings < 1:
             raise ValueError(f"max_spellings must be a positive integer, got {max_spellings!r}")
         skip = {int(k) for k in skip}
-        usable = [(i, p) for i, p in enumerate(pieces) if isinstance(p, str) and p and i not in skip]
+        by_text: Dict[str, List[int]] = {}  # piece -> its token ids, ascending
+        for i, p in enumerate(pieces):
+            if isinstance(p, str) and p and i not in skip:
+                by_text.setdefault(p, []).append(i)
+        longest = max(map(len, by_text), default=0)
         spell: Dict[str, List[List[int]]] = {}
+        total = 0
         for w in words:
             if not isinstance(w, str) or not w:
                 raise ValueError(f"words: each word must be a non-empty string, got {w!r}")
-            # best[i]: up to max_spellings decompositions of w[i:], fewest pieces first
-            best: List[List[List[int]]] = [[] for _ in range(len(w) + 1)]
-            best[len(w)] = [[]]
-            for i in range(len(w) - 1, -1, -1):
-                cand = [[tok] + rest for tok, p in usable if w.startswith(p, i) for rest in best[i + len(p)]]
-                cand.sort(key=len)
+            n = len(w)
+            # best[i]: up to max_spellings decompositions of w[i:], fewest pieces first, each as
+            # (pieces, token, j, k): the token, then decomposition k of w[j:] (no lists copied)
+            best: List[List[tuple]] = [[] for _ in range(n + 1)]
+            best[n] = [(0, -1, n, -1)]
+            for i in range(n - 1, -1, -1):
+                starts = sorted(
+                    (tok, i + ln) for ln in range(1, min(longest, n - i) + 1) for tok in by_text.get(w[i : i + ln], ())
+                )
+                cand = [(best[j][k][0] + 1, tok, j, k) for tok, j in starts for k in range(len(best[j]))]
+                cand.sort(key=lambda c: c[0])  # stable: token order within a length, as the pieces
                 best[i] = cand[:max_spellings]
             if not best[0]:
                 raise ValueError(f"words: {w!r} cannot be spelled with the pieces")
-            spell[w] = best[0]
+            out = []
+            for entry in best[0]:
+                sp = []
+                while entry[1] >= 0:
+                    sp.append(entry[1])
+                    entry = best[entry[2]][entry[3]]
+                out.append(sp)
+            spell[w] = out
+            total += sum(map(len, out))
+            if total > MAX_SPELLING_TOKENS:  # before the trie: each token is a step of its construction
+                raise ValueError(
+                    f"words: more than MAX_SPELLING_TOKENS={MAX_SPELLING_TOKENS} tokens over all spellings "
+                    f"(fewer words, or a smaller max_spellings than {max_spellings})"
+                )
         return cls(spell)
 
     @property

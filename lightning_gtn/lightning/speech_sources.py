@@ -435,6 +435,20 @@ def _slice_bound(s: str | None, n: int, default: int) -> int:
     return min(max(v, 0), n)
 
 
+_HF_CACHE: list = []  # the process's private datasets cache (a TemporaryDirectory), made on first use
+
+
+def _hf_cache_dir() -> str:
+    """A folder for the Arrow files ``datasets.load_dataset`` converts a folder of data files into:
+    private to this process and removed when it exits, instead of ``~/.cache/huggingface``
+    (reading a dataset writes nothing that outlives the run)."""
+    import tempfile
+
+    if not _HF_CACHE:
+        _HF_CACHE.append(tempfile.TemporaryDirectory(prefix="lightning_gtn_hf_"))
+    return _HF_CACHE[0].name
+
+
 def _load_hf_split(path: str | os.PathLike, split: str | None):
     """The ``datasets.Dataset`` of one split (sliced), loaded from a local folder offline."""
     root = Path(path)
@@ -447,7 +461,10 @@ def _load_hf_split(path: str | os.PathLike, split: str | None):
     with _hf_offline() as datasets:
         saved = any((root / f).is_file() for f in ("dataset_dict.json", "state.json"))
         try:
-            data = datasets.load_from_disk(str(root)) if saved else datasets.load_dataset(str(root))
+            if saved:
+                data = datasets.load_from_disk(str(root))
+            else:
+                data = datasets.load_dataset(str(root), cache_dir=_hf_cache_dir())
         except Exception as e:
             raise ValueError(f"{path}: not a readable HF dataset folder: {type(e).__name__}: {e}") from None
     if isinstance(data, datasets.DatasetDict):

@@ -331,6 +331,22 @@ def test_lexicon_from_pieces_enumerates_decompositions():
         Lexicon.from_pieces(["abc"], pieces)
 
 
+def test_lexicon_size_is_bounded_before_the_trie_grows(monkeypatch):
+    from lightning_gtn.decode import lexicon as lexicon_module
+
+    monkeypatch.setattr(lexicon_module, "MAX_SPELLING_TOKENS", 100)
+    # 16 spellings of a long word: refused while the spellings are collected, before any trie
+    with pytest.raises(ValueError, match="more than MAX_SPELLING_TOKENS=100 tokens"):
+        Lexicon.from_pieces(["b" + "a" * 40], ["a", "aa", "b"])
+    with pytest.raises(ValueError, match="more than MAX_SPELLING_TOKENS=100 tokens"):
+        Lexicon({f"w{i}": [[1, 2, 3]] for i in range(40)})
+    monkeypatch.setattr(lexicon_module, "MAX_SPELLING_TOKENS", 1 << 24)
+    monkeypatch.setattr(lexicon_module, "MAX_TRIE_NODES", 50)
+    with pytest.raises(ValueError, match="exceed MAX_TRIE_NODES=50 nodes"):
+        Lexicon({f"w{i}": [[i, 1, 2]] for i in range(40)})
+    assert Lexicon({f"w{i}": [[1, 2, i]] for i in range(40)}).num_nodes == 43  # shared prefixes
+
+
 def test_kth_best_score_is_numpys_partition():
     """The beam's cut (the ``beam_size``-th best candidate score) is the value ``np.partition``
     gives (which it replaced), on random, tied, sorted and infinite scores, and leaves the

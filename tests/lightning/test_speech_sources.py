@@ -158,6 +158,20 @@ def test_hf_reads_offline_and_restores(tmp_path: Path, monkeypatch):
     assert "HF_HUB_OFFLINE" not in os.environ and datasets.config.HF_HUB_OFFLINE is False
 
 
+def test_hf_data_files_leave_nothing_in_the_datasets_cache(tmp_path: Path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    folder = tmp_path / "files"
+    folder.mkdir()
+    audio = [_wav_bytes(_tone(0.1, 16000), 16000)] * 3
+    pq.write_table(pa.table({"audio": audio, "text": ["a", "b", "c"]}), str(folder / "train.parquet"))
+    default = tmp_path / "hf_cache"  # where datasets would convert the files (~/.cache/huggingface)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", default)
+    assert [c.supervisions[0].text for c in cuts_from_hf(folder, split="train")] == ["a", "b", "c"]
+    assert not default.exists() or not any(default.rglob("*"))
+
+
 def test_hf_errors_name_the_column_and_row(tmp_path: Path):
     good = _wav_bytes(_tone(0.1, 16000), 16000)
     path = _save_hf(
