@@ -66,11 +66,14 @@ __all__ = [
     "read_cuts",
     "check_cut",
     "MAX_MANIFEST_LINE",
+    "MAX_BLANK_LINES",
     "MAX_CHANNELS",
 ]
 
 #: the longest manifest line (characters) read; a longer one is an error (a cut is ~1 kB)
 MAX_MANIFEST_LINE = 1 << 20
+#: the most blank lines a manifest may hold
+MAX_BLANK_LINES = 1 << 16
 #: the most channels a recording may declare
 MAX_CHANNELS = 64
 #: audio source types read: local files and bytes held in the manifest (never "url" or "command")
@@ -115,7 +118,7 @@ class _ManifestLines:
 
         path = self.path
         opener: Callable[..., Any] = gzip.open if path.endswith(".gz") else open
-        n = 0
+        n = blank = 0
         try:
             with opener(path, "rt", encoding="utf-8") as f:
                 while True:
@@ -126,6 +129,9 @@ class _ManifestLines:
                     if len(line) > MAX_MANIFEST_LINE:
                         raise ValueError(f"{path}:{n}: line longer than {MAX_MANIFEST_LINE} characters")
                     if not line.strip():
+                        blank += 1
+                        if blank > MAX_BLANK_LINES:  # a small .gz inflates to billions of them
+                            raise ValueError(f"{path}:{n}: more than {MAX_BLANK_LINES} blank lines")
                         continue
                     try:
                         d = json.loads(line)

@@ -399,6 +399,12 @@ def test_audio_too_short_or_too_loud_and_deep_json_name_the_cut(tmp_path):
     manifest = _write([_cut(loud, "loud", "one")], tmp_path / "loud.jsonl")
     with pytest.raises(ValueError, match="cut 'loud': the audio's filterbanks are not finite"):
         _batches(manifest)
+    import gzip
+
+    with gzip.open(tmp_path / "blank.jsonl.gz", "wt") as f:  # 1 kB of gzip, a million newlines
+        f.write("\n" * (1 << 20))
+    with pytest.raises(ValueError, match=r"blank.jsonl.gz:65537: more than 65536 blank lines"):
+        LhotseDataModule(str(tmp_path / "blank.jsonl.gz"), str(tmp_path / "blank.jsonl.gz")).setup("fit")
     deep = tmp_path / "deep.jsonl"
     deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(ValueError, match=r"deep.jsonl:1: JSON nested too deeply"):
