@@ -40,6 +40,7 @@ before any data is read. Errors name the manifest, the cut and the audio or feat
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import json
@@ -67,11 +68,19 @@ __all__ = [
     "check_cut",
     "MAX_MANIFEST_LINE",
     "MAX_BLANK_LINES",
+    "MAX_RESAMPLE_PHASES",
+    "check_resample",
     "MAX_CHANNELS",
 ]
 
 #: the longest manifest line (characters) read; a longer one is an error (a cut is ~1 kB)
 MAX_MANIFEST_LINE = 1 << 20
+#: the largest reduced rate (``rate / gcd``, either side) of a resampling: the filter grows with
+#: the product of the two, so rates with few common factors (8009 Hz to 16 kHz) would allocate
+#: gigabytes; 8, 11.025, 22.05, 44.1, 48 and 96 kHz to 16 kHz reduce to at most 441 and 640
+MAX_RESAMPLE_PHASES = 1000
+#: the sampling rates read (Hz)
+MIN_RATE, MAX_RATE = 1000, 384000
 #: the most blank lines a manifest may hold
 MAX_BLANK_LINES = 1 << 16
 #: the most channels a recording may declare
@@ -252,14 +261,55 @@ def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: b
             raise ValueError(
                 f"{_describe(cut, what)}: the cut ends at {start + d:.3f} s, after its recording ({rec.duration:.3f} s)"
             )
-        if rec.transforms:
-            raise ValueError(
-                f"{_describe(cut, what)}: recordings with transforms (speed, volume, resampling) are not read: "
-                "apply them when preparing the manifest"
-            )
+        _source_rate(cut, what)
         _audio_source(cut, what)
     if needs_features:
         _check_feature_storage(cut, what)
+
+
+def check_resample(src: int, dst: int, what: str) -> None:
+    """Refuses a resampling whose filter would be huge (see :data:`MAX_RESAMPLE_PHASES`)."""
+    g = math.gcd(src, dst)
+    if max(src // g, dst // g) > MAX_RESAMPLE_PHASES:
+        raise ValueError(
+            f"{what}: resampling {src} Hz to {dst} Hz needs a filter of {src // g} x {dst // g} phases "
+            f"(at most {MAX_RESAMPLE_PHASES} each way: common rates such as 8, 22.05, 44.1 or 48 kHz are fine); "
+            "resample the audio beforehand"
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _resampler(src: int, dst: int):
+    from lhotse.augmentation.resample import Resample  # torch code, no torchaudio
+
+    return Resample(src, dst)
+
+
+def _source_rate(cut, what: str) -> int:
+    """The sampling rate of the cut's audio file: the recording's, or the source rate of the one
+    transform read, a resampling to the recording's rate (Lhotse's ``Recording.resample``: the
+    audio is resampled as it is read, here, by :func:`_load_samples`)."""
+    rec = cut.recording
+    ts = list(rec.transforms or [])
+    if not ts:
+        return int(rec.sampling_rate)
+    t = ts[0].to_dict() if hasattr(ts[0], "to_dict") else ts[0]
+    kw = t.get("kwargs") if isinstance(t, dict) else None
+    if len(ts) != 1 or not isinstance(kw, dict) or t.get("name") != "Resample":
+        raise ValueError(
+            f"{_describe(cut, what)}: recordings with transforms other than one resampling (speed, volume, ...) "
+            "are not read: apply them when preparing the manifest"
+        )
+    src, dst = kw.get("source_sampling_rate"), kw.get("target_sampling_rate")
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and MIN_RATE <= v <= MAX_RATE for v in (src, dst))
+    if not ok or dst != rec.sampling_rate:
+        raise ValueError(
+            f"{_describe(cut, what)}: its resampling ({src!r} Hz to {dst!r} Hz) must go from a rate in "
+            f"[{MIN_RATE}, {MAX_RATE}] to the recording's {rec.sampling_rate} Hz"
+        )
+    assert isinstance(src, int) and isinstance(dst, int)  # checked above
+    check_resample(src, dst, _describe(cut, what))
+    return src
 
 
 def _check_feature_storage(cut, what: str) -> None:
@@ -369,11 +419,11 @@ def check_cut(cut, what: str, *, sampling_rate: int | None = None) -> None:
         raise ValueError(
             f"{_describe(cut, what)}: cannot read audio {name}: {' '.join(str(e).split())[:300]}"
         ) from None
-    rec = cut.recording
-    if info.samplerate != rec.sampling_rate:
+    rate = _source_rate(cut, what)
+    if info.samplerate != rate:
         raise ValueError(
             f"{_describe(cut, what)}: audio {name} has sampling rate {info.samplerate} Hz but the manifest says "
-            f"{rec.sampling_rate} Hz"
+            f"{rate} Hz"
         )
     if info.channels != len(src.channels):
         raise ValueError(
@@ -395,7 +445,7 @@ def _load_samples(cut, what: str) -> np.ndarray:
     import soundfile as sf
 
     src = _audio_source(cut, what)
-    sr = cut.recording.sampling_rate
+    sr = _source_rate(cut, what)
     first = int(round(cut.start * sr))
     count = max(1, int(round(cut.duration * sr)))
     try:
@@ -412,7 +462,11 @@ def _load_samples(cut, what: str) -> np.ndarray:
         raise ValueError(f"{_describe(cut, what)}: audio {_source_name(src)} gave no samples")
     if not np.isfinite(x).all():
         raise ValueError(f"{_describe(cut, what)}: audio {_source_name(src)} holds NaN or infinite samples")
-    return np.ascontiguousarray(x)
+    x = np.ascontiguousarray(x)
+    if sr != cut.recording.sampling_rate:
+        with torch.no_grad():
+            x = _resampler(sr, cut.recording.sampling_rate)(torch.from_numpy(x)[None])[0].numpy()
+    return x
 
 
 def _text(cut) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import functools
 import io
 import math
 import os
@@ -35,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..files import open_regular
-from .lhotse_data import LhotseDataModule
+from .lhotse_data import MAX_RATE, MIN_RATE, LhotseDataModule, check_resample
 
 __all__ = [
     "SAMPLING_RATE",
@@ -52,16 +51,11 @@ AUDIO_SUFFIXES = (".wav", ".flac")
 
 # Bounds on what a file may make us allocate.
 _MAX_CHANNELS = 32
-_MIN_RATE, _MAX_RATE = 1000, 384000
+_MIN_RATE, _MAX_RATE = MIN_RATE, MAX_RATE
 _MAX_SAMPLES = 1 << 28  # frames x channels of one recording (1 GiB as float32)
 _MAX_TEXT_CHARS = 100_000  # one transcript
 _MAX_LINE_CHARS = 1 << 20  # one line of a transcript file
 _MAX_ROWS = 50_000_000  # rows of one HF split
-_MAX_HELD_SAMPLES = 1 << 29  # resampled audio a folder may hold in memory (2 GiB as float32)
-#: the largest reduced rate ``rate / gcd`` (either side) of a resampling: the filter grows with the
-#: product of the two, so rates with few common factors (8009 Hz to 16 kHz) would allocate
-#: gigabytes; 8, 11.025, 22.05, 44.1, 48 and 96 kHz to 16 kHz reduce to at most 441 and 640
-_MAX_RESAMPLE_PHASES = 1000
 # CMU Sphinx transcript lines: "<s> some words </s> (utterance_id)"
 _SPHINX_LINE = re.compile(r"^(?P<text>.*)\((?P<id>[^()\s]+)\)\s*$")
 _SPHINX_MARKS = frozenset({"<s>", "</s>", "<sil>"})
@@ -103,8 +97,12 @@ def _clean_text(text: Any, what: str) -> str:
     return " ".join(text.split())
 
 
-def _make_cut(cut_id: str, source_type: str, source: str | bytes, info: tuple[int, int, int], text: str):
-    """A mono cut (channel 0) over the whole recording with one supervision."""
+def _make_cut(
+    cut_id: str, source_type: str, source: str | bytes, info: tuple[int, int, int], text: str, rate: int, what: str
+):
+    """A mono cut (channel 0) over the whole recording with one supervision, at ``rate`` Hz: audio
+    at another rate is resampled as it is read (Lhotse's ``Recording.resample``, a transform in the
+    manifest: nothing is decoded or held here)."""
     from lhotse import MonoCut, Recording, SupervisionSegment
     from lhotse.audio import AudioSource
 
@@ -116,52 +114,15 @@ def _make_cut(cut_id: str, source_type: str, source: str | bytes, info: tuple[in
         num_samples=frames,
         duration=frames / sr,
     )
+    if sr != rate:
+        check_resample(sr, rate, what)
+        recording = recording.resample(rate)
     sup = SupervisionSegment(
         id=cut_id, recording_id=cut_id, start=0.0, duration=recording.duration, channel=0, text=text
     )
     return MonoCut(
         id=cut_id, start=0.0, duration=recording.duration, channel=0, recording=recording, supervisions=[sup]
     )
-
-
-@functools.lru_cache(maxsize=16)
-def _resampler(orig: int, new: int):
-    from lhotse.augmentation.resample import Resample  # torch code, no torchaudio
-
-    return Resample(orig, new)
-
-
-def _resampled_wav(
-    source: str | bytes, info: tuple[int, int, int], rate: int, what: str
-) -> tuple[bytes, tuple[int, int, int]]:
-    """The first channel of ``source`` at ``rate`` Hz as float32 WAV bytes, and its ``(rate, 1, frames)``.
-
-    LhotseDataModule reads audio files as they are (no resampling transforms), so audio at another
-    rate is decoded and resampled once, here, and kept in memory.
-    """
-    import soundfile as sf
-    import torch
-
-    g = math.gcd(info[0], rate)
-    if max(info[0] // g, rate // g) > _MAX_RESAMPLE_PHASES:
-        raise ValueError(
-            f"{what}: resampling {info[0]} Hz to {rate} Hz needs a filter of {info[0] // g} x {rate // g} phases "
-            f"(at most {_MAX_RESAMPLE_PHASES} each way: common rates such as 8, 22.05, 44.1 or 48 kHz are fine); "
-            "resample the audio beforehand"
-        )
-    try:
-        # at most the header's frames (checked against the bounds): a compressed stream cannot expand further
-        f = io.BytesIO(source) if isinstance(source, bytes) else source
-        x, _ = sf.read(f, frames=info[2], dtype="float32", always_2d=True)
-    except Exception as e:
-        raise ValueError(f"{what}: cannot decode the audio: {e}") from None
-    if x.shape[0] == 0 or not np.isfinite(x[:, 0]).all():
-        raise ValueError(f"{what}: the audio is empty or holds NaN/inf samples")
-    with torch.no_grad():
-        y = _resampler(info[0], rate)(torch.from_numpy(np.ascontiguousarray(x[:, 0]))[None])[0].numpy()
-    buf = io.BytesIO()
-    sf.write(buf, y, rate, format="WAV", subtype="FLOAT")
-    return buf.getvalue(), (rate, 1, int(y.shape[0]))
 
 
 def _check_rate(sampling_rate: int) -> int:
@@ -349,7 +310,6 @@ def cuts_from_folder(
         texts = _parse_transcripts(text_files, ids)
 
     cuts = []
-    held = 0  # samples of resampled audio kept in memory
     for uid, p in ids.items():
         if uid not in texts:
             if missing == "skip":
@@ -358,17 +318,7 @@ def cuts_from_folder(
             raise ValueError(f"{p}: no transcript for the id {uid!r} (looked in {where}); or pass missing='skip'")
         text = texts[uid].lower() if lowercase else texts[uid]
         info = _audio_info(str(p), str(p), max_audio_seconds)
-        if info[0] == sampling_rate:
-            cuts.append(_make_cut(uid, "file", str(p.resolve()), info, text))
-            continue
-        held += info[2] * sampling_rate // info[0]
-        if held > _MAX_HELD_SAMPLES:
-            raise ValueError(
-                f"{p}: more than {_MAX_HELD_SAMPLES} samples resampled to {sampling_rate} Hz held in memory; "
-                "resample the folder's audio to that rate beforehand (e.g. with sox)"
-            )
-        data, info = _resampled_wav(str(p), info, sampling_rate, str(p))
-        cuts.append(_make_cut(uid, "memory", data, info, text))
+        cuts.append(_make_cut(uid, "file", str(p.resolve()), info, text, sampling_rate, str(p)))
     if not cuts:
         raise ValueError(f"{folder}: no audio file has a transcript")
     return CutSet.from_cuts(cuts)
@@ -648,11 +598,8 @@ class _HFCuts:
             text = text.lower() if self.lowercase else text
             if isinstance(audio, tuple):
                 audio = self._encode(row)
-            if info[0] != self.rate:  # decoded and resampled on each pass (LhotseDataModule reads audio as is)
-                data, info = _resampled_wav(audio, info, self.rate, what)
-                yield _make_cut(cut_id, "memory", data, info, text)
-            else:
-                yield _make_cut(cut_id, "memory" if isinstance(audio, bytes) else "file", audio, info, text)
+            source_type = "memory" if isinstance(audio, bytes) else "file"
+            yield _make_cut(cut_id, source_type, audio, info, text, self.rate, what)
 
 
 def cuts_from_hf(

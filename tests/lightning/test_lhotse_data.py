@@ -411,6 +411,42 @@ def test_audio_too_short_or_too_loud_and_deep_json_name_the_cut(tmp_path):
         LhotseDataModule(str(deep), str(deep)).setup("fit")
 
 
+def test_resampled_recordings_are_read_at_their_rate(tmp_path):
+    # Lhotse's Recording.resample (a transform in the manifest): read and resampled here, as the
+    # audio is loaded; the cut then gives the filterbanks of the same audio recorded at 16 kHz
+    t = np.arange(int(0.5 * 22050)) / 22050
+    sf.write(str(tmp_path / "cd.wav"), (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 22050)
+    t = np.arange(8000) / SR
+    sf.write(str(tmp_path / "ref.wav"), (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), SR)
+    cut = _cut(tmp_path / "cd.wav", "cd", "one").resample(SR)
+    manifest = _write([cut], tmp_path / "cd.jsonl")
+    got = _batches(manifest)[0]["inputs"][0]
+    want = _batches(_write([_cut(tmp_path / "ref.wav", "ref", "one")], tmp_path / "ref.jsonl"))[0]["inputs"][0]
+    assert got.shape == want.shape
+    inner = slice(2, -2)  # the resampling filter's edges aside: the same tone in the same mel band
+    assert torch.equal(got[inner].argmax(1), want[inner].argmax(1))
+    torch.testing.assert_close(got[inner].amax(1), want[inner].amax(1), atol=0.05, rtol=0.01)
+    # other transforms, a chain, or a resampling that disagrees with the recording are refused
+    d = cut.to_dict()
+    for name, transforms in [
+        ("speed", [{"name": "Speed", "kwargs": {"factor": 1.1}}]),
+        ("chain", d["recording"]["transforms"] * 2),
+        ("odd", [{"name": "Resample", "kwargs": {"source_sampling_rate": 22051, "target_sampling_rate": SR}}]),
+        ("lie", [{"name": "Resample", "kwargs": {"source_sampling_rate": 22050, "target_sampling_rate": 8000}}]),
+    ]:
+        bad = json.loads(json.dumps(d))
+        bad["recording"]["transforms"] = transforms
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(bad) + "\n")
+        match = {
+            "speed": "transforms other than one resampling",
+            "chain": "transforms other than one resampling",
+            "odd": "22051 Hz to 16000 Hz needs a filter of 22051 x 16000 phases",
+            "lie": "must go from a rate in .* to the recording's 16000 Hz",
+        }[name]
+        with pytest.raises(ValueError, match=match):
+            _batches(str(tmp_path / f"{name}.jsonl"))
+
+
 def _feature_cut(cid: str, storage_type: str, storage_path: str, storage_key, frames: int = 50, start: float = 0.0):
     """A cut of ``frames`` 10 ms frames of 40 features held by the given storage."""
     from lhotse.features import Features
