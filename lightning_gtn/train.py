@@ -559,7 +559,12 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
     import torch
 
     from lightning_gtn import trust
-    from lightning_gtn.lightning import NonFiniteLossError, SequenceModule, SpawnedProcessGroupCleanup
+    from lightning_gtn.lightning import (
+        FinalLastCheckpoint,
+        NonFiniteLossError,
+        SequenceModule,
+        SpawnedProcessGroupCleanup,
+    )
     from lightning_gtn.lightning.decoding import resolve_decoder
 
     if cfg.get("num_threads"):
@@ -590,7 +595,7 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
         check_resume(cfg.ckpt_path, model)
     callbacks = [build(c, f"callbacks.{k}") for k, c in (cfg.get("callbacks") or {}).items() if c is not None]
     loggers = [build(c, f"logger.{k}") for k, c in (cfg.get("logger") or {}).items() if c is not None]
-    callbacks += [_FinalProgress(), SpawnedProcessGroupCleanup()]
+    callbacks += [FinalLastCheckpoint(), _FinalProgress(), SpawnedProcessGroupCleanup()]
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
     if save_config:  # everything was built: the directory now holds this run

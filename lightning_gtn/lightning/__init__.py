@@ -21,7 +21,7 @@
 - :class:`TrainingPlots`: ``curves.png`` and ``alignments.png`` in the run directory.
 """
 
-from .callbacks import SpawnedProcessGroupCleanup, TrainingPlots, class_labels
+from .callbacks import FinalLastCheckpoint, SpawnedProcessGroupCleanup, TrainingPlots, class_labels
 from .data import (
     DigitLinesDataModule,
     FeatureDataModule,
@@ -77,6 +77,7 @@ __all__ = [
     "TransducerModel",
     "TrainingPlots",
     "SpawnedProcessGroupCleanup",
+    "FinalLastCheckpoint",
     "class_labels",
     "plot_training_curves",
     "plot_alignments",

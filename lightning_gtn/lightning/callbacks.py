@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 
 from .plots import plot_alignments, plot_training_curves
 
-__all__ = ["TrainingPlots", "SpawnedProcessGroupCleanup", "class_labels"]
+__all__ = ["TrainingPlots", "SpawnedProcessGroupCleanup", "FinalLastCheckpoint", "class_labels"]
 
 
 def _show(text: str) -> str:
@@ -121,6 +121,31 @@ def write_alignments(pl_module, dataloader, path, num: int = 4) -> str:
         return plot_alignments(ems, paths, labels, titles, path, inputs=feats)
     finally:
         pl_module.train(was_training)
+
+
+class FinalLastCheckpoint(Callback):
+    """Writes every ``last.ckpt`` of the run's checkpoint callbacks once more when training ends,
+    so that it holds the final weights and step.
+
+    Lightning's ``ModelCheckpoint`` refreshes ``last.ckpt`` after a validation only when that
+    validation also saved a top-k checkpoint (its metric improved), and at the end of training only
+    when it never wrote one. A run whose last validations did not improve therefore ended with the
+    ``last.ckpt`` of the latest step checkpoint: weights up to ``every_n_train_steps - 1`` steps
+    old, which ``lightning-gtn-evaluate`` would score and a resumed run would train again. Put it
+    after the checkpoint callbacks; every rank calls it (the save is collective).
+    """
+
+    def on_train_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        """Saves ``<dirpath>/last.ckpt`` for each checkpoint callback with ``save_last``."""
+        if trainer.fast_dev_run:
+            return
+        paths = {
+            os.path.join(cb.dirpath, cb.CHECKPOINT_NAME_LAST + cb.FILE_EXTENSION)
+            for cb in trainer.checkpoint_callbacks
+            if getattr(cb, "save_last", False) and getattr(cb, "dirpath", None)
+        }
+        for path in sorted(paths):
+            trainer.save_checkpoint(path)
 
 
 class SpawnedProcessGroupCleanup(Callback):
