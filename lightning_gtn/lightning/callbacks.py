@@ -137,12 +137,14 @@ class FinalLastCheckpoint(Callback):
 
     def on_train_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
         """Saves ``<dirpath>/last.ckpt`` for each checkpoint callback with ``save_last``."""
-        if trainer.fast_dev_run:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        if getattr(trainer, "fast_dev_run", False):
             return
         paths = {
             os.path.join(cb.dirpath, cb.CHECKPOINT_NAME_LAST + cb.FILE_EXTENSION)
             for cb in trainer.checkpoint_callbacks
-            if getattr(cb, "save_last", False) and getattr(cb, "dirpath", None)
+            if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath
         }
         for path in sorted(paths):
             trainer.save_checkpoint(path)
