@@ -228,6 +228,24 @@ def test_cli_train_resume_evaluate_and_ddp_metrics_match(tmp_path):
 
 
 @pytest.mark.slow
+def test_last_checkpoint_holds_the_end_of_training(tmp_path):
+    # a resumed run whose validations never beat the checkpoint's best: Lightning alone left
+    # last.ckpt at the latest step checkpoint (step 39 of 40), not at the end of training
+    args = [*SMOKE, "callbacks.step_checkpoint.every_n_train_steps=3"]
+    m1, _ = _cli("lightning_gtn.train", [*args, "trainer.max_epochs=3", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
+    last = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    m2, _ = _cli(
+        "lightning_gtn.train",
+        [*args, "trainer.max_epochs=5", f"ckpt_path={last}", f"hydra.run.dir={tmp_path / 'b'}"],
+        tmp_path,
+    )
+    assert m2["global_step"] % 3 != 0  # the end is no step checkpoint's
+    for run, m in (("a", m1), ("b", m2)):
+        ckpt = torch.load(tmp_path / run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert ckpt["global_step"] == m["global_step"]
+
+
+@pytest.mark.slow
 def test_cli_killed_run_resumes_from_its_step_checkpoint(tmp_path):
     # a long run killed with SIGKILL right after its first mid-epoch checkpoint (every 3 steps;
     # an epoch of the smoke data is 8 steps) resumes from that step, not from the start
