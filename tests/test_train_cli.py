@@ -240,8 +240,8 @@ def test_last_checkpoint_holds_the_end_of_training(tmp_path):
         tmp_path,
     )
     assert m2["global_step"] % 3 != 0  # the end is no step checkpoint's
-    for run, m in (("a", m1), ("b", m2)):
-        ckpt = torch.load(tmp_path / run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    for name, m in (("a", m1), ("b", m2)):
+        ckpt = torch.load(tmp_path / name / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
         assert ckpt["global_step"] == m["global_step"]
 
 

@@ -343,6 +343,7 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
     dev = emissions.device
     if targets.dim() != 2:
         raise ValueError(f"targets must be padded (B, S) here, got shape {tuple(targets.shape)}")
+    blank = checks.check_label(blank, "blank", C, allow_none=True)  # the op may be called directly
     lengths = checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
     seqs = checks.split_targets(targets, target_lengths, B, dev, C, blank)
     cdt = checks.compute_dtype(emissions)

@@ -60,6 +60,7 @@ def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, semir
         semiring: ``"log"`` (forward scores) or ``"max"`` (Viterbi scores).
     """
     use_max = check_semiring(semiring) == "max"
+    problem.check(E, w)  # every impl: the kernels (numba, Triton) index without bounds checks
     st = State()
     if impl == "triton" and not graph_triton.supports(problem.batch):
         impl = "torch"  # epsilon arcs (closures) or graphs too large for one Triton program

@@ -49,6 +49,12 @@ def check_lm_arrays(a, num_words: Optional[int] = None):
         ValueError: naming the field, if a shape, dtype or index is out of range.
     """
     try:
+        for name in ("state_offsets", "arc_word", "arc_next", "backoff_state"):
+            v = np.asarray(getattr(a, name))
+            if v.dtype.kind not in "iu":  # a float would be truncated, not refused
+                raise ValueError(f"{name} must hold integers, got {v.dtype}")
+            if name != "state_offsets" and v.size and (v.min() < -(2**31) or v.max() >= 2**31):
+                raise ValueError(f"{name} holds values outside int32")  # a cast would wrap them
         st_off = np.ascontiguousarray(a.state_offsets, dtype=np.int64)
         arc_word = np.ascontiguousarray(a.arc_word, dtype=np.int32)
         arc_logp = np.ascontiguousarray(a.arc_logp, dtype=np.float32)

@@ -301,6 +301,29 @@ class Problem:
         self.ex_nodes = sizes
         self._set_alpha_off()
 
+    def check(self, E, w, alpha=None, logz=None) -> None:
+        """Raises ValueError unless every index the kernels read lies inside ``E`` ``(B, T, C)``,
+        the arc weights ``w`` and, for a backward, the saved ``alpha`` and ``logz``: the last check
+        before a compiled kernel, whatever path (a cached graph, a custom op called directly)
+        brought the problem here."""
+        bt = self.batch
+        Bn, T, C = (int(v) for v in E.shape)
+        if bt.max_label >= C:
+            raise ValueError(f"a graph reads label {bt.max_label} but the emissions have C={C}")
+        if int(w.shape[0]) != bt.num_arcs:
+            raise ValueError(f"expected {bt.num_arcs} arc weights, got {int(w.shape[0])}")
+        if self.num_examples:
+            if self.ex_len.min() < 0 or self.ex_len.max() > T:
+                raise ValueError(f"example lengths must lie in [0, T={T}]")
+            if self.ex_row.min() < 0 or self.ex_row.max() >= Bn:
+                raise ValueError(f"example rows must lie in [0, B={Bn})")
+            if self.ex_graph.min() < 0 or self.ex_graph.max() >= len(bt.num_nodes):
+                raise ValueError(f"example graphs must lie in [0, {len(bt.num_nodes)})")
+        if alpha is not None and int(alpha.numel()) != int(self.alpha_off[-1]):
+            raise ValueError(f"expected {int(self.alpha_off[-1])} saved forward scores, got {int(alpha.numel())}")
+        if logz is not None and int(logz.numel()) != self.num_examples:
+            raise ValueError(f"expected {self.num_examples} saved scores, got {int(logz.numel())}")
+
     def _set_alpha_off(self) -> None:
         """``alpha_off`` ``(N + 1,)``: where each example's ``(T_e + 1) * S_e`` alphas start."""
         self.alpha_off = np.zeros(self.num_examples + 1, dtype=np.int64)

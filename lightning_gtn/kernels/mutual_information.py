@@ -86,6 +86,21 @@ def check_boundary_values(bnd: np.ndarray, S: int, T: int, name: str = "boundary
         )
 
 
+def check_shapes(px: Tensor, py: Tensor, boundary: Tensor) -> None:
+    """ValueError unless ``px`` is ``(B, S, T + 1)`` (or ``(B, S, T)``, the modified recursion),
+    ``py`` ``(B, S + 1, T)`` and ``boundary`` ``(B, 4)``: the kernels index with these shapes."""
+    if px.dim() != 3 or py.dim() != 3:
+        raise ValueError(f"px and py must be 3-D, got {tuple(px.shape)} and {tuple(py.shape)}")
+    B, S, T1 = px.shape
+    T = py.shape[2]
+    if tuple(py.shape) != (B, S + 1, T) or T1 not in (T, T + 1):
+        raise ValueError(
+            f"px must be (B, S, T + 1) or (B, S, T) and py (B, S + 1, T); got {tuple(px.shape)} and {tuple(py.shape)}"
+        )
+    if tuple(boundary.shape) != (B, 4):
+        raise ValueError(f"boundary must have shape (B, 4) = ({B}, 4), got {tuple(boundary.shape)}")
+
+
 # -- numba ---------------------------------------------------------------------------------------
 
 
@@ -175,6 +190,7 @@ def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
 def mi_numba(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """The recursion on the CPU: ``(scores (B,), px_grad, py_grad)`` in ``px``'s dtype (the grads
     are empty ``(0,)`` tensors without ``need_grad``). ``boundary`` is ``(B, 4)`` int64."""
+    check_shapes(px, py, boundary)
     B, S, T1 = px.shape
     T = py.shape[2]
     modified = T1 == T
@@ -317,6 +333,7 @@ def mutual_information_op(
     without ``need_grad``; ``""`` is the device's default (chosen here, eagerly, so that a CUDA
     self-check never runs while ``torch.compile`` traces). ``boundary`` is ``(B, 4)`` int64,
     already range-checked."""
+    check_shapes(px, py, boundary)  # the op may be called directly, without the wrapper's checks
     if impl == "":
         impl = pick_impl(px.device)
     if impl == "numba":

@@ -164,19 +164,9 @@ def _viterbi_kernel(
 
 def check_problem(problem, E: torch.Tensor, w: torch.Tensor) -> None:
     """Raises ValueError unless every index the kernels read lies inside ``E`` and ``w``."""
-    bt = problem.batch
-    B, T, C = E.shape
-    if bt.has_eps:
+    if problem.batch.has_eps:
         raise ValueError("alignment graphs must not have epsilon arcs")
-    if bt.max_label >= C:
-        raise ValueError(f"a graph reads label {bt.max_label} but the emissions have C={C}")
-    if w.shape[0] != bt.num_arcs:
-        raise ValueError(f"expected {bt.num_arcs} arc weights, got {w.shape[0]}")
-    if problem.num_examples:
-        if problem.ex_len.min() < 0 or problem.ex_len.max() > T:
-            raise ValueError(f"example lengths must lie in [0, T={T}]")
-        if problem.ex_row.min() < 0 or problem.ex_row.max() >= B:
-            raise ValueError(f"example rows must lie in [0, B={B})")
+    problem.check(E, w)
 
 
 def numba_viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor):
@@ -542,11 +532,20 @@ def ctc_states(E: torch.Tensor, targets: np.ndarray, target_lengths: np.ndarray,
     ``blank``), lengths within ``T`` and ``S``. Examples run interleaved on :func:`num_threads`
     threads; each holds at most :func:`search_bytes` (checked against :data:`MAX_ALIGN_BYTES`).
     """
-    B, T = E.shape[0], E.shape[1]
+    B, T, C = E.shape[0], E.shape[1], E.shape[2]
     En = E.detach().contiguous().numpy()
     tg = np.ascontiguousarray(targets, dtype=np.int64).reshape(B, -1)
     tl = np.ascontiguousarray(target_lengths, dtype=np.int64)
     il = np.ascontiguousarray(input_lengths, dtype=np.int64)
+    # the kernel indexes with all of these: the last check before it, whoever called
+    if not 0 <= blank < C:
+        raise ValueError(f"blank={blank} must lie in [0, C={C})")
+    if tl.shape != (B,) or il.shape != (B,) or (B and (tl.min() < 0 or tl.max() > tg.shape[1])):
+        raise ValueError(f"target_lengths must be (B,) = ({B},) within [0, S={tg.shape[1]}]")
+    if B and (il.min() < 0 or il.max() > T):
+        raise ValueError(f"input_lengths must be (B,) = ({B},) within [0, T={T}]")
+    if tg.size and (tg.min() < 0 or tg.max() >= C):
+        raise ValueError(f"targets must lie in [0, C={C})")
     for b in range(B):
         check_search_bytes(int(il[b]), 2 * int(tl[b]) + 1, En.itemsize, f"example {b}: ")
     states = np.full((B, max(T, 1)), -1, dtype=np.int64)
