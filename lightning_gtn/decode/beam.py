@@ -51,7 +51,7 @@ def check_lm_arrays(a, num_words: Optional[int] = None):
     try:
         for name in ("state_offsets", "arc_word", "arc_next", "backoff_state"):
             v = np.asarray(getattr(a, name))
-            if v.dtype.kind not in "iu":  # a float would be truncated, not refused
+            if v.size and v.dtype.kind not in "iu":  # a float would be truncated, not refused
                 raise ValueError(f"{name} must hold integers, got {v.dtype}")
             if name != "state_offsets" and v.size and (v.min() < -(2**31) or v.max() >= 2**31):
                 raise ValueError(f"{name} holds values outside int32")  # a cast would wrap them

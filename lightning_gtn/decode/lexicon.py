@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Sequence
+from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
@@ -42,10 +42,15 @@ class Lexicon:
         if len(words_to_spellings) == 0:
             raise ValueError("words_to_spellings is empty: a lexicon needs at least one word")
         self.words: List[str] = []
-        children: List[Dict[int, int]] = [{}]
-        node_words: List[List[int]] = [[]]
+        # the trie as one dict (node, token) -> child and the words ending at each node: nodes are
+        # numbered in the order they are first reached (the decoder's tie order), and one dict of
+        # tuples takes about half the memory of a dict per node
+        edges: Dict[Tuple[int, int], int] = {}
+        node_words: Dict[int, List[int]] = {}
+        num_nodes = 1
         max_token = -1
         total = 0
+        top = int(np.iinfo(np.int32).max)
         for word, spellings in words_to_spellings.items():
             if not isinstance(word, str) or not word:
                 raise ValueError(f"words_to_spellings: words must be non-empty strings, got {word!r}")
@@ -73,42 +78,46 @@ class Lexicon:
                     if isinstance(tok, (bool, np.bool_)) or not isinstance(tok, (int, np.integer)):
                         raise ValueError(f"words_to_spellings[{word!r}]: token ids must be integers, got {tok!r}")
                     tok = int(tok)
-                    if tok < 0 or tok > np.iinfo(np.int32).max:
+                    if tok < 0 or tok > top:
                         raise ValueError(f"words_to_spellings[{word!r}]: token id {tok} out of range (must be >= 0)")
-                    max_token = max(max_token, tok)
-                    nxt = children[node].get(tok)
+                    if tok > max_token:
+                        max_token = tok
+                    nxt = edges.get((node, tok))
                     if nxt is None:
-                        nxt = len(children)
+                        nxt = num_nodes
                         if nxt >= MAX_TRIE_NODES:
                             raise ValueError(
                                 f"words_to_spellings: the trie would exceed MAX_TRIE_NODES={MAX_TRIE_NODES} nodes "
                                 "(fewer words, or fewer spellings per word)"
                             )
-                        children[node][tok] = nxt
-                        children.append({})
-                        node_words.append([])
+                        edges[(node, tok)] = nxt
+                        num_nodes += 1
                     node = nxt
-                if wid not in node_words[node]:
-                    node_words[node].append(wid)
+                here = node_words.setdefault(node, [])
+                if wid not in here:
+                    here.append(wid)
                 n_sp += 1
             if n_sp == 0:
                 raise ValueError(f"words_to_spellings[{word!r}] has no spelling")
         #: the largest token id used by a spelling (checked against the decoder's tokens)
         self.max_token = max_token
-        N = len(children)
+        N = num_nodes
+        E = len(edges)
+        src = np.fromiter((k[0] for k in edges), dtype=np.int64, count=E)
+        tok_of = np.fromiter((k[1] for k in edges), dtype=np.int64, count=E)
+        child = np.fromiter(edges.values(), dtype=np.int64, count=E)
+        del edges
+        order = np.lexsort((tok_of, src))  # each node's children by token
+        self.child_token = tok_of[order].astype(np.int32)
+        self.child_node = child[order].astype(np.int32)
         self.child_offsets = np.zeros(N + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src, minlength=N), out=self.child_offsets[1:])
+        ends = sorted(node_words)
         self.word_offsets = np.zeros(N + 1, dtype=np.int64)
-        ct, cn, nw = [], [], []
-        for n in range(N):
-            for tok in sorted(children[n]):
-                ct.append(tok)
-                cn.append(children[n][tok])
-            nw.extend(node_words[n])
-            self.child_offsets[n + 1] = len(ct)
-            self.word_offsets[n + 1] = len(nw)
-        self.child_token = np.asarray(ct, dtype=np.int32)
-        self.child_node = np.asarray(cn, dtype=np.int32)
-        self.node_word = np.asarray(nw, dtype=np.int32)
+        counts = np.zeros(N, dtype=np.int64)
+        counts[ends] = [len(node_words[n]) for n in ends]
+        np.cumsum(counts, out=self.word_offsets[1:])
+        self.node_word = np.asarray([w for n in ends for w in node_words[n]], dtype=np.int32)
         self._index = {w: i for i, w in enumerate(self.words)}
 
     @classmethod
