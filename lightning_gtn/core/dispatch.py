@@ -145,6 +145,10 @@ def _self_check_error(problem: Problem, device: torch.device):
 
 def backward(st: State, coef: torch.Tensor, need_e: bool, need_w: bool):
     """Gradient of ``sum_e coef[e] * logz[e]``: ``(grad_E (B, T, C) or None, grad_w (num_arcs,) or None)``."""
+    # a state may be rebuilt from an op's saved tensors: checked again before any kernel reads it
+    st.problem.check(st.E, st.w, st.alpha if st.impl == "numba" else None, st.logz)
+    if int(coef.numel()) != st.problem.num_examples:
+        raise ValueError(f"expected {st.problem.num_examples} output gradients, got {int(coef.numel())}")
     if st.impl == "numba":
         return graph_numba.numba_backward(st, coef, need_e, need_w)
     if st.impl == "triton":
@@ -162,6 +166,9 @@ def fused(problem: Problem, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, 
     log-domain kernels.
     """
     p, bt = problem, problem.batch
+    p.check(E, w)  # the last check before the fused kernel
+    if len(sign) != p.num_examples:
+        raise ValueError(f"expected {p.num_examples} signs, got {len(sign)}")
     dtype = E.dtype
     N = p.num_examples
     signn = np.ascontiguousarray(sign, dtype=np.float64)

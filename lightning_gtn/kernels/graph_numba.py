@@ -739,7 +739,6 @@ def numba_forward(st, use_max: bool) -> None:
     """
     p, bt = st.problem, st.problem.batch
     E = st.E
-    p.check(E, st.w)
     dtype = E.dtype
     alpha = torch.empty(int(p.alpha_off[-1]), dtype=dtype)
     logz = torch.empty(p.num_examples, dtype=dtype)
@@ -792,9 +791,6 @@ def numba_backward(st, coef: torch.Tensor, need_e: bool, need_w: bool):
     """
     p, bt = st.problem, st.problem.batch
     E = st.E
-    p.check(E, st.w, st.alpha, st.logz)
-    if int(coef.numel()) != p.num_examples:
-        raise ValueError(f"expected {p.num_examples} output gradients, got {int(coef.numel())}")
     gE = torch.zeros_like(E) if need_e else torch.zeros((1, 1, 1), dtype=E.dtype)
     chunks = p.chunks(get_num_threads())
     nw = bt.num_arcs if need_w else 1
@@ -862,9 +858,6 @@ def fused_scaled(p, E: torch.Tensor, w: torch.Tensor, sign: np.ndarray, need_e: 
     holds ``sum_e sign[e] * d logZ_e / dE`` of the others; ``gw_ex[gw_off[e] : gw_off[e + 1]]``
     the arc occupancies of example ``e`` (``arcs[e]`` arcs) when ``need_w``.
     """
-    p.check(E, w)
-    if len(sign) != p.num_examples:
-        raise ValueError(f"expected {p.num_examples} signs, got {len(sign)}")
     bt = p.batch
     dtype = E.dtype
     N = p.num_examples

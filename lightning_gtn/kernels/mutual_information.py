@@ -189,8 +189,8 @@ def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
 @torch.no_grad()
 def mi_numba(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """The recursion on the CPU: ``(scores (B,), px_grad, py_grad)`` in ``px``'s dtype (the grads
-    are empty ``(0,)`` tensors without ``need_grad``). ``boundary`` is ``(B, 4)`` int64."""
-    check_shapes(px, py, boundary)
+    are empty ``(0,)`` tensors without ``need_grad``). ``boundary`` is ``(B, 4)`` int64; the shapes are
+    checked by the op (:func:`check_shapes`), the boundary's values here."""
     B, S, T1 = px.shape
     T = py.shape[2]
     modified = T1 == T

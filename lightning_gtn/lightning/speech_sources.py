@@ -51,7 +51,6 @@ AUDIO_SUFFIXES = (".wav", ".flac")
 
 # Bounds on what a file may make us allocate.
 _MAX_CHANNELS = 32
-_MIN_RATE, _MAX_RATE = MIN_RATE, MAX_RATE
 _MAX_SAMPLES = 1 << 28  # frames x channels of one recording (1 GiB as float32)
 _MAX_TEXT_CHARS = 100_000  # one transcript
 _MAX_LINE_CHARS = 1 << 20  # one line of a transcript file
@@ -75,8 +74,8 @@ def _audio_info(source: str | bytes, what: str, max_audio_seconds: float) -> tup
     except Exception as e:  # soundfile raises its own LibsndfileError / RuntimeError / TypeError
         raise ValueError(f"{what}: not a readable audio file (wav/flac/ogg through soundfile): {e}") from None
     sr, ch, frames = int(info.samplerate), int(info.channels), int(info.frames)
-    if not _MIN_RATE <= sr <= _MAX_RATE:
-        raise ValueError(f"{what}: sampling rate {sr} Hz outside [{_MIN_RATE}, {_MAX_RATE}]")
+    if not MIN_RATE <= sr <= MAX_RATE:
+        raise ValueError(f"{what}: sampling rate {sr} Hz outside [{MIN_RATE}, {MAX_RATE}]")
     if not 1 <= ch <= _MAX_CHANNELS:
         raise ValueError(f"{what}: {ch} channels, expected 1 to {_MAX_CHANNELS}")
     if frames <= 0:
@@ -128,8 +127,8 @@ def _make_cut(
 def _check_rate(sampling_rate: int) -> int:
     if isinstance(sampling_rate, bool) or not isinstance(sampling_rate, int):
         raise ValueError(f"sampling_rate must be an int, got {sampling_rate!r}")
-    if not _MIN_RATE <= sampling_rate <= _MAX_RATE:
-        raise ValueError(f"sampling_rate={sampling_rate} outside [{_MIN_RATE}, {_MAX_RATE}]")
+    if not MIN_RATE <= sampling_rate <= MAX_RATE:
+        raise ValueError(f"sampling_rate={sampling_rate} outside [{MIN_RATE}, {MAX_RATE}]")
     return sampling_rate
 
 
@@ -502,7 +501,7 @@ class _HFCuts:
             _clean_text(text, f"{root}: row {row} of text column {text_column!r}")
             if isinstance(audio, tuple):  # (samples, sampling_rate)
                 samples, sr = audio
-                if not _MIN_RATE <= sr <= _MAX_RATE or samples == 0 or samples > max_audio_seconds * sr:
+                if not MIN_RATE <= sr <= MAX_RATE or samples == 0 or samples > max_audio_seconds * sr:
                     raise ValueError(f"{what}: {samples} samples at {sr} Hz (bounds: max_audio_seconds etc.)")
                 self.info[row] = (sr, 1, samples)
             elif isinstance(audio, bytes):
