@@ -565,6 +565,7 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
         SequenceModule,
         SpawnedProcessGroupCleanup,
     )
+    from lightning_gtn.lightning.callbacks import CheckpointStateError, ResumeInRunFolder
     from lightning_gtn.lightning.decoding import resolve_decoder
 
     if cfg.get("num_threads"):
@@ -595,14 +596,17 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
         check_resume(cfg.ckpt_path, model)
     callbacks = [build(c, f"callbacks.{k}") for k, c in (cfg.get("callbacks") or {}).items() if c is not None]
     loggers = [build(c, f"logger.{k}") for k, c in (cfg.get("logger") or {}).items() if c is not None]
-    callbacks += [FinalLastCheckpoint(), _FinalProgress(), SpawnedProcessGroupCleanup()]
+    # a checkpoint is data: what it restores into the checkpoint callbacks names only their own files
+    callbacks += [ResumeInRunFolder(), FinalLastCheckpoint(), _FinalProgress(), SpawnedProcessGroupCleanup()]
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
     if save_config:  # everything was built: the directory now holds this run
         _save_run_config(cfg, output_dir)
     start = time.perf_counter()
     try:
-        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
+    except CheckpointStateError as e:
+        raise ConfigError(f"ckpt_path: cannot resume from {cfg.ckpt_path}: {e}") from None
     except NonFiniteLossError as e:
         metrics = final_metrics(trainer)
         metrics.update(
@@ -620,7 +624,7 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
     metrics = final_metrics(trainer)
     if cfg.get("test"):
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
-        trainer.test(model, datamodule=datamodule, ckpt_path=best or None)
+        trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
         metrics.update({k: v for k, v in final_metrics(trainer).items() if k.startswith("test/")})
     metrics["epoch"] = int(metrics.get("epoch", trainer.current_epoch))
     metrics["global_step"] = int(metrics.get("global_step", trainer.global_step))

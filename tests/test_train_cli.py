@@ -635,3 +635,82 @@ def test_too_few_word_pieces_names_the_key(tmp_path):
     ):
         run(cfg, output_dir=tmp_path)
     assert not any(tmp_path.iterdir()) or sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# -- resume: a checkpoint is data --------------------------------------------------------------
+
+SHORT = [*SMOKE, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "callbacks.plots.num_alignments=0"]
+
+
+def _trained_run(run_dir, epochs=1):
+    """A run of ``epochs`` epochs of 2 steps in ``run_dir`` (in this process); its last.ckpt."""
+    run(_compose([*SHORT, f"trainer.max_epochs={epochs}"], run_dir), output_dir=run_dir)
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def test_resumed_checkpoint_paths_never_leave_the_run_folder(tmp_path):
+    # a crafted last.ckpt whose checkpoint-callback states name files outside the run: Lightning
+    # restored them and deleted them as "previous" top-k / last checkpoints when the run went on
+    run_dir = tmp_path / "run"
+    last = _trained_run(run_dir)
+    victims = [tmp_path / "victim1.txt", tmp_path / "victim2.ckpt", tmp_path / "victim3.txt"]
+    for v in victims:
+        v.write_text("not the run's\n")
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    for state in ckpt["callbacks"].values():
+        if "best_k_models" in state:
+            d = state["dirpath"]
+            state["best_k_models"] = {f"{d}/../../victim1.txt": torch.tensor(5.0)}
+            state["kth_best_model_path"] = f"{d}/../../victim1.txt"
+            state["kth_value"] = torch.tensor(5.0)
+            state["best_model_score"] = torch.tensor(5.0)
+            state["best_model_path"] = str(victims[1])
+            state["last_model_path"] = f"{d}/../../victim3.txt"
+    torch.save(ckpt, last)
+    cfg = _compose([*SHORT, "trainer.max_epochs=2", f"ckpt_path={last}"], run_dir)
+    metrics = run(cfg, output_dir=run_dir)  # resumed in place
+    assert metrics["global_step"] == 4
+    for v in victims:
+        assert v.read_text() == "not the run's\n", v
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+    states = torch.load(last, map_location="cpu", weights_only=True)["callbacks"].values()
+    for state in (s for s in states if "best_k_models" in s):
+        for p in [state["best_model_path"], state["last_model_path"], *state["best_k_models"]]:
+            assert not p or Path(p).resolve().parent == (run_dir / "checkpoints").resolve(), p
+
+
+def test_resume_keeps_scores_of_the_run_folder_and_checks_our_callback_states(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_gtn.lightning import TrainingPlots
+    from lightning_gtn.lightning.callbacks import CheckpointStateError, checkpoint_state_in_folder
+
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    (d / "best.ckpt").write_bytes(b"x")
+    (tmp_path / "outside.ckpt").write_bytes(b"x")
+    (d / "link.ckpt").symlink_to(tmp_path / "outside.ckpt")
+    cb = ModelCheckpoint(dirpath=str(d), filename="best", monitor="val/cer", save_top_k=2)
+    state = {
+        "dirpath": "/elsewhere/checkpoints",  # a moved run: its file names still count
+        "best_k_models": {
+            "/elsewhere/checkpoints/best.ckpt": torch.tensor(0.25),
+            "/elsewhere/checkpoints/link.ckpt": torch.tensor(0.5),  # resolves outside
+            f"{d}/../outside.ckpt": torch.tensor(0.75),
+        },
+        "best_model_path": f"{d}/../outside.ckpt",
+        "last_model_path": "/etc/passwd",
+    }
+    out = checkpoint_state_in_folder(cb, state)
+    assert out["best_k_models"] == {str(d / "best.ckpt"): torch.tensor(0.25)}
+    assert out["best_model_path"] == out["kth_best_model_path"] == str(d / "best.ckpt")
+    assert float(out["best_model_score"]) == 0.25 and out["last_model_path"] == ""
+    cb.load_state_dict(out)
+    assert cb.best_k_models == {str(d / "best.ckpt"): torch.tensor(0.25)}
+    empty = checkpoint_state_in_folder(cb, "not a mapping")
+    assert empty["best_k_models"] == {} and empty["best_model_score"] is None
+    plots = TrainingPlots(tmp_path)
+    plots.load_state_dict({"history": {"val/cer": [[3, 0.5]]}})
+    assert plots.history == {"val/cer": [(3, 0.5)]}
+    with pytest.raises(CheckpointStateError, match=r"callbacks\[TrainingPlots\]\.history\['val/cer'\]"):
+        plots.load_state_dict({"history": {"val/cer": [["/etc/passwd", 1]]}})

@@ -12,7 +12,20 @@ from lightning.pytorch.callbacks import Callback
 
 from .plots import plot_alignments, plot_training_curves
 
-__all__ = ["TrainingPlots", "SpawnedProcessGroupCleanup", "FinalLastCheckpoint", "class_labels"]
+__all__ = [
+    "TrainingPlots",
+    "SpawnedProcessGroupCleanup",
+    "FinalLastCheckpoint",
+    "ResumeInRunFolder",
+    "checkpoint_state_in_folder",
+    "CheckpointStateError",
+    "class_labels",
+]
+
+
+class CheckpointStateError(ValueError):
+    """A callback state in a checkpoint that is not what the callback writes; the message names the
+    checkpoint field."""
 
 
 def _show(text: str) -> str:
@@ -83,8 +96,33 @@ class TrainingPlots(Callback):
         return {"history": {k: list(v) for k, v in self.history.items()}}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restores the history of a checkpoint, so the curves of a resumed run continue."""
-        self.history = {k: [tuple(x) for x in v] for k, v in state_dict.get("history", {}).items()}
+        """Restores the history of a checkpoint, so the curves of a resumed run continue.
+
+        Raises:
+            CheckpointStateError: the history is not ``{name: [(step, value), ...]}`` (names strings, steps
+                integers, values numbers), naming the checkpoint field.
+        """
+        history = state_dict.get("history", {}) if isinstance(state_dict, dict) else None
+        where = "checkpoint field callbacks[TrainingPlots].history"
+        if not isinstance(history, dict):
+            raise CheckpointStateError(f"{where}: expected a mapping of metric names to (step, value) pairs")
+        out: dict[str, list[tuple[int, float]]] = {}
+        for name, points in history.items():
+            if not isinstance(name, str) or not isinstance(points, (list, tuple)):
+                raise CheckpointStateError(f"{where}: expected a list of (step, value) pairs under {name!r}")
+            out[name] = []
+            for x in points:
+                if (
+                    not isinstance(x, (list, tuple))
+                    or len(x) != 2
+                    or isinstance(x[0], bool)
+                    or not isinstance(x[0], int)
+                    or isinstance(x[1], bool)
+                    or not isinstance(x[1], (int, float))
+                ):
+                    raise CheckpointStateError(f"{where}[{name!r}]: expected (step, value) pairs of numbers, got {x!r}")
+                out[name].append((int(x[0]), float(x[1])))
+        self.history = out
 
     def on_fit_end(self, trainer: L.Trainer, pl_module) -> None:
         """Writes ``curves.png`` and ``alignments.png`` into ``output_dir`` (global rank 0 only)."""
@@ -147,7 +185,108 @@ class FinalLastCheckpoint(Callback):
             if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath
         }
         for path in sorted(paths):
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)  # the whole state: a resume continues from it
+
+
+def _file_in_folder(path, folder: str, extension: str) -> str:
+    """``<folder>/<file name of path>`` when that names an existing ``extension`` file that resolves
+    inside ``folder``; otherwise ``""``. Only the file name of ``path`` is read."""
+    if not isinstance(path, str) or not path:
+        return ""
+    name = os.path.basename(path)
+    if name in ("", ".", "..") or not name.endswith(extension):
+        return ""
+    candidate = os.path.join(folder, name)
+    try:
+        real = Path(candidate).resolve(strict=True)
+        root = Path(folder).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return ""
+    return candidate if root in real.parents and real.is_file() else ""
+
+
+def _score(v):
+    """A checkpoint's score as a tensor, or None when it is not a number."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point():
+        return v.detach().float().reshape(())
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return torch.tensor(float(v))
+    return None
+
+
+def checkpoint_state_in_folder(callback, state) -> dict:
+    """A checkpoint's ``ModelCheckpoint`` state, rebuilt for ``callback`` from its own folder.
+
+    The checkpoint is data, so no path in it is used: of its top-k scores, best and last
+    checkpoints only the file names are read, rebuilt as ``<callback.dirpath>/<name>`` and kept
+    when that is an existing checkpoint file that resolves inside ``callback.dirpath``; the rest
+    is dropped (a resumed run then starts its top-k afresh). Lightning deletes the "previous"
+    top-k and last checkpoints as a run goes on, so a path taken from the file as it stands could
+    name any file (``<dirpath>/../../x``).
+
+    Args:
+        callback: the run's ``ModelCheckpoint`` (its ``dirpath``, ``mode`` and initial values).
+        state: the checkpoint's state of that callback (any object: it is data).
+
+    Returns:
+        the state to hand to ``callback.load_state_dict``.
+    """
+    folder = str(callback.dirpath or "")
+    ext = callback.FILE_EXTENSION
+    state = state if isinstance(state, dict) else {}
+    kept: dict[str, torch.Tensor] = {}
+    top_k = state.get("best_k_models")
+    for path, score in top_k.items() if isinstance(top_k, dict) else ():
+        rebuilt, s = _file_in_folder(path, folder, ext), _score(score)
+        if rebuilt and s is not None:
+            kept[rebuilt] = s
+    out: dict = {
+        "monitor": callback.monitor,
+        "dirpath": callback.dirpath,  # Lightning restores the state only for its own dirpath
+        "best_k_models": kept,
+        "current_score": _score(state.get("current_score")),
+        "last_model_path": _file_in_folder(state.get("last_model_path"), folder, ext),
+    }
+    if kept:
+        pick_best, pick_kth = (min, max) if callback.mode == "min" else (max, min)
+        best = pick_best(kept, key=lambda p: float(kept[p]))
+        kth = pick_kth(kept, key=lambda p: float(kept[p]))
+        out.update(best_model_path=best, best_model_score=kept[best], kth_best_model_path=kth, kth_value=kept[kth])
+    else:
+        best = _file_in_folder(state.get("best_model_path"), folder, ext)
+        out.update(
+            best_model_path=best,
+            best_model_score=_score(state.get("best_model_score")) if best else None,
+            kth_best_model_path="",
+            kth_value=callback.kth_value,
+        )
+    return out
+
+
+class ResumeInRunFolder(Callback):
+    """Makes what a resumed checkpoint restores into the run's checkpoint callbacks name only files
+    of their own folders (see :func:`checkpoint_state_in_folder`).
+
+    ``lightning-gtn-train`` adds it to every run; add it to your own ``Trainer``'s callbacks when
+    you resume checkpoints you did not write. It rewrites the loaded checkpoint's states of the
+    ``ModelCheckpoint`` callbacks in ``on_load_checkpoint``, which Lightning calls for every
+    callback before it hands any callback its state.
+    """
+
+    def on_load_checkpoint(self, trainer: "L.Trainer", pl_module: "L.LightningModule", checkpoint: dict) -> None:
+        """Replaces each ``ModelCheckpoint`` state of ``checkpoint`` by its rebuilt form."""
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        states = checkpoint.get("callbacks")
+        if not isinstance(states, dict):
+            checkpoint["callbacks"] = {}
+            return
+        for cb in trainer.callbacks:  # type: ignore[attr-defined]  # a list, set by Lightning
+            if not isinstance(cb, ModelCheckpoint):
+                continue
+            for key in (cb.state_key, cb._legacy_state_key):
+                if key in states:
+                    states[key] = checkpoint_state_in_folder(cb, states[key])
 
 
 class SpawnedProcessGroupCleanup(Callback):
