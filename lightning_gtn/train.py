@@ -460,61 +460,114 @@ class _FinalProgress(Callback):
 #: the lock file a run keeps in its directory while it runs (its content: the owner's pid)
 RUN_LOCK = ".lightning_gtn.lock"
 
+#: What a run writes into its directory before its first checkpoint: a directory holding nothing
+#: else and no ``*.ckpt`` (a run killed that early) may be taken by a fresh run.
+EARLY_RUN_FILES = (
+    ".hydra",
+    "csv",
+    "tensorboard",
+    "checkpoints",
+    "word_pieces.txt",
+    "transitions.bin",
+    "denominator.bin",
+    "lexicon.txt",
+    "lm.arpa",
+)
 
-def _pid_alive(pid: int) -> bool:
+
+class RunLock:
+    """This process's hold on a run directory: an exclusive ``flock`` on its lock file, which the
+    system drops when the process ends, however it ends.
+
+    Attributes:
+        path: the lock file (its content: the owner's pid).
+    """
+
+    def __init__(self, path: Path, fd: int):
+        self.path = path
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Removes the lock file and lets the directory go (idempotent)."""
+        if self._fd is None:
+            return
+        try:
+            if _same_file(self.path, self._fd):
+                self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _same_file(path: Path, fd: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        a, b = os.stat(path), os.fstat(fd)
+    except OSError:
         return False
-    except OSError:  # it exists but belongs to someone else
-        return True
-    return True
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def claim_run_dir(output_dir: Path, ckpt_path) -> Path | None:
+def _lock_run_dir(output_dir: Path) -> RunLock:
+    """Takes the directory's lock file atomically (``flock``), or raises :class:`ConfigError`."""
+    import fcntl
+
+    lock = output_dir / RUN_LOCK
+    for _ in range(100):
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            try:
+                owner = lock.read_text().strip()
+            except OSError:
+                owner = ""
+            who = f"process {owner}" if owner.isdigit() else "a process that is starting"
+            raise ConfigError(
+                f"hydra.run.dir: {output_dir} is in use by another run ({who}, lock file {lock}); "
+                "give this run its own directory"
+            ) from None
+        if not _same_file(lock, fd):  # the owner removed the file between our open and flock
+            os.close(fd)
+            continue
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return RunLock(lock, fd)
+    raise ConfigError(f"hydra.run.dir: cannot take the lock file {lock} (it keeps being replaced)")
+
+
+def claim_run_dir(output_dir: Path, ckpt_path) -> RunLock | None:
     """Makes ``output_dir`` this run's alone, or raises :class:`ConfigError`.
 
     A run directory holds one run: two runs into one ``hydra.run.dir`` would mix checkpoints,
     logs and configs (an old ``best.ckpt`` beside a new ``last.ckpt``). So a directory that
-    holds anything but Hydra's job logs is refused, unless this run resumes a checkpoint inside
-    it; and a lock file (created atomically, holding the owner's pid) keeps a second run out
-    while the first is running. A lock left by a process that is gone is taken over.
+    holds a run is refused, unless this run resumes a checkpoint inside it; a directory holding
+    only what a run writes before its first checkpoint (:data:`EARLY_RUN_FILES`, no ``*.ckpt``:
+    a run killed that early) is taken by a fresh run. The lock file (:data:`RUN_LOCK`, held with
+    ``flock`` while the run runs, so a killed run's lock is free at once) keeps a second run out.
 
-    Returns the lock file to remove when the run ends (None for DDP ranks other than 0, which
+    Returns the lock to release when the run ends (None for DDP ranks other than 0, which
     relaunch this script into the directory rank 0 claimed).
     """
     if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
         return None
-    lock = output_dir / RUN_LOCK
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        try:
-            owner = int(lock.read_text().strip() or "0")
-        except (OSError, ValueError):
-            owner = 0
-        if owner and _pid_alive(owner):
-            raise ConfigError(
-                f"hydra.run.dir: {output_dir} is in use by another run (process {owner}, lock file "
-                f"{lock}); give this run its own directory"
-            ) from None
-        lock.unlink(missing_ok=True)  # a crashed run's lock
-        return claim_run_dir(output_dir, ckpt_path)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()}\n")
+    held = _lock_run_dir(output_dir)
     resuming = ckpt_path is not None and output_dir.resolve() in Path(str(ckpt_path)).resolve().parents
     if not resuming:
         other = sorted(
             p.name for p in output_dir.iterdir() if p.name != RUN_LOCK and not (p.is_file() and p.suffix == ".log")
         )
-        if other:
-            lock.unlink(missing_ok=True)
+        ckpts = sorted([*output_dir.glob("*.ckpt"), *(output_dir / "checkpoints").glob("*.ckpt")])
+        if ckpts or not set(other) <= set(EARLY_RUN_FILES):
+            held.release()
+            last = [p for p in ckpts if p.name == "last.ckpt"] or ckpts
+            hint = f"resume that run with ckpt_path={last[0]}" if last else "remove what is in it"
             raise ConfigError(
                 f"hydra.run.dir: {output_dir} already holds another run ({', '.join(other[:5])}"
                 f"{', ...' if len(other) > 5 else ''}); a run directory holds one run: choose a new "
-                "hydra.run.dir, or resume that run with ckpt_path=<its checkpoint>"
+                f"hydra.run.dir, or {hint}"
             )
-    return lock
+    return held
 
 
 def _save_run_config(cfg: DictConfig, output_dir: Path) -> None:
@@ -551,7 +604,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
         return _run(cfg, output_dir, save_config=lock is not None)
     finally:
         if lock is not None:
-            lock.unlink(missing_ok=True)
+            lock.release()
 
 
 def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:

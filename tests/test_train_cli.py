@@ -576,23 +576,91 @@ def test_a_run_directory_holds_one_run(tmp_path):
     d.mkdir()
     (d / "lightning-gtn-train.log").write_text("hydra's job log\n")
     lock = claim_run_dir(d, None)  # only Hydra's log: a fresh directory
-    assert lock == d / RUN_LOCK and lock.read_text().strip() == str(os.getpid())
+    assert lock.path == d / RUN_LOCK and lock.path.read_text().strip() == str(os.getpid())
     # a second run while the first holds the lock
-    with pytest.raises(ConfigError, match=r"hydra.run.dir: .* is in use by another run"):
+    with pytest.raises(ConfigError, match=rf"hydra.run.dir: .* is in use by another run \(process {os.getpid()}"):
         claim_run_dir(d, None)
     (d / "checkpoints").mkdir()
     (d / "checkpoints" / "last.ckpt").write_bytes(b"x")
-    lock.unlink()
+    lock.release()
+    assert not (d / RUN_LOCK).exists()
     # a finished run's directory: refused, unless this run resumes a checkpoint inside it
-    with pytest.raises(ConfigError, match=r"already holds another run \(checkpoints\)"):
+    with pytest.raises(ConfigError, match=r"already holds another run \(checkpoints\).*ckpt_path=.*last\.ckpt$"):
         claim_run_dir(d, None)
     assert not (d / RUN_LOCK).exists()
     with pytest.raises(ConfigError, match="already holds another run"):
         claim_run_dir(d, tmp_path / "elsewhere.ckpt")
-    assert claim_run_dir(d, d / "checkpoints" / "last.ckpt") == d / RUN_LOCK
-    # a lock left by a process that is gone is taken over
+    lock = claim_run_dir(d, d / "checkpoints" / "last.ckpt")
+    assert lock.path == d / RUN_LOCK
+    lock.release()
+    # a lock file left by a process that is gone (its flock went with it) is taken over
     (d / RUN_LOCK).write_text("999999999\n")
-    assert claim_run_dir(d, d / "checkpoints" / "last.ckpt") == d / RUN_LOCK
+    claim_run_dir(d, d / "checkpoints" / "last.ckpt").release()
+
+
+def test_run_directory_lock_is_atomic(tmp_path):
+    import fcntl
+
+    from lightning_gtn.train import RUN_LOCK, claim_run_dir
+
+    d = tmp_path / "run"
+    d.mkdir()
+    # a lock file created by a run that has not written its pid yet: the directory is taken
+    fd = os.open(d / RUN_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match=r"is in use by another run \(a process that is starting"):
+            claim_run_dir(d, None)
+        assert (d / RUN_LOCK).read_text() == ""  # the other run's file is left alone
+    finally:
+        os.close(fd)
+    # an empty lock file nobody holds (a run killed before it wrote its pid) is free
+    claim_run_dir(d, None).release()
+    # three processes claim one directory at once: exactly one wins (each holds what it got until
+    # all have tried)
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from lightning_gtn.train import ConfigError, claim_run_dir\n"
+        "print('ready', flush=True)\n"
+        "while not Path(sys.argv[2]).exists(): time.sleep(0.001)\n"
+        "try:\n"
+        "    claim_run_dir(Path(sys.argv[1]), None)\n"
+        "    print('won', flush=True)\n"
+        "except ConfigError:\n"
+        "    print('lost', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(d), str(go)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    try:
+        assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 3
+        go.touch()
+        outs = [p.stdout.readline().strip() for p in procs]
+    finally:
+        for p in procs:
+            p.communicate(timeout=60)
+    assert sorted(outs) == ["lost"] * 2 + ["won"], outs
+
+
+def test_a_run_killed_before_its_first_checkpoint_can_be_started_again(tmp_path):
+    from lightning_gtn.train import claim_run_dir
+
+    d = tmp_path / "run"
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (d / "csv").mkdir()
+    (d / "checkpoints").mkdir()
+    (d / "train.log").write_text("")
+    claim_run_dir(d, None).release()  # nothing to resume: a fresh run may take it
+    (d / "notes.txt").write_text("mine\n")  # anything else: refused, and nothing to resume
+    with pytest.raises(ConfigError, match=r"already holds another run \(.*notes\.txt.*remove what is in it$"):
+        claim_run_dir(d, None)
 
 
 def test_second_run_into_the_same_directory_is_refused_and_mixes_nothing(tmp_path):
