@@ -404,11 +404,15 @@ def _first_difference(old, new, key: str) -> str | None:
     return None
 
 
-def check_resume(ckpt_path, model) -> None:
+def check_resume(ckpt_path, model) -> int:
     """Raises :class:`ConfigError` unless the checkpoint was trained with this run's loss config,
     model config, vocabulary (``chars``) and feature dimension; names the first differing key.
 
-    Reads the checkpoint with ``weights_only=True`` and instantiates nothing from it."""
+    Reads the checkpoint with ``weights_only=True`` and instantiates nothing from it.
+
+    Returns:
+        the checkpoint's ``global_step`` (0 when it has none).
+    """
     import torch
 
     try:
@@ -430,6 +434,10 @@ def check_resume(ckpt_path, model) -> None:
                 f"{d.split(':')[0]}: cannot resume from {ckpt_path}: {d.split(': ', 1)[1]} "
                 "(a checkpoint resumes only the run that wrote it; start a new run instead)"
             )
+    step = ckpt.get("global_step", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"ckpt_path: {ckpt_path}: checkpoint field global_step must be an integer >= 0, got {step!r}")
+    return step
 
 
 def final_metrics(trainer) -> dict:
@@ -645,8 +653,7 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
             )
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    if cfg.ckpt_path is not None:
-        check_resume(cfg.ckpt_path, model)
+    resumed_step = check_resume(cfg.ckpt_path, model) if cfg.ckpt_path is not None else None
     callbacks = [build(c, f"callbacks.{k}") for k, c in (cfg.get("callbacks") or {}).items() if c is not None]
     loggers = [build(c, f"logger.{k}") for k, c in (cfg.get("logger") or {}).items() if c is not None]
     # a checkpoint is data: what it restores into the checkpoint callbacks names only their own files
@@ -655,6 +662,8 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
 
     if save_config:  # everything was built: the directory now holds this run
         _save_run_config(cfg, output_dir)
+    if resumed_step is not None:
+        _continue_csv_logs(loggers, resumed_step)
     start = time.perf_counter()
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
@@ -682,6 +691,8 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
     metrics["epoch"] = int(metrics.get("epoch", trainer.current_epoch))
     metrics["global_step"] = int(metrics.get("global_step", trainer.global_step))
     metrics["fit_seconds"] = round(fit_seconds, 2)
+    if resumed_step is not None:
+        metrics = _with_earlier_metrics(metrics, output_dir)
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         metrics["error"] = f"non-finite final metrics: {', '.join(f'{k}={metrics[k]}' for k in bad)}"
@@ -689,6 +700,58 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
     if bad:
         raise TrainingFailed(metrics["error"], metrics)
     return metrics
+
+
+def _continue_csv_logs(loggers, step: int) -> None:
+    """A run resumed into its own directory continues its ``metrics.csv`` (Lightning's CSV writer
+    empties the file when it starts): the rows logged before the checkpoint's ``step`` are kept,
+    those a killed run logged after it are dropped (the resumed run logs those steps again)."""
+    import csv
+    import warnings
+
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+    from lightning.pytorch.loggers import CSVLogger
+
+    if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by Lightning at import
+        return
+    for lg in loggers:
+        if not isinstance(lg, CSVLogger):
+            continue
+        path = Path(lg.log_dir) / "metrics.csv"
+        if not path.is_file():
+            continue
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            header = list(reader.fieldnames or [])
+            rows = [r for r in reader if (s := _number(r.get("step"))) is not None and s < step]
+        with warnings.catch_warnings():  # "Previous log files ... will be deleted": they are put back
+            warnings.simplefilter("ignore")
+            writer = lg.experiment
+        with open(path, "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=header)
+            out.writeheader()
+            out.writerows(rows)
+        writer.metrics_keys = sorted(header)
+
+
+def _with_earlier_metrics(metrics: dict, output_dir: Path) -> dict:
+    """``metrics`` completed by the numbers of the run directory's own ``metrics.json`` (a run
+    resumed in place with no validation left keeps the final ``val/cer`` it had)."""
+    try:
+        old = json.loads((output_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return metrics
+    if not isinstance(old, dict):
+        return metrics
+    kept = {
+        k: v
+        for k, v in old.items()
+        if isinstance(k, str) and k != "error" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    out = dict(metrics)
+    for k, v in kept.items():
+        out.setdefault(k, v)
+    return out
 
 
 def _write_metrics(trainer, output_dir: Path, metrics: dict) -> None:

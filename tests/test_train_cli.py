@@ -782,3 +782,24 @@ def test_resume_keeps_scores_of_the_run_folder_and_checks_our_callback_states(tm
     assert plots.history == {"val/cer": [(3, 0.5)]}
     with pytest.raises(CheckpointStateError, match=r"callbacks\[TrainingPlots\]\.history\['val/cer'\]"):
         plots.load_state_dict({"history": {"val/cer": [["/etc/passwd", 1]]}})
+
+
+def test_resume_in_place_appends_to_the_logs_and_keeps_the_final_metrics(tmp_path):
+    import csv
+
+    run_dir = tmp_path / "run"
+    last = _trained_run(run_dir)  # 2 steps
+    log = run_dir / "csv" / "metrics.csv"
+
+    def steps():
+        with open(log, newline="") as f:
+            return sorted({int(r["step"]) for r in csv.DictReader(f)})
+
+    assert steps() == [0, 1]
+    m2 = run(_compose([*SHORT, "trainer.max_epochs=2", f"ckpt_path={last}"], run_dir), output_dir=run_dir)
+    assert m2["global_step"] == 4 and steps() == [0, 1, 2, 3]
+    # resumed again with nothing left to train: the history and the final metrics stay
+    m3 = run(_compose([*SHORT, "trainer.max_epochs=2", f"ckpt_path={last}"], run_dir), output_dir=run_dir)
+    assert steps() == [0, 1, 2, 3]
+    assert m3["global_step"] == 4 and m3["val/cer"] == m2["val/cer"] and m3["train/loss"] == m2["train/loss"]
+    assert json.loads((run_dir / "metrics.json").read_text()) == m3
