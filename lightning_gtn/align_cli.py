@@ -17,8 +17,10 @@ confidences become posterior probabilities). JSON (default) is a list with one r
 utterance (see :func:`lightning_gtn.functional.to_records`); CTM has one line per word. With a
 checkpoint the loss's convention (blank or not, ASG transitions) and the vocabulary come from
 the checkpoint, which is loaded as data (registered types only, :mod:`lightning_gtn.trust`)
-(``--trust-module mypkg`` opts in to more). A checkpoint of an RNN-T loss (``loss=rnnt``,
-``pruned_rnnt``) is aligned through its transducer network's ``(T, U + 1)`` lattice
+(``trust_modules=[mypkg]`` among the overrides opts in to more, spelled as for
+lightning-gtn-train and lightning-gtn-eval; the older ``--trust-module mypkg`` is still
+accepted). A checkpoint of an RNN-T loss (``loss=rnnt``, ``pruned_rnnt``) is aligned through
+its transducer network's ``(T, U + 1)`` lattice
 (:func:`lightning_gtn.functional.rnnt_align`): each token's emission frame (its span is that one
 frame) and the posterior probability of that emission; frames are the encoder's; plots draw the
 lattice and the path (:func:`lightning_gtn.align.rnnt_plot.plot_rnnt_alignment`).
@@ -80,9 +82,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot-dir", default=None, help="write PNGs of the first --num-plots alignments here")
     p.add_argument("--num-plots", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=32, help="with --emissions: examples per batch")
-    p.add_argument("--trust-module", action="append", default=[], help="with --checkpoint: trust this module too")
+    # the older spelling of the override trust_modules=[mypkg] (one spelling across the CLIs)
+    p.add_argument("--trust-module", action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", help="with --checkpoint: Hydra overrides of the data config")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="with --checkpoint: Hydra overrides of the data config, and trust_modules=[mypkg] (modules "
+        "whose classes the checkpoint may name)",
+    )
     a = p.parse_args(argv)
     if a.emissions is not None and a.targets is None:
         p.error("--emissions needs --targets")
@@ -287,10 +295,12 @@ def _from_checkpoint(a):
         GlobalHydra.instance().clear()
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             cfg = compose("eval", overrides=list(a.overrides))
-        model = load_model(a.checkpoint, a.trust_module, decoder=None)  # aligning needs no decoder
+        trust = [*a.trust_module, *(cfg.get("trust_modules") or [])]
+        model = load_model(a.checkpoint, trust, decoder=None)  # aligning needs no decoder
         dm = build_datamodule(cfg.data, model)
     except ConfigError as e:
-        raise AlignError(str(e).replace("lightning-gtn-eval", "lightning-gtn-align")) from None
+        msg = str(e).replace("lightning-gtn-eval", "lightning-gtn-align")
+        raise AlignError("--checkpoint:" + msg[len("ckpt_path:") :] if msg.startswith("ckpt_path:") else msg) from None
     except Exception as e:  # noqa: BLE001 - Hydra's composition errors name the bad override
         raise AlignError(f"{type(e).__name__}: {e}") from None
     model.eval()

@@ -33,7 +33,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from lightning_gtn.train import CONF_DIR, ConfigError, build  # noqa: E402
 
@@ -201,6 +201,11 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
         if HydraConfig.initialized():
             overrides = list(HydraConfig.get().overrides.task)
     check_overrides(overrides)
+    if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.get("ckpt_path") is None:
+        raise ConfigError(
+            "ckpt_path: missing; name the checkpoint to evaluate, e.g. "
+            "ckpt_path=outputs/<date>/<time>/checkpoints/best.ckpt (see lightning-gtn-eval --help)"
+        )
     if cfg.split not in ("val", "test"):
         raise ConfigError(f"split: must be 'val' or 'test', got {cfg.split!r}")
     own_decoder = any(str(o).lstrip("~+").startswith("decoder") for o in overrides or ())
@@ -231,11 +236,13 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
 def _hydra_main(cfg: DictConfig) -> dict:
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+    from lightning_gtn.train import _default_output_dir, cli_error, use_run_log
+
+    use_run_log()
     try:
         metrics = evaluate(cfg)
-    except ConfigError as e:  # a clear message, no traceback
-        print(f"lightning-gtn-eval: error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    except (ConfigError, FileNotFoundError) as e:  # a clear message, no traceback
+        cli_error("lightning-gtn-eval", e, _default_output_dir())
     if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
         print(json.dumps(metrics), flush=True)  # NaN / Infinity as JSON NaN / Infinity
     bad = [k for k, v in metrics.items() if not math.isfinite(v)]
@@ -245,8 +252,39 @@ def _hydra_main(cfg: DictConfig) -> dict:
     return metrics
 
 
+def help_text() -> str:
+    """The ``lightning-gtn-eval --help`` page: what the command accepts (the config groups it
+    refuses, model, loss and optim, are the checkpoint's)."""
+
+    def options(group: str) -> str:
+        return ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+
+    return f"""lightning-gtn-eval: evaluates a checkpoint written by lightning-gtn-train and prints CER/WER,
+decoded samples and, last, one JSON line of the metrics.
+
+usage: lightning-gtn-eval ckpt_path=<file> [key=value ...]
+
+  ckpt_path=<file>        the checkpoint (required), e.g. outputs/<date>/<time>/checkpoints/best.ckpt
+  split=val|test          the split to score (default: val)
+  num_samples=<n>         decoded examples to print (default: 8)
+  data=<name>             the data to score ({options("data")});
+                          data.<key>=<value> sets one of its keys
+  trainer=<name>          where to run ({options("trainer")}); trainer.<key>=<value>
+  decoder=<name>          replaces the checkpoint's decoder ({options("decoder")})
+  trust_modules=[mypkg]   modules whose classes the checkpoint may name, beyond the registered types
+  hydra.run.dir=<dir>     the evaluation's folder (default: outputs/eval/<date>/<time>)
+
+The network, loss and vocabulary come from the checkpoint: overrides of model, loss or optim are
+refused. Errors print one line 'lightning-gtn-eval: error: ...' and exit with status 2
+(HYDRA_FULL_ERROR=1 shows the traceback). Hydra's own options: --hydra-help, --cfg job, -m.
+"""
+
+
 def main() -> None:
     """Console script entry point (``lightning-gtn-eval``)."""
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        print(help_text(), end="")
+        sys.exit(0)
     _hydra_main()
 
 

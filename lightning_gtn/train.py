@@ -21,6 +21,11 @@ anything else may only name registered types of :mod:`lightning_gtn.trust`, and
 ``trust_modules`` (module names) opts whole modules in. Resuming (``ckpt_path``) never instantiates anything from the
 checkpoint; it checks that the checkpoint's loss, model and vocabulary equal this run's.
 
+Each run prints its folder first (``run folder: outputs/<date>/<time>``) and logs into
+``<run folder>/<job name>.log`` too. A config error or a missing file prints one line
+``lightning-gtn-train: error: ...`` naming the key or the file and exits with status 2
+(``HYDRA_FULL_ERROR=1``: the traceback), leaving no empty run folder behind.
+
 Failures are loud: a non-finite training loss stops training (``nonfinite.action=skip`` skips such
 batches, at most ``nonfinite.max_consecutive`` in a row); non-finite final metrics are written as
 JSON ``NaN``/``Infinity`` (never dropped) and make the exit status 1, as does a stopped run (its
@@ -36,15 +41,62 @@ os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 
 import inspect  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import warnings  # noqa: E402
 from collections.abc import Mapping  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
+
+#: this module's log (the run folder, at the start of a run)
+log = logging.getLogger(__name__)
+
+#: When this process started (a run folder made later was made by this command).
+_STARTED = time.time()
+
+
+class _DropLines(logging.Filter):
+    """Drops log records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, *prefixes: str):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.prefixes)
+
+
+def quiet_lightning() -> None:
+    """Silences what Lightning and torch print that is not the user's to act on: the ``litlogger``
+    tip, torch's ``_pytree`` ``LeafSpec`` deprecation inside Lightning, and "Checkpoint directory
+    ... exists and is not empty" (a run directory holds one run: its own checkpoints are there
+    when it resumes in place). Idempotent; the CLIs call it, also in spawned DDP processes."""
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropLines) for f in rank_zero.filters):
+        rank_zero.addFilter(_DropLines("💡 Tip: For seamless cloud logging"))
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+
+
+def use_run_log() -> None:
+    """Hands Lightning's log lines to the handlers Hydra set up for the job (the console and the
+    run's ``<job name>.log``, ``conf/hydra/job_logging``): Lightning gives its loggers a console
+    handler of their own, and stops them propagating, when it is imported before logging is set up."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        lg = logging.getLogger(name)
+        if logging.getLogger().handlers:
+            for h in list(lg.handlers):
+                if type(h) is logging.StreamHandler:
+                    lg.removeHandler(h)
+            lg.propagate = True
+
+
+quiet_lightning()  # also in the processes DDP spawns, which import this module
 
 __all__ = [
     "main",
@@ -57,6 +109,9 @@ __all__ = [
     "final_metrics",
     "check_resume",
     "check_types",
+    "claim_run_dir",
+    "quiet_lightning",
+    "use_run_log",
 ]
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -608,6 +663,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike | None = None) -> dict:
     output_dir.mkdir(parents=True, exist_ok=True)
     _check_keys(cfg)
     lock = claim_run_dir(output_dir, cfg.ckpt_path)
+    if lock is not None:
+        log.info(f"run folder: {output_dir}")
     try:
         return _run(cfg, output_dir, save_config=lock is not None)
     finally:
@@ -760,15 +817,71 @@ def _write_metrics(trainer, output_dir: Path, metrics: dict) -> None:
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
+def remove_empty_run_dir(output_dir) -> None:
+    """Removes ``output_dir`` when it holds nothing but ``.log`` files (their lines also went to
+    the console) and changed since this command started, and the folders above it (up to the
+    working directory) that are then empty (``outputs/<date>/``): a command that stopped on a
+    config error leaves no empty run folder."""
+    d = Path(output_dir)
+    try:
+        if not d.is_dir() or d.stat().st_ctime < _STARTED - 1:
+            return
+        entries = list(d.iterdir())
+        if any(not (p.is_file() and p.suffix == ".log") for p in entries):
+            return
+        for p in entries:
+            p.unlink()
+        cwd = Path.cwd().resolve()
+        d.rmdir()
+        d = d.parent
+        while cwd in d.resolve().parents and d.stat().st_ctime >= _STARTED - 1 and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
+    except OSError:
+        return
+
+
+def cli_error(prog: str, e: BaseException, output_dir=None) -> None:
+    """Prints ``<prog>: error: <message>`` (one line) and exits with status 2; with
+    ``HYDRA_FULL_ERROR=1`` the exception is raised again for its traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise e
+    if output_dir is not None:
+        remove_empty_run_dir(output_dir)
+    if isinstance(e, OSError) and e.filename is not None:
+        msg = f"cannot read {e.filename}: {e.strerror or e}"
+    else:
+        msg = " ".join(str(e).split())
+    print(f"{prog}: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def _default_output_dir():
+    """Hydra's run directory when Hydra chose it (``outputs/<date>/<time>``, a single run without
+    ``hydra.run.dir`` on the command line), else None: a directory the user named is left alone."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.RUN or any(str(o).lstrip("+~").startswith("hydra.run.dir=") for o in hc.overrides.hydra):
+        return None
+    return hc.runtime.output_dir
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def _hydra_main(cfg: DictConfig) -> dict:
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+    use_run_log()
     failed = None
     try:
         metrics = run(cfg)
     except TrainingFailed as e:
         failed, metrics = e, e.metrics
+    except (ConfigError, FileNotFoundError) as e:  # one clear line, no traceback
+        cli_error("lightning-gtn-train", e, _default_output_dir())
     if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
         sys.stderr.flush()
         print(json.dumps(metrics), flush=True)

@@ -101,7 +101,7 @@ def test_emissions_file_to_json_plots_and_ctm(em_file, capsys):
             r"--blank must lie in \[0, C=6\)",
         ),
         (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/range.txt"], "label 7 out of range"),
-        (None, ["--checkpoint", "{d}/no.ckpt"], "ckpt_path: no such checkpoint file"),
+        (None, ["--checkpoint", "{d}/no.ckpt"], "--checkpoint: no such checkpoint file"),
         # second probe, finding 17: raw tracebacks before
         (None, ["--emissions", "{d}/em.pt", "--targets", "{d}/latin1.txt"], "line 2 is not UTF-8 text"),
         (

@@ -803,3 +803,102 @@ def test_resume_in_place_appends_to_the_logs_and_keeps_the_final_metrics(tmp_pat
     assert steps() == [0, 1, 2, 3]
     assert m3["global_step"] == 4 and m3["val/cer"] == m2["val/cer"] and m3["train/loss"] == m2["train/loss"]
     assert json.loads((run_dir / "metrics.json").read_text()) == m3
+
+
+# -- the CLIs' messages ------------------------------------------------------------------------
+
+
+def _cli_raw(module, args, cwd, timeout=300, **env_extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "HYDRA_FULL_ERROR")}
+    env.update(env_extra)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_cli_config_errors_are_one_line_and_leave_no_run_folder(tmp_path):
+    cases = [
+        (
+            "lightning_gtn.train",
+            ["+trainer.max_step=10"],
+            r"lightning-gtn-train: error: trainer: cannot build .*max_step",
+        ),
+        (
+            "lightning_gtn.train",
+            [
+                "data=features",
+                *(
+                    f"data.{k}={tmp_path / 'nope'}"
+                    for k in ("train_features", "train_transcripts", "val_features", "val_transcripts")
+                ),
+            ],
+            r"lightning-gtn-train: error: data: .*not found: .*nope",
+        ),
+        ("lightning_gtn.evaluate", [], r"lightning-gtn-eval: error: ckpt_path: missing; name the checkpoint"),
+        ("lightning_gtn.align_cli", ["--checkpoint", "nope"], r"lightning-gtn-align: error: --checkpoint: no such"),
+    ]
+    import re
+
+    for module, args, pattern in cases:
+        proc = _cli_raw(module, args, tmp_path)
+        assert proc.returncode == 2, (module, args, proc.stderr[-2000:])
+        last = proc.stderr.strip().splitlines()[-1]
+        assert re.match(pattern, last), last
+        assert (
+            "Traceback" not in proc.stderr
+            and "None" not in last
+            and "ckpt_path:" not in last.replace("error: ckpt_path:", "")
+        )
+        assert not (tmp_path / "outputs").exists(), list((tmp_path / "outputs").rglob("*"))
+    # the traceback on request
+    proc = _cli_raw("lightning_gtn.evaluate", [], tmp_path, HYDRA_FULL_ERROR="1")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "ConfigError" in proc.stderr
+
+
+def test_cli_eval_help_lists_what_it_accepts(tmp_path):
+    proc = _cli_raw("lightning_gtn.evaluate", ["--help"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for word in ("ckpt_path=<file>", "split=val|test", "num_samples=", "data=<name>", "digits_small", "trust_modules="):
+        assert word in proc.stdout, word
+    assert "== Configuration groups ==" not in proc.stdout and "loss=" not in proc.stdout
+
+
+def test_align_takes_trust_modules_spelled_as_the_other_clis(tmp_path):
+    from lightning_gtn import align_cli
+
+    good = _checkpoint_of(_compose(SMOKE, tmp_path), tmp_path / "good.ckpt")
+    ck = torch.load(good, weights_only=True)
+    ck["hyper_parameters"]["scheduler"] = {"_target_": "json.dumps", "obj": 1}
+    torch.save(ck, tmp_path / "mine.ckpt")
+
+    def align(name, *extra):
+        args = ["--checkpoint", str(tmp_path / "mine.ckpt"), "--no-progress", "--out", str(tmp_path / name)]
+        return align_cli.main([*args, *extra, "data=digits_small", "data.num_val=4"])
+
+    assert align("refused.json") == 2
+    assert align("a.json", "--trust-module", "json") == 0  # the older spelling
+    assert len(json.loads((tmp_path / "a.json").read_text())) == 4
+    args = ["--checkpoint", str(tmp_path / "mine.ckpt"), "--no-progress", "--out", str(tmp_path / "b.json")]
+    assert align_cli.main([*args, "data=digits_small", "data.num_val=4", "trust_modules=[json]"]) == 0
+    assert len(json.loads((tmp_path / "b.json").read_text())) == 4
+
+
+def test_cli_run_prints_its_folder_logs_into_it_and_stays_quiet(tmp_path):
+    out = tmp_path / "run"
+    args = [*SHORT, "trainer.max_epochs=1", f"hydra.run.dir={out}"]
+    proc = _cli_raw("lightning_gtn.train", args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"run folder: {out}" in proc.stderr
+    log = (out / "train.log").read_text()
+    assert f"run folder: {out}" in log and "`Trainer.fit` stopped" in log
+    # resumed in place: Lightning's notes that are not the user's to act on stay out
+    proc = _cli_raw(
+        "lightning_gtn.train",
+        [*args[:-2], "trainer.max_epochs=2", f"hydra.run.dir={out}", f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}"],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["global_step"] == 4
+    for noise in ("litlogger", "LeafSpec", "weights_only", "exists and is not empty", "Previous log files"):
+        assert noise not in proc.stderr, noise
+    assert "Restored all states" in (out / "train.log").read_text()
