@@ -236,13 +236,13 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
 def _hydra_main(cfg: DictConfig) -> dict:
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    from lightning_gtn.train import _default_output_dir, cli_error, use_run_log
+    from lightning_gtn.train import cli_error, default_output_dir, use_run_log
 
     use_run_log()
     try:
         metrics = evaluate(cfg)
     except (ConfigError, FileNotFoundError) as e:  # a clear message, no traceback
-        cli_error("lightning-gtn-eval", e, _default_output_dir())
+        cli_error("lightning-gtn-eval", e, default_output_dir())
     if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
         print(json.dumps(metrics), flush=True)  # NaN / Infinity as JSON NaN / Infinity
     bad = [k for k, v in metrics.items() if not math.isfinite(v)]

@@ -110,8 +110,14 @@ __all__ = [
     "check_resume",
     "check_types",
     "claim_run_dir",
+    "RunLock",
+    "RUN_LOCK",
+    "EARLY_RUN_FILES",
     "quiet_lightning",
     "use_run_log",
+    "cli_error",
+    "default_output_dir",
+    "remove_empty_run_dir",
 ]
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -856,7 +862,7 @@ def cli_error(prog: str, e: BaseException, output_dir=None) -> None:
     sys.exit(2)
 
 
-def _default_output_dir():
+def default_output_dir():
     """Hydra's run directory when Hydra chose it (``outputs/<date>/<time>``, a single run without
     ``hydra.run.dir`` on the command line), else None: a directory the user named is left alone."""
     from hydra.core.hydra_config import HydraConfig
@@ -881,7 +887,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
     except TrainingFailed as e:
         failed, metrics = e, e.metrics
     except (ConfigError, FileNotFoundError) as e:  # one clear line, no traceback
-        cli_error("lightning-gtn-train", e, _default_output_dir())
+        cli_error("lightning-gtn-train", e, default_output_dir())
     if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
         sys.stderr.flush()
         print(json.dumps(metrics), flush=True)
