@@ -32,10 +32,12 @@ Safety: a manifest is data from outside. Every line is bounded in length and par
 ``MonoCut``, finite positive duration within ``max_cut_duration`` (longer cuts are skipped with a
 warning, counted per split), the expected sampling rate, audio sources that are local files or
 bytes in the manifest (never URLs or shell commands), a file header (read with soundfile) that
-agrees with the manifest, and a non-empty transcript. Precomputed features are read here, not by
-Lhotse's readers: only numpy arrays (``numpy_files`` in a local folder, ``memory_npy``), from a
-regular file, the ``.npy`` header checked (float, ``(T, F)``, ``T`` within ``max_cut_duration``)
-before any data is read. Errors name the manifest, the cut and the audio or feature file.
+agrees with the manifest, and a non-empty, printable transcript within
+:data:`~lightning_gtn.lightning.vocabulary.MAX_TRANSCRIPT_CHARS` and :data:`MAX_CHARS_PER_SECOND`.
+Precomputed features are read here, not by Lhotse's readers: only numpy arrays (``numpy_files``
+in a local folder, ``memory_npy``), from a regular file, the ``.npy`` header checked (float,
+``(T, F)``, ``T`` within ``max_cut_duration``) before any data is read.
+Errors name the manifest, the cut and the audio or feature file.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..files import npy_data, npy_header, open_regular
+from .vocabulary import MAX_TRANSCRIPT_CHARS, check_transcript
 
 __all__ = [
     "LhotseDataModule",
@@ -71,6 +74,7 @@ __all__ = [
     "MAX_RESAMPLE_PHASES",
     "check_resample",
     "MAX_CHANNELS",
+    "MAX_CHARS_PER_SECOND",
 ]
 
 #: the longest manifest line (characters) read; a longer one is an error (a cut is ~1 kB)
@@ -85,6 +89,12 @@ MIN_RATE, MAX_RATE = 1000, 384000
 MAX_BLANK_LINES = 1 << 16
 #: the most channels a recording may declare
 MAX_CHANNELS = 64
+#: the most transcript characters a cut may hold per second of audio (the filterbanks' frame rate:
+#: no alignment puts more than one character on a 10 ms frame; speech is about 15); with the
+#: length bound of every transcript (:data:`~lightning_gtn.lightning.vocabulary.MAX_TRANSCRIPT_CHARS`)
+#: it bounds the targets, so a transducer's joiner, of ``frames x characters``, stays in proportion
+#: (a cut under a second may hold as many characters as one of a second)
+MAX_CHARS_PER_SECOND = 100
 #: audio source types read: local files and bytes held in the manifest (never "url" or "command")
 _SOURCE_TYPES = ("file", "memory")
 #: precomputed feature storages read: ``.npy`` files in a local folder (what ``feature_cache`` writes)
@@ -244,6 +254,19 @@ def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: b
     texts = [s.text for s in cut.supervisions]
     if not texts or not all(isinstance(t, str) for t in texts) or not " ".join(texts).strip():
         raise ValueError(f"{_describe(cut, what)}: empty transcript (every cut needs a supervision with text)")
+    size = sum(len(t) for t in texts)
+    if size > MAX_TRANSCRIPT_CHARS:
+        raise ValueError(
+            f"{_describe(cut, what)}: the transcript has {size} characters (at most {MAX_TRANSCRIPT_CHARS})"
+        )
+    for t in texts:
+        check_transcript(t.strip(), _describe(cut, what))
+    if size > MAX_CHARS_PER_SECOND * max(d, 1.0):
+        raise ValueError(
+            f"{_describe(cut, what)}: {size} transcript characters for {d:g} s of audio (at most "
+            f"{MAX_CHARS_PER_SECOND} a second, {MAX_CHARS_PER_SECOND} in a cut under 1 s): the transcript "
+            "does not belong to this cut"
+        )
     if needs_audio:
         rec = cut.recording
         if rec is None:

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..files import open_regular
 from .lhotse_data import MAX_RATE, MIN_RATE, LhotseDataModule, check_resample
+from .vocabulary import MAX_TRANSCRIPT_CHARS, check_transcript
 
 __all__ = [
     "SAMPLING_RATE",
@@ -52,7 +53,7 @@ AUDIO_SUFFIXES = (".wav", ".flac")
 # Bounds on what a file may make us allocate.
 _MAX_CHANNELS = 32
 _MAX_SAMPLES = 1 << 28  # frames x channels of one recording (1 GiB as float32)
-_MAX_TEXT_CHARS = 100_000  # one transcript
+_MAX_TEXT_CHARS = MAX_TRANSCRIPT_CHARS  # one transcript
 _MAX_LINE_CHARS = 1 << 20  # one line of a transcript file
 _MAX_ROWS = 50_000_000  # rows of one HF split
 # CMU Sphinx transcript lines: "<s> some words </s> (utterance_id)"
@@ -89,11 +90,12 @@ def _audio_info(source: str | bytes, what: str, max_audio_seconds: float) -> tup
 
 
 def _clean_text(text: Any, what: str) -> str:
+    """The transcript with its whitespace collapsed, checked (bounded, printable)."""
     if not isinstance(text, str):
         raise ValueError(f"{what}: the transcript must be a string, got {type(text).__name__}")
     if len(text) > _MAX_TEXT_CHARS:
         raise ValueError(f"{what}: the transcript has {len(text)} characters (at most {_MAX_TEXT_CHARS})")
-    return " ".join(text.split())
+    return check_transcript(" ".join(text.split()), what, max_chars=_MAX_TEXT_CHARS)
 
 
 def _make_cut(

@@ -601,3 +601,27 @@ def test_cuts_inside_a_recording_read_their_own_samples(corpus, tmp_path):
         assert n == ref.shape[0]
         torch.testing.assert_close(batch["inputs"][k, :n], ref, rtol=1e-4, atol=1e-4)
     assert sorted(batch["texts"]) == ["one", "two"]
+
+
+def test_transcripts_are_bounded_and_printable_naming_the_cut(corpus, tmp_path):
+    # tr0 lasts 0.2 s: 400,000 characters would ask a transducer's joiner for gigabytes
+    huge = _one(corpus, tmp_path, "huge", sup__text="a" * 400_000)
+    with pytest.raises(ValueError, match=r"huge.jsonl\).*'tr0': the transcript has 400000 characters \(at most"):
+        LhotseDataModule(huge, corpus["val"]).setup("fit")
+    dense = _one(corpus, tmp_path, "dense", sup__text="ab " * 100)  # 300 characters in 0.2 s
+    with pytest.raises(ValueError, match=r"'tr0': 300 transcript characters for 0.2 s of audio \(at most 100 a"):
+        LhotseDataModule(dense, corpus["val"]).setup("fit")
+    LhotseDataModule(_one(corpus, tmp_path, "short", sup__text="a" * 100), corpus["val"]).setup("fit")
+    # valid JSON, but not text: a lone surrogate, a control character
+    cases = (
+        ("surrogate", "one \ud800", "a lone surrogate U\\+D800"),
+        ("nul", "o\x00ne", "the control character U\\+0000"),
+    )
+    for name, text, what in cases:
+        bad = _one(corpus, tmp_path, name, sup__text=text)
+        with pytest.raises(ValueError, match=rf"{name}.jsonl\).*'tr0': the transcript holds {what}"):
+            LhotseDataModule(corpus["train"], bad).setup("fit")
+    with pytest.raises(ValueError, match="vocabulary chars must be printable"):
+        from lightning_gtn.lightning import Vocabulary
+
+        Vocabulary("ab\x07")

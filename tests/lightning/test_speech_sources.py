@@ -306,3 +306,13 @@ def test_hf_bounds_before_copying(tmp_path: Path):
         cuts_from_hf(path)
     with pytest.raises(ValueError, match=r"row 0 of audio column 'audio': 0\.1 s of audio .* max_audio_seconds=0\.05"):
         cuts_from_hf(path, split="[:1]", max_audio_seconds=0.05)
+
+
+def test_control_characters_in_transcripts_name_the_source(folder: Path, tmp_path: Path):
+    (folder / "transcripts.txt").write_text("a hello\nb bell \x07 rings\n")
+    with pytest.raises(ValueError, match=r"transcripts.txt:2: the transcript holds the control character U\+0007"):
+        cuts_from_folder(folder)
+    good = _wav_bytes(_tone(0.1, 16000), 16000)
+    path = _save_hf(tmp_path / "ds", {"train": [(good, "fine"), (good, "nul\x00here")]})
+    with pytest.raises(ValueError, match=r"row 1 of text column 'text': the transcript holds the control character"):
+        cuts_from_hf(path, split="train")
