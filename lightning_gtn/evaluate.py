@@ -158,10 +158,32 @@ def load_model(ckpt_path, trust_modules=None, *, decoder=_CHECKPOINT):
 
 
 def build_datamodule(data_cfg: DictConfig, model):
-    """The data module of ``data_cfg``, checked to use the characters of ``model``."""
+    """The data module of ``data_cfg``, checked to give ``model`` what it was trained on: its
+    characters, its features per frame and, when the checkpoint carries feature settings (speech:
+    filterbank sizes, frame stacking, normalisation), those settings, whose normalisation the
+    data module then applies.
+
+    Raises:
+        ConfigError: naming the data key that differs from the checkpoint's.
+    """
     datamodule = build(data_cfg, "data")
     if datamodule.chars != model.hparams.chars:
         raise ConfigError(f"data: characters {datamodule.chars!r} differ from the checkpoint's {model.hparams.chars!r}")
+    settings = getattr(model, "feature_settings", None)
+    apply = getattr(datamodule, "apply_feature_settings", None)
+    if settings is not None:
+        if apply is None:
+            raise ConfigError(
+                f"data: the checkpoint's model was trained on speech features ({settings.get('features')}, "
+                f"{settings.get('feature_dim')} per frame); {type(datamodule).__name__} gives other inputs"
+            )
+        try:
+            apply(settings)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    dim, want = getattr(datamodule, "feature_dim", None), model.hparams.get("feature_dim")
+    if isinstance(dim, int) and isinstance(want, int) and dim != want:
+        raise ConfigError(f"data: {dim} features per frame, but the checkpoint's model reads {want}")
     return datamodule
 
 

@@ -75,6 +75,8 @@ __all__ = [
     "check_resample",
     "MAX_CHANNELS",
     "MAX_CHARS_PER_SECOND",
+    "check_feature_settings",
+    "MAX_SETTINGS_FEATURES",
 ]
 
 #: the longest manifest line (characters) read; a longer one is an error (a cut is ~1 kB)
@@ -497,6 +499,92 @@ def _text(cut) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
+# Feature settings (what a checkpoint carries, so evaluation reads the inputs its model was trained on)
+
+#: the most features per frame a checkpoint's feature settings may declare
+MAX_SETTINGS_FEATURES = 1 << 16
+_SETTINGS_INTS = {"num_mel_bins": (1, 512), "sampling_rate": (1, MAX_RATE), "stack_frames": (1, 64)}
+
+
+def check_feature_settings(settings, what: str = "checkpoint feature_settings") -> dict:
+    """The feature settings of :meth:`LhotseDataModule.feature_settings` (e.g. from a checkpoint),
+    checked as plain data: ``features`` (``"fbank"`` or ``"precomputed"``), ``feature_dim``,
+    ``stack_frames``, ``frame_shift`` (seconds per frame of a batch), ``num_mel_bins`` and
+    ``sampling_rate`` (``fbank``), and ``normalization``: ``None`` or ``{"mean", "std"}``, lists
+    of ``feature_dim`` finite floats (``std`` positive).
+
+    Raises:
+        ValueError: naming ``what`` and the key.
+    """
+    if not isinstance(settings, dict):
+        raise ValueError(f"{what}: expected a dict, got {type(settings).__name__}")
+    known = {"features", "feature_dim", "stack_frames", "frame_shift", "num_mel_bins", "sampling_rate", "normalization"}
+    unknown = sorted(str(k) for k in settings if k not in known)
+    if unknown:
+        raise ValueError(f"{what}.{unknown[0]}: unknown key (known: {sorted(known)})")
+    out: dict[str, Any] = {}
+    kind = settings.get("features")
+    if kind not in ("fbank", "precomputed"):
+        raise ValueError(f"{what}.features: expected 'fbank' or 'precomputed', got {kind!r}")
+    out["features"] = kind
+    bounds = dict(_SETTINGS_INTS, feature_dim=(1, MAX_SETTINGS_FEATURES))
+    need = ["feature_dim", "stack_frames"] + (["num_mel_bins", "sampling_rate"] if kind == "fbank" else [])
+    for key in need:
+        v = settings.get(key)
+        lo, hi = bounds[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"{what}.{key}: expected an integer in [{lo}, {hi}], got {v!r}")
+        out[key] = v
+    fs = settings.get("frame_shift")
+    if isinstance(fs, bool) or not isinstance(fs, (int, float)) or not (0 < fs <= 10 and math.isfinite(fs)):
+        raise ValueError(f"{what}.frame_shift: expected seconds in (0, 10], got {fs!r}")
+    out["frame_shift"] = float(fs)
+    norm = settings.get("normalization")
+    if norm is not None:
+        if not isinstance(norm, dict) or set(norm) != {"mean", "std"}:
+            raise ValueError(f"{what}.normalization: expected null or {{'mean': [...], 'std': [...]}}")
+        stats = []
+        for key in ("mean", "std"):
+            v = norm[key]
+            if not isinstance(v, (list, tuple)) or len(v) != out["feature_dim"]:
+                n = len(v) if isinstance(v, (list, tuple)) else type(v).__name__
+                raise ValueError(f"{what}.normalization.{key}: expected {out['feature_dim']} numbers, got {n}")
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+                raise ValueError(f"{what}.normalization.{key}: expected numbers")
+            a = np.asarray(v, dtype=np.float64)
+            if not np.isfinite(a).all() or (key == "std" and not (a > 0).all()):
+                raise ValueError(f"{what}.normalization.{key}: expected finite numbers{' > 0' if key == 'std' else ''}")
+            stats.append([float(x) for x in a])
+        out["normalization"] = {"mean": stats[0], "std": stats[1]}
+    else:
+        out["normalization"] = None
+    return out
+
+
+def _describe_settings(s: dict) -> str:
+    if s["features"] == "fbank":
+        return f"{s['num_mel_bins']} mel bins x {s['stack_frames']} stacked frames at {s['sampling_rate']} Hz"
+    return f"precomputed features ({s['feature_dim'] // s['stack_frames']} x {s['stack_frames']} stacked frames)"
+
+
+class _Normalised:
+    """A loader's batches with ``inputs`` scaled by fixed statistics (padding kept at 0); other
+    attributes are the loader's."""
+
+    def __init__(self, loader, mean, std):
+        self.loader, self.mean, self.std = loader, mean, std
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        for batch in self.loader:
+            x, lengths = batch["inputs"], batch["input_lengths"]
+            mask = (torch.arange(x.shape[1])[None, :] < lengths[:, None]).unsqueeze(-1)
+            yield {**batch, "inputs": ((x - self.mean) / self.std * mask).to(x.dtype)}
+
+
+# ----------------------------------------------------------------------------------------------
 # Batches
 
 
@@ -718,6 +806,7 @@ class LhotseSplit:
         self.hours = 0.0
         self.duration_bins: list[float] = []
         self.num_features: int | None = None
+        self.frame_shift: float | None = None  # the precomputed features' (first cut)
 
     def __len__(self) -> int:
         return self.num_cuts
@@ -864,6 +953,10 @@ class LhotseDataModule(L.LightningDataModule):
         self._data_epoch: int | None = None  # the epoch of the current training pass
         self._skipped = 0  # batches its start skipped (resuming)
         self._train_loader: CutBatchLoader | None = None
+        #: (mean, std) applied to every batch's features (a checkpoint's, see
+        #: apply_feature_settings), or None; _norm_given: set from outside, never estimated
+        self._norm: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._norm_given = False
 
     # ---------------------------------------------------------------- splits
     def _key(self, name: str) -> str:
@@ -1004,6 +1097,7 @@ class LhotseDataModule(L.LightningDataModule):
                 nf = cut.features.num_features
                 if split.num_features is None:
                     split.num_features = nf
+                    split.frame_shift = float(cut.features.frame_shift)
                 elif nf != split.num_features:
                     raise ValueError(
                         f"{_describe(cut, split.what)}: {nf} features per frame but the first cut has "
@@ -1049,6 +1143,71 @@ class LhotseDataModule(L.LightningDataModule):
         assert nf is not None
         return nf * self.stack_frames
 
+    @property
+    def frame_shift(self) -> float:
+        """Seconds per frame of a batch: the features' frame shift times ``stack_frames``."""
+        if self.features == "fbank":
+            return 0.01 * self.stack_frames  # Lhotse's Fbank: 10 ms frames
+        fs = self.split("train").frame_shift
+        assert fs is not None
+        return fs * self.stack_frames
+
+    def normalization(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(mean, std)`` (each ``(feature_dim,)`` float32) that every batch's features are scaled
+        by, or None (the default: none; :meth:`apply_feature_settings` sets a checkpoint's)."""
+        return self._norm
+
+    def feature_settings(self) -> dict:
+        """What a model trained on these batches reads, as plain data (a checkpoint carries it):
+        ``features``, ``feature_dim``, ``stack_frames``, ``frame_shift``, ``num_mel_bins`` and
+        ``sampling_rate`` (``fbank``), and ``normalization`` (``{"mean", "std"}`` lists or None)."""
+        s: dict[str, Any] = {
+            "features": self.features,
+            "feature_dim": int(self.feature_dim),
+            "stack_frames": self.stack_frames,
+            "frame_shift": float(self.frame_shift),
+        }
+        if self.features == "fbank":
+            s.update(num_mel_bins=self.num_mel_bins, sampling_rate=self.sampling_rate)
+        stats = self.normalization()
+        s["normalization"] = None if stats is None else {"mean": stats[0].tolist(), "std": stats[1].tolist()}
+        return s
+
+    def apply_feature_settings(self, settings: dict, what: str = "the checkpoint") -> None:
+        """Makes the batches what a model trained with ``settings`` (its checkpoint's
+        :meth:`feature_settings`) reads: the same features, or a ``ValueError`` naming the data
+        key that differs; then that model's normalisation (none if it had none) replaces this
+        module's own.
+
+        Raises:
+            ValueError: malformed settings, or features that differ (naming ``data.<key>``).
+        """
+        s = check_feature_settings(settings, f"{what}: feature_settings")
+        mine: dict[str, Any] = {"features": self.features}
+        if self.features == "fbank":
+            mine.update(num_mel_bins=self.num_mel_bins, sampling_rate=self.sampling_rate)
+        mine["stack_frames"] = self.stack_frames
+        bad = [k for k, v in mine.items() if s.get(k) != v]
+        if bad:
+            raise ValueError(
+                " and ".join(f"data.{k}: {mine[k]!r}" for k in bad)
+                + f", but the model of {what} was trained on {_describe_settings(s)} (set "
+                + " ".join(f"data.{k}={s.get(k)!r}" for k in bad)
+                + ")"
+            )
+        if s["feature_dim"] != self.feature_dim:
+            raise ValueError(
+                f"data: {self.feature_dim} features per frame, but the model of {what} was trained on "
+                f"{_describe_settings(s)}, {s['feature_dim']} per frame"
+            )
+        norm = s["normalization"]
+        self._norm = None if norm is None else (torch.tensor(norm["mean"]), torch.tensor(norm["std"]))
+        self._norm_given = True
+
+    def _normalised(self, loader):
+        stats = self.normalization()
+        return loader if stats is None else _Normalised(loader, *stats)
+
     def setup(self, stage: str | None = None) -> None:
         """Reads and checks the manifests of the stage (``fit``: train and val; ``validate``: val;
         ``test``/``predict``: test), once."""
@@ -1077,18 +1236,19 @@ class LhotseDataModule(L.LightningDataModule):
             loader.before_iter = self._start_epoch
         return loader
 
-    def train_dataloader(self) -> CutBatchLoader:
-        """The training batches (shuffled per epoch, sharded by rank, resumable)."""
+    def train_dataloader(self):
+        """The training batches (shuffled per epoch, sharded by rank, resumable; normalised by
+        :meth:`normalization`)."""
         self._train_loader = self._loader("train", True)
-        return self._train_loader
+        return self._normalised(self._train_loader)
 
-    def val_dataloader(self) -> CutBatchLoader:
+    def val_dataloader(self):
         """The validation batches (in manifest order within buckets, sharded by rank)."""
-        return self._loader("val", False)
+        return self._normalised(self._loader("val", False))
 
-    def test_dataloader(self) -> CutBatchLoader:
+    def test_dataloader(self):
         """The test batches (``test_cuts``, or the validation cuts)."""
-        return self._loader("test", False)
+        return self._normalised(self._loader("test", False))
 
     def predict_dataloader(self) -> CutBatchLoader:
         """The test batches."""
