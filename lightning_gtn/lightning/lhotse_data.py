@@ -240,8 +240,32 @@ def _audio_source(cut, what: str):
     raise ValueError(f"{_describe(cut, what)}: channel {cut.channel} is in none of the recording's sources")
 
 
-def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: bool, needs_features: bool) -> None:
-    """Checks a cut from its manifest fields alone (no file is opened)."""
+def _inside(path, roots: tuple[Path, ...] | None, cut, what: str, kind: str) -> None:
+    """Refuses a file of the cut that resolves (symlinks followed) outside every folder of
+    ``roots`` (None: any place)."""
+    if roots is None:
+        return
+    real = Path(path).resolve()
+    if not any(real.is_relative_to(r) for r in roots):
+        where = ", ".join(str(r) for r in roots)
+        raise ValueError(
+            f"{_describe(cut, what)}: {kind} {path} resolves to {real}, outside {where}; a manifest's files are "
+            "read inside its folder: name the folders that hold them (data.audio_dirs=[...]) or set "
+            "data.allow_outside_paths=true"
+        )
+
+
+def _check_metadata(
+    cut,
+    what: str,
+    *,
+    sampling_rate: int | None,
+    needs_audio: bool,
+    needs_features: bool,
+    roots: tuple[Path, ...] | None = None,
+) -> None:
+    """Checks a cut from its manifest fields alone (no file is read; ``roots``: the folders its
+    files must resolve into, None: anywhere)."""
     from lhotse import MonoCut
 
     if not isinstance(cut, MonoCut):
@@ -287,9 +311,14 @@ def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: b
                 f"{_describe(cut, what)}: the cut ends at {start + d:.3f} s, after its recording ({rec.duration:.3f} s)"
             )
         _source_rate(cut, what)
-        _audio_source(cut, what)
+        src = _audio_source(cut, what)
+        if src.type == "file":
+            _inside(src.source, roots, cut, what, "audio file")
     if needs_features:
         _check_feature_storage(cut, what)
+        feats = cut.features
+        if feats.storage_type == "numpy_files":
+            _inside(Path(feats.storage_path) / feats.storage_key.lstrip("/"), roots, cut, what, "feature file")
 
 
 def check_resample(src: int, dst: int, what: str) -> None:
@@ -415,7 +444,7 @@ def _source_name(src) -> str:
     return str(src.source) if src.type == "file" else "<audio bytes in the manifest>"
 
 
-def check_cut(cut, what: str, *, sampling_rate: int | None = None) -> None:
+def check_cut(cut, what: str, *, sampling_rate: int | None = None, roots: tuple[Path, ...] | None = None) -> None:
     """Checks that ``cut``'s audio can be read as the manifest says, before reading it.
 
     Checks the manifest fields (see the module docstring), then opens the audio file's header with
@@ -426,13 +455,14 @@ def check_cut(cut, what: str, *, sampling_rate: int | None = None) -> None:
         cut: a Lhotse cut.
         what: the manifest (``"data.train_cuts (cuts.jsonl.gz)"``), for messages.
         sampling_rate: the rate the features expect (None: any).
+        roots: resolved folders the audio file must lie in (None: anywhere).
 
     Raises:
         ValueError: naming ``what``, the cut id and the audio file.
     """
     import soundfile as sf
 
-    _check_metadata(cut, what, sampling_rate=sampling_rate, needs_audio=True, needs_features=False)
+    _check_metadata(cut, what, sampling_rate=sampling_rate, needs_audio=True, needs_features=False, roots=roots)
     src = _audio_source(cut, what)
     name = _source_name(src)
     if src.type == "file":
@@ -725,7 +755,10 @@ class CutBatchLoader:
         self.dataset = _CutBatches(dm, split, train=train)
         fbank = not split.precomputed
         self._check = dict(
-            sampling_rate=dm.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank
+            sampling_rate=dm.sampling_rate if fbank else None,
+            needs_audio=fbank,
+            needs_features=not fbank,
+            roots=split.roots,
         )
         self.epoch = 0
         self.skip = 0
@@ -794,12 +827,14 @@ class LhotseSplit:
         duration_bins: the bucket boundaries (seconds) estimated from the admitted cuts.
         num_features: the precomputed features' dimension (first cut), or None.
         precomputed: the cuts carry features (``features="precomputed"`` or the feature cache).
+        roots: the resolved folders the cuts' audio and feature files must lie in (None: any).
     """
 
-    def __init__(self, cuts, what: str, precomputed: bool = False):
+    def __init__(self, cuts, what: str, precomputed: bool = False, roots: tuple[Path, ...] | None = None):
         self.cuts = cuts
         self.what = what
         self.precomputed = precomputed
+        self.roots = roots
         self.texts: list[str] = []
         self.num_cuts = 0
         self.num_skipped = 0
@@ -854,6 +889,10 @@ class LhotseDataModule(L.LightningDataModule):
             manifest given as a ``CutSet`` cannot be cached (an error).
         stack_frames: concatenate this many consecutive frames into one (``F = k * num_mel_bins``,
             ``T / k`` frames): cheap subsampling for CPU training.
+        audio_dirs: the folders the manifests' audio (and precomputed feature) files must lie
+            in, symlinks followed; ``None``: each manifest's own folder. A cut whose file
+            resolves elsewhere is an error naming it.
+        allow_outside_paths: read files wherever the manifests put them.
     """
 
     def __init__(
@@ -875,6 +914,8 @@ class LhotseDataModule(L.LightningDataModule):
         max_cut_duration: float = 30.0,
         feature_cache: str | None = None,
         stack_frames: int = 1,
+        audio_dirs: list[str] | None = None,
+        allow_outside_paths: bool = False,
     ):
         super().__init__()
         if features not in ("fbank", "precomputed"):
@@ -920,6 +961,15 @@ class LhotseDataModule(L.LightningDataModule):
                 raise ValueError("data.feature_cache: caches filterbanks: use it with data.features=fbank")
         if chars is not None and (not isinstance(chars, str) or not chars):
             raise ValueError(f"data.chars: must be a non-empty string or null, got {chars!r}")
+        if audio_dirs is not None:
+            if isinstance(audio_dirs, (str, os.PathLike)):
+                audio_dirs = [audio_dirs]
+            audio_dirs = list(audio_dirs)
+            if not audio_dirs or not all(isinstance(d, (str, os.PathLike)) for d in audio_dirs):
+                raise ValueError(f"data.audio_dirs: must be a list of folders or null, got {audio_dirs!r}")
+            audio_dirs = [str(d) for d in audio_dirs]
+        self.audio_dirs = audio_dirs
+        self.allow_outside_paths = bool(allow_outside_paths)
         self.features = features
         self.num_mel_bins = num_mel_bins
         self.sampling_rate = sampling_rate
@@ -975,8 +1025,19 @@ class LhotseDataModule(L.LightningDataModule):
                 self._sources_ready = True
             what = self._what(name)
             cuts = read_cuts(self.sources[name], self._key(name))
-            self._splits[name] = self._scan(LhotseSplit(cuts, what, precomputed=self.features == "precomputed"))
+            split = LhotseSplit(cuts, what, precomputed=self.features == "precomputed", roots=self._roots(name))
+            self._splits[name] = self._scan(split)
         return self._splits[name]
+
+    def _roots(self, name: str) -> tuple[Path, ...] | None:
+        """The folders a split's files must lie in: ``audio_dirs``, else the manifest's folder;
+        None (anywhere) with ``allow_outside_paths`` or for a ``CutSet`` given in Python."""
+        src = self.sources[name]
+        if self.allow_outside_paths or not isinstance(src, (str, os.PathLike)):
+            return None
+        if self.audio_dirs is not None:
+            return tuple(Path(d).resolve() for d in self.audio_dirs)
+        return (Path(src).resolve().parent,)
 
     def prepare_sources(self) -> None:
         """Called once, before a manifest is first read (by ``chars``, ``setup`` or a loader).
@@ -1013,7 +1074,10 @@ class LhotseDataModule(L.LightningDataModule):
         manifest = folder / "cuts.jsonl.gz"
         if not (folder / "complete").is_file():
             self._fill_cache(split, folder, ident)
-        cached = self._scan(LhotseSplit(read_cuts(str(manifest), "data.feature_cache"), split.what, precomputed=True))
+        cache = LhotseSplit(
+            read_cuts(str(manifest), "data.feature_cache"), split.what, precomputed=True, roots=(folder.resolve(),)
+        )
+        cached = self._scan(cache)
         if cached.num_cuts != split.num_cuts:
             raise ValueError(
                 f"data.feature_cache: {manifest} holds {cached.num_cuts} cuts but {split.what} has {split.num_cuts}: "
@@ -1038,7 +1102,7 @@ class LhotseDataModule(L.LightningDataModule):
             admit = _Admit(
                 split.what,
                 self.max_cut_duration,
-                dict(sampling_rate=self.sampling_rate, needs_audio=True, needs_features=False),
+                dict(sampling_rate=self.sampling_rate, needs_audio=True, needs_features=False, roots=split.roots),
             )
             writer = NumpyFilesWriter(tmp / "feats")
             from tqdm import tqdm
@@ -1082,7 +1146,10 @@ class LhotseDataModule(L.LightningDataModule):
 
         fbank = not split.precomputed
         check: dict[str, Any] = dict(
-            sampling_rate=self.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank
+            sampling_rate=self.sampling_rate if fbank else None,
+            needs_audio=fbank,
+            needs_features=not fbank,
+            roots=split.roots,
         )
         durations: list[float] = []
         first_long = None
