@@ -914,7 +914,7 @@ class LhotseDataModule(L.LightningDataModule):
         max_cut_duration: float = 30.0,
         feature_cache: str | None = None,
         stack_frames: int = 1,
-        audio_dirs: list[str] | None = None,
+        audio_dirs: list[str] | str | None = None,
         allow_outside_paths: bool = False,
     ):
         super().__init__()
@@ -962,12 +962,10 @@ class LhotseDataModule(L.LightningDataModule):
         if chars is not None and (not isinstance(chars, str) or not chars):
             raise ValueError(f"data.chars: must be a non-empty string or null, got {chars!r}")
         if audio_dirs is not None:
-            if isinstance(audio_dirs, (str, os.PathLike)):
-                audio_dirs = [audio_dirs]
-            audio_dirs = list(audio_dirs)
-            if not audio_dirs or not all(isinstance(d, (str, os.PathLike)) for d in audio_dirs):
+            dirs: list[Any] = [audio_dirs] if isinstance(audio_dirs, (str, os.PathLike)) else list(audio_dirs)
+            if not dirs or not all(isinstance(d, (str, os.PathLike)) for d in dirs):
                 raise ValueError(f"data.audio_dirs: must be a list of folders or null, got {audio_dirs!r}")
-            audio_dirs = [str(d) for d in audio_dirs]
+            audio_dirs = [str(d) for d in dirs]
         self.audio_dirs = audio_dirs
         self.allow_outside_paths = bool(allow_outside_paths)
         self.features = features
