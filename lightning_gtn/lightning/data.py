@@ -345,6 +345,9 @@ def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
 MAX_FEATURE_VALUES = 1 << 28
 #: the most features per frame
 MAX_FEATURES = 1 << 16
+#: the most transcript characters per frame of an utterance's array (and 16 for any utterance):
+#: the targets stay in proportion to the frames (a transducer's joiner holds frames x characters)
+MAX_CHARS_PER_FRAME = 4
 
 
 def _load_split(features: str | os.PathLike, transcripts: str | os.PathLike) -> SequenceDataset:
@@ -386,6 +389,11 @@ def _load_split(features: str | os.PathLike, transcripts: str | os.PathLike) -> 
                         f"{feats_path}: utterance {k!r} has {shape[1]} features per frame but "
                         f"{ids[0]!r} has {feats[0].shape[1]}; every utterance needs the same F "
                         f"(shape (T, F))"
+                    )
+                if len(texts[k]) > MAX_CHARS_PER_FRAME * max(shape[0], 4):
+                    raise ValueError(
+                        f"{what}: a transcript of {len(texts[k])} characters for {shape[0]} frames (at most "
+                        f"{MAX_CHARS_PER_FRAME} a frame): the transcript does not belong to these features"
                     )
                 total += shape[0] * shape[1]
                 if shape[1] > MAX_FEATURES or total > MAX_FEATURE_VALUES:
