@@ -24,6 +24,10 @@ its transducer network's ``(T, U + 1)`` lattice
 (:func:`lightning_gtn.functional.rnnt_align`): each token's emission frame (its span is that one
 frame) and the posterior probability of that emission; frames are the encoder's; plots draw the
 lattice and the path (:func:`lightning_gtn.align.rnnt_plot.plot_rnnt_alignment`).
+
+Times: ``--frame-shift`` seconds per emission frame; by default, with a checkpoint of speech data,
+the data's frame shift (its feature settings) times the model's stride (:func:`output_stride`),
+else 0.01. Utterances are named by their cut ids (``batch["ids"]``) where the data has them.
 """
 
 from __future__ import annotations
@@ -76,7 +80,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="token id between words (default: the space of a checkpoint's vocabulary)",
     )
     p.add_argument("--star", type=float, default=None, help="allow a star with this log-penalty per frame")
-    p.add_argument("--frame-shift", type=float, default=0.01, help="seconds per emission frame (default: 0.01)")
+    p.add_argument(
+        "--frame-shift",
+        type=float,
+        default=None,
+        help="seconds per emission frame (default: with --checkpoint, the data's frame shift times the "
+        "model's stride, found from its output lengths; otherwise 0.01)",
+    )
     p.add_argument("--format", default="json", choices=["json", "ctm"])
     p.add_argument("--out", default="-", help="output file (default: standard output)")
     p.add_argument("--plot-dir", default=None, help="write PNGs of the first --num-plots alignments here")
@@ -98,7 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--targets goes with --emissions; a checkpoint's data brings its own transcripts")
     if a.emissions is not None and a.overrides:
         p.error(f"overrides {a.overrides} go with --checkpoint")
-    if not (a.frame_shift > 0):
+    if a.frame_shift is not None and not (0 < a.frame_shift < float("inf")):
         p.error(f"--frame-shift must be positive, got {a.frame_shift}")
     if a.num_plots < 0 or a.batch_size < 1:
         p.error("--num-plots must be >= 0 and --batch-size >= 1")
@@ -195,12 +205,47 @@ def _vocab_tokens(vocab) -> list:
     return toks
 
 
+#: seconds per emission frame when neither --frame-shift nor the data says (image frames, emissions)
+DEFAULT_FRAME_SHIFT = 0.01
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
+
+
+def _file_name(name: str) -> str:
+    """An utterance id as a plot's file name inside --plot-dir (a cut id may hold ``/`` or ``..``)."""
+    safe = _UNSAFE.sub("_", name)[:200]
+    return "_" + safe if safe.startswith(".") or not safe else safe
+
+
+def output_stride(input_lengths, output_lengths, known: int | None = None) -> int:
+    """The model's stride: the integer ``s`` with ``ceil(T / s)`` output frames for every input of
+    ``T`` frames (the smallest such; ``known``: checked instead of searched).
+
+    Raises:
+        AlignError: no integer stride fits (give ``--frame-shift``).
+    """
+    pairs = [(int(i), int(o)) for i, o in zip(input_lengths.tolist(), output_lengths.tolist())]
+    fits = lambda s: all((i + s - 1) // s == o for i, o in pairs if i > 0)  # noqa: E731
+    if known is not None and fits(known):
+        return known
+    top = max([i for i, _ in pairs] + [1])
+    for s in range(1, top + 1) if known is None else ():
+        if fits(s):
+            return s
+    raise AlignError(
+        "cannot tell the model's stride from its output lengths "
+        f"({pairs[:3]} (input, output) frames{'' if known is None else f', first batch: {known}'}); "
+        "give --frame-shift"
+    )
+
+
 class _Writer:
-    """Collects records (JSON) or CTM lines, plots the first few alignments."""
+    """Collects records (JSON) or CTM lines, plots the first few alignments. ``frame_shift``:
+    seconds per emission frame (``--frame-shift``, else set by the caller, else the default)."""
 
     def __init__(self, a, tokens, word_sep, blank, transitions=None):
         self.a, self.tokens, self.word_sep = a, tokens, word_sep
         self.blank, self.transitions = blank, transitions
+        self.frame_shift = a.frame_shift if a.frame_shift is not None else DEFAULT_FRAME_SHIFT
         self.records, self.lines, self.plots, self.count = [], [], 0, 0
         if a.plot_dir:
             Path(a.plot_dir).mkdir(parents=True, exist_ok=True)
@@ -211,7 +256,7 @@ class _Writer:
         x = x.float().log_softmax(-1)
         al = forced_align(x, targets, lengths, blank=self.blank, star=self.a.star, transitions=self.transitions)
         kw = dict(
-            frame_shift=self.a.frame_shift, tokens=self.tokens, utterance_ids=names, word_separator_id=self.word_sep
+            frame_shift=self.frame_shift, tokens=self.tokens, utterance_ids=names, word_separator_id=self.word_sep
         )
         if self.a.format == "json":
             self.records += to_records(al, targets, **kw)
@@ -220,7 +265,8 @@ class _Writer:
         for b in range(len(names)):
             if self.plots >= self.a.num_plots or not self.a.plot_dir:
                 break
-            plot_alignment(x, al, b, tokens=self.tokens, path=Path(self.a.plot_dir) / f"{names[b]}.png")
+            path = Path(self.a.plot_dir) / f"{_file_name(names[b])}.png"
+            plot_alignment(x, al, b, tokens=self.tokens, path=path)
             self.plots += 1
         self.count += len(names)
 
@@ -229,7 +275,7 @@ class _Writer:
         from lightning_gtn.functional import to_ctm, to_records
 
         kw = dict(
-            frame_shift=self.a.frame_shift, tokens=self.tokens, utterance_ids=names, word_separator_id=self.word_sep
+            frame_shift=self.frame_shift, tokens=self.tokens, utterance_ids=names, word_separator_id=self.word_sep
         )
         if self.a.format == "json":
             self.records += to_records(al, targets, **kw)
@@ -332,6 +378,7 @@ def _from_checkpoint(a):
     dm.setup("validate" if a.split == "val" else "test")
     loader = dm.val_dataloader() if a.split == "val" else dm.test_dataloader()
     w = _Writer(a, tokens, word_sep, blank, transitions)
+    timing = _Timing(a, model, dm)
     n = 0
     with torch.no_grad():
         for batch in _progress(loader, a):
@@ -339,9 +386,37 @@ def _from_checkpoint(a):
             em, em_lengths = model.emissions(inputs, input_lengths)
             B = em.shape[0]
             seqs = [t[: int(k)] for t, k in zip(targets.tolist(), target_lengths.tolist())]
-            w.add(em, seqs, em_lengths, [f"{a.split}{i}" for i in range(n, n + B)])
+            w.frame_shift = timing.frame_shift(input_lengths, em_lengths, w.frame_shift)
+            w.add(em, seqs, em_lengths, _names(batch, a.split, n, B))
             n += B
     return w
+
+
+def _names(batch, split: str, first: int, B: int) -> list[str]:
+    """The batch's utterance ids: its cut ids (``batch["ids"]``, white space replaced by ``_`` to
+    keep CTM's columns), or ``<split><index>``."""
+    ids = batch.get("ids") if isinstance(batch, dict) else None
+    if isinstance(ids, (list, tuple)) and len(ids) == B and all(isinstance(i, str) and i for i in ids):
+        return ["_".join(i.split()) or "_" for i in ids]
+    return [f"{split}{i}" for i in range(first, first + B)]
+
+
+class _Timing:
+    """Seconds per emission frame of a checkpoint's model: ``--frame-shift``, or the data's frame
+    shift (the checkpoint's feature settings, or the data module's ``frame_shift``) times the
+    model's stride (:func:`output_stride`, found on the first batch, checked on the others)."""
+
+    def __init__(self, a, model, dm):
+        settings = getattr(model, "feature_settings", None) or {}
+        shift = settings.get("frame_shift", getattr(dm, "frame_shift", None))
+        self.input_shift = None if a.frame_shift is not None else shift
+        self.stride: int | None = None
+
+    def frame_shift(self, input_lengths, output_lengths, current: float) -> float:
+        if self.input_shift is None:
+            return current
+        self.stride = output_stride(input_lengths, output_lengths, self.stride)
+        return float(self.input_shift) * self.stride
 
 
 def _from_rnnt_checkpoint(a, model, dm, loss):
@@ -376,6 +451,7 @@ def _from_rnnt_checkpoint(a, model, dm, loss):
     dm.setup("validate" if a.split == "val" else "test")
     loader = dm.val_dataloader() if a.split == "val" else dm.test_dataloader()
     w = _Writer(a, tokens, word_sep, blank)
+    timing = _Timing(a, model, dm)
     n = 0
     with torch.no_grad():
         for batch in _progress(loader, a):
@@ -384,12 +460,14 @@ def _from_rnnt_checkpoint(a, model, dm, loss):
             al = rnnt_forced_align(logits, targets, enc_lengths, target_lengths, blank=blank)
             B = inputs.shape[0]
             seqs = [t[: int(k)] for t, k in zip(targets.tolist(), target_lengths.tolist())]
-            names = [f"{a.split}{i}" for i in range(n, n + B)]
+            names = _names(batch, a.split, n, B)
+            w.frame_shift = timing.frame_shift(input_lengths, enc_lengths, w.frame_shift)
             w.add_alignment(al, seqs, names)
             for b in range(B):
                 if w.plots >= a.num_plots or not a.plot_dir:
                     break
-                plot_rnnt_alignment(logits, al, targets, b, tokens=tokens, path=Path(a.plot_dir) / f"{names[b]}.png")
+                path = Path(a.plot_dir) / f"{_file_name(names[b])}.png"
+                plot_rnnt_alignment(logits, al, targets, b, tokens=tokens, path=path)
                 w.plots += 1
             n += B
     return w

@@ -16,7 +16,8 @@ ignored. The checkpoint is data: its configs may only name registered types of
 :mod:`lightning_gtn.trust` with plain-data arguments (``trust_modules=[mypkg]`` on the command
 line opts whole modules in), and it carries its word pieces, transitions graph and decoder
 lexicon and LM, so it loads from any directory. ``decoder=...`` on the command line replaces the
-checkpoint's decoder (files it names are read: you typed them). A missing, truncated or foreign
+checkpoint's decoder (files it names are read: you typed them; a ``train`` lexicon or LM is the
+one the checkpoint carries, never estimated from the data being evaluated). A missing, truncated or foreign
 file, or a refused checkpoint, prints one ``lightning-gtn-eval: error: ...`` line naming the file
 and exits with status 2.
 """
@@ -30,7 +31,9 @@ os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
@@ -155,20 +158,80 @@ def load_model(ckpt_path, trust_modules=None, *, decoder=_CHECKPOINT):
 
 
 def build_datamodule(data_cfg: DictConfig, model):
-    """The data module of ``data_cfg``, checked to use the characters of ``model``."""
+    """The data module of ``data_cfg``, checked to give ``model`` what it was trained on: its
+    characters, its features per frame and, when the checkpoint carries feature settings (speech:
+    filterbank sizes, frame stacking, normalisation), those settings, whose normalisation the
+    data module then applies.
+
+    Raises:
+        ConfigError: naming the data key that differs from the checkpoint's.
+    """
     datamodule = build(data_cfg, "data")
     if datamodule.chars != model.hparams.chars:
         raise ConfigError(f"data: characters {datamodule.chars!r} differ from the checkpoint's {model.hparams.chars!r}")
+    settings = getattr(model, "feature_settings", None)
+    apply = getattr(datamodule, "apply_feature_settings", None)
+    if settings is not None:
+        if apply is None:
+            raise ConfigError(
+                f"data: the checkpoint's model was trained on speech features ({settings.get('features')}, "
+                f"{settings.get('feature_dim')} per frame); {type(datamodule).__name__} gives other inputs"
+            )
+        try:
+            apply(settings)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    dim, want = getattr(datamodule, "feature_dim", None), model.hparams.get("feature_dim")
+    if isinstance(dim, int) and isinstance(want, int) and dim != want:
+        raise ConfigError(f"data: {dim} features per frame, but the checkpoint's model reads {want}")
     return datamodule
 
 
-def _set_decoder(cfg: DictConfig, model, datamodule) -> None:
-    """The command line's ``decoder`` replaces the checkpoint's (``train`` lexicon/LM are
-    built from this data config's training transcripts and also written to the eval run's
-    directory; files named on the command line are read: the user typed them)."""
-    from lightning_gtn.lightning.decoding import resolve_decoder
-    from lightning_gtn.train import train_texts
+def _trained_artefacts(own: dict, saved: Callable[[], Any]) -> dict:
+    """``own`` (a decoder config from the command line) with each ``train`` lexicon / LM taken
+    from the checkpoint's decoder config ``saved()`` (the ones estimated on the training
+    transcripts when it was trained; checked as data when the decoder is built). Evaluation never
+    estimates them: the data config's ``train`` split may hold the very transcripts being scored.
 
+    Raises:
+        ConfigError: naming ``decoder.lexicon`` / ``decoder.lm`` when the checkpoint has no such
+            artefact of this decoder.
+    """
+    name = own.get("name", "greedy")
+    keys = ("lexicon", "lm") if name == "beam_lm" else ("lm",) if name == "rnnt_beam" else ()
+    out = dict(own)
+    for key in keys:
+        if out.get(key, "train" if name == "beam_lm" else None) != "train":
+            continue
+        ckpt = saved()
+        given = ckpt.get(key) if isinstance(ckpt, dict) and ckpt.get("name") == name else None
+        if not isinstance(given, dict):
+            raise ConfigError(
+                f"decoder.{key}=train: evaluation does not estimate a {key} from the data it scores, and the "
+                f"checkpoint carries no {name} {key} of its training; name a file (decoder.{key}=/path/"
+                f"{'lexicon.txt' if key == 'lexicon' else 'lm.arpa'}, e.g. the one its training run wrote)"
+            )
+        out[key] = given
+    return out
+
+
+def _no_texts() -> list:
+    raise ConfigError("decoder: evaluation does not read training transcripts")  # guarded by _trained_artefacts
+
+
+def _set_decoder(cfg: DictConfig, model, datamodule) -> None:
+    """The command line's ``decoder`` replaces the checkpoint's. A ``train`` lexicon / LM is the
+    checkpoint's own (estimated on its training transcripts when it was trained): evaluation
+    never estimates one from its data, whose ``train`` split may be the transcripts it scores.
+    Files named on the command line are read: the user typed them."""
+    from omegaconf import OmegaConf
+
+    from lightning_gtn.lightning.decoding import resolve_decoder
+
+    own = OmegaConf.to_container(cfg.decoder, resolve=True) if isinstance(cfg.decoder, DictConfig) else cfg.decoder
+    if isinstance(own, dict):
+        # the checkpoint's own decoder config (the model was loaded without it)
+        own = _trained_artefacts(own, lambda: read_checkpoint(cfg.ckpt_path)["hyper_parameters"].get("decoder"))
     out = Path(cfg.get("output_dir") or ".")
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -178,7 +241,7 @@ def _set_decoder(cfg: DictConfig, model, datamodule) -> None:
     except Exception:  # pragma: no cover - hydra internals
         pass
     try:
-        model.configure_decoder(resolve_decoder(cfg.decoder, lambda: train_texts(datamodule), out))
+        model.configure_decoder(resolve_decoder(own, _no_texts, out))
     except ValueError as e:
         raise ConfigError(str(e)) from e
 

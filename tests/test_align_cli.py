@@ -268,3 +268,36 @@ def test_checkpoint_of_an_asg_model_uses_its_transitions(tmp_path, capsys):
         assert recs[b]["score"] == pytest.approx(float(ref.score[b]), rel=1e-5)
         assert recs[b]["score"] != pytest.approx(float(plain.score[b]), rel=1e-5)
         assert [t["end_frame"] for t in recs[b]["tokens"]] == ref.token_end[b, : int(tl[b])].tolist()
+
+
+def test_a_speech_checkpoint_times_frames_by_its_stride_and_names_cuts(tmp_path, capsys):
+    """The frame shift is the data's (10 ms x stack_frames) times the model's stride, and
+    utterances are named by their cut ids (plots too, kept inside --plot-dir)."""
+    pytest.importorskip("lhotse")
+    from lightning_gtn.lightning import LhotseDataModule, SequenceModule
+    from tests.lightning.test_checkpoint_trust import OPT
+    from tests.lightning.test_lhotse_data import _cut, _wav, _write
+
+    cuts = [_cut(_wav(tmp_path / f"a{i}.wav", 0.6, 200 + 50 * i, i), f"spk/../utt {i}", "one two") for i in range(3)]
+    manifest = _write(cuts, tmp_path / "cuts.jsonl")
+    data = dict(num_mel_bins=20, stack_frames=2, max_duration=2.0, max_cut_duration=2.0)
+    dm = LhotseDataModule(manifest, manifest, **data)
+    net = {"_target_": "lightning_gtn.lightning.ConvRNNEncoder", "conv_channels": 8, "hidden_size": 8, "stride": 2}
+    model = SequenceModule(net, {"_target_": "lightning_gtn.nn.CTCLoss"}, dm.chars, feature_dim=40, optimizer=OPT)
+    save_module_checkpoint(model, tmp_path / "m.ckpt", feature_settings=dm.feature_settings())
+    overrides = ["data=lhotse", f"data.train_cuts={manifest}", f"data.val_cuts={manifest}"]
+    overrides += [f"data.{k}={v}" for k, v in data.items()]
+    plots = tmp_path / "plots"
+    args = ["--checkpoint", str(tmp_path / "m.ckpt"), "--no-progress", "--plot-dir", str(plots), *overrides]
+    assert main([*args, "--out", str(tmp_path / "a.json")]) == 0, capsys.readouterr().err
+    recs = json.loads((tmp_path / "a.json").read_text())
+    assert sorted(r["utterance"] for r in recs) == ["spk/../utt_0", "spk/../utt_1", "spk/../utt_2"]
+    toks = [t for r in recs for t in r["tokens"]]
+    assert toks and all(t["start"] == pytest.approx(t["start_frame"] * 0.04) for t in toks)  # 10 ms x 2 x 2
+    assert sorted(p.name for p in plots.iterdir()) == ["spk_.._utt_0.png", "spk_.._utt_1.png", "spk_.._utt_2.png"]
+    assert main([*args, "--format", "ctm", "--out", str(tmp_path / "a.ctm")]) == 0
+    lines = (tmp_path / "a.ctm").read_text().splitlines()
+    assert lines and {ln.split()[0] for ln in lines} <= {"spk/../utt_0", "spk/../utt_1", "spk/../utt_2"}
+    assert main([*args, "--frame-shift", "0.5", "--out", str(tmp_path / "b.json")]) == 0  # given: used as is
+    toks = [t for r in json.loads((tmp_path / "b.json").read_text()) for t in r["tokens"]]
+    assert all(t["start"] == pytest.approx(t["start_frame"] * 0.5) for t in toks)

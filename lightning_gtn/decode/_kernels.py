@@ -19,6 +19,8 @@ import numpy as np
 from numba import njit
 
 NEG_INF = -math.inf
+#: "no word end reachable" in :func:`below_kernel`
+FAR = 1 << 62
 #: history-hash marker of a word boundary in lexicon-free mode
 BOUNDARY = -7
 
@@ -146,6 +148,29 @@ def smear_kernel(
     return smear
 
 
+@njit(cache=True, nogil=True)
+def below_kernel(ch_off, ch_node, wd_off, wd_id, word_extra):
+    """Per trie node n: the fewest tokens after n that end an allowed word strictly below it
+    (``FAR`` if none), a lower bound of the frames a hypothesis at n still needs. Children have
+    larger ids than parents (built so)."""
+    N = ch_off.shape[0] - 1
+    end = np.full(N, FAR, dtype=np.int64)  # tokens from n to an allowed word end, n included
+    below = np.full(N, FAR, dtype=np.int64)
+    for n in range(N - 1, -1, -1):
+        v = FAR
+        for k in range(ch_off[n], ch_off[n + 1]):
+            m = ch_node[k]
+            if m > n and end[m] < FAR and end[m] + 1 < v:
+                v = end[m] + 1
+        below[n] = v
+        for q in range(wd_off[n], wd_off[n + 1]):
+            if word_extra[wd_id[q]] > NEG_INF:
+                v = 0
+                break
+        end[n] = v
+    return below
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _push(ci, ch, cf, n, parent, node, lm, last, inw, tok, word, hist, ac, lms, ext, total):
     ci[n, 0] = parent
@@ -270,11 +295,19 @@ def beam_kernel(
     nbest,
     per_hyp,
     trans,
+    below,
+    complete,
 ):
     """Decodes one utterance ``em`` (T_max, C) float32 over its first ``T`` frames.
 
     ``smear[n]`` is the look-ahead score of trie node n (0 at the root; -inf: no allowed word below),
     added to a partial word's pruning score while it is spelled (flashlight's LM smearing).
+
+    Lexicon mode, ``complete=True``: only hypotheses that can still end a word in the frames left
+    (``below[n]``, from :func:`below_kernel`) are kept, and only complete ones are returned: a
+    hypothesis that cannot finish never takes the place of one that can. ``complete=False`` (the
+    fallback when no complete hypothesis survives) keeps them all and returns the best, open word
+    included (its tokens, with no word id).
 
     Returns ``(n_out, out_rec, out_f (nbest, 3) [total, acoustic, lm], rec_parent, rec_tok,
     rec_frame, rec_word)``.
@@ -319,6 +352,7 @@ def beam_kernel(
     gen = 0
     for t in range(T):
         e = em[t]
+        left = T - 1 - t  # frames after this one
         if K < C:
             order = np.argsort(-e)
             allowed[:] = False
@@ -346,11 +380,13 @@ def beam_kernel(
             lms = hf[h, 1]
             ext = hf[h, 2]
             tot = hf[h, 3]
-            if blank >= 0 and allowed[blank] and e[blank] > NEG_INF:
+            # staying in a word is kept only if the word can still end (extensions: checked below)
+            stay = not (complete and not lexfree and node != 0 and below[node] > left)
+            if stay and blank >= 0 and allowed[blank] and e[blank] > NEG_INF:
                 n = _push(
                     ci, ch, cf, n, h, node, lmst, blank, inw, -1, -1, hist, ac + e[blank], lms, ext, tot + e[blank]
                 )  # (ASG has no blank)
-            if last >= 0 and last != blank and allowed[last] and e[last] > NEG_INF:
+            if stay and last >= 0 and last != blank and allowed[last] and e[last] > NEG_INF:
                 n = _push(
                     ci,
                     ch,
@@ -465,7 +501,7 @@ def beam_kernel(
                     if c == rep and eff == c:
                         continue
                     a2 = ac + e[c] + _tr(trans, last, c)
-                    if ch_off[m + 1] > ch_off[m] and smear[m] > NEG_INF:
+                    if ch_off[m + 1] > ch_off[m] and smear[m] > NEG_INF and (not complete or below[m] <= left):
                         # LM look-ahead: the best word below m, replaced by the real score at the end
                         n = _push(
                             ci,
@@ -579,7 +615,7 @@ def beam_kernel(
     # end of utterance: complete words only (lexicon mode), close the open word, </s>
     n = 0
     for h in range(nh):
-        if not lexfree and hi[h, 0] != 0:
+        if complete and not lexfree and hi[h, 0] != 0:
             continue
         hist = hh[h]
         lms = hf[h, 1]
@@ -593,7 +629,9 @@ def beam_kernel(
         if has_lm:
             lp, _ = lm_score(hi[h, 1], lm_eos, st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state)
             if not lp > NEG_INF:
-                continue
+                if complete:
+                    continue
+                lp = 0.0  # the fallback keeps a hypothesis the LM cannot end
             lms += lp
             tot += lm_weight * lp
         n = _push(ci, ch, cf, n, hi[h, 4], 0, 0, 0, 0, -1, -1, hist, hf[h, 0], lms, ext, tot)

@@ -31,6 +31,10 @@ class Hypothesis:
         am_score: acoustic log-score (log-sum over the merged alignments).
         lm_score: natural-log LM probability of the words, ``</s>`` included (0 without an LM).
         text: the words joined by the word separator (lexicon-free: the tokens' text).
+        fallback: no complete hypothesis survived the beam (lexicon mode: every survivor was
+            inside a word at the last frame; or none survived): this is the best survivor, its
+            open word spelled from its tokens (then the last of ``words`` is no lexicon word), or
+            an empty hypothesis of score ``-inf`` when the beam died out.
     """
 
     words: List[str]
@@ -40,6 +44,7 @@ class Hypothesis:
     am_score: float
     lm_score: float
     text: str = field(default="")
+    fallback: bool = False
 
 
 def check_lm_arrays(a, num_words: Optional[int] = None):
@@ -350,6 +355,11 @@ class BeamSearchDecoder:
             )
         self._word_lm, self._word_extra, self._tok_lm = word_lm, extra, tok_lm
         self._smear = self._smearing(lex, C)
+        self._below = (
+            _kernels.below_kernel(lex.child_offsets, lex.child_node, lex.word_offsets, lex.node_word, extra)
+            if lex is not None
+            else np.zeros(1, dtype=np.int64)
+        )
         sepstr = self.word_separator
         self._tok_starts = np.array([t.startswith(sepstr) and t != sepstr for t in self.tokens], dtype=np.bool_)
 
@@ -398,7 +408,7 @@ class BeamSearchDecoder:
         tsize = 1 << max(1, (2 * cap - 1).bit_length())
         return cap * 112 + tsize * 16 + (T * self.beam_size + 1) * 32 + self.beam_size * 88
 
-    def _decode_one(self, x: np.ndarray, T: int):
+    def _decode_one(self, x: np.ndarray, T: int, complete: bool = True):
         return _kernels.beam_kernel(
             x,
             T,
@@ -422,6 +432,8 @@ class BeamSearchDecoder:
             self.nbest,
             self._per_hyp,
             self._trans,
+            self._below,
+            complete,
         )
 
     def decode(self, emissions, lengths=None) -> List[List[Hypothesis]]:
@@ -434,7 +446,8 @@ class BeamSearchDecoder:
 
         Returns:
             ``B`` lists of at most ``nbest`` :class:`Hypothesis`, best first, distinct word
-            histories (an utterance with no complete hypothesis gets an empty list).
+            histories; never empty: an utterance with no complete hypothesis gets one with
+            ``fallback=True`` (see :class:`Hypothesis`).
         """
         x = _as_emissions(emissions)
         B, T, C = x.shape
@@ -449,9 +462,16 @@ class BeamSearchDecoder:
                 f"{self.max_work_bytes / 2**20:.0f} MiB: lower beam_size (or raise max_work_bytes)"
             )
         raw = parallel_map(self._decode_one, [x[b] for b in range(B)], [int(n) for n in lens])
-        return [self._hyps(r) for r in raw]
+        out = [self._hyps(r) for r in raw]
+        for b, hyps in enumerate(out):
+            if not hyps:  # every survivor was inside a word (or none survived): the best of them
+                hyps += self._hyps(self._decode_one(x[b], int(lens[b]), False), fallback=True)[:1]
+            if not hyps:
+                inf = -math.inf
+                hyps.append(Hypothesis([], [], [], inf, inf, inf, "", fallback=True))
+        return out
 
-    def _hyps(self, r) -> List[Hypothesis]:
+    def _hyps(self, r, fallback: bool = False) -> List[Hypothesis]:
         n_out, out_rec, out_f, rp, rt, rf, rw = r
         out = []
         for k in range(n_out):
@@ -470,8 +490,11 @@ class BeamSearchDecoder:
                 words = [w for w in text.split(self.word_separator) if w]
             else:
                 words = [self.lexicon.words[w] for w in wids if w >= 0]
+                ends = [i for i, w in enumerate(wids) if w >= 0]
+                open_word = "".join(self.tokens[t] for t in toks[ends[-1] + 1 if ends else 0 :] if t != self.sep)
+                if open_word:  # a fallback's unfinished word, as spelled
+                    words.append(open_word)
                 text = self.word_separator.join(words)
-            out.append(
-                Hypothesis(words, toks, frames, float(out_f[k, 0]), float(out_f[k, 1]), float(out_f[k, 2]), text)
-            )
+            scores = (float(out_f[k, 0]), float(out_f[k, 1]), float(out_f[k, 2]))
+            out.append(Hypothesis(words, toks, frames, *scores, text, fallback))
         return out

@@ -128,14 +128,26 @@ class TrainingPlots(Callback):
         """Writes ``curves.png`` and ``alignments.png`` into ``output_dir`` (global rank 0 only)."""
         if not trainer.is_global_zero:
             return
+        # the figures are a by-product: one that cannot be drawn is a warning, never a failed run
+        # (which would lose the run's metrics.json)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        plot_training_curves(self.history, self.output_dir / "curves.png")
+        self._draw(self.output_dir / "curves.png", plot_training_curves, self.history, self.output_dir / "curves.png")
         datamodule = getattr(trainer, "datamodule", None)  # set by Lightning, not declared on Trainer
         # a transducer has no frame paths to draw (its alignments: lightning_gtn.align)
         if self.num_alignments > 0 and datamodule is not None and not getattr(pl_module, "is_transducer", False):
-            write_alignments(
-                pl_module, datamodule.val_dataloader(), self.output_dir / "alignments.png", self.num_alignments
-            )
+            path = self.output_dir / "alignments.png"
+            n = self.num_alignments
+            self._draw(path, lambda: write_alignments(pl_module, datamodule.val_dataloader(), path, n))
+
+    @staticmethod
+    def _draw(path: Path, plot, *args) -> None:
+        import warnings
+
+        try:
+            plot(*args)
+        except Exception as e:
+            msg = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            warnings.warn(f"{path} not written: {msg}", stacklevel=3)
 
 
 @torch.no_grad()

@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..files import npy_data, npy_header, open_regular
+from .vocabulary import MAX_TRANSCRIPT_CHARS, check_transcript
 
 __all__ = [
     "SequenceDataset",
@@ -301,19 +302,33 @@ def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the file has no transcript, or an id appears twice (naming the id, the file
-            and both line numbers).
+        ValueError: the file has no transcript, an id appears twice (naming the id, the file
+            and both line numbers), or a line is not UTF-8, too long, or holds a transcript that
+            :func:`~lightning_gtn.lightning.vocabulary.check_transcript` refuses (naming the line).
     """
     out: dict[str, str] = {}
     first_line: dict[str, int] = {}
     if not Path(path).is_file():
         raise FileNotFoundError(f"data transcripts file not found: {path}")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    limit = MAX_TRANSCRIPT_CHARS + 1024  # the id, the separator and the line end
+    with open_regular(path, "data transcripts file", "r", encoding="utf-8") as f:
+        n = 0
+        while True:
+            try:
+                line = f.readline(limit + 1)
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+            if not line:
+                break
+            n += 1
+            if len(line) > limit:
+                raise ValueError(f"{path}:{n}: line longer than {limit} characters")
             line = line.rstrip("\r\n")
             if not line.strip():
                 continue
             parts = line.split(maxsplit=1)
+            if len(parts) > 1:
+                check_transcript(parts[1], f"{path}:{n}: utterance {parts[0]!r}")
             if parts[0] in out:
                 raise ValueError(
                     f"{path}:{n}: duplicate utterance id {parts[0]!r} (first on line "
@@ -330,6 +345,9 @@ def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
 MAX_FEATURE_VALUES = 1 << 28
 #: the most features per frame
 MAX_FEATURES = 1 << 16
+#: the most transcript characters per frame of an utterance's array (and 16 for any utterance):
+#: the targets stay in proportion to the frames (a transducer's joiner holds frames x characters)
+MAX_CHARS_PER_FRAME = 4
 
 
 def _load_split(features: str | os.PathLike, transcripts: str | os.PathLike) -> SequenceDataset:
@@ -371,6 +389,11 @@ def _load_split(features: str | os.PathLike, transcripts: str | os.PathLike) -> 
                         f"{feats_path}: utterance {k!r} has {shape[1]} features per frame but "
                         f"{ids[0]!r} has {feats[0].shape[1]}; every utterance needs the same F "
                         f"(shape (T, F))"
+                    )
+                if len(texts[k]) > MAX_CHARS_PER_FRAME * max(shape[0], 4):
+                    raise ValueError(
+                        f"{what}: a transcript of {len(texts[k])} characters for {shape[0]} frames (at most "
+                        f"{MAX_CHARS_PER_FRAME} a frame): the transcript does not belong to these features"
                     )
                 total += shape[0] * shape[1]
                 if shape[1] > MAX_FEATURES or total > MAX_FEATURE_VALUES:

@@ -32,10 +32,12 @@ Safety: a manifest is data from outside. Every line is bounded in length and par
 ``MonoCut``, finite positive duration within ``max_cut_duration`` (longer cuts are skipped with a
 warning, counted per split), the expected sampling rate, audio sources that are local files or
 bytes in the manifest (never URLs or shell commands), a file header (read with soundfile) that
-agrees with the manifest, and a non-empty transcript. Precomputed features are read here, not by
-Lhotse's readers: only numpy arrays (``numpy_files`` in a local folder, ``memory_npy``), from a
-regular file, the ``.npy`` header checked (float, ``(T, F)``, ``T`` within ``max_cut_duration``)
-before any data is read. Errors name the manifest, the cut and the audio or feature file.
+agrees with the manifest, and a non-empty, printable transcript within
+:data:`~lightning_gtn.lightning.vocabulary.MAX_TRANSCRIPT_CHARS` and :data:`MAX_CHARS_PER_SECOND`.
+Precomputed features are read here, not by Lhotse's readers: only numpy arrays (``numpy_files``
+in a local folder, ``memory_npy``), from a regular file, the ``.npy`` header checked (float,
+``(T, F)``, ``T`` within ``max_cut_duration``) before any data is read.
+Errors name the manifest, the cut and the audio or feature file.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..files import npy_data, npy_header, open_regular
+from .vocabulary import MAX_TRANSCRIPT_CHARS, check_transcript
 
 __all__ = [
     "LhotseDataModule",
@@ -71,6 +74,9 @@ __all__ = [
     "MAX_RESAMPLE_PHASES",
     "check_resample",
     "MAX_CHANNELS",
+    "MAX_CHARS_PER_SECOND",
+    "check_feature_settings",
+    "MAX_SETTINGS_FEATURES",
 ]
 
 #: the longest manifest line (characters) read; a longer one is an error (a cut is ~1 kB)
@@ -85,6 +91,12 @@ MIN_RATE, MAX_RATE = 1000, 384000
 MAX_BLANK_LINES = 1 << 16
 #: the most channels a recording may declare
 MAX_CHANNELS = 64
+#: the most transcript characters a cut may hold per second of audio (the filterbanks' frame rate:
+#: no alignment puts more than one character on a 10 ms frame; speech is about 15); with the
+#: length bound of every transcript (:data:`~lightning_gtn.lightning.vocabulary.MAX_TRANSCRIPT_CHARS`)
+#: it bounds the targets, so a transducer's joiner, of ``frames x characters``, stays in proportion
+#: (a cut under a second may hold as many characters as one of a second)
+MAX_CHARS_PER_SECOND = 100
 #: audio source types read: local files and bytes held in the manifest (never "url" or "command")
 _SOURCE_TYPES = ("file", "memory")
 #: precomputed feature storages read: ``.npy`` files in a local folder (what ``feature_cache`` writes)
@@ -228,8 +240,32 @@ def _audio_source(cut, what: str):
     raise ValueError(f"{_describe(cut, what)}: channel {cut.channel} is in none of the recording's sources")
 
 
-def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: bool, needs_features: bool) -> None:
-    """Checks a cut from its manifest fields alone (no file is opened)."""
+def _inside(path, roots: tuple[Path, ...] | None, cut, what: str, kind: str) -> None:
+    """Refuses a file of the cut that resolves (symlinks followed) outside every folder of
+    ``roots`` (None: any place)."""
+    if roots is None:
+        return
+    real = Path(path).resolve()
+    if not any(real.is_relative_to(r) for r in roots):
+        where = ", ".join(str(r) for r in roots)
+        raise ValueError(
+            f"{_describe(cut, what)}: {kind} {path} resolves to {real}, outside {where}; a manifest's files are "
+            "read inside its folder: name the folders that hold them (data.audio_dirs=[...]) or set "
+            "data.allow_outside_paths=true"
+        )
+
+
+def _check_metadata(
+    cut,
+    what: str,
+    *,
+    sampling_rate: int | None,
+    needs_audio: bool,
+    needs_features: bool,
+    roots: tuple[Path, ...] | None = None,
+) -> None:
+    """Checks a cut from its manifest fields alone (no file is read; ``roots``: the folders its
+    files must resolve into, None: anywhere)."""
     from lhotse import MonoCut
 
     if not isinstance(cut, MonoCut):
@@ -244,6 +280,19 @@ def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: b
     texts = [s.text for s in cut.supervisions]
     if not texts or not all(isinstance(t, str) for t in texts) or not " ".join(texts).strip():
         raise ValueError(f"{_describe(cut, what)}: empty transcript (every cut needs a supervision with text)")
+    size = sum(len(t) for t in texts)
+    if size > MAX_TRANSCRIPT_CHARS:
+        raise ValueError(
+            f"{_describe(cut, what)}: the transcript has {size} characters (at most {MAX_TRANSCRIPT_CHARS})"
+        )
+    for t in texts:
+        check_transcript(t.strip(), _describe(cut, what))
+    if size > MAX_CHARS_PER_SECOND * max(d, 1.0):
+        raise ValueError(
+            f"{_describe(cut, what)}: {size} transcript characters for {d:g} s of audio (at most "
+            f"{MAX_CHARS_PER_SECOND} a second, {MAX_CHARS_PER_SECOND} in a cut under 1 s): the transcript "
+            "does not belong to this cut"
+        )
     if needs_audio:
         rec = cut.recording
         if rec is None:
@@ -262,9 +311,14 @@ def _check_metadata(cut, what: str, *, sampling_rate: int | None, needs_audio: b
                 f"{_describe(cut, what)}: the cut ends at {start + d:.3f} s, after its recording ({rec.duration:.3f} s)"
             )
         _source_rate(cut, what)
-        _audio_source(cut, what)
+        src = _audio_source(cut, what)
+        if src.type == "file":
+            _inside(src.source, roots, cut, what, "audio file")
     if needs_features:
         _check_feature_storage(cut, what)
+        feats = cut.features
+        if feats.storage_type == "numpy_files":
+            _inside(Path(feats.storage_path) / feats.storage_key.lstrip("/"), roots, cut, what, "feature file")
 
 
 def check_resample(src: int, dst: int, what: str) -> None:
@@ -390,7 +444,7 @@ def _source_name(src) -> str:
     return str(src.source) if src.type == "file" else "<audio bytes in the manifest>"
 
 
-def check_cut(cut, what: str, *, sampling_rate: int | None = None) -> None:
+def check_cut(cut, what: str, *, sampling_rate: int | None = None, roots: tuple[Path, ...] | None = None) -> None:
     """Checks that ``cut``'s audio can be read as the manifest says, before reading it.
 
     Checks the manifest fields (see the module docstring), then opens the audio file's header with
@@ -401,13 +455,14 @@ def check_cut(cut, what: str, *, sampling_rate: int | None = None) -> None:
         cut: a Lhotse cut.
         what: the manifest (``"data.train_cuts (cuts.jsonl.gz)"``), for messages.
         sampling_rate: the rate the features expect (None: any).
+        roots: resolved folders the audio file must lie in (None: anywhere).
 
     Raises:
         ValueError: naming ``what``, the cut id and the audio file.
     """
     import soundfile as sf
 
-    _check_metadata(cut, what, sampling_rate=sampling_rate, needs_audio=True, needs_features=False)
+    _check_metadata(cut, what, sampling_rate=sampling_rate, needs_audio=True, needs_features=False, roots=roots)
     src = _audio_source(cut, what)
     name = _source_name(src)
     if src.type == "file":
@@ -471,6 +526,92 @@ def _load_samples(cut, what: str) -> np.ndarray:
 
 def _text(cut) -> str:
     return " ".join(s.text.strip() for s in cut.supervisions if s.text and s.text.strip())
+
+
+# ----------------------------------------------------------------------------------------------
+# Feature settings (what a checkpoint carries, so evaluation reads the inputs its model was trained on)
+
+#: the most features per frame a checkpoint's feature settings may declare
+MAX_SETTINGS_FEATURES = 1 << 16
+_SETTINGS_INTS = {"num_mel_bins": (1, 512), "sampling_rate": (1, MAX_RATE), "stack_frames": (1, 64)}
+
+
+def check_feature_settings(settings, what: str = "checkpoint feature_settings") -> dict:
+    """The feature settings of :meth:`LhotseDataModule.feature_settings` (e.g. from a checkpoint),
+    checked as plain data: ``features`` (``"fbank"`` or ``"precomputed"``), ``feature_dim``,
+    ``stack_frames``, ``frame_shift`` (seconds per frame of a batch), ``num_mel_bins`` and
+    ``sampling_rate`` (``fbank``), and ``normalization``: ``None`` or ``{"mean", "std"}``, lists
+    of ``feature_dim`` finite floats (``std`` positive).
+
+    Raises:
+        ValueError: naming ``what`` and the key.
+    """
+    if not isinstance(settings, dict):
+        raise ValueError(f"{what}: expected a dict, got {type(settings).__name__}")
+    known = {"features", "feature_dim", "stack_frames", "frame_shift", "num_mel_bins", "sampling_rate", "normalization"}
+    unknown = sorted(str(k) for k in settings if k not in known)
+    if unknown:
+        raise ValueError(f"{what}.{unknown[0]}: unknown key (known: {sorted(known)})")
+    out: dict[str, Any] = {}
+    kind = settings.get("features")
+    if kind not in ("fbank", "precomputed"):
+        raise ValueError(f"{what}.features: expected 'fbank' or 'precomputed', got {kind!r}")
+    out["features"] = kind
+    bounds = dict(_SETTINGS_INTS, feature_dim=(1, MAX_SETTINGS_FEATURES))
+    need = ["feature_dim", "stack_frames"] + (["num_mel_bins", "sampling_rate"] if kind == "fbank" else [])
+    for key in need:
+        v = settings.get(key)
+        lo, hi = bounds[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"{what}.{key}: expected an integer in [{lo}, {hi}], got {v!r}")
+        out[key] = v
+    fs = settings.get("frame_shift")
+    if isinstance(fs, bool) or not isinstance(fs, (int, float)) or not (0 < fs <= 10 and math.isfinite(fs)):
+        raise ValueError(f"{what}.frame_shift: expected seconds in (0, 10], got {fs!r}")
+    out["frame_shift"] = float(fs)
+    norm = settings.get("normalization")
+    if norm is not None:
+        if not isinstance(norm, dict) or set(norm) != {"mean", "std"}:
+            raise ValueError(f"{what}.normalization: expected null or {{'mean': [...], 'std': [...]}}")
+        stats = []
+        for key in ("mean", "std"):
+            v = norm[key]
+            if not isinstance(v, (list, tuple)) or len(v) != out["feature_dim"]:
+                n = len(v) if isinstance(v, (list, tuple)) else type(v).__name__
+                raise ValueError(f"{what}.normalization.{key}: expected {out['feature_dim']} numbers, got {n}")
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+                raise ValueError(f"{what}.normalization.{key}: expected numbers")
+            a = np.asarray(v, dtype=np.float64)
+            if not np.isfinite(a).all() or (key == "std" and not (a > 0).all()):
+                raise ValueError(f"{what}.normalization.{key}: expected finite numbers{' > 0' if key == 'std' else ''}")
+            stats.append([float(x) for x in a])
+        out["normalization"] = {"mean": stats[0], "std": stats[1]}
+    else:
+        out["normalization"] = None
+    return out
+
+
+def _describe_settings(s: dict) -> str:
+    if s["features"] == "fbank":
+        return f"{s['num_mel_bins']} mel bins x {s['stack_frames']} stacked frames at {s['sampling_rate']} Hz"
+    return f"precomputed features ({s['feature_dim'] // s['stack_frames']} x {s['stack_frames']} stacked frames)"
+
+
+class _Normalised:
+    """A loader's batches with ``inputs`` scaled by fixed statistics (padding kept at 0); other
+    attributes are the loader's."""
+
+    def __init__(self, loader, mean, std):
+        self.loader, self.mean, self.std = loader, mean, std
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        for batch in self.loader:
+            x, lengths = batch["inputs"], batch["input_lengths"]
+            mask = (torch.arange(x.shape[1])[None, :] < lengths[:, None]).unsqueeze(-1)
+            yield {**batch, "inputs": ((x - self.mean) / self.std * mask).to(x.dtype)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -614,7 +755,10 @@ class CutBatchLoader:
         self.dataset = _CutBatches(dm, split, train=train)
         fbank = not split.precomputed
         self._check = dict(
-            sampling_rate=dm.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank
+            sampling_rate=dm.sampling_rate if fbank else None,
+            needs_audio=fbank,
+            needs_features=not fbank,
+            roots=split.roots,
         )
         self.epoch = 0
         self.skip = 0
@@ -683,18 +827,21 @@ class LhotseSplit:
         duration_bins: the bucket boundaries (seconds) estimated from the admitted cuts.
         num_features: the precomputed features' dimension (first cut), or None.
         precomputed: the cuts carry features (``features="precomputed"`` or the feature cache).
+        roots: the resolved folders the cuts' audio and feature files must lie in (None: any).
     """
 
-    def __init__(self, cuts, what: str, precomputed: bool = False):
+    def __init__(self, cuts, what: str, precomputed: bool = False, roots: tuple[Path, ...] | None = None):
         self.cuts = cuts
         self.what = what
         self.precomputed = precomputed
+        self.roots = roots
         self.texts: list[str] = []
         self.num_cuts = 0
         self.num_skipped = 0
         self.hours = 0.0
         self.duration_bins: list[float] = []
         self.num_features: int | None = None
+        self.frame_shift: float | None = None  # the precomputed features' (first cut)
 
     def __len__(self) -> int:
         return self.num_cuts
@@ -742,6 +889,10 @@ class LhotseDataModule(L.LightningDataModule):
             manifest given as a ``CutSet`` cannot be cached (an error).
         stack_frames: concatenate this many consecutive frames into one (``F = k * num_mel_bins``,
             ``T / k`` frames): cheap subsampling for CPU training.
+        audio_dirs: the folders the manifests' audio (and precomputed feature) files must lie
+            in, symlinks followed; ``None``: each manifest's own folder. A cut whose file
+            resolves elsewhere is an error naming it.
+        allow_outside_paths: read files wherever the manifests put them.
     """
 
     def __init__(
@@ -763,6 +914,8 @@ class LhotseDataModule(L.LightningDataModule):
         max_cut_duration: float = 30.0,
         feature_cache: str | None = None,
         stack_frames: int = 1,
+        audio_dirs: list[str] | str | None = None,
+        allow_outside_paths: bool = False,
     ):
         super().__init__()
         if features not in ("fbank", "precomputed"):
@@ -808,6 +961,13 @@ class LhotseDataModule(L.LightningDataModule):
                 raise ValueError("data.feature_cache: caches filterbanks: use it with data.features=fbank")
         if chars is not None and (not isinstance(chars, str) or not chars):
             raise ValueError(f"data.chars: must be a non-empty string or null, got {chars!r}")
+        if audio_dirs is not None:
+            dirs: list[Any] = [audio_dirs] if isinstance(audio_dirs, (str, os.PathLike)) else list(audio_dirs)
+            if not dirs or not all(isinstance(d, (str, os.PathLike)) for d in dirs):
+                raise ValueError(f"data.audio_dirs: must be a list of folders or null, got {audio_dirs!r}")
+            audio_dirs = [str(d) for d in dirs]
+        self.audio_dirs = audio_dirs
+        self.allow_outside_paths = bool(allow_outside_paths)
         self.features = features
         self.num_mel_bins = num_mel_bins
         self.sampling_rate = sampling_rate
@@ -841,6 +1001,10 @@ class LhotseDataModule(L.LightningDataModule):
         self._data_epoch: int | None = None  # the epoch of the current training pass
         self._skipped = 0  # batches its start skipped (resuming)
         self._train_loader: CutBatchLoader | None = None
+        #: (mean, std) applied to every batch's features (a checkpoint's, see
+        #: apply_feature_settings), or None; _norm_given: set from outside, never estimated
+        self._norm: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._norm_given = False
 
     # ---------------------------------------------------------------- splits
     def _key(self, name: str) -> str:
@@ -859,8 +1023,19 @@ class LhotseDataModule(L.LightningDataModule):
                 self._sources_ready = True
             what = self._what(name)
             cuts = read_cuts(self.sources[name], self._key(name))
-            self._splits[name] = self._scan(LhotseSplit(cuts, what, precomputed=self.features == "precomputed"))
+            split = LhotseSplit(cuts, what, precomputed=self.features == "precomputed", roots=self._roots(name))
+            self._splits[name] = self._scan(split)
         return self._splits[name]
+
+    def _roots(self, name: str) -> tuple[Path, ...] | None:
+        """The folders a split's files must lie in: ``audio_dirs``, else the manifest's folder;
+        None (anywhere) with ``allow_outside_paths`` or for a ``CutSet`` given in Python."""
+        src = self.sources[name]
+        if self.allow_outside_paths or not isinstance(src, (str, os.PathLike)):
+            return None
+        if self.audio_dirs is not None:
+            return tuple(Path(d).resolve() for d in self.audio_dirs)
+        return (Path(src).resolve().parent,)
 
     def prepare_sources(self) -> None:
         """Called once, before a manifest is first read (by ``chars``, ``setup`` or a loader).
@@ -897,7 +1072,10 @@ class LhotseDataModule(L.LightningDataModule):
         manifest = folder / "cuts.jsonl.gz"
         if not (folder / "complete").is_file():
             self._fill_cache(split, folder, ident)
-        cached = self._scan(LhotseSplit(read_cuts(str(manifest), "data.feature_cache"), split.what, precomputed=True))
+        cache = LhotseSplit(
+            read_cuts(str(manifest), "data.feature_cache"), split.what, precomputed=True, roots=(folder.resolve(),)
+        )
+        cached = self._scan(cache)
         if cached.num_cuts != split.num_cuts:
             raise ValueError(
                 f"data.feature_cache: {manifest} holds {cached.num_cuts} cuts but {split.what} has {split.num_cuts}: "
@@ -922,7 +1100,7 @@ class LhotseDataModule(L.LightningDataModule):
             admit = _Admit(
                 split.what,
                 self.max_cut_duration,
-                dict(sampling_rate=self.sampling_rate, needs_audio=True, needs_features=False),
+                dict(sampling_rate=self.sampling_rate, needs_audio=True, needs_features=False, roots=split.roots),
             )
             writer = NumpyFilesWriter(tmp / "feats")
             from tqdm import tqdm
@@ -966,7 +1144,10 @@ class LhotseDataModule(L.LightningDataModule):
 
         fbank = not split.precomputed
         check: dict[str, Any] = dict(
-            sampling_rate=self.sampling_rate if fbank else None, needs_audio=fbank, needs_features=not fbank
+            sampling_rate=self.sampling_rate if fbank else None,
+            needs_audio=fbank,
+            needs_features=not fbank,
+            roots=split.roots,
         )
         durations: list[float] = []
         first_long = None
@@ -981,6 +1162,7 @@ class LhotseDataModule(L.LightningDataModule):
                 nf = cut.features.num_features
                 if split.num_features is None:
                     split.num_features = nf
+                    split.frame_shift = float(cut.features.frame_shift)
                 elif nf != split.num_features:
                     raise ValueError(
                         f"{_describe(cut, split.what)}: {nf} features per frame but the first cut has "
@@ -1026,6 +1208,71 @@ class LhotseDataModule(L.LightningDataModule):
         assert nf is not None
         return nf * self.stack_frames
 
+    @property
+    def frame_shift(self) -> float:
+        """Seconds per frame of a batch: the features' frame shift times ``stack_frames``."""
+        if self.features == "fbank":
+            return 0.01 * self.stack_frames  # Lhotse's Fbank: 10 ms frames
+        fs = self.split("train").frame_shift
+        assert fs is not None
+        return fs * self.stack_frames
+
+    def normalization(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(mean, std)`` (each ``(feature_dim,)`` float32) that every batch's features are scaled
+        by, or None (the default: none; :meth:`apply_feature_settings` sets a checkpoint's)."""
+        return self._norm
+
+    def feature_settings(self) -> dict:
+        """What a model trained on these batches reads, as plain data (a checkpoint carries it):
+        ``features``, ``feature_dim``, ``stack_frames``, ``frame_shift``, ``num_mel_bins`` and
+        ``sampling_rate`` (``fbank``), and ``normalization`` (``{"mean", "std"}`` lists or None)."""
+        s: dict[str, Any] = {
+            "features": self.features,
+            "feature_dim": int(self.feature_dim),
+            "stack_frames": self.stack_frames,
+            "frame_shift": float(self.frame_shift),
+        }
+        if self.features == "fbank":
+            s.update(num_mel_bins=self.num_mel_bins, sampling_rate=self.sampling_rate)
+        stats = self.normalization()
+        s["normalization"] = None if stats is None else {"mean": stats[0].tolist(), "std": stats[1].tolist()}
+        return s
+
+    def apply_feature_settings(self, settings: dict, what: str = "the checkpoint") -> None:
+        """Makes the batches what a model trained with ``settings`` (its checkpoint's
+        :meth:`feature_settings`) reads: the same features, or a ``ValueError`` naming the data
+        key that differs; then that model's normalisation (none if it had none) replaces this
+        module's own.
+
+        Raises:
+            ValueError: malformed settings, or features that differ (naming ``data.<key>``).
+        """
+        s = check_feature_settings(settings, f"{what}: feature_settings")
+        mine: dict[str, Any] = {"features": self.features}
+        if self.features == "fbank":
+            mine.update(num_mel_bins=self.num_mel_bins, sampling_rate=self.sampling_rate)
+        mine["stack_frames"] = self.stack_frames
+        bad = [k for k, v in mine.items() if s.get(k) != v]
+        if bad:
+            raise ValueError(
+                " and ".join(f"data.{k}: {mine[k]!r}" for k in bad)
+                + f", but the model of {what} was trained on {_describe_settings(s)} (set "
+                + " ".join(f"data.{k}={s.get(k)!r}" for k in bad)
+                + ")"
+            )
+        if s["feature_dim"] != self.feature_dim:
+            raise ValueError(
+                f"data: {self.feature_dim} features per frame, but the model of {what} was trained on "
+                f"{_describe_settings(s)}, {s['feature_dim']} per frame"
+            )
+        norm = s["normalization"]
+        self._norm = None if norm is None else (torch.tensor(norm["mean"]), torch.tensor(norm["std"]))
+        self._norm_given = True
+
+    def _normalised(self, loader):
+        stats = self.normalization()
+        return loader if stats is None else _Normalised(loader, *stats)
+
     def setup(self, stage: str | None = None) -> None:
         """Reads and checks the manifests of the stage (``fit``: train and val; ``validate``: val;
         ``test``/``predict``: test), once."""
@@ -1054,18 +1301,19 @@ class LhotseDataModule(L.LightningDataModule):
             loader.before_iter = self._start_epoch
         return loader
 
-    def train_dataloader(self) -> CutBatchLoader:
-        """The training batches (shuffled per epoch, sharded by rank, resumable)."""
+    def train_dataloader(self):
+        """The training batches (shuffled per epoch, sharded by rank, resumable; normalised by
+        :meth:`normalization`)."""
         self._train_loader = self._loader("train", True)
-        return self._train_loader
+        return self._normalised(self._train_loader)
 
-    def val_dataloader(self) -> CutBatchLoader:
+    def val_dataloader(self):
         """The validation batches (in manifest order within buckets, sharded by rank)."""
-        return self._loader("val", False)
+        return self._normalised(self._loader("val", False))
 
-    def test_dataloader(self) -> CutBatchLoader:
+    def test_dataloader(self):
         """The test batches (``test_cuts``, or the validation cuts)."""
-        return self._loader("test", False)
+        return self._normalised(self._loader("test", False))
 
     def predict_dataloader(self) -> CutBatchLoader:
         """The test batches."""

@@ -184,6 +184,27 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
         # *args are Lightning's positional parameters before weights_only
         return super().load_from_checkpoint(checkpoint_path, *args, weights_only=weights_only, **kwargs)  # type: ignore[misc]
 
+    #: what the inputs of a loaded checkpoint were (its ``feature_settings``: see
+    #: :meth:`~lightning_gtn.lightning.LhotseDataModule.feature_settings`), or None
+    feature_settings: dict | None = None
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Stores the training data's feature settings (a data module's ``feature_settings()``:
+        filterbank sizes, frame stacking and shift, normalisation) as plain data, so that
+        evaluation reads the inputs the network was trained on."""
+        trainer = getattr(self, "_trainer", None)
+        get = getattr(getattr(trainer, "datamodule", None), "feature_settings", None)
+        settings = get() if callable(get) else self.feature_settings
+        if settings is not None:
+            checkpoint["feature_settings"] = settings
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Reads the checkpoint's feature settings (checked as data)."""
+        from .lhotse_data import check_feature_settings
+
+        settings = checkpoint.get("feature_settings")
+        self.feature_settings = None if settings is None else check_feature_settings(settings)
+
     def forward(self, inputs: torch.Tensor, input_lengths: torch.Tensor):
         """The network's ``(emissions (B, T', C), lengths (B,))`` for ``inputs`` ``(B, T, F)`` and
         ``input_lengths`` ``(B,)``."""

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..files import open_regular
 from .lhotse_data import MAX_RATE, MIN_RATE, LhotseDataModule, check_resample
+from .vocabulary import MAX_TRANSCRIPT_CHARS, check_transcript
 
 __all__ = [
     "SAMPLING_RATE",
@@ -52,7 +53,7 @@ AUDIO_SUFFIXES = (".wav", ".flac")
 # Bounds on what a file may make us allocate.
 _MAX_CHANNELS = 32
 _MAX_SAMPLES = 1 << 28  # frames x channels of one recording (1 GiB as float32)
-_MAX_TEXT_CHARS = 100_000  # one transcript
+_MAX_TEXT_CHARS = MAX_TRANSCRIPT_CHARS  # one transcript
 _MAX_LINE_CHARS = 1 << 20  # one line of a transcript file
 _MAX_ROWS = 50_000_000  # rows of one HF split
 # CMU Sphinx transcript lines: "<s> some words </s> (utterance_id)"
@@ -89,11 +90,12 @@ def _audio_info(source: str | bytes, what: str, max_audio_seconds: float) -> tup
 
 
 def _clean_text(text: Any, what: str) -> str:
+    """The transcript with its whitespace collapsed, checked (bounded, printable)."""
     if not isinstance(text, str):
         raise ValueError(f"{what}: the transcript must be a string, got {type(text).__name__}")
     if len(text) > _MAX_TEXT_CHARS:
         raise ValueError(f"{what}: the transcript has {len(text)} characters (at most {_MAX_TEXT_CHARS})")
-    return " ".join(text.split())
+    return check_transcript(" ".join(text.split()), what, max_chars=_MAX_TEXT_CHARS)
 
 
 def _make_cut(
@@ -136,6 +138,18 @@ def _check_seconds(max_audio_seconds: float) -> float:
     if not (isinstance(max_audio_seconds, (int, float)) and 0 < max_audio_seconds < math.inf):
         raise ValueError(f"max_audio_seconds must be a positive finite number, got {max_audio_seconds!r}")
     return float(max_audio_seconds)
+
+
+def _inside(path: Path, root: Path, what: str, allow_outside: bool) -> Path:
+    """``path`` resolved (symlinks followed), refused unless it lies in ``root`` or
+    ``allow_outside`` (the option named in the message) is set."""
+    real = path.resolve()
+    if not allow_outside and not real.is_relative_to(root.resolve()):
+        raise ValueError(
+            f"{what}: {path} resolves to {real}, outside {root}; a dataset's paths are read inside its folder "
+            "(pass allow_outside_paths=True, data.allow_outside_paths=true, to read files elsewhere)"
+        )
+    return real
 
 
 # ----------------------------------------------------------------------------- a folder
@@ -229,6 +243,7 @@ def cuts_from_folder(
     lowercase: bool = False,
     max_audio_seconds: float = 600.0,
     max_files: int = 1_000_000,
+    allow_outside_paths: bool = False,
 ):
     """A Lhotse ``CutSet`` from the audio files under ``folder`` and their transcripts.
 
@@ -252,6 +267,8 @@ def cuts_from_folder(
         lowercase: lower-case the transcripts (LibriSpeech's are upper case).
         max_audio_seconds: longest audio file accepted (longer ones are an error: cut them first).
         max_files: most audio files accepted.
+        allow_outside_paths: read audio and transcript files under ``folder`` that are symlinks to
+            files elsewhere (by default such a file is an error naming it).
 
     Returns:
         An eager ``CutSet`` in file-path order.
@@ -283,6 +300,8 @@ def cuts_from_folder(
             single = candidate
     pattern = None if transcripts is None or single is not None else Path(transcripts).name
     audio, text_files = _walk(root, pattern, max_files)
+    for p in text_files:
+        _inside(p, root, "transcript file", allow_outside_paths)
     if not audio:
         raise ValueError(f"{folder}: no audio files ({', '.join(AUDIO_SUFFIXES)}) in this folder or below")
     ids: dict[str, Path] = {}
@@ -316,8 +335,9 @@ def cuts_from_folder(
             where = f"{p.with_suffix('.txt')}" if transcripts is None else f"{[str(t) for t in text_files][:3]}"
             raise ValueError(f"{p}: no transcript for the id {uid!r} (looked in {where}); or pass missing='skip'")
         text = texts[uid].lower() if lowercase else texts[uid]
+        real = _inside(p, root, "audio file", allow_outside_paths)
         info = _audio_info(str(p), str(p), max_audio_seconds)
-        cuts.append(_make_cut(uid, "file", str(p.resolve()), info, text, sampling_rate, str(p)))
+        cuts.append(_make_cut(uid, "file", str(real), info, text, sampling_rate, str(p)))
     if not cuts:
         raise ValueError(f"{folder}: no audio file has a transcript")
     return CutSet.from_cuts(cuts)
@@ -486,9 +506,21 @@ class _HFCuts:
     _BATCH = 64
 
     def __init__(
-        self, ds, audio_column, text_column, kind, root, prefix, rate, lowercase, max_audio_seconds, max_audio_bytes
+        self,
+        ds,
+        audio_column,
+        text_column,
+        kind,
+        root,
+        prefix,
+        rate,
+        lowercase,
+        max_audio_seconds,
+        max_audio_bytes,
+        allow_outside_paths=False,
     ):
         self.ds = ds
+        self.allow_outside_paths = bool(allow_outside_paths)
         self.lowercase = bool(lowercase)
         self.audio_column, self.text_column, self.kind = audio_column, text_column, kind
         self.root, self.prefix, self.rate = str(root), prefix, rate
@@ -512,11 +544,12 @@ class _HFCuts:
 
     def _resolve(self, p: str, what: str) -> str:
         q = Path(p) if Path(p).is_absolute() else Path(self.root) / p
-        if not q.is_file():
+        real = _inside(q, Path(self.root), f"{what}: audio path {p!r}", self.allow_outside_paths)
+        if not real.is_file():
             raise ValueError(f"{what}: no audio bytes and no such file {p!r}")
-        if q.stat().st_size > self.max_audio_bytes:
+        if real.stat().st_size > self.max_audio_bytes:
             raise ValueError(f"{what}: {q} is larger than max_audio_bytes={self.max_audio_bytes}")
-        return str(q.resolve())
+        return str(real)
 
     def _rows(self) -> Iterator[tuple[int, Any, Any]]:
         """``(row, audio, text)``: audio as bytes, a resolved file path, or ``(samples, rate)``;
@@ -611,6 +644,7 @@ def cuts_from_hf(
     lowercase: bool = False,
     max_audio_seconds: float = 600.0,
     max_audio_bytes: int = 256 << 20,
+    allow_outside_paths: bool = False,
 ):
     """A lazy Lhotse ``CutSet`` over one split of a HF dataset saved on disk.
 
@@ -631,6 +665,8 @@ def cuts_from_hf(
         sampling_rate: the rate of the cuts.
         lowercase: lower-case the transcripts.
         max_audio_seconds: longest audio of one row; max_audio_bytes: largest encoded audio of one row.
+        allow_outside_paths: read audio paths that resolve outside ``path`` (absolute paths,
+            ``../``, symlinks); by default such a row is an error naming it and the path.
 
     Returns:
         A lazy ``CutSet`` (re-iterable, picklable); cut ids ``<split>-<row>``. Every row's header
@@ -663,6 +699,7 @@ def cuts_from_hf(
         lowercase,
         max_audio_seconds,
         max_audio_bytes,
+        allow_outside_paths,
     )
     return CutSet(source)
 
@@ -682,7 +719,8 @@ class HFDataModule(LhotseDataModule):
         train_split, val_split, test_split: split names (with optional slices, e.g.
             ``"train[:95%]"`` and ``"train[95%:]"`` to hold out part of a single split);
             ``test_split=None``: the validation split is also the test set.
-        sampling_rate, lowercase, max_audio_seconds, max_audio_bytes: as :func:`cuts_from_hf`.
+        sampling_rate, lowercase, max_audio_seconds, max_audio_bytes, allow_outside_paths: as
+            :func:`cuts_from_hf`.
         **kwargs: the options of :class:`LhotseDataModule` (features, max_duration, ...), except
             ``feature_cache`` (it caches manifest files; these cuts come from Arrow files).
 
@@ -704,6 +742,7 @@ class HFDataModule(LhotseDataModule):
         lowercase: bool = False,
         max_audio_seconds: float = 600.0,
         max_audio_bytes: int = 256 << 20,
+        allow_outside_paths: bool = False,
         **kwargs: Any,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)) or not Path(path).is_dir():
@@ -723,6 +762,7 @@ class HFDataModule(LhotseDataModule):
             lowercase=lowercase,
             max_audio_seconds=max_audio_seconds,
             max_audio_bytes=max_audio_bytes,
+            allow_outside_paths=bool(allow_outside_paths),
         )
         super().__init__(None, None, None, sampling_rate=sampling_rate, **kwargs)
 

@@ -913,36 +913,9 @@ class SpokenTaskDataModule(LhotseDataModule):
             self._stats = (mean.float(), std.float())
         return self._stats
 
-    def _normalised(self, loader):
-        return _Normalised(loader, *self.feature_stats()) if self.normalize else loader
-
-    def train_dataloader(self):
-        """The training batches of LhotseDataModule, normalised (``normalize``)."""
-        return self._normalised(super().train_dataloader())
-
-    def val_dataloader(self):
-        """The validation batches, normalised (``normalize``)."""
-        return self._normalised(super().val_dataloader())
-
-    def test_dataloader(self):
-        """The test batches, normalised (``normalize``)."""
-        return self._normalised(super().test_dataloader())
-
-
-class _Normalised:
-    """A loader's batches with ``inputs`` scaled by fixed statistics (padding kept at 0); other
-    attributes are the loader's."""
-
-    def __init__(self, loader, mean, std):
-        self.loader, self.mean, self.std = loader, mean, std
-
-    def __getattr__(self, name: str):
-        return getattr(self.loader, name)
-
-    def __iter__(self):
-        import torch
-
-        for batch in self.loader:
-            x, lengths = batch["inputs"], batch["input_lengths"]
-            mask = (torch.arange(x.shape[1])[None, :] < lengths[:, None]).unsqueeze(-1)
-            yield {**batch, "inputs": ((x - self.mean) / self.std * mask).to(x.dtype)}
+    def normalization(self):
+        """``(mean, std)`` of :meth:`feature_stats` when ``normalize`` is set (every loader's
+        batches are scaled by them), or a checkpoint's (see ``apply_feature_settings``)."""
+        if self._norm is None and self.normalize and not self._norm_given:
+            self._norm = self.feature_stats()
+        return self._norm

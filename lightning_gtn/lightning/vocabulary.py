@@ -13,13 +13,56 @@ Two conventions cover the losses of :mod:`lightning_gtn.nn`:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 import torch
 
 from lightning_gtn.functional import collapse
 
-__all__ = ["Vocabulary"]
+__all__ = ["Vocabulary", "check_transcript", "MAX_TRANSCRIPT_CHARS"]
+
+#: the longest transcript (characters) a data source may hold: every source (Lhotse manifests,
+#: HF datasets, audio folders, feature files) refuses a longer one, naming it
+MAX_TRANSCRIPT_CHARS = 100_000
+#: characters no transcript may hold: C0/C1 control characters (Unicode category Cc) and lone
+#: surrogates (Cs: valid JSON escapes, but not text; fonts, encoders and plots fail on them)
+_BAD_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def check_transcript(text, what: str, *, max_chars: int | None = None) -> str:
+    """Returns ``text`` if it is a transcript a run can train and report on, else raises.
+
+    A transcript is a ``str`` of at most ``max_chars`` characters (default
+    :data:`MAX_TRANSCRIPT_CHARS`) without control characters (tabs and newlines included: sources
+    that collapse whitespace do so before this check) or lone surrogates.
+
+    Args:
+        text: the transcript.
+        what: what holds it (the file and line, the cut, the row), for the message.
+        max_chars: the length bound.
+
+    Raises:
+        ValueError: naming ``what``, the first bad character (as ``U+XXXX``) and its position.
+
+    Example:
+        >>> check_transcript("a cat", "cut 'a'")
+        'a cat'
+    """
+    limit = MAX_TRANSCRIPT_CHARS if max_chars is None else max_chars
+    if not isinstance(text, str):
+        raise ValueError(f"{what}: the transcript must be a string, got {type(text).__name__}")
+    if len(text) > limit:
+        raise ValueError(f"{what}: the transcript has {len(text)} characters (at most {limit})")
+    m = _BAD_CHARS.search(text)
+    if m is not None:
+        c = m.group()
+        kind = "a lone surrogate" if "\ud800" <= c <= "\udfff" else "the control character"
+        raise ValueError(
+            f"{what}: the transcript holds {kind} U+{ord(c):04X} at position {m.start()} (text must be "
+            "printable Unicode: no control characters or unpaired surrogates)"
+        )
+    return text
 
 
 class Vocabulary:
@@ -47,8 +90,14 @@ class Vocabulary:
         chars = list(chars)
         if len(set(chars)) != len(chars):
             raise ValueError(f"vocabulary chars must be unique, got {chars!r}")
-        if any(len(c) != 1 for c in chars):
+        if any(not isinstance(c, str) or len(c) != 1 for c in chars):
             raise ValueError(f"vocabulary chars must be single characters, got {chars!r}")
+        bad = [c for c in chars if _BAD_CHARS.match(c)]
+        if bad:
+            raise ValueError(
+                f"vocabulary chars must be printable: {bad[0]!r} (U+{ord(bad[0]):04X}) is a control character or "
+                "a lone surrogate"
+            )
         if blank and repeat_label:
             raise ValueError("repeat_label is for losses without a blank; use blank=False")
         self.chars = chars

@@ -262,9 +262,11 @@ def test_decode_errors():
     big = BeamSearchDecoder(TOK, blank=0, beam_size=1_000_000, max_work_bytes=1 << 28)
     with pytest.raises(ValueError, match="beam_size=1000000 .* max_work_bytes"):
         big.decode(torch.zeros(1, 100, 4))
-    # -inf log-probabilities are fine; a frame where everything is -inf ends with no hypothesis
+    # -inf log-probabilities are fine; a frame where everything is -inf ends the beam: the
+    # utterance still gets one (empty, flagged) hypothesis
     x = torch.full((1, 3, 4), -math.inf)
-    assert dec.decode(x) == [[]]
+    (only,) = dec.decode(x)[0]
+    assert only.fallback and only.words == [] and only.tokens == [] and only.score == -math.inf
 
 
 def test_bad_lm_arrays_are_rejected():
@@ -366,3 +368,32 @@ def test_kth_best_score_is_numpys_partition():
         kept = a.copy()
         assert _kth_smallest(a, n, k, np.empty(k + 1)) == np.partition(kept, k)[k]
         np.testing.assert_array_equal(a, kept)
+
+
+def test_every_utterance_gets_a_hypothesis():
+    """Lexicon mode: a beam full of hypotheses inside words at the last frame returned no
+    hypothesis (found with random lexicons and emissions). Hypotheses that can no longer end a
+    word in the frames left are dropped before the beam cut (that is exact: they could never be
+    returned); an utterance without any complete hypothesis gets the best survivor, flagged."""
+    tokens = ["_", "a", "b", "c", "d", "e"]
+    lex = {"d0": [[4]], "ace1": [[1, 3, 5]], "beec2": [[2, 5, 5, 3]], "b3": [[2]]}
+    rng = np.random.default_rng(0)
+    for _ in range(23):  # the 23rd draw of the search that found it
+        C = int(rng.integers(3, 7))
+        nw = int(rng.integers(1, 6))
+        for _ in range(nw):
+            rng.integers(1, C, size=int(rng.integers(1, 5)))
+        T = int(rng.integers(1, 12))
+        x = torch.log_softmax(torch.tensor(rng.normal(size=(1, T, C)) * 3), -1).float()
+    assert x.shape == (1, 8, 6)
+    for beam in (16, 64):
+        dec = BeamSearchDecoder(tokens, blank=0, lexicon=lex, beam_size=beam, beam_threshold=1e9, lm_weight=0.0)
+        (best,) = dec.decode(x)[0]
+        assert not best.fallback and best.words and all(w in lex for w in best.words)
+    # no blank (the empty sentence is out) and no word fits in two frames: the best survivor, its
+    # open word spelled from its tokens
+    dec = BeamSearchDecoder(tokens, blank=0, lexicon={"abc": [[1, 2, 3]]}, beam_size=4)
+    x = torch.tensor([[[-math.inf, -0.1, -3.0, -3.0, -3.0, -3.0], [-math.inf, -3.0, -0.1, -3.0, -3.0, -3.0]]])
+    (only,) = dec.decode(x)[0]
+    assert only.fallback and only.tokens == [1, 2] and only.words == ["ab"] and only.text == "ab"
+    assert math.isfinite(only.score)

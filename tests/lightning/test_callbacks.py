@@ -126,3 +126,18 @@ def test_equal_cer_and_wer_curves_stay_visible(tmp_path):
     assert cer.get_linestyle() != wer.get_linestyle() and cer.get_linewidth() > wer.get_linewidth()
     assert wer.get_markerfacecolor() == "none"  # hollow markers let the CER line show through
     plt.close(captured["fig"])
+
+
+def test_a_figure_that_cannot_be_drawn_is_a_warning(tmp_path):
+    """A transcript matplotlib cannot render (a lone surrogate reached ``set_text``) failed the
+    run at its very end, before metrics.json was written."""
+    from types import SimpleNamespace
+
+    from lightning_gtn.lightning.callbacks import TrainingPlots
+
+    cb = TrainingPlots(tmp_path, num_alignments=0)
+    cb.history = {"val/cer": [(1, 0.5), (2, 0.25)]}
+    cb.history["train/loss \ud800"] = [(1, 1.0)]  # a name matplotlib cannot draw
+    trainer = SimpleNamespace(is_global_zero=True, datamodule=None)
+    with pytest.warns(UserWarning, match=r"curves.png not written: "):
+        cb.on_fit_end(trainer, None)

@@ -159,3 +159,24 @@ def test_feature_sizes_must_agree(tmp_path, rng):
         ValueError, match=r"data\.val_features: .*val.npz has 4 features per frame but the training " r"split has 3"
     ):
         dm.setup("fit")
+
+
+def test_transcripts_must_be_printable_text(tmp_path):
+    from lightning_gtn.lightning import read_transcripts
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text("a fine\nb esc\x1b[31m red\n")
+    msg = rf"{bad}:2: utterance 'b': the transcript holds the control character U\+001B"
+    with pytest.raises(ValueError, match=msg):
+        read_transcripts(bad)
+    long = tmp_path / "long.txt"
+    long.write_text("a " + "x" * 200_000 + "\n")
+    with pytest.raises(ValueError, match=rf"{long}:1: line longer than"):
+        read_transcripts(long)
+
+
+def test_a_transcript_longer_than_its_frames_allow_names_the_utterance(tmp_path, rng):
+    np.savez(tmp_path / "f.npz", a=rng.normal(size=(5, 3)), b=rng.normal(size=(6, 3)))
+    (tmp_path / "t.txt").write_text("a " + "x" * 20 + "\nb " + "y" * 25 + "\n")  # at most 4 a frame: 20, 24
+    with pytest.raises(ValueError, match=r"f.npz: utterance 'b': a transcript of 25 characters for 6 frames"):
+        FeatureDataModule(str(tmp_path / "f.npz"), str(tmp_path / "t.txt"), "v", "v")

@@ -314,6 +314,7 @@ def _one(corpus, tmp_path, name="bad", **edit):
 
 
 def _batches(manifest, **kw):
+    kw.setdefault("allow_outside_paths", True)  # the cut's audio is the corpus's, elsewhere
     dm = LhotseDataModule(manifest, manifest, num_mel_bins=20, max_duration=5.0, max_cut_duration=5.0, **kw)
     return list(dm.train_dataloader())
 
@@ -331,7 +332,7 @@ def test_bad_manifests_name_the_file(corpus, tmp_path):
     corrupt = tmp_path / "corrupt.jsonl"
     corrupt.write_text("\n".join(lines[:2] + ['{"id": "x", "type": "MonoCut"'] + lines[2:]) + "\n")
     with pytest.raises(ValueError, match=r"corrupt.jsonl:3: not JSON"):
-        LhotseDataModule(corpus["train"], str(corrupt)).setup("fit")
+        LhotseDataModule(corpus["train"], str(corrupt), allow_outside_paths=True).setup("fit")
     badgz = tmp_path / "bad.jsonl.gz"
     badgz.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(7, 200)))
     with pytest.raises(ValueError, match="bad.jsonl.gz.*cannot read the manifest"):
@@ -363,9 +364,13 @@ def test_bad_audio_and_cuts_name_the_file(corpus, tmp_path):
     with pytest.raises(ValueError, match=r"sampling rate 8000 Hz, expected 16000"):
         _batches(_write([_cut(rate8k, "r8k", "one")], tmp_path / "rate8k.jsonl"))
     with pytest.raises(ValueError, match=r"blank.jsonl.*'tr0': empty transcript"):
-        LhotseDataModule(_one(corpus, tmp_path, "blank", sup__text="  "), corpus["val"]).setup("fit")
+        LhotseDataModule(
+            _one(corpus, tmp_path, "blank", sup__text="  "), corpus["val"], allow_outside_paths=True
+        ).setup("fit")
     with pytest.raises(ValueError, match=r"'tr0': duration must be a finite positive"):
-        LhotseDataModule(_one(corpus, tmp_path, "nan", duration=float("nan")), corpus["val"]).setup("fit")
+        LhotseDataModule(
+            _one(corpus, tmp_path, "nan", duration=float("nan")), corpus["val"], allow_outside_paths=True
+        ).setup("fit")
     with pytest.raises(ValueError, match="lasts .* but the cut ends"):  # a cut past the end of its file
         _batches(_one(corpus, tmp_path, "past", duration=3.0, rec__duration=3.0, rec__num_samples=48000))
     assert check_cut(corpus["train_cuts"][0], "ok", sampling_rate=SR) is None
@@ -375,16 +380,16 @@ def test_hostile_manifest_runs_nothing_and_allocates_nothing(corpus, tmp_path):
     marker = tmp_path / "ran"
     cmd = _one(corpus, tmp_path, "cmd", src__type="command", src__source=f"touch {marker}")
     with pytest.raises(ValueError, match="audio source type 'command' is not read"):
-        LhotseDataModule(cmd, corpus["val"]).setup("fit")
+        LhotseDataModule(cmd, corpus["val"], allow_outside_paths=True).setup("fit")
     assert not marker.exists()
     # a cut claiming a day of audio is skipped (with a warning), never read
     day = _one(corpus, tmp_path, "day", duration=86400.0, rec__duration=86400.0, rec__num_samples=86400 * SR)
     with pytest.warns(UserWarning, match=r"day.jsonl.*1 cuts longer than data.max_cut_duration"):
         with pytest.raises(ValueError, match="no usable cuts"):
-            LhotseDataModule(day, corpus["val"]).setup("fit")
+            LhotseDataModule(day, corpus["val"], allow_outside_paths=True).setup("fit")
     many = _one(corpus, tmp_path, "chan", rec__channel_ids=list(range(1000)))
     with pytest.raises(ValueError, match="1000 channels"):
-        LhotseDataModule(many, corpus["val"]).setup("fit")
+        LhotseDataModule(many, corpus["val"], allow_outside_paths=True).setup("fit")
     with pytest.raises(ValueError, match="max_cut_duration .* must be at most data.max_duration"):
         LhotseDataModule(corpus["train"], corpus["val"], max_duration=10.0, max_cut_duration=20.0)
 
@@ -470,9 +475,10 @@ def _feature_cut(cid: str, storage_type: str, storage_path: str, storage_key, fr
     return MonoCut(id=cid, start=start, duration=d - start, channel=0, features=feats, supervisions=[sup])
 
 
-def _features_of(tmp_path, cut):
+def _features_of(tmp_path, cut, **kw):
     manifest = _write([cut], tmp_path / f"{cut.id}.jsonl")
-    dm = LhotseDataModule(manifest, manifest, features="precomputed", max_duration=2.0, max_cut_duration=1.0)
+    kw.setdefault("allow_outside_paths", True)  # reaches the readers' own checks (/dev/zero)
+    dm = LhotseDataModule(manifest, manifest, features="precomputed", max_duration=2.0, max_cut_duration=1.0, **kw)
     return next(iter(dm.val_dataloader()))["inputs"][0]
 
 
@@ -601,3 +607,51 @@ def test_cuts_inside_a_recording_read_their_own_samples(corpus, tmp_path):
         assert n == ref.shape[0]
         torch.testing.assert_close(batch["inputs"][k, :n], ref, rtol=1e-4, atol=1e-4)
     assert sorted(batch["texts"]) == ["one", "two"]
+
+
+def test_transcripts_are_bounded_and_printable_naming_the_cut(corpus, tmp_path):
+    # tr0 lasts 0.2 s: 400,000 characters would ask a transducer's joiner for gigabytes
+    huge = _one(corpus, tmp_path, "huge", sup__text="a" * 400_000)
+    with pytest.raises(ValueError, match=r"huge.jsonl\).*'tr0': the transcript has 400000 characters \(at most"):
+        LhotseDataModule(huge, corpus["val"], allow_outside_paths=True).setup("fit")
+    dense = _one(corpus, tmp_path, "dense", sup__text="ab " * 100)  # 300 characters in 0.2 s
+    with pytest.raises(ValueError, match=r"'tr0': 300 transcript characters for 0.2 s of audio \(at most 100 a"):
+        LhotseDataModule(dense, corpus["val"], allow_outside_paths=True).setup("fit")
+    LhotseDataModule(
+        _one(corpus, tmp_path, "short", sup__text="a" * 100), corpus["val"], allow_outside_paths=True
+    ).setup("fit")
+    # valid JSON, but not text: a lone surrogate, a control character
+    cases = (
+        ("surrogate", "one \ud800", "a lone surrogate U\\+D800"),
+        ("nul", "o\x00ne", "the control character U\\+0000"),
+    )
+    for name, text, what in cases:
+        bad = _one(corpus, tmp_path, name, sup__text=text)
+        with pytest.raises(ValueError, match=rf"{name}.jsonl\).*'tr0': the transcript holds {what}"):
+            LhotseDataModule(corpus["train"], bad, allow_outside_paths=True).setup("fit")
+    with pytest.raises(ValueError, match="vocabulary chars must be printable"):
+        from lightning_gtn.lightning import Vocabulary
+
+        Vocabulary("ab\x07")
+
+
+def test_manifest_files_resolve_inside_its_folder_or_the_named_ones(corpus, tmp_path):
+    """A manifest's audio (and precomputed feature) files lie in its folder, in data.audio_dirs,
+    or anywhere with data.allow_outside_paths=true."""
+    here = tmp_path / "manifests"
+    here.mkdir()
+    away = _one(corpus, here, "away")  # tr0's audio lies in the corpus folder
+    with pytest.raises(
+        ValueError, match=r"away.jsonl\).*'tr0': audio file .*tr0.wav resolves to .*, outside .*manifests"
+    ):
+        LhotseDataModule(away, away).setup("fit")
+    up = _one(corpus, here, "up", src__source=os.path.relpath(corpus["root"] / "tr0.wav"))  # from the cwd
+    with pytest.raises(ValueError, match=r"up.jsonl\).*'tr0': audio file \.\..*outside"):
+        LhotseDataModule(up, up).setup("fit")
+    for ok in (dict(audio_dirs=[str(corpus["root"])]), dict(allow_outside_paths=True)):
+        dm = LhotseDataModule(away, away, num_mel_bins=20, max_duration=2.0, max_cut_duration=2.0, **ok)
+        assert [b["ids"] for b in dm.val_dataloader()] == [["tr0"]]
+    # a precomputed feature file elsewhere (here a device) is refused before it is opened
+    zero = _feature_cut("zero", "numpy_files", "/dev", "zero")
+    with pytest.raises(ValueError, match=r"'zero': feature file /dev/zero resolves to /dev/zero, outside"):
+        _features_of(tmp_path, zero, allow_outside_paths=False)

@@ -306,3 +306,41 @@ def test_hf_bounds_before_copying(tmp_path: Path):
         cuts_from_hf(path)
     with pytest.raises(ValueError, match=r"row 0 of audio column 'audio': 0\.1 s of audio .* max_audio_seconds=0\.05"):
         cuts_from_hf(path, split="[:1]", max_audio_seconds=0.05)
+
+
+def test_control_characters_in_transcripts_name_the_source(folder: Path, tmp_path: Path):
+    (folder / "transcripts.txt").write_text("a hello\nb bell \x07 rings\n")
+    with pytest.raises(ValueError, match=r"transcripts.txt:2: the transcript holds the control character U\+0007"):
+        cuts_from_folder(folder)
+    good = _wav_bytes(_tone(0.1, 16000), 16000)
+    path = _save_hf(tmp_path / "ds", {"train": [(good, "fine"), (good, "nul\x00here")]})
+    with pytest.raises(ValueError, match=r"row 1 of text column 'text': the transcript holds the control character"):
+        cuts_from_hf(path, split="train")
+
+
+def test_dataset_paths_resolve_inside_the_dataset(tmp_path: Path):
+    """An HF dataset's audio paths (absolute, ``../``) and a folder's symlinks are read inside
+    the dataset's folder unless ``allow_outside_paths`` says otherwise."""
+    datasets = pytest.importorskip("datasets")
+    datasets.disable_progress_bars()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    sf.write(outside / "a.wav", _tone(0.1, 16000), 16000)
+    for name, p in (("absolute", str(outside / "a.wav")), ("dotdot", "../outside/a.wav")):
+        folder = tmp_path / name
+        datasets.Dataset.from_dict({"file": [p], "text": ["elsewhere"]}).save_to_disk(str(folder))
+        with pytest.raises(ValueError, match=rf"row 0 of audio column 'file': audio path '{p}': .*outside {folder}"):
+            cuts_from_hf(folder, audio_column="file")
+        (cut,) = cuts_from_hf(folder, audio_column="file", allow_outside_paths=True)
+        assert cut.recording.sources[0].source == str(outside / "a.wav")
+    dm = HFDataModule(tmp_path / "dotdot", audio_column="file", train_split=None, val_split=None)
+    with pytest.raises(ValueError, match="outside"):
+        dm.setup("fit")
+    # an audio folder: a symlink to a file elsewhere
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "a.wav").symlink_to(outside / "a.wav")
+    (own / "transcripts.txt").write_text("a linked\n")
+    with pytest.raises(ValueError, match=rf"audio file: {own / 'a.wav'} resolves to .*outside {own}"):
+        cuts_from_folder(own)
+    assert len(cuts_from_folder(own, allow_outside_paths=True)) == 1
