@@ -44,6 +44,7 @@ __all__ = [
     "check_class_id",
     "check_in_range",
     "check_padded_labels",
+    "check_emission_values",
 ]
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -535,3 +536,42 @@ def check_padded_labels(
     valid = np.arange(S)[None, :] < target_lengths[:, None]
     check_labels(targets[valid], num_classes, blanks, name, classes)
     return valid
+
+
+def check_emission_values(
+    x: torch.Tensor, name: str = "emissions", lengths=None, compute: Optional[torch.dtype] = None
+) -> None:
+    """ValueError naming ``name``, the example and the frame, for the first frame within
+    ``lengths`` (``(B,)`` integers; None: every frame) of ``x (B, T, C)`` that holds a NaN, a
+    +inf, a finite value beyond the range of ``compute`` (the dtype it is scored in; a float64
+    value that would round to an infinity in float32), or no finite value at all (every class
+    -inf: no label can be emitted there). Frames past an example's length are never read, so never
+    checked. Each condition gets its own message; the reductions run on ``x``'s device."""
+    B, T, C = x.shape
+    if not x.numel():
+        return
+    valid = None
+    if lengths is not None:
+        n = torch.as_tensor(lengths, dtype=torch.int64).to(x.device).reshape(-1, 1)
+        valid = torch.arange(T, device=x.device)[None, :] < n  # (B, T)
+    conditions = [
+        (lambda v: torch.isnan(v).any(-1), "NaN"),
+        (lambda v: (v == math.inf).any(-1), "+inf (log-probabilities or scores expected)"),
+    ]
+    if compute is not None and torch.finfo(compute).max < torch.finfo(x.dtype).max:
+        top = torch.finfo(compute).max
+        conditions.append(
+            (
+                lambda v: (torch.isfinite(v) & (v.abs() > top)).any(-1),
+                f"a value beyond {compute}'s range (|x| > {top:.4g}), which it is scored in",
+            )
+        )
+    conditions.append((lambda v: (v == -math.inf).all(-1), "no finite emission (every class is -inf)"))
+    for test, what in conditions:
+        bad = test(x)
+        if valid is not None:
+            bad = bad & valid
+        hit = torch.nonzero(bad)
+        if hit.numel():
+            b, t = (int(v) for v in hit[0])
+            raise ValueError(f"{name}: example {b}, frame {t}: {what}")
