@@ -309,3 +309,37 @@ def test_loss_rnnt_config_trains_the_transducer_end_to_end(tmp_path):
     epochs = [float(r["train/loss_epoch"]) for r in rows if r.get("train/loss_epoch")]
     assert len(epochs) == 5 and epochs[-1] < 0.8 * epochs[0], epochs
     assert 0.0 <= metrics["val/cer"] and metrics["val/wer"] <= 1.0 + 1e-6
+
+
+def test_a_transducer_too_large_to_build_is_refused_before_it_is_built():
+    """10^6 chars with joiner_dim = predictor_dim = 65536 asked for 262 GB: the whole network's
+    weights are counted first and the message names the settings; the estimate bounds the real count."""
+    import lightning_gtn.lightning.transducer as tr
+
+    with pytest.raises(ValueError, match=r"model.num_classes=1000001 .*model.joiner_dim=65536 .*over the limit"):
+        TransducerModel(feature_dim=8, num_classes=10**6 + 1, predictor_dim=65536, joiner_dim=65536)
+    with pytest.raises(ValueError, match=r"model.extra_outputs=1000000000 .*over the limit"):
+        TransducerModel(feature_dim=8, num_classes=5, extra_outputs=10**9)
+    for kw in (dict(), dict(predictor="lstm", predictor_dim=40, joiner_dim=30, extra_outputs=3)):
+        seen: list = []
+        real = tr._check_params
+        tr._check_params = lambda n, sizes, seen=seen: seen.append(n)
+        try:
+            net = TransducerModel(feature_dim=8, num_classes=7, **kw)
+        finally:
+            tr._check_params = real
+        n = sum(p.numel() for p in net.parameters())
+        assert n <= seen[-1] <= 1.1 * n, (seen, n)
+
+
+@pytest.mark.parametrize("dropout", [float("nan"), 1.0, True, "0.1"])
+def test_a_checkpoint_dropout_out_of_range_is_a_config_error(tmp_path, dropout):
+    from lightning_gtn.evaluate import load_model
+    from lightning_gtn.train import ConfigError
+    from tests.lightning.test_checkpoint_trust import NET, write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "m.ckpt", network={**NET, "dropout": dropout})
+    with pytest.raises(ConfigError, match=r"model.dropout must be a number in \[0, 1\)"):
+        load_model(ckpt)
+    with pytest.raises(ValueError, match=r"model.dropout must be a number in \[0, 1\)"):
+        TransducerModel(feature_dim=8, num_classes=5, dropout=dropout)
