@@ -17,7 +17,7 @@ from torch import Tensor
 from .. import k2 as k2f
 from ..core import checks
 from ..core.checks import check_label, check_reduction
-from .rnnt import RNNTStructuredLoss, prepend_blank
+from .rnnt import RNNTStructuredLoss, check_joiner_size, prepend_blank
 
 __all__ = ["PrunedRNNTLoss", "WARMUPS"]
 
@@ -210,6 +210,8 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
             encoder_lengths, B, T, "encoder_lengths", encoder_out.device, "T", "encoder_out of shape (B, T, J)"
         )
         boundary = torch.stack([torch.zeros_like(tl), torch.zeros_like(tl), tl, el], dim=1)
+        # the smoothed loss holds a few (B, U + 1, T) lattices: bounded as a joiner of J + V = 8 values
+        check_joiner_size(B, T, int(sym.shape[1]) + 1, 4, 4)
         am = network.simple_am(encoder_out)  # (B, T, V): V checks the targets before any lookup
         self._check_classes(sym, am.shape[-1])
         pred, _ = network.predict(prepend_blank(sym, blank), None)  # (B, U + 1, J)
@@ -232,6 +234,7 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
         # the pruned loss is computed even at scale 0 (as icefall): every parameter of the joiner
         # then takes part in the step, which DDP expects
         ranges = k2f.get_rnnt_prune_ranges(px_grad, py_grad, boundary, self.s_range)
+        check_joiner_size(B, T, int(ranges.shape[-1]), int(encoder_out.shape[-1]), int(am.shape[-1]), "s_range")
         am_p, lm_p = k2f.do_rnnt_pruning(encoder_out, pred, ranges)
         logits = network.join(am_p, lm_p)  # (B, T, s_range, V)
         pruned = k2f.rnnt_loss_pruned(

@@ -32,7 +32,32 @@ from .. import functional as lgf  # not torch.nn.functional: the library's own l
 from ..core import checks
 from .losses import StructuredLoss
 
-__all__ = ["RNNTStructuredLoss", "RNNTLoss", "prepend_blank"]
+__all__ = ["RNNTStructuredLoss", "RNNTLoss", "prepend_blank", "MAX_JOINER_VALUES", "check_joiner_size"]
+
+#: values a joiner may compute for one batch in :meth:`RNNTStructuredLoss.joint_loss`:
+#: ``B * T * (U + 1) * (J + V)`` for the full lattice (its hidden ``(B, T, U + 1, J)`` and its
+#: logits ``(B, T, U + 1, V)``), ``B * T * s_range * (J + V)`` for the pruned one (2^29 values are
+#: 2 GiB of float32, a few times that with their gradients)
+MAX_JOINER_VALUES = 1 << 29
+
+
+def check_joiner_size(B: int, T: int, U1: int, J: int, V: int, u1_name: str = "U + 1") -> None:
+    """ValueError naming the sizes when a joiner over ``(B, T, U1)`` nodes of ``J`` hidden and ``V``
+    output values would exceed :data:`MAX_JOINER_VALUES` (checked before it is called)."""
+    n = B * T * U1 * (J + V)
+    if n > MAX_JOINER_VALUES:
+        raise ValueError(
+            f"joint_loss: the joiner of this batch would compute B * T * ({u1_name}) * (J + V) = "
+            f"{B} * {T} * {U1} * ({J} + {V}) = {n:,} values, over the limit of {MAX_JOINER_VALUES:,} "
+            "(lightning_gtn.nn.rnnt.MAX_JOINER_VALUES): T is the encoder's frames, U the longest target; "
+            "use shorter utterances or transcripts, a smaller batch, or the pruned loss"
+        )
+
+
+def joiner_classes(network: Any, encoder_out: torch.Tensor, pred: torch.Tensor) -> int:
+    """``V``, the joiner's outputs, from one node (before the whole lattice is joined)."""
+    with torch.no_grad():
+        return int(network.join(encoder_out[:1, :1, None, :], pred[:1, None, :1, :]).shape[-1])
 
 
 def prepend_blank(targets: torch.Tensor, blank: int) -> torch.Tensor:
@@ -81,8 +106,17 @@ class RNNTStructuredLoss(StructuredLoss):
     ) -> torch.Tensor:
         """The loss of a batch from a transducer network (see the module docstring) and its
         encoder output ``(B, T, J)``: the full lattice ``join(enc[:, :, None], pred[:, None])``
-        scored by :meth:`forward`."""
+        scored by :meth:`forward`. ValueError, before the joiner runs, when that lattice would
+        exceed :data:`MAX_JOINER_VALUES`."""
+        if not isinstance(encoder_out, torch.Tensor) or encoder_out.dim() != 3:
+            got = tuple(encoder_out.shape) if isinstance(encoder_out, torch.Tensor) else type(encoder_out).__name__
+            raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
+        B, T, J = encoder_out.shape
+        U1 = (targets.shape[1] if isinstance(targets, torch.Tensor) and targets.dim() == 2 else 0) + 1
+        check_joiner_size(B, T, U1, J, 0)  # the joiner's hidden alone, before the prediction network
         pred, _ = network.predict(prepend_blank(targets, int(self.blank or 0)), None)
+        if B * T:
+            check_joiner_size(B, T, U1, J, joiner_classes(network, encoder_out, pred))
         logits = network.join(encoder_out[:, :, None, :], pred[:, None, :, :])
         return self(logits, targets, encoder_lengths, target_lengths)
 

@@ -343,3 +343,43 @@ def test_a_checkpoint_dropout_out_of_range_is_a_config_error(tmp_path, dropout):
         load_model(ckpt)
     with pytest.raises(ValueError, match=r"model.dropout must be a number in \[0, 1\)"):
         TransducerModel(feature_dim=8, num_classes=5, dropout=dropout)
+
+
+def test_joint_loss_bounds_the_joiner_before_it_runs(monkeypatch):
+    """A 1 s cut with a 400,000-character transcript asked the joiner for 30.7 GB: the lattice's
+    B * T * (U + 1) * (J + V) is checked before the joiner (or the prediction network) runs."""
+    import lightning_gtn.nn.rnnt as rnnt
+
+    m = TransducerModel(6, 5, **SMALL)
+    calls = []
+    monkeypatch.setattr(m, "predict", lambda *a, **k: calls.append(a) or TransducerModel.predict(m, *a, **k))
+    long = torch.ones(1, 400_000, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"\(J \+ V\) = 1 \* 500 \* 400001 \* \(12 \+ 0\) = .* over the limit"):
+        RNNTLoss(blank=0).joint_loss(m, torch.zeros(1, 500, 12), torch.tensor([500]), long, torch.tensor([400_000]))
+    assert not calls
+    # within the bound for the hidden (J = 12), over it once V = 5 is known: 2 * 12 * 4 * 17 = 1632
+    enc, lengths = m.encode(torch.randn(2, 24, 6), torch.tensor([24, 20]))
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0]]), torch.tensor([3, 2])
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 1631)
+    with pytest.raises(ValueError, match=r"\(12 \+ 5\) = 1,632 values, over the limit of 1,631"):
+        RNNTLoss(blank=0).joint_loss(m, enc, lengths, targets, target_lengths)
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 1632)
+    assert torch.isfinite(RNNTLoss(blank=0).joint_loss(m, enc, lengths, targets, target_lengths))
+
+
+def test_pruned_joint_loss_bounds_its_lattices(monkeypatch):
+    import lightning_gtn.nn.rnnt as rnnt
+    from lightning_gtn.nn import PrunedRNNTLoss
+
+    m = TransducerModel(6, 5, **SMALL)
+    enc, lengths = m.encode(torch.randn(2, 24, 6), torch.tensor([24, 20]))
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0]]), torch.tensor([3, 2])
+    loss = PrunedRNNTLoss(blank=0, s_range=2)
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 2 * 12 * 4 * 8 - 1)  # the smoothed loss's (B, U + 1, T)
+    with pytest.raises(ValueError, match=r"\(U \+ 1\) \* \(J \+ V\) = 2 \* 12 \* 4 \* \(4 \+ 4\)"):
+        loss.joint_loss(m, enc, lengths, targets, target_lengths)
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 2 * 12 * 2 * 17)  # the pruned joiner's (B, T, s_range)
+    assert torch.isfinite(loss.joint_loss(m, enc, lengths, targets, target_lengths))
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 815)
+    with pytest.raises(ValueError, match=r"\(s_range\) \* \(J \+ V\) = 2 \* 12 \* 2 \* \(12 \+ 5\)"):
+        loss.joint_loss(m, enc, lengths, targets, target_lengths)
