@@ -485,3 +485,18 @@ def test_durations_are_bounded_in_length_and_value():
     ):
         with pytest.raises(ValueError, match=r"in \[[01], MAX_DURATION=4611686018427387904\] \(frames\), got"):
             make()
+
+
+@pytest.mark.parametrize("impl", ["numba", "torch"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_an_infinite_logit_gives_nan_as_torch_log_softmax_does(impl, zero_infinity):
+    """numba's fused normaliser read a +inf logit as a node no path may cross and gave a finite
+    loss (the torch reference: NaN, as torch.log_softmax); both are NaN now, zero_infinity or not."""
+    lg = torch.randn(2, 5, 3, 6)
+    lg[1, 1, 1, 1] = math.inf
+    tg, tl = torch.tensor([[1, 2], [1, 2]]), torch.tensor([2, 2])
+    kw = dict(reduction="none", impl=impl, zero_infinity=zero_infinity)
+    tdt = lgf.tdt_loss(lg, tg, [5, 5], tl, blank=0, durations=[0, 1], **kw)
+    mb = lgf.multiblank_rnnt_loss(lg[..., :5], tg, [5, 5], tl, blank=4, big_blank_durations=[2], **kw)
+    for out in (tdt, mb):
+        assert torch.isfinite(out[0]) and torch.isnan(out[1]), out
