@@ -27,6 +27,7 @@ pass their self-check, autograd through the torch reference elsewhere).
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -243,8 +244,8 @@ def duration_lattice_op(
             losses = losses.masked_fill(rows, float("nan"))
             if grad is not None:
                 grad[rows] = float("nan")
-    if zero_infinity:
-        losses = torch.where(torch.isinf(losses), torch.zeros_like(losses), losses)
+    if zero_infinity:  # infeasible only (torch's rule): -inf from a +inf log-probability stays
+        losses = torch.where(losses == math.inf, torch.zeros_like(losses), losses)
     if reduction == "none":
         out = losses
     else:

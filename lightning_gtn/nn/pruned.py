@@ -9,6 +9,7 @@ pruned loss, and the two combined by the warm-up schedule at the module's :attr:
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Tuple
 
 import torch
@@ -163,7 +164,7 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
     def _finish(self, losses: Tensor) -> Tensor:
         """``(B,)`` losses -> zero_infinity, then the reduction."""
         if self.zero_infinity:
-            losses = torch.where(torch.isinf(losses), torch.zeros_like(losses), losses)
+            losses = torch.where(losses == math.inf, torch.zeros_like(losses), losses)  # infeasible only
         if self.reduction == "none":
             return losses
         return losses.mean() if self.reduction == "mean" else losses.sum()
