@@ -41,16 +41,19 @@ __all__ = ["RNNTStructuredLoss", "RNNTLoss", "prepend_blank", "MAX_JOINER_VALUES
 MAX_JOINER_VALUES = 1 << 29
 
 
-def check_joiner_size(B: int, T: int, U1: int, J: int, V: int, u1_name: str = "U + 1") -> None:
+def check_joiner_size(B: int, T: int, U1: int, J: int, V: Optional[int], u1_name: str = "U + 1") -> None:
     """ValueError naming the sizes when a joiner over ``(B, T, U1)`` nodes of ``J`` hidden and ``V``
-    output values would exceed :data:`MAX_JOINER_VALUES` (checked before it is called)."""
-    n = B * T * U1 * (J + V)
+    output values (None: not known yet, the hidden alone) would exceed :data:`MAX_JOINER_VALUES`
+    (checked before it is called)."""
+    n = B * T * U1 * (J + (V or 0))
     if n > MAX_JOINER_VALUES:
+        sizes = f"B * T * ({u1_name}) * J = {B} * {T} * {U1} * {J}"
+        if V is not None:
+            sizes = f"B * T * ({u1_name}) * (J + V) = {B} * {T} * {U1} * ({J} + {V})"
         raise ValueError(
-            f"joint_loss: the joiner of this batch would compute B * T * ({u1_name}) * (J + V) = "
-            f"{B} * {T} * {U1} * ({J} + {V}) = {n:,} values, over the limit of {MAX_JOINER_VALUES:,} "
-            "(lightning_gtn.nn.rnnt.MAX_JOINER_VALUES): T is the encoder's frames, U the longest target; "
-            "use shorter utterances or transcripts, a smaller batch, or the pruned loss"
+            f"joint_loss: the joiner of this batch would compute {sizes} = {n:,} values, over the limit of "
+            f"{MAX_JOINER_VALUES:,} (lightning_gtn.nn.rnnt.MAX_JOINER_VALUES): T is the encoder's frames, U the "
+            "longest target; use shorter utterances or transcripts, a smaller batch, or the pruned loss"
         )
 
 
@@ -113,7 +116,7 @@ class RNNTStructuredLoss(StructuredLoss):
             raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
         B, T, J = encoder_out.shape
         U1 = (targets.shape[1] if isinstance(targets, torch.Tensor) and targets.dim() == 2 else 0) + 1
-        check_joiner_size(B, T, U1, J, 0)  # the joiner's hidden alone, before the prediction network
+        check_joiner_size(B, T, U1, J, None)  # the joiner's hidden alone, before the prediction network
         pred, _ = network.predict(prepend_blank(targets, int(self.blank or 0)), None)
         if B * T:
             check_joiner_size(B, T, U1, J, joiner_classes(network, encoder_out, pred))

@@ -354,7 +354,7 @@ def test_joint_loss_bounds_the_joiner_before_it_runs(monkeypatch):
     calls = []
     monkeypatch.setattr(m, "predict", lambda *a, **k: calls.append(a) or TransducerModel.predict(m, *a, **k))
     long = torch.ones(1, 400_000, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"\(J \+ V\) = 1 \* 500 \* 400001 \* \(12 \+ 0\) = .* over the limit"):
+    with pytest.raises(ValueError, match=r"B \* T \* \(U \+ 1\) \* J = 1 \* 500 \* 400001 \* 12 = .* over the limit"):
         RNNTLoss(blank=0).joint_loss(m, torch.zeros(1, 500, 12), torch.tensor([500]), long, torch.tensor([400_000]))
     assert not calls
     # within the bound for the hidden (J = 12), over it once V = 5 is known: 2 * 12 * 4 * 17 = 1632
