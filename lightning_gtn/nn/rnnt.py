@@ -36,9 +36,10 @@ __all__ = ["RNNTStructuredLoss", "RNNTLoss", "prepend_blank", "MAX_JOINER_VALUES
 
 #: values a joiner may compute for one batch in :meth:`RNNTStructuredLoss.joint_loss`:
 #: ``B * T * (U + 1) * (J + V)`` for the full lattice (its hidden ``(B, T, U + 1, J)`` and its
-#: logits ``(B, T, U + 1, V)``), ``B * T * s_range * (J + V)`` for the pruned one (2^29 values are
-#: 2 GiB of float32, a few times that with their gradients)
-MAX_JOINER_VALUES = 1 << 29
+#: logits ``(B, T, U + 1, V)``), ``B * T * s_range * (J + V)`` for the pruned one (2^31 values are
+#: 8 GiB of float32, a few times that with their gradients: B=32, T=250, U=80, J=512, V=500 is a
+#: third of it)
+MAX_JOINER_VALUES = 1 << 31
 
 
 def check_joiner_size(B: int, T: int, U1: int, J: int, V: Optional[int], u1_name: str = "U + 1") -> None:
