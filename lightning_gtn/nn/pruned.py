@@ -121,6 +121,11 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
 
     # -- the warm-up -----------------------------------------------------------------------------
 
+    @property
+    def max_symbols_per_frame(self) -> Optional[int]:
+        """1 for ``rnnt_type="modified"`` / ``"constrained"`` (a token also takes a frame), else None."""
+        return None if self.rnnt_type == "regular" else 1
+
     def set_step(self, step: int) -> None:
         """Sets :attr:`step`, the training step the warm-up schedule reads."""
         self.step = checks.check_int(step, "step", 0)
@@ -210,6 +215,7 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
         el = self._lengths(
             encoder_lengths, B, T, "encoder_lengths", encoder_out.device, "T", "encoder_out of shape (B, T, J)"
         )
+        self.check_symbols_per_frame(el, tl)
         boundary = torch.stack([torch.zeros_like(tl), torch.zeros_like(tl), tl, el], dim=1)
         # the smoothed loss holds a few (B, U + 1, T) lattices: bounded as a joiner of J + V = 8 values
         check_joiner_size(B, T, int(sym.shape[1]) + 1, 4, 4)

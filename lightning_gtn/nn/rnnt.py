@@ -91,6 +91,34 @@ class RNNTStructuredLoss(StructuredLoss):
     blank: Optional[int] = 0
     extra_outputs: int = 0
 
+    @property
+    def max_symbols_per_frame(self) -> Optional[int]:
+        """The most tokens the loss's lattice places on one frame (None: any number, the regular
+        RNN-T). A loss that needs ``U <= k * T`` returns ``k``; :meth:`joint_loss` then refuses,
+        before the joiner runs, an example whose target cannot fit in its frames (unless the
+        loss has ``zero_infinity``, which gives it 0)."""
+        return None
+
+    def check_symbols_per_frame(self, encoder_lengths: torch.Tensor, target_lengths: torch.Tensor) -> None:
+        """ValueError naming the example, ``U``, ``T`` and :attr:`max_symbols_per_frame` when a target
+        is longer than its frames allow (nothing when the loss allows any number or zeroes
+        infeasible examples)."""
+        k = self.max_symbols_per_frame
+        if k is None or getattr(self, "zero_infinity", False):
+            return
+        tl = torch.as_tensor(target_lengths).reshape(-1).to("cpu", torch.int64)
+        el = torch.as_tensor(encoder_lengths).reshape(-1).to("cpu", torch.int64)
+        if tl.shape != el.shape:
+            return  # the loss names the shapes
+        bad = torch.nonzero(tl > k * el).reshape(-1)
+        if bad.numel():
+            b = int(bad[0])
+            raise ValueError(
+                f"joint_loss: example {b} has U={int(tl[b])} tokens for T={int(el[b])} encoder frames, but "
+                f"{type(self).__name__} ({self.extra_repr()}) places at most {k} token(s) on a frame; use "
+                "shorter transcripts or longer audio, or zero_infinity: true to give such examples 0"
+            )
+
     def set_step(self, step: int) -> None:
         """Told the global training step before each training batch (the Lightning layer calls
         it); a loss with a warm-up schedule (the pruned loss) overrides it. A no-op here."""
@@ -117,6 +145,7 @@ class RNNTStructuredLoss(StructuredLoss):
             raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
         B, T, J = encoder_out.shape
         U1 = (targets.shape[1] if isinstance(targets, torch.Tensor) and targets.dim() == 2 else 0) + 1
+        self.check_symbols_per_frame(encoder_lengths, target_lengths)
         check_joiner_size(B, T, U1, J, None)  # the joiner's hidden alone, before the prediction network
         pred, _ = network.predict(prepend_blank(targets, int(self.blank or 0)), None)
         if B * T:

@@ -163,6 +163,11 @@ class TDTLoss(RNNTStructuredLoss):
     def _blank(self) -> int:
         return _blank_of(self)
 
+    @property
+    def max_symbols_per_frame(self) -> Optional[int]:
+        """1 when no duration is 0 (every token then advances a frame), else None."""
+        return None if 0 in self.durations else 1
+
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The loss of joiner outputs ``(B, T, U + 1, V + len(durations))``."""
         return lgf.tdt_loss(

@@ -383,3 +383,23 @@ def test_pruned_joint_loss_bounds_its_lattices(monkeypatch):
     monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 815)
     with pytest.raises(ValueError, match=r"\(s_range\) \* \(J \+ V\) = 2 \* 12 \* 2 \* \(12 \+ 5\)"):
         loss.joint_loss(m, enc, lengths, targets, target_lengths)
+
+
+def test_joint_loss_refuses_targets_longer_than_a_loss_can_place_on_the_frames():
+    """A loss that places at most one token on a frame (k2's modified lattice, TDT without a zero
+    duration) declares it; joint_loss names the example, U and T before the joiner runs."""
+    from lightning_gtn.nn import PrunedRNNTLoss, TDTLoss
+
+    m = TransducerModel(6, 5, **{**SMALL, "extra_outputs": 2})
+    enc, lengths = m.encode(torch.randn(2, 8, 6), torch.tensor([8, 4]))  # T = 4 and 2 frames
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 1]]), torch.tensor([3, 3])
+    m3 = TransducerModel(6, 5, **SMALL)
+    for loss, net in ((PrunedRNNTLoss(blank=0, rnnt_type="modified"), m3), (TDTLoss(blank=0, durations=[1, 2]), m)):
+        with pytest.raises(ValueError, match=r"example 1 has U=3 tokens for T=2 encoder frames.*at most 1 token"):
+            loss.joint_loss(net, enc, lengths, targets, target_lengths)
+    assert PrunedRNNTLoss(blank=0).max_symbols_per_frame is None
+    assert TDTLoss(blank=0).max_symbols_per_frame is None and RNNTLoss(blank=0).max_symbols_per_frame is None
+    zi = PrunedRNNTLoss(blank=0, rnnt_type="modified", zero_infinity=True, reduction="none")
+    out = zi.joint_loss(m3, enc, lengths, targets, target_lengths)
+    assert torch.isfinite(out[0]) and out[1] == 0
+    assert torch.isfinite(RNNTLoss(blank=0).joint_loss(m3, enc, lengths, targets, target_lengths))
