@@ -48,6 +48,10 @@ __all__ = ["main", "parse_args", "read_targets", "load_emissions"]
 #: lines and tokens a targets file may hold (a bound on what a bad file can allocate)
 MAX_TARGET_LINES = 1_000_000
 MAX_TARGET_TOKENS = 100_000
+#: blank lines a targets file may hold after its B lines (the rest of a file is not read)
+MAX_TRAILING_BLANK_LINES = 1000
+#: values ``B * T * C`` an emissions file may hold (4 GiB of float32)
+MAX_EMISSION_VALUES = 1 << 30
 _ID_RE = re.compile(r"[+-]?[0-9]{1,10}", re.ASCII)
 
 
@@ -117,8 +121,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_emissions(path):
     """``(emissions (B, T, C) float, input_lengths (B,) int64)`` from a file of
-    ``torch.save``: a tensor, or a dict with ``"emissions"`` and optional ``"input_lengths"``."""
+    ``torch.save``: a tensor, or a dict with ``"emissions"`` and optional ``"input_lengths"``.
+
+    Only dense CPU tensors whose elements each have their own storage are read (a 1 KB file of an
+    expanded view would otherwise stand for gigabytes), at most :data:`MAX_EMISSION_VALUES`
+    values ``B * T * C``; the lengths are integers (not bools) in ``[0, T]``; and every frame
+    within its length holds finite scores, at least one of them above ``-inf``.
+    """
     import torch
+
+    from lightning_gtn.core import checks
 
     f = Path(path)
     if not f.is_file():
@@ -134,15 +146,52 @@ def load_emissions(path):
             shown = ", ".join(keys[:20]) + (", ..." if len(keys) > 20 else "")
             raise AlignError(f"--emissions: {f} holds a dict without an 'emissions' key (keys: {shown})")
         obj, lengths = obj["emissions"], obj.get("input_lengths")
-    if not isinstance(obj, torch.Tensor) or obj.dim() != 3 or not obj.is_floating_point():
-        what = f"shape {tuple(obj.shape)} {obj.dtype}" if isinstance(obj, torch.Tensor) else type(obj).__name__
-        raise AlignError(f"--emissions: expected a float tensor of shape (B, T, C), got {what}")
-    B, T, _ = obj.shape
+    _check_stored(obj, f, "emissions")
+    if obj.dim() != 3 or not obj.is_floating_point():
+        got = f"shape {tuple(obj.shape)} {obj.dtype}"
+        raise AlignError(f"--emissions: expected a float tensor of shape (B, T, C), got {got}")
+    B, T, C = obj.shape
+    if B * T * C > MAX_EMISSION_VALUES:
+        raise AlignError(
+            f"--emissions: {f} holds B * T * C = {B} * {T} * {C} = {B * T * C:,} values, over the limit of "
+            f"{MAX_EMISSION_VALUES:,} (lightning_gtn.align_cli.MAX_EMISSION_VALUES)"
+        )
     if lengths is None:
         lengths = torch.full((B,), T, dtype=torch.int64)
-    elif not isinstance(lengths, torch.Tensor) or lengths.shape != (B,) or lengths.is_floating_point():
-        raise AlignError(f"--emissions: input_lengths must be an integer tensor of shape (B,) = ({B},)")
-    return obj, lengths.long()
+    else:
+        _check_stored(lengths, f, "input_lengths")
+        if lengths.shape != (B,) or lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+            raise AlignError(
+                f"--emissions: input_lengths must be an integer tensor of shape (B,) = ({B},), "
+                f"got shape {tuple(lengths.shape)} {lengths.dtype}"
+            )
+        lengths = lengths.long()
+        if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > T):
+            raise AlignError(f"--emissions: input_lengths must lie in [0, T={T}]")
+    try:
+        checks.check_emission_values(obj, "--emissions", lengths, checks.compute_dtype(obj))
+    except ValueError as e:
+        raise AlignError(str(e)) from None
+    return obj, lengths
+
+
+def _check_stored(obj, f: Path, what: str) -> None:
+    """AlignError unless ``obj`` is a dense CPU tensor whose elements all lie in its own storage."""
+    import torch
+
+    if not isinstance(obj, torch.Tensor):
+        raise AlignError(f"--emissions: {what} in {f} must be a tensor, got {type(obj).__name__}")
+    if obj.layout != torch.strided or obj.is_quantized:
+        raise AlignError(f"--emissions: {what} in {f} must be a dense tensor, got layout {obj.layout}")
+    if obj.device.type != "cpu":
+        raise AlignError(f"--emissions: {what} in {f} must hold its values on the CPU, got device {obj.device}")
+    need = obj.numel() * obj.element_size()
+    have = obj.untyped_storage().nbytes() - obj.storage_offset() * obj.element_size()
+    if need > have:
+        raise AlignError(
+            f"--emissions: {what} in {f} of shape {tuple(obj.shape)} has {obj.numel():,} elements but stores "
+            f"{max(have, 0):,} bytes (an expanded or overlapping view); save a contiguous tensor"
+        )
 
 
 def read_targets(path, B: int):
@@ -160,6 +209,8 @@ def read_targets(path, B: int):
 
 
 def _read_target_lines(f: Path, B: int):
+    if B > MAX_TARGET_LINES:
+        raise AlignError(f"--targets: the emissions have B={B} examples, more than the {MAX_TARGET_LINES} lines read")
     out = []
     # a line holds at most MAX_TARGET_TOKENS ids of at most 10 digits and their separators
     max_line = MAX_TARGET_TOKENS * 12 + 2
@@ -176,9 +227,14 @@ def _read_target_lines(f: Path, B: int):
                 raise AlignError(
                     f"--targets: line {i} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})"
                 ) from None
-            if i > min(B, MAX_TARGET_LINES):
+            if i > B:
                 if line.strip():
                     raise AlignError(f"--targets: more lines than the {B} examples of the emissions")
+                if i - B > MAX_TRAILING_BLANK_LINES:
+                    raise AlignError(
+                        f"--targets: more than {MAX_TRAILING_BLANK_LINES} blank lines after the {B} lines "
+                        "of the examples"
+                    )
                 continue
             parts = line.split()
             if len(parts) > MAX_TARGET_TOKENS:
@@ -251,9 +307,11 @@ class _Writer:
             Path(a.plot_dir).mkdir(parents=True, exist_ok=True)
 
     def add(self, x, targets, lengths, names):
+        import torch
+
         from lightning_gtn.functional import forced_align, plot_alignment, to_ctm, to_records
 
-        x = x.float().log_softmax(-1)
+        x = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32).log_softmax(-1)
         al = forced_align(x, targets, lengths, blank=self.blank, star=self.a.star, transitions=self.transitions)
         kw = dict(
             frame_shift=self.frame_shift, tokens=self.tokens, utterance_ids=names, word_separator_id=self.word_sep
@@ -301,8 +359,6 @@ def _progress(it, a, total=None):
 def _from_emissions(a):
     x, lengths = load_emissions(a.emissions)
     B, T, C = x.shape
-    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > T):
-        raise AlignError(f"--emissions: input_lengths must lie in [0, T={T}]")
     blank = None if a.blank.lower() == "none" else a.blank
     if blank is not None:
         try:

@@ -301,3 +301,71 @@ def test_a_speech_checkpoint_times_frames_by_its_stride_and_names_cuts(tmp_path,
     assert main([*args, "--frame-shift", "0.5", "--out", str(tmp_path / "b.json")]) == 0  # given: used as is
     toks = [t for r in json.loads((tmp_path / "b.json").read_text()) for t in r["tokens"]]
     assert all(t["start"] == pytest.approx(t["start_frame"] * 0.5) for t in toks)
+
+
+def _neg_inf_frame():
+    x = torch.zeros(2, 3, 4)
+    x[1, 2] = -math.inf
+    return x
+
+
+@pytest.mark.parametrize(
+    "obj,msg",
+    [
+        (lambda: torch.zeros(1, 1, 1).expand(2, 200000, 20000), r"8,000,000,000 elements but stores 4 bytes"),
+        (lambda: torch.zeros(2, 3, 4).to_sparse(), "must be a dense tensor, got layout torch.sparse_coo"),
+        (lambda: torch.zeros(2, 3, 4, device="meta"), "must hold its values on the CPU, got device meta"),
+        (
+            lambda: {"emissions": torch.zeros(2, 3, 4), "input_lengths": torch.tensor([True, True])},
+            r"input_lengths must be an integer tensor .* torch.bool",
+        ),
+        (_neg_inf_frame, r"example 1, frame 2: no finite emission \(every class is -inf\)"),
+        (lambda: torch.full((2, 3, 4), math.inf), r"example 0, frame 0: \+inf"),
+        (lambda: torch.full((2, 3, 4), math.nan), "example 0, frame 0: NaN"),
+    ],
+)
+def test_emission_files_that_are_refused_by_what_is_wrong(tmp_path, capsys, obj, msg):
+    """Sparse, meta, expanded (a 1 KB file standing for 32 GB), bool lengths and frames without a
+    finite score: one line naming the problem, never a traceback or an allocation."""
+    import re
+
+    torch.save(obj(), tmp_path / "em.pt")
+    (tmp_path / "t.txt").write_text("1\n1\n")
+    rc = main(["--emissions", str(tmp_path / "em.pt"), "--targets", str(tmp_path / "t.txt"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and re.search(msg, err) and "Traceback" not in err, err
+
+
+def test_float64_emissions_beyond_float32_are_aligned_in_float64(tmp_path, capsys):
+    x = torch.zeros(2, 3, 4, dtype=torch.float64)
+    x[1, 2, 1] = 1e300
+    torch.save(x, tmp_path / "em.pt")
+    (tmp_path / "t.txt").write_text("1\n1\n")
+    out = tmp_path / "a.json"
+    rc = main(["--emissions", str(tmp_path / "em.pt"), "--targets", str(tmp_path / "t.txt"), "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    recs = json.loads(out.read_text())
+    assert recs[1]["score"] == pytest.approx(-2 * math.log(4))  # the frame of 1e300 emits the token: log p = 0
+
+
+def test_blank_lines_after_the_targets_are_bounded(tmp_path, capsys, monkeypatch):
+    import lightning_gtn.align_cli as cli
+
+    torch.save(torch.zeros(2, 3, 4), tmp_path / "em.pt")
+    monkeypatch.setattr(cli, "MAX_TRAILING_BLANK_LINES", 10)
+    args = ["--emissions", str(tmp_path / "em.pt"), "--targets", str(tmp_path / "t.txt"), "--no-progress"]
+    (tmp_path / "t.txt").write_text("1\n1\n" + "\n" * 10)
+    assert main(args) == 0
+    (tmp_path / "t.txt").write_text("1\n1\n" + "\n" * 11)
+    assert main(args) == 2
+    assert "more than 10 blank lines after the 2 lines" in capsys.readouterr().err
+
+
+def test_emission_values_are_bounded_as_a_product(tmp_path, capsys, monkeypatch):
+    import lightning_gtn.align_cli as cli
+
+    torch.save(torch.zeros(2, 3, 4), tmp_path / "em.pt")
+    (tmp_path / "t.txt").write_text("1\n1\n")
+    monkeypatch.setattr(cli, "MAX_EMISSION_VALUES", 23)
+    assert main(["--emissions", str(tmp_path / "em.pt"), "--targets", str(tmp_path / "t.txt"), "--no-progress"]) == 2
+    assert "B * T * C = 2 * 3 * 4 = 24 values, over the limit of 23" in capsys.readouterr().err

@@ -44,6 +44,10 @@ __all__ = [
     "check_class_id",
     "check_in_range",
     "check_padded_labels",
+    "check_emission_values",
+    "check_durations",
+    "MAX_DURATIONS",
+    "MAX_DURATION",
 ]
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -53,6 +57,12 @@ NATIVE_BACKENDS = ("numba", "numba_log", "torch", "triton")
 #: real ``gtn`` package (eager only, one graph per example on the host). Which of them a loss
 #: offers is declared by its criterion (:attr:`lightning_gtn.core.criterion.Criterion.backends`).
 IMPLS = (None,) + NATIVE_BACKENDS + ("gtn",)
+#: entries of a transducer's ``durations`` / ``big_blank_durations``: each is one joiner output
+#: and one arc per lattice node (NeMo's use a handful)
+MAX_DURATIONS = 1024
+#: the largest duration in frames: one past ``T`` never lands (the lattice clips it), and the bound
+#: keeps every sum of a frame and a duration within int64
+MAX_DURATION = 1 << 62
 
 
 def check_emissions(x, name: str = "log_probs") -> Tuple[int, int, int]:
@@ -535,3 +545,71 @@ def check_padded_labels(
     valid = np.arange(S)[None, :] < target_lengths[:, None]
     check_labels(targets[valid], num_classes, blanks, name, classes)
     return valid
+
+
+def check_durations(values, name: str, *, allow_empty: bool, allow_zero: bool) -> List[int]:
+    """A strictly increasing list of at most :data:`MAX_DURATIONS` integers in ``[0, MAX_DURATION]``
+    (``[1, MAX_DURATION]`` without ``allow_zero``), else ValueError naming ``name``; the length is
+    checked before the entries are read."""
+    if isinstance(values, torch.Tensor):
+        if values.is_floating_point() or values.dtype == torch.bool or values.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D sequence of integers, got a {values.dtype} tensor")
+        if values.numel() > MAX_DURATIONS:
+            raise ValueError(f"{name} must hold at most MAX_DURATIONS={MAX_DURATIONS} durations, got {values.numel()}")
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ValueError(f"{name} must be a list of integers, got {values!r}")
+    if len(values) > MAX_DURATIONS:
+        raise ValueError(f"{name} must hold at most MAX_DURATIONS={MAX_DURATIONS} durations, got {len(values)}")
+    out = []
+    lo = 0 if allow_zero else 1
+    for v in values:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{name} must hold integers, got {v!r} in {list(values)!r}")
+        if not lo <= int(v) <= MAX_DURATION:
+            raise ValueError(f"{name} must hold integers in [{lo}, MAX_DURATION={MAX_DURATION}] (frames), got {int(v)}")
+        out.append(int(v))
+    if not out and not allow_empty:
+        raise ValueError(f"{name} must not be empty")
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"{name} must be strictly increasing (NeMo's order), got {out}")
+    return out
+
+
+def check_emission_values(
+    x: torch.Tensor, name: str = "emissions", lengths=None, compute: Optional[torch.dtype] = None
+) -> None:
+    """ValueError naming ``name``, the example and the frame, for the first frame within
+    ``lengths`` (``(B,)`` integers; None: every frame) of ``x (B, T, C)`` that holds a NaN, a
+    +inf, a finite value beyond the range of ``compute`` (the dtype it is scored in; a float64
+    value that would round to an infinity in float32), or no finite value at all (every class
+    -inf: no label can be emitted there). Frames past an example's length are never read, so never
+    checked. Each condition gets its own message; the reductions run on ``x``'s device."""
+    B, T, C = x.shape
+    if not x.numel():
+        return
+    valid = None
+    if lengths is not None:
+        n = torch.as_tensor(lengths, dtype=torch.int64).to(x.device).reshape(-1, 1)
+        valid = torch.arange(T, device=x.device)[None, :] < n  # (B, T)
+    conditions = [
+        (lambda v: torch.isnan(v).any(-1), "NaN"),
+        (lambda v: (v == math.inf).any(-1), "+inf (log-probabilities or scores expected)"),
+    ]
+    if compute is not None and torch.finfo(compute).max < torch.finfo(x.dtype).max:
+        top = torch.finfo(compute).max
+        conditions.append(
+            (
+                lambda v: (torch.isfinite(v) & (v.abs() > top)).any(-1),
+                f"a value beyond {compute}'s range (|x| > {top:.4g}), which it is scored in",
+            )
+        )
+    conditions.append((lambda v: (v == -math.inf).all(-1), "no finite emission (every class is -inf)"))
+    for test, what in conditions:
+        bad = test(x)
+        if valid is not None:
+            bad = bad & valid
+        hit = torch.nonzero(bad)
+        if hit.numel():
+            b, t = (int(v) for v in hit[0])
+            raise ValueError(f"{name}: example {b}, frame {t}: {what}")

@@ -107,10 +107,11 @@ def combine(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(losses, feasible mask, its float)`` of a normaliser's ``logz`` and the numerators'
     ``-log Z`` (``(B,)`` each); no path through either (``-inf + inf``) is an infeasible row
-    (``inf``), not NaN; with ``zero_infinity`` infeasible rows give 0."""
+    (``inf``), not NaN; with ``zero_infinity`` infeasible rows give 0 (not a row whose
+    normaliser is ``+inf``: an infinite emission or weight is never hidden)."""
     losses = logz + num_loss
     losses = torch.where((logz == -np.inf) & (num_loss == np.inf), torch.full_like(losses, np.inf), losses)
     ok = torch.isfinite(losses)
-    if zero_infinity:
-        losses = torch.where(ok, losses, torch.zeros_like(losses))
+    if zero_infinity:  # infeasible rows only: a normaliser of +inf (an infinite emission) stays
+        losses = torch.where((losses == np.inf) & (logz != np.inf), torch.zeros_like(losses), losses)
     return losses, ok, ok.to(logz.dtype)

@@ -100,7 +100,8 @@ def score(
         E: ``(B, T, C)`` float32/float64 emissions.
         w: ``(num_arcs,)`` arc weights in E's dtype and on its device.
         impl: a resolved implementation (see :func:`pick_impl`).
-        zero_infinity: rows with no path get loss 0 instead of ``inf``.
+        zero_infinity: rows with no path get loss 0 instead of ``inf`` (never a row whose
+            terms read an infinite score: its loss stays infinite or NaN).
         need_e: also return ``d loss[b] / d E[b]`` for every row (a ``(B, T, C)`` tensor).
         w_coef: ``(B,)`` coefficients; when given, also return
             ``sum_b w_coef[b] * d loss[b] / d w`` (a ``(num_arcs,)`` tensor).
@@ -128,7 +129,13 @@ def score(
     losses = torch.zeros(plan.B, dtype=dtype, device=dev).index_add_(0, rows, contrib)
     ok = ~torch.isinf(losses)
     if zero_infinity:
-        losses = torch.where(ok, losses, torch.zeros_like(losses))
+        # only an infeasible row (+inf: a term without a path) is zeroed; a row that reads an
+        # infinite score (a +inf emission or weight: a term of log Z = +inf) keeps its loss
+        inf_in = torch.zeros(plan.B, dtype=dtype, device=dev).index_add_(
+            0, rows, ((logz == np.inf) & (sign != 0)).to(dtype)
+        )
+        zero = (losses == np.inf) & (inf_in == 0)
+        losses = torch.where(zero, torch.zeros_like(losses), losses)
     okf = ok.to(dtype)
     gw = None
     if st is not None:  # log-domain state: the backward pass, once per set of coefficients

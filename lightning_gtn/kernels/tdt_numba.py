@@ -52,7 +52,9 @@ def _lse_row(x, lo, hi):
     for i in range(lo, hi):
         if x[i] > m:
             m = x[i]
-    if m == NEG_INF or m == math.inf:
+    if m == math.inf:  # the softmax of a +inf logit is undefined: NaN, as torch's log_softmax
+        return math.nan
+    if m == NEG_INF:
         return m
     s = 0.0
     for i in range(lo, hi):

@@ -16,11 +16,43 @@ __all__ = ["ConvEncoder", "ConvRNNEncoder", "ConvTransduceEncoder", "MAX_PARAMS"
 MAX_PARAMS = 1 << 28
 
 
-def _check_params(count: int) -> None:
-    """A ValueError when an encoder of ``count`` weights would exceed :data:`MAX_PARAMS` (checked
-    before anything is allocated: a config or checkpoint may not ask for unbounded memory)."""
+def _check_params(count: int, sizes: str = "these sizes") -> None:
+    """A ValueError when a model of ``count`` weights would exceed :data:`MAX_PARAMS` (checked
+    before anything is allocated: a config or checkpoint may not ask for unbounded memory);
+    ``sizes`` names the settings that make them (``"model.joiner_dim=65536, ..."``)."""
     if count > MAX_PARAMS:
-        raise ValueError(f"model: these sizes make {count:,} weights, over the limit of {MAX_PARAMS:,}")
+        raise ValueError(
+            f"model: {sizes} make {count:,} weights, over the limit of {MAX_PARAMS:,} "
+            "(lightning_gtn.lightning.models.MAX_PARAMS)"
+        )
+
+
+def _check_dropout(value) -> float:
+    """``model.dropout`` as a float in ``[0, 1)`` (NaN, bools and strings are errors)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"model.dropout must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _conv_rnn_params(
+    feature_dim: int,
+    num_classes: int,
+    conv_channels: int,
+    conv_layers: int,
+    kernel_size: int,
+    hidden_size: int,
+    rnn_layers: int,
+    rnn: str,
+) -> int:
+    """An upper estimate of the weights of a :class:`ConvRNNEncoder` of these sizes (within 10%)."""
+    gates = 3 if rnn == "gru" else 4
+    conv_in = [feature_dim] + [conv_channels] * max(conv_layers - 1, 0)
+    rnn_in = [conv_channels if conv_layers else feature_dim] + [2 * hidden_size] * (rnn_layers - 1)
+    return (
+        sum(c * conv_channels * kernel_size + conv_channels for c in conv_in[:conv_layers])
+        + sum(2 * gates * hidden_size * (i + hidden_size + 2) for i in rnn_in)
+        + (2 * hidden_size + 1) * num_classes
+    )
 
 
 def _check_int(name: str, value: int, low: int, high: int) -> int:
@@ -140,8 +172,7 @@ class ConvEncoder(_StridedEncoder):
             if _check_int(name, k, 1, 63) % 2 != 1:
                 raise ValueError(f"model.{name} must be odd, got {k}")
         _check_int("stride", stride, 1, 8)
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"model.dropout must be in [0, 1), got {dropout!r}")
+        dropout = _check_dropout(dropout)
         if activation not in ("relu", "gelu"):
             raise ValueError(f"model.activation must be 'relu' or 'gelu', got {activation!r}")
         block = channels * kernel_size + channels * channels + 4 * channels  # depthwise, pointwise, norm
@@ -222,13 +253,11 @@ class ConvRNNEncoder(_StridedEncoder):
             raise ValueError(f"model.kernel_size must be odd, got {kernel_size}")
         if rnn not in ("gru", "lstm"):
             raise ValueError(f"model.rnn must be 'gru' or 'lstm', got {rnn!r}")
-        gates = 3 if rnn == "gru" else 4
-        conv_in = [feature_dim] + [conv_channels] * max(conv_layers - 1, 0)
-        rnn_in = [conv_channels if conv_layers else feature_dim] + [2 * hidden_size] * (rnn_layers - 1)
+        dropout = _check_dropout(dropout)
         _check_params(
-            sum(c * conv_channels * kernel_size + conv_channels for c in conv_in[:conv_layers])
-            + sum(2 * gates * hidden_size * (i + hidden_size + 2) for i in rnn_in)
-            + (2 * hidden_size + 1) * num_classes
+            _conv_rnn_params(
+                feature_dim, num_classes, conv_channels, conv_layers, kernel_size, hidden_size, rnn_layers, rnn
+            )
         )
         layers: list[nn.Module] = []
         channels = feature_dim

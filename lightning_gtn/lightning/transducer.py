@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .models import ConvRNNEncoder
+from .models import ConvRNNEncoder, _check_dropout, _check_params, _conv_rnn_params
 
 __all__ = ["TransducerModel", "PREDICTORS"]
 
@@ -110,6 +110,27 @@ class TransducerModel(nn.Module):
             raise ValueError(f"model.predictor must be one of {PREDICTORS}, got {predictor!r}")
         if isinstance(blank, bool) or not isinstance(blank, int) or not 0 <= blank < num_classes:
             raise ValueError(f"model.blank must be a class id in [0, {num_classes}), got {blank!r}")
+        dropout = _check_dropout(dropout)
+        # the whole network (encoder, prediction network, joiner) is bounded before anything is built
+        V, P, J = num_classes, predictor_dim, joiner_dim
+        head = (
+            V * P  # embedding
+            + (P * context_size if predictor == "stateless" else 4 * P * (2 * P + 2))  # context or LSTM
+            + (P + 1) * J  # predictor_proj
+            + (J + 1) * (V + extra_outputs)  # joiner
+            + 2 * (J + 1) * V  # am_proj, lm_proj
+        )
+        try:
+            encoder = _conv_rnn_params(
+                feature_dim, joiner_dim, conv_channels, conv_layers, kernel_size, hidden_size, rnn_layers, rnn
+            )
+        except TypeError:  # a size of the wrong type: the encoder names it below
+            encoder = 0
+        _check_params(
+            encoder + head,
+            f"model.num_classes={V} (the vocabulary's chars and the blank), model.extra_outputs={extra_outputs} "
+            f"(the loss's), model.predictor_dim={P}, model.joiner_dim={J} and the encoder's sizes",
+        )
         self.num_classes = num_classes
         self.extra_outputs = extra_outputs
         self.blank = blank

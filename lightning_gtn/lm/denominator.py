@@ -58,6 +58,7 @@ __all__ = [
     "MAX_DATA_NODES",
     "MAX_DATA_ARCS",
     "MAX_DATA_CLASSES",
+    "MAX_DATA_WEIGHT",
     "DATA_FORMAT",
     "token_lm",
     "token_lm_tables",
@@ -82,6 +83,12 @@ MAX_DATA_ARCS = 1 << 22
 
 MAX_DATA_CLASSES = 1 << 24
 """The most emission classes :func:`graph_from_data` accepts."""
+
+MAX_DATA_WEIGHT = 1.0e4
+"""The largest arc weight magnitude :func:`graph_from_data` accepts (a log-score: an n-gram's are
+tens at most). A path of ``T`` arcs then scores at most ``T * (MAX_DATA_WEIGHT + log(arcs))``, so
+``log Z`` stays finite in float32 for any realistic ``T``; a weight of ``3e38`` would overflow
+within two frames."""
 
 DATA_FORMAT = "lightning_gtn.acceptor"
 """The ``format`` field of :func:`graph_to_data`."""
@@ -539,7 +546,8 @@ def graph_from_data(data: Mapping[str, Any]) -> Graph:
             count beyond :data:`MAX_DATA_NODES` / :data:`MAX_DATA_ARCS` or a string longer than
             such counts allow (checked before parsing), a malformed line, a node id outside
             ``[0, num_nodes)``, a label outside ``[0, num_classes)``, a repeated start or accept
-            id, a weight that is not a finite float32.
+            id, a weight that is not a finite float32 or beyond :data:`MAX_DATA_WEIGHT`, no
+            start or accept node, or no path from a start node to an accept node.
     """
     if not isinstance(data, Mapping):
         raise ValueError(f"data must be a mapping, got {type(data).__name__}")
@@ -558,5 +566,39 @@ def graph_from_data(data: Mapping[str, Any]) -> Graph:
     start = _ids(data, "start", n)
     accept = _ids(data, "accept", n)
     src, dst, lab, weights = _arcs(data, n, c)
+    if len(weights) and float(np.abs(weights).max()) > MAX_DATA_WEIGHT:
+        at = int(np.abs(weights).argmax())
+        raise ValueError(
+            f"data: arcs line {at + 1} has weight {float(weights[at]):.6g}, beyond +-MAX_DATA_WEIGHT="
+            f"{MAX_DATA_WEIGHT:g} (log Z would overflow)"
+        )
+    if not start.size or not accept.size:
+        raise ValueError(f"data: {'start' if not start.size else 'accept'} names no node: the acceptor has no path")
+    if not _reaches(n, start, accept, src, dst):
+        raise ValueError("data: no accept node can be reached from a start node: the acceptor has no path")
     _check_info(data["info"])
     return Graph.from_arrays(n, start, accept, src, dst, lab, None, weights, calc_grad=False)
+
+
+def _reaches(n: int, start: np.ndarray, accept: np.ndarray, src: np.ndarray, dst: np.ndarray) -> bool:
+    """Whether a path of arcs leads from a node of ``start`` to one of ``accept`` (a depth-first
+    walk over the arcs sorted by source, each node and arc visited once)."""
+    order = np.argsort(src, kind="stable")
+    nxt = dst[order].tolist()
+    off = np.searchsorted(src[order], np.arange(n + 1)).tolist()
+    goal = np.zeros(n, dtype=bool)
+    goal[accept] = True
+    is_goal = goal.tolist()
+    seen = [False] * n
+    stack = [int(v) for v in start]
+    for v in stack:
+        seen[v] = True
+    while stack:
+        u = stack.pop()
+        if is_goal[u]:
+            return True
+        for v in nxt[off[u] : off[u + 1]]:
+            if not seen[v]:
+                seen[v] = True
+                stack.append(v)
+    return False

@@ -57,8 +57,8 @@ class _ASG(criterion.Criterion):
         t_loss, gE_t, gw_t = score(plan, E, weights.reshape(-1)[widx].to(E.dtype), impl, False, need_e, t_coef)
         losses = torch.where(ok_full > 0, logz + t_loss, torch.full_like(logz, float("inf")))
         ok = torch.isfinite(losses).to(E.dtype)
-        if zero_infinity:
-            losses = torch.where(ok > 0, losses, torch.zeros_like(losses))
+        if zero_infinity:  # infeasible rows only: a normaliser of +inf (an infinite emission) stays
+            losses = torch.where((losses == float("inf")) & (logz != float("inf")), torch.zeros_like(losses), losses)
         gE = gW = None
         if need_w:  # first: it reads the full graph's occupancies gE_f
             gW = full.transitions_grad(w_coef.to(E.dtype) * ok)

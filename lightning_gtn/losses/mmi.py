@@ -41,7 +41,14 @@ from ..kernels.batch import compile_graph
 from ..wfst import Graph
 from .graph import check_labels
 
-__all__ = ["mmi_loss", "mmi_denominator_score", "denominator_handle", "MMI_IMPLS", "num_tokens_of"]
+__all__ = [
+    "mmi_loss",
+    "mmi_denominator_score",
+    "denominator_handle",
+    "MMI_IMPLS",
+    "num_tokens_of",
+    "MAX_DENOMINATOR_ARC_FRAMES",
+]
 
 #: ``impl=`` values: None (numba on the CPU, Triton or torch on CUDA), ``"numba"`` (CPU),
 #: ``"torch"``, ``"triton"`` (CUDA tensors, or any under ``TRITON_INTERPRET=1``)
@@ -148,6 +155,24 @@ def _check_common(log_probs, denominator, leaky_hmm, impl) -> Tuple[int, int, in
     if impl not in MMI_IMPLS:
         raise ValueError(f"impl must be one of {MMI_IMPLS}, got {impl!r}")
     return B, T, C
+
+
+#: arc-frames ``B * T * A`` one call may score against a denominator of ``A`` arcs (its numerators
+#: are built from the denominator's arcs, and the graph kernel keeps per-frame scores of them:
+#: measured up to about 2 bytes per arc-frame, 2.8 GB for a random 1,400-node, 1.96M-arc
+#: denominator at B=8, T=100)
+MAX_DENOMINATOR_ARC_FRAMES = 1 << 30
+
+
+def _check_arc_frames(B: int, T: int, den: "_Denominator") -> None:
+    """ValueError naming the sizes when ``B * T * A`` exceeds :data:`MAX_DENOMINATOR_ARC_FRAMES`."""
+    A = den.graph.num_arcs()
+    if B * T * A > MAX_DENOMINATOR_ARC_FRAMES:
+        raise ValueError(
+            f"denominator: B * T * arcs = {B} * {T} * {A} = {B * T * A:,} arc-frames, over the limit of "
+            f"{MAX_DENOMINATOR_ARC_FRAMES:,} (lightning_gtn.losses.mmi.MAX_DENOMINATOR_ARC_FRAMES); "
+            "use a smaller denominator (a lower order or more pruning), a smaller batch or shorter inputs"
+        )
 
 
 def _den_impl(x: Tensor, impl: str) -> str:
@@ -420,6 +445,7 @@ def mmi_denominator_score(
     """
     B, T, C = _check_common(log_probs, denominator, leaky_hmm, impl)
     den = _denominator(denominator, "ctc")
+    _check_arc_frames(B, T, den)
     il = checks.int_tensor(input_lengths, "input_lengths")
     dt = checks.compute_dtype(log_probs)
     x = log_probs if log_probs.dtype == dt else log_probs.to(dt)
@@ -466,7 +492,9 @@ def mmi_loss(
         leaky_hmm: the leaky-HMM coefficient of the denominator, in ``[0, 1)``.
         reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: each loss divided by its target
             length (at least 1), then averaged over the batch (as ``ctc_loss``).
-        zero_infinity: examples with no numerator (or denominator) path give 0 and no gradient.
+        zero_infinity: examples with no numerator path (infeasible targets) give 0 and no
+            gradient; never an example whose denominator is infinite or that reads an infinite
+            emission (its loss stays non-finite).
         impl: None, ``"numba"``, ``"torch"`` or ``"triton"`` (the denominator; the numerators
             take the default scorer of their device with ``"triton"``).
 
@@ -485,6 +513,7 @@ def mmi_loss(
         raise ValueError(f"den_scale must be a finite number >= 0, got {den_scale!r}")
     N = num_tokens_of(C, topology)
     den = _denominator(denominator, topology)
+    _check_arc_frames(B, T, den)
     dev = log_probs.device
     if not torch.compiler.is_compiling():  # eager: clear messages before the ops (which check again)
         seqs = checks.split_targets(targets, target_lengths, B, dev, 2**62)
@@ -499,11 +528,17 @@ def mmi_loss(
         den.crit, x, tg, il, tl, blank=-1, reduction="none", zero_infinity=False, impl=num_impl, name="log_probs"
     )
     logz_den = _denominator_call(x, il, den, float(leaky_hmm), impl, False)
-    dead = torch.isinf(neg_num) | torch.isinf(logz_den)
-    safe = torch.where(dead, torch.zeros_like(logz_den), logz_den)
-    losses = torch.where(dead, torch.full_like(neg_num, math.inf), neg_num + float(den_scale) * safe)
+    # infeasible: the target has no numerator path (-log Z_num = +inf) while nothing read is
+    # infinite; that alone is +inf, and zero_infinity zeroes it. A denominator of +inf (an infinite
+    # emission or weight) or a numerator of -inf (an infinite emission on its path) is not
+    # infeasible: its loss stays +inf, -inf or NaN whatever zero_infinity says.
+    infinite_in = torch.isnan(logz_den) | (logz_den == math.inf)  # the denominator read an infinity
+    infeasible = (neg_num == math.inf) & ~infinite_in
+    safe = torch.where(infeasible, torch.zeros_like(logz_den), logz_den)
+    den_term = float(den_scale) * safe if den_scale else torch.zeros_like(safe)
+    losses = torch.where(infeasible, torch.full_like(neg_num, math.inf), neg_num + den_term)
     if zero_infinity:
-        losses = torch.where(dead, torch.zeros_like(losses), losses)
+        losses = torch.where(infeasible, torch.zeros_like(losses), losses)
     if reduction == "none":
         out = losses
     elif reduction == "sum":

@@ -13,6 +13,7 @@ the logits' own storage instead of a new buffer.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import numpy as np
@@ -131,7 +132,7 @@ def _costs_and_grad(
     if not scaled:
         costs = costs * (1.0 + lam)  # NeMo's FastEmit: the reported cost scaled too
     if zero_infinity:
-        costs = torch.where(torch.isinf(costs), torch.zeros_like(costs), costs)
+        costs = torch.where(costs == math.inf, torch.zeros_like(costs), costs)  # infeasible only (torch's rule)
     if reduction == "none":
         out = costs
     else:

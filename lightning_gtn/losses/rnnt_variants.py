@@ -27,6 +27,7 @@ pass their self-check, autograd through the torch reference elsewhere).
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -39,7 +40,13 @@ from ..kernels.rnnt_triton import duration_lattice_triton, rnnt_triton
 from ..kernels.tdt_numba import lattice_loss
 from ..kernels.tdt_torch import lattice_loss_torch
 
-__all__ = ["multiblank_rnnt_loss", "tdt_loss", "duration_lattice_op", "REDUCTIONS", "IMPLS"]
+__all__ = [
+    "multiblank_rnnt_loss",
+    "tdt_loss",
+    "duration_lattice_op",
+    "REDUCTIONS",
+    "IMPLS",
+]
 
 #: ``reduction=`` values: ``"mean"`` is the batch mean (torchaudio's meaning, NeMo's
 #: ``"mean_batch"``); ``"mean_volume"`` is NeMo's: the summed losses over the summed target lengths
@@ -50,29 +57,6 @@ IMPLS = ("numba", "torch", "triton")
 
 
 # -- argument checks ------------------------------------------------------------------------------
-
-
-def _check_durations(values, name: str, *, allow_empty: bool, allow_zero: bool) -> List[int]:
-    """A strictly increasing list of integers (``>= 0`` or ``>= 1``), else ValueError naming ``name``."""
-    if isinstance(values, torch.Tensor):
-        if values.is_floating_point() or values.dtype == torch.bool or values.dim() != 1:
-            raise ValueError(f"{name} must be a 1-D sequence of integers, got a {values.dtype} tensor")
-        values = values.tolist()
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise ValueError(f"{name} must be a list of integers, got {values!r}")
-    out = []
-    lo = 0 if allow_zero else 1
-    for v in values:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise ValueError(f"{name} must hold integers, got {v!r} in {list(values)!r}")
-        if int(v) < lo:
-            raise ValueError(f"{name} must hold integers >= {lo}, got {int(v)} in {list(values)!r}")
-        out.append(int(v))
-    if not out and not allow_empty:
-        raise ValueError(f"{name} must not be empty")
-    if any(b <= a for a, b in zip(out, out[1:])):
-        raise ValueError(f"{name} must be strictly increasing (NeMo's order), got {out}")
-    return out
 
 
 def _check_common(reduction, impl, zero_infinity, fused_log_softmax, device, what) -> None:
@@ -260,8 +244,8 @@ def duration_lattice_op(
             losses = losses.masked_fill(rows, float("nan"))
             if grad is not None:
                 grad[rows] = float("nan")
-    if zero_infinity:
-        losses = torch.where(torch.isinf(losses), torch.zeros_like(losses), losses)
+    if zero_infinity:  # infeasible only (torch's rule): -inf from a +inf log-probability stays
+        losses = torch.where(losses == math.inf, torch.zeros_like(losses), losses)
     if reduction == "none":
         out = losses
     else:
@@ -369,7 +353,7 @@ def multiblank_rnnt_loss(
     B, T, U1, V = checks.check_joiner_logits(logits)
     _check_common(reduction, impl, zero_infinity, fused_log_softmax, logits.device, "multiblank_rnnt_loss")
     blank = checks.check_class_id(blank, "blank", V)
-    durs = _check_durations(big_blank_durations, "big_blank_durations", allow_empty=True, allow_zero=False)
+    durs = checks.check_durations(big_blank_durations, "big_blank_durations", allow_empty=True, allow_zero=False)
     sigma = checks.check_real(sigma, "sigma")
     if big_blank_ids is None:
         if blank < len(durs):
@@ -439,7 +423,7 @@ def tdt_loss(
     """
     B, T, U1, V = checks.check_joiner_logits(logits)
     _check_common(reduction, impl, zero_infinity, fused_log_softmax, logits.device, "tdt_loss")
-    durs = _check_durations(durations, "durations", allow_empty=False, allow_zero=True)
+    durs = checks.check_durations(durations, "durations", allow_empty=False, allow_zero=True)
     if durs[-1] < 1:
         raise ValueError(f"durations must hold a duration >= 1 (a blank advances at least one frame), got {durs}")
     D = len(durs)

@@ -234,8 +234,8 @@ class _STCChain(criterion.Criterion):
                 gX[sub] = g_x
                 gp[sub] = g_lp.to(gp.dtype)
         ok = torch.isfinite(losses)
-        if zero_infinity:
-            losses = torch.where(ok, losses, torch.zeros_like(losses))
+        if zero_infinity:  # infeasible only (torch's rule): -inf from a +inf emission stays
+            losses = torch.where(losses == math.inf, torch.zeros_like(losses), losses)
         if need and not bool(ok.all()):
             gX[~ok] = 0
             gp[~ok] = 0

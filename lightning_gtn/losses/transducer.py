@@ -34,6 +34,7 @@ a batch are scored by the library's batched forward-backward programme inside th
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import warnings
 import weakref
@@ -146,8 +147,8 @@ class TransducerCriterion(TransducerGraphs, criterion.Criterion):
             num_loss, gE, _ = numerators.hub_numerators(self, E, seqs, lengths, impl, need_e, None)
             ok = torch.isfinite(num_loss)
             if not bool(ok.all()):
-                if zero_infinity:
-                    num_loss = torch.where(ok, num_loss, torch.zeros_like(num_loss))
+                if zero_infinity:  # infeasible only: -inf from a +inf emission stays
+                    num_loss = torch.where(num_loss == math.inf, torch.zeros_like(num_loss), num_loss)
                 if gE is not None:
                     gE[~ok] = 0
             return num_loss, gE, None

@@ -9,6 +9,7 @@ pruned loss, and the two combined by the warm-up schedule at the module's :attr:
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Tuple
 
 import torch
@@ -17,7 +18,7 @@ from torch import Tensor
 from .. import k2 as k2f
 from ..core import checks
 from ..core.checks import check_label, check_reduction
-from .rnnt import RNNTStructuredLoss, prepend_blank
+from .rnnt import RNNTStructuredLoss, check_joiner_size, prepend_blank
 
 __all__ = ["PrunedRNNTLoss", "WARMUPS"]
 
@@ -120,6 +121,11 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
 
     # -- the warm-up -----------------------------------------------------------------------------
 
+    @property
+    def max_symbols_per_frame(self) -> Optional[int]:
+        """1 for ``rnnt_type="modified"`` / ``"constrained"`` (a token also takes a frame), else None."""
+        return None if self.rnnt_type == "regular" else 1
+
     def set_step(self, step: int) -> None:
         """Sets :attr:`step`, the training step the warm-up schedule reads."""
         self.step = checks.check_int(step, "step", 0)
@@ -163,7 +169,7 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
     def _finish(self, losses: Tensor) -> Tensor:
         """``(B,)`` losses -> zero_infinity, then the reduction."""
         if self.zero_infinity:
-            losses = torch.where(torch.isinf(losses), torch.zeros_like(losses), losses)
+            losses = torch.where(losses == math.inf, torch.zeros_like(losses), losses)  # infeasible only
         if self.reduction == "none":
             return losses
         return losses.mean() if self.reduction == "mean" else losses.sum()
@@ -209,7 +215,10 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
         el = self._lengths(
             encoder_lengths, B, T, "encoder_lengths", encoder_out.device, "T", "encoder_out of shape (B, T, J)"
         )
+        self.check_symbols_per_frame(el, tl)
         boundary = torch.stack([torch.zeros_like(tl), torch.zeros_like(tl), tl, el], dim=1)
+        # the smoothed loss holds a few (B, U + 1, T) lattices: bounded as a joiner of J + V = 8 values
+        check_joiner_size(B, T, int(sym.shape[1]) + 1, 4, 4)
         am = network.simple_am(encoder_out)  # (B, T, V): V checks the targets before any lookup
         self._check_classes(sym, am.shape[-1])
         pred, _ = network.predict(prepend_blank(sym, blank), None)  # (B, U + 1, J)
@@ -232,6 +241,7 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
         # the pruned loss is computed even at scale 0 (as icefall): every parameter of the joiner
         # then takes part in the step, which DDP expects
         ranges = k2f.get_rnnt_prune_ranges(px_grad, py_grad, boundary, self.s_range)
+        check_joiner_size(B, T, int(ranges.shape[-1]), int(encoder_out.shape[-1]), int(am.shape[-1]), "s_range")
         am_p, lm_p = k2f.do_rnnt_pruning(encoder_out, pred, ranges)
         logits = network.join(am_p, lm_p)  # (B, T, s_range, V)
         pruned = k2f.rnnt_loss_pruned(

@@ -32,7 +32,36 @@ from .. import functional as lgf  # not torch.nn.functional: the library's own l
 from ..core import checks
 from .losses import StructuredLoss
 
-__all__ = ["RNNTStructuredLoss", "RNNTLoss", "prepend_blank"]
+__all__ = ["RNNTStructuredLoss", "RNNTLoss", "prepend_blank", "MAX_JOINER_VALUES", "check_joiner_size"]
+
+#: values a joiner may compute for one batch in :meth:`RNNTStructuredLoss.joint_loss`:
+#: ``B * T * (U + 1) * (J + V)`` for the full lattice (its hidden ``(B, T, U + 1, J)`` and its
+#: logits ``(B, T, U + 1, V)``), ``B * T * s_range * (J + V)`` for the pruned one (2^31 values are
+#: 8 GiB of float32, a few times that with their gradients: B=32, T=250, U=80, J=512, V=500 is a
+#: third of it)
+MAX_JOINER_VALUES = 1 << 31
+
+
+def check_joiner_size(B: int, T: int, U1: int, J: int, V: Optional[int], u1_name: str = "U + 1") -> None:
+    """ValueError naming the sizes when a joiner over ``(B, T, U1)`` nodes of ``J`` hidden and ``V``
+    output values (None: not known yet, the hidden alone) would exceed :data:`MAX_JOINER_VALUES`
+    (checked before it is called)."""
+    n = B * T * U1 * (J + (V or 0))
+    if n > MAX_JOINER_VALUES:
+        sizes = f"B * T * ({u1_name}) * J = {B} * {T} * {U1} * {J}"
+        if V is not None:
+            sizes = f"B * T * ({u1_name}) * (J + V) = {B} * {T} * {U1} * ({J} + {V})"
+        raise ValueError(
+            f"joint_loss: the joiner of this batch would compute {sizes} = {n:,} values, over the limit of "
+            f"{MAX_JOINER_VALUES:,} (lightning_gtn.nn.rnnt.MAX_JOINER_VALUES): T is the encoder's frames, U the "
+            "longest target; use shorter utterances or transcripts, a smaller batch, or the pruned loss"
+        )
+
+
+def joiner_classes(network: Any, encoder_out: torch.Tensor, pred: torch.Tensor) -> int:
+    """``V``, the joiner's outputs, from one node (before the whole lattice is joined)."""
+    with torch.no_grad():
+        return int(network.join(encoder_out[:1, :1, None, :], pred[:1, None, :1, :]).shape[-1])
 
 
 def prepend_blank(targets: torch.Tensor, blank: int) -> torch.Tensor:
@@ -62,6 +91,34 @@ class RNNTStructuredLoss(StructuredLoss):
     blank: Optional[int] = 0
     extra_outputs: int = 0
 
+    @property
+    def max_symbols_per_frame(self) -> Optional[int]:
+        """The most tokens the loss's lattice places on one frame (None: any number, the regular
+        RNN-T). A loss that needs ``U <= k * T`` returns ``k``; :meth:`joint_loss` then refuses,
+        before the joiner runs, an example whose target cannot fit in its frames (unless the
+        loss has ``zero_infinity``, which gives it 0)."""
+        return None
+
+    def check_symbols_per_frame(self, encoder_lengths: torch.Tensor, target_lengths: torch.Tensor) -> None:
+        """ValueError naming the example, ``U``, ``T`` and :attr:`max_symbols_per_frame` when a target
+        is longer than its frames allow (nothing when the loss allows any number or zeroes
+        infeasible examples)."""
+        k = self.max_symbols_per_frame
+        if k is None or getattr(self, "zero_infinity", False):
+            return
+        tl = torch.as_tensor(target_lengths).reshape(-1).to("cpu", torch.int64)
+        el = torch.as_tensor(encoder_lengths).reshape(-1).to("cpu", torch.int64)
+        if tl.shape != el.shape:
+            return  # the loss names the shapes
+        bad = torch.nonzero(tl > k * el).reshape(-1)
+        if bad.numel():
+            b = int(bad[0])
+            raise ValueError(
+                f"joint_loss: example {b} has U={int(tl[b])} tokens for T={int(el[b])} encoder frames, but "
+                f"{type(self).__name__} ({self.extra_repr()}) places at most {k} token(s) on a frame; use "
+                "shorter transcripts or longer audio, or zero_infinity: true to give such examples 0"
+            )
+
     def set_step(self, step: int) -> None:
         """Told the global training step before each training batch (the Lightning layer calls
         it); a loss with a warm-up schedule (the pruned loss) overrides it. A no-op here."""
@@ -81,8 +138,18 @@ class RNNTStructuredLoss(StructuredLoss):
     ) -> torch.Tensor:
         """The loss of a batch from a transducer network (see the module docstring) and its
         encoder output ``(B, T, J)``: the full lattice ``join(enc[:, :, None], pred[:, None])``
-        scored by :meth:`forward`."""
+        scored by :meth:`forward`. ValueError, before the joiner runs, when that lattice would
+        exceed :data:`MAX_JOINER_VALUES`."""
+        if not isinstance(encoder_out, torch.Tensor) or encoder_out.dim() != 3:
+            got = tuple(encoder_out.shape) if isinstance(encoder_out, torch.Tensor) else type(encoder_out).__name__
+            raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
+        B, T, J = encoder_out.shape
+        U1 = (targets.shape[1] if isinstance(targets, torch.Tensor) and targets.dim() == 2 else 0) + 1
+        self.check_symbols_per_frame(encoder_lengths, target_lengths)
+        check_joiner_size(B, T, U1, J, None)  # the joiner's hidden alone, before the prediction network
         pred, _ = network.predict(prepend_blank(targets, int(self.blank or 0)), None)
+        if B * T:
+            check_joiner_size(B, T, U1, J, joiner_classes(network, encoder_out, pred))
         logits = network.join(encoder_out[:, :, None, :], pred[:, None, :, :])
         return self(logits, targets, encoder_lengths, target_lengths)
 

@@ -7,11 +7,13 @@ losses must build its joiner with ``V + extra_outputs`` outputs. See ``docs/rnnt
 
 from __future__ import annotations
 
+import itertools
 from typing import List, Optional, Sequence
 
 import torch
 
 from .. import functional as lgf
+from ..core import checks
 from .rnnt import RNNTStructuredLoss
 
 __all__ = ["MultiBlankRNNTLoss", "TDTLoss"]
@@ -161,6 +163,11 @@ class TDTLoss(RNNTStructuredLoss):
     def _blank(self) -> int:
         return _blank_of(self)
 
+    @property
+    def max_symbols_per_frame(self) -> Optional[int]:
+        """1 when no duration is 0 (every token then advances a frame), else None."""
+        return None if 0 in self.durations else 1
+
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The loss of joiner outputs ``(B, T, U + 1, V + len(durations))``."""
         return lgf.tdt_loss(
@@ -197,11 +204,12 @@ def _blank_of(loss: RNNTStructuredLoss) -> int:
 
 
 def _checked(values, name: str) -> Sequence[int]:
-    """``values`` as a sequence (a config's ListConfig or a tuple), before the loss checks its items."""
+    """``values`` as a list (from a config's ListConfig or a tuple): at most
+    :data:`~lightning_gtn.core.checks.MAX_DURATIONS` integers (counted before more are read), each
+    in ``[0, MAX_DURATION]``, strictly increasing (the loss checks the rest)."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise ValueError(f"{name} must be a list of integers, got {values!r}")
-    out = list(values)
-    for v in out:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name} must hold integers, got {v!r} in {out!r}")
-    return out
+    out = list(itertools.islice(values, checks.MAX_DURATIONS + 1))
+    if len(out) > checks.MAX_DURATIONS:
+        raise ValueError(f"{name} must hold at most MAX_DURATIONS={checks.MAX_DURATIONS} durations, got more")
+    return checks.check_durations(out, name, allow_empty=True, allow_zero=True)

@@ -79,3 +79,17 @@ def test_reals_and_bools():
         checks.check_real("0.1", "sigma")
     with pytest.raises(ValueError, match="zero_infinity must be a bool"):
         checks.check_bool(1, "zero_infinity")
+
+
+def test_emission_values_name_what_is_wrong():
+    check_emission_values = checks.check_emission_values
+    x = torch.zeros(2, 3, 4, dtype=torch.float64)
+    check_emission_values(x, "em", [3, 3], torch.float32)
+    x[1, 2, 0] = 1e300
+    with pytest.raises(ValueError, match=r"em: example 1, frame 2: a value beyond torch.float32's range"):
+        check_emission_values(x, "em", [3, 3], torch.float32)
+    check_emission_values(x, "em", [3, 2], torch.float32)  # past the length: never read
+    check_emission_values(x, "em", [3, 3], torch.float64)
+    x[0, 1] = -math.inf
+    with pytest.raises(ValueError, match=r"example 0, frame 1: no finite emission"):
+        check_emission_values(x, "em", None, torch.float64)

@@ -309,3 +309,97 @@ def test_loss_rnnt_config_trains_the_transducer_end_to_end(tmp_path):
     epochs = [float(r["train/loss_epoch"]) for r in rows if r.get("train/loss_epoch")]
     assert len(epochs) == 5 and epochs[-1] < 0.8 * epochs[0], epochs
     assert 0.0 <= metrics["val/cer"] and metrics["val/wer"] <= 1.0 + 1e-6
+
+
+def test_a_transducer_too_large_to_build_is_refused_before_it_is_built():
+    """10^6 chars with joiner_dim = predictor_dim = 65536 asked for 262 GB: the whole network's
+    weights are counted first and the message names the settings; the estimate bounds the real count."""
+    import lightning_gtn.lightning.transducer as tr
+
+    with pytest.raises(ValueError, match=r"model.num_classes=1000001 .*model.joiner_dim=65536 .*over the limit"):
+        TransducerModel(feature_dim=8, num_classes=10**6 + 1, predictor_dim=65536, joiner_dim=65536)
+    with pytest.raises(ValueError, match=r"model.extra_outputs=1000000000 .*over the limit"):
+        TransducerModel(feature_dim=8, num_classes=5, extra_outputs=10**9)
+    for kw in (dict(), dict(predictor="lstm", predictor_dim=40, joiner_dim=30, extra_outputs=3)):
+        seen: list = []
+        real = tr._check_params
+        tr._check_params = lambda n, sizes, seen=seen: seen.append(n)
+        try:
+            net = TransducerModel(feature_dim=8, num_classes=7, **kw)
+        finally:
+            tr._check_params = real
+        n = sum(p.numel() for p in net.parameters())
+        assert n <= seen[-1] <= 1.1 * n, (seen, n)
+
+
+@pytest.mark.parametrize("dropout", [float("nan"), 1.0, True, "0.1"])
+def test_a_checkpoint_dropout_out_of_range_is_a_config_error(tmp_path, dropout):
+    from lightning_gtn.evaluate import load_model
+    from lightning_gtn.train import ConfigError
+    from tests.lightning.test_checkpoint_trust import NET, write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "m.ckpt", network={**NET, "dropout": dropout})
+    with pytest.raises(ConfigError, match=r"model.dropout must be a number in \[0, 1\)"):
+        load_model(ckpt)
+    with pytest.raises(ValueError, match=r"model.dropout must be a number in \[0, 1\)"):
+        TransducerModel(feature_dim=8, num_classes=5, dropout=dropout)
+
+
+def test_joint_loss_bounds_the_joiner_before_it_runs(monkeypatch):
+    """A 1 s cut with a 400,000-character transcript asked the joiner for 30.7 GB: the lattice's
+    B * T * (U + 1) * (J + V) is checked before the joiner (or the prediction network) runs."""
+    import lightning_gtn.nn.rnnt as rnnt
+
+    m = TransducerModel(6, 5, **SMALL)
+    calls = []
+    monkeypatch.setattr(m, "predict", lambda *a, **k: calls.append(a) or TransducerModel.predict(m, *a, **k))
+    long = torch.ones(1, 400_000, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"B \* T \* \(U \+ 1\) \* J = 1 \* 500 \* 400001 \* 12 = .* over the limit"):
+        RNNTLoss(blank=0).joint_loss(m, torch.zeros(1, 500, 12), torch.tensor([500]), long, torch.tensor([400_000]))
+    assert not calls
+    # within the bound for the hidden (J = 12), over it once V = 5 is known: 2 * 12 * 4 * 17 = 1632
+    enc, lengths = m.encode(torch.randn(2, 24, 6), torch.tensor([24, 20]))
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0]]), torch.tensor([3, 2])
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 1631)
+    with pytest.raises(ValueError, match=r"\(12 \+ 5\) = 1,632 values, over the limit of 1,631"):
+        RNNTLoss(blank=0).joint_loss(m, enc, lengths, targets, target_lengths)
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 1632)
+    assert torch.isfinite(RNNTLoss(blank=0).joint_loss(m, enc, lengths, targets, target_lengths))
+
+
+def test_pruned_joint_loss_bounds_its_lattices(monkeypatch):
+    import lightning_gtn.nn.rnnt as rnnt
+    from lightning_gtn.nn import PrunedRNNTLoss
+
+    m = TransducerModel(6, 5, **SMALL)
+    enc, lengths = m.encode(torch.randn(2, 24, 6), torch.tensor([24, 20]))
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0]]), torch.tensor([3, 2])
+    loss = PrunedRNNTLoss(blank=0, s_range=2)
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 2 * 12 * 4 * 8 - 1)  # the smoothed loss's (B, U + 1, T)
+    with pytest.raises(ValueError, match=r"\(U \+ 1\) \* \(J \+ V\) = 2 \* 12 \* 4 \* \(4 \+ 4\)"):
+        loss.joint_loss(m, enc, lengths, targets, target_lengths)
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 2 * 12 * 2 * 17)  # the pruned joiner's (B, T, s_range)
+    assert torch.isfinite(loss.joint_loss(m, enc, lengths, targets, target_lengths))
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 815)
+    with pytest.raises(ValueError, match=r"\(s_range\) \* \(J \+ V\) = 2 \* 12 \* 2 \* \(12 \+ 5\)"):
+        loss.joint_loss(m, enc, lengths, targets, target_lengths)
+
+
+def test_joint_loss_refuses_targets_longer_than_a_loss_can_place_on_the_frames():
+    """A loss that places at most one token on a frame (k2's modified lattice, TDT without a zero
+    duration) declares it; joint_loss names the example, U and T before the joiner runs."""
+    from lightning_gtn.nn import PrunedRNNTLoss, TDTLoss
+
+    m = TransducerModel(6, 5, **{**SMALL, "extra_outputs": 2})
+    enc, lengths = m.encode(torch.randn(2, 8, 6), torch.tensor([8, 4]))  # T = 4 and 2 frames
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 1]]), torch.tensor([3, 3])
+    m3 = TransducerModel(6, 5, **SMALL)
+    for loss, net in ((PrunedRNNTLoss(blank=0, rnnt_type="modified"), m3), (TDTLoss(blank=0, durations=[1, 2]), m)):
+        with pytest.raises(ValueError, match=r"example 1 has U=3 tokens for T=2 encoder frames.*at most 1 token"):
+            loss.joint_loss(net, enc, lengths, targets, target_lengths)
+    assert PrunedRNNTLoss(blank=0).max_symbols_per_frame is None
+    assert TDTLoss(blank=0).max_symbols_per_frame is None and RNNTLoss(blank=0).max_symbols_per_frame is None
+    zi = PrunedRNNTLoss(blank=0, rnnt_type="modified", zero_infinity=True, reduction="none")
+    out = zi.joint_loss(m3, enc, lengths, targets, target_lengths)
+    assert torch.isfinite(out[0]) and out[1] == 0
+    assert torch.isfinite(RNNTLoss(blank=0).joint_loss(m3, enc, lengths, targets, target_lengths))

@@ -370,3 +370,29 @@ def test_hostile_data_sizes_refused_before_allocating():
     for bad in (None, [], "data", 3):
         with pytest.raises(ValueError):
             graph_from_data(bad)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(start=""), "start names no node"),
+        (dict(accept=""), "accept names no node"),
+        ("weight", r"has weight 3e\+38, beyond \+-MAX_DATA_WEIGHT=10000 \(log Z would overflow\)"),
+        ("unreachable", "no accept node can be reached from a start node"),
+    ],
+)
+def test_data_of_a_denominator_without_a_finite_path_sum_is_refused(change, match):
+    """accept "", start "" or a weight of 3e38 passed, and zero_infinity then reported val/loss 0.0."""
+    data = json.loads(_data_json())
+    if change == "weight":
+        lines = data["arcs"].split("\n")
+        s, d, lab, _ = lines[3].split()
+        lines[3] = f"{s} {d} {lab} 3e38"
+        data["arcs"] = "\n".join(lines)
+    elif change == "unreachable":  # the only accept node: one no arc enters
+        n = data["num_nodes"] + 1
+        data.update(num_nodes=n, accept=str(n - 1))
+    else:
+        data.update(change)
+    with pytest.raises(ValueError, match=match):
+        graph_from_data(data)

@@ -408,3 +408,38 @@ def test_torch_path_under_autocast_and_half_inputs_scores_in_float32():
     torch.testing.assert_close(zb.float(), mmi_denominator_score(xb.detach().float(), il, den), rtol=1e-2, atol=1e-2)
     zb.sum().backward()
     assert xb.grad.dtype == torch.bfloat16 and torch.isfinite(xb.grad.float()).all()
+
+
+def test_zero_infinity_zeroes_infeasible_targets_only():
+    """An infinite denominator (a weight of 3e38) or a +inf emission was zeroed like an infeasible
+    target, so evaluation reported val/loss 0.0; only the infeasible row is zeroed now."""
+    den = bigram_den(2, seed=5)
+    tg, tl, il = torch.tensor([[1, 2, 1], [1, 1, 1], [2, 0, 0]]), torch.tensor([3, 3, 1]), torch.tensor([4, 4, 2])
+    x = torch.randn(3, 4, 3, dtype=torch.float64)
+    x[2, 0, 2] = math.inf  # on row 2's only numerator paths' reach
+    zi = mmi_loss(x, tg, il, tl, denominator=den, reduction="none", zero_infinity=True)
+    assert zi[1] == 0 and torch.isfinite(zi[0]) and not torch.isfinite(zi[2])
+    big = gtn.Graph(False)
+    big.add_node(True, True)
+    for c in range(3):
+        big.add_arc(0, 0, c, c, 3e38 if c == 1 else 0.0)
+    x = torch.randn(3, 4, 3)  # float32: two arcs of 3e38 overflow
+    zi = mmi_loss(x, tg, il, tl, denominator=big, reduction="none", zero_infinity=True)
+    assert (zi == math.inf).all()  # row 1 is infeasible too, but its denominator is infinite
+
+
+def test_denominator_arc_frames_are_bounded(monkeypatch):
+    import lightning_gtn.losses.mmi as mmi
+
+    den = bigram_den(2, seed=5)
+    A = den.num_arcs()
+    x = torch.randn(3, 4, 3)
+    tg, tl, il = torch.tensor([[1], [1], [2]]), torch.tensor([1, 1, 1]), torch.tensor([4, 4, 2])
+    monkeypatch.setattr(mmi, "MAX_DENOMINATOR_ARC_FRAMES", 3 * 4 * A - 1)
+    msg = rf"B \* T \* arcs = 3 \* 4 \* {A} = {3 * 4 * A} arc-frames, over the limit"
+    with pytest.raises(ValueError, match=msg):
+        mmi_loss(x, tg, il, tl, denominator=den)
+    with pytest.raises(ValueError, match=msg):
+        mmi_denominator_score(x, il, den)
+    monkeypatch.setattr(mmi, "MAX_DENOMINATOR_ARC_FRAMES", 3 * 4 * A)
+    assert torch.isfinite(mmi_loss(x, tg, il, tl, denominator=den))

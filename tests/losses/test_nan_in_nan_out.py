@@ -124,3 +124,41 @@ def test_decoders_refuse_nan_emissions():
             crit.decode(y)
         with pytest.raises(ValueError, match="emissions contains NaN"):
             crit.viterbi(y)
+
+
+def test_zero_infinity_never_hides_an_infinite_emission():
+    """A +inf emission made a row's loss -inf (impl="torch") or +inf (ASG's normaliser), which
+    zero_infinity then zeroed like an infeasible target; only infeasible rows are zeroed now."""
+    import lightning_gtn.wfst as gtn
+
+    x = torch.randn(3, 6, 4, dtype=torch.float64).log_softmax(-1)
+    x[1, 2, 1] = math.inf
+    g = gtn.Graph(False)
+    g.add_node(True)
+    g.add_node(False, True)
+    for c in range(4):
+        g.add_arc(0, 0, c)
+        g.add_arc(0, 1, c)
+        g.add_arc(1, 1, c)
+    out = F.graph_loss(x, None, [6, 6, 0], graphs=g, reduction="none", zero_infinity=True, impl="torch")
+    assert torch.isfinite(out[0]) and not torch.isfinite(out[1]) and out[2] == 0  # row 2: no path in 0 frames
+    tg, tl = torch.tensor([[1, 2], [1, 2], [1, 2]]), torch.tensor([2, 2, 2])
+    x[1, 2, 1], x[1, 2, 3] = 0.0, math.inf  # class 3 is on no target path, only in the normaliser
+    asg = F.asg_loss(x, tg, [6, 6, 1], tl, transitions=torch.zeros(5, 4, dtype=torch.float64), reduction="none",
+                     zero_infinity=True)  # fmt: skip
+    assert torch.isfinite(asg[0]) and asg[1] == math.inf and asg[2] == 0  # row 2: 2 tokens in 1 frame
+
+
+def test_zero_infinity_of_stc_and_the_word_piece_transducer_keeps_an_infinite_emission():
+    """Their fast paths zeroed every infinite loss, so a +inf emission gave a loss of 0."""
+    x = torch.randn(2, 6, 4).log_softmax(-1)
+    x[1, 2, 1] = math.inf
+    tg, tl = torch.tensor([[1, 2], [1, 2]]), torch.tensor([2, 2])
+    stc = F.stc_loss(x, tg, [6, 6], tl, reduction="none", zero_infinity=True)
+    tr = F.transducer_loss(x, [[0, 1], [0, 1]], [6, 6], tokens=["a", "b", "c", "d"],
+                           graphemes_to_idx={"a": 0, "b": 1, "c": 2, "d": 3}, reduction="none",
+                           zero_infinity=True)  # fmt: skip
+    for out in (stc, tr):
+        assert torch.isfinite(out[0]) and not torch.isfinite(out[1]), out
+    short = F.stc_loss(x, tg, [6, 1], tl, reduction="none", zero_infinity=True)  # row 1: no path in 1 frame
+    assert short[1] == 0

@@ -456,3 +456,47 @@ def test_op_refuses_a_bad_arc_description():
         duration_lattice_op(*args, 4, 0, [0], [-1], [7], [1], [-1], 0.0, 0.0, True, "sum", False, "", False)
     with pytest.raises(ValueError, match="duration indices"):
         duration_lattice_op(*args, 3, 1, [0], [3], [2], [1], [-1], 0.0, 0.0, True, "sum", False, "", False)
+
+
+def test_durations_are_bounded_in_length_and_value():
+    """A durations list of 3M entries took 68 s and 2.9 GB before asking for 786 GB; a duration
+    of 2^64 was a torch schema error: both are refused by name, before anything is built."""
+
+    from lightning_gtn.core import checks
+
+    MultiBlankRNNTLoss, TDTLoss = lgn.MultiBlankRNNTLoss, lgn.TDTLoss
+
+    n = checks.MAX_DURATIONS + 1
+    for make in (
+        lambda: TDTLoss(durations=range(3_000_000)),
+        lambda: TDTLoss(durations=list(range(n))),
+        lambda: MultiBlankRNNTLoss(big_blank_durations=list(range(1, n + 1))),
+        lambda: lgf.tdt_loss(torch.zeros(1, 1, 1, n + 2), torch.zeros(1, 0), [1], [0], durations=list(range(n))),
+    ):
+        with pytest.raises(ValueError, match="at most MAX_DURATIONS=1024 durations"):
+            make()
+    for make in (
+        lambda: MultiBlankRNNTLoss(big_blank_durations=[2, 2**64]),
+        lambda: MultiBlankRNNTLoss(big_blank_durations=[2, 2**63 - 1]),
+        lambda: TDTLoss(durations=[0, 1, checks.MAX_DURATION + 1]),
+        lambda: lgf.multiblank_rnnt_loss(
+            torch.zeros(1, 1, 1, 4), torch.zeros(1, 0, dtype=torch.long), [1], [0], big_blank_durations=[2**64]
+        ),
+    ):
+        with pytest.raises(ValueError, match=r"in \[[01], MAX_DURATION=4611686018427387904\] \(frames\), got"):
+            make()
+
+
+@pytest.mark.parametrize("impl", ["numba", "torch"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_an_infinite_logit_gives_nan_as_torch_log_softmax_does(impl, zero_infinity):
+    """numba's fused normaliser read a +inf logit as a node no path may cross and gave a finite
+    loss (the torch reference: NaN, as torch.log_softmax); both are NaN now, zero_infinity or not."""
+    lg = torch.randn(2, 5, 3, 6)
+    lg[1, 1, 1, 1] = math.inf
+    tg, tl = torch.tensor([[1, 2], [1, 2]]), torch.tensor([2, 2])
+    kw = dict(reduction="none", impl=impl, zero_infinity=zero_infinity)
+    tdt = lgf.tdt_loss(lg, tg, [5, 5], tl, blank=0, durations=[0, 1], **kw)
+    mb = lgf.multiblank_rnnt_loss(lg[..., :5], tg, [5, 5], tl, blank=4, big_blank_durations=[2], **kw)
+    for out in (tdt, mb):
+        assert torch.isfinite(out[0]) and torch.isnan(out[1]), out
