@@ -154,6 +154,22 @@ def _as_factory(spec, what: str) -> Callable | None:
         raise ValueError(f"{what}: cannot build {spec.get('_target_')}: {e}") from e
 
 
+def _multiprocess_summary(trainer) -> str:
+    """One line for the start of a multi-process run: the processes split each epoch, so a step
+    reads ``world_size`` batches and an epoch has ``1 / world_size`` of one process's steps."""
+    n = int(trainer.world_size)
+    per_epoch, steps = trainer.num_training_batches, trainer.estimated_stepping_batches
+    parts = [f"{n} processes: each optimizer step reads one batch per process ({n} batches)"]
+    if per_epoch != float("inf"):
+        parts.append(f"an epoch is {int(per_epoch)} steps (one process: {int(per_epoch) * n})")
+    if steps != float("inf"):
+        parts.append(f"this run trains at most {int(steps)} steps")
+    return (
+        "; ".join(parts) + f": the samples of a one-process run in 1/{n} of its steps (to train as many "
+        f"steps, multiply max_epochs by {n} or set max_steps)"
+    )
+
+
 class StructuredLossMixin:
     """Adds a structured loss, Viterbi decoding, CER/WER and default optimizers to a
     ``LightningModule``. Put it first in the bases: ``class M(StructuredLossMixin, L.LightningModule)``.
@@ -263,6 +279,18 @@ class StructuredLossMixin:
         parent = getattr(super(), "setup", None)
         if parent is not None:
             parent(stage)
+
+    def on_train_start(self) -> None:
+        """With several processes, says (on rank 0) how many optimizer steps the run trains and
+        that each reads one batch per process, then runs the parent class's hook."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None and int(trainer.world_size) > 1:
+            from lightning.pytorch.utilities import rank_zero_info
+
+            rank_zero_info(_multiprocess_summary(trainer))
+        parent = getattr(super(), "on_train_start", None)
+        if parent is not None:
+            parent()
 
     def _metrics(self):
         return [self.val_cer, self.val_wer, self.test_cer, self.test_wer, self.val_loss_mean, self.test_loss_mean]
