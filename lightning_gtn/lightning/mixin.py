@@ -66,7 +66,7 @@ __all__ = [
 #: ``simple_lm``); see :mod:`lightning_gtn.nn.rnnt`.
 TRANSDUCER_METHODS = ("encode", "predict", "select_state", "join")
 
-_RNNT_LOSSES = "loss=rnnt|pruned_rnnt|tdt|multiblank"
+_RNNT_LOSSES = "rnnt, pruned_rnnt, tdt, multiblank"
 
 
 def transducer_methods(loss=None) -> tuple[str, ...]:
@@ -364,7 +364,7 @@ class StructuredLossMixin:
         if net is not None and is_transducer_network(net):
             raise ValueError(
                 f"model: {type(net).__qualname__} is a transducer network, which the RNN-T losses train "
-                f"({_RNNT_LOSSES}), but the loss is {type(self.structured_loss).__qualname__} "
+                f"(the loss names {_RNNT_LOSSES}), but the loss is {type(self.structured_loss).__qualname__} "
                 f"(topology {self.structured_loss.topology!r}): pick an RNN-T loss or another model"
             )
 

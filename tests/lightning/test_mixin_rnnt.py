@@ -103,3 +103,22 @@ def test_network_protocol_checked_at_construction():
     m = Later()
     with pytest.raises(ValueError, match=r"self\.net \(Linear\) lacks encode, predict, select_state, join"):
         m.setup("fit")
+
+
+def test_transducer_network_with_another_loss_is_named_in_library_words():
+    class Net(torch.nn.Module):
+        def encode(self, x, n): ...
+        def predict(self, t, s=None): ...
+        def select_state(self, s, i): ...
+        def join(self, e, p): ...
+
+    class CTCModule(StructuredLossMixin, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.configure_structured_loss("ctc", CHARS)
+            self.net = Net()
+
+    msg = r"the loss names rnnt, pruned_rnnt, tdt, multiblank\), but the loss is CTC"
+    with pytest.raises(ValueError, match=msg) as e:
+        CTCModule().emissions(torch.zeros(1, 4, 8), torch.tensor([4]))
+    assert "loss=" not in str(e.value)
