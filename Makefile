@@ -24,6 +24,9 @@ $(STAMP): requirements.txt pyproject.toml
 train: $(STAMP)
 	$(VENV)/bin/lightning-gtn-train $(ARGS)
 
+# Two pytest-xdist workers; before they start, tests/conftest.py compiles the numba kernels once
+# (tests/_warmup.py), so the workers load them from numba's cache. About 7 min on an idle 2-core
+# machine (28 measured on a busy one); test-fast leaves out the tests marked slow.
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --timeout 900 -q $(ARGS)
 

@@ -17,7 +17,10 @@ As a Hydra config (``conf/loss/my_ctc.yaml``, with this file importable as ``my_
 and train with ``lightning-gtn-train loss=my_ctc trust_modules=[my_criteria]`` (a builder outside
 lightning_gtn must be trusted before a config may name it).
 
-Run:  python examples/custom_criterion.py [--steps 100]
+Run:  python examples/custom_criterion.py [--steps 400 --lr 1e-2]
+
+With the defaults it trains in about 30 s on one core and ends near 5% val/cer on the embedded
+digit lines (lightning-gtn-train's CTC run, 2000 steps on 8000 lines, reaches about 2%).
 """
 
 from __future__ import annotations
@@ -57,10 +60,12 @@ def ctc_criterion(target, blank: int = 0) -> gtn.Graph:
 class HandBuiltCTCModel(StructuredLossMixin, L.LightningModule):
     """The default emission model trained with the hand-built criterion."""
 
-    def __init__(self, chars: str):
+    def __init__(self, chars: str, lr: float = 1e-2):
         super().__init__()
         # The loss states its token convention (a blank at id 0); the mixin builds the vocabulary
-        self.configure_structured_loss(TargetGraphLoss(ctc_criterion, blank=0), chars)
+        self.configure_structured_loss(
+            TargetGraphLoss(ctc_criterion, blank=0), chars, optimizer=lambda p: torch.optim.Adam(p, lr=lr)
+        )
         self.net = ConvRNNEncoder(8, self.num_classes, stride=2, hidden_size=64)
 
     def forward(self, inputs, input_lengths):
@@ -69,10 +74,12 @@ class HandBuiltCTCModel(StructuredLossMixin, L.LightningModule):
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--num-train", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=1e-2)
     a = p.parse_args(argv)
     torch.manual_seed(0)
+    torch.set_num_threads(1)  # small models: one thread is fastest on a shared machine
 
     # 1. The hand-built criterion against the library's CTC on random log-probabilities.
     B, T, C = 4, 15, 6
@@ -87,7 +94,7 @@ def main(argv=None) -> dict:
 
     # 2. Train the default model with it through the mixin.
     data = DigitLinesDataModule(num_train=a.num_train, num_val=100, num_test=100)
-    model = HandBuiltCTCModel(data.chars)
+    model = HandBuiltCTCModel(data.chars, lr=a.lr)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,

@@ -3,9 +3,13 @@
 The mixin supplies the training / validation / test / predict steps, the loss, Viterbi
 decoding, CER/WER and the optimizer; you write the network and ``forward``. Here: a small
 convolutional model (no recurrence) with a learned ASG loss, one overridden step (validation
-also logs the mean emission entropy), trained for a few steps on the embedded digit lines.
+also logs the mean emission entropy), trained on the embedded digit lines.
 
-Run:  python examples/custom_module.py [--steps 300 --loss asg]
+Run:  python examples/custom_module.py [--steps 600 --loss asg --lr 1e-2]
+
+With the defaults it trains in about 30 s on one core and ends near 10% val/cer: three
+convolutions see 13 frames, less than two digits, where lightning-gtn-train's conv + BiGRU
+default reaches about 2%.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from lightning_gtn.lightning import DigitLinesDataModule, StructuredLossMixin
 class ConvTagger(StructuredLossMixin, L.LightningModule):
     """Conv1d stack over frames -> emissions ``(B, T, C)``; all frames valid."""
 
-    def __init__(self, chars: str, loss: str = "asg", channels: int = 64, lr: float = 3e-3):
+    def __init__(self, chars: str, loss: str = "asg", channels: int = 64, lr: float = 1e-2):
         super().__init__()
         self.save_hyperparameters()
         # The loss decides the vocabulary (blank or repeat token), hence num_classes.
@@ -52,14 +56,17 @@ class ConvTagger(StructuredLossMixin, L.LightningModule):
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=600)
     p.add_argument("--loss", default="asg", choices=["ctc", "asg", "seq"])
     p.add_argument("--num-train", type=int, default=2000)
     p.add_argument("--num-val", type=int, default=200)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--channels", type=int, default=64)
     a = p.parse_args(argv)
     torch.manual_seed(0)
+    torch.set_num_threads(1)  # small models: one thread is fastest on a shared machine
     data = DigitLinesDataModule(num_train=a.num_train, num_val=a.num_val, num_test=a.num_val)
-    model = ConvTagger(data.chars, loss=a.loss)
+    model = ConvTagger(data.chars, loss=a.loss, channels=a.channels, lr=a.lr)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -74,6 +81,7 @@ def main(argv=None) -> dict:
     trainer.fit(model, datamodule=data)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     print({k: round(v, 4) for k, v in sorted(metrics.items())})
+    print(f"after {trainer.global_step} steps: val/cer {metrics['val/cer']:.3f}, val/wer {metrics['val/wer']:.3f}")
     texts = trainer.predict(model, dataloaders=data.val_dataloader())[0][:4]
     print("decoded:", texts)
     return metrics

@@ -7,7 +7,8 @@ blank's id or None; ``repeat_label``; ``target_classes``; ``num_classes``; ...) 
 emissions (``best_paths``). Only those declarations are read here, never a loss's signature or
 other attributes. A loss is given as
 
-* a name of a built-in loss (``"ctc"``, ``"asg"``, ``"seq"``, ``"stc"``, ``"graph"``),
+* a loss name: the name of a packaged config ``conf/loss/<name>.yaml`` (``"ctc"``, ``"asg"``,
+  ``"rnnt"``, ``"pruned_rnnt"``, ...; :func:`loss_names`), built from that config as below,
 * a config mapping with ``_target_`` naming a loss class (what ``conf/loss/*.yaml`` holds);
   the arguments the class declares in ``vocabulary_arguments`` (``num_classes``,
   ``graphemes_to_idx``, ...) are filled in from the characters. It may only name registered types of
@@ -22,6 +23,7 @@ other attributes. A loss is given as
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from torch import nn
 
@@ -30,16 +32,52 @@ from lightning_gtn.nn import ModuleLoss, StructuredLoss, TargetGraphLoss
 
 from .vocabulary import Vocabulary
 
-__all__ = ["build_loss", "BUILTIN_LOSSES", "TargetGraphLoss"]
+__all__ = ["build_loss", "BUILTIN_LOSSES", "LOSS_CONFIG_DIR", "loss_config", "loss_names", "TargetGraphLoss"]
 
-#: Built-in loss names and their module classes.
-BUILTIN_LOSSES = {
-    "ctc": "lightning_gtn.nn.CTCLoss",
-    "asg": "lightning_gtn.nn.ASGLoss",
-    "seq": "lightning_gtn.nn.SequenceLoss",
-    "stc": "lightning_gtn.nn.STCLoss",
-    "graph": "lightning_gtn.nn.TargetGraphLoss",
-}
+#: The folder of the packaged loss configs (``conf/loss/*.yaml``): each file's name is a loss name.
+LOSS_CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf" / "loss"
+
+
+def loss_names() -> list[str]:
+    """The names :func:`build_loss` accepts: one per packaged config ``conf/loss/<name>.yaml``."""
+    return sorted(p.stem for p in LOSS_CONFIG_DIR.glob("*.yaml"))
+
+
+def loss_config(name: str) -> dict:
+    """The packaged config of loss ``name`` as a plain dict, without its Hydra ``defaults`` list
+    (which picks the CLI's model: not part of the loss).
+
+    Raises:
+        ValueError: ``name`` is not one of :func:`loss_names`.
+    """
+    from omegaconf import OmegaConf
+
+    names = loss_names()
+    if name not in names:
+        raise ValueError(f"loss: unknown name {name!r}; choose from {names}")
+    cfg = OmegaConf.to_container(OmegaConf.load(LOSS_CONFIG_DIR / f"{name}.yaml"), resolve=True)
+    assert isinstance(cfg, dict)
+    cfg.pop("defaults", None)
+    return cfg
+
+
+class _BuiltinLosses(Mapping):
+    """``name -> the _target_ of conf/loss/<name>.yaml``, read when asked."""
+
+    def __getitem__(self, name):
+        if name not in loss_names():
+            raise KeyError(name)
+        return loss_config(name)["_target_"]
+
+    def __iter__(self):
+        return iter(loss_names())
+
+    def __len__(self):
+        return len(loss_names())
+
+
+#: Loss names and the loss classes their packaged configs name.
+BUILTIN_LOSSES: Mapping[str, str] = _BuiltinLosses()
 
 # configs written before the loss classes moved or stated their own convention
 _MOVED = {
@@ -165,7 +203,8 @@ def build_loss(
     """Builds the loss module and the vocabulary that matches its convention.
 
     Args:
-        loss: a built-in name, a config mapping with ``_target_``, or an ``nn.Module``.
+        loss: a loss name (:func:`loss_names`: the packaged ``conf/loss/<name>.yaml``), a config
+            mapping with ``_target_``, or an ``nn.Module``.
         chars: the characters (a string), or a ready :class:`Vocabulary` (checked against the
             loss's convention).
         blank, repeat_label: the convention of an ``nn.Module`` that is not a
@@ -177,11 +216,7 @@ def build_loss(
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(loss, str):
-        if loss not in BUILTIN_LOSSES:
-            raise ValueError(f"loss: unknown name {loss!r}; choose from {sorted(BUILTIN_LOSSES)}")
-        loss = {"_target_": BUILTIN_LOSSES[loss]}
-        if loss["_target_"].endswith("TargetGraphLoss"):
-            loss.update(builder="lightning_gtn.wfst.criterion.ctc_graph", builder_kwargs={"blank_idx": 0}, blank=0)
+        loss = loss_config(loss)
     if isinstance(loss, DictConfig):
         loss = OmegaConf.to_container(loss, resolve=True)
     char_list = list(chars.chars) if isinstance(chars, Vocabulary) else list(chars)

@@ -20,7 +20,10 @@ layouts, or any ``*_step``.
 With an RNN-T loss (``loss.topology == "rnnt"``) the network is a transducer network (the protocol
 of :mod:`lightning_gtn.nn.rnnt`: ``self.net``, or the module itself): the steps call its
 ``encode`` and the loss's ``joint_loss``, and decoding runs the transducer greedy search (or the
-``rnnt_beam`` decoder) instead of reading frame paths.
+``rnnt_beam`` decoder) instead of reading frame paths. The network needs
+:func:`transducer_methods` of the loss: ``encode``, ``predict``, ``select_state``, ``join`` and
+the loss's own ``network_methods`` (the pruned loss's ``simple_am``, ``simple_lm``), checked by
+:meth:`StructuredLossMixin.configure_structured_loss` when the network is there, else at ``setup``.
 
 Before each training step a loss that has ``set_step`` (the RNN-T losses, LF-MMI's CTC warm-up)
 is given the global step.
@@ -54,17 +57,39 @@ __all__ = [
     "NONFINITE_ACTIONS",
     "TRANSDUCER_METHODS",
     "is_transducer_network",
+    "transducer_methods",
 ]
 
-#: The methods of a transducer network (the protocol of :mod:`lightning_gtn.nn.rnnt`).
-TRANSDUCER_METHODS = ("encode", "predict", "select_state", "join", "simple_am", "simple_lm")
+#: The methods of a transducer network that training and decoding call whatever the loss: ``encode``
+#: (the steps) and ``predict``, ``select_state``, ``join`` (the transducer decoders). A loss adds
+#: the ones its ``joint_loss`` calls (its ``network_methods``: the pruned loss's ``simple_am``,
+#: ``simple_lm``); see :mod:`lightning_gtn.nn.rnnt`.
+TRANSDUCER_METHODS = ("encode", "predict", "select_state", "join")
 
-_RNNT_LOSSES = "loss=rnnt|pruned_rnnt|tdt|multiblank"
+_RNNT_LOSSES = "rnnt, pruned_rnnt, tdt, multiblank"
 
 
-def is_transducer_network(obj) -> bool:
-    """Whether ``obj`` (a network or its class) offers every method of :data:`TRANSDUCER_METHODS`."""
-    return all(callable(getattr(obj, m, None)) for m in TRANSDUCER_METHODS)
+def transducer_methods(loss=None) -> tuple[str, ...]:
+    """The methods a transducer network needs: :data:`TRANSDUCER_METHODS` and, given an RNN-T loss,
+    the ``network_methods`` it declares."""
+    own = tuple(getattr(loss, "network_methods", ()) or ())
+    return TRANSDUCER_METHODS + tuple(m for m in own if m not in TRANSDUCER_METHODS)
+
+
+def _offers(obj, method: str) -> bool:
+    """Whether ``obj`` has ``method`` of its own (the mixin's ``encode`` calls the network's)."""
+    own = getattr(obj, method, None)
+    if not callable(own):
+        return False
+    cls = obj if isinstance(obj, type) else type(obj)
+    inherited = getattr(StructuredLossMixin, method, None)
+    return not issubclass(cls, StructuredLossMixin) or getattr(cls, method) is not inherited
+
+
+def is_transducer_network(obj, loss=None) -> bool:
+    """Whether ``obj`` (a network or its class) offers every method of :func:`transducer_methods`
+    (of ``loss`` when given)."""
+    return all(_offers(obj, m) for m in transducer_methods(loss))
 
 
 #: What a non-finite training loss does: stop with an error, or skip the batch.
@@ -129,6 +154,22 @@ def _as_factory(spec, what: str) -> Callable | None:
         raise ValueError(f"{what}: cannot build {spec.get('_target_')}: {e}") from e
 
 
+def _multiprocess_summary(trainer) -> str:
+    """One line for the start of a multi-process run: the processes split each epoch, so a step
+    reads ``world_size`` batches and an epoch has ``1 / world_size`` of one process's steps."""
+    n = int(trainer.world_size)
+    per_epoch, steps = trainer.num_training_batches, trainer.estimated_stepping_batches
+    parts = [f"{n} processes: each optimizer step reads one batch per process ({n} batches)"]
+    if per_epoch != float("inf"):
+        parts.append(f"an epoch is {int(per_epoch)} steps (one process: {int(per_epoch) * n})")
+    if steps != float("inf"):
+        parts.append(f"this run trains at most {int(steps)} steps")
+    return (
+        "; ".join(parts) + f": the samples of a one-process run in 1/{n} of its steps (to train as many "
+        f"steps, multiply max_epochs by {n} or set max_steps)"
+    )
+
+
 class StructuredLossMixin:
     """Adds a structured loss, Viterbi decoding, CER/WER and default optimizers to a
     ``LightningModule``. Put it first in the bases: ``class M(StructuredLossMixin, L.LightningModule)``.
@@ -164,8 +205,9 @@ class StructuredLossMixin:
         """Sets up the loss, the vocabulary, the metrics and the optimizer factory.
 
         Args:
-            loss: a built-in name (``"ctc"``, ``"asg"``, ``"seq"``, ``"stc"``), a config mapping with
-                ``_target_`` (as in ``conf/loss``), or a :class:`lightning_gtn.nn.StructuredLoss`
+            loss: a loss name (any packaged ``conf/loss/<name>.yaml``: ``"ctc"``, ``"asg"``,
+                ``"rnnt"``, ``"pruned_rnnt"``, ...), a config mapping with ``_target_`` (as in
+                ``conf/loss``), or a :class:`lightning_gtn.nn.StructuredLoss`
                 (any other ``nn.Module`` only with ``blank`` and ``repeat_label``, which wrap it
                 in :class:`lightning_gtn.nn.ModuleLoss`). The loss's declared convention
                 (``blank``, ``repeat_label``, ``target_classes``, ``num_classes``, ``tokens``,
@@ -192,7 +234,8 @@ class StructuredLossMixin:
                 registered type, or an argument that is not plain data (see
                 :mod:`lightning_gtn.trust`).
             ValueError: ``loss.blank`` disagrees with the vocabulary's blank id; ``loss`` is (or a
-                config builds) something that is not a ``StructuredLoss``, without a convention.
+                config builds) something that is not a ``StructuredLoss``, without a convention; an
+                RNN-T loss's network (already set) lacks a method the loss or decoding calls.
             TypeError: ``loss`` is none of a name, a mapping or an ``nn.Module``.
         """
         self._nonfinite_action, self._nonfinite_max = _nonfinite_policy(nonfinite)
@@ -200,6 +243,7 @@ class StructuredLossMixin:
         # build_loss checks every dotted path of a loss config against the allow-list and that
         # the loss's blank is the vocabulary's
         self.structured_loss, self.vocabulary = build_loss(loss, chars, blank, repeat_label)
+        self._check_transducer_network()
         self.configure_decoder(decoder)
         self._optimizer_factory = _as_factory(optimizer, "optim.optimizer")
         self._scheduler_factory = _as_factory(scheduler, "optim.scheduler")
@@ -230,9 +274,23 @@ class StructuredLossMixin:
         # otherwise start from the parent's (shared-memory) states.
         for m in self._metrics():
             m.reset()
+        if self.is_transducer:
+            self.transducer_network()  # a network assigned after configure_structured_loss
         parent = getattr(super(), "setup", None)
         if parent is not None:
             parent(stage)
+
+    def on_train_start(self) -> None:
+        """With several processes, says (on rank 0) how many optimizer steps the run trains and
+        that each reads one batch per process, then runs the parent class's hook."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None and int(trainer.world_size) > 1:
+            from lightning.pytorch.utilities import rank_zero_info
+
+            rank_zero_info(_multiprocess_summary(trainer))
+        parent = getattr(super(), "on_train_start", None)
+        if parent is not None:
+            parent()
 
     def _metrics(self):
         return [self.val_cer, self.val_wer, self.test_cer, self.test_wer, self.val_loss_mean, self.test_loss_mean]
@@ -267,33 +325,46 @@ class StructuredLossMixin:
         return cast(RNNTStructuredLoss, self.structured_loss)
 
     def transducer_network(self) -> Any:
-        """The transducer network of an RNN-T loss: ``self.net`` when it offers the protocol of
-        :mod:`lightning_gtn.nn.rnnt`, else this module itself when it does.
+        """The transducer network of an RNN-T loss: ``self.net`` when it offers the methods the
+        loss needs (:func:`transducer_methods`), else this module itself when it does.
 
         Raises:
             ValueError: neither does (the loss is an RNN-T loss and the model is not a transducer).
         """
+        loss = self.structured_loss
         net = getattr(self, "net", None)
-        if net is not None and is_transducer_network(net):
+        if net is not None and is_transducer_network(net, loss):
             return net
-        if is_transducer_network(self):
+        if is_transducer_network(self, loss):
             return self
-        obj = net if net is not None else self
-        lacks = ", ".join(m for m in TRANSDUCER_METHODS if not callable(getattr(obj, m, None)))
-        what = type(obj).__qualname__
+        needs = transducer_methods(loss)
+        # name the candidate that comes closest (a module with its own encode, ... and a plain self.net)
+        candidates = [c for c in (net, self) if c is not None]
+        obj = max(candidates, key=lambda c: sum(_offers(c, m) for m in needs))
+        lacks = ", ".join(m for m in needs if not _offers(obj, m))
+        where = "self.net" if obj is net else "this module"
         raise ValueError(
-            f"loss: {type(self.structured_loss).__qualname__} is an RNN-T loss and needs a transducer network "
-            f"(model=transducer: lightning_gtn.lightning.TransducerModel), but {what} lacks "
-            f"{lacks} "
-            "(the protocol of lightning_gtn.nn.rnnt): loss=rnnt needs model=transducer"
+            f"loss: {type(loss).__qualname__} is an RNN-T loss: it trains a transducer network, self.net or the "
+            f"module itself, offering {', '.join(needs)} (the protocol of lightning_gtn.nn.rnnt; "
+            f"lightning_gtn.lightning.TransducerModel is one), but {where} ({type(obj).__qualname__}) lacks {lacks}"
         )
+
+    def _check_transducer_network(self) -> None:
+        """At construction: an RNN-T loss's network offers what the loss and decoding call. Checked
+        once ``self.net`` is set or the module defines any protocol method itself; a module that
+        assigns ``self.net`` after :meth:`configure_structured_loss` is checked at ``setup``."""
+        if not self.is_transducer:
+            return
+        needs = transducer_methods(self.structured_loss)
+        if getattr(self, "net", None) is not None or any(_offers(type(self), m) for m in needs):
+            self.transducer_network()
 
     def _check_not_transducer(self) -> None:
         net = getattr(self, "net", None)
         if net is not None and is_transducer_network(net):
             raise ValueError(
                 f"model: {type(net).__qualname__} is a transducer network, which the RNN-T losses train "
-                f"({_RNNT_LOSSES}), but the loss is {type(self.structured_loss).__qualname__} "
+                f"(the loss names {_RNNT_LOSSES}), but the loss is {type(self.structured_loss).__qualname__} "
                 f"(topology {self.structured_loss.topology!r}): pick an RNN-T loss or another model"
             )
 

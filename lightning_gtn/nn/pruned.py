@@ -77,6 +77,8 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
     """
 
     vocabulary_arguments = ("blank",)
+    # the simple loss reads the network's own projections of both sides
+    network_methods = ("predict", "join", "simple_am", "simple_lm")
 
     def __init__(
         self,

@@ -14,7 +14,12 @@ A transducer network (the encoder, a prediction network and a joiner; the Lightn
 * ``join(enc (..., J), pred (..., J)) -> logits (..., V)``: the joiner, broadcasting over the
   leading dimensions (``enc[:, :, None]`` and ``pred[:, None]`` give ``(B, T, U + 1, V)``);
 * ``simple_am(enc (B, T, J)) -> (B, T, V)`` and ``simple_lm(pred (B, U + 1, J)) -> (B, U + 1, V)``:
-  the linear projections of k2's "simple" loss (the pruned loss needs them).
+  the linear projections of k2's "simple" loss (only the pruned loss calls them).
+
+Each loss declares in ``network_methods`` the methods its :meth:`RNNTStructuredLoss.joint_loss`
+calls (``predict`` and ``join``; the pruned loss adds ``simple_am`` and ``simple_lm``), so a
+network needs only what its loss uses; training also calls ``encode`` and the transducer
+decoders ``predict``, ``select_state`` and ``join``.
 
 Every RNN-T loss module derives from :class:`RNNTStructuredLoss`: it is called like torchaudio's
 ``RNNTLoss`` on joiner outputs, and :meth:`RNNTStructuredLoss.joint_loss` computes the loss from a
@@ -24,7 +29,7 @@ lattice).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -86,10 +91,13 @@ class RNNTStructuredLoss(StructuredLoss):
     builds the network's joiner with that many. A TDT loss names its durations in ``durations``
     and a multi-blank loss its big blanks' frame counts in ``big_blank_durations`` (output
     ``V + k`` has ``durations[k]`` / ``big_blank_durations[k]``), which greedy decoding reads.
+    ``network_methods`` names the network methods :meth:`joint_loss` calls.
     """
 
     blank: Optional[int] = 0
     extra_outputs: int = 0
+    #: the transducer network's methods that :meth:`joint_loss` calls (see the module docstring)
+    network_methods: Tuple[str, ...] = ("predict", "join")
 
     @property
     def max_symbols_per_frame(self) -> Optional[int]:

@@ -209,3 +209,21 @@ def test_target_graph_loss_config_matches_ctc_and_pickles():
     torch.testing.assert_close(ga, gb, atol=1e-4, rtol=1e-4)
     clone = pickle.loads(pickle.dumps(graph))
     torch.testing.assert_close(clone(em, targets, lengths, target_lengths), a)
+
+
+def test_multiprocess_run_says_how_many_steps_it_trains(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    model = SequenceModule(NET, "ctc", CHARS, feature_dim=8)
+    model._trainer = SimpleNamespace(world_size=2, num_training_batches=250, estimated_stepping_batches=1000)
+    with caplog.at_level(logging.INFO):
+        model.on_train_start()
+    msg = " ".join(r.getMessage() for r in caplog.records)
+    assert "2 processes" in msg and "an epoch is 250 steps (one process: 500)" in msg
+    assert "at most 1000 steps" in msg and "multiply max_epochs by 2" in msg
+    caplog.clear()
+    model._trainer = SimpleNamespace(world_size=1, num_training_batches=500, estimated_stepping_batches=2000)
+    with caplog.at_level(logging.INFO):
+        model.on_train_start()
+    assert "processes" not in " ".join(r.getMessage() for r in caplog.records)
