@@ -4,11 +4,12 @@
 graph of its target (CTC's graph with a blank, the force-align chain without one, ASG's target
 graph with transitions, optionally with *star* nodes that absorb untranscribed stretches) and
 reports per-frame labels and per-token spans, scores and confidences. All examples are scored by
-one batched max-plus programme with backpointers (:mod:`._align_kernels`): on the CPU a compiled
-kernel (for plain CTC one without graphs, torchaudio's recursion restricted to the feasible band,
-on ``torch.get_num_threads()`` threads), padded tables and one step per frame for all examples on
-other devices. Memory on the CPU is bounded per example by checkpointing (at most
-``_align_kernels.MAX_ALIGN_BYTES``, 2 GiB, else a ValueError naming T, S and the bytes).
+one batched max-plus programme with backpointers (:mod:`lightning_gtn.kernels.viterbi_paths`): on
+the CPU a compiled kernel (for plain CTC one without graphs, torchaudio's recursion restricted to
+the feasible band, on ``torch.get_num_threads()`` threads), padded tables and one step per frame
+for all examples on other devices. Memory on the CPU is bounded per example by checkpointing (at
+most :data:`~lightning_gtn.kernels.viterbi_paths.MAX_ALIGN_BYTES`, 2 GiB, else a ValueError naming
+T, S and the bytes).
 
 :func:`word_spans` groups token spans into words; :func:`to_json` and :func:`to_ctm` format
 the result (:func:`lightning_gtn.align.plot.plot_alignment` draws it).
@@ -413,8 +414,8 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
 
 
 def _ctc_fast(x, seqs, lengths, blank: int, S: int, dt):
-    """CTC on the CPU without graphs (:func:`._align_kernels.ctc_states`): the outputs of
-    :func:`_forced_align_impl` from the node of every frame."""
+    """CTC on the CPU without graphs (:func:`~lightning_gtn.kernels.viterbi_paths.ctc_states`):
+    the outputs of :func:`_forced_align_impl` from the node of every frame."""
     B, T, _ = x.shape
     tl = np.array([len(s) for s in seqs], dtype=np.int64)
     tg = np.zeros((B, max(int(tl.max(initial=0)), 1)), dtype=np.int64)

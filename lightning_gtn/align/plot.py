@@ -50,7 +50,7 @@ def plot_alignment(emissions: torch.Tensor, alignment: Alignment, b: int, tokens
     the title says how many).
 
     Args:
-        emissions: the ``(B, T, C)`` emissions given to :func:`forced_align`.
+        emissions: the ``(B, T, C)`` emissions given to :func:`~lightning_gtn.align.forced.forced_align`.
         alignment: its result.
         b: the example (``0 <= b < B``).
         tokens: text of each token id (list or mapping); default the ids.

@@ -2,8 +2,10 @@
 
 :func:`rnnt_forced_align` takes joiner outputs ``(B, T, U + 1, V)`` (torchaudio's ``rnnt_loss``
 layout) and returns the :class:`lightning_gtn.align.forced.Alignment` of the best lattice path
-(:mod:`lightning_gtn.kernels.rnnt_viterbi`, numba on the CPU); :func:`to_records`,
-:func:`to_json`, :func:`to_ctm` and :func:`word_spans` read it as they read a CTC alignment.
+(:mod:`lightning_gtn.kernels.rnnt_viterbi`, numba on the CPU);
+:func:`~lightning_gtn.align.forced.to_records`, :func:`~lightning_gtn.align.forced.to_json`,
+:func:`~lightning_gtn.align.forced.to_ctm` and :func:`~lightning_gtn.align.forced.word_spans` read
+it as they read a CTC alignment.
 :func:`rnnt_align` runs a transducer network (the protocol of :mod:`lightning_gtn.nn.rnnt`) and
 aligns its outputs.
 

@@ -17,11 +17,11 @@ same code gives Viterbi scores. Above the kernels the semiring is named ``"log"`
 
 Three implementations share one interface:
 
-* ``"numba"`` (CPU tensors): compiled kernels, one example at a time, see :mod:`._numba`.
+* ``"numba"`` (CPU tensors): compiled kernels, one example at a time, see :mod:`lightning_gtn.kernels.graph_numba`.
 * ``"triton"`` (CUDA tensors when Triton is installed, as it is with CUDA builds of torch; the
-  default there): one kernel walks all frames of each example, see :mod:`._triton`.
+  default there): one kernel walks all frames of each example, see :mod:`lightning_gtn.kernels.graph_triton`.
 * ``"torch"`` (any device; the default off the CPU without Triton, and for graphs with epsilon
-  arcs): padded incoming-arc tables, see :mod:`._torch_impl`.
+  arcs): padded incoming-arc tables, see :mod:`lightning_gtn.kernels.graph_torch`.
 
 This module holds the problem description and the entry points the losses call; only the
 forward stores state (the alphas); the backward is written by hand.

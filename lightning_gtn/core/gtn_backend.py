@@ -144,7 +144,7 @@ def gtn_ctc_losses(log_probs, seqs: List[List[int]], lengths, blank: int, zero_i
 
 
 def gtn_asg_losses(emissions, transitions, seqs, lengths, zero_infinity: bool) -> torch.Tensor:
-    """``(B,)`` ASG losses through ``gtn`` (transitions laid out as :func:`asg_loss` says)."""
+    """``(B,)`` ASG losses through ``gtn`` (transitions laid out as :func:`~lightning_gtn.losses.asg.asg_loss` says)."""
     return _run("asg", emissions, transitions, seqs, lengths, None, zero_infinity)
 
 

@@ -4,7 +4,7 @@ scored with its gradients in one call.
 ``loss[b] = sum over the examples e of row b of sign[e] * log Z[e]``, where example ``e`` scores
 one compiled criterion graph against ``emissions[b, :len_e]``. :func:`score` returns the losses
 and, on request, their gradients with respect to the emissions (per row) and the arc weights
-(weighted by per-row coefficients), so that the custom ops of :mod:`._ops` compute everything a
+(weighted by per-row coefficients), so that the custom ops of :mod:`.criterion` compute everything a
 backward needs in their forward.
 """
 
@@ -71,7 +71,7 @@ def graph_weights(plan: Plan, x: torch.Tensor) -> torch.Tensor:
 
 
 def pick_impl(x: torch.Tensor, impl: Optional[str]) -> str:
-    """The scoring implementation: numba on the CPU; elsewhere :func:`._dispatch.device_impl`
+    """The scoring implementation: numba on the CPU; elsewhere :func:`.dispatch.device_impl`
     (Triton on CUDA when installed and self-checked, else torch)."""
     if impl is None:
         return "numba" if x.device.type == "cpu" else dispatch.device_impl(x.device)

@@ -1,8 +1,9 @@
 """Dense normalisers as numba kernels, one compiled loop per example (CPU).
 
-* :func:`full_pass`: ASG's fully connected recursion (:mod:`._asg_dense`). The torch version
-  runs a handful of small ops per frame: for alphabets of letters those ops' fixed cost
-  dominates the ``C x C`` products. Here each example runs its whole forward and backward in one
+* :func:`full_pass`: ASG's fully connected recursion
+  (:class:`lightning_gtn.core.normalisers.FullyConnected`). The torch version runs a handful
+  of small ops per frame: for alphabets of letters those ops' fixed cost dominates the
+  ``C x C`` products. Here each example runs its whole forward and backward in one
   loop, in float64, on the engine's thread pool, and returns exactly what the torch version
   returns (``logz``, the emission occupancies, the factors ``R``, ``L`` of the transition
   gradient), so the callers are unchanged.

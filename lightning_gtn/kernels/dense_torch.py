@@ -36,7 +36,7 @@ DENSE_MIN_CLASSES = 128
 # kernels at every size, e.g. B=32, T=150, C=28, forward + backward: 6 ms against ~90 ms).
 CPU_DENSE_MIN_CLASSES = 1
 # On the CPU, up to this many classes the recursion runs as one numba loop per example
-# (:mod:`._dense_numba`), above it as matrix products per frame. Measured (B=32, T=150,
+# (:mod:`.dense_numba`), above it as matrix products per frame. Measured (B=32, T=150,
 # 2 cores, forward + backward): C=28 6 vs 46-83 ms, C=128 39-67 vs 68-79 ms, C=256 102-297 vs
 # 104-141 ms, C=512 1145 vs 265 ms.
 NUMBA_MAX_CLASSES = 192
@@ -98,7 +98,7 @@ def transition_grad(gE: torch.Tensor, parts, coef: Optional[torch.Tensor]) -> to
 @torch.no_grad()
 def full_pass(emissions, transitions, lengths, need_grad):
     """``(logz, gE, (R, L, K))`` of :func:`asg_full_scores`, the transition gradient in pieces:
-    by :mod:`._dense_numba` on the CPU up to ``NUMBA_MAX_CLASSES`` classes, else by
+    by :mod:`.dense_numba` on the CPU up to ``NUMBA_MAX_CLASSES`` classes, else by
     matrix products per frame."""
     B, T, C = emissions.shape
     if tuple(transitions.shape) != (C + 1, C):

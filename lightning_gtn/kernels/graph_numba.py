@@ -1,6 +1,6 @@
 """Numba kernels of the batched forward-backward over criterion graphs and dense emissions (CPU).
 
-The recursion is described in :mod:`._dispatch`. Two families of kernels:
+The recursion is described in :mod:`lightning_gtn.core.dispatch`. Two families of kernels:
 
 * log-domain ``_forward_kernel`` / ``_backward_kernel`` (alphas stored, betas in the backward;
   also the max semiring and the Viterbi backtrack), one example at a time, each node grouping its
@@ -9,7 +9,7 @@ The recursion is described in :mod:`._dispatch`. Two families of kernels:
   emission gradient (and arc occupancies) in one call, verified per example.
 
 Batch chunks run on the engine's bounded thread pool (the kernels release the GIL). The drivers
-take a ``State`` / ``Problem`` of :mod:`._dispatch` (duck-typed, so this module imports nothing
+take a ``State`` / ``Problem`` of :mod:`.batch` (duck-typed, so this module imports nothing
 from it).
 """
 

@@ -1,6 +1,6 @@
 """The forward-backward dynamic programme as Triton kernels (CUDA tensors, epsilon-free graphs).
 
-The torch implementation in :mod:`._torch_impl` launches a handful of kernels per frame, so on a GPU
+The torch implementation in :mod:`.graph_torch` launches a handful of kernels per frame, so on a GPU
 a 1000-frame batch costs tens of thousands of launches. Here one program per example walks all
 its frames inside a single kernel: the frame's node vector ``(S,)`` is spread over the program's
 threads, the previous frame is read back from global memory through the arc tables (a gather),
@@ -52,7 +52,7 @@ def available() -> bool:
 
 
 def supports(batch) -> bool:
-    """Whether these kernels can score a :class:`~._graphs.GraphBatch`: no epsilon arcs, and at
+    """Whether these kernels can score a :class:`~.batch.GraphBatch`: no epsilon arcs, and at
     most ``MAX_NODES`` nodes per graph (a CTC target of up to 2047 tokens)."""
     return available() and not batch.has_eps and batch.max_nodes <= MAX_NODES
 

@@ -1,6 +1,6 @@
 """STC's criterion graph scored as the chain it is (CPU, numba).
 
-In the STC graph of a target ``y_0 .. y_{L-1}`` (:func:`.stc.stc_graph`) the three nodes of a
+In the STC graph of a target ``y_0 .. y_{L-1}`` (:func:`lightning_gtn.losses.stc.stc_graph`) the three nodes of a
 gap ``l`` (the blank ``2l``, the star ``s_l`` and the token node ``2l - 1`` just before it)
 are entered from exactly the same nodes: ``2l``, ``s_l`` and ``2l - 1``. So the forward score
 of the graph only depends on ``U_t[l] = alpha_t(2l) + alpha_t(s_l) + alpha_t(2l - 1)``, and

@@ -18,7 +18,7 @@ then the backtrack from the best accept node gives the arc of every frame. Imple
 * :func:`numba_viterbi_arcs` (CPU, any epsilon-free graph): one compiled kernel, examples
   dealt to the same threads.
 * :func:`torch_viterbi_arcs` (any device): the padded incoming-arc tables of
-  :mod:`._torch_impl`, one gather + max per frame for all examples at once (a loop over
+  :mod:`.graph_torch`, one gather + max per frame for all examples at once (a loop over
   frames, never over examples), then one vectorised backtrack step per frame; groups of
   examples whose backpointers fit ``BP_BUDGET`` entries (:func:`viterbi_arcs`).
 
@@ -27,7 +27,7 @@ Memory on the CPU is bounded per example, whatever ``T`` and ``S``: its backpoin
 time, recomputed from scores checkpointed every ``K`` frames (``K`` about
 ``max(BP_BUDGET / S, sqrt(T * itemsize))``; twice the compute). What remains is capped by
 :data:`MAX_ALIGN_BYTES` with an error naming ``T``, ``S`` and the bytes; the torch path is
-capped the same way (it has no checkpoints). Both kernels take a :class:`._dispatch.Problem`
+capped the same way (it has no checkpoints). Both kernels take a :class:`.batch.Problem`
 whose graphs have no epsilon arcs (the alignment graphs never do) and whose examples' labels,
 rows and lengths the caller has checked against ``E``.
 """

@@ -400,7 +400,7 @@ def build_decoder(cfg, loss, vocabulary):
             read only when the user trusts that exact path
             (``with lightning_gtn.trust.trusted(paths=[path]):``).
         loss: the :class:`lightning_gtn.nn.StructuredLoss` whose emissions are decoded.
-        vocabulary: the :class:`Vocabulary` of the targets.
+        vocabulary: the :class:`~lightning_gtn.lightning.vocabulary.Vocabulary` of the targets.
 
     Raises:
         ValueError: naming the ``decoder.<key>`` at fault;

@@ -14,7 +14,7 @@ Usage::
 
 Batches are dicts with ``inputs`` ``(B, T, F)``, ``input_lengths`` ``(B,)`` and either ``texts``
 (list of B strings, encoded by the vocabulary) or ``targets`` ``(B, S)`` and ``target_lengths``
-``(B,)`` (plus optional ``texts`` for the metrics). Override :meth:`unpack_batch` for other
+``(B,)`` (plus optional ``texts`` for the metrics). Override :meth:`StructuredLossMixin.unpack_batch` for other
 layouts, or any ``*_step``.
 
 With an RNN-T loss (``loss.topology == "rnnt"``) the network is a transducer network (the protocol

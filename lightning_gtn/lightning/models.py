@@ -329,7 +329,7 @@ class ConvTransduceEncoder(nn.Module):
             else the largest id in the lexicon.
         transduce_kernel_size, transduce_stride: the transducer's window (odd, at least every
             entry's length plus its repeats) and stride (output length ``ceil(T_enc / stride)``).
-        blank_optional, learn_params, scale, viterbi, spike: as :class:`ConvTransduce1D`
+        blank_optional, learn_params, scale, viterbi, spike: as :class:`~lightning_gtn.nn.ConvTransduce1D`
             (its ``normalize`` is ``"none"``: it reads log-probabilities and its scores go
             through ``log_softmax``).
         conv_channels, conv_layers, kernel_size, stride, hidden_size, rnn_layers, rnn, dropout:

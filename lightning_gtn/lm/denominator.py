@@ -29,10 +29,10 @@ Its size is ``states * N`` arcs: ``order=2`` has ``N + 1`` states (``<s>`` and e
 ``prune`` removes rare n-grams of order 2 and more and with them the histories of higher orders
 (it changes a bigram's probabilities, not its size).
 
-The **denominator** (:func:`denominator_graph`) is the topology (:mod:`lightning_gtn.core.
-topologies`) composed with ``P``: nodes are the reachable pairs (topology node, ``P`` state),
-every arc reads one emission class, arcs that emit a token carry ``P``'s weight and the others
-0. It is built directly from ``P``'s tables, level by level with numpy.
+The **denominator** (:func:`denominator_graph`) is the topology
+(:mod:`lightning_gtn.core.topologies`) composed with ``P``: nodes are the reachable pairs
+(topology node, ``P`` state), every arc reads one emission class, arcs that emit a token carry
+``P``'s weight and the others 0. It is built directly from ``P``'s tables, level by level with numpy.
 
 :func:`graph_to_data` / :func:`graph_from_data` turn such an acceptor into plain data (ints,
 floats, strings, lists) for configs and checkpoints, and back with every field checked.

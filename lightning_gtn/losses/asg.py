@@ -18,9 +18,10 @@ class _ASG(criterion.Criterion):
     """Row ``b``: ``log Z(full transition graph) - log Z(target graph)``; arc weights are
     gathered from the transitions.
 
-    The fully connected normaliser is scored by :mod:`._asg_dense` (a numba recursion per
-    example or matrix products per frame; off the CPU from ``DENSE_MIN_CLASSES`` classes on)
-    instead of arc by arc; the target graphs keep the graph path.
+    The fully connected normaliser is scored by
+    :class:`lightning_gtn.core.normalisers.FullyConnected` (a numba recursion per example or
+    matrix products per frame; off the CPU from ``DENSE_MIN_CLASSES`` classes on) instead of arc
+    by arc; the target graphs keep the graph path.
     """
 
     kind = "asg"

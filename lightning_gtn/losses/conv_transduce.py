@@ -8,7 +8,7 @@ semiring) or the Viterbi score (max) of window ``t`` of example ``b`` against ke
 
 The research layer intersects a linear graph per window with every kernel on the host, one
 graph operation at a time. Here every ``(window, kernel)`` pair is one example of the library's
-batched dynamic programme (:mod:`._dispatch`): the windows are an ``unfold`` view of the inputs
+batched dynamic programme (:mod:`lightning_gtn.core.dispatch`): the windows are an ``unfold`` view of the inputs
 (``(B * T', K, C_in)``, so the emission gradient flows back through it), the compiled kernels are
 concatenated once, and all ``B * T' * C_out`` pairs are scored in one call, on the inputs'
 device. Learned kernel weights are one vector over all arcs in the research graphs' arc order
@@ -297,7 +297,7 @@ def _viterbi_forward(bank: KernelBank, E: torch.Tensor, w: torch.Tensor):
 def _state(
     bank: KernelBank, E: torch.Tensor, w: torch.Tensor, impl: str, alpha: torch.Tensor, logz: torch.Tensor
 ) -> dispatch.State:
-    """The :class:`._dispatch.State` of a forward of the op, rebuilt from its saved tensors."""
+    """The :class:`lightning_gtn.kernels.batch.State` of a forward of the op, rebuilt from its saved tensors."""
     W, K, _ = E.shape
     p = bank.problem(W, K)
     if impl == "triton" and not graph_triton.supports(p.batch):

@@ -147,7 +147,7 @@ _apply_loss = criterion.apply_loss  # the keyword ``criterion`` of target_graph_
 
 
 class _GraphLossFunction(torch.autograd.Function):
-    """``out`` of :func:`graph_loss` (reduced inside, see :func:`._ops.run_loss`)."""
+    """``out`` of :func:`graph_loss` (reduced inside, see :func:`lightning_gtn.core.criterion.run_loss`)."""
 
     @staticmethod
     def forward(

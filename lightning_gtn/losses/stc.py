@@ -196,7 +196,7 @@ def _star_grad(x: torch.Tensor, g_aug: torch.Tensor, blank: int):
 class _STCChain(criterion.Criterion):
     """STC on the CPU: the emissions ``(B, T, C)`` as given and ``log p`` as the single weight;
     each graph is scored as the chain it reduces to, the star columns computed inside
-    (:mod:`._stc_numba`). Rows the chain cannot vouch for take the graph path."""
+    (:mod:`lightning_gtn.kernels.stc_chain`). Rows the chain cannot vouch for take the graph path."""
 
     kind = "stc_chain"
     name = "stc_loss"

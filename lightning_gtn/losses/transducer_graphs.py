@@ -214,7 +214,7 @@ def segment(graphemes: Sequence, tokens: Sequence[Sequence]) -> List[int]:
     ties broken by the longer first token, then recursively (then the lower token id).
 
     The "no decompositions" baseline of the word-piece papers (``decompositions=False`` of
-    :func:`transducer_loss`).
+    :func:`~lightning_gtn.losses.transducer.transducer_loss`).
 
     Args:
         graphemes: the target, a sequence of graphemes (a string, or grapheme ids).

@@ -4,7 +4,7 @@ One call of :meth:`PrunedRNNTLoss.joint_loss` does what icefall's transducer mod
 ``forward``: the smoothed simple loss of the projections ``simple_lm(pred)`` and
 ``simple_am(enc)`` (its occupation probabilities choose ``s_range`` symbol positions per frame),
 the joiner on those positions only (``(B, T, s_range, V)``, never ``(B, T, U + 1, V)``), the
-pruned loss, and the two combined by the warm-up schedule at the module's :attr:`step`.
+pruned loss, and the two combined by the warm-up schedule at the module's :attr:`PrunedRNNTLoss.step`.
 """
 
 from __future__ import annotations

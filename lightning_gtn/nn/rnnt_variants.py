@@ -1,8 +1,9 @@
 """Multi-blank RNN-T and TDT losses as modules (NeMo's ``MultiblankRNNTLoss`` / ``TDTLoss`` options).
 
-Both score a joiner output with more classes than the vocabulary: :attr:`extra_outputs` says how
-many (the big blanks; the duration logits), and a transducer network trained with one of these
-losses must build its joiner with ``V + extra_outputs`` outputs. See ``docs/rnnt_variants.md``.
+Both score a joiner output with more classes than the vocabulary:
+:attr:`MultiBlankRNNTLoss.extra_outputs` and :attr:`TDTLoss.extra_outputs` say how many (the big
+blanks; the duration logits), and a transducer network trained with one of these losses must
+build its joiner with ``V + extra_outputs`` outputs. See ``docs/rnnt_variants.md``.
 """
 
 from __future__ import annotations
