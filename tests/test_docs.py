@@ -210,6 +210,33 @@ def test_reference_table_names_every_public_name():
     assert not want - listed, f"docs/reference.md's table lacks {sorted(want - listed)}"
 
 
+# words by which a page speaks of its own making (work items, sessions, targets) rather than of
+# the library; measurement logs and history belong in docs/dev/
+HISTORY = re.compile(
+    r"\b(?:sessions?|ninth|tenth|eleventh|the issue|issue's|targets? (?:was|were|met|not met)|"
+    r"until the first|before this)\b",
+    re.I,
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_reference_pages_do_not_speak_of_their_history(page):
+    bad = [
+        f"{_rel(page)}:{n}: {line.strip()}"
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if HISTORY.search(line)
+    ]
+    assert not bad, "move these to docs/dev/ or say what the library does:\n" + "\n".join(bad)
+
+
+def test_history_pattern_finds_what_it_should():
+    assert HISTORY.search("the ninth session's run") and HISTORY.search("the issue's target (10%)")
+    assert HISTORY.search("(the target was under 10%)")
+    assert not HISTORY.search("the composition with the target is determinised")
+    assert HISTORY.search("Checkpoints written before this held a path")
+    assert not HISTORY.search("rows with no path are dropped; targets are padded")
+
+
 def test_readme_is_short_and_links_the_reference():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 150
