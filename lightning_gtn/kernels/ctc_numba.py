@@ -15,9 +15,11 @@ state occupancies summed per ``(t, class)``.
    NaN) and the count of repeated neighbours (a target needs ``L + repeats`` frames, else the
    example is infeasible: infinite loss, zero gradient; ``T = 0`` with ``L = 0`` scores 0).
 2. The scaled pass: ``exp(emission - frame max)`` of the blank and the ``L`` labels, once per
-   frame; alpha and beta in the linear domain in float64, each frame normalised to a maximum of
-   1 with its own log scale. The occupancies of every frame must sum to 1 (every path crosses
-   each frame in one state): an example whose mass underflowed fails that check.
+   frame; alpha and beta in the linear domain in float64, cut into segments of
+   :data:`SEGMENT_WIDTH` states, each normalised per frame to a maximum of 1 with its own log
+   scale (so nothing is exponentiated per state). The occupancies of every frame must sum to 1
+   (every path crosses each frame in one state): an example whose mass underflowed fails that
+   check.
 3. Examples that fail (and those with infinite emissions) are redone in the log semiring: alpha
    stored, beta walked back, one log-add per transition.
 
@@ -38,12 +40,15 @@ from numba import njit
 from .dense_numba import run_rows
 from .logmath import log_add
 
-__all__ = ["ctc_cost_grad", "check_ctc_arrays", "OCCUPANCY_TOL"]
+__all__ = ["ctc_cost_grad", "check_ctc_arrays", "OCCUPANCY_TOL", "SEGMENT_WIDTH"]
 
 NEG_INF = -math.inf
 
 #: the largest deviation from 1 of a frame's occupancy sum that the scaled pass accepts
 OCCUPANCY_TOL = 1e-6
+#: states per log-scale segment of the scaled pass (one scale per frame would underflow on
+#: inputs of thousands of frames: alpha peaks far ahead of the states the posterior occupies)
+SEGMENT_WIDTH = 32
 #: below this much work (state-frames and scanned emissions) a batch runs on one thread
 PARALLEL_MIN_WORK = 200_000
 
@@ -68,11 +73,23 @@ def _skips(labels, o, L):
     return sk
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _col(s):
+    """The column of ``P`` (0: blank, ``j``: label ``j``) state ``s`` reads."""
+    return 0 if s % 2 == 0 else (s + 1) // 2
+
+
 @njit(cache=True, nogil=True)
-def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol):
+def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, W):
     """The scaled forward-backward of example ``b``: ``(ok, -log Z)``; with ``need_e`` it adds
-    ``-coef * occupancy`` into ``gE[b]`` (only when ``ok``: nothing is written otherwise)."""
+    ``-coef * occupancy`` into ``gE[b]`` (only when ``ok``: nothing is written otherwise).
+
+    The states are cut into segments of ``W`` consecutive states, each with its own float64 log
+    scale per frame (``alpha_t[s] = A[t, s] * exp(cs[t, s // W])``, beta likewise with ``ds``);
+    a dead segment (all zero) has scale ``-inf``. Transitions enter a segment from the one before
+    (alpha) or leave to the one after (beta) only at its first or last two states."""
     S = 2 * L + 1
+    nseg = (S + W - 1) // W
     sk = _skips(labels, o, L)
     P = np.empty((T, L + 1))  # column 0: blank, column j: label j, as exp(emission - frame max)
     mxs = np.empty(T)
@@ -89,7 +106,7 @@ def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol):
         for j in range(L):
             P[t, j + 1] = math.exp(E[b, t, labels[o + j]] - mx)
     A = np.zeros((T, S))
-    lsc = np.empty(T)  # alpha_t[s] = A[t, s] * exp(lsc[t])
+    cs = np.full((T, nseg), NEG_INF)
     A[0, 0] = P[0, 0]
     m = A[0, 0]
     if L > 0:
@@ -99,76 +116,106 @@ def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol):
         return False, 0.0
     for s in range(min(S, 2)):
         A[0, s] /= m
-    lsc[0] = mxs[0] + math.log(m)
+    cs[0, 0] = mxs[0] + math.log(m)
     for t in range(1, T):
-        m = 0.0
-        pb = P[t, 0]
-        a = A[t - 1, 0] * pb
-        A[t, 0] = a
-        m = max(m, a)
-        if L > 0:
-            a = (A[t - 1, 1] + A[t - 1, 0]) * P[t, 1]
-            A[t, 1] = a
-            m = max(m, a)
-        for s in range(2, S):
-            if s % 2 == 0:
-                a = (A[t - 1, s] + A[t - 1, s - 1]) * pb
-            else:
-                a = (A[t - 1, s] + A[t - 1, s - 1] + sk[s] * A[t - 1, s - 2]) * P[t, (s + 1) // 2]
-            A[t, s] = a
-            if a > m:
-                m = a
-        if not m > 0.0:
+        p = t - 1
+        alive = False
+        for i in range(nseg):
+            s0 = i * W
+            s1 = min(S, s0 + W)
+            ci = cs[p, i]
+            cp = cs[p, i - 1] if i > 0 else NEG_INF
+            ref = max(ci, cp)
+            if ref == NEG_INF:  # nothing reaches this segment yet
+                continue
+            fi = math.exp(ci - ref)
+            fp = math.exp(cp - ref)
+            m = 0.0
+            for s in range(s0, s1):
+                v = A[p, s] * fi
+                if s >= 1:
+                    v += A[p, s - 1] * (fi if s - 1 >= s0 else fp)
+                if sk[s] > 0.0:
+                    v += A[p, s - 2] * (fi if s - 2 >= s0 else fp)
+                v *= P[t, _col(s)]
+                A[t, s] = v
+                if v > m:
+                    m = v
+            if m > 0.0:
+                inv = 1.0 / m
+                for s in range(s0, s1):
+                    A[t, s] *= inv
+                cs[t, i] = ref + mxs[t] + math.log(m)
+                alive = True
+        if not alive:
             return False, 0.0
-        inv = 1.0 / m
-        for s in range(S):
-            A[t, s] *= inv
-        lsc[t] = lsc[t - 1] + mxs[t] + math.log(m)
-    z = A[T - 1, S - 1]
-    if L > 0:
-        z += A[T - 1, S - 2]
-    if not z > 0.0:
+    last = T - 1
+    lz = NEG_INF
+    for s in range(max(0, S - 2), S):
+        if A[last, s] > 0.0:
+            lz = log_add(lz, cs[last, s // W] + math.log(A[last, s]))
+    if not lz > NEG_INF:
         return False, 0.0
-    lz = lsc[T - 1] + math.log(z)
-    # backward: beta_t[s] = Bv[s] * exp(bsc); occupancy A[t, s] * Bv[s] * exp(lsc[t] + bsc - lz)
+    # backward: beta_t[s] = Bv[s] * exp(ds[s // W]); occupancy alpha_t[s] * beta_t[s] / Z
     Bv = np.zeros(S)
     Q = np.zeros(S + 2)
+    ds = np.full(nseg, NEG_INF)
+    nds = np.empty(nseg)
     G = np.empty((T, L + 1))
-    Bv[S - 1] = 1.0
-    if L > 0:
-        Bv[S - 2] = 1.0
-    bsc = 0.0
+    F = np.empty(nseg)
+    for s in range(max(0, S - 2), S):
+        Bv[s] = 1.0
+        ds[s // W] = 0.0
     for t in range(T - 1, -1, -1):
-        f = math.exp(lsc[t] + bsc - lz)
-        blank_occ = 0.0
+        for i in range(nseg):
+            F[i] = math.exp(cs[t, i] + ds[i] - lz)
+        G[t, 0] = 0.0
         total = 0.0
         for s in range(S):
-            occ = A[t, s] * Bv[s] * f
+            occ = A[t, s] * Bv[s] * F[s // W]
             total += occ
             if s % 2 == 0:
-                blank_occ += occ
+                G[t, 0] += occ
             else:
                 G[t, (s + 1) // 2] = occ
-        G[t, 0] = blank_occ
         if not abs(total - 1.0) <= tol:
             return False, 0.0
         if t == 0:
             break
-        m = 0.0
         for s in range(S):
-            q = Bv[s] * P[t, 0 if s % 2 == 0 else (s + 1) // 2]
-            Q[s] = q
-        for s in range(S):
-            v = Q[s] + Q[s + 1] + (sk[s + 2] * Q[s + 2] if s + 2 < S else 0.0)
-            Bv[s] = v
-            if v > m:
-                m = v
-        if not m > 0.0:
+            Q[s] = Bv[s] * P[t, _col(s)]
+        alive = False
+        for i in range(nseg):
+            s0 = i * W
+            s1 = min(S, s0 + W)
+            di = ds[i]
+            dn = ds[i + 1] if i + 1 < nseg else NEG_INF
+            ref = max(di, dn)
+            nds[i] = NEG_INF
+            if ref == NEG_INF:
+                for s in range(s0, s1):
+                    Bv[s] = 0.0
+                continue
+            fi = math.exp(di - ref)
+            fn = math.exp(dn - ref)
+            m = 0.0
+            for s in range(s0, s1):
+                v = Q[s] * fi + Q[s + 1] * (fi if s + 1 < s1 else fn)
+                if s + 2 < S and sk[s + 2] > 0.0:
+                    v += Q[s + 2] * (fi if s + 2 < s1 else fn)
+                Bv[s] = v
+                if v > m:
+                    m = v
+            if m > 0.0:
+                inv = 1.0 / m
+                for s in range(s0, s1):
+                    Bv[s] *= inv
+                nds[i] = ref + mxs[t] + math.log(m)
+                alive = True
+        if not alive:
             return False, 0.0
-        inv = 1.0 / m
-        for s in range(S):
-            Bv[s] *= inv
-        bsc += mxs[t] + math.log(m)
+        for i in range(nseg):
+            ds[i] = nds[i]
     if need_e:
         c = -coef[b]
         for t in range(T):
@@ -232,7 +279,7 @@ def _log_domain(b, T, L, o, E, labels, blank, coef, need_e, gE):
 
 
 @njit(cache=True, nogil=True)
-def _rows(b0, b1, E, labels, offsets, tlen, ilen, blank, coef, need_e, losses, gE, tol):
+def _rows(b0, b1, E, labels, offsets, tlen, ilen, blank, coef, need_e, losses, gE, tol, width):
     """Losses (and gradients) of examples ``b0 .. b1 - 1`` into ``losses`` and ``gE``."""
     C = E.shape[2]
     for b in range(b0, b1):
@@ -262,7 +309,7 @@ def _rows(b0, b1, E, labels, offsets, tlen, ilen, blank, coef, need_e, losses, g
         if T == 0:  # L == 0: the empty path
             losses[b] = 0.0
             continue
-        ok, loss = _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol)
+        ok, loss = _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, width)
         if not ok:
             loss = _log_domain(b, T, L, o, E, labels, blank, coef, need_e, gE)
         losses[b] = loss
@@ -371,7 +418,20 @@ def ctc_cost_grad(
 
     def run(b0, b1):
         _rows(
-            b0, b1, En, labels, offsets, target_lengths, input_lengths, blank, coef, need_e, losses, gEn, OCCUPANCY_TOL
+            b0,
+            b1,
+            En,
+            labels,
+            offsets,
+            target_lengths,
+            input_lengths,
+            blank,
+            coef,
+            need_e,
+            losses,
+            gEn,
+            OCCUPANCY_TOL,
+            SEGMENT_WIDTH,
         )
 
     run_rows(run, input_lengths * (2 * target_lengths + 1 + C), PARALLEL_MIN_WORK)
