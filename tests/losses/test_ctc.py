@@ -13,7 +13,7 @@ from lightning_gtn.functional import ctc_loss
 
 from ._brute import ctc_ref
 
-IMPLS = ["numba", "numba_log", "torch"]
+IMPLS = ["numba_ctc", "numba", "numba_log", "torch"]
 
 
 def _batch(seed, B, T, C, S, dtype=torch.float64, min_len=0):
