@@ -430,9 +430,25 @@ class _KernelLossFunction(torch.autograd.Function):
             (gE_s,) = ctx.saved_tensors
             if gE_s.dim() != 3:
                 raise RuntimeError("lightning_gtn::kernel_loss: a backward through a call with need_e=False")
+            if _is_one(g_out):  # loss.backward(): the saved gradient as it is (no pass, no copy)
+                return (gE_s,) + (None,) * 10
             g = g_out.to(gE_s.dtype)
             gE = gE_s * (g.reshape(-1, 1, 1) if ctx.reduction == "none" else g)
         return (gE,) + (None,) * 10
+
+
+def _is_one(g: Tensor) -> bool:
+    """Whether ``g`` is a plain CPU scalar tensor equal to 1, read on the host. Never while
+    anything traces the backward (compiling, fake or functional tensors, a dispatch mode), where
+    the value is not known: the gradient is then scaled as usual."""
+    return (
+        type(g) is torch.Tensor
+        and g.dim() == 0
+        and g.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and bool(g == 1)
+    )
 
 
 def _kernel_loss_autograd(*args):

@@ -279,22 +279,28 @@ def _log_domain(b, T, L, o, E, labels, blank, coef, need_e, gE):
 
 
 @njit(cache=True, nogil=True)
+def _has_nan(Eb, T):
+    """Whether the first ``T`` frames of one example's ``(T_max, C)`` emissions hold a NaN (a
+    count without early exit, which LLVM vectorises)."""
+    flat = Eb.reshape(-1)
+    n = 0
+    for k in range(T * Eb.shape[1]):
+        v = flat[k]
+        n += v != v
+    return n > 0
+
+
+@njit(cache=True, nogil=True)
 def _rows(b0, b1, E, labels, offsets, tlen, ilen, blank, coef, need_e, losses, gE, tol, width):
-    """Losses (and gradients) of examples ``b0 .. b1 - 1`` into ``losses`` and ``gE``."""
-    C = E.shape[2]
+    """Losses (and gradients) of examples ``b0 .. b1 - 1`` into ``losses`` and ``gE`` (whose rows
+    it zeroes first)."""
     for b in range(b0, b1):
         T = ilen[b]
         L = tlen[b]
         o = offsets[b]
-        has_nan = False
-        for t in range(T):
-            for k in range(C):
-                if E[b, t, k] != E[b, t, k]:
-                    has_nan = True
-                    break
-            if has_nan:
-                break
-        if has_nan:
+        if need_e:
+            gE[b, :, :] = 0.0  # the buffer is not initialised: each row zeroed by its own thread
+        if _has_nan(E[b], T):
             losses[b] = math.nan
             if need_e:
                 gE[b, :, :] = math.nan
@@ -411,7 +417,7 @@ def ctc_cost_grad(
     if coef.shape != (B,):
         raise ValueError(f"ctc kernel: coef must have shape ({B},)")
     losses = np.zeros(B)
-    gE = torch.zeros_like(E) if need_e else torch.zeros((1, 1, 1), dtype=E.dtype)
+    gE = torch.empty_like(E) if need_e else torch.zeros((1, 1, 1), dtype=E.dtype)  # rows zeroed by _rows
     En = E.detach().numpy()
     gEn = gE.numpy()
     blank = int(blank)

@@ -280,3 +280,16 @@ def test_impl_names():
 
     with pytest.raises(ValueError, match="not available"):
         sequence_loss(x, [[1]], [4], impl="numba_ctc")
+
+
+def test_backward_scales_and_accumulates():
+    x, tg, il, tl = _ragged(9, 3, 12, 5, 4)
+    lp = x.log_softmax(-1).detach().requires_grad_(True)
+    loss = ctc_loss(lp, tg, il, tl, zero_infinity=True)
+    (g1,) = torch.autograd.grad(loss, lp, retain_graph=True)
+    (g3,) = torch.autograd.grad(3.0 * loss, lp, retain_graph=True)
+    torch.testing.assert_close(g3, 3.0 * g1)
+    loss.backward(retain_graph=True)
+    loss.backward()  # a second backward accumulates: the saved gradient was not changed
+    torch.testing.assert_close(lp.grad, 2.0 * g1)
+    assert g1.abs().sum() > 0
