@@ -47,7 +47,7 @@ import time
 import torch
 import torch.nn.functional as TF
 from _procmem import peak_growth  # noqa: E402
-from _timing import times_in_turn  # noqa: E402
+from _timing import QUIESCE, times_in_turn  # noqa: E402
 
 from lightning_gtn.functional import asg_loss, ctc_loss, sequence_loss
 
@@ -229,18 +229,26 @@ def _table(title, rows, ref_name, with_gtn):
 def _ctc_kernel_table(reps: int) -> str:
     """The tiny call and :data:`SHAPES`: the CPU default (the CTC kernel), torch's ctc_loss and
     the criterion-graph path, in turn, each run after a pause (:mod:`_timing`: torch's OpenMP
-    workers stop spinning); the tiny call timed as runs of :data:`TINY_CALLS` calls."""
+    workers stop spinning); the tiny call as runs of :data:`TINY_CALLS` calls, each call timed
+    alone (the median over all calls)."""
     load0 = os.getloadavg()
     rows = []
     for shape in [TINY_CTC_SHAPE] + SHAPES:
         steps = [_make("ctc", impl, *shape) for impl in ("ours", "ref", "ours_graph")]
-        n = TINY_CALLS if shape == TINY_CTC_SHAPE else 1
-        if n > 1:
-            steps = [(lambda st, n=n: lambda: [st() for _ in range(n)])(st) for st in steps]
         for st in steps:
             st()  # warm-up (compilation, caches)
-        runs = times_in_turn(steps, reps if n == 1 else 3 * reps)
-        times = [statistics.median(w for w, _ in r) / n for r in runs]
+        if shape == TINY_CTC_SHAPE:  # each call timed alone: a median robust to preemption
+            per_call = [[] for _ in steps]
+            for _ in range(3 * reps):
+                for k, st in enumerate(steps):
+                    time.sleep(QUIESCE)
+                    for _ in range(TINY_CALLS):
+                        t0 = time.perf_counter()
+                        st()
+                        per_call[k].append(time.perf_counter() - t0)
+            times = [statistics.median(c) for c in per_call]
+        else:
+            times = [statistics.median(w for w, _ in r) for r in times_in_turn(steps, reps)]
         rows.append((shape, times))
         print(f"  ctc kernel {shape}: " + " / ".join(f"{t * 1e6:.0f} us" for t in times), flush=True)
     load1 = os.getloadavg()
@@ -257,7 +265,7 @@ def _ctc_kernel_table(reps: int) -> str:
         )
     out += (
         f"\nForward + backward, medians of runs in turn, each after a pause (the tiny call: runs of "
-        f"{TINY_CALLS} calls); "
+        f"{TINY_CALLS} calls, the median call); "
         f"load average {load0[0]:.2f} before, {load1[0]:.2f} after.\n"
     )
     return out
