@@ -44,6 +44,14 @@ __all__ = ["ctc_cost_grad", "check_ctc_arrays", "OCCUPANCY_TOL", "SEGMENT_WIDTH"
 
 NEG_INF = -math.inf
 
+# fast-math flags that keep NaN and inf semantics (no "nnan"/"ninf"): reductions vectorise
+_FM = {"reassoc", "contract", "nsz", "arcp"}
+
+#: normalised alpha and beta values below this are set to 0: far below anything that can matter
+#: (the occupancy check catches the mass it would drop), and it keeps the recursions off
+#: subnormal numbers, whose arithmetic is tens of times slower
+FLUSH = 1e-200
+
 #: the largest deviation from 1 of a frame's occupancy sum that the scaled pass accepts
 OCCUPANCY_TOL = 1e-6
 #: states per log-scale segment of the scaled pass (one scale per frame would underflow on
@@ -74,24 +82,42 @@ def _skips(labels, o, L):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _col(s):
-    """The column of ``P`` (0: blank, ``j``: label ``j``) state ``s`` reads."""
-    return 0 if s % 2 == 0 else (s + 1) // 2
+def _state_row(PS, P, t, L):
+    """``PS[s]`` = the entry of ``P[t]`` state ``s`` reads (blank for even ``s``)."""
+    pb = P[t, 0]
+    for j in range(L):
+        PS[2 * j] = pb
+        PS[2 * j + 1] = P[t, j + 1]
+    PS[2 * L] = pb
 
 
 @njit(cache=True, nogil=True)
-def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, W):
+def _fail(b, gE, need_e):
+    """``(False, 0.0)`` after zeroing the gradient row the scaled pass may have written."""
+    if need_e:
+        gE[b, :, :] = 0.0
+    return False, 0.0
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, W, work_a, work_p, work_c):
     """The scaled forward-backward of example ``b``: ``(ok, -log Z)``; with ``need_e`` it adds
     ``-coef * occupancy`` into ``gE[b]`` (only when ``ok``: nothing is written otherwise).
 
     The states are cut into segments of ``W`` consecutive states, each with its own float64 log
     scale per frame (``alpha_t[s] = A[t, s] * exp(cs[t, s // W])``, beta likewise with ``ds``);
     a dead segment (all zero) has scale ``-inf``. Transitions enter a segment from the one before
-    (alpha) or leave to the one after (beta) only at its first or last two states."""
+    (alpha) or leave to the one after (beta) only at its first or last two states, so the loop
+    over the other states has one factor and no branch (LLVM vectorises it). ``W >= 2``.
+
+    ``work_a``, ``work_p``, ``work_c``: flat float64 buffers of at least ``T * S``,
+    ``T * (L + 1)`` and ``T * nseg`` values, reused across the examples of a batch range (fresh
+    pages for every example cost more than the recursion)."""
     S = 2 * L + 1
     nseg = (S + W - 1) // W
     sk = _skips(labels, o, L)
-    P = np.empty((T, L + 1))  # column 0: blank, column j: label j, as exp(emission - frame max)
+    P = work_p[: T * (L + 1)].reshape((T, L + 1))  # exp(emission - frame max): blank, labels
+    PS = np.empty(S)  # the row of P each state reads, for one frame
     mxs = np.empty(T)
     for t in range(T):
         mx = E[b, t, blank]
@@ -105,8 +131,12 @@ def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, W):
         P[t, 0] = math.exp(E[b, t, blank] - mx)
         for j in range(L):
             P[t, j + 1] = math.exp(E[b, t, labels[o + j]] - mx)
-    A = np.zeros((T, S))
-    cs = np.full((T, nseg), NEG_INF)
+    A = work_a[: T * S].reshape((T, S))
+    cs = work_c[: T * nseg].reshape((T, nseg))
+    for s in range(S):
+        A[0, s] = 0.0
+    for i in range(nseg):
+        cs[0, i] = NEG_INF
     A[0, 0] = P[0, 0]
     m = A[0, 0]
     if L > 0:
@@ -119,6 +149,7 @@ def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, W):
     cs[0, 0] = mxs[0] + math.log(m)
     for t in range(1, T):
         p = t - 1
+        _state_row(PS, P, t, L)
         alive = False
         for i in range(nseg):
             s0 = i * W
@@ -126,25 +157,40 @@ def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, W):
             ci = cs[p, i]
             cp = cs[p, i - 1] if i > 0 else NEG_INF
             ref = max(ci, cp)
+            cs[t, i] = NEG_INF
             if ref == NEG_INF:  # nothing reaches this segment yet
+                for s in range(s0, s1):
+                    A[t, s] = 0.0
                 continue
             fi = math.exp(ci - ref)
             fp = math.exp(cp - ref)
-            m = 0.0
-            for s in range(s0, s1):
-                v = A[p, s] * fi
-                if s >= 1:
-                    v += A[p, s - 1] * (fi if s - 1 >= s0 else fp)
-                if sk[s] > 0.0:
-                    v += A[p, s - 2] * (fi if s - 2 >= s0 else fp)
-                v *= P[t, _col(s)]
+            # the first two states may read the segment before
+            v0 = A[p, s0] * fi
+            if s0 >= 1:
+                v0 += A[p, s0 - 1] * fp
+            if s0 >= 2 and sk[s0] > 0.0:
+                v0 += A[p, s0 - 2] * fp
+            v0 *= PS[s0]
+            A[t, s0] = v0
+            m = v0
+            if s0 + 1 < s1:
+                s = s0 + 1
+                v1 = A[p, s] * fi + A[p, s0] * fi
+                if s0 >= 1 and sk[s] > 0.0:
+                    v1 += A[p, s0 - 1] * fp
+                v1 *= PS[s]
+                A[t, s] = v1
+                if v1 > m:
+                    m = v1
+            for s in range(s0 + 2, s1):
+                v = (A[p, s] + A[p, s - 1] + sk[s] * A[p, s - 2]) * (fi * PS[s])
                 A[t, s] = v
-                if v > m:
-                    m = v
+                m = v if v > m else m
             if m > 0.0:
                 inv = 1.0 / m
                 for s in range(s0, s1):
-                    A[t, s] *= inv
+                    a = A[t, s] * inv
+                    A[t, s] = a if a >= FLUSH else 0.0
                 cs[t, i] = ref + mxs[t] + math.log(m)
                 alive = True
         if not alive:
@@ -159,31 +205,39 @@ def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, W):
     # backward: beta_t[s] = Bv[s] * exp(ds[s // W]); occupancy alpha_t[s] * beta_t[s] / Z
     Bv = np.zeros(S)
     Q = np.zeros(S + 2)
+    sk2 = np.zeros(S + 2)
+    sk2[:S] = sk
     ds = np.full(nseg, NEG_INF)
     nds = np.empty(nseg)
-    G = np.empty((T, L + 1))
-    F = np.empty(nseg)
+    oc = np.empty(S)
+    c = -coef[b]
     for s in range(max(0, S - 2), S):
         Bv[s] = 1.0
         ds[s // W] = 0.0
     for t in range(T - 1, -1, -1):
-        for i in range(nseg):
-            F[i] = math.exp(cs[t, i] + ds[i] - lz)
-        G[t, 0] = 0.0
         total = 0.0
-        for s in range(S):
-            occ = A[t, s] * Bv[s] * F[s // W]
-            total += occ
-            if s % 2 == 0:
-                G[t, 0] += occ
-            else:
-                G[t, (s + 1) // 2] = occ
+        for i in range(nseg):
+            s0 = i * W
+            s1 = min(S, s0 + W)
+            f = math.exp(cs[t, i] + ds[i] - lz)
+            for s in range(s0, s1):
+                occ = A[t, s] * Bv[s] * f
+                oc[s] = occ
+                total += occ
         if not abs(total - 1.0) <= tol:
-            return False, 0.0
+            return _fail(b, gE, need_e)
+        if need_e:  # written as it goes; a later failure zeroes the row again
+            acc = 0.0
+            for j in range(L + 1):
+                acc += oc[2 * j]
+            gE[b, t, blank] += c * acc
+            for j in range(L):
+                gE[b, t, labels[o + j]] += c * oc[2 * j + 1]
         if t == 0:
             break
+        _state_row(PS, P, t, L)
         for s in range(S):
-            Q[s] = Bv[s] * P[t, _col(s)]
+            Q[s] = Bv[s] * PS[s]
         alive = False
         for i in range(nseg):
             s0 = i * W
@@ -199,9 +253,14 @@ def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, W):
             fi = math.exp(di - ref)
             fn = math.exp(dn - ref)
             m = 0.0
-            for s in range(s0, s1):
+            # all but the last two states read only this segment
+            for s in range(s0, max(s0, s1 - 2)):
+                v = (Q[s] + Q[s + 1] + sk2[s + 2] * Q[s + 2]) * fi
+                Bv[s] = v
+                m = v if v > m else m
+            for s in range(max(s0, s1 - 2), s1):
                 v = Q[s] * fi + Q[s + 1] * (fi if s + 1 < s1 else fn)
-                if s + 2 < S and sk[s + 2] > 0.0:
+                if sk2[s + 2] > 0.0:
                     v += Q[s + 2] * (fi if s + 2 < s1 else fn)
                 Bv[s] = v
                 if v > m:
@@ -209,19 +268,14 @@ def _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, W):
             if m > 0.0:
                 inv = 1.0 / m
                 for s in range(s0, s1):
-                    Bv[s] *= inv
+                    a = Bv[s] * inv
+                    Bv[s] = a if a >= FLUSH else 0.0
                 nds[i] = ref + mxs[t] + math.log(m)
                 alive = True
         if not alive:
-            return False, 0.0
+            return _fail(b, gE, need_e)
         for i in range(nseg):
             ds[i] = nds[i]
-    if need_e:
-        c = -coef[b]
-        for t in range(T):
-            gE[b, t, blank] += c * G[t, 0]
-            for j in range(L):
-                gE[b, t, labels[o + j]] += c * G[t, j + 1]
     return True, -lz
 
 
@@ -294,6 +348,15 @@ def _has_nan(Eb, T):
 def _rows(b0, b1, E, labels, offsets, tlen, ilen, blank, coef, need_e, losses, gE, tol, width):
     """Losses (and gradients) of examples ``b0 .. b1 - 1`` into ``losses`` and ``gE`` (whose rows
     it zeroes first)."""
+    na = npn = nc = 1
+    for b in range(b0, b1):  # the scaled pass's buffers, once for the whole range
+        S = 2 * tlen[b] + 1
+        na = max(na, ilen[b] * S)
+        npn = max(npn, ilen[b] * (tlen[b] + 1))
+        nc = max(nc, ilen[b] * ((S + width - 1) // width))
+    work_a = np.empty(na)
+    work_p = np.empty(npn)
+    work_c = np.empty(nc)
     for b in range(b0, b1):
         T = ilen[b]
         L = tlen[b]
@@ -315,7 +378,7 @@ def _rows(b0, b1, E, labels, offsets, tlen, ilen, blank, coef, need_e, losses, g
         if T == 0:  # L == 0: the empty path
             losses[b] = 0.0
             continue
-        ok, loss = _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, width)
+        ok, loss = _scaled(b, T, L, o, E, labels, blank, coef, need_e, gE, tol, width, work_a, work_p, work_c)
         if not ok:
             loss = _log_domain(b, T, L, o, E, labels, blank, coef, need_e, gE)
         losses[b] = loss

@@ -171,7 +171,9 @@ def test_scaled_pass_refuses_what_underflows_and_the_log_domain_takes_over():
     labels = torch.randint(1, C, (L,), generator=g).numpy()
     E = x.numpy()
     gE = np.zeros_like(E)
-    ok, _ = ctc_numba._scaled(0, T, L, 0, E, labels, 0, np.ones(1), True, gE, ctc_numba.OCCUPANCY_TOL, 2 * L + 1)
+    S = 2 * L + 1
+    work = np.empty(T * S), np.empty(T * (L + 1)), np.empty(T)
+    ok, _ = ctc_numba._scaled(0, T, L, 0, E, labels, 0, np.ones(1), True, gE, ctc_numba.OCCUPANCY_TOL, S, *work)
     assert not ok and not gE.any()  # nothing written when the pass fails
     loss = ctc_numba._log_domain(0, T, L, 0, E, labels, 0, np.ones(1), True, gE)
     ref = ctc_loss(x, torch.from_numpy(labels)[None], [T], [L], reduction="none", impl="numba_log")
