@@ -3,7 +3,10 @@
 Tables (markdown):
 
 1. CTC on the CPU against ``torch.nn.functional.ctc_loss``: runs interleaved in one process
-   (ours, torch, ours, torch, ...), median wall time of forward + backward, and peak memory.
+   (ours, torch, ours, torch, ...), median wall time of forward + backward, and peak memory;
+   then a tiny call ``(2, 20, 10, 5)`` (the per-call cost) and the shapes of the table, each
+   against torch and against the criterion-graph path (``impl="numba"``), with the load
+   average (``--ctc-only``: only this table).
 2. ASG and the alignment-free sequence criterion against a plain torch-autograd version of the
    same dynamic programme (written below).
 3. Long CTC inputs against torch's ctc_loss (time, and the float32 gradient error of each
@@ -44,10 +47,13 @@ import time
 import torch
 import torch.nn.functional as TF
 from _procmem import peak_growth  # noqa: E402
+from _timing import QUIESCE, times_in_turn  # noqa: E402
 
 from lightning_gtn.functional import asg_loss, ctc_loss, sequence_loss
 
 SHAPES = [(32, 250, 30, 50), (32, 1000, 30, 200), (8, 250, 1000, 50)]
+TINY_CTC_SHAPE = (2, 20, 10, 5)  # B, T, C, L: what a call costs besides the dynamic programme
+TINY_CALLS = 100  # calls per timed run of the tiny shape
 LONG_CTC_SHAPES = [(8, 5000, 30, 500), (2, 20000, 30, 2000)]  # one run each ("no cliffs")
 LARGE_ASG_SHAPE = (2, 50, 5000, 10)  # B, T, C, L: a 25-million-arc full graph
 
@@ -129,6 +135,8 @@ def _make(kind, impl, B, T, C, L, device="cpu"):
     elif kind == "ctc":
         if impl == "ours":
             f = lambda: ctc_loss(x, tg, il, tl)
+        elif impl == "ours_graph":  # the criterion-graph path (one compiled CTC graph per target)
+            f = lambda: ctc_loss(x, tg, il, tl, impl="numba")
         else:
             xt = x.detach().transpose(0, 1).requires_grad_(True)
             f = lambda: TF.ctc_loss(xt, tg, il, tl)
@@ -216,6 +224,51 @@ def _table(title, rows, ref_name, with_gtn):
         g = f" {times[2] * 1e3:.1f} | {a / times[2]:.2f} |" if with_gtn else ""
         body += f"| {', '.join(map(str, shape))} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f} |{g} {mem} |\n"
     return head + body
+
+
+def _ctc_kernel_table(reps: int) -> str:
+    """The tiny call and :data:`SHAPES`: the CPU default (the CTC kernel), torch's ctc_loss and
+    the criterion-graph path, in turn, each run after a pause (:mod:`_timing`: torch's OpenMP
+    workers stop spinning); the tiny call as runs of :data:`TINY_CALLS` calls, each call timed
+    alone (the median over all calls)."""
+    load0 = os.getloadavg()
+    rows = []
+    for shape in [TINY_CTC_SHAPE] + SHAPES:
+        steps = [_make("ctc", impl, *shape) for impl in ("ours", "ref", "ours_graph")]
+        for st in steps:
+            st()  # warm-up (compilation, caches)
+        if shape == TINY_CTC_SHAPE:  # each call timed alone: a median robust to preemption
+            per_call = [[] for _ in steps]
+            for _ in range(3 * reps):
+                for k, st in enumerate(steps):
+                    time.sleep(QUIESCE)
+                    for _ in range(TINY_CALLS):
+                        t0 = time.perf_counter()
+                        st()
+                        per_call[k].append(time.perf_counter() - t0)
+            times = [statistics.median(c) for c in per_call]
+        else:
+            times = [statistics.median(w for w, _ in r) for r in times_in_turn(steps, reps)]
+        rows.append((shape, times))
+        print(f"  ctc kernel {shape}: " + " / ".join(f"{t * 1e6:.0f} us" for t in times), flush=True)
+    load1 = os.getloadavg()
+    out = (
+        "### CTC, CPU: the CTC kernel against torch and the graph path\n\n"
+        '| B, T, C, L | lightning_gtn | torch ctc_loss | time ratio | graph path (impl="numba") '
+        "| ratio to graph path |\n|---|---:|---:|---:|---:|---:|\n"
+    )
+    for shape, (a, b, c) in rows:
+        unit, k = ("us", 1e6) if shape == TINY_CTC_SHAPE else ("ms", 1e3)
+        out += (
+            f"| {', '.join(map(str, shape))} | {a * k:.1f} {unit} | {b * k:.1f} {unit} | {a / b:.2f} | "
+            f"{c * k:.1f} {unit} | {a / c:.2f} |\n"
+        )
+    out += (
+        f"\nForward + backward, medians of runs in turn, each after a pause (the tiny call: runs of "
+        f"{TINY_CALLS} calls, the median call); "
+        f"load average {load0[0]:.2f} before, {load1[0]:.2f} after.\n"
+    )
+    return out
 
 
 def _gpu_peak_mb(step) -> float:
@@ -359,6 +412,7 @@ def main(argv=None) -> str:
     p.add_argument("--memory-worker", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--gpu-only", action="store_true", help="only the GPU table")
     p.add_argument("--long-only", action="store_true", help="only the long-input / large-alphabet table")
+    p.add_argument("--ctc-only", action="store_true", help="only the CTC kernel table (tiny call and shapes)")
     args = p.parse_args(argv)
     if args.memory_worker:
         kind, impl, shape = args.memory_worker
@@ -371,6 +425,10 @@ def main(argv=None) -> str:
         return text
     if args.long_only:
         text = _long_table(not args.no_memory)
+        print(text)
+        return text
+    if args.ctc_only:
+        text = _ctc_kernel_table(reps)
         print(text)
         return text
     with_gtn = _gtn_available()
@@ -407,6 +465,8 @@ def main(argv=None) -> str:
                 "arcs per frame; run with --asg-large.)\n"
             )
         out.append(table)
+        if kind == "ctc":
+            out.append(_ctc_kernel_table(reps))
     out.append(_long_table(not args.no_memory))
     out.append(_gpu_tables(reps, args.asg_large))
     text = "\n".join(out)

@@ -19,6 +19,7 @@ from ..wfst import Graph
 __all__ = [
     "REDUCTIONS",
     "NATIVE_BACKENDS",
+    "KERNEL_BACKENDS",
     "IMPLS",
     "check_emissions",
     "check_reduction",
@@ -32,6 +33,7 @@ __all__ = [
     "as_lengths",
     "split_targets",
     "targets_tensors",
+    "flat_targets",
     "compute_dtype",
     "graph_list",
     "check_int",
@@ -53,10 +55,13 @@ __all__ = [
 REDUCTIONS = ("none", "mean", "sum")
 #: the implementations of this library (``impl=`` names besides None)
 NATIVE_BACKENDS = ("numba", "numba_log", "torch", "triton")
+#: the names of the criteria's own kernels (``impl=`` names offered by the criteria that list
+#: them in their backends; see :attr:`lightning_gtn.core.criterion.Criterion.kernels`)
+KERNEL_BACKENDS = ("numba_ctc",)
 #: ``impl=`` choices: None (the default for the device), the native implementations, or the
 #: real ``gtn`` package (eager only, one graph per example on the host). Which of them a loss
 #: offers is declared by its criterion (:attr:`lightning_gtn.core.criterion.Criterion.backends`).
-IMPLS = (None,) + NATIVE_BACKENDS + ("gtn",)
+IMPLS = (None,) + NATIVE_BACKENDS + KERNEL_BACKENDS + ("gtn",)
 #: entries of a transducer's ``durations`` / ``big_blank_durations``: each is one joiner output
 #: and one arc per lattice node (NeMo's use a handful)
 MAX_DURATIONS = 1024
@@ -358,6 +363,50 @@ def split_targets(
     else:
         raise ValueError(f"{name} must have shape (B, S) or (sum(target_lengths),), got {arr.shape}")
     return seqs
+
+
+def flat_targets(
+    targets: torch.Tensor,
+    target_lengths: torch.Tensor,
+    B: int,
+    device: torch.device,
+    num_classes: int,
+    blank: Optional[int] = None,
+    name: str = "targets",
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tensor targets as ``(labels, offsets, lengths)`` int64 host arrays, checked as
+    :func:`split_targets` checks them (same messages), without a Python list per example:
+    example ``b``'s labels are ``labels[offsets[b] : offsets[b] + lengths[b]]``.
+
+    Padded ``(B, S)`` targets are flattened (``offsets = arange(B) * S``, the padding past each
+    length is not checked); concatenated 1-D targets keep their order (cumulative offsets)."""
+    if not isinstance(targets, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor here, got {type(targets).__name__}")
+    lengths = as_lengths(target_lengths, B, "target_lengths", device)
+    if not _host_device_ok(targets, device):
+        raise ValueError(f"{name} is on {targets.device} but the emissions are on {device}")
+    arr = int_tensor(targets, name).detach().cpu().numpy()
+    if arr.ndim == 2:
+        if arr.shape[0] != B:
+            raise ValueError(f"{name} must have shape (B, S) with B={B}, got {arr.shape}")
+        S = arr.shape[1]
+        if S and B and lengths.max() == S and lengths.min() == S:  # every row full: one check of all
+            check_labels(arr.reshape(-1), num_classes, blank, name)
+        else:
+            check_padded_labels(arr, lengths, num_classes, blank, name, "C")
+        return np.ascontiguousarray(arr.reshape(-1)), np.arange(B, dtype=np.int64) * S, lengths
+    if arr.ndim == 1:
+        total = int(lengths.sum())
+        if arr.shape[0] != total:
+            raise ValueError(
+                f"concatenated 1-D {name} must have sum(target_lengths)={total} labels, " f"got shape {arr.shape}"
+            )
+        check_labels(arr, num_classes, blank, name)
+        offsets = np.zeros(B, dtype=np.int64)
+        if B > 1:
+            np.cumsum(lengths[:-1], out=offsets[1:])
+        return np.ascontiguousarray(arr), offsets, lengths
+    raise ValueError(f"{name} must have shape (B, S) or (sum(target_lengths),), got {arr.shape}")
 
 
 def targets_tensors(targets, target_lengths, B: int, device: torch.device, name: str = "targets"):

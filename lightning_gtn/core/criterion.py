@@ -14,6 +14,12 @@ scales them by the incoming gradient. With ``reduction="none"`` and learned weig
 weight gradient depends on the incoming per-example gradient, so the backward calls a second
 op that recomputes it.
 
+A criterion with its own kernel (:attr:`Criterion.kernels`, CTC's ``"numba_ctc"``) skips the
+plan: :func:`apply_loss` asks it (:meth:`Criterion.own_kernel`) whether its kernel scores the
+call, and if so calls the leaner custom op ``lightning_gtn::kernel_loss``
+(:func:`kernel_loss_op`), whose implementation hands the arguments to
+:meth:`Criterion.kernel_loss`: no criterion graphs, no graph cache, the loss's own checks.
+
 A criterion is named by ``kind`` (``"ctc"``, ``"asg"``, ``"seq"``) or, for criteria held by
 an object (a user's graph builder), by ``kind="handle"`` and the integer ``handle`` of
 :func:`register_criterion`.
@@ -36,6 +42,7 @@ __all__ = [
     "Criterion",
     "register_criterion",
     "loss_op",
+    "kernel_loss_op",
     "CRITERIA",
     "NATIVE_BACKENDS",
     "apply_loss",
@@ -66,6 +73,36 @@ class Criterion:
     handle: int = 0
     backends: Tuple[str, ...] = NATIVE_BACKENDS
     name: str = "this loss"
+    #: the ``impl=`` names of the criterion's own kernels (each also in :attr:`backends` and in
+    #: :data:`lightning_gtn.core.checks.KERNEL_BACKENDS`); empty: every call is planned
+    kernels: Tuple[str, ...] = ()
+
+    def own_kernel(self, device: torch.device, impl: Optional[str]) -> Optional[str]:
+        """The own kernel (one of :attr:`kernels`) that scores a call with ``impl`` (already
+        checked against :attr:`backends`; None: the device's default) on ``device``, or None:
+        the call is planned and scored by the graph kernels. A criterion may raise ValueError
+        for a kernel that cannot run on ``device``. Called by :func:`apply_loss`."""
+        return None
+
+    def kernel_loss(
+        self,
+        emissions: Tensor,
+        targets: Tensor,
+        input_lengths: Tensor,
+        target_lengths: Tensor,
+        blank: int,
+        reduction: str,
+        zero_infinity: bool,
+        impl: str,
+        need_e: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """``(out, d out / d emissions or None)`` computed by the own kernel ``impl``, with the
+        reduction applied: ``out`` is ``(B,)`` for ``reduction="none"`` (the gradient then per
+        row), else a scalar, in the emissions' (compute) dtype. Runs inside
+        :func:`kernel_loss_op`, which passes the arguments as it got them: the targets and
+        lengths are int64 tensors whose values are not checked yet (the criterion checks them,
+        and everything its kernel indexes, before the kernel runs)."""
+        raise ValueError(f"{self.name}: no kernel of its own ({impl!r})")
 
     def forbidden_label(self, blank: int) -> Optional[int]:
         """The label the targets must not contain (CTC's blank), or None."""
@@ -317,6 +354,110 @@ def _loss_fake(
     return out, gE, gW
 
 
+# The op of the criteria with their own kernel is declared with the low-level ``torch.library``
+# API: a schema, one implementation for every backend, a fake, and an autograd kernel written as
+# an autograd.Function. ``torch.library.custom_op`` would give the same op, but its Python
+# layers (argument defaults filled per call, a dynamo-disabled wrapper, a generic autograd
+# Function) cost about as much as a small batch's whole loss.
+_LIB = torch.library.Library("lightning_gtn", "FRAGMENT")
+_LIB.define(
+    "kernel_loss(Tensor emissions, Tensor targets, Tensor input_lengths, Tensor target_lengths, str kind, "
+    "int handle, int blank, str reduction, bool zero_infinity, str impl, bool need_e) -> (Tensor, Tensor)"
+)
+
+
+def _kernel_loss_impl(
+    emissions: Tensor,
+    targets: Tensor,
+    input_lengths: Tensor,
+    target_lengths: Tensor,
+    kind: str,
+    handle: int,
+    blank: int,
+    reduction: str,
+    zero_infinity: bool,
+    impl: str,
+    need_e: bool,
+) -> Tuple[Tensor, Tensor]:
+    """``(out, d out / d emissions)`` of a criterion with its own kernel ``impl``
+    (:meth:`Criterion.kernel_loss`): ``out`` is ``(B,)`` for ``reduction="none"`` (then the
+    gradient is per row), else a scalar; the gradient is an empty tensor unless ``need_e``."""
+    crit = _criterion(kind, handle)
+    if impl not in crit.kernels:
+        raise ValueError(f"{crit.name}: impl={impl!r} is not one of its own kernels {crit.kernels}")
+    checks.check_reduction(reduction)
+    out, gE = crit.kernel_loss(
+        emissions, targets, input_lengths, target_lengths, int(blank), reduction, bool(zero_infinity), impl, need_e
+    )
+    return out, (gE if (need_e and gE is not None) else _empty(emissions))
+
+
+_LIB.impl("kernel_loss", _kernel_loss_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("lightning_gtn::kernel_loss")
+def _kernel_loss_fake(
+    emissions, targets, input_lengths, target_lengths, kind, handle, blank, reduction, zero_infinity, impl, need_e
+):
+    out = emissions.new_empty((emissions.shape[0],) if reduction == "none" else ())
+    return out, (torch.empty_like(emissions) if need_e else emissions.new_empty(0))
+
+
+#: ``lightning_gtn::kernel_loss``: the custom op behind :meth:`Criterion.kernel_loss` (see
+#: :func:`_kernel_loss_impl` for its arguments and outputs)
+kernel_loss_op = torch.ops.lightning_gtn.kernel_loss.default
+
+
+class _KernelLossFunction(torch.autograd.Function):
+    """The op's autograd kernel: the forward gives the gradient too; the backward scales it."""
+
+    @staticmethod
+    def forward(ctx, emissions, targets, input_lengths, target_lengths, kind, handle, blank, reduction, *rest):
+        with torch._C._AutoDispatchBelowAutograd():
+            out, gE = kernel_loss_op(
+                emissions, targets, input_lengths, target_lengths, kind, handle, blank, reduction, *rest
+            )
+        ctx.reduction = reduction
+        ctx.mark_non_differentiable(gE)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(gE)
+        return out, gE
+
+    @staticmethod
+    def backward(ctx, g_out, _g_ge):
+        gE = None
+        if g_out is not None and ctx.needs_input_grad[0]:
+            (gE_s,) = ctx.saved_tensors
+            if gE_s.dim() != 3:
+                raise RuntimeError("lightning_gtn::kernel_loss: a backward through a call with need_e=False")
+            if _is_one(g_out):  # loss.backward(): the saved gradient as it is (no pass, no copy)
+                return (gE_s,) + (None,) * 10
+            g = g_out.to(gE_s.dtype)
+            gE = gE_s * (g.reshape(-1, 1, 1) if ctx.reduction == "none" else g)
+        return (gE,) + (None,) * 10
+
+
+def _is_one(g: Tensor) -> bool:
+    """Whether ``g`` is a plain CPU scalar tensor equal to 1, read on the host. Never while
+    anything traces the backward (compiling, fake or functional tensors, a dispatch mode), where
+    the value is not known: the gradient is then scaled as usual."""
+    return (
+        type(g) is torch.Tensor
+        and g.dim() == 0
+        and g.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and bool(g == 1)
+    )
+
+
+def _kernel_loss_autograd(*args):
+    return _KernelLossFunction.apply(*args)
+
+
+_LIB.impl("kernel_loss", _kernel_loss_autograd, "Autograd")
+
+
 @torch.library.custom_op("lightning_gtn::structured_loss_weight_grad", mutates_args=())
 def weight_grad_op(
     emissions: Tensor,
@@ -445,7 +586,9 @@ def apply_loss(
 
     In order: the emissions (``(B, T, C)`` float, named ``name`` in messages), ``reduction``,
     ``impl`` against ``crit.backends`` (:meth:`Criterion.check_backend`), the loss's own
-    options (:meth:`Criterion.check_options`). Then ``impl="gtn"``
+    options (:meth:`Criterion.check_options`). A criterion whose own kernel scores the call
+    (:meth:`Criterion.own_kernel`) goes to :func:`kernel_loss_op` (targets and lengths as int64
+    tensors, the emissions in their compute dtype). Otherwise ``impl="gtn"``
     goes to :meth:`Criterion.gtn_losses` (targets and lengths read on the host, reduced here);
     every other ``impl`` calls :func:`loss_op` with the targets as one padded int64 tensor
     and the lengths as int64 tensors (their values are checked inside the op, where
@@ -460,6 +603,16 @@ def apply_loss(
     impl = crit.check_backend(impl)
     blank, weights = crit.check_options(C, blank, weights, emissions.device)
     dev = emissions.device
+    own = crit.own_kernel(dev, impl)
+    if own is not None:  # the criterion's own kernel: no plan, no graphs
+        tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
+        il = checks.int_tensor(input_lengths, "input_lengths")
+        x = emissions.to(checks.compute_dtype(emissions))
+        need_e = bool(torch.is_grad_enabled() and x.requires_grad)
+        out = kernel_loss_op(
+            x, tg, il, tl, crit.kind, int(crit.handle), int(blank), reduction, bool(zero_infinity), own, need_e
+        )[0]
+        return out.to(emissions.dtype)
     if impl == "gtn":
         lengths = as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
         seqs = split_targets(targets, target_lengths, B, dev, crit.target_classes(C), blank=crit.forbidden_label(blank))

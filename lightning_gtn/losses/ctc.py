@@ -10,16 +10,69 @@ import torch
 from ..core import checks, criterion
 from ..core.criterion_graphs import compiled_ctc
 from ..core.scoring import Plan, unique_graphs
+from ..kernels import ctc_numba
 
 __all__ = ["ctc_loss"]
 
 
 class _CTC(criterion.Criterion):
-    """One CTC graph per distinct target; the loss of a row is ``-log Z`` of its graph."""
+    """CTC: on the CPU by default its own kernel (:mod:`lightning_gtn.kernels.ctc_numba`,
+    ``impl="numba_ctc"``); otherwise one CTC graph per distinct target, the loss of a row
+    ``-log Z`` of its graph."""
 
     kind = "ctc"
     name = "ctc_loss"
-    backends = criterion.NATIVE_BACKENDS + ("gtn",)
+    kernels = ("numba_ctc",)
+    backends = criterion.NATIVE_BACKENDS + kernels + ("gtn",)
+
+    def own_kernel(self, device, impl):
+        if impl is None:
+            return "numba_ctc" if device.type == "cpu" else None
+        if impl == "numba_ctc" and device.type != "cpu":
+            raise ValueError(f"impl='numba_ctc' needs CPU tensors, got emissions on {device}")
+        return impl if impl in self.kernels else None
+
+    def kernel_loss(
+        self, emissions, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl, need_e
+    ):
+        if emissions.device.type != "cpu":
+            raise ValueError(f"impl={impl!r} needs CPU tensors, got emissions on {emissions.device}")
+        B, T, C = checks.check_emissions(emissions, "log_probs")
+        blank = checks.check_label(blank, "blank", C)
+        arrays = _host_arrays(targets, input_lengths, target_lengths, B)
+        if arrays is None:  # another layout or dtype: converted (and checked) the long way
+            arrays = self._checked_arrays(emissions, targets, input_lengths, target_lengths, blank)
+        labels, offsets, tl, il, stride = arrays
+        coef = None
+        if reduction == "mean":
+            coef = 1.0 / (np.maximum(tl, 1) * max(B, 1))
+        elif reduction == "sum":
+            coef = np.ones(B)
+        E = emissions.detach()
+        if E.dtype not in (torch.float32, torch.float64):
+            E = E.float()
+        E = E.contiguous()
+        try:
+            losses, gE = ctc_numba.ctc_cost_grad(E, labels, offsets, tl, il, blank, coef, need_e, stride)
+        except ValueError:
+            # the kernel's checks refused a value: the argument checks say which, by name
+            self._checked_arrays(emissions, targets, input_lengths, target_lengths, blank)
+            raise
+        ln = losses.numpy()
+        if zero_infinity:
+            ln[np.isinf(ln)] = 0.0
+        if coef is None:
+            return losses.to(E.dtype), gE
+        return torch.tensor(float((ln * coef).sum()), dtype=E.dtype), gE
+
+    @staticmethod
+    def _checked_arrays(emissions, targets, input_lengths, target_lengths, blank):
+        B, T, C = emissions.shape
+        dev = emissions.device
+        il = checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
+        labels, offsets, tl = checks.flat_targets(targets, target_lengths, B, dev, C, blank)
+        stride = int(targets.shape[1]) if targets.dim() == 2 else -1
+        return labels, offsets, tl, il, stride
 
     def check_options(self, C, blank, weights, device):
         return checks.check_label(blank, "blank", C), weights
@@ -38,6 +91,34 @@ class _CTC(criterion.Criterion):
         return Plan(graphs, ids, np.arange(B), lengths, -np.ones(B), B), None
 
 
+def _host_arrays(targets, input_lengths, target_lengths, B: int):
+    """``(labels, offsets, target_lengths, input_lengths, stride)`` as host int64 arrays without
+    a copy, for int64 CPU tensors of torch's layouts (padded ``(B, S)`` or concatenated 1-D
+    targets, ``(B,)`` lengths); None for anything else. Values are not checked here (the
+    kernel's checks run before it reads them)."""
+    ok = all(
+        isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype == torch.int64
+        for t in (targets, input_lengths, target_lengths)
+    )
+    if not ok or input_lengths.shape != (B,) or target_lengths.shape != (B,):
+        return None
+    if targets.dim() == 2 and targets.shape[0] == B:
+        S = int(targets.shape[1])
+        offsets = np.arange(B, dtype=np.int64) * S
+    elif targets.dim() == 1:
+        S = -1
+        tl = target_lengths.numpy()
+        if int(tl.sum()) != targets.shape[0]:
+            return None
+        offsets = np.zeros(B, dtype=np.int64)
+        if B > 1:
+            np.cumsum(tl[:-1], out=offsets[1:])
+    else:
+        return None
+    labels = targets.detach().contiguous().reshape(-1).numpy()
+    return labels, offsets, target_lengths.detach().numpy(), input_lengths.detach().numpy(), S
+
+
 criterion.CRITERIA["ctc"] = _CTC()
 
 
@@ -54,10 +135,13 @@ def ctc_loss(
 ) -> torch.Tensor:
     """The CTC loss of a batch: torch's ``ctc_loss`` semantics, batch first.
 
-    Each target's CTC graph (:func:`lightning_gtn.wfst.criterion.ctc_graph`, cached per target)
-    is scored against its emissions in one batched forward-backward pass on
-    ``log_probs.device``; the loss of an example is ``-log`` of the total score of its CTC
-    alignments. A ``torch.library`` custom op: works under ``torch.compile(fullgraph=True)``.
+    The loss of an example is ``-log`` of the total score of its CTC alignments. On the CPU a
+    dedicated kernel walks the ``2S + 1`` CTC states of each example frame by frame
+    (:mod:`lightning_gtn.kernels.ctc_numba`, examples shared over the engine's threads); on other
+    devices, and with the graph implementations' ``impl`` names, each target's CTC graph
+    (:func:`lightning_gtn.wfst.criterion.ctc_graph`, cached per target) is scored against its
+    emissions in one batched forward-backward pass on ``log_probs.device``. A ``torch.library``
+    custom op: works under ``torch.compile(fullgraph=True)``.
 
     Args:
         log_probs: ``(B, T, C)`` log-probabilities (normally ``log_softmax`` outputs; any
@@ -74,9 +158,11 @@ def ctc_loss(
         zero_infinity: infeasible examples (a target that needs more frames than it has) give
             an infinite loss; with ``zero_infinity=True`` they give 0 instead. Either way their
             gradient is zero.
-        impl: None (numba on the CPU, Triton or torch on CUDA), ``"numba"``, ``"numba_log"``,
-            ``"torch"``, ``"triton"``, or ``"gtn"`` (the real ``gtn`` package, one graph per
-            example on the host; eager only; ImportError when not installed).
+        impl: None (``"numba_ctc"`` on the CPU, Triton or torch on CUDA); ``"numba_ctc"``
+            (the dedicated CTC kernel, CPU); the graph implementations ``"numba"`` (scaled,
+            CPU), ``"numba_log"`` (log domain, CPU), ``"torch"``, ``"triton"``; or ``"gtn"`` (the
+            real ``gtn`` package, one graph per example on the host; eager only; ImportError
+            when not installed).
 
     Returns:
         A scalar (or ``(B,)`` for ``reduction="none"``) in ``log_probs``'s dtype and device.

@@ -142,8 +142,9 @@ class CTCLoss(StructuredLoss):
         blank: the blank label (an integer).
         reduction: ``"none"`` | ``"mean"`` | ``"sum"`` (torch's meanings).
         zero_infinity: infeasible examples give 0 instead of ``inf``.
-        impl: None (the device's default), ``"numba"``, ``"numba_log"``, ``"torch"``,
-            ``"triton"`` or ``"gtn"``.
+        impl: None (the device's default: the CTC kernel on the CPU), ``"numba_ctc"``,
+            ``"numba"``, ``"numba_log"``, ``"torch"``, ``"triton"`` or ``"gtn"`` (see
+            :func:`lightning_gtn.functional.ctc_loss`).
 
     Shape:
         ``forward(log_probs (B, T, C), targets (B, S) or (sum(target_lengths),),
