@@ -72,12 +72,10 @@ def test_compose_every_config(group, option, tmp_path):
         if "denominator" in cfg.loss:  # LF-MMI: lightning-gtn-train builds it from the transcripts
             from types import SimpleNamespace
 
-            from lightning_gtn.train import _resolve_denominator
+            from lightning_gtn.train import prepare_loss
 
             texts = SimpleNamespace(texts=["0123", "98 76", "5 5"])
-            _resolve_denominator(
-                cfg, SimpleNamespace(chars="0123456789 ", setup=lambda s: None, train_set=texts), tmp_path
-            )
+            prepare_loss(cfg, SimpleNamespace(chars="0123456789 ", setup=lambda s: None, train_set=texts), tmp_path)
         adapter, vocab = build_loss(cfg.loss, "0123456789 ")
         assert vocab.num_classes in (11, 12)
     elif group == "optim":

@@ -7,14 +7,16 @@ its hyperparameters, so ``SequenceModule.load_from_checkpoint(path)`` rebuilds i
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import lightning as L
 import torch
 from torch import nn
 
 from lightning_gtn import trust
+from lightning_gtn.nn import RNNTStructuredLoss
 
-from .mixin import StructuredLossMixin, is_transducer_network
+from .mixin import StructuredLossMixin, offers_network
 
 __all__ = ["SequenceModule", "check_hyperparameters", "HPARAM_SECTIONS"]
 
@@ -150,14 +152,14 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
         outputs the loss reads besides the token scores)."""
         target = network.get("_target_")
         cls = trust.resolve(target, "model._target_", kinds=("model",))
-        transducer = is_transducer_network(cls)
-        if self.is_transducer and not transducer:
+        transducer = offers_network(cls)
+        if self.reads_network and not transducer:
             raise ValueError(
                 f"model: {type(self.structured_loss).__qualname__} is an RNN-T loss and needs a transducer "
                 f"network (encode/predict/join, the protocol of lightning_gtn.nn.rnnt), but model._target_ is "
                 f"{target}: loss=rnnt needs model=transducer (add model=transducer)"
             )
-        if transducer and not self.is_transducer:
+        if transducer and not self.reads_network:
             raise ValueError(
                 f"model: {target} is a transducer network, trained by the RNN-T losses "
                 f"(loss=rnnt|pruned_rnnt|tdt|multiblank), but the loss is "
@@ -165,7 +167,7 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             )
         if not transducer:
             return {}
-        extra = int(self.rnnt_loss.extra_outputs)
+        extra = int(cast(RNNTStructuredLoss, self.structured_loss).extra_outputs)
         if (
             "extra_outputs" in network
             and network["extra_outputs"] is not None
