@@ -114,6 +114,7 @@ __all__ = [
     "RunLock",
     "RUN_LOCK",
     "EARLY_RUN_FILES",
+    "early_run_files",
     "quiet_lightning",
     "use_run_log",
     "cli_error",
@@ -367,19 +368,31 @@ class _FinalProgress(Callback):
 #: the lock file a run keeps in its directory while it runs (its content: the owner's pid)
 RUN_LOCK = ".lightning_gtn.lock"
 
-#: What a run writes into its directory before its first checkpoint: a directory holding nothing
+#: What a run writes into its directory before its first checkpoint, besides the files the losses'
+#: preparations write (their ``run_files``, :func:`early_run_files`): a directory holding nothing
 #: else and no ``*.ckpt`` (a run killed that early) may be taken by a fresh run.
 EARLY_RUN_FILES = (
     ".hydra",
     "csv",
     "tensorboard",
     "checkpoints",
-    "word_pieces.txt",
-    "transitions.bin",
-    "denominator.bin",
     "lexicon.txt",
     "lm.arpa",
 )
+
+
+def early_run_files() -> tuple[str, ...]:
+    """:data:`EARLY_RUN_FILES` and the ``run_files`` every loss class declares (the files its
+    :meth:`~lightning_gtn.nn.StructuredLoss.prepare` writes)."""
+    from lightning_gtn.nn import StructuredLoss
+
+    names: list[str] = list(EARLY_RUN_FILES)
+    todo = [StructuredLoss]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        names += [f for f in cls.run_files if f not in names]
+    return tuple(names)
 
 
 class RunLock:
@@ -449,7 +462,7 @@ def claim_run_dir(output_dir: Path, ckpt_path) -> RunLock | None:
     A run directory holds one run: two runs into one ``hydra.run.dir`` would mix checkpoints,
     logs and configs (an old ``best.ckpt`` beside a new ``last.ckpt``). So a directory that
     holds a run is refused, unless this run resumes a checkpoint inside it; a directory holding
-    only what a run writes before its first checkpoint (:data:`EARLY_RUN_FILES`, no ``*.ckpt``:
+    only what a run writes before its first checkpoint (:func:`early_run_files`, no ``*.ckpt``:
     a run killed that early) is taken by a fresh run. The lock file (:data:`RUN_LOCK`, held with
     ``flock`` while the run runs, so a killed run's lock is free at once) keeps a second run out.
 
@@ -465,7 +478,7 @@ def claim_run_dir(output_dir: Path, ckpt_path) -> RunLock | None:
             p.name for p in output_dir.iterdir() if p.name != RUN_LOCK and not (p.is_file() and p.suffix == ".log")
         )
         ckpts = sorted([*output_dir.glob("*.ckpt"), *(output_dir / "checkpoints").glob("*.ckpt")])
-        if ckpts or not set(other) <= set(EARLY_RUN_FILES):
+        if ckpts or not set(other) <= set(early_run_files()):
             held.release()
             last = [p for p in ckpts if p.name == "last.ckpt"] or ckpts
             hint = f"resume that run with ckpt_path={last[0]}" if last else "remove what is in it"
