@@ -99,7 +99,7 @@ def _import(path) -> type:
     return trust.resolve(path, "loss._target_", kinds=("loss",))
 
 
-def loss_class(config) -> type | None:
+def loss_class(config) -> type[StructuredLoss] | None:
     """The :class:`~lightning_gtn.nn.StructuredLoss` class a loss config's ``_target_`` names (a
     registered type, or one the caller trusts), or None (a constructor function, a name that is
     not a loss class or cannot be resolved: building it reports why)."""

@@ -123,7 +123,7 @@ def _provisional_vocabulary(loss, chars) -> tuple[Vocabulary, bool]:
     graphemes = cls is None or "graphemes_to_idx" in cls.vocabulary_arguments
     if isinstance(chars, Vocabulary):
         return chars, not graphemes
-    if graphemes:
+    if cls is None or graphemes:
         return Vocabulary(chars, blank=False, repeat_label=False), False
     blank = loss.get("blank", cls.blank) is not None
     repeat = bool(loss.get("repeat_label", cls.repeat_label))
@@ -205,6 +205,10 @@ class StructuredLossMixin:
 
     structured_loss: StructuredLoss
     vocabulary: Vocabulary
+    # a loss config built at setup (its preparation reads the training transcripts), and whether its
+    # vocabulary's classes are the emission classes
+    _pending_loss: tuple | None = None
+    _pending_classes: bool = True
     # what the LightningModule this is mixed into provides
     __call__: Callable[..., Any]
     log: Callable[..., None]
@@ -290,6 +294,7 @@ class StructuredLossMixin:
     def _build_pending_loss(self) -> None:
         """Builds a loss whose preparation reads the training transcripts (those of the trainer's
         data module, set up before this module's ``setup``)."""
+        assert self._pending_loss is not None
         loss, chars, blank, repeat_label, decoder = self._pending_loss
         trainer = getattr(self, "_trainer", None)
         data = getattr(trainer, "datamodule", None) if trainer is not None else None
