@@ -209,6 +209,7 @@ class StructuredLossMixin:
     # vocabulary's classes are the emission classes
     _pending_loss: tuple | None = None
     _pending_classes: bool = True
+    _pending_reason: str = ""
     # what the LightningModule this is mixed into provides
     __call__: Callable[..., Any]
     log: Callable[..., None]
@@ -271,9 +272,10 @@ class StructuredLossMixin:
         # the loss's blank is the vocabulary's
         try:
             self.structured_loss, self.vocabulary = build_loss(loss, chars, blank, repeat_label)
-        except TextsUnavailable:
+        except TextsUnavailable as e:
             # its preparation learns from the training transcripts: built at setup
             self._pending_loss = (loss, chars, blank, repeat_label, decoder)
+            self._pending_reason = str(e)
             self.vocabulary, self._pending_classes = _provisional_vocabulary(loss, chars)
         else:
             self._check_loss_network()

@@ -134,6 +134,12 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             nonfinite=nonfinite,
             decoder=decoder,
         )
+        if self._pending_loss is not None:
+            # what the loss learns must travel inside the checkpoint: prepared before the module is built
+            raise ValueError(
+                f"{self._pending_reason}: prepare the loss config first (lightning_gtn.train.prepare_loss, as "
+                "lightning-gtn-train does), so that the checkpoint carries what it learns"
+            )
         extra = self._check_network(network)
         try:
             self.net: nn.Module = trust.instantiate(

@@ -134,6 +134,13 @@ def test_a_prepared_loss_without_training_transcripts_says_so():
         build_loss({**loss_config("transducer"), "tokens": 6}, CHARS)
 
 
+def test_sequence_module_needs_a_prepared_loss():
+    from lightning_gtn.lightning import SequenceModule
+
+    with pytest.raises(ValueError, match=r"^loss\.denominator: built from .* prepare the loss config first"):
+        SequenceModule({"_target_": "lightning_gtn.lightning.ConvRNNEncoder"}, "mmi", CHARS, feature_dim=8)
+
+
 def test_network_protocol_checked_at_construction():
     # the pruned loss's simple loss reads simple_am / simple_lm: asked for at once, in library words
     with pytest.raises(ValueError, match=r"PrunedRNNTLoss .*lacks simple_am, simple_lm$") as e:
