@@ -7,14 +7,12 @@ its hyperparameters, so ``SequenceModule.load_from_checkpoint(path)`` rebuilds i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import cast
 
 import lightning as L
 import torch
 from torch import nn
 
 from lightning_gtn import trust
-from lightning_gtn.nn import RNNTStructuredLoss
 
 from .mixin import StructuredLossMixin, offers_network
 
@@ -153,9 +151,9 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             raise ValueError(f"model: cannot build {network.get('_target_')}: {msg}") from e
 
     def _check_network(self, network: Mapping) -> dict:
-        """The network class must match the loss (a transducer network for an RNN-T loss and only
-        then); returns the extra constructor arguments (a transducer's ``extra_outputs``: the joiner
-        outputs the loss reads besides the token scores)."""
+        """The network class must match the loss (a transducer network for a loss with
+        ``network_methods`` and only then); returns the extra constructor arguments the loss declares
+        (``network_arguments``: a transducer's ``extra_outputs``)."""
         target = network.get("_target_")
         cls = trust.resolve(target, "model._target_", kinds=("model",))
         transducer = offers_network(cls)
@@ -173,17 +171,15 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             )
         if not transducer:
             return {}
-        extra = int(cast(RNNTStructuredLoss, self.structured_loss).extra_outputs)
-        if (
-            "extra_outputs" in network
-            and network["extra_outputs"] is not None
-            and int(network["extra_outputs"]) != extra
-        ):
-            raise ValueError(
-                f"model.extra_outputs: {network['extra_outputs']} does not match the loss's {extra} extra joiner "
-                "outputs (leave it out: it is filled in from the loss)"
-            )
-        return {"extra_outputs": extra}
+        extra = dict(self.structured_loss.network_arguments())
+        for key, want in extra.items():
+            given = network.get(key)
+            if given is not None and given != want:
+                raise ValueError(
+                    f"model.{key}: {given} does not match the loss's {want} (leave it out: it is filled in from "
+                    "the loss)"
+                )
+        return extra
 
     @classmethod  # the override: weights_only is a bool defaulting to True, not Lightning's Optional
     def load_from_checkpoint(cls, checkpoint_path, *args, weights_only: bool = True, **kwargs):  # type: ignore[override]

@@ -212,6 +212,12 @@ class StructuredLoss(nn.Module):
         """Told the global training step before each training batch (the Lightning layer calls it);
         a loss with a schedule (a warm-up) overrides it. A no-op here."""
 
+    def network_arguments(self) -> Dict[str, Any]:
+        """Constructor arguments the Lightning layer gives the network of a loss with
+        ``network_methods`` (an RNN-T loss's ``extra_outputs``: the joiner outputs it reads beyond
+        the token scores); ``{}`` here."""
+        return {}
+
     def network_loss(self, network: Any, frames, frame_lengths, targets, target_lengths):
         """The loss of a batch from ``network`` and the frames its ``encode`` gave, for a loss with
         ``network_methods``; losses over emissions are called directly instead.

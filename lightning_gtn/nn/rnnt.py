@@ -116,6 +116,10 @@ class RNNTStructuredLoss(StructuredLoss):
         regular RNN-T); a loss with durations or big blanks gives greedy its options."""
         return Decoding()
 
+    def network_arguments(self) -> dict:
+        """``{"extra_outputs": n}``: the joiner outputs the loss reads after the ``V`` token scores."""
+        return {"extra_outputs": int(self.extra_outputs)}
+
     def network_loss(self, network, frames, frame_lengths, targets, target_lengths):
         """:meth:`joint_loss` (the protocol of :class:`~lightning_gtn.nn.StructuredLoss`)."""
         return self.joint_loss(network, frames, frame_lengths, targets, target_lengths)

@@ -409,3 +409,14 @@ def test_joint_loss_refuses_targets_longer_than_a_loss_can_place_on_the_frames()
     out = zi.joint_loss(m3, enc, lengths, targets, target_lengths)
     assert torch.isfinite(out[0]) and out[1] == 0
     assert torch.isfinite(RNNTLoss(blank=0).joint_loss(m3, enc, lengths, targets, target_lengths))
+
+
+def test_the_network_gets_the_arguments_the_loss_declares():
+    from lightning_gtn.lightning import SequenceModule
+
+    net = {"_target_": "lightning_gtn.lightning.TransducerModel", **SMALL}
+    m = SequenceModule(net, "tdt", CHARS, feature_dim=6)
+    assert m.structured_loss.network_arguments() == {"extra_outputs": 5} and m.net.extra_outputs == 5
+    with pytest.raises(ValueError, match=r"^model\.extra_outputs: 1 does not match the loss's 5 \(leave it out"):
+        SequenceModule({**net, "extra_outputs": 1}, "tdt", CHARS, feature_dim=6)
+    assert SequenceModule(net, "rnnt", CHARS, feature_dim=6).net.extra_outputs == 0
