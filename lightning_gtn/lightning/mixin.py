@@ -103,8 +103,16 @@ class NonFiniteLossError(RuntimeError):
         self.global_step, self.batch_idx, self.epoch = global_step, batch_idx, epoch
 
 
-#: How errors name the losses that train a transducer network (their packaged config names).
-_NETWORK_LOSS_NAMES = "rnnt, pruned_rnnt, tdt, multiblank"
+def _network_loss_names() -> str:
+    """The packaged loss configs whose loss declares ``network_methods`` (how errors name them)."""
+    from .losses import loss_config, loss_names
+
+    names = []
+    for name in loss_names():
+        cls = loss_class(loss_config(name))
+        if cls is not None and cls.network_methods:
+            names.append(name)
+    return ", ".join(names)
 
 
 def _provisional_vocabulary(loss, chars) -> tuple[Vocabulary, bool]:
@@ -238,7 +246,8 @@ class StructuredLossMixin:
                 (any other ``nn.Module`` only with ``blank`` and ``repeat_label``, which wrap it
                 in :class:`lightning_gtn.nn.ModuleLoss`). The loss's declared convention
                 (``blank``, ``repeat_label``, ``target_classes``, ``num_classes``, ``tokens``,
-                ``topology``) is all this mixin reads of it.
+                ``topology``) and its protocol (``prepare``, ``decoding``, ``network_methods``,
+                ``network_loss``, ``set_step``) are all this mixin reads of it.
             chars: characters of the vocabulary (a string) or a :class:`Vocabulary` matching
                 the loss's convention.
             optimizer: a callable ``params -> Optimizer`` or a config with ``_target_``
@@ -431,7 +440,7 @@ class StructuredLossMixin:
         if net is not None and offers_network(net):
             raise ValueError(
                 f"model: {type(net).__qualname__} is a transducer network, which the RNN-T losses train "
-                f"(the loss names {_NETWORK_LOSS_NAMES}), but the loss is {type(self.structured_loss).__qualname__} "
+                f"(the loss names {_network_loss_names()}), but the loss is {type(self.structured_loss).__qualname__} "
                 f"(topology {self.structured_loss.topology!r}): pick an RNN-T loss or another model"
             )
 
