@@ -493,7 +493,7 @@ def _from_rnnt_checkpoint(a, model, dm, loss):
                 "lattice (loss=rnnt, pruned_rnnt)"
             )
     try:
-        net = model.transducer_network()
+        net = model.loss_network()
     except ValueError as e:
         raise AlignError(f"--checkpoint: {e}") from None
     if int(getattr(net, "extra_outputs", 0) or 0):

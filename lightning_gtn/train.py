@@ -101,6 +101,7 @@ quiet_lightning()  # also in the processes DDP spawns, which import this module
 __all__ = [
     "main",
     "train_texts",
+    "prepare_loss",
     "run",
     "build",
     "ConfigError",
@@ -113,6 +114,7 @@ __all__ = [
     "RunLock",
     "RUN_LOCK",
     "EARLY_RUN_FILES",
+    "early_run_files",
     "quiet_lightning",
     "use_run_log",
     "cli_error",
@@ -237,212 +239,49 @@ def _check_keys(cfg: DictConfig) -> None:
         raise ConfigError(f"ckpt_path: no such checkpoint file: {cfg.ckpt_path}")
 
 
-def train_texts(datamodule) -> list[str]:
+def train_texts(datamodule, key: str = "data") -> list[str]:
     """The training transcripts of ``datamodule`` (``train_set.texts`` after ``setup("fit")``),
-    which word pieces, token transitions and the decoder's default lexicon and LM are learned from.
+    which a loss's preparation and the decoder's default lexicon and LM are learned from.
 
     Raises:
-        ConfigError: the data module has no training transcripts.
+        ConfigError: naming ``key``: the data module has no training transcripts.
     """
     datamodule.setup("fit")
     texts = getattr(getattr(datamodule, "train_set", None), "texts", None)
     if not texts:
         raise ConfigError(
-            "loss.tokens: word pieces are learned from the training transcripts, but the data "
-            "module has none (train_set.texts)"
+            f"{key}: learned from the training transcripts, but the data module has none (train_set.texts)"
         )
     return list(texts)
 
 
-def _resolve_token_files(cfg: DictConfig, datamodule, output_dir: Path) -> None:
-    """Loss options that are learned from the training transcripts before the model is built.
-
-    ``loss.tokens: <N>`` (an integer) trains N word pieces on the training transcripts and
-    ``loss.tokens: <file>`` reads them; either way the list is written to
-    ``<run>/word_pieces.txt`` and put into the loss config, so the checkpoint's hyperparameters
-    hold the tokens. ``loss.transitions: {order: 2, prune: 10}`` builds the token-level
-    transition graph (back-off, n-grams seen at most ``prune`` times dropped) from the training
-    transcripts and saves it as ``<run>/transitions.bin``; that file, or the one
-    ``loss.transitions: <file>`` names, is read here and put into the loss config as data
-    (:func:`lightning_gtn.nn.transducer.transitions_to_data`), so the checkpoint carries the
-    graph and loads from any directory.
-    """
-    loss = cfg.get("loss")
-    if not isinstance(loss, DictConfig) or "tokens" not in _vocabulary_arguments(loss.get("_target_")):
-        return
-    tokens = loss.get("tokens", "letters")
-    pieces = None
-    if isinstance(tokens, bool):
-        raise ConfigError(
-            f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file, got {tokens!r}"
-        )
-    if isinstance(tokens, int):
-        from lightning_gtn.wordpieces import train_word_pieces
-
-        try:
-            pieces = train_word_pieces(train_texts(datamodule), int(tokens))
-        except ValueError as e:
-            raise ConfigError(
-                f"loss.tokens={tokens}: {str(e).replace('num_pieces', 'the number of word pieces')}; "
-                "or loss.tokens=letters"
-            ) from None
-    elif isinstance(tokens, str) and tokens != "letters":
-        from lightning_gtn.wordpieces import load_word_pieces
-
-        if not Path(tokens).is_file():
-            raise ConfigError(
-                f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file; "
-                f"no such file: {tokens}"
-            )
-        try:
-            pieces = load_word_pieces(tokens)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"loss.tokens: cannot read word pieces from {tokens}: {e}") from None
-    if pieces is not None:
-        from lightning_gtn.wordpieces import save_word_pieces
-
-        # characters the training transcripts lack still get a token, so every text is spellable
-        pieces = list(pieces) + sorted(set(datamodule.chars) - set(pieces))
-        save_word_pieces(pieces, output_dir / "word_pieces.txt")
-        with open_dict(cfg):
-            cfg.loss.tokens = list(pieces)
-    trans = loss.get("transitions")
-    if isinstance(trans, DictConfig):
-        from lightning_gtn.wfst.ngram import save_transitions, transitions_graph
-
-        from .losses.transducer import segment
-
-        toks = list(datamodule.chars) if isinstance(cfg.loss.tokens, str) else list(cfg.loss.tokens)
-        blank = str(loss.get("blank", "none"))
-        seqs = [segment(t, toks) for t in train_texts(datamodule)]
-        num = len(toks) + int(blank != "none")
-        g = transitions_graph(
-            seqs, num, order=int(trans.get("order", 2)), prune=int(trans.get("prune", 0)), blank=blank, self_loops=True
-        )
-        path = output_dir / "transitions.bin"
-        save_transitions(str(path), g, num, tokens=toks + (["<blank>"] if blank != "none" else []))
-        trans = str(path)
-    if isinstance(trans, str):
-        # the user's own file (or the one just built): read here, carried by the checkpoint as data
-        from lightning_gtn.nn.transducer import transitions_to_data
-        from lightning_gtn.wfst.ngram import load_transitions
-
-        try:
-            data = transitions_to_data(load_transitions(trans)[0])
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"loss.transitions: cannot use {trans!r}: {e}") from e
-        with open_dict(cfg):
-            cfg.loss.transitions = data
-
-
-#: The keys of a denominator recipe (``loss.denominator: {order: 2, prune: 0, topology: ctc}``).
-_DENOMINATOR_KEYS = ("order", "prune", "topology", "method")
-
-
-def _is_mmi_loss(target) -> bool:
-    """Whether ``target`` names :class:`lightning_gtn.nn.LFMMILoss` or a subclass of it."""
-    if not isinstance(target, str):
-        return False
-    if target == "lightning_gtn.nn.LFMMILoss":
-        return True
-    try:
-        from hydra.utils import get_class
-
-        cls = get_class(target)
-    except Exception:
-        return False
-    from lightning_gtn.nn import LFMMILoss
-
-    return isinstance(cls, type) and issubclass(cls, LFMMILoss)
-
-
-def _resolve_denominator(cfg: DictConfig, datamodule, output_dir: Path) -> None:
-    """``loss.denominator`` of an LF-MMI loss, resolved before the model is built.
-
-    A recipe ``{order: 2, prune: 0, topology: ctc}`` (``method`` too: ``kneser_ney``) builds the
-    denominator graph from the training transcripts (tokens: the vocabulary's characters, ids
-    ``1 .. N`` as :class:`lightning_gtn.lightning.Vocabulary` encodes them with a blank) with
-    :func:`lightning_gtn.functional.denominator_graph`, saves it as ``<run>/denominator.bin``
-    (:func:`lightning_gtn.wfst.save`) and puts it into the loss config as data
-    (:func:`lightning_gtn.functional.mmi_graph_to_data`), so the checkpoint carries it; the loss's
-    ``topology`` follows the recipe's. Graph data (what a checkpoint holds) is used as is.
+def prepare_loss(cfg: DictConfig, datamodule, output_dir: Path) -> None:
+    """Runs the loss's preparation (:meth:`lightning_gtn.nn.StructuredLoss.prepare`) before the
+    model is built: what ``cfg.loss`` learns from the training transcripts of ``datamodule`` (word
+    pieces, a transitions graph, a denominator) is written into ``output_dir`` and put into
+    ``cfg.loss`` as plain data, so the checkpoint's hyper-parameters carry it. Keys the
+    preparation leaves alone are not touched.
 
     Raises:
-        ConfigError: the denominator is missing or neither a recipe nor graph data, or a recipe
-            value is bad.
+        ConfigError: naming the ``loss.<key>`` at fault.
     """
+    from lightning_gtn.lightning.losses import prepare_loss as prepare
+    from lightning_gtn.nn import Preparation
+
     loss = cfg.get("loss")
-    if not isinstance(loss, DictConfig) or not _is_mmi_loss(loss.get("_target_")):
+    if not isinstance(loss, DictConfig):
         return
-    den = loss.get("denominator")
-    recipe = "a recipe {order: 2, prune: 0, topology: ctc} (built from the training transcripts)"
-    if den is None:
-        raise ConfigError(f"loss.denominator: missing; give {recipe} or a graph as data")
-    if not isinstance(den, DictConfig) or len(den) == 0:
-        raise ConfigError(f"loss.denominator: expected {recipe} or a graph as data, got {den!r}")
-    spec = OmegaConf.to_container(den, resolve=True)
-    assert isinstance(spec, dict)
-    if not set(spec) <= set(_DENOMINATOR_KEYS):
-        if set(spec) & set(_DENOMINATOR_KEYS) - {"topology"}:
-            unknown = sorted(set(spec) - set(_DENOMINATOR_KEYS))
-            raise ConfigError(
-                f"loss.denominator.{unknown[0]}: unknown key of a denominator recipe (keys: {_DENOMINATOR_KEYS})"
-            )
-        return  # graph data (a checkpoint's, or the user's own): the loss checks it when it is built
-    order, prune = spec.get("order", 2), spec.get("prune", 0)
-    topology, method = spec.get("topology", loss.get("topology", "ctc")), spec.get("method", "kneser_ney")
-    if isinstance(order, bool) or not isinstance(order, int) or not 1 <= order <= 6:
-        raise ConfigError(f"loss.denominator.order: expected an integer in [1, 6], got {order!r}")
-    if prune is not None and (isinstance(prune, bool) or not isinstance(prune, int) or prune < 0):
-        raise ConfigError(
-            f"loss.denominator.prune: expected an integer >= 0 (n-grams of order >= 2 seen at most this many times "
-            f"are dropped; 0: none), got {prune!r}"
-        )
-    if loss.get("topology") is not None and loss.get("topology") != topology:
-        raise ConfigError(
-            f"loss.denominator.topology: {topology!r} differs from loss.topology {loss.get('topology')!r} "
-            "(the numerators and the denominator need the same topology)"
-        )
-    from lightning_gtn import functional, wfst
-    from lightning_gtn.lightning import Vocabulary
-
-    vocab = Vocabulary(datamodule.chars, blank=True)
+    plain = OmegaConf.to_container(loss, resolve=True)
+    assert isinstance(plain, dict)
+    context = Preparation(datamodule.chars, lambda key: train_texts(datamodule, key), output_dir)
     try:
-        seqs = [vocab.encode(t) for t in train_texts(datamodule)]
+        new = prepare(plain, context)
     except ValueError as e:
-        raise ConfigError(f"loss.denominator: the training transcripts do not fit the vocabulary: {e}") from None
-    try:
-        graph = functional.denominator_graph(
-            seqs,
-            len(vocab.chars),
-            order=order,
-            topology=topology,
-            prune=prune or None,
-            method=method,
-        )
-        data = functional.mmi_graph_to_data(graph, info={"topology": topology, "order": order, "prune": prune or 0})
-    except ValueError as e:
-        raise ConfigError(f"loss.denominator: {' '.join(str(e).split())}") from e
-    wfst.save(str(output_dir / "denominator.bin"), graph)
+        raise ConfigError(str(e)) from e
     with open_dict(cfg):
-        cfg.loss.denominator = data
-        cfg.loss.topology = topology
-
-
-def _vocabulary_arguments(target) -> tuple:
-    """The ``vocabulary_arguments`` a library loss class declares (``"tokens"``: word pieces may
-    be learned here), or ``()`` for anything else (checked when the loss is built)."""
-    if not isinstance(target, str) or not target.startswith("lightning_gtn."):
-        return ()
-    try:
-        from hydra.utils import get_class
-
-        cls = get_class(target)
-    except Exception:
-        return ()
-    from lightning_gtn.nn import StructuredLoss
-
-    return tuple(cls.vocabulary_arguments) if issubclass(cls, StructuredLoss) else ()
+        for k, v in new.items():
+            if k not in plain or plain[k] != v:
+                cfg.loss[k] = v
 
 
 def _number(v):
@@ -529,19 +368,31 @@ class _FinalProgress(Callback):
 #: the lock file a run keeps in its directory while it runs (its content: the owner's pid)
 RUN_LOCK = ".lightning_gtn.lock"
 
-#: What a run writes into its directory before its first checkpoint: a directory holding nothing
+#: What a run writes into its directory before its first checkpoint, besides the files the losses'
+#: preparations write (their ``run_files``, :func:`early_run_files`): a directory holding nothing
 #: else and no ``*.ckpt`` (a run killed that early) may be taken by a fresh run.
 EARLY_RUN_FILES = (
     ".hydra",
     "csv",
     "tensorboard",
     "checkpoints",
-    "word_pieces.txt",
-    "transitions.bin",
-    "denominator.bin",
     "lexicon.txt",
     "lm.arpa",
 )
+
+
+def early_run_files() -> tuple[str, ...]:
+    """:data:`EARLY_RUN_FILES` and the ``run_files`` every loss class declares (the files its
+    :meth:`~lightning_gtn.nn.StructuredLoss.prepare` writes)."""
+    from lightning_gtn.nn import StructuredLoss
+
+    names: list[str] = list(EARLY_RUN_FILES)
+    todo = [StructuredLoss]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        names += [f for f in cls.run_files if f not in names]
+    return tuple(names)
 
 
 class RunLock:
@@ -611,7 +462,7 @@ def claim_run_dir(output_dir: Path, ckpt_path) -> RunLock | None:
     A run directory holds one run: two runs into one ``hydra.run.dir`` would mix checkpoints,
     logs and configs (an old ``best.ckpt`` beside a new ``last.ckpt``). So a directory that
     holds a run is refused, unless this run resumes a checkpoint inside it; a directory holding
-    only what a run writes before its first checkpoint (:data:`EARLY_RUN_FILES`, no ``*.ckpt``:
+    only what a run writes before its first checkpoint (:func:`early_run_files`, no ``*.ckpt``:
     a run killed that early) is taken by a fresh run. The lock file (:data:`RUN_LOCK`, held with
     ``flock`` while the run runs, so a killed run's lock is free at once) keeps a second run out.
 
@@ -627,7 +478,7 @@ def claim_run_dir(output_dir: Path, ckpt_path) -> RunLock | None:
             p.name for p in output_dir.iterdir() if p.name != RUN_LOCK and not (p.is_file() and p.suffix == ".log")
         )
         ckpts = sorted([*output_dir.glob("*.ckpt"), *(output_dir / "checkpoints").glob("*.ckpt")])
-        if ckpts or not set(other) <= set(EARLY_RUN_FILES):
+        if ckpts or not set(other) <= set(early_run_files()):
             held.release()
             last = [p for p in ckpts if p.name == "last.ckpt"] or ckpts
             hint = f"resume that run with ckpt_path={last[0]}" if last else "remove what is in it"
@@ -697,11 +548,11 @@ def _run(cfg: DictConfig, output_dir: Path, save_config: bool) -> dict:
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
 
     datamodule = build(cfg.data, "data")
-    _resolve_token_files(cfg, datamodule, output_dir)
-    _resolve_denominator(cfg, datamodule, output_dir)
+    # the user's own config: its dotted paths are trusted as given
+    own = [p for key in ("model", "loss", "optim") for p, _ in trust.targets_in(cfg.get(key), key)]
+    with trust.trusted(list(cfg.get("trust_modules") or []), paths=own):
+        prepare_loss(cfg, datamodule, output_dir)
     try:
-        # the user's own config: its dotted paths are trusted as given
-        own = [p for key in ("model", "loss", "optim") for p, _ in trust.targets_in(cfg.get(key), key)]
         with trust.trusted(list(cfg.get("trust_modules") or []), paths=own):
             model = SequenceModule(
                 network=cfg.model,

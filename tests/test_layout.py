@@ -39,12 +39,12 @@ RANKS = {
     f"{PACKAGE}.core": 3,  # criterion base, plans, graphs, checks, DP driver, best paths
     f"{PACKAGE}.losses": 4,  # one module per criterion
     f"{PACKAGE}.lm": 4,  # ARPA n-gram models as graphs
+    f"{PACKAGE}.wordpieces": 4,  # word-piece vocabularies: plain Python, which a loss's preparation learns
     f"{PACKAGE}.decode": 5,  # viterbi, greedy, beam search over T o L o G
     f"{PACKAGE}.align": 6,  # forced alignment and its plots
     f"{PACKAGE}.functional": 7,  # the public functional surface
     f"{PACKAGE}.k2": 7,  # k2's RNN-T API under k2's names (a second public functional surface)
     f"{PACKAGE}.nn": 8,  # modules over functional
-    f"{PACKAGE}.wordpieces": 9,  # word-piece vocabularies and lexicons
     f"{PACKAGE}.lightning": 10,  # mixin, metrics, data, models
     f"{PACKAGE}.train": 11,  # the command lines
     f"{PACKAGE}.evaluate": 11,
@@ -57,9 +57,11 @@ LOW_PACKAGES = (f"{PACKAGE}.kernels", f"{PACKAGE}.core")
 LOW_ALLOWED = (f"{PACKAGE}.trust", f"{PACKAGE}.wfst", f"{PACKAGE}.kernels", f"{PACKAGE}.core")
 
 # What ``nn`` may import from the package: computation only through the public functional
-# surface, argument checks from core.checks, graphs from wfst, and the registry.
+# surface, argument checks from core.checks, graphs from wfst, the registry, and the word pieces a
+# loss's preparation learns.
 NN_ALLOWED = (
     f"{PACKAGE}.nn",
+    f"{PACKAGE}.wordpieces",
     f"{PACKAGE}.functional",
     f"{PACKAGE}.k2",
     f"{PACKAGE}.core.checks",
@@ -366,6 +368,121 @@ def test_nn_computes_only_through_functional():
         if _inside(imp.source, f"{PACKAGE}.nn") and not any(_inside(imp.target, ok) for ok in NN_ALLOWED)
     ]
     assert not bad, "nn imports computation outside lightning_gtn.functional:" + _listing(bad)
+
+
+# ----------------------------------------------------------------------------- generic layers
+#: The modules above the losses that name no loss: each loss declares its preparation
+#: (``StructuredLoss.prepare``), its decoding (``StructuredLoss.decoding``) and the network methods it
+#: calls (``network_methods``), and these modules only call that protocol.
+GENERIC_MODULES = (
+    f"{PACKAGE}.train",
+    f"{PACKAGE}.evaluate",
+    f"{PACKAGE}.lightning.mixin",
+    f"{PACKAGE}.lightning.decoding",
+)
+#: Words of loss names that are generic (``TargetGraphLoss``, ``SequenceLoss``, ``ModuleLoss``).
+_GENERIC_WORDS = {"loss", "structured", "module", "graph", "target", "sequence", "blank", "multi"}
+#: Constructor parameters every loss shares, Python's own names, and ``viterbi`` (the best path every
+#: loss decodes, not only the word-piece transducer's method of that name) and ``step`` (what ``set_step`` sets).
+_SHARED_PARAMETERS = {"reduction", "zero_infinity", "impl", "args", "kwargs", "module", "viterbi", "step"}
+
+
+def _words(name: str) -> list[str]:
+    """``_resolve_rnnt_lm`` -> ``["resolve", "rnnt", "lm"]``; ``LFMMILoss`` -> ``["lfmmi", "loss"]``."""
+    import re
+
+    return [w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+", name)]
+
+
+def _loss_classes() -> set[type]:
+    import lightning_gtn.nn as lnn
+
+    def below(c):
+        for s in c.__subclasses__():
+            yield s
+            yield from below(s)
+
+    return {c for c in below(lnn.StructuredLoss) if c.__module__.startswith(f"{PACKAGE}.")}
+
+
+def loss_specific_names() -> tuple[set[str], set[str], set[str]]:
+    """``(names, words, phrases)`` that name a loss or what only some losses have: the loss classes
+    of the package; the words of their names and of the packaged loss configs (``conf/loss/*.yaml``);
+    the public attributes and constructor parameters of the loss classes that the base
+    ``StructuredLoss`` does not declare (``denominator``, ``blank_mode``, ``big_blank_durations``,
+    ...), and the stems of the files their preparations write (``word_pieces``), matched as whole
+    words or runs of words of an identifier."""
+    import inspect
+
+    import torch
+
+    import lightning_gtn.nn as lnn
+    from lightning_gtn.lightning.decoding import DECODER_KEYS
+    from lightning_gtn.lightning.losses import build_loss, loss_names
+
+    classes = _loss_classes()
+    names = {c.__name__ for c in classes}
+    # every packaged loss built (its preparation reads these transcripts), for its instance attributes
+    texts = ["0123", "98 76", "5 5"]
+    built = [build_loss(n, "0123456789 ", texts=lambda key: texts)[0] for n in loss_names()]
+    stems = {p.stem for p in (ROOT / "conf" / "loss").glob("*.yaml")}
+    words = {w for n in names | stems for w in _words(n)} - _GENERIC_WORDS
+    base = set(dir(lnn.StructuredLoss)) | set(vars(torch.nn.Module())) | _SHARED_PARAMETERS
+    base |= set(DECODER_KEYS)  # the decoders' own options
+    phrases = {a for m in built for a in vars(m)}
+    for c in classes:
+        phrases |= {a for a in vars(c) if not a.startswith("_")}
+        phrases |= set(inspect.signature(c.__init__).parameters) - {"self"}
+        phrases |= {Path(f).stem for f in c.run_files}
+    phrases = {p for p in phrases - base if not p.startswith("_")}
+    return names, words, phrases
+
+
+def loss_specific_identifiers(module: str) -> list[tuple[int, str]]:
+    """``(line, identifier)`` of every identifier of ``module`` (names, attributes, definitions,
+    arguments, keywords, imports) that is loss-specific (:func:`loss_specific_names`)."""
+    names, words, phrases = loss_specific_names()
+    out = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Name):
+            ids = [node.id]
+        elif isinstance(node, ast.Attribute):
+            ids = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            ids = [node.name]
+        elif isinstance(node, ast.arg):
+            ids = [node.arg]
+        elif isinstance(node, ast.keyword) and node.arg:
+            ids = [node.arg]
+        elif isinstance(node, ast.alias):
+            ids = [node.asname or node.name.rpartition(".")[2]]
+        else:
+            continue
+        for i in ids:
+            w = _words(i)
+            # attribute phrases are snake_case: matched in snake_case identifiers (not OmegaConf's "omega")
+            snake = i == i.lower()
+            runs = {"_".join(w[a:b]) for a in range(len(w)) for b in range(a + 1, len(w) + 1)} if snake else set()
+            if i in names or set(w) & words or runs & phrases:
+                out.append((node.lineno, i))
+    return out
+
+
+def test_the_loss_specific_names_are_gathered_from_the_package():
+    names, words, phrases = loss_specific_names()
+    assert {"LFMMILoss", "TransducerLoss", "RNNTStructuredLoss", "TDTLoss"} <= names
+    assert {"mmi", "rnnt", "transducer", "tdt", "multiblank"} <= words
+    assert {"denominator", "blank_mode", "big_blank_durations", "joint_loss", "word_pieces"} <= phrases
+    assert not {"blank", "tokens", "topology", "network_methods", "prepare", "decoding"} & phrases  # the protocol
+    # the counter sees what it should (a module naming losses is counted)
+    found = {i for _, i in loss_specific_identifiers(f"{PACKAGE}.align_cli")}
+    assert found, "align_cli names RNN-T options; the counter must see them"
+
+
+@pytest.mark.parametrize("module", GENERIC_MODULES)
+def test_generic_layers_name_no_loss(module):
+    hits = loss_specific_identifiers(module)
+    assert not hits, f"{module} names losses:" + _listing([f"line {n}: {i}" for n, i in hits])
 
 
 # ----------------------------------------------------------------------------- drawing

@@ -72,12 +72,10 @@ def test_compose_every_config(group, option, tmp_path):
         if "denominator" in cfg.loss:  # LF-MMI: lightning-gtn-train builds it from the transcripts
             from types import SimpleNamespace
 
-            from lightning_gtn.train import _resolve_denominator
+            from lightning_gtn.train import prepare_loss
 
             texts = SimpleNamespace(texts=["0123", "98 76", "5 5"])
-            _resolve_denominator(
-                cfg, SimpleNamespace(chars="0123456789 ", setup=lambda s: None, train_set=texts), tmp_path
-            )
+            prepare_loss(cfg, SimpleNamespace(chars="0123456789 ", setup=lambda s: None, train_set=texts), tmp_path)
         adapter, vocab = build_loss(cfg.loss, "0123456789 ")
         assert vocab.num_classes in (11, 12)
     elif group == "optim":
@@ -902,3 +900,15 @@ def test_cli_run_prints_its_folder_logs_into_it_and_stays_quiet(tmp_path):
     for noise in ("litlogger", "LeafSpec", "weights_only", "exists and is not empty", "Previous log files"):
         assert noise not in proc.stderr, noise
     assert "Restored all states" in (out / "train.log").read_text()
+
+
+def test_a_fresh_run_may_take_a_folder_holding_what_the_losses_prepare():
+    from lightning_gtn.nn import StructuredLoss
+    from lightning_gtn.train import EARLY_RUN_FILES, early_run_files
+
+    class OwnLoss(StructuredLoss):  # a criterion's preparation declares the files it writes
+        run_files = ("own_table.bin",)
+
+    files = early_run_files()
+    assert set(EARLY_RUN_FILES) < set(files)
+    assert {"word_pieces.txt", "transitions.bin", "denominator.bin", "own_table.bin"} <= set(files)

@@ -134,7 +134,7 @@ class TrainingPlots(Callback):
         self._draw(self.output_dir / "curves.png", plot_training_curves, self.history, self.output_dir / "curves.png")
         datamodule = getattr(trainer, "datamodule", None)  # set by Lightning, not declared on Trainer
         # a transducer has no frame paths to draw (its alignments: lightning_gtn.align)
-        if self.num_alignments > 0 and datamodule is not None and not getattr(pl_module, "is_transducer", False):
+        if self.num_alignments > 0 and datamodule is not None and not getattr(pl_module, "reads_network", False):
             path = self.output_dir / "alignments.png"
             n = self.num_alignments
             self._draw(path, lambda: write_alignments(pl_module, datamodule.val_dataloader(), path, n))

@@ -52,7 +52,7 @@ __all__ = [
     "resolve_decoder",
     "build_decoder",
     "decode_texts",
-    "TransducerDecoder",
+    "NetworkDecoder",
     "lexicon_to_data",
     "lm_to_data",
     "lexicon_from_data",
@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 DECODERS = ("greedy", "beam", "beam_lm", "rnnt_beam")
-_KEYS = {
+DECODER_KEYS = {
     "name",
     "max_symbols_per_frame",
     "beam_size",
@@ -108,9 +108,9 @@ def _plain(cfg) -> dict | None:
     if not isinstance(cfg, Mapping):
         raise ValueError(f"decoder: expected a mapping with 'name' ({'|'.join(DECODERS)}), got {cfg!r}")
     cfg = dict(cfg)
-    unknown = sorted(set(cfg) - _KEYS)
+    unknown = sorted(set(cfg) - DECODER_KEYS)
     if unknown:
-        raise ValueError(f"decoder.{unknown[0]}: unknown key; known keys: {sorted(_KEYS)}")
+        raise ValueError(f"decoder.{unknown[0]}: unknown key; known keys: {sorted(DECODER_KEYS)}")
     name = cfg.get("name", "greedy")
     if name not in DECODERS:
         raise ValueError(f"decoder.name: expected one of {DECODERS}, got {name!r}")
@@ -266,7 +266,7 @@ def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -
     """
     cfg = _plain(cfg)
     if cfg is not None and cfg.get("name") == "rnnt_beam":
-        return _resolve_rnnt_lm(cfg, train_texts, out_dir)
+        return _resolve_token_lm(cfg, train_texts, out_dir)
     if cfg is None or cfg.get("name", "greedy") != "beam_lm":
         return cfg
     out_dir = Path(out_dir)
@@ -299,22 +299,16 @@ def _topology(loss, vocabulary) -> dict:
     (``topology``, ``blank``, ``repeat_label``, ``tokens``): the loss's own tokens (the word-piece
     transducer's), else the vocabulary's characters, the repeat token after them, the blank at
     its id."""
-    from lightning_gtn.nn import TOPOLOGIES, TransducerLoss
+    from lightning_gtn.nn import TOPOLOGIES
 
     topology = loss.topology
     if topology not in TOPOLOGIES:
         raise ValueError(
             f"decoder: {type(loss).__qualname__} declares topology={topology!r}; the decoders read {TOPOLOGIES}"
         )
-    if (
-        isinstance(loss, TransducerLoss)
-        and loss.blank is not None
-        and (loss.blank_mode != "optional" or not loss.allow_repeats)
-    ):
-        raise ValueError(
-            "decoder: beam search decodes the transducer with blank='optional' and allow_repeats=True "
-            "(or blank='none'); use decoder=greedy for this loss"
-        )
+    refused = loss.decoding(vocabulary.num_classes).beam
+    if refused is not None:
+        raise ValueError(f"decoder: {refused}")
     # a token is a string or a tuple of graphemes (the keys of graphemes_to_idx)
     names = ["".join(t) for t in loss.tokens] if loss.tokens is not None else list(vocabulary.chars)
     repeat = None
@@ -409,8 +403,8 @@ def build_decoder(cfg, loss, vocabulary):
     """
     cfg = _plain(cfg)
     name = "greedy" if cfg is None else cfg.get("name", "greedy")
-    if loss.topology == "rnnt":
-        return _transducer_decoder(cfg or {}, name, loss, vocabulary)
+    if loss.network_methods:
+        return _network_decoder(cfg or {}, name, loss, vocabulary)
     if name == "rnnt_beam":
         raise ValueError(
             f"decoder=rnnt_beam decodes RNN-T losses (loss=rnnt|pruned_rnnt|tdt|multiblank), not "
@@ -450,7 +444,7 @@ def decode_texts(decoder, emissions, lengths) -> list[str]:
     return [(" ".join(h[0].words) if decoder.lexicon is not None else h[0].text) if h else "" for h in hyps]
 
 
-class TransducerDecoder:
+class NetworkDecoder:
     """How an RNN-T loss's network is decoded: ``greedy`` (:func:`lightning_gtn.decode.transducer.greedy_search`)
     or ``rnnt_beam`` (:func:`lightning_gtn.decode.transducer_beam.modified_beam_search`, with an
     optional n-gram LM fused in with weight ``lm_weight``).
@@ -492,17 +486,16 @@ class TransducerDecoder:
 
     def __repr__(self) -> str:
         return (
-            f"TransducerDecoder({self.name!r}, max_symbols_per_frame={self.max_symbols_per_frame}, "
+            f"NetworkDecoder({self.name!r}, max_symbols_per_frame={self.max_symbols_per_frame}, "
             f"beam_size={self.beam_size}, lm={'yes' if self.lm is not None else None}, lm_weight={self.lm_weight})"
         )
 
     def decode(self, network, encoder_out, encoder_lengths, loss, num_classes: int) -> list[list[int]]:
         """Label ids of each example from ``network``'s encoder frames ``(B, T, J)``.
 
-        ``loss`` (an RNN-T loss) declares the blank, and the durations of a TDT loss
-        (``durations``: extra output ``k`` is ``durations[k]``) or the big blanks of a multi-blank
-        one (``big_blank_durations``, with the big blanks the extra outputs from the last one
-        down, or at its ``big_blank_ids``); ``num_classes`` is ``V``, the vocabulary's classes
+        ``loss`` (one with ``network_methods``) declares the blank and, in its
+        :meth:`~lightning_gtn.nn.StructuredLoss.decoding`, the greedy search's options (how the
+        joiner's extra outputs advance frames); ``num_classes`` is ``V``, the vocabulary's classes
         (the joiner's outputs before the extra ones)."""
         blank = int(loss.blank)
         lengths = encoder_lengths.to(encoder_out.device)
@@ -528,52 +521,15 @@ class TransducerDecoder:
             blank=blank,
             max_symbols_per_frame=self.max_symbols_per_frame,
             num_classes=int(num_classes),
-            durations=_durations(loss, "durations"),
-            big_blank_durations=_big_blanks(loss, int(num_classes)),
+            **loss.decoding(int(num_classes)).options,
         )
-
-
-def _durations(loss, name: str) -> list[int] | None:
-    """A TDT / multi-blank loss's declared durations (see :class:`lightning_gtn.nn.RNNTStructuredLoss`)."""
-    return _ints(getattr(loss, name, None))
-
-
-def _ints(v) -> list[int] | None:
-    if v is None:
-        return None
-    if hasattr(v, "tolist"):
-        v = v.tolist()
-    return [int(d) for d in v]
-
-
-def _big_blanks(loss, num_classes: int) -> list[int] | None:
-    """The frames of each extra output of a multi-blank loss (``big_blank_durations[i]`` is class
-    ``V + E - 1 - i`` with ``E`` big blanks appended after the ``V`` classes, the layout of
-    :class:`lightning_gtn.nn.MultiBlankRNNTLoss` with the blank at 0, or the class its
-    ``big_blank_ids`` names)."""
-    durations = _durations(loss, "big_blank_durations")
-    if durations is None:
-        return None
-    E = len(durations)
-    ids = _ints(getattr(loss, "big_blank_ids", None))
-    if ids is None:
-        ids = [num_classes + E - 1 - i for i in range(E)]
-    if sorted(ids) != list(range(num_classes, num_classes + E)):
-        raise ValueError(
-            f"decoder: the big blanks of {type(loss).__qualname__} are classes {ids}; greedy decoding "
-            f"reads them as the extra joiner outputs {num_classes}..{num_classes + E - 1}"
-        )
-    out = [0] * E
-    for i, c in enumerate(ids):
-        out[c - num_classes] = durations[i]
-    return out
 
 
 #: the LM word of a space in the character LMs of ``rnnt_beam`` (as ``lightning-gtn-lm --chars``)
-RNNT_LM_SPACE = "|"
+TOKEN_LM_SPACE = "|"
 
 
-def _resolve_rnnt_lm(cfg: dict, train_texts: Callable[[], list], out_dir: str | Path) -> dict:
+def _resolve_token_lm(cfg: dict, train_texts: Callable[[], list], out_dir: str | Path) -> dict:
     """``rnnt_beam``'s ``lm``: ``train`` estimates a character n-gram (``lm_order``, ``lm_method``)
     from the training transcripts (a space is the word ``|``; also written to ``out_dir/lm.arpa``),
     a file path is read once; either way the config then carries the LM as ARPA text."""
@@ -583,7 +539,7 @@ def _resolve_rnnt_lm(cfg: dict, train_texts: Callable[[], list], out_dir: str | 
 
     sents = []
     for t in train_texts():
-        chars = [RNNT_LM_SPACE if c == " " else c for c in " ".join(str(t).split())]
+        chars = [TOKEN_LM_SPACE if c == " " else c for c in " ".join(str(t).split())]
         if chars:
             sents.append(chars)
     if not sents:
@@ -608,18 +564,17 @@ def _token_texts(vocabulary, blank: int, num_tokens: int) -> list:
     return texts
 
 
-def _transducer_decoder(cfg: dict, name: str, loss, vocabulary=None) -> TransducerDecoder:
-    """The decoder of an RNN-T loss from a decoder config (greedy or rnnt_beam)."""
+def _network_decoder(cfg: dict, name: str, loss, vocabulary=None) -> NetworkDecoder:
+    """The decoder of a loss with ``network_methods`` from a decoder config (greedy or rnnt_beam)."""
     if name not in ("greedy", "rnnt_beam"):
         raise ValueError(
             f"decoder={name}: {type(loss).__qualname__} is an RNN-T loss, decoded by decoder=greedy or "
             "decoder=rnnt_beam (beam and beam_lm search the frame paths of CTC-like losses)"
         )
-    if name == "rnnt_beam" and (_durations(loss, "durations") or _durations(loss, "big_blank_durations")):
-        raise ValueError(
-            f"decoder=rnnt_beam: the modified beam search decodes the regular RNN-T (one blank, no durations); "
-            f"{type(loss).__qualname__} has durations or big blanks: use decoder=greedy"
-        )
+    if name == "rnnt_beam":
+        refused = loss.decoding(vocabulary.num_classes if vocabulary is not None else 0).beam
+        if refused is not None:
+            raise ValueError(f"decoder=rnnt_beam: {refused}")
     lm = None
     if name == "rnnt_beam" and cfg.get("lm") is not None:
         from lightning_gtn.decode.transducer_beam import TokenLM
@@ -627,9 +582,9 @@ def _transducer_decoder(cfg: dict, name: str, loss, vocabulary=None) -> Transduc
         if vocabulary is None:
             raise ValueError("decoder.lm: the LM of rnnt_beam needs the vocabulary (its token texts)")
         blank = int(loss.blank or 0)
-        V = int(loss.num_classes) if getattr(loss, "num_classes", None) is not None else vocabulary.num_classes
-        lm = TokenLM(_artefact(cfg, "lm", lm_from_data), _token_texts(vocabulary, blank, V), space=RNNT_LM_SPACE)
-    return TransducerDecoder(
+        V = int(loss.num_classes) if loss.num_classes is not None else vocabulary.num_classes
+        lm = TokenLM(_artefact(cfg, "lm", lm_from_data), _token_texts(vocabulary, blank, V), space=TOKEN_LM_SPACE)
+    return NetworkDecoder(
         name,
         max_symbols_per_frame=cfg.get("max_symbols_per_frame", 3),
         beam_size=cfg.get("beam_size", 4),

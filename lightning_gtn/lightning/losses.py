@@ -28,11 +28,20 @@ from pathlib import Path
 from torch import nn
 
 from lightning_gtn import trust
-from lightning_gtn.nn import ModuleLoss, StructuredLoss, TargetGraphLoss
+from lightning_gtn.nn import ModuleLoss, Preparation, StructuredLoss, TargetGraphLoss
 
 from .vocabulary import Vocabulary
 
-__all__ = ["build_loss", "BUILTIN_LOSSES", "LOSS_CONFIG_DIR", "loss_config", "loss_names", "TargetGraphLoss"]
+__all__ = [
+    "build_loss",
+    "prepare_loss",
+    "loss_class",
+    "BUILTIN_LOSSES",
+    "LOSS_CONFIG_DIR",
+    "loss_config",
+    "loss_names",
+    "TargetGraphLoss",
+]
 
 #: The folder of the packaged loss configs (``conf/loss/*.yaml``): each file's name is a loss name.
 LOSS_CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf" / "loss"
@@ -90,6 +99,43 @@ def _import(path) -> type:
     return trust.resolve(path, "loss._target_", kinds=("loss",))
 
 
+def loss_class(config) -> type[StructuredLoss] | None:
+    """The :class:`~lightning_gtn.nn.StructuredLoss` class a loss config's ``_target_`` names (a
+    registered type, or one the caller trusts), or None (a constructor function, a name that is
+    not a loss class or cannot be resolved: building it reports why)."""
+    if not isinstance(config, Mapping) or not isinstance(config.get("_target_"), str):
+        return None
+    try:
+        cls = _import(_MOVED.get(config["_target_"], config["_target_"]))
+    except Exception:
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, StructuredLoss) else None
+
+
+def prepare_loss(config: Mapping, context: Preparation) -> dict:
+    """``config`` (a loss config mapping) after its class's :meth:`~lightning_gtn.nn.StructuredLoss.prepare`:
+    what it learns from the data (``context``) turned into plain data. Configs of anything else
+    are returned as they are.
+
+    Raises:
+        ValueError: naming the ``loss.<key>`` at fault.
+        lightning_gtn.nn.TextsUnavailable: the preparation needs the training transcripts and
+            ``context`` has none.
+    """
+    cls = loss_class(config)
+    return dict(config) if cls is None else dict(cls.prepare(dict(config), context))
+
+
+def _check_tokens(cfg: dict) -> None:
+    """A word-piece *file* named by a config is read only when the user trusts that exact path."""
+    t = cfg.get("tokens")
+    if isinstance(t, str) and t != "letters" and not trust.is_trusted_path(t):
+        raise ValueError(
+            f"loss.tokens: expected 'letters' or a list of token spellings, got {t!r} (a word-piece file is "
+            "read by lightning-gtn-train, or here inside `with lightning_gtn.trust.trusted(paths=[...])`)"
+        )
+
+
 def _check_transitions(cfg: dict) -> None:
     """A transitions *file* named by a config is read only when the user trusts that exact path
     (checkpoints carry the graph as data; a path in one may have moved or been swapped)."""
@@ -118,7 +164,7 @@ def _fill_graphemes(cfg: dict, chars: list) -> None:
         )
 
 
-def _from_config(cfg: dict, chars: list) -> StructuredLoss:
+def _from_config(cfg: dict, chars: list, texts=None) -> StructuredLoss:
     num_chars = len(chars)
     if "_target_" not in cfg:
         raise ValueError(f"loss: config needs a '_target_' naming the loss class, got keys {sorted(cfg)}")
@@ -126,6 +172,10 @@ def _from_config(cfg: dict, chars: list) -> StructuredLoss:
     trust.check_config(cfg, "loss", "loss")
     _check_transitions(cfg)
     cls = _import(cfg["_target_"])
+    if isinstance(cls, type) and issubclass(cls, StructuredLoss):
+        _check_tokens(cfg)
+        # what the config learns from the training transcripts (nothing is written: no run folder)
+        cfg = dict(cls.prepare(cfg, Preparation(chars, texts)))
     if isinstance(cls, type) and not issubclass(cls, StructuredLoss):
         raise ValueError(_not_structured(f"loss._target_: {cfg['_target_']} names", cls))
     # a class declares the arguments filled from the data; a registered constructor function
@@ -199,6 +249,7 @@ def build_loss(
     chars: str | Vocabulary,
     blank: bool | None = None,
     repeat_label: bool | None = None,
+    texts=None,
 ) -> tuple[StructuredLoss, Vocabulary]:
     """Builds the loss module and the vocabulary that matches its convention.
 
@@ -209,6 +260,8 @@ def build_loss(
             loss's convention).
         blank, repeat_label: the convention of an ``nn.Module`` that is not a
             ``StructuredLoss`` (a blank at id 0 or none; a repeat token or not).
+        texts: ``texts(key) -> list of str``, the training transcripts a config's preparation
+            (:meth:`lightning_gtn.nn.StructuredLoss.prepare`) may learn from, or None.
 
     Returns:
         ``(loss module, vocabulary)``.
@@ -240,7 +293,7 @@ def build_loss(
             )
         module = ModuleLoss(loss, blank=0 if blank else None, repeat_label=bool(repeat_label))
     elif isinstance(loss, Mapping):
-        module = _from_config(dict(loss), char_list)
+        module = _from_config(dict(loss), char_list, texts)
     else:
         raise TypeError(
             f"loss must be a name, a config mapping or an nn.Module (a lightning_gtn.nn.StructuredLoss), "

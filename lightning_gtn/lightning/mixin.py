@@ -17,16 +17,19 @@ Batches are dicts with ``inputs`` ``(B, T, F)``, ``input_lengths`` ``(B,)`` and 
 ``(B,)`` (plus optional ``texts`` for the metrics). Override :meth:`StructuredLossMixin.unpack_batch` for other
 layouts, or any ``*_step``.
 
-With an RNN-T loss (``loss.topology == "rnnt"``) the network is a transducer network (the protocol
-of :mod:`lightning_gtn.nn.rnnt`: ``self.net``, or the module itself): the steps call its
-``encode`` and the loss's ``joint_loss``, and decoding runs the transducer greedy search (or the
-``rnnt_beam`` decoder) instead of reading frame paths. The network needs
-:func:`transducer_methods` of the loss: ``encode``, ``predict``, ``select_state``, ``join`` and
-the loss's own ``network_methods`` (the pruned loss's ``simple_am``, ``simple_lm``), checked by
-:meth:`StructuredLossMixin.configure_structured_loss` when the network is there, else at ``setup``.
+A loss that declares ``network_methods`` (:attr:`lightning_gtn.nn.StructuredLoss.network_methods`:
+the RNN-T losses) scores a network's outputs, not emissions: its network (``self.net``, or the
+module itself) offers those methods (the protocol of :mod:`lightning_gtn.nn.rnnt`); the steps call
+its ``encode`` and the loss's ``network_loss``, and decoding follows the loss's
+:meth:`~lightning_gtn.nn.StructuredLoss.decoding` (the searches over the network instead of frame
+paths). The methods are checked by :meth:`StructuredLossMixin.configure_structured_loss` when the
+network is there, else at ``setup``.
 
-Before each training step a loss that has ``set_step`` (the RNN-T losses, LF-MMI's CTC warm-up)
-is given the global step.
+A loss config whose preparation (:meth:`lightning_gtn.nn.StructuredLoss.prepare`) learns from the
+training transcripts (an LF-MMI denominator recipe, a number of word pieces) is built at ``setup``,
+from the training transcripts of the trainer's data module (``train_set.texts``).
+
+Before each training step the loss is given the global step (``set_step``).
 
 A non-finite training loss stops training with :class:`NonFiniteLossError` (naming the global
 step and the batch) before the optimizer step, or, with ``nonfinite={"action": "skip",
@@ -39,41 +42,33 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, WordErrorRate
 
 from lightning_gtn import trust
-from lightning_gtn.nn import RNNTStructuredLoss, StructuredLoss
+from lightning_gtn.nn import NETWORK_METHODS, StructuredLoss, TextsUnavailable
 
-from .losses import build_loss
+from .losses import build_loss, loss_class
 from .vocabulary import Vocabulary
 
 __all__ = [
     "StructuredLossMixin",
     "NonFiniteLossError",
     "NONFINITE_ACTIONS",
-    "TRANSDUCER_METHODS",
-    "is_transducer_network",
-    "transducer_methods",
+    "NETWORK_METHODS",
+    "offers_network",
+    "network_methods",
 ]
 
-#: The methods of a transducer network that training and decoding call whatever the loss: ``encode``
-#: (the steps) and ``predict``, ``select_state``, ``join`` (the transducer decoders). A loss adds
-#: the ones its ``joint_loss`` calls (its ``network_methods``: the pruned loss's ``simple_am``,
-#: ``simple_lm``); see :mod:`lightning_gtn.nn.rnnt`.
-TRANSDUCER_METHODS = ("encode", "predict", "select_state", "join")
 
-_RNNT_LOSSES = "rnnt, pruned_rnnt, tdt, multiblank"
-
-
-def transducer_methods(loss=None) -> tuple[str, ...]:
-    """The methods a transducer network needs: :data:`TRANSDUCER_METHODS` and, given an RNN-T loss,
-    the ``network_methods`` it declares."""
-    own = tuple(getattr(loss, "network_methods", ()) or ())
-    return TRANSDUCER_METHODS + tuple(m for m in own if m not in TRANSDUCER_METHODS)
+def network_methods(loss=None) -> tuple[str, ...]:
+    """The methods a loss's network needs: :data:`NETWORK_METHODS` (the methods of any such
+    network) and the ``network_methods`` the loss declares."""
+    own = tuple(loss.network_methods) if loss is not None else ()
+    return NETWORK_METHODS + tuple(m for m in own if m not in NETWORK_METHODS)
 
 
 def _offers(obj, method: str) -> bool:
@@ -86,10 +81,10 @@ def _offers(obj, method: str) -> bool:
     return not issubclass(cls, StructuredLossMixin) or getattr(cls, method) is not inherited
 
 
-def is_transducer_network(obj, loss=None) -> bool:
-    """Whether ``obj`` (a network or its class) offers every method of :func:`transducer_methods`
+def offers_network(obj, loss=None) -> bool:
+    """Whether ``obj`` (a network or its class) offers every method of :func:`network_methods`
     (of ``loss`` when given)."""
-    return all(_offers(obj, m) for m in transducer_methods(loss))
+    return all(_offers(obj, m) for m in network_methods(loss))
 
 
 #: What a non-finite training loss does: stop with an error, or skip the batch.
@@ -106,6 +101,41 @@ class NonFiniteLossError(RuntimeError):
     def __init__(self, msg: str, global_step: int, batch_idx: int, epoch: int):
         super().__init__(msg)
         self.global_step, self.batch_idx, self.epoch = global_step, batch_idx, epoch
+
+
+def _network_loss_names() -> str:
+    """The packaged loss configs whose loss declares ``network_methods`` (how errors name them)."""
+    from .losses import loss_config, loss_names
+
+    names = []
+    for name in loss_names():
+        cls = loss_class(loss_config(name))
+        if cls is not None and cls.network_methods:
+            names.append(name)
+    return ", ".join(names)
+
+
+def _provisional_vocabulary(loss, chars) -> tuple[Vocabulary, bool]:
+    """The vocabulary of a loss config built at setup, from its class's declared convention, and
+    whether its classes are the emission classes (not so for a loss whose targets are graphemes and
+    whose tokens are learned)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from .losses import loss_config
+
+    if isinstance(loss, str):
+        loss = loss_config(loss)
+    if isinstance(loss, DictConfig):
+        loss = OmegaConf.to_container(loss, resolve=True)
+    cls = loss_class(loss)
+    graphemes = cls is None or "graphemes_to_idx" in cls.vocabulary_arguments
+    if isinstance(chars, Vocabulary):
+        return chars, not graphemes
+    if cls is None or graphemes:
+        return Vocabulary(chars, blank=False, repeat_label=False), False
+    blank = loss.get("blank", cls.blank) is not None
+    repeat = bool(loss.get("repeat_label", cls.repeat_label))
+    return Vocabulary(chars, blank=blank, repeat_label=repeat), True
 
 
 def _nonfinite_policy(spec) -> tuple[str, int]:
@@ -183,6 +213,11 @@ class StructuredLossMixin:
 
     structured_loss: StructuredLoss
     vocabulary: Vocabulary
+    # a loss config built at setup (its preparation reads the training transcripts), and whether its
+    # vocabulary's classes are the emission classes
+    _pending_loss: tuple | None = None
+    _pending_classes: bool = True
+    _pending_reason: str = ""
     # what the LightningModule this is mixed into provides
     __call__: Callable[..., Any]
     log: Callable[..., None]
@@ -211,7 +246,8 @@ class StructuredLossMixin:
                 (any other ``nn.Module`` only with ``blank`` and ``repeat_label``, which wrap it
                 in :class:`lightning_gtn.nn.ModuleLoss`). The loss's declared convention
                 (``blank``, ``repeat_label``, ``target_classes``, ``num_classes``, ``tokens``,
-                ``topology``) is all this mixin reads of it.
+                ``topology``) and its protocol (``prepare``, ``decoding``, ``network_methods``,
+                ``network_loss``, ``set_step``) are all this mixin reads of it.
             chars: characters of the vocabulary (a string) or a :class:`Vocabulary` matching
                 the loss's convention.
             optimizer: a callable ``params -> Optimizer`` or a config with ``_target_``
@@ -240,11 +276,19 @@ class StructuredLossMixin:
         """
         self._nonfinite_action, self._nonfinite_max = _nonfinite_policy(nonfinite)
         self._nonfinite_run = 0
+        self._pending_loss = None
         # build_loss checks every dotted path of a loss config against the allow-list and that
         # the loss's blank is the vocabulary's
-        self.structured_loss, self.vocabulary = build_loss(loss, chars, blank, repeat_label)
-        self._check_transducer_network()
-        self.configure_decoder(decoder)
+        try:
+            self.structured_loss, self.vocabulary = build_loss(loss, chars, blank, repeat_label)
+        except TextsUnavailable as e:
+            # its preparation learns from the training transcripts: built at setup
+            self._pending_loss = (loss, chars, blank, repeat_label, decoder)
+            self._pending_reason = str(e)
+            self.vocabulary, self._pending_classes = _provisional_vocabulary(loss, chars)
+        else:
+            self._check_loss_network()
+            self.configure_decoder(decoder)
         self._optimizer_factory = _as_factory(optimizer, "optim.optimizer")
         self._scheduler_factory = _as_factory(scheduler, "optim.scheduler")
         self._scheduler_interval = scheduler_interval
@@ -258,10 +302,45 @@ class StructuredLossMixin:
 
         self.beam_decoder = build_decoder(decoder, self.structured_loss, self.vocabulary)
 
+    def _build_pending_loss(self) -> None:
+        """Builds a loss whose preparation reads the training transcripts (those of the trainer's
+        data module, set up before this module's ``setup``)."""
+        assert self._pending_loss is not None
+        loss, chars, blank, repeat_label, decoder = self._pending_loss
+        trainer = getattr(self, "_trainer", None)
+        data = getattr(trainer, "datamodule", None) if trainer is not None else None
+        found = getattr(getattr(data, "train_set", None), "texts", None)
+
+        def texts(key: str) -> list:
+            if not found:
+                raise ValueError(
+                    f"{key}: built from the training transcripts, but the trainer's data module has none "
+                    "(datamodule.train_set.texts after its setup)"
+                )
+            return list(found)
+
+        built, vocabulary = build_loss(loss, chars, blank, repeat_label, texts=texts)
+        if vocabulary.num_classes != self.vocabulary.num_classes:
+            raise ValueError(
+                f"loss: {type(built).__qualname__} has {vocabulary.num_classes} classes once prepared, but "
+                f"{self.vocabulary.num_classes} were given out before setup (num_classes)"
+            )
+        self.structured_loss, self.vocabulary = built, vocabulary
+        self._pending_loss = None
+        self._check_loss_network()
+        self.configure_decoder(decoder)
+
     @property
     def num_classes(self) -> int:
         """``C``, the emission classes the model must output (the loss's own count when its
         targets are graphemes and its emissions are tokens, as the word-piece transducer's)."""
+        if getattr(self, "_pending_loss", None) is not None:
+            if not self._pending_classes:
+                raise ValueError(
+                    "num_classes: the loss learns its tokens from the training transcripts when it is built, at "
+                    "setup; its emission classes are known then"
+                )
+            return self.vocabulary.num_classes
         own = self.structured_loss.num_classes
         if self.structured_loss.target_classes is not None and own is not None:
             return int(own)
@@ -274,8 +353,10 @@ class StructuredLossMixin:
         # otherwise start from the parent's (shared-memory) states.
         for m in self._metrics():
             m.reset()
-        if self.is_transducer:
-            self.transducer_network()  # a network assigned after configure_structured_loss
+        if getattr(self, "_pending_loss", None) is not None:
+            self._build_pending_loss()
+        if self.reads_network:
+            self.loss_network()  # a network assigned after configure_structured_loss
         parent = getattr(super(), "setup", None)
         if parent is not None:
             parent(stage)
@@ -314,30 +395,24 @@ class StructuredLossMixin:
         return inputs, input_lengths, targets, target_lengths, texts
 
     @property
-    def is_transducer(self) -> bool:
-        """Whether the loss is an RNN-T loss (its declared ``topology`` is ``"rnnt"``)."""
-        return self.structured_loss.topology == "rnnt"
+    def reads_network(self) -> bool:
+        """Whether the loss scores a network's outputs (it declares ``network_methods``)."""
+        return bool(self.structured_loss.network_methods)
 
-    @property
-    def rnnt_loss(self) -> RNNTStructuredLoss:
-        """The loss as an RNN-T loss (``joint_loss``, ``set_step``, ``extra_outputs``); only
-        meaningful when :attr:`is_transducer`."""
-        return cast(RNNTStructuredLoss, self.structured_loss)
-
-    def transducer_network(self) -> Any:
-        """The transducer network of an RNN-T loss: ``self.net`` when it offers the methods the
-        loss needs (:func:`transducer_methods`), else this module itself when it does.
+    def loss_network(self) -> Any:
+        """The network of a loss that declares ``network_methods``: ``self.net`` when it offers the
+        methods the loss needs (:func:`network_methods`), else this module itself when it does.
 
         Raises:
-            ValueError: neither does (the loss is an RNN-T loss and the model is not a transducer).
+            ValueError: neither does.
         """
         loss = self.structured_loss
         net = getattr(self, "net", None)
-        if net is not None and is_transducer_network(net, loss):
+        if net is not None and offers_network(net, loss):
             return net
-        if is_transducer_network(self, loss):
+        if offers_network(self, loss):
             return self
-        needs = transducer_methods(loss)
+        needs = network_methods(loss)
         # name the candidate that comes closest (a module with its own encode, ... and a plain self.net)
         candidates = [c for c in (net, self) if c is not None]
         obj = max(candidates, key=lambda c: sum(_offers(c, m) for m in needs))
@@ -349,40 +424,41 @@ class StructuredLossMixin:
             f"lightning_gtn.lightning.TransducerModel is one), but {where} ({type(obj).__qualname__}) lacks {lacks}"
         )
 
-    def _check_transducer_network(self) -> None:
-        """At construction: an RNN-T loss's network offers what the loss and decoding call. Checked
-        once ``self.net`` is set or the module defines any protocol method itself; a module that
-        assigns ``self.net`` after :meth:`configure_structured_loss` is checked at ``setup``."""
-        if not self.is_transducer:
+    def _check_loss_network(self) -> None:
+        """At construction: the network of a loss with ``network_methods`` offers what the loss and
+        decoding call. Checked once ``self.net`` is set or the module defines any of those methods
+        itself; a module that assigns ``self.net`` after :meth:`configure_structured_loss` is
+        checked at ``setup``."""
+        if not self.reads_network:
             return
-        needs = transducer_methods(self.structured_loss)
+        needs = network_methods(self.structured_loss)
         if getattr(self, "net", None) is not None or any(_offers(type(self), m) for m in needs):
-            self.transducer_network()
+            self.loss_network()
 
-    def _check_not_transducer(self) -> None:
+    def _check_emission_network(self) -> None:
         net = getattr(self, "net", None)
-        if net is not None and is_transducer_network(net):
+        if net is not None and offers_network(net):
             raise ValueError(
                 f"model: {type(net).__qualname__} is a transducer network, which the RNN-T losses train "
-                f"(the loss names {_RNNT_LOSSES}), but the loss is {type(self.structured_loss).__qualname__} "
+                f"(the loss names {_network_loss_names()}), but the loss is {type(self.structured_loss).__qualname__} "
                 f"(topology {self.structured_loss.topology!r}): pick an RNN-T loss or another model"
             )
 
     def encode(self, inputs: torch.Tensor, input_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """RNN-T losses: the transducer network's ``encode`` -> ``(enc (B, T', J), lengths (B,))``."""
-        enc, lengths = self.transducer_network().encode(inputs, input_lengths)
+        """A loss with ``network_methods``: its network's ``encode`` -> ``(enc (B, T', J), lengths (B,))``."""
+        enc, lengths = self.loss_network().encode(inputs, input_lengths)
         return enc, lengths.to(device=enc.device, dtype=torch.long)
 
     def outputs(self, inputs: torch.Tensor, input_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """What the loss and the decoder read: encoder frames for an RNN-T loss
-        (:meth:`encode`), else emissions (:meth:`emissions`)."""
-        if self.is_transducer:
+        """What the loss and the decoder read: the network's frames for a loss with
+        ``network_methods`` (:meth:`encode`), else emissions (:meth:`emissions`)."""
+        if self.reads_network:
             return self.encode(inputs, input_lengths)
         return self.emissions(inputs, input_lengths)
 
     def emissions(self, inputs: torch.Tensor, input_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Calls ``self(inputs, input_lengths)``; a bare tensor output means all frames are valid."""
-        self._check_not_transducer()
+        self._check_emission_network()
         out = self(inputs, input_lengths)
         if isinstance(out, torch.Tensor):
             B, T = out.shape[:2]
@@ -398,13 +474,13 @@ class StructuredLossMixin:
         return emissions, lengths.to(device=emissions.device, dtype=torch.long)
 
     def compute_loss(self, emissions, emission_lengths, targets, target_lengths) -> torch.Tensor:
-        """The configured structured loss of a batch (a scalar); with an RNN-T loss ``emissions``
-        are the encoder frames (:meth:`outputs`), scored through ``joint_loss`` with the network."""
+        """The configured structured loss of a batch (a scalar); for a loss with ``network_methods``
+        ``emissions`` are the network's frames (:meth:`outputs`), scored by its ``network_loss``."""
         dev = emissions.device
         targets, target_lengths = targets.to(dev, torch.long), target_lengths.to(dev, torch.long)
-        if self.is_transducer:
-            return self.rnnt_loss.joint_loss(
-                self.transducer_network(), emissions, emission_lengths, targets, target_lengths
+        if self.reads_network:
+            return self.structured_loss.network_loss(
+                self.loss_network(), emissions, emission_lengths, targets, target_lengths
             )
         return self.structured_loss(emissions, targets, emission_lengths, target_lengths)
 
@@ -416,18 +492,18 @@ class StructuredLossMixin:
         return [[v for v in row if v >= 0] for row in paths.cpu().tolist()]
 
     def decode(self, emissions, emission_lengths) -> list[str]:
-        """Decoding to strings: the configured beam search, else the loss's Viterbi path; with an
-        RNN-T loss (``emissions`` are then encoder frames) the transducer greedy search or the
-        ``rnnt_beam`` decoder."""
-        if self.is_transducer:
-            from .decoding import TransducerDecoder
+        """Decoding to strings: the configured beam search, else the loss's Viterbi path; for a
+        loss with ``network_methods`` (``emissions`` are then the network's frames) the configured
+        search over the network (greedy by default)."""
+        if self.reads_network:
+            from .decoding import NetworkDecoder
 
             decoder = getattr(self, "beam_decoder", None)
-            if not isinstance(decoder, TransducerDecoder):
-                decoder = TransducerDecoder()
+            if not isinstance(decoder, NetworkDecoder):
+                decoder = NetworkDecoder()
             with torch.no_grad():
                 ids = decoder.decode(
-                    self.transducer_network(),
+                    self.loss_network(),
                     emissions.detach(),
                     emission_lengths,
                     self.structured_loss,
@@ -453,11 +529,8 @@ class StructuredLossMixin:
             ``nonfinite`` says to skip.
         """
         inputs, input_lengths, targets, target_lengths, _ = self.unpack_batch(batch)
-        # a warm-up schedule (the pruned RNN-T loss's, LF-MMI's CTC warm-up) follows the global step:
-        # ``set_step`` is the one optional method of the loss protocol the training step calls
-        set_step = getattr(self.structured_loss, "set_step", None)
-        if callable(set_step):
-            set_step(int(self.global_step))
+        # a loss's schedule (a warm-up) follows the global step
+        self.structured_loss.set_step(int(self.global_step))
         emissions, lengths = self.outputs(inputs, input_lengths)
         loss = self.compute_loss(emissions, lengths, targets, target_lengths)
         if self._skip_nonfinite(loss, batch_idx):

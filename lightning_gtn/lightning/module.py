@@ -14,7 +14,7 @@ from torch import nn
 
 from lightning_gtn import trust
 
-from .mixin import StructuredLossMixin, is_transducer_network
+from .mixin import StructuredLossMixin, offers_network
 
 __all__ = ["SequenceModule", "check_hyperparameters", "HPARAM_SECTIONS"]
 
@@ -132,6 +132,12 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             nonfinite=nonfinite,
             decoder=decoder,
         )
+        if self._pending_loss is not None:
+            # what the loss learns must travel inside the checkpoint: prepared before the module is built
+            raise ValueError(
+                f"{self._pending_reason}: prepare the loss config first (lightning_gtn.train.prepare_loss, as "
+                "lightning-gtn-train does), so that the checkpoint carries what it learns"
+            )
         extra = self._check_network(network)
         try:
             self.net: nn.Module = trust.instantiate(
@@ -145,19 +151,19 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             raise ValueError(f"model: cannot build {network.get('_target_')}: {msg}") from e
 
     def _check_network(self, network: Mapping) -> dict:
-        """The network class must match the loss (a transducer network for an RNN-T loss and only
-        then); returns the extra constructor arguments (a transducer's ``extra_outputs``: the joiner
-        outputs the loss reads besides the token scores)."""
+        """The network class must match the loss (a transducer network for a loss with
+        ``network_methods`` and only then); returns the extra constructor arguments the loss declares
+        (``network_arguments``: a transducer's ``extra_outputs``)."""
         target = network.get("_target_")
         cls = trust.resolve(target, "model._target_", kinds=("model",))
-        transducer = is_transducer_network(cls)
-        if self.is_transducer and not transducer:
+        transducer = offers_network(cls)
+        if self.reads_network and not transducer:
             raise ValueError(
                 f"model: {type(self.structured_loss).__qualname__} is an RNN-T loss and needs a transducer "
                 f"network (encode/predict/join, the protocol of lightning_gtn.nn.rnnt), but model._target_ is "
                 f"{target}: loss=rnnt needs model=transducer (add model=transducer)"
             )
-        if transducer and not self.is_transducer:
+        if transducer and not self.reads_network:
             raise ValueError(
                 f"model: {target} is a transducer network, trained by the RNN-T losses "
                 f"(loss=rnnt|pruned_rnnt|tdt|multiblank), but the loss is "
@@ -165,17 +171,15 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
             )
         if not transducer:
             return {}
-        extra = int(self.rnnt_loss.extra_outputs)
-        if (
-            "extra_outputs" in network
-            and network["extra_outputs"] is not None
-            and int(network["extra_outputs"]) != extra
-        ):
-            raise ValueError(
-                f"model.extra_outputs: {network['extra_outputs']} does not match the loss's {extra} extra joiner "
-                "outputs (leave it out: it is filled in from the loss)"
-            )
-        return {"extra_outputs": extra}
+        extra = dict(self.structured_loss.network_arguments())
+        for key, want in extra.items():
+            given = network.get(key)
+            if given is not None and given != want:
+                raise ValueError(
+                    f"model.{key}: {given} does not match the loss's {want} (leave it out: it is filled in from "
+                    "the loss)"
+                )
+        return extra
 
     @classmethod  # the override: weights_only is a bool defaulting to True, not Lightning's Optional
     def load_from_checkpoint(cls, checkpoint_path, *args, weights_only: bool = True, **kwargs):  # type: ignore[override]

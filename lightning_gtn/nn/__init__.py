@@ -6,22 +6,29 @@ from .losses import (
     TOPOLOGIES,
     ASGLoss,
     CTCLoss,
+    Decoding,
     GraphLoss,
     ModuleLoss,
+    Preparation,
     SequenceLoss,
     STCLoss,
     StructuredLoss,
     TargetGraphLoss,
+    TextsUnavailable,
 )
 from .mmi import LFMMILoss
 from .pruned import PrunedRNNTLoss
-from .rnnt import RNNTLoss, RNNTStructuredLoss
+from .rnnt import NETWORK_METHODS, RNNTLoss, RNNTStructuredLoss
 from .rnnt_variants import MultiBlankRNNTLoss, TDTLoss
 from .transducer import TransducerLoss
 
 __all__ = [
     "TOPOLOGIES",
+    "NETWORK_METHODS",
     "StructuredLoss",
+    "Preparation",
+    "TextsUnavailable",
+    "Decoding",
     "CTCLoss",
     "ASGLoss",
     "SequenceLoss",

@@ -14,9 +14,12 @@ they spell.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from collections.abc import Mapping
-from typing import Callable, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -28,6 +31,9 @@ from ..core.checks import check_label, check_reduction
 
 __all__ = [
     "TOPOLOGIES",
+    "Preparation",
+    "TextsUnavailable",
+    "Decoding",
     "StructuredLoss",
     "CTCLoss",
     "ASGLoss",
@@ -50,6 +56,83 @@ __all__ = [
 #: * ``"rnnt"``: an RNN-T loss (:class:`lightning_gtn.nn.rnnt.RNNTStructuredLoss`) over joiner
 #:   outputs ``(B, T, U + 1, V)``: decoded by the transducer searches, not from frame paths.
 TOPOLOGIES = ("ctc", "asg", "transducer", "rnnt")
+
+
+class TextsUnavailable(ValueError):
+    """A loss's preparation asked for the training transcripts where there are none to read
+    (:meth:`Preparation.texts` without a source)."""
+
+
+class Preparation:
+    """What a loss's :meth:`StructuredLoss.prepare` may read and write before the loss is built.
+
+    Args:
+        chars: the data's characters, in vocabulary order.
+        texts: ``texts(key) -> list of str``, the training transcripts (``key`` names the config
+            key that asks, for its error messages), or None where none can be read (then
+            :meth:`texts` raises :class:`TextsUnavailable`).
+        output_dir: the run folder the preparation writes its files into (None: nothing is
+            written).
+    """
+
+    def __init__(
+        self,
+        chars: Sequence[str],
+        texts: Optional[Callable[[str], Sequence[str]]] = None,
+        output_dir: Optional[os.PathLike | str] = None,
+    ) -> None:
+        self.chars: List[str] = list(chars)
+        self._texts = texts
+        self.output_dir = None if output_dir is None else Path(output_dir)
+
+    @property
+    def has_texts(self) -> bool:
+        """Whether :meth:`texts` has a source."""
+        return self._texts is not None
+
+    def texts(self, key: str) -> List[str]:
+        """The training transcripts.
+
+        Raises:
+            TextsUnavailable: naming ``key``, when this preparation has no source of them.
+            ValueError: naming ``key``, when the source has none.
+        """
+        if self._texts is None:
+            raise TextsUnavailable(f"{key}: built from the training transcripts, which are not available here")
+        texts = list(self._texts(key))
+        if not texts:
+            raise ValueError(f"{key}: built from the training transcripts, but the data has none (train_set.texts)")
+        return texts
+
+    def path(self, name: str) -> Optional[Path]:
+        """``output_dir / name`` for a file the preparation writes (the folder is made), or None
+        when there is no run folder."""
+        if self.output_dir is None:
+            return None
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        return self.output_dir / name
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+    """How a loss's outputs are decoded (:meth:`StructuredLoss.decoding`), read by the decoders of
+    :mod:`lightning_gtn.lightning.decoding`.
+
+    What is decoded follows ``network_methods``: a loss over emissions decodes its best frame paths
+    (:meth:`StructuredLoss.decode`) or a beam search over frame paths
+    (:class:`lightning_gtn.decode.BeamSearchDecoder`, read in the loss's ``topology``, ``blank``,
+    ``repeat_label`` and ``tokens``); a loss with ``network_methods`` is decoded by the searches
+    over its network (:mod:`lightning_gtn.decode.transducer`, :mod:`lightning_gtn.decode.transducer_beam`).
+
+    Attributes:
+        beam: None when the beam search of the loss's outputs applies; else why it does not (the
+            decoders' error message).
+        options: keyword arguments of the greedy search over a network
+            (:func:`lightning_gtn.decode.transducer.greedy_search`) beyond the blank.
+    """
+
+    beam: Optional[str] = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class StructuredLoss(nn.Module):
@@ -84,7 +167,15 @@ class StructuredLoss(nn.Module):
             the data when a config leaves them out: ``"num_classes"`` (the vocabulary's class
             count), ``"blank"`` / ``"repeat_label"`` (from an older config's ``vocabulary``
             block), ``"graphemes_to_idx"`` / ``"tokens"`` (the data's characters as graphemes and
-            letter tokens; ``"tokens"`` also lets ``lightning-gtn-train`` learn word pieces).
+            letter tokens).
+        network_methods: the methods of a network that training and decoding call when the loss
+            scores a network's outputs rather than emissions (:meth:`network_loss`; the protocol of
+            :mod:`lightning_gtn.nn.rnnt`); ``()`` (this default) for losses over emissions.
+        run_files: the files :meth:`prepare` may write into a run folder (names).
+
+    Before a loss is built from a config, :meth:`prepare` turns what the config asks to learn from
+    the data (word pieces, a denominator, a transitions graph) into plain data in the config;
+    :meth:`decoding` says how its outputs are decoded; :meth:`set_step` is told the training step.
     """
 
     blank: Optional[int] = None
@@ -93,6 +184,48 @@ class StructuredLoss(nn.Module):
     tokens: Optional[Sequence] = None
     num_classes: Optional[int] = None
     vocabulary_arguments: Tuple[str, ...] = ()
+    network_methods: Tuple[str, ...] = ()
+    run_files: Tuple[str, ...] = ()
+
+    @classmethod
+    def prepare(cls, config: Dict[str, Any], context: Preparation) -> Dict[str, Any]:
+        """The loss config ``config`` (a plain dict with ``_target_``) with what it asks to learn
+        from the data resolved into plain data, so that the checkpoint's hyper-parameters carry
+        it; called before the loss is built. This default returns it unchanged.
+
+        Args:
+            config: the loss config (not changed in place).
+            context: the data's characters, the training transcripts and the run folder.
+
+        Raises:
+            ValueError: naming the ``loss.<key>`` at fault.
+            TextsUnavailable: the config needs the training transcripts and ``context`` has none.
+        """
+        return dict(config)
+
+    def decoding(self, num_classes: int) -> Decoding:
+        """How the loss's outputs decode (see :class:`Decoding`); ``num_classes`` is the
+        vocabulary's class count. This default: frame paths, beam search applies."""
+        return Decoding()
+
+    def set_step(self, step: int) -> None:
+        """Told the global training step before each training batch (the Lightning layer calls it);
+        a loss with a schedule (a warm-up) overrides it. A no-op here."""
+
+    def network_arguments(self) -> Dict[str, Any]:
+        """Constructor arguments the Lightning layer gives the network of a loss with
+        ``network_methods`` (an RNN-T loss's ``extra_outputs``: the joiner outputs it reads beyond
+        the token scores); ``{}`` here."""
+        return {}
+
+    def network_loss(self, network: Any, frames, frame_lengths, targets, target_lengths):
+        """The loss of a batch from ``network`` and the frames its ``encode`` gave, for a loss with
+        ``network_methods``; losses over emissions are called directly instead.
+
+        Raises:
+            NotImplementedError: this loss scores emissions.
+        """
+        raise NotImplementedError(f"{type(self).__qualname__} scores emissions, not a network's outputs")
 
     @property
     def topology(self) -> str:

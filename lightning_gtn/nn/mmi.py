@@ -14,14 +14,14 @@ module rebuilds it when loaded.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
 from .. import functional as lgf  # not torch.nn.functional: the engine computes every loss
 from ..core import checks
 from ..wfst import Graph
-from .losses import StructuredLoss, _check_common
+from .losses import Preparation, StructuredLoss, _check_common
 
 __all__ = ["LFMMILoss", "MODULE_TOPOLOGIES", "SPEC_KEYS"]
 
@@ -108,6 +108,78 @@ class LFMMILoss(StructuredLoss):
 
     blank = 0
     vocabulary_arguments = ("num_classes",)
+    run_files = ("denominator.bin",)
+
+    @classmethod
+    def prepare(cls, config: Dict[str, Any], context: Preparation) -> Dict[str, Any]:
+        """Resolves ``denominator`` before the loss is built (see :meth:`StructuredLoss.prepare`).
+
+        A recipe ``{order: 2, prune: 0, topology: ctc}`` (``method`` too: ``kneser_ney``) builds the
+        denominator graph from the training transcripts (tokens: the data's characters, ids
+        ``1 .. N`` as :class:`lightning_gtn.lightning.Vocabulary` encodes them with a blank) with
+        :func:`lightning_gtn.functional.denominator_graph`, saves it as ``<run>/denominator.bin``
+        (:func:`lightning_gtn.wfst.save`) and puts it into the config as data
+        (:func:`lightning_gtn.functional.mmi_graph_to_data`), so the checkpoint carries it; the
+        loss's ``topology`` follows the recipe's. Graph data (what a checkpoint holds) is kept.
+
+        Raises:
+            ValueError: naming ``loss.denominator``: missing, neither a recipe nor graph data, a bad
+                recipe value, transcripts outside the characters.
+        """
+        config = dict(config)
+        den = config.get("denominator")
+        recipe = "a recipe {order: 2, prune: 0, topology: ctc} (built from the training transcripts)"
+        if den is None:
+            raise ValueError(f"loss.denominator: missing; give {recipe} or a graph as data")
+        if not isinstance(den, Mapping) or len(den) == 0:
+            raise ValueError(f"loss.denominator: expected {recipe} or a graph as data, got {den!r}")
+        spec = dict(den)
+        if not set(spec) <= set(SPEC_KEYS):
+            if set(spec) & set(SPEC_KEYS) - {"topology"}:
+                unknown = sorted(set(spec) - set(SPEC_KEYS))
+                raise ValueError(
+                    f"loss.denominator.{unknown[0]}: unknown key of a denominator recipe (keys: {SPEC_KEYS})"
+                )
+            return config  # graph data (a checkpoint's, or the user's own): checked when the loss is built
+        order, prune = spec.get("order", 2), spec.get("prune", 0)
+        topology, method = spec.get("topology", config.get("topology", "ctc")), spec.get("method", "kneser_ney")
+        if isinstance(order, bool) or not isinstance(order, int) or not 1 <= order <= 6:
+            raise ValueError(f"loss.denominator.order: expected an integer in [1, 6], got {order!r}")
+        if prune is not None and (isinstance(prune, bool) or not isinstance(prune, int) or prune < 0):
+            raise ValueError(
+                f"loss.denominator.prune: expected an integer >= 0 (n-grams of order >= 2 seen at most this many "
+                f"times are dropped; 0: none), got {prune!r}"
+            )
+        if config.get("topology") is not None and config.get("topology") != topology:
+            raise ValueError(
+                f"loss.denominator.topology: {topology!r} differs from loss.topology {config.get('topology')!r} "
+                "(the numerators and the denominator need the same topology)"
+            )
+        ids = {c: i + 1 for i, c in enumerate(context.chars)}  # the blank is 0
+        seqs = []
+        for text in context.texts("loss.denominator"):
+            bad = next((c for c in text if c not in ids), None)
+            if bad is not None:
+                raise ValueError(
+                    "loss.denominator: the training transcripts do not fit the vocabulary: "
+                    f"character {bad!r} of {text!r} is not in the vocabulary"
+                )
+            seqs.append([ids[c] for c in text])
+        try:
+            graph = lgf.denominator_graph(
+                seqs, len(context.chars), order=order, topology=topology, prune=prune or None, method=method
+            )
+            data = lgf.mmi_graph_to_data(graph, info={"topology": topology, "order": order, "prune": prune or 0})
+        except ValueError as e:
+            raise ValueError(f"loss.denominator: {' '.join(str(e).split())}") from e
+        path = context.path("denominator.bin")
+        if path is not None:
+            from .. import wfst
+
+            wfst.save(str(path), graph)
+        config["denominator"] = data
+        config["topology"] = topology
+        return config
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ from torch import Tensor
 from .. import k2 as k2f
 from ..core import checks
 from ..core.checks import check_label, check_reduction
-from .rnnt import RNNTStructuredLoss, check_joiner_size, prepend_blank
+from .rnnt import NETWORK_METHODS, RNNTStructuredLoss, check_joiner_size, prepend_blank
 
 __all__ = ["PrunedRNNTLoss", "WARMUPS"]
 
@@ -78,7 +78,7 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
 
     vocabulary_arguments = ("blank",)
     # the simple loss reads the network's own projections of both sides
-    network_methods = ("predict", "join", "simple_am", "simple_lm")
+    network_methods = NETWORK_METHODS + ("simple_am", "simple_lm")
 
     def __init__(
         self,

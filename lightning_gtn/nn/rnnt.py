@@ -16,10 +16,10 @@ A transducer network (the encoder, a prediction network and a joiner; the Lightn
 * ``simple_am(enc (B, T, J)) -> (B, T, V)`` and ``simple_lm(pred (B, U + 1, J)) -> (B, U + 1, V)``:
   the linear projections of k2's "simple" loss (only the pruned loss calls them).
 
-Each loss declares in ``network_methods`` the methods its :meth:`RNNTStructuredLoss.joint_loss`
-calls (``predict`` and ``join``; the pruned loss adds ``simple_am`` and ``simple_lm``), so a
-network needs only what its loss uses; training also calls ``encode`` and the transducer
-decoders ``predict``, ``select_state`` and ``join``.
+Each loss declares in ``network_methods`` the methods training and decoding call: ``encode``
+(the frames), ``predict``, ``select_state`` and ``join`` (:meth:`RNNTStructuredLoss.joint_loss`
+and the transducer decoders), and the pruned loss ``simple_am`` and ``simple_lm``, so a network
+needs only what its loss uses.
 
 Every RNN-T loss module derives from :class:`RNNTStructuredLoss`: it is called like torchaudio's
 ``RNNTLoss`` on joiner outputs, and :meth:`RNNTStructuredLoss.joint_loss` computes the loss from a
@@ -35,9 +35,21 @@ import torch
 
 from .. import functional as lgf  # not torch.nn.functional: the library's own losses
 from ..core import checks
-from .losses import StructuredLoss
+from .losses import Decoding, StructuredLoss
 
-__all__ = ["RNNTStructuredLoss", "RNNTLoss", "prepend_blank", "MAX_JOINER_VALUES", "check_joiner_size"]
+__all__ = [
+    "RNNTStructuredLoss",
+    "RNNTLoss",
+    "prepend_blank",
+    "MAX_JOINER_VALUES",
+    "NETWORK_METHODS",
+    "check_joiner_size",
+]
+
+#: The methods of a transducer network that training and decoding call whatever the loss:
+#: ``encode`` (the frames), ``predict``, ``select_state`` and ``join`` (the joint loss and the
+#: transducer decoders).
+NETWORK_METHODS: Tuple[str, ...] = ("encode", "predict", "select_state", "join")
 
 #: values a joiner may compute for one batch in :meth:`RNNTStructuredLoss.joint_loss`:
 #: ``B * T * (U + 1) * (J + V)`` for the full lattice (its hidden ``(B, T, U + 1, J)`` and its
@@ -91,13 +103,26 @@ class RNNTStructuredLoss(StructuredLoss):
     builds the network's joiner with that many. A TDT loss names its durations in ``durations``
     and a multi-blank loss its big blanks' frame counts in ``big_blank_durations`` (output
     ``V + k`` has ``durations[k]`` / ``big_blank_durations[k]``), which greedy decoding reads.
-    ``network_methods`` names the network methods :meth:`joint_loss` calls.
+    ``network_methods`` names the network methods training and decoding call.
     """
 
     blank: Optional[int] = 0
     extra_outputs: int = 0
-    #: the transducer network's methods that :meth:`joint_loss` calls (see the module docstring)
-    network_methods: Tuple[str, ...] = ("predict", "join")
+    #: the transducer network's methods that training and decoding call (see the module docstring)
+    network_methods: Tuple[str, ...] = NETWORK_METHODS
+
+    def decoding(self, num_classes: int) -> Decoding:
+        """Decoded by the searches over the network (greedy, or the modified beam search of the
+        regular RNN-T); a loss with durations or big blanks gives greedy its options."""
+        return Decoding()
+
+    def network_arguments(self) -> dict:
+        """``{"extra_outputs": n}``: the joiner outputs the loss reads after the ``V`` token scores."""
+        return {"extra_outputs": int(self.extra_outputs)}
+
+    def network_loss(self, network, frames, frame_lengths, targets, target_lengths):
+        """:meth:`joint_loss` (the protocol of :class:`~lightning_gtn.nn.StructuredLoss`)."""
+        return self.joint_loss(network, frames, frame_lengths, targets, target_lengths)
 
     @property
     def max_symbols_per_frame(self) -> Optional[int]:
@@ -126,10 +151,6 @@ class RNNTStructuredLoss(StructuredLoss):
                 f"{type(self).__name__} ({self.extra_repr()}) places at most {k} token(s) on a frame; use "
                 "shorter transcripts or longer audio, or zero_infinity: true to give such examples 0"
             )
-
-    def set_step(self, step: int) -> None:
-        """Told the global training step before each training batch (the Lightning layer calls
-        it); a loss with a warm-up schedule (the pruned loss) overrides it. A no-op here."""
 
     @property
     def topology(self) -> str:

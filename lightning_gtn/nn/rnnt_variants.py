@@ -15,7 +15,13 @@ import torch
 
 from .. import functional as lgf
 from ..core import checks
+from .losses import Decoding
 from .rnnt import RNNTStructuredLoss
+
+_NO_BEAM = (
+    "the modified beam search decodes the regular RNN-T (one blank, no durations); {name} has durations or "
+    "big blanks: use decoder=greedy"
+)
 
 __all__ = ["MultiBlankRNNTLoss", "TDTLoss"]
 
@@ -105,6 +111,31 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         """The loss of joiner outputs ``(B, T, U + 1, V)``: a scalar, or ``(B,)`` with ``"none"``."""
         return self._loss(logits, targets, logit_lengths, target_lengths)
 
+    def decoding(self, num_classes: int) -> Decoding:
+        """Greedy search with the big blanks as the extra joiner outputs ``num_classes ..
+        num_classes + E - 1`` (``big_blank_durations[i]`` is class ``V + E - 1 - i`` with the blank at 0,
+        or the class ``big_blank_ids`` names); no modified beam search when there are big blanks.
+
+        Raises:
+            ValueError: the big blanks are not those extra outputs.
+        """
+        durations = [int(d) for d in self.big_blank_durations]
+        E = len(durations)
+        ids = self.big_blank_ids
+        if ids is None:
+            ids = [num_classes + E - 1 - i for i in range(E)]
+        ids = [int(c) for c in ids]
+        if sorted(ids) != list(range(num_classes, num_classes + E)):
+            raise ValueError(
+                f"decoder: the big blanks of {type(self).__qualname__} are classes {ids}; greedy decoding "
+                f"reads them as the extra joiner outputs {num_classes}..{num_classes + E - 1}"
+            )
+        frames = [0] * E
+        for i, c in enumerate(ids):
+            frames[c - num_classes] = durations[i]
+        beam = _NO_BEAM.format(name=type(self).__qualname__) if durations else None
+        return Decoding(beam=beam, options={"big_blank_durations": frames})
+
     def extra_repr(self) -> str:
         """The options shown by ``repr``."""
         return (
@@ -168,6 +199,13 @@ class TDTLoss(RNNTStructuredLoss):
     def max_symbols_per_frame(self) -> Optional[int]:
         """1 when no duration is 0 (every token then advances a frame), else None."""
         return None if 0 in self.durations else 1
+
+    def decoding(self, num_classes: int) -> Decoding:
+        """Greedy search over the network with the durations (extra output ``k`` advances
+        ``durations[k]`` frames); no modified beam search."""
+        durations = [int(d) for d in self.durations]
+        beam = _NO_BEAM.format(name=type(self).__qualname__) if durations else None
+        return Decoding(beam=beam, options={"durations": durations})
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The loss of joiner outputs ``(B, T, U + 1, V + len(durations))``."""

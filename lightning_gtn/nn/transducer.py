@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -12,7 +14,7 @@ from torch import nn
 from .. import functional as lgf  # not torch.nn.functional: the engine computes every loss
 from ..core import checks
 from ..wfst import Graph
-from .losses import StructuredLoss, _check_common
+from .losses import Decoding, Preparation, StructuredLoss, _check_common
 
 __all__ = ["TransducerLoss", "transitions_to_data", "transitions_from_data", "MAX_DATA_ARCS"]
 
@@ -177,6 +179,107 @@ class TransducerLoss(StructuredLoss):
 
     repeat_label = False
     vocabulary_arguments = ("graphemes_to_idx", "tokens")
+    run_files = ("word_pieces.txt", "transitions.bin")
+
+    @classmethod
+    def prepare(cls, config: Dict[str, Any], context: Preparation) -> Dict[str, Any]:
+        """Resolves what the config learns from the training transcripts (see
+        :meth:`StructuredLoss.prepare`).
+
+        ``tokens: <N>`` (an integer) trains N word pieces on the training transcripts
+        (:func:`lightning_gtn.wordpieces.train_word_pieces`) and ``tokens: <file>`` reads them;
+        either way the characters the transcripts lack are added, the list is written to
+        ``<run>/word_pieces.txt`` and put into the config. ``transitions: {order: 2, prune: 10}``
+        builds the token-level transition graph (back-off, n-grams seen at most ``prune`` times
+        dropped) from the training transcripts and saves it as ``<run>/transitions.bin``; that
+        file, or the one ``transitions: <file>`` names, is read and put into the config as data
+        (:func:`transitions_to_data`), so a checkpoint carries the graph.
+
+        Raises:
+            ValueError: naming ``loss.tokens`` / ``loss.transitions``.
+        """
+        config = dict(config)
+        tokens = config.get("tokens", "letters")
+        pieces = None
+        if isinstance(tokens, bool):
+            raise ValueError(
+                f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file, got {tokens!r}"
+            )
+        if isinstance(tokens, int):
+            from ..wordpieces import train_word_pieces
+
+            texts = context.texts("loss.tokens")
+            try:
+                pieces = train_word_pieces(texts, int(tokens))
+            except ValueError as e:
+                raise ValueError(
+                    f"loss.tokens={tokens}: {str(e).replace('num_pieces', 'the number of word pieces')}; "
+                    "or loss.tokens=letters"
+                ) from None
+        elif isinstance(tokens, str) and tokens != "letters":
+            from ..wordpieces import load_word_pieces
+
+            if not Path(tokens).is_file():
+                raise ValueError(
+                    f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file; "
+                    f"no such file: {tokens}"
+                )
+            try:
+                pieces = load_word_pieces(tokens)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"loss.tokens: cannot read word pieces from {tokens}: {e}") from None
+        if pieces is not None:
+            from ..wordpieces import save_word_pieces
+
+            # characters the training transcripts lack still get a token, so every text is spellable
+            pieces = list(pieces) + sorted(set(context.chars) - set(pieces))
+            path = context.path("word_pieces.txt")
+            if path is not None:
+                save_word_pieces(pieces, path)
+            config["tokens"] = list(pieces)
+        trans = config.get("transitions")
+        if isinstance(trans, Mapping) and "format" not in trans:  # a recipe
+            from ..wfst.ngram import save_transitions, transitions_graph
+
+            toks = list(context.chars) if isinstance(config.get("tokens", "letters"), str) else list(config["tokens"])
+            blank = str(config.get("blank", "none"))
+            seqs = [lgf.segment(t, toks) for t in context.texts("loss.transitions")]
+            num = len(toks) + int(blank != "none")
+            g = transitions_graph(
+                seqs,
+                num,
+                order=int(trans.get("order", 2)),
+                prune=int(trans.get("prune", 0)),
+                blank=blank,
+                self_loops=True,
+            )
+            names = toks + (["<blank>"] if blank != "none" else [])
+            path = context.path("transitions.bin")
+            if path is None:
+                config["transitions"] = transitions_to_data(g)
+                return config
+            save_transitions(str(path), g, num, tokens=names)
+            trans = str(path)
+        if isinstance(trans, str):
+            # the user's own file (or the one just built): read here, carried by the checkpoint as data
+            from ..wfst.ngram import load_transitions
+
+            try:
+                data = transitions_to_data(load_transitions(trans)[0])
+            except (OSError, ValueError) as e:
+                raise ValueError(f"loss.transitions: cannot use {trans!r}: {e}") from e
+            config["transitions"] = data
+        return config
+
+    def decoding(self, num_classes: int) -> Decoding:
+        """Frame paths; the beam searches read the transducer's frame paths only with
+        ``blank="optional"`` and ``allow_repeats=True`` (or without a blank)."""
+        if self.blank is not None and (self.blank_mode != "optional" or not self.allow_repeats):
+            return Decoding(
+                beam="beam search decodes the transducer with blank='optional' and allow_repeats=True "
+                "(or blank='none'); use decoder=greedy for this loss"
+            )
+        return Decoding()
 
     @property
     def topology(self) -> str:

@@ -240,13 +240,13 @@ def test_checkpoint_naming_an_untrusted_loss_is_refused(tmp_path):
 
 
 def test_decoder_configs_match_the_loss():
-    from lightning_gtn.lightning.decoding import TransducerDecoder, build_decoder
+    from lightning_gtn.lightning.decoding import NetworkDecoder, build_decoder
     from lightning_gtn.lightning.vocabulary import Vocabulary
     from lightning_gtn.nn import CTCLoss
 
     vocab = Vocabulary(CHARS)
     loss = TorchRNNTLoss()
-    assert isinstance(build_decoder(None, loss, vocab), TransducerDecoder)
+    assert isinstance(build_decoder(None, loss, vocab), NetworkDecoder)
     d = build_decoder({"name": "greedy", "max_symbols_per_frame": 2}, loss, vocab)
     assert d.name == "greedy" and d.max_symbols_per_frame == 2
     assert build_decoder({"name": "rnnt_beam", "beam_size": 3}, loss, vocab).beam_size == 3
@@ -259,20 +259,28 @@ def test_decoder_configs_match_the_loss():
 
 
 def test_big_blanks_are_read_in_the_multiblank_layout():
-    from lightning_gtn.lightning.decoding import _big_blanks
+    from lightning_gtn.lightning.decoding import build_decoder
+    from lightning_gtn.lightning.vocabulary import Vocabulary
+    from lightning_gtn.nn import MultiBlankRNNTLoss, TDTLoss
 
-    class MB(TorchRNNTLoss):
-        big_blank_durations = [2, 4, 8]
-        big_blank_ids = None
+    def big_blanks(loss, V):  # what the loss declares for greedy decoding
+        return loss.decoding(V).options["big_blank_durations"]
 
     # with the blank at 0 the big blanks are appended from the last class down: 14 is 2 frames
-    assert _big_blanks(MB(), 12) == [8, 4, 2]
-    mb = MB()
-    mb.big_blank_ids = [12, 13, 14]
-    assert _big_blanks(mb, 12) == [2, 4, 8]
+    assert big_blanks(MultiBlankRNNTLoss(big_blank_durations=[2, 4, 8]), 12) == [8, 4, 2]
+    mb = MultiBlankRNNTLoss(big_blank_durations=[2, 4, 8], big_blank_ids=[12, 13, 14])
+    assert big_blanks(mb, 12) == [2, 4, 8]
     mb.big_blank_ids = [3, 13, 14]
     with pytest.raises(ValueError, match="extra joiner outputs 12..14"):
-        _big_blanks(mb, 12)
+        big_blanks(mb, 12)
+    assert TDTLoss(durations=[0, 1, 2]).decoding(12).options == {"durations": [0, 1, 2]}
+    # the modified beam search is refused by the loss's own description, naming it
+    vocab = Vocabulary(CHARS)
+    for loss in (MultiBlankRNNTLoss(big_blank_durations=[2]), TDTLoss(durations=[0, 1])):
+        assert loss.decoding(vocab.num_classes).beam is not None
+        with pytest.raises(ValueError, match=rf"^decoder=rnnt_beam: .*{type(loss).__name__} has durations"):
+            build_decoder({"name": "rnnt_beam"}, loss, vocab)
+    assert MultiBlankRNNTLoss(big_blank_durations=[]).decoding(12).beam is None
 
 
 @pytest.mark.slow
@@ -401,3 +409,14 @@ def test_joint_loss_refuses_targets_longer_than_a_loss_can_place_on_the_frames()
     out = zi.joint_loss(m3, enc, lengths, targets, target_lengths)
     assert torch.isfinite(out[0]) and out[1] == 0
     assert torch.isfinite(RNNTLoss(blank=0).joint_loss(m3, enc, lengths, targets, target_lengths))
+
+
+def test_the_network_gets_the_arguments_the_loss_declares():
+    from lightning_gtn.lightning import SequenceModule
+
+    net = {"_target_": "lightning_gtn.lightning.TransducerModel", **SMALL}
+    m = SequenceModule(net, "tdt", CHARS, feature_dim=6)
+    assert m.structured_loss.network_arguments() == {"extra_outputs": 5} and m.net.extra_outputs == 5
+    with pytest.raises(ValueError, match=r"^model\.extra_outputs: 1 does not match the loss's 5 \(leave it out"):
+        SequenceModule({**net, "extra_outputs": 1}, "tdt", CHARS, feature_dim=6)
+    assert SequenceModule(net, "rnnt", CHARS, feature_dim=6).net.extra_outputs == 0

@@ -171,10 +171,10 @@ class _Data:
 
 
 def _resolve(denominator, tmp_path, **loss):
-    from lightning_gtn.train import _resolve_denominator
+    from lightning_gtn.train import prepare_loss
 
     cfg = OmegaConf.create({"loss": {"_target_": "lightning_gtn.nn.LFMMILoss", "denominator": denominator, **loss}})
-    _resolve_denominator(cfg, _Data(), tmp_path)
+    prepare_loss(cfg, _Data(), tmp_path)
     return cfg
 
 
