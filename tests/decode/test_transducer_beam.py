@@ -277,11 +277,11 @@ def test_decoder_configs_build_the_search_and_its_token_lm(tmp_path):
     plain = build_decoder(OmegaConf.load(CONF_DIR / "decoder" / "rnnt_beam.yaml"), Declared(), vocab)
     assert plain.lm is None and plain.name == "rnnt_beam" and plain.max_symbols_per_frame == 1
 
-    class TDT(Declared):
-        durations = [0, 1, 2]
+    from lightning_gtn.nn import TDTLoss
 
+    # a loss that declares no modified beam search (its decoding().beam says why) is refused
     with pytest.raises(ValueError, match="decoder=greedy"):
-        build_decoder(OmegaConf.load(CONF_DIR / "decoder" / "rnnt_beam.yaml"), TDT(), vocab)
+        build_decoder(OmegaConf.load(CONF_DIR / "decoder" / "rnnt_beam.yaml"), TDTLoss(durations=[0, 1, 2]), vocab)
 
 
 class ListStateToy(ToyTransducer):
