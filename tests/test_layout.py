@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 RANKS = {
     f"{PACKAGE}": 0,  # the root __init__: only __version__ and a docstring
     f"{PACKAGE}.trust": 0,  # the registry of constructible types: pure standard library
+    f"{PACKAGE}.integers": 0,  # the integer argument check: pure standard library
     f"{PACKAGE}.wfst": 1,  # the GTN-compatible engine
     f"{PACKAGE}.kernels": 2,  # what is computed and where (numba, torch, triton)
     f"{PACKAGE}.core": 3,  # criterion base, plans, graphs, checks, DP driver, best paths
@@ -54,7 +55,7 @@ RANKS = {
 
 # What the packages at the bottom may import (computation never reaches up to the losses).
 LOW_PACKAGES = (f"{PACKAGE}.kernels", f"{PACKAGE}.core")
-LOW_ALLOWED = (f"{PACKAGE}.trust", f"{PACKAGE}.wfst", f"{PACKAGE}.kernels", f"{PACKAGE}.core")
+LOW_ALLOWED = (f"{PACKAGE}.trust", f"{PACKAGE}.integers", f"{PACKAGE}.wfst", f"{PACKAGE}.kernels", f"{PACKAGE}.core")
 
 # What ``nn`` may import from the package: computation only through the public functional
 # surface, argument checks from core.checks, graphs from wfst, and the registry.
