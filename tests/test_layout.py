@@ -58,12 +58,14 @@ LOW_PACKAGES = (f"{PACKAGE}.kernels", f"{PACKAGE}.core")
 LOW_ALLOWED = (f"{PACKAGE}.trust", f"{PACKAGE}.integers", f"{PACKAGE}.wfst", f"{PACKAGE}.kernels", f"{PACKAGE}.core")
 
 # What ``nn`` may import from the package: computation only through the public functional
-# surface, argument checks from core.checks, graphs from wfst, and the registry.
+# surface, argument checks from core.checks, the reduction of core.reduction, graphs from wfst,
+# and the registry.
 NN_ALLOWED = (
     f"{PACKAGE}.nn",
     f"{PACKAGE}.functional",
     f"{PACKAGE}.k2",
     f"{PACKAGE}.core.checks",
+    f"{PACKAGE}.core.reduction",
     f"{PACKAGE}.wfst",
     f"{PACKAGE}.trust",
 )

@@ -30,7 +30,8 @@ from torch import Tensor
 from . import checks
 from .cache import HandleRegistry
 from .checks import as_lengths, split_targets
-from .scoring import Plan, graph_weights, pick_impl, reduce_losses, reduction_coefficients, score
+from .reduction import reduce_losses, reduction_coefficients
+from .scoring import Plan, graph_weights, pick_impl, score
 
 __all__ = [
     "Criterion",
@@ -278,8 +279,8 @@ def run_loss(
     B = E.shape[0]
     r = None
     if reduction != "none":
-        d = None if divisors is None else torch.from_numpy(np.asarray(divisors, dtype=np.int64))
-        r = reduction_coefficients(reduction, d, B, E)
+        d = None if divisors is None else np.asarray(divisors, dtype=np.int64)
+        r = reduction_coefficients(reduction, B, d, dtype=E.dtype, device=E.device)
     w_coef = r if (need_w and r is not None) else None
     losses, gE, gW = crit.score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
     losses, gE, gW = _poison(nan_rows(E, weights, lengths), losses, gE, gW)

@@ -45,6 +45,7 @@ from ..kernels.batch import INDEX_DTYPE
 from ..wfst import Graph
 from . import checks, dispatch
 from .cache import LRU, HandleRegistry
+from .reduction import reduction_coefficients
 
 __all__ = [
     "CompiledLattice",
@@ -427,12 +428,6 @@ def register_builder(obj: LatticeBuilder) -> int:
     return h
 
 
-def _coef(reduction: str, B: int) -> Optional[torch.Tensor]:
-    if reduction == "none":
-        return None
-    return torch.full((B,), 1.0 if reduction == "sum" else 1.0 / max(B, 1), dtype=torch.float64)
-
-
 @torch.library.custom_op("lightning_gtn::lattice_loss", mutates_args=())
 def lattice_loss_op(
     scores: torch.Tensor,
@@ -458,7 +453,7 @@ def lattice_loss_op(
     plan = crit.plan(seqs, lengths, shape)
     x = scores.detach().to("cpu").reshape(B, int(np.prod(shape)))
     w = torch.from_numpy(plan.batch.weights()).to(x.dtype)
-    coef = _coef(reduction, B)
+    coef = None if reduction == "none" else reduction_coefficients(reduction, B)
     losses, gS, _, _ = score_plan(plan, x, w, semiring, coef=coef, need_s=need_s, zero_infinity=zero_infinity)
     out = losses if coef is None else (losses.to(torch.float64) * coef).sum().to(x.dtype)
     g = gS.reshape(scores.shape).to(dev) if gS is not None else scores.new_empty(0)

@@ -19,7 +19,7 @@ from ..kernels import graph_triton
 from ..kernels.batch import CompiledGraph, GraphBatch
 from . import checks, dispatch
 
-__all__ = ["Plan", "normalised_plan", "unique_graphs", "graph_weights", "pick_impl", "score", "reduce_losses"]
+__all__ = ["Plan", "normalised_plan", "unique_graphs", "graph_weights", "pick_impl", "score"]
 
 
 class Plan:
@@ -161,29 +161,3 @@ def score(
     if gw is not None:
         gw = gw.to(device=dev, dtype=dtype)
     return losses, (gE if need_e else None), gw
-
-
-def reduction_coefficients(
-    reduction: str, target_lengths: Optional[torch.Tensor], B: int, like: torch.Tensor
-) -> torch.Tensor:
-    """``(B,)`` weights ``r`` with ``reduce(losses) = sum_b r[b] * losses[b]`` ("mean" divides
-    by the target lengths clamped to at least 1 when given, then by B; "sum" is all ones)."""
-    if reduction == "sum":
-        return torch.ones(B, dtype=like.dtype, device=like.device)
-    if target_lengths is None:
-        return torch.full((B,), 1.0 / max(B, 1), dtype=like.dtype, device=like.device)
-    d = target_lengths.to(device=like.device, dtype=like.dtype).clamp(min=1)
-    return 1.0 / (d * max(B, 1))
-
-
-def reduce_losses(losses: torch.Tensor, reduction: str, divisors=None) -> torch.Tensor:
-    """Applies ``reduction`` to ``(B,)`` losses; "mean" divides by ``divisors`` (a ``(B,)``
-    tensor or array, clamped to >= 1) first, when given, then averages over the batch."""
-    if reduction == "none":
-        return losses
-    if reduction == "sum":
-        return losses.sum()
-    if divisors is not None:
-        d = torch.as_tensor(np.asarray(divisors) if not isinstance(divisors, torch.Tensor) else divisors)
-        losses = losses / d.to(device=losses.device, dtype=losses.dtype).clamp(min=1)
-    return losses.mean()

@@ -33,6 +33,7 @@ from torch.autograd.function import once_differentiable
 
 from ..core import checks, criterion
 from ..core.cache import LRU, HandleRegistry
+from ..core.reduction import reduce_losses
 from ..core.scoring import Plan, unique_graphs
 from ..core.shared_graph import SharedGraph, shared_graph
 from ..core.topologies import TOPOLOGIES, compose_token_acceptor, numerator_graph
@@ -539,13 +540,7 @@ def mmi_loss(
     losses = torch.where(infeasible, torch.full_like(neg_num, math.inf), neg_num + den_term)
     if zero_infinity:
         losses = torch.where(infeasible, torch.zeros_like(losses), losses)
-    if reduction == "none":
-        out = losses
-    elif reduction == "sum":
-        out = losses.sum()
-    else:
-        out = (losses / tl.to(device=dev, dtype=losses.dtype).clamp(min=1)).mean()
-    return out.to(log_probs.dtype)
+    return reduce_losses(losses, reduction, tl).to(log_probs.dtype)
 
 
 def _check_token_ids(seqs: List[List[int]], N: int) -> None:

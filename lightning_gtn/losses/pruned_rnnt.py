@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ..core import checks
 from ..core.checks import check_float_tensor, check_reduction
+from ..core.reduction import reduce_losses
 from ..kernels.mutual_information import check_boundary_values, mutual_information_op, pick_impl
 
 __all__ = [
@@ -108,14 +109,6 @@ def _full_boundary(boundary: Optional[Tensor], B: int, S: int, T: int, device) -
     if boundary is not None:
         return boundary
     return torch.tensor([0, 0, S, T], dtype=torch.long, device=device).expand(B, 4).contiguous()
-
-
-def _reduce(negated: Tensor, reduction: str) -> Tensor:
-    if reduction == "none":
-        return -negated
-    if reduction == "mean":
-        return -torch.mean(negated)
-    return -torch.sum(negated)
 
 
 def _check_delay(delay_penalty) -> float:
@@ -326,8 +319,8 @@ def _score(px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad, i
     out = mutual_information_recursion(px, py, boundary, return_grad=return_grad, impl=impl)
     if isinstance(out, tuple):
         scores, grads = out
-        return _reduce(scores, reduction), grads
-    return _reduce(out, reduction)
+        return reduce_losses(-scores, reduction), grads
+    return reduce_losses(-out, reduction)
 
 
 def rnnt_loss_simple(

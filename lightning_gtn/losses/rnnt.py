@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..core import checks
+from ..core.reduction import reduction_coefficients
 from ..kernels import rnnt_dispatch
 from ..kernels.rnnt_numba import rnnt_cost_grad
 from ..kernels.rnnt_torch import rnnt_cost_grad_torch
@@ -51,12 +52,6 @@ def _check_values(targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor
     return tg, il, tl
 
 
-def _coefficients(reduction: str, B: int) -> np.ndarray:
-    if reduction == "mean":
-        return np.full(B, 1.0 / max(B, 1))
-    return np.ones(B)
-
-
 def _costs_and_grad(
     x: Tensor,
     targets: Tensor,
@@ -77,7 +72,7 @@ def _costs_and_grad(
     ``impl`` "" is the device's default (:func:`~lightning_gtn.kernels.rnnt_dispatch.default_impl`)."""
     B, T, U1, V = x.shape
     tg, il, tl = _check_values(targets, logit_lengths, target_lengths, T, U1 - 1, V, blank)
-    r = _coefficients(reduction, B)
+    r = reduction_coefficients(reduction, B).numpy()
     impl = rnnt_dispatch.pick(x.device, impl or None, RNNT_IMPLS, "rnnt_loss")
     scaled = False  # whether the kernel's costs already carry FastEmit's (1 + lambda)
     if impl == "numba":

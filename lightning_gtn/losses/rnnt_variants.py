@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from ..core import checks
+from ..core.reduction import reduction_coefficients
 from ..kernels import rnnt_dispatch
 from ..kernels.rnnt_triton import duration_lattice_triton, rnnt_triton
 from ..kernels.tdt_numba import lattice_loss
@@ -69,14 +70,6 @@ def _check_common(reduction, impl, zero_infinity, fused_log_softmax, device, wha
 
 
 # -- the op ---------------------------------------------------------------------------------------
-
-
-def _coefficients(reduction: str, ulen: np.ndarray, B: int) -> np.ndarray:
-    if reduction == "mean":
-        return np.full(B, 1.0 / max(B, 1))
-    if reduction == "mean_volume":
-        return np.full(B, 1.0 / max(int(ulen.sum()), 1))
-    return np.ones(B)
 
 
 def _lengths(x: Tensor, B: int, name: str, hi: int, bound: str, device: torch.device) -> np.ndarray:
@@ -206,7 +199,10 @@ def duration_lattice_op(
     ulen = _lengths(target_lengths, B, "target_lengths", U1 - 1, "U", dev)
     tg = _targets(targets, B, ulen, K, blank_ids, dev)
     impl = rnnt_dispatch.pick(dev, impl or None, IMPLS, "duration lattice")
-    coef = _coefficients(reduction, ulen, B)
+    if reduction == "mean_volume":  # NeMo's: the sum over the total target length
+        coef = reduction_coefficients("mean", B, count=int(ulen.sum())).numpy()
+    else:
+        coef = reduction_coefficients(reduction, B).numpy()
     passes = []
     if omega < 1.0:
         passes.append(((tok_dur, tok_didx, blank_ids, blank_dur, blank_didx), D, sigma, 1.0 - omega))
