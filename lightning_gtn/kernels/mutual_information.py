@@ -41,6 +41,7 @@ from torch import Tensor
 
 from . import rnnt_dispatch
 from .dense_numba import run_rows
+from .logmath import NEG_INF, log_add_checked
 from .rnnt_triton import mutual_information_triton
 
 __all__ = [
@@ -54,9 +55,6 @@ __all__ = [
 
 #: the implementations of the recursion (``impl=`` besides None)
 IMPLS = ("numba", "torch", "triton")
-
-NEG_INF = -math.inf
-LOG2 = math.log(2.0)
 
 
 def pick_impl(device: torch.device, impl: Optional[str] = None) -> str:
@@ -104,22 +102,6 @@ def check_shapes(px: Tensor, py: Tensor, boundary: Tensor) -> None:
 # -- numba ---------------------------------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _logadd(a, b):
-    """log(exp(a) + exp(b)); NaN when either is NaN."""
-    if a != a or b != b:
-        return math.nan
-    if a == NEG_INF:
-        return b
-    if b == NEG_INF:
-        return a
-    if a == b:
-        return a + LOG2
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
-
-
 @njit(cache=True, nogil=True)
 def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
     """Examples ``e0 .. e1 - 1``: ``scores[b]`` and, with ``need_grad``, the occupation
@@ -147,7 +129,7 @@ def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
                 v2 = NEG_INF
                 if j > 0:
                     v2 = a[i, j - 1] + py[b, s, t - 1]
-                a[i, j] = _logadd(v1, v2)
+                a[i, j] = log_add_checked(v1, v2)
         tot = a[ns - 1, nt - 1]
         scores[b] = tot
         if not need_grad or tot == NEG_INF:
@@ -170,7 +152,7 @@ def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
                 v2 = NEG_INF
                 if j < nt - 1:
                     v2 = py[b, s, t] + be[i, j + 1]
-                be[i, j] = _logadd(v1, v2)
+                be[i, j] = log_add_checked(v1, v2)
         for i in range(ns):
             s = s0 + i
             for j in range(nt):
