@@ -35,13 +35,14 @@ computed in the op's forward and scaled by its registered backward, as in
 from __future__ import annotations
 
 import weakref
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..kernels import lattice_numba
 from ..kernels.batch import INDEX_DTYPE
+from ..opargs import grads, op_schema
 from ..wfst import Graph
 from . import checks, dispatch
 from .cache import LRU, HandleRegistry
@@ -428,7 +429,22 @@ def register_builder(obj: LatticeBuilder) -> int:
     return h
 
 
+class LatticeLossArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::lattice_loss``."""
+
+    scores: torch.Tensor
+    targets: torch.Tensor
+    input_lengths: torch.Tensor
+    target_lengths: torch.Tensor
+    handle: int
+    reduction: str
+    zero_infinity: bool
+    semiring: str
+    need_s: bool
+
+
 @torch.library.custom_op("lightning_gtn::lattice_loss", mutates_args=())
+@op_schema(LatticeLossArgs)
 def lattice_loss_op(
     scores: torch.Tensor,
     targets: torch.Tensor,
@@ -461,15 +477,15 @@ def lattice_loss_op(
 
 
 @lattice_loss_op.register_fake
-def _lattice_loss_fake(
-    scores, targets, input_lengths, target_lengths, handle, reduction, zero_infinity, semiring, need_s
-):
-    out = scores.new_empty((scores.shape[0],) if reduction == "none" else ())
-    return out, (torch.empty_like(scores) if need_s else scores.new_empty(0))
+def _lattice_loss_fake(*inputs):
+    a = LatticeLossArgs(*inputs)
+    scores = a.scores
+    out = scores.new_empty((scores.shape[0],) if a.reduction == "none" else ())
+    return out, (torch.empty_like(scores) if a.need_s else scores.new_empty(0))
 
 
 def _lattice_setup(ctx, inputs, output):
-    ctx.reduction = inputs[5]
+    ctx.reduction = LatticeLossArgs(*inputs).reduction
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[1])
@@ -485,9 +501,9 @@ def _lattice_backward(ctx, g_out, _g_grad):
             and not torch.compiler.is_compiling()
             and float(g_out) == 1.0
         ):
-            return g, None, None, None, None, None, None, None, None  # loss.backward(): no second (B, ...) buffer
+            return grads(LatticeLossArgs, scores=g)  # loss.backward(): no second (B, ...) buffer
         gS = g * (g_out.reshape((-1,) + (1,) * (g.dim() - 1)) if ctx.reduction == "none" else g_out).to(g.dtype)
-    return gS, None, None, None, None, None, None, None, None
+    return grads(LatticeLossArgs, scores=gS)
 
 
 lattice_loss_op.register_autograd(_lattice_backward, setup_context=_lattice_setup)

@@ -32,13 +32,14 @@ Boundaries are range-checked by :func:`check_boundary_values` before a kernel in
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 from numba import njit
 from torch import Tensor
 
+from ..opargs import grads, op_schema
 from . import rnnt_dispatch
 from .dense_numba import run_rows
 from .logmath import NEG_INF, log_add_checked
@@ -306,7 +307,18 @@ def _mi_triton(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tup
     return scores, pxg, pyg
 
 
+class MutualInformationArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::mutual_information``."""
+
+    px: Tensor
+    py: Tensor
+    boundary: Tensor
+    need_grad: bool
+    impl: str
+
+
 @torch.library.custom_op("lightning_gtn::mutual_information", mutates_args=())
+@op_schema(MutualInformationArgs)
 def mutual_information_op(
     px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool, impl: str
 ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -326,15 +338,17 @@ def mutual_information_op(
 
 
 @mutual_information_op.register_fake
-def _mi_fake(px, py, boundary, need_grad, impl):
+def _mi_fake(*inputs):
+    a = MutualInformationArgs(*inputs)
+    px, py = a.px, a.py
     B = px.shape[0]
-    if need_grad:
+    if a.need_grad:
         return px.new_empty((B,)), torch.empty_like(px), torch.empty_like(py)
     return px.new_empty((B,)), px.new_empty(0), py.new_empty(0)
 
 
 def _mi_setup(ctx, inputs, output):
-    ctx.need_grad = inputs[3]
+    ctx.need_grad = MutualInformationArgs(*inputs).need_grad
     ctx.save_for_backward(output[1], output[2])
 
 
@@ -343,7 +357,7 @@ def _mi_backward(ctx, g_scores, _g_px, _g_py):
         raise RuntimeError("mutual_information: called with need_grad=False, so it has no backward")
     pxg, pyg = ctx.saved_tensors
     g = g_scores.reshape(-1, 1, 1)
-    return pxg * g, pyg * g, None, None, None
+    return grads(MutualInformationArgs, px=pxg * g, py=pyg * g)
 
 
 mutual_information_op.register_autograd(_mi_backward, setup_context=_mi_setup)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..core import checks, dispatch
-from ..core.lattice import LatticeBuilder, LatticePlan, compiled_lattice, lattice_loss_op, score_plan
+from ..core.lattice import LatticeBuilder, LatticeLossArgs, LatticePlan, compiled_lattice, lattice_loss_op, score_plan
 from ..core.reduction import reduction_coefficients
 from ..wfst import Graph
 
@@ -490,7 +490,18 @@ def _op_loss(crit, scores, targets, input_lengths, target_lengths, reduction, ze
     il = checks.int_tensor(input_lengths, "input_lengths")
     x = scores.to(checks.compute_dtype(scores))
     need_s = bool(torch.is_grad_enabled() and x.requires_grad)
-    out, _ = lattice_loss_op(x, tg, il, tl, crit.handle, reduction, bool(zero_infinity), semiring, need_s)
+    args = LatticeLossArgs(
+        scores=x,
+        targets=tg,
+        input_lengths=il,
+        target_lengths=tl,
+        handle=crit.handle,
+        reduction=reduction,
+        zero_infinity=bool(zero_infinity),
+        semiring=semiring,
+        need_s=need_s,
+    )
+    out, _ = lattice_loss_op(*args)
     return out.to(scores.dtype)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ from ..core.shared_graph import SharedGraph, shared_graph
 from ..core.topologies import TOPOLOGIES, compose_token_acceptor, numerator_graph
 from ..kernels import buffers, mmi_numba, mmi_torch, mmi_triton
 from ..kernels.batch import compile_graph
+from ..opargs import grads, op_schema
 from ..wfst import Graph
 from .graph import check_labels
 
@@ -231,7 +232,20 @@ def _triton_works(device: torch.device) -> bool:
 # ---------------------------------------------------------------------------
 
 
+class DenominatorArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::mmi_denominator``."""
+
+    log_probs: Tensor
+    input_lengths: Tensor
+    handle: int
+    leaky_hmm: float
+    impl: str
+    need_e: bool
+    need_w: bool
+
+
 @torch.library.custom_op("lightning_gtn::mmi_denominator", mutates_args=())
+@op_schema(DenominatorArgs)
 def denominator_op(
     log_probs: Tensor, input_lengths: Tensor, handle: int, leaky_hmm: float, impl: str, need_e: bool, need_w: bool
 ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -284,10 +298,12 @@ def _denominator_scores(
 
 
 @denominator_op.register_fake
-def _denominator_fake(log_probs, input_lengths, handle, leaky_hmm, impl, need_e, need_w):
+def _denominator_fake(*inputs):
+    a = DenominatorArgs(*inputs)
+    log_probs = a.log_probs
     B = log_probs.shape[0]
-    gE = torch.empty_like(log_probs) if need_e else log_probs.new_empty(0)
-    if need_w:
+    gE = torch.empty_like(log_probs) if a.need_e else log_probs.new_empty(0)
+    if a.need_w:
         n = torch.library.get_ctx().new_dynamic_size()
         gW = log_probs.new_empty((B, n))
     else:
@@ -296,9 +312,9 @@ def _denominator_fake(log_probs, input_lengths, handle, leaky_hmm, impl, need_e,
 
 
 def _den_setup(ctx, inputs, output):
-    log_probs, input_lengths, handle, leaky_hmm, impl, need_e, need_w = inputs
-    ctx.handle, ctx.need_e, ctx.need_w = handle, need_e, need_w
-    ctx.den = _DENOMINATORS.get(handle) if need_w else None  # alive until the backward
+    a = DenominatorArgs(*inputs)
+    ctx.handle, ctx.need_e, ctx.need_w = a.handle, a.need_e, a.need_w
+    ctx.den = _DENOMINATORS.get(a.handle) if a.need_w else None  # alive until the backward
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[0], output[1], output[2])
@@ -306,9 +322,9 @@ def _den_setup(ctx, inputs, output):
 
 def _den_backward(ctx, g_out, _g1, _g2):
     if g_out is None:
-        return (None,) * 7
+        return grads(DenominatorArgs)
     logz, gE, gW = ctx.saved_tensors
-    return (_den_grads(logz, gE, gW, g_out, ctx.need_e, ctx.need_w, ctx.den),) + (None,) * 6
+    return grads(DenominatorArgs, log_probs=_den_grads(logz, gE, gW, g_out, ctx.need_e, ctx.need_w, ctx.den))
 
 
 def _den_grads(
@@ -405,7 +421,15 @@ def _denominator_call(x: Tensor, il: Tensor, den: _Denominator, leaky_hmm: float
     need_w = bool(graph_grad and grad and den.graph.calc_grad and not compiling)
     if need_w and not x.requires_grad:  # only the graph wants a gradient: a private leaf makes autograd call back
         x = x.detach().requires_grad_(True)
-    args = (x, il, int(den.handle), float(leaky_hmm), impl or "", need_e, need_w)
+    args = DenominatorArgs(
+        log_probs=x,
+        input_lengths=il,
+        handle=int(den.handle),
+        leaky_hmm=float(leaky_hmm),
+        impl=impl or "",
+        need_e=need_e,
+        need_w=need_w,
+    )
     if compiling or type(x) is not torch.Tensor:  # torch.compile (and tensor subclasses) see the custom op
         logz, _, _ = denominator_op(*args)
         return logz

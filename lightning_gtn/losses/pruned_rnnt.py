@@ -33,7 +33,12 @@ from torch import Tensor
 from ..core import checks
 from ..core.checks import check_float_tensor, check_reduction
 from ..core.reduction import reduce_losses
-from ..kernels.mutual_information import check_boundary_values, mutual_information_op, pick_impl
+from ..kernels.mutual_information import (
+    MutualInformationArgs,
+    check_boundary_values,
+    mutual_information_op,
+    pick_impl,
+)
 
 __all__ = [
     "RNNT_TYPES",
@@ -199,7 +204,9 @@ def mutual_information_recursion(
     dtype = px.dtype
     pxc, pyc = _compute(px).contiguous(), _compute(py).contiguous()
     need = bool(return_grad) or (torch.is_grad_enabled() and (px.requires_grad or py.requires_grad))
-    scores, pxg, pyg = mutual_information_op(pxc, pyc, bnd, need, how)
+    scores, pxg, pyg = mutual_information_op(
+        *MutualInformationArgs(px=pxc, py=pyc, boundary=bnd, need_grad=need, impl=how)
+    )
     if scores.dtype != dtype:
         scores = scores.to(dtype)
     if return_grad:

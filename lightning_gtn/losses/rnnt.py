@@ -14,7 +14,7 @@ the logits' own storage instead of a new buffer.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from ..kernels import rnnt_dispatch
 from ..kernels.rnnt_numba import rnnt_cost_grad
 from ..kernels.rnnt_torch import rnnt_cost_grad_torch
 from ..kernels.rnnt_triton import rnnt_triton
+from ..opargs import grads, op_schema
 
 __all__ = ["rnnt_loss", "RNNT_IMPLS", "resolve_blank"]
 
@@ -135,7 +136,25 @@ def _costs_and_grad(
     return out.to(device=x.device, dtype=x.dtype), g
 
 
+class RNNTArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::rnnt_loss``."""
+
+    logits: Tensor
+    targets: Tensor
+    logit_lengths: Tensor
+    target_lengths: Tensor
+    blank: int
+    clamp: float
+    reduction: str
+    fused_log_softmax: bool
+    zero_infinity: bool
+    fastemit_lambda: float
+    impl: str
+    need_grad: bool
+
+
 @torch.library.custom_op("lightning_gtn::rnnt_loss", mutates_args=())
+@op_schema(RNNTArgs)
 def rnnt_loss_op(
     logits: Tensor,
     targets: Tensor,
@@ -170,36 +189,23 @@ def rnnt_loss_op(
 
 
 @rnnt_loss_op.register_fake
-def _rnnt_fake(
-    logits,
-    targets,
-    logit_lengths,
-    target_lengths,
-    blank,
-    clamp,
-    reduction,
-    fused_log_softmax,
-    zero_infinity,
-    fastemit_lambda,
-    impl,
-    need_grad,
-):
-    B = logits.shape[0]
-    out = logits.new_empty((B,) if reduction == "none" else ())
-    return out, (torch.empty_like(logits) if need_grad else logits.new_empty(0))
+def _rnnt_fake(*inputs):
+    a = RNNTArgs(*inputs)
+    logits = a.logits
+    out = logits.new_empty((logits.shape[0],) if a.reduction == "none" else ())
+    return out, (torch.empty_like(logits) if a.need_grad else logits.new_empty(0))
 
 
 def _setup(ctx, inputs, output):
-    ctx.reduction = inputs[6]
+    ctx.reduction = RNNTArgs(*inputs).reduction
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[1])
 
 
 def _backward(ctx, g_out, _g_grad):
-    none = (None,) * 11
     if g_out is None:
-        return (None,) + none
+        return grads(RNNTArgs)
     (g,) = ctx.saved_tensors
     if (
         ctx.reduction != "none"
@@ -208,10 +214,10 @@ def _backward(ctx, g_out, _g_grad):
         and not torch.compiler.is_compiling()
         and float(g_out) == 1.0
     ):
-        return (g,) + none  # loss.backward() of the loss itself: no second (B, T, U + 1, V) buffer
+        return grads(RNNTArgs, logits=g)  # loss.backward() of the loss itself: no second (B, T, U + 1, V) buffer
     if ctx.reduction == "none":
-        return (g * g_out.reshape(-1, 1, 1, 1).to(g.dtype),) + none
-    return (g * g_out.to(g.dtype),) + none
+        return grads(RNNTArgs, logits=g * g_out.reshape(-1, 1, 1, 1).to(g.dtype))
+    return grads(RNNTArgs, logits=g * g_out.to(g.dtype))
 
 
 rnnt_loss_op.register_autograd(_backward, setup_context=_setup)
@@ -362,18 +368,19 @@ def rnnt_loss(
             )
         return _RNNTInplace.apply(logits, tg, il, tl, options)
     x = logits.to(checks.compute_dtype(logits))
-    out, _ = rnnt_loss_op(
-        x,
-        tg,
-        il,
-        tl,
-        blank_id,
-        clamp_v,
-        reduction,
-        bool(fused_log_softmax),
-        bool(zero_infinity),
-        lam,
-        run_impl,
-        need_grad,
+    args = RNNTArgs(
+        logits=x,
+        targets=tg,
+        logit_lengths=il,
+        target_lengths=tl,
+        blank=blank_id,
+        clamp=clamp_v,
+        reduction=reduction,
+        fused_log_softmax=bool(fused_log_softmax),
+        zero_infinity=bool(zero_infinity),
+        fastemit_lambda=lam,
+        impl=run_impl,
+        need_grad=need_grad,
     )
+    out, _ = rnnt_loss_op(*args)
     return out.to(logits.dtype)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ from ..kernels import rnnt_dispatch
 from ..kernels.rnnt_triton import duration_lattice_triton, rnnt_triton
 from ..kernels.tdt_numba import lattice_loss
 from ..kernels.tdt_torch import lattice_loss_torch
+from ..opargs import grads, op_schema
 
 __all__ = [
     "multiblank_rnnt_loss",
@@ -163,7 +164,31 @@ def _triton_passes(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad
     return losses, grad
 
 
+class DurationLatticeArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::duration_lattice_loss``."""
+
+    logits: Tensor
+    targets: Tensor
+    logit_lengths: Tensor
+    target_lengths: Tensor
+    K: int
+    D: int
+    tok_dur: List[int]
+    tok_didx: List[int]
+    blank_ids: List[int]
+    blank_dur: List[int]
+    blank_didx: List[int]
+    sigma: float
+    omega: float
+    normalise: bool
+    reduction: str
+    zero_infinity: bool
+    impl: str
+    need_grad: bool
+
+
 @torch.library.custom_op("lightning_gtn::duration_lattice_loss", mutates_args=())
+@op_schema(DurationLatticeArgs)
 def duration_lattice_op(
     logits: Tensor,
     targets: Tensor,
@@ -250,15 +275,17 @@ def duration_lattice_op(
 
 
 @duration_lattice_op.register_fake
-def _fake(logits, targets, logit_lengths, target_lengths, K, D, tok_dur, tok_didx, blank_ids, blank_dur, blank_didx,
-          sigma, omega, normalise, reduction, zero_infinity, impl, need_grad):  # fmt: skip
-    out = logits.new_empty((logits.shape[0],) if reduction == "none" else ())
-    return out, (torch.empty_like(logits) if need_grad else logits.new_empty(0))
+def _fake(*inputs):
+    a = DurationLatticeArgs(*inputs)
+    logits = a.logits
+    out = logits.new_empty((logits.shape[0],) if a.reduction == "none" else ())
+    return out, (torch.empty_like(logits) if a.need_grad else logits.new_empty(0))
 
 
 def _setup(ctx, inputs, output):
-    ctx.reduction = inputs[14]
-    ctx.need_grad = inputs[17]
+    a = DurationLatticeArgs(*inputs)
+    ctx.reduction = a.reduction
+    ctx.need_grad = a.need_grad
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[1])
@@ -272,7 +299,7 @@ def _backward(ctx, g_out, _g_grad):
             gx = g * g_out.reshape(-1, 1, 1, 1).to(g.dtype)
         else:
             gx = g * g_out.to(g.dtype)
-    return (gx,) + (None,) * 17
+    return grads(DurationLatticeArgs, logits=gx)
 
 
 duration_lattice_op.register_autograd(_backward, setup_context=_setup)
@@ -286,10 +313,28 @@ def _call(logits, targets, logit_lengths, target_lengths, K, D, arcs, sigma, ome
     tg = checks.check_index_tensor(targets, "targets", (B, None), "(B, U)", dev)
     il = checks.check_index_tensor(logit_lengths, "logit_lengths", (B,), "(B,)", dev)
     tl = checks.check_index_tensor(target_lengths, "target_lengths", (B,), "(B,)", dev)
-    out, _ = duration_lattice_op(
-        x, tg, il, tl, int(K), int(D), *[list(a) for a in arcs], float(sigma), float(omega), bool(fused),
-        reduction, bool(zi), impl or "", need,
-    )  # fmt: skip
+    tok_dur, tok_didx, blank_ids, blank_dur, blank_didx = (list(a) for a in arcs)
+    args = DurationLatticeArgs(
+        logits=x,
+        targets=tg,
+        logit_lengths=il,
+        target_lengths=tl,
+        K=int(K),
+        D=int(D),
+        tok_dur=tok_dur,
+        tok_didx=tok_didx,
+        blank_ids=blank_ids,
+        blank_dur=blank_dur,
+        blank_didx=blank_didx,
+        sigma=float(sigma),
+        omega=float(omega),
+        normalise=bool(fused),
+        reduction=reduction,
+        zero_infinity=bool(zi),
+        impl=impl or "",
+        need_grad=need,
+    )
+    out, _ = duration_lattice_op(*args)
     return out.to(logits.dtype)
 
 
