@@ -18,6 +18,7 @@ import torch
 from ..kernels import graph_triton
 from ..kernels.batch import CompiledGraph, GraphBatch
 from . import checks, dispatch
+from .impl import Backends
 
 __all__ = ["Plan", "normalised_plan", "unique_graphs", "graph_weights", "pick_impl", "score"]
 
@@ -70,18 +71,20 @@ def graph_weights(plan: Plan, x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(plan.batch.weights()).to(device=x.device, dtype=x.dtype)
 
 
+#: how ``impl`` resolves for the graph DP (:mod:`.dispatch`): numba on the CPU, Triton on CUDA
+#: once :func:`.dispatch.triton_self_check` passes there, torch elsewhere
+GRAPH_BACKENDS = Backends(
+    "graph scoring",
+    checks.NATIVE_BACKENDS,
+    triton_available=graph_triton.available,
+    self_check=dispatch.triton_self_check,
+)
+
+
 def pick_impl(x: torch.Tensor, impl: Optional[str]) -> str:
-    """The scoring implementation: numba on the CPU; elsewhere :func:`._dispatch.device_impl`
-    (Triton on CUDA when installed and self-checked, else torch)."""
-    if impl is None:
-        return "numba" if x.device.type == "cpu" else dispatch.device_impl(x.device)
-    if impl not in checks.NATIVE_BACKENDS:  # the losses checked it; a direct caller of an op may not have
-        raise ValueError(f"impl must be None or one of {checks.NATIVE_BACKENDS}, got {impl!r}")
-    if impl.startswith("numba") and x.device.type != "cpu":
-        raise ValueError(f"impl={impl!r} needs CPU tensors, got emissions on {x.device}")
-    if impl == "triton" and not graph_triton.available():
-        raise ValueError("impl='triton' needs the triton package")
-    return impl
+    """The scoring implementation for emissions ``x``: :data:`GRAPH_BACKENDS`'s choice (the losses
+    checked ``impl`` against their criterion; a direct caller of an op may not have)."""
+    return GRAPH_BACKENDS.pick(x.device, impl)
 
 
 def score(

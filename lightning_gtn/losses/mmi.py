@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -33,6 +32,7 @@ from torch.autograd.function import once_differentiable
 
 from ..core import checks, criterion
 from ..core.cache import LRU, HandleRegistry
+from ..core.impl import Backends
 from ..core.reduction import reduce_losses
 from ..core.scoring import Plan, unique_graphs
 from ..core.shared_graph import SharedGraph, shared_graph
@@ -177,19 +177,6 @@ def _check_arc_frames(B: int, T: int, den: "_Denominator") -> None:
         )
 
 
-def _den_impl(x: Tensor, impl: str) -> str:
-    if impl in ("", None):
-        return "numba" if x.device.type == "cpu" else ("auto" if x.device.type == "cuda" else "torch")
-    if impl == "numba" and x.device.type != "cpu":
-        raise ValueError(f"impl='numba' needs CPU tensors, got log_probs on {x.device}")
-    if impl == "triton" and not mmi_triton.available():
-        raise ValueError("impl='triton' needs Triton (it comes with CUDA builds of torch)")
-    return impl
-
-
-_TRITON_OK: dict = {}
-
-
 def _self_check_problem(device: torch.device):
     """A small denominator (a 3-token bigram in the CTC topology, leaky) and emissions on ``device``."""
     rng = np.random.default_rng(0)
@@ -201,30 +188,24 @@ def _self_check_problem(device: torch.device):
     return shared_graph(g), x, np.array([11, 7, 0])
 
 
-def _triton_works(device: torch.device) -> bool:
-    """Whether the Triton kernels agree with the torch path on ``device`` (decided once per device;
-    a failure warns and leaves the device to the torch path)."""
-    key = str(device)
-    if key not in _TRITON_OK:
-        err = None
-        try:
-            sg, x, lens = _self_check_problem(device)
-            z1, g1 = mmi_triton.shared_scores(sg, x, lens, 0.1, need_e=True)
-            z2, g2, _ = mmi_torch.shared_scores(sg, x, lens, 0.1, need_e=True)
-            assert g1 is not None and g2 is not None
-            if not (torch.allclose(z1, z2, rtol=1e-4, atol=1e-4) and torch.allclose(g1, g2, rtol=1e-3, atol=1e-4)):
-                err = f"values differ from the torch path by {(z1 - z2).abs().max().item():.3g}"
-        except Exception as exc:  # noqa: BLE001 - any failure of a kernel means: do not use it here
-            err = repr(exc)
-        if err is not None:
-            warnings.warn(
-                f"lightning_gtn: the Triton MMI kernels failed their self-check on {device} ({err}); "
-                "using the torch implementation instead",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        _TRITON_OK[key] = err is None
-    return _TRITON_OK[key]
+def _triton_self_check(device: torch.device) -> Optional[str]:
+    """None when the Triton kernels agree with the torch path on ``device``, else what differed."""
+    sg, x, lens = _self_check_problem(device)
+    z1, g1 = mmi_triton.shared_scores(sg, x, lens, 0.1, need_e=True)
+    z2, g2, _ = mmi_torch.shared_scores(sg, x, lens, 0.1, need_e=True)
+    if g1 is None or g2 is None:
+        return "no emission gradient"
+    if not (torch.allclose(z1, z2, rtol=1e-4, atol=1e-4) and torch.allclose(g1, g2, rtol=1e-3, atol=1e-4)):
+        return f"values differ from the torch path by {(z1 - z2).abs().max().item():.3g}"
+    return None
+
+
+#: how ``impl`` resolves for the shared denominator: numba on the CPU, Triton on CUDA once its
+#: self-check passes there (and for the denominators it supports), torch elsewhere
+DEN_BACKENDS = Backends(
+    "mmi_loss", ("numba", "torch", "triton"), triton_available=mmi_triton.available,
+    self_check=_triton_self_check, kernels="Triton MMI",
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -264,7 +245,10 @@ def _denominator_scores(
     sg = den.compiled()
     sg.check_classes(C, "denominator")
     lengths = checks.as_lengths(input_lengths, B, "input_lengths", log_probs.device, max_value=T)
-    impl = _den_impl(log_probs, impl)
+    chosen = DEN_BACKENDS.pick(log_probs.device, impl or None)
+    if not impl and chosen == "triton" and not mmi_triton.supports(sg, need_w):
+        chosen = "torch"  # the default: denominators the Triton kernels cannot score go to torch
+    impl = chosen
     x = log_probs.detach()
     if impl == "numba":
         xn = x.contiguous().numpy()
@@ -273,8 +257,6 @@ def _denominator_scores(
         gEt = torch.from_numpy(gE) if gE is not None else log_probs.new_empty(0)
         gWt = torch.from_numpy(gW).to(log_probs.dtype) if gW is not None else log_probs.new_empty(0)
         return out, gEt, gWt
-    if impl == "auto":
-        impl = "triton" if mmi_triton.supports(sg, need_w) and _triton_works(x.device) else "torch"
     if impl == "triton":
         if not mmi_triton.supports(sg, need_w):
             raise ValueError(

@@ -5,7 +5,7 @@
 ``lightning_gtn::rnnt_loss``, which computes the costs and their gradient in one go (the numba
 kernel :mod:`lightning_gtn.kernels.rnnt_numba` on the CPU, the Triton kernel
 :mod:`lightning_gtn.kernels.rnnt_triton` on CUDA devices where it passes its self-check,
-:mod:`lightning_gtn.kernels.rnnt_torch` elsewhere; :mod:`lightning_gtn.kernels.rnnt_dispatch`
+:mod:`lightning_gtn.kernels.rnnt_torch` elsewhere; :data:`RNNT_BACKENDS`
 chooses), with the reduction applied inside; its registered backward only multiplies the saved
 gradient by the incoming one. With ``inplace_grad=True`` (eager mode) the gradient is written into
 the logits' own storage instead of a new buffer.
@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 from ..core import checks
+from ..core.impl import Backends
 from ..core.reduction import reduction_coefficients
-from ..kernels import rnnt_dispatch
+from ..kernels import rnnt_triton as rnnt_kernels
 from ..kernels.rnnt_numba import rnnt_cost_grad
 from ..kernels.rnnt_torch import rnnt_cost_grad_torch
 from ..kernels.rnnt_triton import rnnt_triton
@@ -32,6 +33,15 @@ __all__ = ["rnnt_loss", "RNNT_IMPLS", "resolve_blank"]
 
 #: ``impl=`` values of :func:`rnnt_loss` besides None (the device's default)
 RNNT_IMPLS = ("numba", "torch", "triton")
+#: how ``impl`` resolves for the RNN-T lattices (this loss, the duration lattices, k2's recursion):
+#: numba on the CPU, Triton on CUDA after torchaudio's published case passes, torch elsewhere
+RNNT_BACKENDS = Backends(
+    "rnnt_loss",
+    RNNT_IMPLS,
+    triton_available=rnnt_kernels.available,
+    self_check=rnnt_kernels.self_check,
+    kernels="Triton RNN-T",
+)
 
 
 def resolve_blank(blank, V: int) -> int:
@@ -70,11 +80,11 @@ def _costs_and_grad(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``(out, d out / d x)`` (the gradient None without ``need_grad``), the reduction applied
     inside; ``into`` is the buffer the kernel writes the gradient to (default a new one).
-    ``impl`` "" is the device's default (:func:`~lightning_gtn.kernels.rnnt_dispatch.default_impl`)."""
+    ``impl`` "" is the device's default (:data:`RNNT_BACKENDS`)."""
     B, T, U1, V = x.shape
     tg, il, tl = _check_values(targets, logit_lengths, target_lengths, T, U1 - 1, V, blank)
     r = reduction_coefficients(reduction, B).numpy()
-    impl = rnnt_dispatch.pick(x.device, impl or None, RNNT_IMPLS, "rnnt_loss")
+    impl = RNNT_BACKENDS.pick(x.device, impl or None)
     scaled = False  # whether the kernel's costs already carry FastEmit's (1 + lambda)
     if impl == "numba":
         if x.device.type != "cpu":
@@ -344,7 +354,7 @@ def rnnt_loss(
     B, T, U1, V = checks.check_joiner_logits(logits)
     checks.check_reduction(reduction)
     if impl is not None:  # a name not offered, numba off the CPU, triton where it cannot run: a clear error now
-        rnnt_dispatch.pick(logits.device, impl, RNNT_IMPLS, "rnnt_loss")
+        RNNT_BACKENDS.pick(logits.device, impl)
     blank_id = resolve_blank(blank, V)
     clamp_v = checks.check_real(clamp, "clamp")
     lam = checks.check_real(fastemit_lambda, "fastemit_lambda")

@@ -35,8 +35,9 @@ import torch
 from torch import Tensor
 
 from ..core import checks
+from ..core.impl import Backends
 from ..core.reduction import reduction_coefficients
-from ..kernels import rnnt_dispatch
+from ..kernels import rnnt_triton as rnnt_kernels
 from ..kernels.rnnt_triton import duration_lattice_triton, rnnt_triton
 from ..kernels.tdt_numba import lattice_loss
 from ..kernels.tdt_torch import lattice_loss_torch
@@ -54,8 +55,15 @@ __all__ = [
 #: ``"mean_batch"``); ``"mean_volume"`` is NeMo's: the summed losses over the summed target lengths
 REDUCTIONS = ("none", "mean", "sum", "mean_volume")
 #: ``impl=`` values besides None (numba on the CPU, Triton on CUDA where it passes its self-check,
-#: torch elsewhere: :func:`lightning_gtn.kernels.rnnt_dispatch.default_impl`)
+#: torch elsewhere, after the RNN-T kernels' self-check: :data:`BACKENDS`)
 IMPLS = ("numba", "torch", "triton")
+BACKENDS = Backends(
+    "duration lattice",
+    IMPLS,
+    triton_available=rnnt_kernels.available,
+    self_check=rnnt_kernels.self_check,
+    kernels="Triton RNN-T",
+)
 
 
 # -- argument checks ------------------------------------------------------------------------------
@@ -65,7 +73,7 @@ def _check_common(reduction, impl, zero_infinity, fused_log_softmax, device, wha
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if impl is not None:  # a name not offered, numba off the CPU, triton where it cannot run: a clear error now
-        rnnt_dispatch.pick(device, impl, IMPLS, what)
+        BACKENDS.pick(device, impl, what)
     checks.check_bool(zero_infinity, "zero_infinity")
     checks.check_bool(fused_log_softmax, "fused_log_softmax")
 
@@ -223,7 +231,7 @@ def duration_lattice_op(
     tlen = _lengths(logit_lengths, B, "logit_lengths", T, "T", dev)
     ulen = _lengths(target_lengths, B, "target_lengths", U1 - 1, "U", dev)
     tg = _targets(targets, B, ulen, K, blank_ids, dev)
-    impl = rnnt_dispatch.pick(dev, impl or None, IMPLS, "duration lattice")
+    impl = BACKENDS.pick(dev, impl or None)
     if reduction == "mean_volume":  # NeMo's: the sum over the total target length
         coef = reduction_coefficients("mean", B, count=int(ulen.sum())).numpy()
     else:
