@@ -350,11 +350,10 @@ def _forced_align_fake(*inputs):
     B, T = emissions.shape[:2]
     S = a.targets.shape[1]
     dt = _out_dtype(emissions)
-    i64 = dict(dtype=torch.int64)
     return (
-        emissions.new_empty((B, T), **i64),
-        emissions.new_empty((B, S), **i64),
-        emissions.new_empty((B, S), **i64),
+        emissions.new_empty((B, T), dtype=torch.int64),
+        emissions.new_empty((B, S), dtype=torch.int64),
+        emissions.new_empty((B, S), dtype=torch.int64),
         emissions.new_empty((B, S), dtype=dt),
         emissions.new_empty((B, S), dtype=dt),
         emissions.new_empty((B,), dtype=dt),

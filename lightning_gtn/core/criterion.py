@@ -393,8 +393,8 @@ def _loss_setup(ctx, inputs, output):
     a = LossArgs(*inputs)
     ctx.reduction = a.reduction
     ctx.need_e, ctx.need_w = a.need_e, a.need_w
-    # the options; the tensors the weight gradient needs are saved
-    ctx.args = a._replace(emissions=None, weights=None, targets=None, input_lengths=None, target_lengths=None)
+    # the options by name; the tensors the weight gradient needs are saved
+    ctx.kind, ctx.blank, ctx.handle, ctx.zero_infinity, ctx.impl = a.kind, a.blank, a.handle, a.zero_infinity, a.impl
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.set_materialize_grads(False)  # no zero (B, T, C) gradient for the unused gradient outputs
     if a.reduction == "none" and a.need_w:
@@ -416,18 +416,17 @@ def _loss_backward(ctx, g_out, _g_ge, _g_gw):
             gE = gE_s * g_out.reshape(-1, 1, 1).to(gE_s.dtype)
         if ctx.need_w:
             emissions, weights, targets, input_lengths, target_lengths = saved[2:]
-            a = ctx.args
             args = WeightGradArgs(
                 emissions=emissions,
                 weights=weights,
                 targets=targets,
                 input_lengths=input_lengths,
                 target_lengths=target_lengths,
-                kind=a.kind,
-                blank=a.blank,
-                handle=a.handle,
-                zero_infinity=a.zero_infinity,
-                impl=a.impl,
+                kind=ctx.kind,
+                blank=ctx.blank,
+                handle=ctx.handle,
+                zero_infinity=ctx.zero_infinity,
+                impl=ctx.impl,
                 coef=g_out,
             )
             gW = weight_grad_op(*args)

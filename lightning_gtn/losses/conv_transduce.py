@@ -425,7 +425,7 @@ def _conv_transduce_backward_fake(*inputs):
 
 def _setup(ctx, inputs, output):
     a = ConvTransduceArgs(*inputs)
-    ctx.args = a._replace(windows=None, weights=None)  # the options; the tensors are saved
+    ctx.handle, ctx.semiring, ctx.impl = a.handle, a.semiring, a.impl  # the options; the tensors are saved
     ctx.bank = _bank(a.handle)  # a strong reference: the bank lives until the backward
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.save_for_backward(a.windows, a.weights, output[0], output[1], output[2])
@@ -436,7 +436,6 @@ def _backward(ctx, grad, _g1, _g2):
     if grad is None or not (need.windows or need.weights):
         return grads(ConvTransduceArgs)
     windows, weights, scores, s1, s2 = ctx.saved_tensors
-    a = ctx.args
     args = ConvTransduceBackwardArgs(
         grad=grad,
         windows=windows,
@@ -444,11 +443,11 @@ def _backward(ctx, grad, _g1, _g2):
         scores=scores,
         saved1=s1,
         saved2=s2,
-        handle=a.handle,
-        semiring=a.semiring,
-        impl=a.impl,
-        need_e=need.windows,
-        need_w=need.weights,
+        handle=ctx.handle,
+        semiring=ctx.semiring,
+        impl=ctx.impl,
+        need_e=bool(need.windows),
+        need_w=bool(need.weights),
     )
     gE, gw = conv_transduce_backward_op(*args)
     return grads(ConvTransduceArgs, windows=gE if need.windows else None, weights=gw if need.weights else None)
