@@ -113,7 +113,7 @@ def gpu_table(repeats: int = 5, quick: bool = False) -> str:
     if not torch.cuda.is_available():
         print(f"{title}\n\nno CUDA: skipped")
         return f"{title}\n\nno CUDA: skipped"
-    from lightning_gtn.kernels.rnnt_dispatch import default_impl
+    from lightning_gtn.losses.pruned_rnnt import MI_BACKENDS
 
     rows = []
     for shape in (
@@ -145,7 +145,7 @@ def gpu_table(repeats: int = 5, quick: bool = False) -> str:
             torch.cuda.empty_cache()
         rows.append(f"| {', '.join(map(str, shape))} | {cells[0]} | {cells[1]} |")
     table = (
-        f"{title}\n\n{torch.cuda.get_device_name(0)}; recursion impl: {default_impl(torch.device('cuda'))}\n\n"
+        f"{title}\n\n{torch.cuda.get_device_name(0)}; recursion impl: {MI_BACKENDS.default(torch.device('cuda'))}\n\n"
         "| B, T, U, V | full (ms) | full peak (MB) | pruned (ms) | pruned peak (MB) |\n"
         "|---|---|---|---|---|\n" + "\n".join(rows)
     )

@@ -28,6 +28,7 @@ from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .files import open_regular
+from .integers import check_int
 
 __all__ = [
     "train_word_pieces",
@@ -54,14 +55,6 @@ def _check_texts(texts) -> List[str]:
         if not isinstance(t, str):
             raise TypeError(f"texts[{i}] must be a str, got {type(t).__name__}")
     return texts
-
-
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _progress(total: int, enabled: bool):
@@ -127,8 +120,8 @@ def train_word_pieces(
     texts = _check_texts(texts)
     if not isinstance(word_boundary, str) or len(word_boundary) != 1:
         raise ValueError(f"word_boundary must be a single character, got {word_boundary!r}")
-    _check_int(num_pieces, "num_pieces", 1)
-    _check_int(min_count, "min_count", 1)
+    check_int(num_pieces, "num_pieces", 1)
+    check_int(min_count, "min_count", 1)
 
     word_counts: Counter = Counter()
     for t in texts:
@@ -409,7 +402,7 @@ def load_word_pieces(path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> List[str]:
             malformed escape, a raw control character, or a repeated piece (the message names
             the line).
     """
-    _check_int(max_bytes, "max_bytes", 1)
+    check_int(max_bytes, "max_bytes", 1)
     where = os.fspath(path)
     with open_regular(where, "word-piece file") as f:
         data = f.read(max_bytes + 1)  # bounded even for files that grow

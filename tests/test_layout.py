@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 RANKS = {
     f"{PACKAGE}": 0,  # the root __init__: only __version__ and a docstring
     f"{PACKAGE}.trust": 0,  # the registry of constructible types: pure standard library
+    f"{PACKAGE}.integers": 0,  # the integer argument check: pure standard library
+    f"{PACKAGE}.opargs": 0,  # the custom ops' argument schemas: pure standard library
     f"{PACKAGE}.wfst": 1,  # the GTN-compatible engine
     f"{PACKAGE}.kernels": 2,  # what is computed and where (numba, torch, triton)
     f"{PACKAGE}.core": 3,  # criterion base, plans, graphs, checks, DP driver, best paths
@@ -54,17 +56,27 @@ RANKS = {
 
 # What the packages at the bottom may import (computation never reaches up to the losses).
 LOW_PACKAGES = (f"{PACKAGE}.kernels", f"{PACKAGE}.core")
-LOW_ALLOWED = (f"{PACKAGE}.trust", f"{PACKAGE}.wfst", f"{PACKAGE}.kernels", f"{PACKAGE}.core")
+LOW_ALLOWED = (
+    f"{PACKAGE}.trust",
+    f"{PACKAGE}.integers",
+    f"{PACKAGE}.opargs",
+    f"{PACKAGE}.wfst",
+    f"{PACKAGE}.kernels",
+    f"{PACKAGE}.core",
+)
 
 # What ``nn`` may import from the package: computation only through the public functional
-# surface, argument checks from core.checks, graphs from wfst, the registry, and the word pieces a
-# loss's preparation learns.
+# surface, argument checks from core.checks, the reduction of core.reduction, graphs from wfst,
+# the registry, the argument schemas of custom ops (its Linear layer is one), and the word
+# pieces a loss's preparation learns.
 NN_ALLOWED = (
     f"{PACKAGE}.nn",
     f"{PACKAGE}.wordpieces",
     f"{PACKAGE}.functional",
     f"{PACKAGE}.k2",
     f"{PACKAGE}.core.checks",
+    f"{PACKAGE}.core.reduction",
+    f"{PACKAGE}.opargs",
     f"{PACKAGE}.wfst",
     f"{PACKAGE}.trust",
 )
@@ -483,6 +495,93 @@ def test_the_loss_specific_names_are_gathered_from_the_package():
 def test_generic_layers_name_no_loss(module):
     hits = loss_specific_identifiers(module)
     assert not hits, f"{module} names losses:" + _listing([f"line {n}: {i}" for n, i in hits])
+
+
+# ----------------------------------------------------------------------------- custom ops
+def _custom_ops() -> dict[str, tuple[str, ast.FunctionDef]]:
+    """``{op name: (module, function)}`` of every ``@torch.library.custom_op("lightning_gtn::...")``."""
+    found = {}
+    for m, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for d in node.decorator_list:
+                if (
+                    isinstance(d, ast.Call)
+                    and (_dotted(d.func) or [""])[-1] == "custom_op"
+                    and d.args
+                    and isinstance(d.args[0], ast.Constant)
+                ):
+                    found[d.args[0].value] = (m, node)
+    return found
+
+
+def _autograd_functions(tree: ast.Module) -> set[str]:
+    """Names of the functions passed to ``register_autograd`` (backward and setup_context) and
+    ``register_fake`` (as a decorator) in a module."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (_dotted(node.func) or [""])[-1] == "register_autograd":
+            for arg in list(node.args) + [k.value for k in node.keywords]:
+                if isinstance(arg, ast.Name):
+                    names.add(arg.id)
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                if (_dotted(d) or [""])[-1] == "register_fake":
+                    names.add(node.name)
+    return names
+
+
+def test_every_custom_op_has_one_schema():
+    import importlib
+
+    from lightning_gtn import opargs
+
+    ops = _custom_ops()
+    assert len(ops) >= 12
+    for op, (module, fn) in ops.items():
+        importlib.import_module(module)  # its op_schema decorator records the schema
+        key = f"{module}.{fn.name}"
+        assert key in opargs.SCHEMAS, f"{op} ({key}) is not declared with lightning_gtn.opargs.op_schema"
+        assert opargs.SCHEMAS[key]._fields == tuple(a.arg for a in fn.args.args), op
+
+
+def test_no_positional_reads_of_op_arguments():
+    # fakes, setup_context and backward functions read the arguments through the op's schema: no
+    # inputs[6], no unpacking of inputs, no flat parameter lists
+    bad = []
+    for m, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        names = _autograd_functions(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.FunctionDef) and node.name in names):
+                continue
+            params = [a.arg for a in node.args.args]
+            for sub in ast.walk(node):
+                if (
+                    isinstance(sub, ast.Subscript)
+                    and isinstance(sub.value, ast.Name)
+                    and sub.value.id in ("inputs", "args")
+                ):
+                    bad.append(f"{m}:{sub.lineno} {node.name} reads {sub.value.id}[...]")
+                if (
+                    isinstance(sub, ast.Subscript)
+                    and isinstance(sub.value, ast.Attribute)
+                    and sub.value.attr == "needs_input_grad"
+                ):
+                    bad.append(f"{m}:{sub.lineno} {node.name} reads needs_input_grad[...]")
+                if isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Name) and sub.value.id == "inputs":
+                    if any(isinstance(t, (ast.Tuple, ast.List)) for t in sub.targets):
+                        bad.append(f"{m}:{sub.lineno} {node.name} unpacks inputs by position")
+                if (
+                    isinstance(sub, ast.Tuple)
+                    and len(sub.elts) > 2
+                    and all(isinstance(e, ast.Constant) and e.value is None for e in sub.elts)
+                ):
+                    bad.append(f"{m}:{sub.lineno} {node.name} returns a tuple of Nones by position")
+            if node.args.vararg is None and len(params) > 3 and params[0] != "ctx":
+                bad.append(f"{m}:{node.lineno} {node.name} spells out {len(params)} op arguments")
+    assert not bad, "positional reads of op arguments:" + _listing(bad)
 
 
 # ----------------------------------------------------------------------------- drawing

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from ..core.criterion_graphs import cached, compiled_asg_target, compiled_ctc, c
 from ..core.scoring import unique_graphs
 from ..kernels.batch import GraphBatch, Problem, compile_graph
 from ..kernels.viterbi_paths import ctc_states, viterbi_arcs
+from ..opargs import op_schema
 
 __all__ = ["Alignment", "forced_align", "align_graph", "word_spans", "to_records", "to_json", "to_ctm"]
 
@@ -285,9 +286,17 @@ def forced_align(
     elif tg.dim() != 2:
         raise ValueError(f"targets must have shape (B, S) or (sum(target_lengths),), got {tuple(tg.shape)}")
     il = checks.int_tensor(input_lengths, "input_lengths")
-    out = torch.ops.lightning_gtn.forced_align(
-        emissions.detach(), tg, il, tl, transitions, -1 if blank is None else blank, star, impl or ""
+    args = ForcedAlignArgs(
+        emissions=emissions.detach(),
+        targets=tg,
+        input_lengths=il,
+        target_lengths=tl,
+        transitions=transitions,
+        blank=-1 if blank is None else blank,
+        star=star,
+        impl=impl or "",
     )
+    out = _forced_align_op(*args)
     labels, start, end, tscore, conf, score, star_frames = out
     return Alignment(
         labels=labels,
@@ -302,7 +311,21 @@ def forced_align(
     )
 
 
+class ForcedAlignArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::forced_align``."""
+
+    emissions: torch.Tensor
+    targets: torch.Tensor
+    input_lengths: torch.Tensor
+    target_lengths: torch.Tensor
+    transitions: Optional[torch.Tensor]
+    blank: int
+    star: Optional[float]
+    impl: str
+
+
 @torch.library.custom_op("lightning_gtn::forced_align", mutates_args=())
+@op_schema(ForcedAlignArgs)
 def _forced_align_op(
     emissions: torch.Tensor,
     targets: torch.Tensor,
@@ -322,15 +345,16 @@ def _forced_align_op(
 
 
 @_forced_align_op.register_fake
-def _forced_align_fake(emissions, targets, input_lengths, target_lengths, transitions, blank, star, impl):
+def _forced_align_fake(*inputs):
+    a = ForcedAlignArgs(*inputs)
+    emissions = a.emissions
     B, T = emissions.shape[:2]
-    S = targets.shape[1]
+    S = a.targets.shape[1]
     dt = _out_dtype(emissions)
-    i64 = dict(dtype=torch.int64)
     return (
-        emissions.new_empty((B, T), **i64),
-        emissions.new_empty((B, S), **i64),
-        emissions.new_empty((B, S), **i64),
+        emissions.new_empty((B, T), dtype=torch.int64),
+        emissions.new_empty((B, S), dtype=torch.int64),
+        emissions.new_empty((B, S), dtype=torch.int64),
         emissions.new_empty((B, S), dtype=dt),
         emissions.new_empty((B, S), dtype=dt),
         emissions.new_empty((B,), dtype=dt),

@@ -7,12 +7,13 @@ and reads back the frame labels, for the decoders and the transducer.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ..opargs import op_schema
 from . import checks, dispatch
 from .criterion import nan_rows
 from .criterion_graphs import compiled_asg_full
@@ -80,7 +81,16 @@ def refuse_nan(
         raise ValueError(f"{weights_name} contains NaN; cannot decode NaN scores")
 
 
+class BestPathsArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::best_paths``."""
+
+    emissions: Tensor
+    transitions: Optional[Tensor]
+    input_lengths: Tensor
+
+
 @torch.library.custom_op("lightning_gtn::best_paths", mutates_args=())
+@op_schema(BestPathsArgs)
 def best_paths_op(emissions: Tensor, transitions: Optional[Tensor], input_lengths: Tensor) -> Tuple[Tensor, Tensor]:
     """``(paths (B, T) int64, scores (B,))``: the best label path of each example's first
     ``input_lengths[b]`` frames (per-frame argmax, or through ASG's transitions), padded with -1."""
@@ -88,6 +98,7 @@ def best_paths_op(emissions: Tensor, transitions: Optional[Tensor], input_length
 
 
 @best_paths_op.register_fake
-def _best_paths_fake(emissions, transitions, input_lengths):
-    B, T = emissions.shape[:2]
-    return emissions.new_empty((B, T), dtype=torch.int64), emissions.new_empty((B,))
+def _best_paths_fake(*inputs):
+    e = BestPathsArgs(*inputs).emissions
+    B, T = e.shape[:2]
+    return e.new_empty((B, T), dtype=torch.int64), e.new_empty((B,))

@@ -14,6 +14,7 @@ from typing import List, Literal, Optional, Sequence, Tuple, Union, overload
 import numpy as np
 import torch
 
+from ..integers import NotAnIntegerError, check_int
 from ..wfst import Graph
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "compute_dtype",
     "graph_list",
     "check_int",
+    "NotAnIntegerError",
     "check_bool",
     "check_real",
     "check_labels",
@@ -97,15 +99,6 @@ def check_impl(impl) -> Optional[str]:
     return impl
 
 
-def check_int(value, name: str, minimum: int) -> int:
-    """``value`` as an int; ValueError naming ``name`` unless it is an integer (not a bool) ``>= minimum``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {int(value)}")
-    return int(value)
-
-
 # -- the word-piece transducer's configuration (gtn_applications' ``Transducer`` arguments) ------
 
 #: the research code's ``blank`` options
@@ -115,10 +108,7 @@ BLANK_MODES = ("none", "optional", "forced")
 def check_ngram(ngram, allow_zero: bool = True) -> int:
     """``ngram`` as an int; ValueError unless it is an integer ``>= 0`` (``>= 1`` without
     ``allow_zero``)."""
-    lo = 0 if allow_zero else 1
-    if isinstance(ngram, bool) or not isinstance(ngram, (int, np.integer)) or ngram < lo:
-        raise ValueError(f"ngram must be an integer >= {lo}, got {ngram!r}")
-    return int(ngram)
+    return check_int(ngram, "ngram", 0 if allow_zero else 1)
 
 
 def check_blank(blank, allow_repeats) -> str:

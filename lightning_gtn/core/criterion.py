@@ -27,16 +27,18 @@ an object (a user's graph builder), by ``kind="handle"`` and the integer ``handl
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ..opargs import grads, op_schema
 from . import checks
 from .cache import HandleRegistry
 from .checks import as_lengths, split_targets
-from .scoring import Plan, graph_weights, pick_impl, reduce_losses, reduction_coefficients, score
+from .reduction import reduce_losses, reduction_coefficients
+from .scoring import Plan, graph_weights, pick_impl, score
 
 __all__ = [
     "Criterion",
@@ -217,7 +219,42 @@ def _empty(like: Tensor) -> Tensor:
     return like.new_empty(0)
 
 
+class LossArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::structured_loss`` (:func:`loss_op`)."""
+
+    emissions: Tensor
+    weights: Optional[Tensor]
+    targets: Tensor
+    input_lengths: Tensor
+    target_lengths: Tensor
+    kind: str
+    blank: int
+    handle: int
+    reduction: str
+    zero_infinity: bool
+    impl: str
+    need_e: bool
+    need_w: bool
+
+
+class WeightGradArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::structured_loss_weight_grad`` (:func:`weight_grad_op`)."""
+
+    emissions: Tensor
+    weights: Tensor
+    targets: Tensor
+    input_lengths: Tensor
+    target_lengths: Tensor
+    kind: str
+    blank: int
+    handle: int
+    zero_infinity: bool
+    impl: str
+    coef: Tensor
+
+
 @torch.library.custom_op("lightning_gtn::structured_loss", mutates_args=())
+@op_schema(LossArgs)
 def loss_op(
     emissions: Tensor,
     weights: Optional[Tensor],
@@ -315,8 +352,8 @@ def run_loss(
     B = E.shape[0]
     r = None
     if reduction != "none":
-        d = None if divisors is None else torch.from_numpy(np.asarray(divisors, dtype=np.int64))
-        r = reduction_coefficients(reduction, d, B, E)
+        d = None if divisors is None else np.asarray(divisors, dtype=np.int64)
+        r = reduction_coefficients(reduction, B, d, dtype=E.dtype, device=E.device)
     w_coef = r if (need_w and r is not None) else None
     losses, gE, gW = crit.score(E, weights, seqs, lengths, blank, impl, zero_infinity, need_e, w_coef)
     losses, gE, gW = _poison(nan_rows(E, weights, lengths), losses, gE, gW)
@@ -328,27 +365,15 @@ def run_loss(
 
 
 @loss_op.register_fake
-def _loss_fake(
-    emissions,
-    weights,
-    targets,
-    input_lengths,
-    target_lengths,
-    kind,
-    blank,
-    handle,
-    reduction,
-    zero_infinity,
-    impl,
-    need_e,
-    need_w,
-):
+def _loss_fake(*inputs):
+    a = LossArgs(*inputs)
+    emissions, weights = a.emissions, a.weights
     B = emissions.shape[0]
-    out = emissions.new_empty((B,) if reduction == "none" else ())
-    gE = torch.empty_like(emissions) if need_e else emissions.new_empty(0)
+    out = emissions.new_empty((B,) if a.reduction == "none" else ())
+    gE = torch.empty_like(emissions) if a.need_e else emissions.new_empty(0)
     gW = (
         weights.new_empty(weights.shape)
-        if (need_w and weights is not None and reduction != "none")
+        if (a.need_w and weights is not None and a.reduction != "none")
         else emissions.new_empty(0)
     )
     return out, gE, gW
@@ -459,6 +484,7 @@ _LIB.impl("kernel_loss", _kernel_loss_autograd, "Autograd")
 
 
 @torch.library.custom_op("lightning_gtn::structured_loss_weight_grad", mutates_args=())
+@op_schema(WeightGradArgs)
 def weight_grad_op(
     emissions: Tensor,
     weights: Tensor,
@@ -499,35 +525,23 @@ def weight_grad_op(
 
 
 @weight_grad_op.register_fake
-def _weight_grad_fake(
-    emissions, weights, targets, input_lengths, target_lengths, kind, blank, handle, zero_infinity, impl, coef
-):
-    return weights.new_empty(weights.shape)
+def _weight_grad_fake(*inputs):
+    w = WeightGradArgs(*inputs).weights
+    return w.new_empty(w.shape)
 
 
 def _loss_setup(ctx, inputs, output):
-    (
-        emissions,
-        weights,
-        targets,
-        input_lengths,
-        target_lengths,
-        kind,
-        blank,
-        handle,
-        reduction,
-        zero_infinity,
-        impl,
-        need_e,
-        need_w,
-    ) = inputs
-    ctx.reduction = reduction
-    ctx.need_e, ctx.need_w = need_e, need_w
-    ctx.args = (kind, blank, handle, zero_infinity, impl)
+    a = LossArgs(*inputs)
+    ctx.reduction = a.reduction
+    ctx.need_e, ctx.need_w = a.need_e, a.need_w
+    # the options by name; the tensors the weight gradient needs are saved
+    ctx.kind, ctx.blank, ctx.handle, ctx.zero_infinity, ctx.impl = a.kind, a.blank, a.handle, a.zero_infinity, a.impl
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.set_materialize_grads(False)  # no zero (B, T, C) gradient for the unused gradient outputs
-    if reduction == "none" and need_w:
-        ctx.save_for_backward(output[1], output[2], emissions, weights, targets, input_lengths, target_lengths)
+    if a.reduction == "none" and a.need_w:
+        ctx.save_for_backward(
+            output[1], output[2], a.emissions, a.weights, a.targets, a.input_lengths, a.target_lengths
+        )
     else:
         ctx.save_for_backward(output[1], output[2])
 
@@ -535,7 +549,7 @@ def _loss_setup(ctx, inputs, output):
 def _loss_backward(ctx, g_out, _g_ge, _g_gw):
     saved = ctx.saved_tensors
     if g_out is None:
-        return (None,) * 13
+        return grads(LossArgs)
     gE_s, gW_s = saved[0], saved[1]
     gE = gW = None
     if ctx.reduction == "none":
@@ -543,26 +557,26 @@ def _loss_backward(ctx, g_out, _g_ge, _g_gw):
             gE = gE_s * g_out.reshape(-1, 1, 1).to(gE_s.dtype)
         if ctx.need_w:
             emissions, weights, targets, input_lengths, target_lengths = saved[2:]
-            kind, blank, handle, zero_infinity, impl = ctx.args
-            gW = weight_grad_op(
-                emissions,
-                weights,
-                targets,
-                input_lengths,
-                target_lengths,
-                kind,
-                blank,
-                handle,
-                zero_infinity,
-                impl,
-                g_out,
+            args = WeightGradArgs(
+                emissions=emissions,
+                weights=weights,
+                targets=targets,
+                input_lengths=input_lengths,
+                target_lengths=target_lengths,
+                kind=ctx.kind,
+                blank=ctx.blank,
+                handle=ctx.handle,
+                zero_infinity=ctx.zero_infinity,
+                impl=ctx.impl,
+                coef=g_out,
             )
+            gW = weight_grad_op(*args)
     else:
         if ctx.need_e:
             gE = gE_s * g_out.to(gE_s.dtype)
         if ctx.need_w:
             gW = gW_s * g_out.to(gW_s.dtype)
-    return gE, gW, None, None, None, None, None, None, None, None, None, None, None
+    return grads(LossArgs, emissions=gE, weights=gW)
 
 
 loss_op.register_autograd(_loss_backward, setup_context=_loss_setup)
@@ -630,21 +644,22 @@ def _call_loss_op(crit: "Criterion | _OpName", x, w, tg, il, tl, blank, reductio
     grad = torch.is_grad_enabled()
     need_e = bool(grad and x.requires_grad)
     need_w = bool(grad and w is not None and w.requires_grad)
-    out, _, _ = loss_op(
-        x,
-        w,
-        tg,
-        il,
-        tl,
-        crit.kind,
-        int(blank),
-        int(crit.handle),
-        reduction,
-        bool(zero_infinity),
-        impl or "",
-        need_e,
-        need_w,
+    args = LossArgs(
+        emissions=x,
+        weights=w,
+        targets=tg,
+        input_lengths=il,
+        target_lengths=tl,
+        kind=crit.kind,
+        blank=int(blank),
+        handle=int(crit.handle),
+        reduction=reduction,
+        zero_infinity=bool(zero_infinity),
+        impl=impl or "",
+        need_e=need_e,
+        need_w=need_w,
     )
+    out, _, _ = loss_op(*args)
     return out
 
 

@@ -77,41 +77,11 @@ def forward(problem: Problem, E: torch.Tensor, w: torch.Tensor, impl: str, semir
     return st
 
 
-_device_impl: dict = {}
-
-
-def device_impl(device: torch.device) -> str:
-    """The default implementation for tensors on a non-CPU ``device``: ``"triton"`` or ``"torch"``.
-
-    Triton is used on CUDA devices once it has passed a self-check on that device: the first
-    call scores a small batch (CTC graphs and ASG's transition graph, read in chunks) with both
-    implementations and compares scores and gradients. A failure to compile or launch, or a
-    disagreement, gives a warning and the torch implementation for the rest of the process.
-    """
-    device = torch.device(device)
-    key = str(device)
-    impl = _device_impl.get(key)
-    if impl is None:
-        impl = "torch"
-        if device.type == "cuda" and graph_triton.available():
-            problem = _self_check()
-            try:
-                err = _self_check_error(problem, device)
-            except Exception as e:  # noqa: BLE001 - any failure means: do not use the kernels here
-                err = f"{type(e).__name__}: {e}"
-            if err is None:
-                impl = "triton"
-            else:
-                import warnings
-
-                warnings.warn(
-                    f"lightning_gtn: the Triton kernels failed their self-check on {device} ({err}); "
-                    "scoring with the torch implementation instead",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-        _device_impl[key] = impl
-    return impl
+def triton_self_check(device: torch.device):
+    """None if the Triton kernels agree with torch on ``device``, else what differed: a small batch
+    (CTC graphs and ASG's transition graph, read in chunks) scored by both, scores and gradients
+    compared (the graph losses' self-check, see :class:`~lightning_gtn.core.impl.Backends`)."""
+    return _self_check_error(_self_check(), torch.device(device))
 
 
 def _self_check():

@@ -35,16 +35,18 @@ computed in the op's forward and scaled by its registered backward, as in
 from __future__ import annotations
 
 import weakref
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..kernels import lattice_numba
 from ..kernels.batch import INDEX_DTYPE
+from ..opargs import grads, op_schema
 from ..wfst import Graph
 from . import checks, dispatch
 from .cache import LRU, HandleRegistry
+from .reduction import reduction_coefficients
 
 __all__ = [
     "CompiledLattice",
@@ -427,13 +429,22 @@ def register_builder(obj: LatticeBuilder) -> int:
     return h
 
 
-def _coef(reduction: str, B: int) -> Optional[torch.Tensor]:
-    if reduction == "none":
-        return None
-    return torch.full((B,), 1.0 if reduction == "sum" else 1.0 / max(B, 1), dtype=torch.float64)
+class LatticeLossArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::lattice_loss``."""
+
+    scores: torch.Tensor
+    targets: torch.Tensor
+    input_lengths: torch.Tensor
+    target_lengths: torch.Tensor
+    handle: int
+    reduction: str
+    zero_infinity: bool
+    semiring: str
+    need_s: bool
 
 
 @torch.library.custom_op("lightning_gtn::lattice_loss", mutates_args=())
+@op_schema(LatticeLossArgs)
 def lattice_loss_op(
     scores: torch.Tensor,
     targets: torch.Tensor,
@@ -458,7 +469,7 @@ def lattice_loss_op(
     plan = crit.plan(seqs, lengths, shape)
     x = scores.detach().to("cpu").reshape(B, int(np.prod(shape)))
     w = torch.from_numpy(plan.batch.weights()).to(x.dtype)
-    coef = _coef(reduction, B)
+    coef = None if reduction == "none" else reduction_coefficients(reduction, B)
     losses, gS, _, _ = score_plan(plan, x, w, semiring, coef=coef, need_s=need_s, zero_infinity=zero_infinity)
     out = losses if coef is None else (losses.to(torch.float64) * coef).sum().to(x.dtype)
     g = gS.reshape(scores.shape).to(dev) if gS is not None else scores.new_empty(0)
@@ -466,15 +477,15 @@ def lattice_loss_op(
 
 
 @lattice_loss_op.register_fake
-def _lattice_loss_fake(
-    scores, targets, input_lengths, target_lengths, handle, reduction, zero_infinity, semiring, need_s
-):
-    out = scores.new_empty((scores.shape[0],) if reduction == "none" else ())
-    return out, (torch.empty_like(scores) if need_s else scores.new_empty(0))
+def _lattice_loss_fake(*inputs):
+    a = LatticeLossArgs(*inputs)
+    scores = a.scores
+    out = scores.new_empty((scores.shape[0],) if a.reduction == "none" else ())
+    return out, (torch.empty_like(scores) if a.need_s else scores.new_empty(0))
 
 
 def _lattice_setup(ctx, inputs, output):
-    ctx.reduction = inputs[5]
+    ctx.reduction = LatticeLossArgs(*inputs).reduction
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[1])
@@ -490,9 +501,9 @@ def _lattice_backward(ctx, g_out, _g_grad):
             and not torch.compiler.is_compiling()
             and float(g_out) == 1.0
         ):
-            return g, None, None, None, None, None, None, None, None  # loss.backward(): no second (B, ...) buffer
+            return grads(LatticeLossArgs, scores=g)  # loss.backward(): no second (B, ...) buffer
         gS = g * (g_out.reshape((-1,) + (1,) * (g.dim() - 1)) if ctx.reduction == "none" else g_out).to(g.dtype)
-    return gS, None, None, None, None, None, None, None, None
+    return grads(LatticeLossArgs, scores=gS)
 
 
 lattice_loss_op.register_autograd(_lattice_backward, setup_context=_lattice_setup)

@@ -18,8 +18,9 @@ import torch
 from ..kernels import graph_triton
 from ..kernels.batch import CompiledGraph, GraphBatch
 from . import checks, dispatch
+from .impl import Backends
 
-__all__ = ["Plan", "normalised_plan", "unique_graphs", "graph_weights", "pick_impl", "score", "reduce_losses"]
+__all__ = ["Plan", "normalised_plan", "unique_graphs", "graph_weights", "pick_impl", "score"]
 
 
 class Plan:
@@ -70,18 +71,20 @@ def graph_weights(plan: Plan, x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(plan.batch.weights()).to(device=x.device, dtype=x.dtype)
 
 
+#: how ``impl`` resolves for the graph DP (:mod:`.dispatch`): numba on the CPU, Triton on CUDA
+#: once :func:`.dispatch.triton_self_check` passes there, torch elsewhere
+GRAPH_BACKENDS = Backends(
+    "graph scoring",
+    checks.NATIVE_BACKENDS,
+    triton_available=graph_triton.available,
+    self_check=dispatch.triton_self_check,
+)
+
+
 def pick_impl(x: torch.Tensor, impl: Optional[str]) -> str:
-    """The scoring implementation: numba on the CPU; elsewhere :func:`.dispatch.device_impl`
-    (Triton on CUDA when installed and self-checked, else torch)."""
-    if impl is None:
-        return "numba" if x.device.type == "cpu" else dispatch.device_impl(x.device)
-    if impl not in checks.NATIVE_BACKENDS:  # the losses checked it; a direct caller of an op may not have
-        raise ValueError(f"impl must be None or one of {checks.NATIVE_BACKENDS}, got {impl!r}")
-    if impl.startswith("numba") and x.device.type != "cpu":
-        raise ValueError(f"impl={impl!r} needs CPU tensors, got emissions on {x.device}")
-    if impl == "triton" and not graph_triton.available():
-        raise ValueError("impl='triton' needs the triton package")
-    return impl
+    """The scoring implementation for emissions ``x``: :data:`GRAPH_BACKENDS`'s choice (the losses
+    checked ``impl`` against their criterion; a direct caller of an op may not have)."""
+    return GRAPH_BACKENDS.pick(x.device, impl)
 
 
 def score(
@@ -161,29 +164,3 @@ def score(
     if gw is not None:
         gw = gw.to(device=dev, dtype=dtype)
     return losses, (gE if need_e else None), gw
-
-
-def reduction_coefficients(
-    reduction: str, target_lengths: Optional[torch.Tensor], B: int, like: torch.Tensor
-) -> torch.Tensor:
-    """``(B,)`` weights ``r`` with ``reduce(losses) = sum_b r[b] * losses[b]`` ("mean" divides
-    by the target lengths clamped to at least 1 when given, then by B; "sum" is all ones)."""
-    if reduction == "sum":
-        return torch.ones(B, dtype=like.dtype, device=like.device)
-    if target_lengths is None:
-        return torch.full((B,), 1.0 / max(B, 1), dtype=like.dtype, device=like.device)
-    d = target_lengths.to(device=like.device, dtype=like.dtype).clamp(min=1)
-    return 1.0 / (d * max(B, 1))
-
-
-def reduce_losses(losses: torch.Tensor, reduction: str, divisors=None) -> torch.Tensor:
-    """Applies ``reduction`` to ``(B,)`` losses; "mean" divides by ``divisors`` (a ``(B,)``
-    tensor or array, clamped to >= 1) first, when given, then averages over the batch."""
-    if reduction == "none":
-        return losses
-    if reduction == "sum":
-        return losses.sum()
-    if divisors is not None:
-        d = torch.as_tensor(np.asarray(divisors) if not isinstance(divisors, torch.Tensor) else divisors)
-        losses = losses / d.to(device=losses.device, dtype=losses.dtype).clamp(min=1)
-    return losses.mean()

@@ -18,6 +18,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ..kernels.logmath import log_add
+
 NEG_INF = -math.inf
 #: "no word end reachable" in :func:`below_kernel`
 FAR = 1 << 62
@@ -29,15 +31,6 @@ BOUNDARY = -7
 def _mix(h, v):
     x = (h ^ (v + 0x2545F4914F6CDD1D)) * 0x100000001B3
     return x ^ (x >> 29)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _logadd(a, b):
-    if a < b:
-        a, b = b, a
-    if b == NEG_INF:
-        return a
-    return a + math.log1p(math.exp(b - a))
 
 
 @njit(cache=True, nogil=True)
@@ -211,8 +204,8 @@ def _merge(ci, ch, cf, n, slot, stamp, gen, uniq):
                 and ci[j, 3] == ci[i, 3]
                 and ci[j, 4] == ci[i, 4]
             ):
-                tot = _logadd(cf[j, 3], cf[i, 3])
-                ac = _logadd(cf[j, 0], cf[i, 0])
+                tot = log_add(cf[j, 3], cf[i, 3])
+                ac = log_add(cf[j, 0], cf[i, 0])
                 if cf[i, 3] > cf[j, 3]:  # the better one keeps its tokens, frames and LM score
                     for k in range(7):
                         ci[j, k] = ci[i, k]

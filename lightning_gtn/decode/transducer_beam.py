@@ -38,6 +38,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from ..kernels.logmath import log_add
 from .transducer import MAX_SYMBOLS_PER_FRAME
 
 __all__ = ["MAX_BEAM", "TokenLM", "TransducerHypothesis", "modified_beam_search", "modified_beam_search_nbest"]
@@ -533,7 +534,7 @@ def _merge(pool: dict[tuple, _Hyp], h: _Hyp) -> None:
         pool[h.tokens] = h
         return
     hi, lo = (old.score, h.score) if old.score >= h.score else (h.score, old.score)
-    old.score = hi + math.log1p(math.exp(lo - hi)) if lo > -math.inf else hi
+    old.score = log_add(hi, lo)
     if old.ref is None and h.ref is not None:  # keep a computed state when there is one
         old.ref, old.parent, old.new_token = h.ref, None, -1
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..core import checks
-from ..core.best_path import best_paths_op, max_semiring_paths, refuse_nan
+from ..core.best_path import BestPathsArgs, best_paths_op, max_semiring_paths, refuse_nan
 from ..core.scoring import Plan
 from ..wfst import Graph
 
@@ -89,7 +89,7 @@ def best_paths(
 
         check_transitions(transitions, C, emissions.device)
         transitions = transitions.detach()
-    return best_paths_op(emissions.detach(), transitions, il)
+    return best_paths_op(*BestPathsArgs(emissions=emissions.detach(), transitions=transitions, input_lengths=il))
 
 
 def viterbi(

@@ -21,52 +21,32 @@ Three implementations with the same results: :func:`mi_numba` (CPU, one compiled
 example, float64 inside, examples shared over the engine's threads), :func:`mi_torch` (any
 device: one vectorised step per anti-diagonal ``s + t = d``) and the Triton kernel
 :func:`~.rnnt_triton.mutual_information_triton` (CUDA: the same wavefront, one program per
-example and direction). :func:`mutual_information_op` is
-the ``torch.library`` custom op ``lightning_gtn::mutual_information`` over both (opaque to
-``torch.compile``, with a fake implementation and a registered backward); :func:`pick_impl` is
-where a device's implementation is chosen (``impl=None``: numba on the CPU, Triton on CUDA where
-it passes its self-check, torch elsewhere).
+example and direction); :func:`mutual_information` runs the one it is given. The custom op over
+them, ``lightning_gtn::mutual_information``, and the choice of a device's implementation are in
+:mod:`lightning_gtn.losses.pruned_rnnt`.
 Boundaries are range-checked by :func:`check_boundary_values` before a kernel indexes with them.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 import torch
 from numba import njit
 from torch import Tensor
 
-from . import rnnt_dispatch
 from .dense_numba import run_rows
+from .logmath import NEG_INF, log_add_checked
 from .rnnt_triton import mutual_information_triton
 
 __all__ = [
-    "IMPLS",
-    "pick_impl",
     "check_boundary_values",
     "mi_numba",
     "mi_torch",
-    "mutual_information_op",
+    "mutual_information",
 ]
-
-#: the implementations of the recursion (``impl=`` besides None)
-IMPLS = ("numba", "torch", "triton")
-
-NEG_INF = -math.inf
-LOG2 = math.log(2.0)
-
-
-def pick_impl(device: torch.device, impl: Optional[str] = None) -> str:
-    """The implementation for ``device``: ``impl`` when given (checked: ``"numba"`` needs the CPU,
-    ``"triton"`` a CUDA device or Triton's interpreter), else numba on the CPU, the Triton kernel on
-    a CUDA device where the RNN-T kernels pass their self-check, torch elsewhere
-    (:func:`.rnnt_dispatch.default_impl`)."""
-    if impl is not None and impl not in IMPLS:
-        raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
-    return rnnt_dispatch.pick(device, impl, IMPLS, "mutual_information")
 
 
 def check_boundary_values(bnd: np.ndarray, S: int, T: int, name: str = "boundary") -> None:
@@ -104,22 +84,6 @@ def check_shapes(px: Tensor, py: Tensor, boundary: Tensor) -> None:
 # -- numba ---------------------------------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _logadd(a, b):
-    """log(exp(a) + exp(b)); NaN when either is NaN."""
-    if a != a or b != b:
-        return math.nan
-    if a == NEG_INF:
-        return b
-    if b == NEG_INF:
-        return a
-    if a == b:
-        return a + LOG2
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
-
-
 @njit(cache=True, nogil=True)
 def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
     """Examples ``e0 .. e1 - 1``: ``scores[b]`` and, with ``need_grad``, the occupation
@@ -147,7 +111,7 @@ def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
                 v2 = NEG_INF
                 if j > 0:
                     v2 = a[i, j - 1] + py[b, s, t - 1]
-                a[i, j] = _logadd(v1, v2)
+                a[i, j] = log_add_checked(v1, v2)
         tot = a[ns - 1, nt - 1]
         scores[b] = tot
         if not need_grad or tot == NEG_INF:
@@ -170,7 +134,7 @@ def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
                 v2 = NEG_INF
                 if j < nt - 1:
                     v2 = py[b, s, t] + be[i, j + 1]
-                be[i, j] = _logadd(v1, v2)
+                be[i, j] = log_add_checked(v1, v2)
         for i in range(ns):
             s = s0 + i
             for j in range(nt):
@@ -324,44 +288,15 @@ def _mi_triton(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tup
     return scores, pxg, pyg
 
 
-@torch.library.custom_op("lightning_gtn::mutual_information", mutates_args=())
-def mutual_information_op(
+def mutual_information(
     px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool, impl: str
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(scores (B,), px_grad, py_grad)`` of the recursion (see the module docstring) by the
     implementation ``impl`` (``"numba"``, ``"torch"`` or ``"triton"``); the grads are ``(0,)`` tensors
-    without ``need_grad``; ``""`` is the device's default (chosen here, eagerly, so that a CUDA
-    self-check never runs while ``torch.compile`` traces). ``boundary`` is ``(B, 4)`` int64,
-    already range-checked."""
-    check_shapes(px, py, boundary)  # the op may be called directly, without the wrapper's checks
-    if impl == "":
-        impl = pick_impl(px.device)
+    without ``need_grad``. ``boundary`` is ``(B, 4)`` int64; the shapes are checked here."""
+    check_shapes(px, py, boundary)
     if impl == "numba":
         return mi_numba(px.cpu(), py.cpu(), boundary.cpu(), need_grad)
     if impl == "triton":
         return _mi_triton(px, py, boundary, need_grad)
     return mi_torch(px, py, boundary, need_grad)
-
-
-@mutual_information_op.register_fake
-def _mi_fake(px, py, boundary, need_grad, impl):
-    B = px.shape[0]
-    if need_grad:
-        return px.new_empty((B,)), torch.empty_like(px), torch.empty_like(py)
-    return px.new_empty((B,)), px.new_empty(0), py.new_empty(0)
-
-
-def _mi_setup(ctx, inputs, output):
-    ctx.need_grad = inputs[3]
-    ctx.save_for_backward(output[1], output[2])
-
-
-def _mi_backward(ctx, g_scores, _g_px, _g_py):
-    if not ctx.need_grad:
-        raise RuntimeError("mutual_information: called with need_grad=False, so it has no backward")
-    pxg, pyg = ctx.saved_tensors
-    g = g_scores.reshape(-1, 1, 1)
-    return pxg * g, pyg * g, None, None, None
-
-
-mutual_information_op.register_autograd(_mi_backward, setup_context=_mi_setup)

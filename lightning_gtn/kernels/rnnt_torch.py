@@ -18,18 +18,14 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .logmath import log_add_torch
+
 __all__ = ["rnnt_costs_torch", "rnnt_cost_grad_torch", "INFEASIBLE"]
 
 #: the score of an impossible node (finite: see the module docstring)
 _NEG = -1.0e30
 #: costs from here up are infeasible examples (reported as ``inf``)
 INFEASIBLE = 1.0e29
-
-
-def _lae(a: Tensor, b: Tensor) -> Tensor:
-    """``log(exp(a) + exp(b))`` for finite inputs (gradients stay finite)."""
-    m = torch.maximum(a, b)
-    return m + torch.log(torch.exp(a - m) + torch.exp(b - m))
 
 
 def rnnt_costs_torch(
@@ -93,7 +89,7 @@ def rnnt_costs_torch(
             e = prev[:, :U] + emit_lp[:, t_e.clamp(0, T - 1), us[:-1]]
             e = torch.where(ok_e[None, :], e, neg)
             from_emit = torch.cat([neg, e], dim=1)
-            cur = _lae(from_blank, from_emit)
+            cur = log_add_torch(from_blank, from_emit)
         else:
             cur = from_blank
         ok = ((n - us) >= 0) & ((n - us) < T)
@@ -168,7 +164,7 @@ def rnnt_cost_grad_torch(
         if U:
             um = (u - 1).clamp(min=0)
             fe = torch.where((u >= 1)[None, :], alpha[:, t, um] + emit_lp[:, t, um], neg)
-            alpha[:, t, u] = _lae(fb, fe)
+            alpha[:, t, u] = log_add_torch(fb, fe)
         else:
             alpha[:, t, u] = fb
     for n in range(T + U - 1, -1, -1):
@@ -183,7 +179,7 @@ def rnnt_cost_grad_torch(
             fe = torch.where(uu < Ub, nxt_e, neg)
         else:
             fe = torch.full_like(fb, _NEG)
-        val = _lae(fb, fe)
+        val = log_add_torch(fb, fe)
         beta[:, t, u] = torch.where((tt < Tb) & (uu <= Ub), val, neg)
     logz = beta[:, 0, 0]
     costs = -logz

@@ -563,19 +563,12 @@ def _duration_transducer(
 
 
 if triton is not None:
+    from .logmath import log_add_triton
 
     @triton.jit
     def _row_coords(rows, T, U1):
         """``(b, t, u)`` of flat row ids of a ``(B, T, U1)`` grid."""
         return rows // (T * U1), (rows // U1) % T, rows % U1
-
-    @triton.jit
-    def _lse2(a, b):
-        """``log(exp(a) + exp(b))``, -inf when both are -inf, NaN when either is NaN."""
-        m = tl.maximum(a, b)
-        inf_only = (m == -float("inf")) & (a == a) & (b == b)
-        safe = tl.where(m == -float("inf"), 0.0, m)
-        return tl.where(inf_only, -float("inf"), safe + tl.log(tl.exp(a - safe) + tl.exp(b - safe)))
 
     @triton.jit
     def _rows_kernel(
@@ -656,7 +649,7 @@ if triton is not None:
                     by_emit = tl.load(BETA + idx + 1, mask=m & (u < ub), other=-float("inf")) + tl.load(
                         LPE + idx, mask=m & (u < ub), other=-float("inf")
                     )
-                    v = tl.where((t == tb - 1) & (u == ub), lb, _lse2(by_blank, by_emit))
+                    v = tl.where((t == tb - 1) & (u == ub), lb, log_add_triton(by_blank, by_emit))
                     tl.store(BETA + idx, v, mask=m)
                 tl.debug_barrier()
         else:
@@ -674,7 +667,7 @@ if triton is not None:
                     from_emit = tl.load(ALPHA + idx - 1, mask=mu, other=-float("inf")) + tl.load(
                         LPE + idx - 1, mask=mu, other=-float("inf")
                     )
-                    v = tl.where((t == 0) & (u == 0), 0.0, _lse2(from_blank, from_emit))
+                    v = tl.where((t == 0) & (u == 0), 0.0, log_add_triton(from_blank, from_emit))
                     tl.store(ALPHA + idx, v, mask=m)
                 tl.debug_barrier()
             last = base + (tb - 1) * U1 + ub
@@ -786,7 +779,7 @@ if triton is not None:
                     fy = tl.load(BETA + pidx + 1, mask=my, other=-float("inf")) + tl.load(
                         PY + ybase + s * T + t, mask=my, other=-float("inf")
                     )
-                    v = tl.where((i == ns) & (j == nt), 0.0, _lse2(fx, fy))
+                    v = tl.where((i == ns) & (j == nt), 0.0, log_add_triton(fx, fy))
                     tl.store(BETA + pidx, v, mask=m)
                 tl.debug_barrier()
         else:
@@ -812,7 +805,7 @@ if triton is not None:
                     fy = tl.load(P + pidx - 1, mask=my, other=-float("inf")) + tl.load(
                         PY + ybase + s * T + t - 1, mask=my, other=-float("inf")
                     )
-                    v = tl.where((i == 0) & (j == 0), 0.0, _lse2(fx, fy))
+                    v = tl.where((i == 0) & (j == 0), 0.0, log_add_triton(fx, fy))
                     tl.store(P + pidx, v, mask=m)
                 tl.debug_barrier()
             tl.store(SCORES + b, tl.load(P + pbase + (sb + ns) * (T + 1) + tb + nt))
@@ -909,12 +902,12 @@ if triton is not None:
                         tn = t + tl.load(BDUR + k)
                         nb = tl.load(BETA + node + (tn - t) * U1, mask=m & (tn < tb), other=-float("inf"))
                         nb = tl.where((tn == tb) & (u == ub), 0.0, nb)
-                        acc = _lse2(acc, nb + tl.load(WB + node * KB + k, mask=m, other=-float("inf")))
+                        acc = log_add_triton(acc, nb + tl.load(WB + node * KB + k, mask=m, other=-float("inf")))
                     for k in tl.static_range(KE):  # emitting arcs (t, u) -> (t + l, u + 1)
                         tn = t + tl.load(EDUR + k)
                         me = m & (u < ub) & (tn < tb)
                         ne = tl.load(BETA + node + (tn - t) * U1 + 1, mask=me, other=-float("inf"))
-                        acc = _lse2(acc, ne + tl.load(WE + node * KE + k, mask=me, other=-float("inf")))
+                        acc = log_add_triton(acc, ne + tl.load(WE + node * KE + k, mask=me, other=-float("inf")))
                     tl.store(BETA + node, acc, mask=m)
                 tl.debug_barrier()
         else:
@@ -931,7 +924,7 @@ if triton is not None:
                         cand = tl.load(ALPHA + src, mask=ms, other=-float("inf")) + tl.load(
                             WB + src * KB + k, mask=ms, other=-float("inf")
                         )
-                        acc = _lse2(acc, cand)
+                        acc = log_add_triton(acc, cand)
                     for k in tl.static_range(KE):
                         ts = t - tl.load(EDUR + k)
                         ms = m & (ts >= 0) & (u > 0)
@@ -939,7 +932,7 @@ if triton is not None:
                         cand = tl.load(ALPHA + src, mask=ms, other=-float("inf")) + tl.load(
                             WE + src * KE + k, mask=ms, other=-float("inf")
                         )
-                        acc = _lse2(acc, cand)
+                        acc = log_add_triton(acc, cand)
                     tl.store(ALPHA + base + t * U1 + u, acc, mask=m)
                 tl.debug_barrier()
             fin = tl.full([], -float("inf"), ALPHA.dtype.element_ty)
@@ -950,7 +943,7 @@ if triton is not None:
                 cand = tl.load(ALPHA + src, mask=ok, other=-float("inf")) + tl.load(
                     WB + src * KB + k, mask=ok, other=-float("inf")
                 )
-                fin = _lse2(fin, cand)
+                fin = log_add_triton(fin, cand)
             tl.store(LL + b, fin)
 
     @triton.jit

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from lightning_gtn.integers import check_int
 from lightning_gtn.nn import Linear
 
 __all__ = ["ConvEncoder", "ConvRNNEncoder", "ConvTransduceEncoder", "MAX_PARAMS"]
@@ -53,13 +54,6 @@ def _conv_rnn_params(
         + sum(2 * gates * hidden_size * (i + hidden_size + 2) for i in rnn_in)
         + (2 * hidden_size + 1) * num_classes
     )
-
-
-def _check_int(name: str, value: int, low: int, high: int) -> int:
-    """``value`` as an int in ``[low, high]``, or a ValueError naming ``model.<name>``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"model.{name} must be an integer in [{low}, {high}], got {value!r}")
-    return value
 
 
 class _SeparableBlock(nn.Module):
@@ -164,14 +158,14 @@ class ConvEncoder(_StridedEncoder):
         log_softmax: bool = True,
     ):
         super().__init__()
-        _check_int("feature_dim", feature_dim, 1, 1 << 16)
-        _check_int("num_classes", num_classes, 1, 1 << 20)
-        _check_int("channels", channels, 1, 4096)
-        _check_int("blocks", blocks, 0, 64)
+        check_int(feature_dim, "model.feature_dim", 1, 1 << 16)
+        check_int(num_classes, "model.num_classes", 1, 1 << 20)
+        check_int(channels, "model.channels", 1, 4096)
+        check_int(blocks, "model.blocks", 0, 64)
         for name, k in (("kernel_size", kernel_size), ("input_kernel", input_kernel)):
-            if _check_int(name, k, 1, 63) % 2 != 1:
+            if check_int(k, f"model.{name}", 1, 63) % 2 != 1:
                 raise ValueError(f"model.{name} must be odd, got {k}")
-        _check_int("stride", stride, 1, 8)
+        check_int(stride, "model.stride", 1, 8)
         dropout = _check_dropout(dropout)
         if activation not in ("relu", "gelu"):
             raise ValueError(f"model.activation must be 'relu' or 'gelu', got {activation!r}")
@@ -242,14 +236,14 @@ class ConvRNNEncoder(_StridedEncoder):
         log_softmax: bool = True,
     ):
         super().__init__()
-        _check_int("feature_dim", feature_dim, 1, 1 << 16)
-        _check_int("num_classes", num_classes, 1, 1 << 20)
-        _check_int("conv_channels", conv_channels, 1, 8192)
-        _check_int("conv_layers", conv_layers, 0, 64)
-        _check_int("stride", stride, 1, 8)
-        _check_int("hidden_size", hidden_size, 1, 8192)
-        _check_int("rnn_layers", rnn_layers, 1, 64)
-        if _check_int("kernel_size", kernel_size, 1, 63) % 2 != 1:
+        check_int(feature_dim, "model.feature_dim", 1, 1 << 16)
+        check_int(num_classes, "model.num_classes", 1, 1 << 20)
+        check_int(conv_channels, "model.conv_channels", 1, 8192)
+        check_int(conv_layers, "model.conv_layers", 0, 64)
+        check_int(stride, "model.stride", 1, 8)
+        check_int(hidden_size, "model.hidden_size", 1, 8192)
+        check_int(rnn_layers, "model.rnn_layers", 1, 64)
+        if check_int(kernel_size, "model.kernel_size", 1, 63) % 2 != 1:
             raise ValueError(f"model.kernel_size must be odd, got {kernel_size}")
         if rnn not in ("gru", "lstm"):
             raise ValueError(f"model.rnn must be 'gru' or 'lstm', got {rnn!r}")

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..files import read_regular
+from ..integers import check_int
 from .lhotse_data import CutBatchLoader, LhotseDataModule
 from .text import TEXT_CHARS
 
@@ -282,15 +283,6 @@ def list_variants() -> list[str]:
         return list(_engine().variants)
 
 
-def _check_int(name: str, value) -> int:
-    lo, hi = _RANGES[name]
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
-    if not lo <= int(value) <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-    return int(value)
-
-
 def _resample(x: np.ndarray, src: int, dst: int) -> np.ndarray:
     if src == dst:
         return x
@@ -348,7 +340,7 @@ def synthesise(
         if var and var != variant:
             raise ValueError(f"voice {voice!r} names variant {var!r} but variant={variant!r}")
         var = variant
-    params = {k: _check_int(k, v) for k, v in (("rate", rate), ("pitch", pitch), ("volume", volume))}
+    params = {k: check_int(v, k, *_RANGES[k]) for k, v in (("rate", rate), ("pitch", pitch), ("volume", volume))}
     with _LOCK:
         engine = _engine()
         ident = engine.voices.get(base.lower())

@@ -27,7 +27,7 @@ handle (held weakly; the autograd context keeps the bank alive until the backwar
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ from ..core.cache import LRU, HandleRegistry
 from ..core.scoring import pick_impl
 from ..kernels import graph_torch, graph_triton
 from ..kernels.batch import GraphBatch, compile_graph
+from ..opargs import grads, op_schema
 
 __all__ = [
     "kernel_graph",
@@ -316,7 +317,35 @@ def _state(
     return st
 
 
+class ConvTransduceArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::conv_transduce``."""
+
+    windows: Tensor
+    weights: Tensor
+    handle: int
+    semiring: str
+    impl: str
+
+
+class ConvTransduceBackwardArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::conv_transduce_backward``: the incoming gradient, the
+    forward's inputs and outputs, its options and which gradients to form."""
+
+    grad: Tensor
+    windows: Tensor
+    weights: Tensor
+    scores: Tensor
+    saved1: Tensor
+    saved2: Tensor
+    handle: int
+    semiring: str
+    impl: str
+    need_e: bool
+    need_w: bool
+
+
 @torch.library.custom_op("lightning_gtn::conv_transduce", mutates_args=())
+@op_schema(ConvTransduceArgs)
 def conv_transduce_op(
     windows: Tensor, weights: Tensor, handle: int, semiring: str, impl: str
 ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -335,17 +364,20 @@ def conv_transduce_op(
 
 
 @conv_transduce_op.register_fake
-def _conv_transduce_fake(windows, weights, handle, semiring, impl):
+def _conv_transduce_fake(*inputs):
+    a = ConvTransduceArgs(*inputs)
+    windows = a.windows
     W, K, _ = windows.shape
-    G = _bank(handle).num_kernels
+    G = _bank(a.handle).num_kernels
     out = windows.new_empty((W, G))
-    if semiring == "max":
+    if a.semiring == "max":
         return out, windows.new_empty((K, W, G), dtype=torch.int64), windows.new_empty((K, W, G), dtype=torch.int64)
     n = torch.library.get_ctx().new_dynamic_size()  # the alphas' layout depends on the implementation
     return out, windows.new_empty((n,)), windows.new_empty((0,), dtype=torch.int64)
 
 
 @torch.library.custom_op("lightning_gtn::conv_transduce_backward", mutates_args=())
+@op_schema(ConvTransduceBackwardArgs)
 def conv_transduce_backward_op(
     grad: Tensor,
     windows: Tensor,
@@ -383,31 +415,42 @@ def conv_transduce_backward_op(
 
 
 @conv_transduce_backward_op.register_fake
-def _conv_transduce_backward_fake(
-    grad, windows, weights, scores, saved1, saved2, handle, semiring, impl, need_e, need_w
-):
+def _conv_transduce_backward_fake(*inputs):
+    a = ConvTransduceBackwardArgs(*inputs)
     return (
-        torch.empty_like(windows) if need_e else windows.new_empty(0),
-        torch.empty_like(weights) if need_w else weights.new_empty(0),
+        torch.empty_like(a.windows) if a.need_e else a.windows.new_empty(0),
+        torch.empty_like(a.weights) if a.need_w else a.weights.new_empty(0),
     )
 
 
 def _setup(ctx, inputs, output):
-    windows, weights, handle, semiring, impl = inputs
-    ctx.args = (handle, semiring, impl)
-    ctx.bank = _bank(handle)  # a strong reference: the bank lives until the backward
+    a = ConvTransduceArgs(*inputs)
+    ctx.handle, ctx.semiring, ctx.impl = a.handle, a.semiring, a.impl  # the options; the tensors are saved
+    ctx.bank = _bank(a.handle)  # a strong reference: the bank lives until the backward
     ctx.mark_non_differentiable(output[1], output[2])
-    ctx.save_for_backward(windows, weights, output[0], output[1], output[2])
+    ctx.save_for_backward(a.windows, a.weights, output[0], output[1], output[2])
 
 
 def _backward(ctx, grad, _g1, _g2):
-    need_e, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    if grad is None or not (need_e or need_w):
-        return None, None, None, None, None
+    need = ConvTransduceArgs(*ctx.needs_input_grad)
+    if grad is None or not (need.windows or need.weights):
+        return grads(ConvTransduceArgs)
     windows, weights, scores, s1, s2 = ctx.saved_tensors
-    handle, semiring, impl = ctx.args
-    gE, gw = conv_transduce_backward_op(grad, windows, weights, scores, s1, s2, handle, semiring, impl, need_e, need_w)
-    return (gE if need_e else None), (gw if need_w else None), None, None, None
+    args = ConvTransduceBackwardArgs(
+        grad=grad,
+        windows=windows,
+        weights=weights,
+        scores=scores,
+        saved1=s1,
+        saved2=s2,
+        handle=ctx.handle,
+        semiring=ctx.semiring,
+        impl=ctx.impl,
+        need_e=bool(need.windows),
+        need_w=bool(need.weights),
+    )
+    gE, gw = conv_transduce_backward_op(*args)
+    return grads(ConvTransduceArgs, windows=gE if need.windows else None, weights=gw if need.weights else None)
 
 
 conv_transduce_op.register_autograd(_backward, setup_context=_setup)
@@ -531,7 +574,8 @@ def conv_transduce1d(
         w = _weights_for(bank, kernel_params, x)
         semiring = "max" if viterbi else "log"  # the research API's flag, named once here
         impl_ = "torch" if semiring == "max" else pick_impl(x, "numba" if impl == "numba_log" else impl)
-        out = conv_transduce_op(windows, w, bank.handle, semiring, impl_)[0].reshape(B, Tp, G)
+        args = ConvTransduceArgs(windows=windows, weights=w, handle=bank.handle, semiring=semiring, impl=impl_)
+        out = conv_transduce_op(*args)[0].reshape(B, Tp, G)
     if scale == "sqrt":
         out = out / math.sqrt(kernel_size)
     elif scale == "linear":

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from ..core import checks, dispatch
-from ..core.lattice import LatticeBuilder, LatticePlan, compiled_lattice, lattice_loss_op, score_plan
+from ..core.lattice import LatticeBuilder, LatticeLossArgs, LatticePlan, compiled_lattice, lattice_loss_op, score_plan
+from ..core.reduction import reduction_coefficients
 from ..wfst import Graph
 
 __all__ = [
@@ -77,19 +78,13 @@ def _check_common(scores, reduction, impl, semiring):
     return B, N
 
 
-def _reduction_coef(reduction: str, B: int) -> Optional[torch.Tensor]:
-    if reduction == "none":
-        return None
-    return torch.full((B,), 1.0 if reduction == "sum" else 1.0 / max(B, 1), dtype=torch.float64)
-
-
 class _LatticeLossFunction(torch.autograd.Function):
     """``out`` of :func:`lattice_loss`; gradients computed in the forward, scaled in the backward."""
 
     @staticmethod
     def forward(ctx, S, w, plan, reduction, zero_infinity, semiring, need_w, graphs):
         need_s = bool(ctx.needs_input_grad[0])
-        coef = _reduction_coef(reduction, plan.B)
+        coef = None if reduction == "none" else reduction_coefficients(reduction, plan.B)
         losses, gS, gw, _ = score_plan(
             plan,
             S,
@@ -495,7 +490,18 @@ def _op_loss(crit, scores, targets, input_lengths, target_lengths, reduction, ze
     il = checks.int_tensor(input_lengths, "input_lengths")
     x = scores.to(checks.compute_dtype(scores))
     need_s = bool(torch.is_grad_enabled() and x.requires_grad)
-    out, _ = lattice_loss_op(x, tg, il, tl, crit.handle, reduction, bool(zero_infinity), semiring, need_s)
+    args = LatticeLossArgs(
+        scores=x,
+        targets=tg,
+        input_lengths=il,
+        target_lengths=tl,
+        handle=crit.handle,
+        reduction=reduction,
+        zero_infinity=bool(zero_infinity),
+        semiring=semiring,
+        need_s=need_s,
+    )
+    out, _ = lattice_loss_op(*args)
     return out.to(scores.dtype)
 
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -33,11 +32,14 @@ from torch.autograd.function import once_differentiable
 
 from ..core import checks, criterion
 from ..core.cache import LRU, HandleRegistry
+from ..core.impl import Backends
+from ..core.reduction import reduce_losses
 from ..core.scoring import Plan, unique_graphs
 from ..core.shared_graph import SharedGraph, shared_graph
 from ..core.topologies import TOPOLOGIES, compose_token_acceptor, numerator_graph
 from ..kernels import buffers, mmi_numba, mmi_torch, mmi_triton
 from ..kernels.batch import compile_graph
+from ..opargs import grads, op_schema
 from ..wfst import Graph
 from .graph import check_labels
 
@@ -175,19 +177,6 @@ def _check_arc_frames(B: int, T: int, den: "_Denominator") -> None:
         )
 
 
-def _den_impl(x: Tensor, impl: str) -> str:
-    if impl in ("", None):
-        return "numba" if x.device.type == "cpu" else ("auto" if x.device.type == "cuda" else "torch")
-    if impl == "numba" and x.device.type != "cpu":
-        raise ValueError(f"impl='numba' needs CPU tensors, got log_probs on {x.device}")
-    if impl == "triton" and not mmi_triton.available():
-        raise ValueError("impl='triton' needs Triton (it comes with CUDA builds of torch)")
-    return impl
-
-
-_TRITON_OK: dict = {}
-
-
 def _self_check_problem(device: torch.device):
     """A small denominator (a 3-token bigram in the CTC topology, leaky) and emissions on ``device``."""
     rng = np.random.default_rng(0)
@@ -199,30 +188,24 @@ def _self_check_problem(device: torch.device):
     return shared_graph(g), x, np.array([11, 7, 0])
 
 
-def _triton_works(device: torch.device) -> bool:
-    """Whether the Triton kernels agree with the torch path on ``device`` (decided once per device;
-    a failure warns and leaves the device to the torch path)."""
-    key = str(device)
-    if key not in _TRITON_OK:
-        err = None
-        try:
-            sg, x, lens = _self_check_problem(device)
-            z1, g1 = mmi_triton.shared_scores(sg, x, lens, 0.1, need_e=True)
-            z2, g2, _ = mmi_torch.shared_scores(sg, x, lens, 0.1, need_e=True)
-            assert g1 is not None and g2 is not None
-            if not (torch.allclose(z1, z2, rtol=1e-4, atol=1e-4) and torch.allclose(g1, g2, rtol=1e-3, atol=1e-4)):
-                err = f"values differ from the torch path by {(z1 - z2).abs().max().item():.3g}"
-        except Exception as exc:  # noqa: BLE001 - any failure of a kernel means: do not use it here
-            err = repr(exc)
-        if err is not None:
-            warnings.warn(
-                f"lightning_gtn: the Triton MMI kernels failed their self-check on {device} ({err}); "
-                "using the torch implementation instead",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        _TRITON_OK[key] = err is None
-    return _TRITON_OK[key]
+def _triton_self_check(device: torch.device) -> Optional[str]:
+    """None when the Triton kernels agree with the torch path on ``device``, else what differed."""
+    sg, x, lens = _self_check_problem(device)
+    z1, g1 = mmi_triton.shared_scores(sg, x, lens, 0.1, need_e=True)
+    z2, g2, _ = mmi_torch.shared_scores(sg, x, lens, 0.1, need_e=True)
+    if g1 is None or g2 is None:
+        return "no emission gradient"
+    if not (torch.allclose(z1, z2, rtol=1e-4, atol=1e-4) and torch.allclose(g1, g2, rtol=1e-3, atol=1e-4)):
+        return f"values differ from the torch path by {(z1 - z2).abs().max().item():.3g}"
+    return None
+
+
+#: how ``impl`` resolves for the shared denominator: numba on the CPU, Triton on CUDA once its
+#: self-check passes there (and for the denominators it supports), torch elsewhere
+DEN_BACKENDS = Backends(
+    "mmi_loss", ("numba", "torch", "triton"), triton_available=mmi_triton.available,
+    self_check=_triton_self_check, kernels="Triton MMI",
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -230,7 +213,20 @@ def _triton_works(device: torch.device) -> bool:
 # ---------------------------------------------------------------------------
 
 
+class DenominatorArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::mmi_denominator``."""
+
+    log_probs: Tensor
+    input_lengths: Tensor
+    handle: int
+    leaky_hmm: float
+    impl: str
+    need_e: bool
+    need_w: bool
+
+
 @torch.library.custom_op("lightning_gtn::mmi_denominator", mutates_args=())
+@op_schema(DenominatorArgs)
 def denominator_op(
     log_probs: Tensor, input_lengths: Tensor, handle: int, leaky_hmm: float, impl: str, need_e: bool, need_w: bool
 ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -249,7 +245,10 @@ def _denominator_scores(
     sg = den.compiled()
     sg.check_classes(C, "denominator")
     lengths = checks.as_lengths(input_lengths, B, "input_lengths", log_probs.device, max_value=T)
-    impl = _den_impl(log_probs, impl)
+    chosen = DEN_BACKENDS.pick(log_probs.device, impl or None)
+    if not impl and chosen == "triton" and not mmi_triton.supports(sg, need_w):
+        chosen = "torch"  # the default: denominators the Triton kernels cannot score go to torch
+    impl = chosen
     x = log_probs.detach()
     if impl == "numba":
         xn = x.contiguous().numpy()
@@ -258,8 +257,6 @@ def _denominator_scores(
         gEt = torch.from_numpy(gE) if gE is not None else log_probs.new_empty(0)
         gWt = torch.from_numpy(gW).to(log_probs.dtype) if gW is not None else log_probs.new_empty(0)
         return out, gEt, gWt
-    if impl == "auto":
-        impl = "triton" if mmi_triton.supports(sg, need_w) and _triton_works(x.device) else "torch"
     if impl == "triton":
         if not mmi_triton.supports(sg, need_w):
             raise ValueError(
@@ -283,10 +280,12 @@ def _denominator_scores(
 
 
 @denominator_op.register_fake
-def _denominator_fake(log_probs, input_lengths, handle, leaky_hmm, impl, need_e, need_w):
+def _denominator_fake(*inputs):
+    a = DenominatorArgs(*inputs)
+    log_probs = a.log_probs
     B = log_probs.shape[0]
-    gE = torch.empty_like(log_probs) if need_e else log_probs.new_empty(0)
-    if need_w:
+    gE = torch.empty_like(log_probs) if a.need_e else log_probs.new_empty(0)
+    if a.need_w:
         n = torch.library.get_ctx().new_dynamic_size()
         gW = log_probs.new_empty((B, n))
     else:
@@ -295,9 +294,9 @@ def _denominator_fake(log_probs, input_lengths, handle, leaky_hmm, impl, need_e,
 
 
 def _den_setup(ctx, inputs, output):
-    log_probs, input_lengths, handle, leaky_hmm, impl, need_e, need_w = inputs
-    ctx.handle, ctx.need_e, ctx.need_w = handle, need_e, need_w
-    ctx.den = _DENOMINATORS.get(handle) if need_w else None  # alive until the backward
+    a = DenominatorArgs(*inputs)
+    ctx.handle, ctx.need_e, ctx.need_w = a.handle, a.need_e, a.need_w
+    ctx.den = _DENOMINATORS.get(a.handle) if a.need_w else None  # alive until the backward
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[0], output[1], output[2])
@@ -305,9 +304,9 @@ def _den_setup(ctx, inputs, output):
 
 def _den_backward(ctx, g_out, _g1, _g2):
     if g_out is None:
-        return (None,) * 7
+        return grads(DenominatorArgs)
     logz, gE, gW = ctx.saved_tensors
-    return (_den_grads(logz, gE, gW, g_out, ctx.need_e, ctx.need_w, ctx.den),) + (None,) * 6
+    return grads(DenominatorArgs, log_probs=_den_grads(logz, gE, gW, g_out, ctx.need_e, ctx.need_w, ctx.den))
 
 
 def _den_grads(
@@ -404,7 +403,15 @@ def _denominator_call(x: Tensor, il: Tensor, den: _Denominator, leaky_hmm: float
     need_w = bool(graph_grad and grad and den.graph.calc_grad and not compiling)
     if need_w and not x.requires_grad:  # only the graph wants a gradient: a private leaf makes autograd call back
         x = x.detach().requires_grad_(True)
-    args = (x, il, int(den.handle), float(leaky_hmm), impl or "", need_e, need_w)
+    args = DenominatorArgs(
+        log_probs=x,
+        input_lengths=il,
+        handle=int(den.handle),
+        leaky_hmm=float(leaky_hmm),
+        impl=impl or "",
+        need_e=need_e,
+        need_w=need_w,
+    )
     if compiling or type(x) is not torch.Tensor:  # torch.compile (and tensor subclasses) see the custom op
         logz, _, _ = denominator_op(*args)
         return logz
@@ -539,13 +546,7 @@ def mmi_loss(
     losses = torch.where(infeasible, torch.full_like(neg_num, math.inf), neg_num + den_term)
     if zero_infinity:
         losses = torch.where(infeasible, torch.zeros_like(losses), losses)
-    if reduction == "none":
-        out = losses
-    elif reduction == "sum":
-        out = losses.sum()
-    else:
-        out = (losses / tl.to(device=dev, dtype=losses.dtype).clamp(min=1)).mean()
-    return out.to(log_probs.dtype)
+    return reduce_losses(losses, reduction, tl).to(log_probs.dtype)
 
 
 def _check_token_ids(seqs: List[List[int]], N: int) -> None:

@@ -25,14 +25,18 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from ..core import checks
 from ..core.checks import check_float_tensor, check_reduction
-from ..kernels.mutual_information import check_boundary_values, mutual_information_op, pick_impl
+from ..core.impl import Backends
+from ..core.reduction import reduce_losses
+from ..kernels import rnnt_triton as rnnt_kernels
+from ..kernels.mutual_information import check_boundary_values, mutual_information
+from ..opargs import grads, op_schema
 
 __all__ = [
     "RNNT_TYPES",
@@ -104,18 +108,72 @@ def _check_boundary(boundary, B: int, S: int, T: int, device) -> Optional[Tensor
     return bnd
 
 
+#: the implementations of k2's recursion (``impl=`` besides None) and how None resolves: numba on
+#: the CPU, Triton on CUDA where the RNN-T kernels pass their self-check, torch elsewhere
+MI_IMPLS = ("numba", "torch", "triton")
+MI_BACKENDS = Backends(
+    "mutual_information",
+    MI_IMPLS,
+    triton_available=rnnt_kernels.available,
+    self_check=rnnt_kernels.self_check,
+    kernels="Triton RNN-T",
+)
+
+
+class MutualInformationArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::mutual_information``."""
+
+    px: Tensor
+    py: Tensor
+    boundary: Tensor
+    need_grad: bool
+    impl: str
+
+
+@torch.library.custom_op("lightning_gtn::mutual_information", mutates_args=())
+@op_schema(MutualInformationArgs)
+def mutual_information_op(
+    px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool, impl: str
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(scores (B,), px_grad, py_grad)`` of the recursion (see :mod:`lightning_gtn.kernels.mutual_information`) by the
+    implementation ``impl`` (``"numba"``, ``"torch"`` or ``"triton"``); the grads are ``(0,)`` tensors
+    without ``need_grad``; ``""`` is the device's default (chosen here, eagerly, so that a CUDA
+    self-check never runs while ``torch.compile`` traces). ``boundary`` is ``(B, 4)`` int64,
+    already range-checked."""
+    # the shapes are checked by the kernels' entry: the op may be called directly
+    return mutual_information(px, py, boundary, need_grad, impl or MI_BACKENDS.default(px.device))
+
+
+@mutual_information_op.register_fake
+def _mi_fake(*inputs):
+    a = MutualInformationArgs(*inputs)
+    px, py = a.px, a.py
+    B = px.shape[0]
+    if a.need_grad:
+        return px.new_empty((B,)), torch.empty_like(px), torch.empty_like(py)
+    return px.new_empty((B,)), px.new_empty(0), py.new_empty(0)
+
+
+def _mi_setup(ctx, inputs, output):
+    ctx.need_grad = MutualInformationArgs(*inputs).need_grad
+    ctx.save_for_backward(output[1], output[2])
+
+
+def _mi_backward(ctx, g_scores, _g_px, _g_py):
+    if not ctx.need_grad:
+        raise RuntimeError("mutual_information: called with need_grad=False, so it has no backward")
+    pxg, pyg = ctx.saved_tensors
+    g = g_scores.reshape(-1, 1, 1)
+    return grads(MutualInformationArgs, px=pxg * g, py=pyg * g)
+
+
+mutual_information_op.register_autograd(_mi_backward, setup_context=_mi_setup)
+
+
 def _full_boundary(boundary: Optional[Tensor], B: int, S: int, T: int, device) -> Tensor:
     if boundary is not None:
         return boundary
     return torch.tensor([0, 0, S, T], dtype=torch.long, device=device).expand(B, 4).contiguous()
-
-
-def _reduce(negated: Tensor, reduction: str) -> Tensor:
-    if reduction == "none":
-        return -negated
-    if reduction == "mean":
-        return -torch.mean(negated)
-    return -torch.sum(negated)
 
 
 def _check_delay(delay_penalty) -> float:
@@ -201,12 +259,14 @@ def mutual_information_recursion(
     if px.device != py.device:
         raise ValueError(f"px and py must be on the same device, got {px.device} and {py.device}")
     T = py.shape[2]
-    how = pick_impl(px.device, impl) if impl is not None else ""  # "": the op picks the device's default
+    how = MI_BACKENDS.pick(px.device, impl) if impl is not None else ""  # "": the op picks the device's default
     bnd = _full_boundary(_check_boundary(boundary, B, S, T, px.device), B, S, T, px.device)
     dtype = px.dtype
     pxc, pyc = _compute(px).contiguous(), _compute(py).contiguous()
     need = bool(return_grad) or (torch.is_grad_enabled() and (px.requires_grad or py.requires_grad))
-    scores, pxg, pyg = mutual_information_op(pxc, pyc, bnd, need, how)
+    scores, pxg, pyg = mutual_information_op(
+        *MutualInformationArgs(px=pxc, py=pyc, boundary=bnd, need_grad=need, impl=how)
+    )
     if scores.dtype != dtype:
         scores = scores.to(dtype)
     if return_grad:
@@ -326,8 +386,8 @@ def _score(px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad, i
     out = mutual_information_recursion(px, py, boundary, return_grad=return_grad, impl=impl)
     if isinstance(out, tuple):
         scores, grads = out
-        return _reduce(scores, reduction), grads
-    return _reduce(out, reduction)
+        return reduce_losses(-scores, reduction), grads
+    return reduce_losses(-out, reduction)
 
 
 def rnnt_loss_simple(

@@ -5,7 +5,7 @@
 ``lightning_gtn::rnnt_loss``, which computes the costs and their gradient in one go (the numba
 kernel :mod:`lightning_gtn.kernels.rnnt_numba` on the CPU, the Triton kernel
 :mod:`lightning_gtn.kernels.rnnt_triton` on CUDA devices where it passes its self-check,
-:mod:`lightning_gtn.kernels.rnnt_torch` elsewhere; :mod:`lightning_gtn.kernels.rnnt_dispatch`
+:mod:`lightning_gtn.kernels.rnnt_torch` elsewhere; :data:`RNNT_BACKENDS`
 chooses), with the reduction applied inside; its registered backward only multiplies the saved
 gradient by the incoming one. With ``inplace_grad=True`` (eager mode) the gradient is written into
 the logits' own storage instead of a new buffer.
@@ -14,22 +14,34 @@ the logits' own storage instead of a new buffer.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..core import checks
-from ..kernels import rnnt_dispatch
+from ..core.impl import Backends
+from ..core.reduction import reduction_coefficients
+from ..kernels import rnnt_triton as rnnt_kernels
 from ..kernels.rnnt_numba import rnnt_cost_grad
 from ..kernels.rnnt_torch import rnnt_cost_grad_torch
 from ..kernels.rnnt_triton import rnnt_triton
+from ..opargs import grads, op_schema
 
 __all__ = ["rnnt_loss", "RNNT_IMPLS", "resolve_blank"]
 
 #: ``impl=`` values of :func:`rnnt_loss` besides None (the device's default)
 RNNT_IMPLS = ("numba", "torch", "triton")
+#: how ``impl`` resolves for the RNN-T lattices (this loss, the duration lattices, k2's recursion):
+#: numba on the CPU, Triton on CUDA after torchaudio's published case passes, torch elsewhere
+RNNT_BACKENDS = Backends(
+    "rnnt_loss",
+    RNNT_IMPLS,
+    triton_available=rnnt_kernels.available,
+    self_check=rnnt_kernels.self_check,
+    kernels="Triton RNN-T",
+)
 
 
 def resolve_blank(blank, V: int) -> int:
@@ -51,12 +63,6 @@ def _check_values(targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor
     return tg, il, tl
 
 
-def _coefficients(reduction: str, B: int) -> np.ndarray:
-    if reduction == "mean":
-        return np.full(B, 1.0 / max(B, 1))
-    return np.ones(B)
-
-
 def _costs_and_grad(
     x: Tensor,
     targets: Tensor,
@@ -74,11 +80,11 @@ def _costs_and_grad(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``(out, d out / d x)`` (the gradient None without ``need_grad``), the reduction applied
     inside; ``into`` is the buffer the kernel writes the gradient to (default a new one).
-    ``impl`` "" is the device's default (:func:`~lightning_gtn.kernels.rnnt_dispatch.default_impl`)."""
+    ``impl`` "" is the device's default (:data:`RNNT_BACKENDS`)."""
     B, T, U1, V = x.shape
     tg, il, tl = _check_values(targets, logit_lengths, target_lengths, T, U1 - 1, V, blank)
-    r = _coefficients(reduction, B)
-    impl = rnnt_dispatch.pick(x.device, impl or None, RNNT_IMPLS, "rnnt_loss")
+    r = reduction_coefficients(reduction, B).numpy()
+    impl = RNNT_BACKENDS.pick(x.device, impl or None)
     scaled = False  # whether the kernel's costs already carry FastEmit's (1 + lambda)
     if impl == "numba":
         if x.device.type != "cpu":
@@ -140,7 +146,25 @@ def _costs_and_grad(
     return out.to(device=x.device, dtype=x.dtype), g
 
 
+class RNNTArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::rnnt_loss``."""
+
+    logits: Tensor
+    targets: Tensor
+    logit_lengths: Tensor
+    target_lengths: Tensor
+    blank: int
+    clamp: float
+    reduction: str
+    fused_log_softmax: bool
+    zero_infinity: bool
+    fastemit_lambda: float
+    impl: str
+    need_grad: bool
+
+
 @torch.library.custom_op("lightning_gtn::rnnt_loss", mutates_args=())
+@op_schema(RNNTArgs)
 def rnnt_loss_op(
     logits: Tensor,
     targets: Tensor,
@@ -175,36 +199,23 @@ def rnnt_loss_op(
 
 
 @rnnt_loss_op.register_fake
-def _rnnt_fake(
-    logits,
-    targets,
-    logit_lengths,
-    target_lengths,
-    blank,
-    clamp,
-    reduction,
-    fused_log_softmax,
-    zero_infinity,
-    fastemit_lambda,
-    impl,
-    need_grad,
-):
-    B = logits.shape[0]
-    out = logits.new_empty((B,) if reduction == "none" else ())
-    return out, (torch.empty_like(logits) if need_grad else logits.new_empty(0))
+def _rnnt_fake(*inputs):
+    a = RNNTArgs(*inputs)
+    logits = a.logits
+    out = logits.new_empty((logits.shape[0],) if a.reduction == "none" else ())
+    return out, (torch.empty_like(logits) if a.need_grad else logits.new_empty(0))
 
 
 def _setup(ctx, inputs, output):
-    ctx.reduction = inputs[6]
+    ctx.reduction = RNNTArgs(*inputs).reduction
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[1])
 
 
 def _backward(ctx, g_out, _g_grad):
-    none = (None,) * 11
     if g_out is None:
-        return (None,) + none
+        return grads(RNNTArgs)
     (g,) = ctx.saved_tensors
     if (
         ctx.reduction != "none"
@@ -213,10 +224,10 @@ def _backward(ctx, g_out, _g_grad):
         and not torch.compiler.is_compiling()
         and float(g_out) == 1.0
     ):
-        return (g,) + none  # loss.backward() of the loss itself: no second (B, T, U + 1, V) buffer
+        return grads(RNNTArgs, logits=g)  # loss.backward() of the loss itself: no second (B, T, U + 1, V) buffer
     if ctx.reduction == "none":
-        return (g * g_out.reshape(-1, 1, 1, 1).to(g.dtype),) + none
-    return (g * g_out.to(g.dtype),) + none
+        return grads(RNNTArgs, logits=g * g_out.reshape(-1, 1, 1, 1).to(g.dtype))
+    return grads(RNNTArgs, logits=g * g_out.to(g.dtype))
 
 
 rnnt_loss_op.register_autograd(_backward, setup_context=_setup)
@@ -343,7 +354,7 @@ def rnnt_loss(
     B, T, U1, V = checks.check_joiner_logits(logits)
     checks.check_reduction(reduction)
     if impl is not None:  # a name not offered, numba off the CPU, triton where it cannot run: a clear error now
-        rnnt_dispatch.pick(logits.device, impl, RNNT_IMPLS, "rnnt_loss")
+        RNNT_BACKENDS.pick(logits.device, impl)
     blank_id = resolve_blank(blank, V)
     clamp_v = checks.check_real(clamp, "clamp")
     lam = checks.check_real(fastemit_lambda, "fastemit_lambda")
@@ -367,18 +378,19 @@ def rnnt_loss(
             )
         return _RNNTInplace.apply(logits, tg, il, tl, options)
     x = logits.to(checks.compute_dtype(logits))
-    out, _ = rnnt_loss_op(
-        x,
-        tg,
-        il,
-        tl,
-        blank_id,
-        clamp_v,
-        reduction,
-        bool(fused_log_softmax),
-        bool(zero_infinity),
-        lam,
-        run_impl,
-        need_grad,
+    args = RNNTArgs(
+        logits=x,
+        targets=tg,
+        logit_lengths=il,
+        target_lengths=tl,
+        blank=blank_id,
+        clamp=clamp_v,
+        reduction=reduction,
+        fused_log_softmax=bool(fused_log_softmax),
+        zero_infinity=bool(zero_infinity),
+        fastemit_lambda=lam,
+        impl=run_impl,
+        need_grad=need_grad,
     )
+    out, _ = rnnt_loss_op(*args)
     return out.to(logits.dtype)

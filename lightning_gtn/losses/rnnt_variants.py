@@ -28,17 +28,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..core import checks
-from ..kernels import rnnt_dispatch
+from ..core.impl import Backends
+from ..core.reduction import reduction_coefficients
+from ..kernels import rnnt_triton as rnnt_kernels
 from ..kernels.rnnt_triton import duration_lattice_triton, rnnt_triton
 from ..kernels.tdt_numba import lattice_loss
 from ..kernels.tdt_torch import lattice_loss_torch
+from ..opargs import grads, op_schema
 
 __all__ = [
     "multiblank_rnnt_loss",
@@ -52,8 +55,15 @@ __all__ = [
 #: ``"mean_batch"``); ``"mean_volume"`` is NeMo's: the summed losses over the summed target lengths
 REDUCTIONS = ("none", "mean", "sum", "mean_volume")
 #: ``impl=`` values besides None (numba on the CPU, Triton on CUDA where it passes its self-check,
-#: torch elsewhere: :func:`lightning_gtn.kernels.rnnt_dispatch.default_impl`)
+#: torch elsewhere, after the RNN-T kernels' self-check: :data:`BACKENDS`)
 IMPLS = ("numba", "torch", "triton")
+BACKENDS = Backends(
+    "duration lattice",
+    IMPLS,
+    triton_available=rnnt_kernels.available,
+    self_check=rnnt_kernels.self_check,
+    kernels="Triton RNN-T",
+)
 
 
 # -- argument checks ------------------------------------------------------------------------------
@@ -63,20 +73,12 @@ def _check_common(reduction, impl, zero_infinity, fused_log_softmax, device, wha
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if impl is not None:  # a name not offered, numba off the CPU, triton where it cannot run: a clear error now
-        rnnt_dispatch.pick(device, impl, IMPLS, what)
+        BACKENDS.pick(device, impl, what)
     checks.check_bool(zero_infinity, "zero_infinity")
     checks.check_bool(fused_log_softmax, "fused_log_softmax")
 
 
 # -- the op ---------------------------------------------------------------------------------------
-
-
-def _coefficients(reduction: str, ulen: np.ndarray, B: int) -> np.ndarray:
-    if reduction == "mean":
-        return np.full(B, 1.0 / max(B, 1))
-    if reduction == "mean_volume":
-        return np.full(B, 1.0 / max(int(ulen.sum()), 1))
-    return np.ones(B)
 
 
 def _lengths(x: Tensor, B: int, name: str, hi: int, bound: str, device: torch.device) -> np.ndarray:
@@ -170,7 +172,31 @@ def _triton_passes(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad
     return losses, grad
 
 
+class DurationLatticeArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::duration_lattice_loss``."""
+
+    logits: Tensor
+    targets: Tensor
+    logit_lengths: Tensor
+    target_lengths: Tensor
+    K: int
+    D: int
+    tok_dur: List[int]
+    tok_didx: List[int]
+    blank_ids: List[int]
+    blank_dur: List[int]
+    blank_didx: List[int]
+    sigma: float
+    omega: float
+    normalise: bool
+    reduction: str
+    zero_infinity: bool
+    impl: str
+    need_grad: bool
+
+
 @torch.library.custom_op("lightning_gtn::duration_lattice_loss", mutates_args=())
+@op_schema(DurationLatticeArgs)
 def duration_lattice_op(
     logits: Tensor,
     targets: Tensor,
@@ -205,8 +231,11 @@ def duration_lattice_op(
     tlen = _lengths(logit_lengths, B, "logit_lengths", T, "T", dev)
     ulen = _lengths(target_lengths, B, "target_lengths", U1 - 1, "U", dev)
     tg = _targets(targets, B, ulen, K, blank_ids, dev)
-    impl = rnnt_dispatch.pick(dev, impl or None, IMPLS, "duration lattice")
-    coef = _coefficients(reduction, ulen, B)
+    impl = BACKENDS.pick(dev, impl or None)
+    if reduction == "mean_volume":  # NeMo's: the sum over the total target length
+        coef = reduction_coefficients("mean", B, count=int(ulen.sum())).numpy()
+    else:
+        coef = reduction_coefficients(reduction, B).numpy()
     passes = []
     if omega < 1.0:
         passes.append(((tok_dur, tok_didx, blank_ids, blank_dur, blank_didx), D, sigma, 1.0 - omega))
@@ -254,15 +283,17 @@ def duration_lattice_op(
 
 
 @duration_lattice_op.register_fake
-def _fake(logits, targets, logit_lengths, target_lengths, K, D, tok_dur, tok_didx, blank_ids, blank_dur, blank_didx,
-          sigma, omega, normalise, reduction, zero_infinity, impl, need_grad):  # fmt: skip
-    out = logits.new_empty((logits.shape[0],) if reduction == "none" else ())
-    return out, (torch.empty_like(logits) if need_grad else logits.new_empty(0))
+def _fake(*inputs):
+    a = DurationLatticeArgs(*inputs)
+    logits = a.logits
+    out = logits.new_empty((logits.shape[0],) if a.reduction == "none" else ())
+    return out, (torch.empty_like(logits) if a.need_grad else logits.new_empty(0))
 
 
 def _setup(ctx, inputs, output):
-    ctx.reduction = inputs[14]
-    ctx.need_grad = inputs[17]
+    a = DurationLatticeArgs(*inputs)
+    ctx.reduction = a.reduction
+    ctx.need_grad = a.need_grad
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[1])
@@ -276,7 +307,7 @@ def _backward(ctx, g_out, _g_grad):
             gx = g * g_out.reshape(-1, 1, 1, 1).to(g.dtype)
         else:
             gx = g * g_out.to(g.dtype)
-    return (gx,) + (None,) * 17
+    return grads(DurationLatticeArgs, logits=gx)
 
 
 duration_lattice_op.register_autograd(_backward, setup_context=_setup)
@@ -290,10 +321,28 @@ def _call(logits, targets, logit_lengths, target_lengths, K, D, arcs, sigma, ome
     tg = checks.check_index_tensor(targets, "targets", (B, None), "(B, U)", dev)
     il = checks.check_index_tensor(logit_lengths, "logit_lengths", (B,), "(B,)", dev)
     tl = checks.check_index_tensor(target_lengths, "target_lengths", (B,), "(B,)", dev)
-    out, _ = duration_lattice_op(
-        x, tg, il, tl, int(K), int(D), *[list(a) for a in arcs], float(sigma), float(omega), bool(fused),
-        reduction, bool(zi), impl or "", need,
-    )  # fmt: skip
+    tok_dur, tok_didx, blank_ids, blank_dur, blank_didx = (list(a) for a in arcs)
+    args = DurationLatticeArgs(
+        logits=x,
+        targets=tg,
+        logit_lengths=il,
+        target_lengths=tl,
+        K=int(K),
+        D=int(D),
+        tok_dur=tok_dur,
+        tok_didx=tok_didx,
+        blank_ids=blank_ids,
+        blank_dur=blank_dur,
+        blank_didx=blank_didx,
+        sigma=float(sigma),
+        omega=float(omega),
+        normalise=bool(fused),
+        reduction=reduction,
+        zero_infinity=bool(zi),
+        impl=impl or "",
+        need_grad=need,
+    )
+    out, _ = duration_lattice_op(*args)
     return out.to(logits.dtype)
 
 

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..core import checks, criterion, normalisers
-from ..core.best_path import best_paths_op, max_semiring_paths, refuse_nan
+from ..core.best_path import BestPathsArgs, best_paths_op, max_semiring_paths, refuse_nan
 from ..core.cache import LRU
 from ..core.scoring import Plan, normalised_plan, unique_graphs
 from ..wfst import Graph
@@ -235,7 +235,9 @@ class TransducerCriterion(TransducerGraphs, criterion.Criterion):
         B, T, C = emissions.shape
         refuse_nan(emissions, lengths, params, "transition_params")
         if self.denominator is None:
-            return best_paths_op(emissions.detach(), None, torch.from_numpy(lengths))
+            return best_paths_op(
+                *BestPathsArgs(emissions=emissions.detach(), transitions=None, input_lengths=torch.from_numpy(lengths))
+            )
         x = emissions.detach().to("cpu", checks.compute_dtype(emissions)).contiguous()
         plan = Plan([self.denominator], np.zeros(B, dtype=np.int64), np.arange(B), lengths, np.ones(B), B)
         # params come with the transitions, hence with a denominator

@@ -3,44 +3,57 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import nn
 
+from ..opargs import grads, op_schema
+
 __all__ = ["Linear"]
 
 
+class LinearArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::linear``."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor]
+
+
 @torch.library.custom_op("lightning_gtn::linear", mutates_args=())
+@op_schema(LinearArgs)
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``y = x @ W^T + b`` over any leading dims (a custom op: opaque to ``torch.compile``)."""
     return torch.nn.functional.linear(x, weight, bias)
 
 
 @_linear.register_fake
-def _linear_fake(x, weight, bias):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+def _linear_fake(*inputs):
+    a = LinearArgs(*inputs)
+    return a.x.new_empty((*a.x.shape[:-1], a.weight.shape[0]))
 
 
 def _linear_setup(ctx, inputs, output):
-    x, weight, bias = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.has_bias = bias is not None
+    a = LinearArgs(*inputs)
+    ctx.save_for_backward(a.x, a.weight)
+    ctx.has_bias = a.bias is not None
 
 
 def _linear_backward(ctx, grad_out):
     """The hand-written backward: only the gradients autograd asks for."""
     x, weight = ctx.saved_tensors
+    need = LinearArgs(*ctx.needs_input_grad)
     gx = gw = gb = None
-    if ctx.needs_input_grad[0]:
+    if need.x:
         gx = grad_out.matmul(weight)
-    if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+    if need.weight or (ctx.has_bias and need.bias):
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        if ctx.needs_input_grad[1]:
+        if need.weight:
             gw = g2.t().matmul(x.reshape(-1, x.shape[-1]))
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if ctx.has_bias and need.bias:
             gb = g2.sum(0)
-    return gx, gw, gb
+    return grads(LinearArgs, x=gx, weight=gw, bias=gb)
 
 
 _linear.register_autograd(_linear_backward, setup_context=_linear_setup)
@@ -79,7 +92,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ weight.T + bias``: ``(*, in_features)`` -> ``(*, out_features)``."""
-        return _linear(x, self.weight, self.bias)
+        return _linear(*LinearArgs(x=x, weight=self.weight, bias=self.bias))
 
     def extra_repr(self) -> str:
         """The options shown by ``repr``."""

@@ -18,6 +18,7 @@ from torch import Tensor
 from .. import k2 as k2f
 from ..core import checks
 from ..core.checks import check_label, check_reduction
+from ..core.reduction import reduce_losses
 from .rnnt import NETWORK_METHODS, RNNTStructuredLoss, check_joiner_size, prepend_blank
 
 __all__ = ["PrunedRNNTLoss", "WARMUPS"]
@@ -172,9 +173,7 @@ class PrunedRNNTLoss(RNNTStructuredLoss):
         """``(B,)`` losses -> zero_infinity, then the reduction."""
         if self.zero_infinity:
             losses = torch.where(losses == math.inf, torch.zeros_like(losses), losses)  # infeasible only
-        if self.reduction == "none":
-            return losses
-        return losses.mean() if self.reduction == "mean" else losses.sum()
+        return reduce_losses(losses, self.reduction)
 
     def forward(self, logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor) -> Tensor:
         """The full k2 ``rnnt_loss`` of joiner outputs ``(B, T, U + 1, V)`` (torchaudio's calling

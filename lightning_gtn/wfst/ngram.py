@@ -53,6 +53,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 import numpy as np
 
 from ..files import open_regular
+from ..integers import check_int
 from .graph import _FLOAT, _INT, Graph, epsilon
 from .utils import load, save
 
@@ -96,16 +97,6 @@ Gram = Tuple[int, ...]
 # -- validation -----------------------------------------------------------------------------------
 
 
-def _check_int(value, name: str, lo: int, hi: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return value
-
-
 def _check_sequences(sequences, num_tokens: Optional[int], name: str = "sequences") -> List[Gram]:
     """Token sequences as tuples of Python ints, each id in ``[0, num_tokens)``."""
     if isinstance(sequences, (str, bytes)) or not isinstance(sequences, Iterable):
@@ -136,14 +127,14 @@ def _check_sequences(sequences, num_tokens: Optional[int], name: str = "sequence
 
 def _thresholds(prune, order: int) -> List[int]:
     if isinstance(prune, (int, np.integer)) and not isinstance(prune, bool):
-        p = _check_int(prune, "prune", 0)
+        p = check_int(prune, "prune", 0)
         return [0] + [p] * (order - 1)
     if isinstance(prune, (str, bytes)) or not isinstance(prune, Iterable):
         raise TypeError(f"prune must be an int or a sequence of {order} ints, got {type(prune).__name__}")
     prune = list(prune)
     if len(prune) != order:
         raise ValueError(f"prune must have one threshold per order ({order}), got {len(prune)}")
-    prune = [_check_int(p, f"prune[{i}]", 0) for i, p in enumerate(prune)]
+    prune = [check_int(p, f"prune[{i}]", 0) for i, p in enumerate(prune)]
     if any(a > b for a, b in zip(prune, prune[1:])):
         raise ValueError(f"prune thresholds must be non-decreasing with the order, got {prune}")
     return prune
@@ -176,7 +167,7 @@ def count_ngrams(sequences, order: int, *, start: bool = True, end: bool = True)
         >>> dict(c[0]), dict(c[1])
         ({(5,): 1, (6,): 1, (-3,): 1}, {(-2, 5): 1, (5, 6): 1, (6, -3): 1})
     """
-    order = _check_int(order, "order", 1, MAX_ORDER)
+    order = check_int(order, "order", 1, MAX_ORDER)
     return _count(_check_sequences(sequences, None), order, bool(start), bool(end))
 
 
@@ -356,8 +347,8 @@ def transitions_graph(
         >>> g.num_arcs()  # one arc per token, and the end of sentence
         3
     """
-    num_tokens = _check_int(num_tokens, "num_tokens", 1, MAX_TOKENS)
-    order = _check_int(order, "order", 1, MAX_ORDER)
+    num_tokens = check_int(num_tokens, "num_tokens", 1, MAX_TOKENS)
+    order = check_int(order, "order", 1, MAX_ORDER)
     if blank not in _BLANKS:
         raise ValueError(f"blank must be one of {_BLANKS}, got {blank!r}")
     if init not in _INITS:
@@ -491,7 +482,7 @@ def save_transitions(
         ValueError: if a label of ``graph`` is outside ``[0, num_tokens)`` (epsilon aside), the
             graph is not an acceptor, or ``tokens`` has the wrong length.
     """
-    num_tokens = _check_int(num_tokens, "num_tokens", 1, MAX_TOKENS)
+    num_tokens = check_int(num_tokens, "num_tokens", 1, MAX_TOKENS)
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a Graph, got {type(graph).__name__}")
     _check_labels(graph, num_tokens, "graph")
@@ -548,7 +539,7 @@ def load_transitions(path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Tuple[Graph
         ValueError: if either file is too large, truncated or malformed, or they disagree
             (node or arc counts, a label outside ``[0, num_tokens)``).
     """
-    max_bytes = _check_int(max_bytes, "max_bytes", 1)
+    max_bytes = check_int(max_bytes, "max_bytes", 1)
     gpath, spath = os.fspath(path), _sidecar(path)
     raw = _read_bounded(spath, max_bytes, "transition sidecar")
     try:
@@ -560,9 +551,9 @@ def load_transitions(path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Tuple[Graph
     if meta.get("version") != _VERSION:
         raise ValueError(f"{spath!r}: unsupported version {meta.get('version')!r} (expected {_VERSION})")
     try:
-        num_tokens = _check_int(meta.get("num_tokens"), "num_tokens", 1, MAX_TOKENS)
-        num_nodes = _check_int(meta.get("num_nodes"), "num_nodes", 0)
-        num_arcs = _check_int(meta.get("num_arcs"), "num_arcs", 0)
+        num_tokens = check_int(meta.get("num_tokens"), "num_tokens", 1, MAX_TOKENS)
+        num_nodes = check_int(meta.get("num_nodes"), "num_nodes", 0)
+        num_arcs = check_int(meta.get("num_arcs"), "num_arcs", 0)
     except TypeError as e:
         raise ValueError(f"{spath!r}: {e}") from None
     tokens = meta.get("tokens")

@@ -93,3 +93,39 @@ def test_emission_values_name_what_is_wrong():
     x[0, 1] = -math.inf
     with pytest.raises(ValueError, match=r"example 0, frame 1: no finite emission"):
         check_emission_values(x, "em", None, torch.float64)
+
+
+def test_check_int_one_order_one_message():
+    assert checks.check_int(3, "n", 1) == 3 and type(checks.check_int(np.int64(3), "n", 1)) is int
+    assert checks.check_int(-7, "offset") == -7  # no bound
+    assert checks.check_int(5, "k", 1, 5) == 5
+    for bad in (2.0, True, np.bool_(True), "2", None, torch.tensor(2)):
+        # not an integer: both a TypeError and a ValueError, the bounds in the message
+        with pytest.raises(checks.NotAnIntegerError, match=r"^k must be an integer in \[1, 5\], got "):
+            checks.check_int(bad, "k", 1, 5)
+        with pytest.raises(TypeError):
+            checks.check_int(bad, "k", 1)
+        with pytest.raises(ValueError, match=r"^k must be an integer >= 1, got "):
+            checks.check_int(bad, "k", 1)
+    with pytest.raises(ValueError, match=r"^k must be an integer in \[1, 5\], got 6$") as e:
+        checks.check_int(6, "k", 1, 5)
+    assert not isinstance(e.value, TypeError)  # in range is a value question only
+    with pytest.raises(ValueError, match=r"^stride must be an integer >= 1, got 0$"):
+        checks.check_int(np.int32(0), "stride", 1)
+    with pytest.raises(ValueError, match=r"^depth must be an integer <= 3, got 4$"):
+        checks.check_int(4, "depth", maximum=3)
+
+
+def test_check_int_is_the_only_integer_check():
+    # the engine, the word pieces, the speech synthesis and the models call the one in core.checks
+    import lightning_gtn.integers
+    import lightning_gtn.lightning.models as models
+    import lightning_gtn.lightning.spoken as spoken
+    import lightning_gtn.wfst.ngram as ngram
+    import lightning_gtn.wordpieces as wordpieces
+
+    assert checks.check_int is lightning_gtn.integers.check_int
+    for mod in (models, spoken, ngram, wordpieces):
+        assert mod.check_int is checks.check_int and not hasattr(mod, "_check_int")
+    with pytest.raises(ValueError, match=r"model\.channels must be an integer in \[1, 4096\], got 0"):
+        models.ConvEncoder(feature_dim=8, num_classes=5, channels=0)

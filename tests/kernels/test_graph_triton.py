@@ -408,14 +408,16 @@ def test_failed_self_check_warns_and_uses_torch(monkeypatch):
     def broken(problem, device):
         raise RuntimeError("no kernel image is available")
 
+    from lightning_gtn.core import impl as impl_mod
+
     monkeypatch.setattr(dispatch, "_self_check_error", broken)
-    monkeypatch.setattr(dispatch, "_device_impl", {})
+    monkeypatch.setattr(impl_mod, "_CHECKED", {})
     with pytest.warns(RuntimeWarning, match="self-check on cuda:7.*no kernel image"):
-        assert dispatch.device_impl(torch.device("cuda:7")) == "torch"
-    assert dispatch.device_impl(torch.device("cuda:7")) == "torch"  # decided once per device
+        assert scoring.GRAPH_BACKENDS.default(torch.device("cuda:7")) == "torch"
+    assert scoring.GRAPH_BACKENDS.default(torch.device("cuda:7")) == "torch"  # decided once per device
     monkeypatch.setattr(dispatch, "_self_check_error", lambda problem, device: None)
-    monkeypatch.setattr(dispatch, "_device_impl", {})
-    assert dispatch.device_impl(torch.device("cuda:7")) == "triton"
+    monkeypatch.setattr(impl_mod, "_CHECKED", {})
+    assert scoring.GRAPH_BACKENDS.default(torch.device("cuda:7")) == "triton"
 
 
 @pytest.mark.skipif(not graph_triton.available(), reason="needs triton")

@@ -148,7 +148,7 @@ def test_cuda_default_is_triton_and_equals_the_cpu_kernel(recwarn):
             tol = 1e-4 if dtype == torch.float32 else 1e-8  # the GPU sums in another order
             torch.testing.assert_close(z, r, rtol=tol, atol=tol)
             torch.testing.assert_close(gz, gr, rtol=tol, atol=tol)
-    assert mmi_mod._TRITON_OK.get("cuda:0") is True, mmi_mod._TRITON_OK
+    assert mmi_mod.DEN_BACKENDS.passed("cuda:0")
     assert not [w for w in recwarn if "self-check" in str(w.message)]
 
 

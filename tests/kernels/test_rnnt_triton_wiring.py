@@ -16,7 +16,8 @@ import torch
 
 import lightning_gtn.k2 as k2
 from lightning_gtn.functional import multiblank_rnnt_loss, rnnt_loss, tdt_loss
-from lightning_gtn.kernels import rnnt_dispatch, rnnt_triton
+from lightning_gtn.kernels import rnnt_triton
+from lightning_gtn.losses.rnnt import RNNT_BACKENDS
 from tests.kernels._interpreted import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -155,10 +156,10 @@ def test_triton_on_cpu_without_the_interpreter_is_refused():
 
 
 def test_default_implementation_per_device():
-    assert rnnt_dispatch.default_impl(torch.device("cpu")) == "numba"
-    assert rnnt_dispatch.default_impl(torch.device("meta")) == "torch"  # not CUDA: the reference
-    with pytest.raises(ValueError, match="impl='numba'.*meta"):
-        rnnt_dispatch.pick(torch.device("meta"), "numba", ("numba", "torch", "triton"), "rnnt_loss")
+    assert RNNT_BACKENDS.default(torch.device("cpu")) == "numba"
+    assert RNNT_BACKENDS.default(torch.device("meta")) == "torch"  # not CUDA: the reference
+    with pytest.raises(ValueError, match="rnnt_loss: impl='numba'.*meta"):
+        RNNT_BACKENDS.pick(torch.device("meta"), "numba")
     with pytest.raises(ValueError, match="impl must be None or one of"):
         rnnt_loss(*_inputs(), impl="cuda")
 
@@ -166,7 +167,7 @@ def test_default_implementation_per_device():
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device (make gpu-check runs it on a GPU machine)")
 def test_cuda_default_is_triton_and_equals_numba():
     if rnnt_triton.available():
-        assert rnnt_dispatch.default_impl(torch.device("cuda")) == "triton"  # the self-check passed
+        assert RNNT_BACKENDS.default(torch.device("cuda")) == "triton"  # the self-check passed
     x, tg, xl, yl = _inputs()
     for fn, cases in ((rnnt_loss, RNNT_CASES), (tdt_loss, TDT_CASES), (multiblank_rnnt_loss, MB_CASES)):
         for kw in cases:

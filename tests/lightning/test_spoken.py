@@ -68,7 +68,7 @@ def test_voices_and_variants_are_listed():
     [
         ("xx-nowhere", {}, "unknown eSpeak NG voice 'xx-nowhere'.*en-us"),
         ("en-us+nobody", {}, "unknown eSpeak NG voice variant 'nobody'"),
-        ("en-us", {"rate": 5000}, r"rate must be in \[80, 450\]"),
+        ("en-us", {"rate": 5000}, r"rate must be an integer in \[80, 450\]"),
     ],
 )
 def test_bad_voice_or_setting_gives_a_clear_error(voice, kw, match):

@@ -299,11 +299,22 @@ def test_score_core_matches_autograd_of_the_public_loss():
 
 
 def test_reduce_losses():
+    from lightning_gtn.core.reduction import reduce_losses, reduction_coefficients
+
     losses = torch.tensor([2.0, 6.0, 3.0])
-    assert scoring.reduce_losses(losses, "none") is losses
-    assert scoring.reduce_losses(losses, "sum").item() == 11.0
-    assert scoring.reduce_losses(losses, "mean").item() == pytest.approx(11.0 / 3)
-    assert scoring.reduce_losses(losses, "mean", np.array([2, 3, 0])).item() == pytest.approx((1 + 2 + 3) / 3)
+    assert reduce_losses(losses, "none") is losses
+    assert reduce_losses(losses, "sum").item() == 11.0
+    assert reduce_losses(losses, "mean").item() == pytest.approx(11.0 / 3)
+    assert reduce_losses(losses, "mean", np.array([2, 3, 0])).item() == pytest.approx((1 + 2 + 3) / 3)
+    # the coefficients are the same rule: reduce(losses) = sum_b r[b] * losses[b]
+    for red, div in (("sum", None), ("mean", None), ("mean", np.array([2, 3, 0])), ("mean", torch.tensor([4, 1, 2]))):
+        r = reduction_coefficients(red, 3, div)
+        assert r.dtype == torch.float64 and r.shape == (3,)
+        assert (r * losses.double()).sum().item() == pytest.approx(reduce_losses(losses.double(), red, div).item())
+    assert torch.equal(reduction_coefficients("none", 2), torch.ones(2, dtype=torch.float64))  # per-row gradients
+    r = reduction_coefficients("mean", 3, count=8, dtype=torch.float32)  # the TDT loss's "mean_volume"
+    assert r.dtype == torch.float32 and torch.equal(r, torch.full((3,), 1 / 8))
+    assert torch.equal(reduction_coefficients("mean", 0), torch.zeros(0, dtype=torch.float64))
 
 
 # ---------------------------------------------------------------------------
