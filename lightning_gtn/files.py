@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from typing import IO, Any
 
-__all__ = ["open_regular", "read_regular", "npy_header", "npy_data"]
+__all__ = ["open_regular", "read_regular", "text_lines", "npy_header", "npy_data"]
 
 
 def open_regular(path, what: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
@@ -49,6 +50,29 @@ def read_regular(path, what: str, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise ValueError(f"{what} {os.fspath(path)!r}: larger than {max_bytes} bytes")
     return data
+
+
+def text_lines(f: IO[str], path, max_chars: int) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of the UTF-8 text file ``f`` (opened at ``path``), numbered from 1 and
+    without their line ends; a line is read at most ``max_chars + 1`` characters at a time.
+
+    Raises:
+        ValueError: the text is not UTF-8, or a line is longer than ``max_chars`` characters
+            (naming ``path`` and the line).
+    """
+    n = 0
+    while True:
+        try:
+            line = f.readline(max_chars + 1)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+        if not line:
+            return
+        n += 1
+        if len(line) > max_chars:
+            raise ValueError(f"{path}:{n}: line longer than {max_chars} characters")
+        if line.strip():
+            yield n, line.rstrip("\r\n")
 
 
 def npy_header(f, what: str, max_header: int = 10_000):

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..files import npy_data, npy_header, open_regular
+from ..files import npy_data, npy_header, open_regular, text_lines
 from .vocabulary import MAX_TRANSCRIPT_CHARS, check_transcript
 
 __all__ = [
@@ -312,20 +312,7 @@ def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
         raise FileNotFoundError(f"data transcripts file not found: {path}")
     limit = MAX_TRANSCRIPT_CHARS + 1024  # the id, the separator and the line end
     with open_regular(path, "data transcripts file", "r", encoding="utf-8") as f:
-        n = 0
-        while True:
-            try:
-                line = f.readline(limit + 1)
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}: not UTF-8 text ({e})") from None
-            if not line:
-                break
-            n += 1
-            if len(line) > limit:
-                raise ValueError(f"{path}:{n}: line longer than {limit} characters")
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
+        for n, line in text_lines(f, path, limit):
             parts = line.split(maxsplit=1)
             if len(parts) > 1:
                 check_transcript(parts[1], f"{path}:{n}: utterance {parts[0]!r}")

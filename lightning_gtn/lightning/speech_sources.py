@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..files import open_regular
+from ..files import open_regular, text_lines
 from .lhotse_data import MAX_RATE, MIN_RATE, LhotseDataModule, check_resample
 from .vocabulary import MAX_TRANSCRIPT_CHARS, check_transcript
 
@@ -179,19 +179,7 @@ def _read_lines(path: Path) -> Iterator[tuple[int, str]]:
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: cannot read the transcript file: {e}") from None
     with f:
-        n = 0
-        while True:
-            try:
-                line = f.readline(_MAX_LINE_CHARS + 1)
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}: not UTF-8 text ({e})") from None
-            if not line:
-                return
-            n += 1
-            if len(line) > _MAX_LINE_CHARS:
-                raise ValueError(f"{path}:{n}: line longer than {_MAX_LINE_CHARS} characters")
-            if line.strip():
-                yield n, line.rstrip("\r\n")
+        yield from text_lines(f, path, _MAX_LINE_CHARS)
 
 
 def _read_whole(path: Path) -> str:
