@@ -620,6 +620,170 @@ def _wfst(impl, reduction):
 
 
 # ---------------------------------------------------------------------------
+# the RNN-T family, k2's recursion, lattices, MMI, NaN emissions
+# ---------------------------------------------------------------------------
+
+RIMPL = (None, "numba", "torch", "triton")
+
+
+def joiner_inputs(B=3, T=9, U=4, V=6, seed=0, nan=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, U + 1, V, generator=g)
+    tg = torch.randint(1, 4, (B, U), generator=g, dtype=torch.int32)
+    il = torch.tensor([T, T - 2, T - 4][:B], dtype=torch.int32)
+    tl = torch.tensor([U, U - 1, 2][:B], dtype=torch.int32)
+    if nan:
+        x[1, 2, 1, 3] = float("nan")
+    return x, tg, il, tl
+
+
+def _rnnt(kind, nan=False, V=6, **kw):
+    def fn(impl, red):
+        import lightning_gtn.functional as F
+
+        x, tg, il, tl = joiner_inputs(V=V, nan=nan)
+        x.requires_grad_(True)
+        f = getattr(F, kind)
+        return _run_loss(lambda: f(x, tg, il, tl, reduction=red, impl=impl, **kw), red, {"x": x})
+
+    return fn
+
+
+case("rnnt_loss", RIMPL, ("none", "mean", "sum"))(_rnnt("rnnt_loss"))
+case("rnnt_loss fastemit clamp", RIMPL)(_rnnt("rnnt_loss", fastemit_lambda=0.01, clamp=0.5))
+case("rnnt_loss nan", RIMPL)(_rnnt("rnnt_loss", nan=True))
+case("rnnt_loss unfused", RIMPL)(_rnnt("rnnt_loss", fused_log_softmax=False))
+case("multiblank_rnnt_loss", RIMPL, ("none", "mean", "sum"))(
+    _rnnt("multiblank_rnnt_loss", big_blank_durations=(2,), blank=-1)
+)
+case("tdt_loss", RIMPL, ("none", "mean", "sum", "mean_volume"))(_rnnt("tdt_loss", V=9, durations=(0, 1, 2), sigma=0.05))
+case("tdt_loss nan", RIMPL)(_rnnt("tdt_loss", V=9, nan=True, durations=(0, 1, 2)))
+
+
+def _k2(which, nan=False):
+    def fn(impl, red):
+        import lightning_gtn.k2 as k2
+
+        g = torch.Generator().manual_seed(5)
+        B, T, S, C = 3, 8, 3, 7
+        am = torch.randn(B, T, C, generator=g)
+        lm = torch.randn(B, S + 1, C, generator=g)
+        if nan:
+            am[1, 3, 2] = float("nan")
+        am.requires_grad_(True)
+        lm.requires_grad_(True)
+        sym = torch.randint(1, C, (B, S), generator=g)
+        bnd = torch.tensor([[0, 0, 3, 8], [0, 0, 2, 6], [0, 0, 3, 5]])
+        if which == "simple":
+            f = lambda: k2.rnnt_loss_simple(lm, am, sym, 0, bnd, reduction=red, impl=impl)
+        elif which == "modified":
+            f = lambda: k2.rnnt_loss_simple(
+                lm, am, sym, 0, bnd, rnnt_type="modified", delay_penalty=0.1, reduction=red, impl=impl
+            )
+        elif which == "mi":
+            px = torch.randn(B, S, T + 1, generator=g, requires_grad=True)
+            py = torch.randn(B, S + 1, T, generator=g, requires_grad=True)
+            if nan:
+                with torch.no_grad():
+                    px[2, 1, 1] = float("nan")
+            out = k2.mutual_information_recursion(px, py, bnd, impl=impl)
+            (out * torch.linspace(0.5, 1.5, B)).sum().backward()
+            return {"value": out, "grad_px": px.grad, "grad_py": py.grad}
+        else:  # full + pruned
+            logits = torch.randn(B, T, S + 1, C, generator=g, requires_grad=True)
+            loss = k2.rnnt_loss(logits, sym, 0, bnd, reduction=red, impl=impl)
+            s, (px_g, py_g) = k2.rnnt_loss_simple(lm, am, sym, 0, bnd, reduction="sum", return_grad=True, impl=impl)
+            ranges = k2.get_rnnt_prune_ranges(px_g, py_g, bnd, 2)
+            am_p, lm_p = k2.do_rnnt_pruning(am, lm, ranges)
+            pl = k2.rnnt_loss_pruned(am_p + lm_p, sym, ranges, 0, bnd, reduction=red, impl=impl)
+            _backward(loss + pl if red != "none" else loss + pl, red)
+            return {"value": loss, "pruned": pl, "grad_logits": logits.grad, "grad_am": am.grad, "grad_lm": lm.grad}
+        return _run_loss(f, red, {"am": am, "lm": lm})
+
+    return fn
+
+
+for w in ("simple", "modified", "mi", "full_pruned"):
+    case(f"k2 {w}", RIMPL, ("none", "mean", "sum") if w != "mi" else None)(_k2(w))
+case("k2 simple nan", RIMPL)(_k2("simple", nan=True))
+case("k2 mi nan", RIMPL, None)(_k2("mi", nan=True))
+
+
+def _lattice(kind):
+    def fn(impl, red):
+        import lightning_gtn.functional as F
+
+        x, tg, il, tl = joiner_inputs(B=2, T=6, U=3, V=5)
+        x.requires_grad_(True)
+        if kind == "rnnt":
+            return _run_loss(
+                lambda: F.rnnt_lattice_loss(x, tg.long(), il.long(), tl.long(), blank=0, reduction=red), red, {"x": x}
+            )
+        lp = x.log_softmax(-1).detach().reshape(2, -1).requires_grad_(True)
+        lats = [F.rnnt_lattice(6, 3, tg[b, : tl[b]].tolist(), 5, 0, frames=int(il[b])) for b in range(2)]
+        return _run_loss(lambda: F.lattice_loss(lp, lats, red, impl=impl, semiring=kind), red, {"s": lp})
+
+    return fn
+
+
+case("rnnt_lattice_loss", (None,), ("none", "mean", "sum"))(_lattice("rnnt"))
+case("lattice_loss log", (None, "numba", "torch"), ("none", "mean", "sum"))(_lattice("log"))
+case("lattice_loss max", (None, "numba", "torch"), ("none", "mean"))(_lattice("max"))
+
+
+def _mmi(nan=False, leaky=0.0):
+    def fn(impl, red):
+        import lightning_gtn.functional as F
+
+        g = torch.Generator().manual_seed(3)
+        N = 5
+        seqs = [torch.randint(1, N + 1, (int(n),), generator=g).tolist() for n in (4, 6, 3, 5, 6, 2)]
+        den = F.denominator_graph(seqs, N, order=2)
+        B, T = 4, 20
+        x = torch.randn(B, T, N + 1, generator=g).log_softmax(-1)
+        if nan:
+            x[2, 5, 1] = float("nan")
+        x.requires_grad_(True)
+        tg = [seqs[i] for i in range(B)]
+        il = torch.tensor([20, 18, 15, 12])
+        return _run_loss(
+            lambda: F.mmi_loss(x, tg, il, denominator=den, leaky_hmm=leaky, reduction=red, impl=impl), red, {"x": x}
+        )
+
+    return fn
+
+
+case("mmi_loss", (None, "numba", "torch", "triton"), ("none", "mean", "sum"))(_mmi())
+case("mmi_loss leaky", (None, "numba", "torch"))(_mmi(leaky=1e-3))
+case("mmi_loss nan", (None, "numba", "torch"))(_mmi(nan=True))
+
+
+def _nan_dense(kind):
+    def fn(impl, red):
+        from lightning_gtn.functional import asg_loss, ctc_loss, sequence_loss
+
+        x, tg, il, tl = dense_inputs(4, 30, 8, 6, ragged=True)
+        x[1, 4, 2] = float("nan")
+        x.requires_grad_(True)
+        if kind == "ctc":
+            f = lambda: ctc_loss(x, tg, il, tl, 0, red, impl=impl)
+        elif kind == "seq":
+            f = lambda: sequence_loss(x, tg, il, tl, reduction=red, impl=impl)
+        else:
+            tr = asg_transitions(8).requires_grad_(True)
+            return _run_loss(
+                lambda: asg_loss(x, tg, il, tl, transitions=tr, reduction=red, impl=impl), red, {"x": x, "tr": tr}
+            )
+        return _run_loss(f, red, {"x": x})
+
+    return fn
+
+
+for k in ("ctc", "seq", "asg"):
+    case(f"{k}_loss nan emission")(_nan_dense(k))
+
+
+# ---------------------------------------------------------------------------
 # driver
 # ---------------------------------------------------------------------------
 
