@@ -84,10 +84,10 @@ def check_emissions(x, name: str = "log_probs") -> Tuple[int, int, int]:
     return B, T, C
 
 
-def check_reduction(reduction) -> str:
-    """``reduction`` when it is one of :data:`REDUCTIONS`, else ValueError."""
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+def check_reduction(reduction, allowed: Tuple[str, ...] = REDUCTIONS) -> str:
+    """``reduction`` when it is one of ``allowed`` (default :data:`REDUCTIONS`), else ValueError."""
+    if reduction not in allowed:
+        raise ValueError(f"reduction must be one of {allowed}, got {reduction!r}")
     return reduction
 
 

@@ -37,6 +37,7 @@ from ..opargs import grads, op_schema
 from . import checks
 from .cache import HandleRegistry
 from .checks import as_lengths, split_targets
+from .impl import Backends
 from .reduction import reduce_losses, reduction_coefficients
 from .scoring import Plan, graph_weights, pick_impl, score
 
@@ -78,6 +79,66 @@ class Criterion:
     #: the ``impl=`` names of the criterion's own kernels (each also in :attr:`backends` and in
     #: :data:`lightning_gtn.core.checks.KERNEL_BACKENDS`); empty: every call is planned
     kernels: Tuple[str, ...] = ()
+    #: the ``reduction=`` values the loss takes
+    reductions: Tuple[str, ...] = checks.REDUCTIONS
+    #: the picker of the criterion's own kernels (:class:`~.impl.Backends`), when they form a
+    #: family of their own (the RNN-T lattices, k2's recursion, the MMI denominator); None: the
+    #: graph kernels' (:data:`~.scoring.GRAPH_BACKENDS`) or the ``kernels`` named above
+    picker: Optional[Backends] = None
+
+    def check_emissions(self, emissions, name: str) -> Tuple[int, ...]:
+        """The shape of the scored input, checked: ``(B, T, C)`` float emissions by default
+        (named ``name`` in messages). A criterion whose input is another tensor (the RNN-T
+        joiner's ``(B, T, U + 1, V)``) or a tuple of tensors (k2's ``(px, py)``) checks that;
+        the first entry is ``B`` and the last the class count passed to :meth:`check_options`."""
+        return checks.check_emissions(emissions, name)
+
+    def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        """The loss's keyword options beyond the common ones (``clamp``, ``fastemit_lambda``,
+        ``durations``, ...), checked against the input's ``shape``; returned as the criterion's
+        :meth:`call_kernel` takes them. By default a criterion takes none (TypeError)."""
+        if options:
+            raise TypeError(f"{self.name}: unexpected options {sorted(options)}")
+        return options
+
+    def index_tensors(self, targets, input_lengths, target_lengths, B: int, device: torch.device):
+        """``(targets, input_lengths, target_lengths)`` as the op takes them: the targets as one
+        padded int64 tensor (a list of sequences and torch's concatenated form are accepted),
+        the lengths as int64 tensors; values are checked inside the op."""
+        tg, tl = checks.targets_tensors(targets, target_lengths, B, device)
+        return tg, checks.int_tensor(input_lengths, "input_lengths"), tl
+
+    def call_kernel(
+        self,
+        x,
+        targets: Tensor,
+        input_lengths: Tensor,
+        target_lengths: Tensor,
+        blank: int,
+        reduction: str,
+        zero_infinity: bool,
+        impl: str,
+        need_e: bool,
+        options: Dict[str, object],
+    ) -> Tensor:
+        """The loss of a call that :meth:`own_kernel` gave to ``impl``: ``x`` is the input in its
+        compute dtype. By default the custom op ``lightning_gtn::kernel_loss``
+        (:func:`kernel_loss_op`, which calls :meth:`kernel_loss`); a criterion whose kernels
+        take more arguments calls its own custom op here."""
+        args = KernelLossArgs(
+            emissions=x,
+            targets=targets,
+            input_lengths=input_lengths,
+            target_lengths=target_lengths,
+            kind=self.kind,
+            handle=int(self.handle),
+            blank=int(blank),
+            reduction=reduction,
+            zero_infinity=bool(zero_infinity),
+            impl=impl,
+            need_e=need_e,
+        )
+        return kernel_loss_op(*args)[0]
 
     def own_kernel(self, device: torch.device, impl: Optional[str]) -> Optional[str]:
         """The own kernel (one of :attr:`kernels`) that scores a call with ``impl`` (already
@@ -115,8 +176,14 @@ class Criterion:
         (the transducer's targets are graphemes, not emission classes)."""
         return C
 
-    def check_backend(self, impl) -> Optional[str]:
-        """``impl`` when it is None or one of :attr:`backends`, else ValueError."""
+    def check_backend(self, impl, device: Optional[torch.device] = None) -> Optional[str]:
+        """``impl`` when it is None or one of :attr:`backends`, else ValueError. With a
+        :attr:`picker`, an explicit ``impl`` is checked by it for tensors on ``device`` (a name not
+        offered, numba off the CPU, Triton where it cannot run)."""
+        if self.picker is not None:
+            if impl is not None:
+                self.picker.pick(device if device is not None else torch.device("cpu"), impl, self.name)
+            return impl
         if impl not in checks.IMPLS:
             raise ValueError(f"impl must be one of {checks.IMPLS}, got {impl!r}")
         if impl is not None and impl not in self.backends:
@@ -379,6 +446,22 @@ def _loss_fake(*inputs):
     return out, gE, gW
 
 
+class KernelLossArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::kernel_loss`` (:func:`kernel_loss_op`)."""
+
+    emissions: Tensor
+    targets: Tensor
+    input_lengths: Tensor
+    target_lengths: Tensor
+    kind: str
+    handle: int
+    blank: int
+    reduction: str
+    zero_infinity: bool
+    impl: str
+    need_e: bool
+
+
 # The op of the criteria with their own kernel is declared with the low-level ``torch.library``
 # API: a schema, one implementation for every backend, a fake, and an autograd kernel written as
 # an autograd.Function. ``torch.library.custom_op`` would give the same op, but its Python
@@ -391,6 +474,7 @@ _LIB.define(
 )
 
 
+@op_schema(KernelLossArgs)
 def _kernel_loss_impl(
     emissions: Tensor,
     targets: Tensor,
@@ -421,11 +505,10 @@ _LIB.impl("kernel_loss", _kernel_loss_impl, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("lightning_gtn::kernel_loss")
-def _kernel_loss_fake(
-    emissions, targets, input_lengths, target_lengths, kind, handle, blank, reduction, zero_infinity, impl, need_e
-):
-    out = emissions.new_empty((emissions.shape[0],) if reduction == "none" else ())
-    return out, (torch.empty_like(emissions) if need_e else emissions.new_empty(0))
+def _kernel_loss_fake(*inputs):
+    a = KernelLossArgs(*inputs)
+    out = a.emissions.new_empty((a.emissions.shape[0],) if a.reduction == "none" else ())
+    return out, (torch.empty_like(a.emissions) if a.need_e else a.emissions.new_empty(0))
 
 
 #: ``lightning_gtn::kernel_loss``: the custom op behind :meth:`Criterion.kernel_loss` (see
@@ -437,12 +520,10 @@ class _KernelLossFunction(torch.autograd.Function):
     """The op's autograd kernel: the forward gives the gradient too; the backward scales it."""
 
     @staticmethod
-    def forward(ctx, emissions, targets, input_lengths, target_lengths, kind, handle, blank, reduction, *rest):
+    def forward(ctx, *inputs):
         with torch._C._AutoDispatchBelowAutograd():
-            out, gE = kernel_loss_op(
-                emissions, targets, input_lengths, target_lengths, kind, handle, blank, reduction, *rest
-            )
-        ctx.reduction = reduction
+            out, gE = kernel_loss_op(*inputs)
+        ctx.reduction = KernelLossArgs(*inputs).reduction
         ctx.mark_non_differentiable(gE)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(gE)
@@ -451,15 +532,15 @@ class _KernelLossFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_out, _g_ge):
         gE = None
-        if g_out is not None and ctx.needs_input_grad[0]:
+        if g_out is not None and KernelLossArgs(*ctx.needs_input_grad).emissions:
             (gE_s,) = ctx.saved_tensors
-            if gE_s.dim() != 3:
+            if gE_s.dim() == 1:
                 raise RuntimeError("lightning_gtn::kernel_loss: a backward through a call with need_e=False")
             if _is_one(g_out):  # loss.backward(): the saved gradient as it is (no pass, no copy)
-                return (gE_s,) + (None,) * 10
+                return grads(KernelLossArgs, emissions=gE_s)
             g = g_out.to(gE_s.dtype)
-            gE = gE_s * (g.reshape(-1, 1, 1) if ctx.reduction == "none" else g)
-        return (gE,) + (None,) * 10
+            gE = gE_s * (g.reshape((-1,) + (1,) * (gE_s.dim() - 1)) if ctx.reduction == "none" else g)
+        return grads(KernelLossArgs, emissions=gE)
 
 
 def _is_one(g: Tensor) -> bool:
@@ -584,7 +665,7 @@ loss_op.register_autograd(_loss_backward, setup_context=_loss_setup)
 
 def apply_loss(
     crit: Criterion,
-    emissions: Tensor,
+    emissions,
     targets,
     input_lengths,
     target_lengths,
@@ -595,45 +676,54 @@ def apply_loss(
     zero_infinity: bool = False,
     impl: Optional[str] = None,
     name: str = "emissions",
+    **options,
 ) -> Tensor:
     """The prologue of every loss: checks and converts the arguments once, then scores.
 
-    In order: the emissions (``(B, T, C)`` float, named ``name`` in messages), ``reduction``,
-    ``impl`` against ``crit.backends`` (:meth:`Criterion.check_backend`), the loss's own
-    options (:meth:`Criterion.check_options`). A criterion whose own kernel scores the call
-    (:meth:`Criterion.own_kernel`) goes to :func:`kernel_loss_op` (targets and lengths as int64
-    tensors, the emissions in their compute dtype). Otherwise ``impl="gtn"``
-    goes to :meth:`Criterion.gtn_losses` (targets and lengths read on the host, reduced here);
-    every other ``impl`` calls :func:`loss_op` with the targets as one padded int64 tensor
-    and the lengths as int64 tensors (their values are checked inside the op, where
-    ``torch.compile`` does not look), the emissions cast once to their compute dtype
-    (:meth:`Criterion.prepare` may augment them), the result cast back once.
+    In order: the input (:meth:`Criterion.check_emissions`: ``(B, T, C)`` float emissions by
+    default, named ``name`` in messages), ``reduction`` (one of :attr:`Criterion.reductions`),
+    ``zero_infinity``, ``impl`` (:meth:`Criterion.check_backend`: against the criterion's
+    backends or its :attr:`Criterion.picker`), the loss's options
+    (:meth:`Criterion.check_options` for the blank and learned weights, then
+    :meth:`Criterion.check_call_options` for the keyword ``options``). A criterion whose own
+    kernel scores the call (:meth:`Criterion.own_kernel`) goes to :meth:`Criterion.call_kernel`
+    (targets and lengths as int64 tensors, :meth:`Criterion.index_tensors`; the input in its
+    compute dtype). Otherwise ``impl="gtn"`` goes to :meth:`Criterion.gtn_losses` (targets and
+    lengths read on the host, reduced here); every other ``impl`` calls :func:`loss_op` with
+    the targets as one padded int64 tensor and the lengths as int64 tensors (their values are
+    checked inside the op, where ``torch.compile`` does not look), the emissions cast once to
+    their compute dtype (:meth:`Criterion.prepare` may augment them), the result cast back once.
 
     Returns:
-        The loss in the emissions' dtype: ``(B,)`` for ``reduction="none"``, else a scalar.
+        The loss in the input's dtype: ``(B,)`` for ``reduction="none"``, else a scalar.
     """
-    B, T, C = checks.check_emissions(emissions, name)
-    checks.check_reduction(reduction)
-    impl = crit.check_backend(impl)
-    blank, weights = crit.check_options(C, blank, weights, emissions.device)
-    dev = emissions.device
+    shape = crit.check_emissions(emissions, name)
+    B, C = shape[0], shape[-1]
+    checks.check_reduction(reduction, crit.reductions)
+    checks.check_bool(zero_infinity, "zero_infinity")
+    first = emissions[0] if isinstance(emissions, tuple) else emissions
+    dev = first.device
+    impl = crit.check_backend(impl, dev)
+    blank, weights = crit.check_options(C, blank, weights, dev)
+    options = crit.check_call_options(shape, options)
     own = crit.own_kernel(dev, impl)
     if own is not None:  # the criterion's own kernel: no plan, no graphs
-        tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
-        il = checks.int_tensor(input_lengths, "input_lengths")
-        x = emissions.to(checks.compute_dtype(emissions))
-        need_e = bool(torch.is_grad_enabled() and x.requires_grad)
-        out = kernel_loss_op(
-            x, tg, il, tl, crit.kind, int(crit.handle), int(blank), reduction, bool(zero_infinity), own, need_e
-        )[0]
-        return out.to(emissions.dtype)
+        tg, il, tl = crit.index_tensors(targets, input_lengths, target_lengths, B, dev)
+        if isinstance(emissions, tuple):
+            x = tuple(e.to(checks.compute_dtype(e)) for e in emissions)
+            need_e = torch.is_grad_enabled() and any(e.requires_grad for e in x)
+        else:
+            x = emissions.to(checks.compute_dtype(emissions))
+            need_e = torch.is_grad_enabled() and x.requires_grad
+        out = crit.call_kernel(x, tg, il, tl, int(blank), reduction, bool(zero_infinity), own, bool(need_e), options)
+        return out.to(first.dtype)
+    T = shape[1]
     if impl == "gtn":
         lengths = as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
         seqs = split_targets(targets, target_lengths, B, dev, crit.target_classes(C), blank=crit.forbidden_label(blank))
         losses = crit.gtn_losses(emissions, weights, seqs, lengths, blank, zero_infinity)
         return reduce_losses(losses, reduction, np.asarray([len(s) for s in seqs]))
-    tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
-    il = checks.int_tensor(input_lengths, "input_lengths")
+    tg, il, tl = crit.index_tensors(targets, input_lengths, target_lengths, B, dev)
     run, x, w = crit.prepare(emissions.to(checks.compute_dtype(emissions)), weights, blank, impl)
     out = _call_loss_op(run, x, w, tg, il, tl, blank, reduction, zero_infinity, impl)
     return out.to(emissions.dtype)
