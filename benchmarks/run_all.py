@@ -2,7 +2,8 @@
 
 Each ``bench_*.py`` here has ``main(argv) -> str`` that prints a markdown table and returns it.
 The combined output is also written to ``benchmarks/RESULTS.md`` with the machine it ran on;
-the hand-written notes below ``NOTES_MARKER`` in that file are kept.
+the hand-written notes below ``NOTES_MARKER`` in that file are kept. ``--only NAME ... --update``
+replaces only those sections, each marked with the date and machine of its own run.
 Benchmarks are scripts, never timed assertions in tests.
 """
 
@@ -67,6 +68,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--only", nargs="*", default=None, help="benchmark names, e.g. bench_engine")
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="with --only: replace those sections of RESULTS.md, each marked with its own run's date and machine",
+    )
     args = p.parse_args(argv)
     names = [n for n in ORDER if (HERE / f"{n}.py").exists() and (args.only is None or n in args.only)]
     header = f"# Benchmarks\n\n{datetime.date.today()} on {machine()}\n"
@@ -76,13 +82,32 @@ def main(argv=None) -> int:
         print(f"## {name}\n", flush=True)
         table = _load(name).main(["--quick"] if args.quick else [])
         parts.append(f"## {name}\n\n{table}\n")
+    out = HERE / "RESULTS.md"
+    old = out.read_text() if out.exists() else ""
     if args.only is None:
-        out = HERE / "RESULTS.md"
-        old = out.read_text() if out.exists() else ""
         if NOTES_MARKER in old:
             parts.append(old[old.index(NOTES_MARKER) :])
         out.write_text("\n".join(parts))
+    elif args.update:
+        out.write_text(update_sections(old, dict(zip(names, parts[1:])), header))
     return 0
+
+
+def update_sections(text: str, sections: dict, header: str) -> str:
+    """``text`` (a RESULTS.md) with the ``## name`` sections of ``sections`` replaced (or added
+    before the notes), each followed by a line naming the run it came from (``header``'s date and
+    machine): the other sections keep their own run's header."""
+    head, notes = (text.split(NOTES_MARKER, 1) + [""])[:2] if NOTES_MARKER in text else (text, None)
+    run = header.strip().splitlines()[-1]
+    blocks = head.split("\n## ")
+    order = [b.split("\n", 1)[0].strip() for b in blocks[1:]]
+    body = {b.split("\n", 1)[0].strip(): "## " + b for b in blocks[1:]}
+    for name, part in sections.items():
+        body[name] = part.rstrip("\n") + f"\n\n(This section: {run}.)\n"
+        if name not in order:
+            order.append(name)
+    new = blocks[0].rstrip("\n") + "\n\n" + "\n".join(body[n].rstrip("\n") + "\n" for n in order)
+    return new + ("\n" + NOTES_MARKER + notes if notes is not None else "")
 
 
 if __name__ == "__main__":
