@@ -139,7 +139,10 @@ class _BuiltLattices(_Lattices):
 
     def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
         semiring, o = self.semiring(options, "builder")
-        return {"semiring": semiring, "handle": int(o["builder"].handle)}
+        builder = o["builder"]
+        if not isinstance(builder, LatticeBuilder):
+            raise ValueError(f"{self.name}: builder must be a LatticeBuilder, got {type(builder).__name__}")
+        return {"semiring": semiring, "handle": builder.handle}
 
     def call_kernel(
         self, x, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl, need_e, options
