@@ -88,7 +88,7 @@ class _Lattices(Criterion):
     def check_backend(self, impl, device: Optional[torch.device] = None) -> Optional[str]:
         return super().check_backend(impl, torch.device("cpu"))  # tensors elsewhere are scored on the CPU
 
-    def semiring(self, options: Dict[str, object], *names: str) -> Tuple[str, Dict[str, object]]:
+    def take_options(self, options: Dict[str, object], *names: str) -> Tuple[str, Dict[str, object]]:
         """``(semiring, the options named)``, checked; any other option is a TypeError."""
         rest = dict(options)
         semiring = rest.pop("semiring", "log")
@@ -108,7 +108,7 @@ class _GraphLattices(_Lattices):
     name = "lattice_loss"
 
     def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
-        semiring, o = self.semiring(options, "lattices")
+        semiring, o = self.take_options(options, "lattices")
         plan, order = _plan(o["lattices"], shape[0], shape[1])
         return {"semiring": semiring, "plan": plan, "graphs": order, "positions": shape[1]}
 
@@ -138,7 +138,7 @@ class _BuiltLattices(_Lattices):
     name = "lattice_criterion_loss"
 
     def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
-        semiring, o = self.semiring(options, "builder")
+        semiring, o = self.take_options(options, "builder")
         builder = o["builder"]
         if not isinstance(builder, LatticeBuilder):
             raise ValueError(f"{self.name}: builder must be a LatticeBuilder, got {type(builder).__name__}")
