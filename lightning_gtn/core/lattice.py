@@ -46,6 +46,7 @@ from ..opargs import grads, op_schema
 from ..wfst import Graph
 from . import checks, dispatch
 from .cache import LRU, HandleRegistry
+from .impl import Backends
 from .reduction import reduction_coefficients
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "LatticePlan",
     "score_plan",
     "LATTICE_CACHE_SIZE",
+    "LATTICE_BACKENDS",
     "LatticeBuilder",
     "register_builder",
     "lattice_loss_op",
@@ -65,6 +67,19 @@ __all__ = [
 LATTICE_CACHE_SIZE = 4096
 
 _INT = INDEX_DTYPE
+
+
+def _no_triton() -> bool:
+    return False
+
+
+def _nothing_to_check(device: torch.device) -> Optional[str]:
+    return None
+
+
+#: the implementations of the lattice scorer (``impl=`` besides None): the CPU numba kernels only;
+#: tensors on another device are scored on the CPU and the results moved back
+LATTICE_BACKENDS = Backends("lattices", ("numba",), triton_available=_no_triton, self_check=_nothing_to_check)
 
 
 class CompiledLattice:

@@ -10,13 +10,22 @@ transducer grid a user writes with GTN's API are scored by the same batched kern
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from ..core import checks, dispatch
-from ..core.lattice import LatticeBuilder, LatticeLossArgs, LatticePlan, compiled_lattice, lattice_loss_op, score_plan
+from ..core import checks, criterion, dispatch
+from ..core.criterion import Criterion
+from ..core.lattice import (
+    LATTICE_BACKENDS,
+    LatticeBuilder,
+    LatticeLossArgs,
+    LatticePlan,
+    compiled_lattice,
+    lattice_loss_op,
+    score_plan,
+)
 from ..core.reduction import reduction_coefficients
 from ..wfst import Graph
 
@@ -31,10 +40,6 @@ __all__ = [
     "lattice_criterion_loss",
     "rnnt_lattice_loss",
 ]
-
-#: the implementations of the generic lattice scorer (CPU numba kernels; tensors on another device
-#: are scored on the CPU and the results moved back)
-LATTICE_IMPLS = (None, "numba")
 
 _MAX_POS = 2**31 - 1  # positions are int32 input labels
 
@@ -69,13 +74,96 @@ def _plan(lattices, B: int, N: int, name: str = "lattices"):
     return plan, order
 
 
-def _check_common(scores, reduction, impl, semiring):
-    B, N = _check_scores(scores)
-    checks.check_reduction(reduction)
-    if impl not in LATTICE_IMPLS:
-        raise ValueError(f"impl must be one of {LATTICE_IMPLS} for lattices, got {impl!r}")
-    dispatch.check_semiring(semiring)
-    return B, N
+class _Lattices(Criterion):
+    """The lattice losses as criteria of :func:`~lightning_gtn.core.criterion.apply_loss`: the
+    input is the scores ``(B, N)`` or ``(B, ..., V)`` (its shape given as ``(B, N)``, ``N`` the
+    positions of one example), scored by the CPU numba kernels whatever their device
+    (:data:`~lightning_gtn.core.lattice.LATTICE_BACKENDS`); the call option ``semiring``."""
+
+    picker = LATTICE_BACKENDS
+
+    def check_emissions(self, emissions, name: str) -> Tuple[int, ...]:
+        return _check_scores(emissions, name)
+
+    def check_backend(self, impl, device: Optional[torch.device] = None) -> Optional[str]:
+        return super().check_backend(impl, torch.device("cpu"))  # tensors elsewhere are scored on the CPU
+
+    def take_options(self, options: Dict[str, object], *names: str) -> Tuple[str, Dict[str, object]]:
+        """``(semiring, the options named)``, checked; any other option is a TypeError."""
+        rest = dict(options)
+        semiring = rest.pop("semiring", "log")
+        picked = {n: rest.pop(n, None) for n in names}
+        super().check_call_options((), rest)
+        return dispatch.check_semiring(semiring), picked
+
+    def own_kernel(self, device: torch.device, impl: Optional[str]) -> Optional[str]:
+        return impl or "numba"
+
+
+class _GraphLattices(_Lattices):
+    """:func:`lattice_loss`: the user's :class:`~lightning_gtn.wfst.Graph` lattices (call option
+    ``lattices``), scored by an autograd Function over :func:`~lightning_gtn.core.lattice.score_plan`
+    that gives the graphs' weights their gradients; no targets or lengths."""
+
+    name = "lattice_loss"
+
+    def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        semiring, o = self.take_options(options, "lattices")
+        plan, order = _plan(o["lattices"], shape[0], shape[1])
+        return {"semiring": semiring, "plan": plan, "graphs": order, "positions": shape[1]}
+
+    def index_tensors(self, targets, input_lengths, target_lengths, B: int, device: torch.device):
+        return None, None, None
+
+    def call_kernel(
+        self, x, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl, need_e, options
+    ) -> torch.Tensor:
+        plan, order = options["plan"], options["graphs"]
+        S = x.reshape(plan.B, options["positions"])
+        if S.device.type != "cpu":
+            S = S.cpu()
+        w = torch.from_numpy(plan.batch.weights()).to(x.dtype)
+        need_w = bool(torch.is_grad_enabled() and any(g.calc_grad for g in order))
+        if need_w:
+            w = w.requires_grad_(True)  # a private leaf: autograd calls backward, which fills graph.grad()
+        out = _LatticeLossFunction.apply(S, w, plan, reduction, bool(zero_infinity), options["semiring"], need_w, order)
+        return out.to(device=x.device)
+
+
+class _BuiltLattices(_Lattices):
+    """:func:`lattice_criterion_loss` and :func:`rnnt_lattice_loss`: lattices that a
+    :class:`LatticeCriterion` (call option ``builder``) builds from the targets and input
+    lengths inside the custom op ``lightning_gtn::lattice_loss`` (``LatticeLossArgs``)."""
+
+    name = "lattice_criterion_loss"
+
+    def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        semiring, o = self.take_options(options, "builder")
+        builder = o["builder"]
+        if not isinstance(builder, LatticeBuilder):
+            raise ValueError(f"{self.name}: builder must be a LatticeBuilder, got {type(builder).__name__}")
+        return {"semiring": semiring, "handle": builder.handle}
+
+    def call_kernel(
+        self, x, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl, need_e, options
+    ) -> torch.Tensor:
+        args = LatticeLossArgs(
+            scores=x,
+            targets=targets,
+            input_lengths=input_lengths,
+            target_lengths=target_lengths,
+            handle=options["handle"],
+            reduction=reduction,
+            zero_infinity=bool(zero_infinity),
+            semiring=options["semiring"],
+            need_s=need_e,
+        )
+        out, _ = lattice_loss_op(*args)
+        return out
+
+
+_GRAPH_LATTICES = _GraphLattices()
+_BUILT_LATTICES = _BuiltLattices()
 
 
 class _LatticeLossFunction(torch.autograd.Function):
@@ -174,18 +262,19 @@ def lattice_loss(
         >>> round(float(lattice_loss(x, g)), 4)  # -log(e^(0+1) + e^(0+1))
         -1.6931
     """
-    B, N = _check_common(scores, reduction, impl, semiring)
-    dtype = checks.compute_dtype(scores)
-    plan, order = _plan(lattices, B, N)
-    x = scores.to(dtype).reshape(B, N)
-    if x.device.type != "cpu":
-        x = x.cpu()
-    w = torch.from_numpy(plan.batch.weights()).to(dtype)
-    need_w = bool(torch.is_grad_enabled() and any(g.calc_grad for g in order))
-    if need_w:
-        w = w.requires_grad_(True)  # a private leaf: autograd calls backward, which fills graph.grad()
-    out = _LatticeLossFunction.apply(x, w, plan, reduction, bool(zero_infinity), semiring, need_w, order)
-    return out.to(device=scores.device, dtype=scores.dtype)
+    return criterion.apply_loss(
+        _GRAPH_LATTICES,
+        scores,
+        None,
+        None,
+        None,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
+        name="scores",
+        lattices=lattices,
+        semiring=semiring,
+    )
 
 
 class LatticePath(NamedTuple):
@@ -213,7 +302,7 @@ def lattice_viterbi(scores: torch.Tensor, lattices: Union[Graph, Sequence[Graph]
         :class:`LatticePath`: its ``scores`` are ``max`` over paths (so ``lattice_loss(...,
         semiring="max", reduction="none") == -scores``); arcs, positions and output labels.
     """
-    B, N = _check_common(scores, "none", None, "max")
+    B, N = _check_scores(scores)
     dtype = checks.compute_dtype(scores)
     plan, order = _plan(lattices, B, N)
     x = scores.detach().to("cpu", dtype).reshape(B, N)
@@ -480,29 +569,22 @@ def lattice_criterion_loss(
     """
     if not isinstance(criterion, LatticeCriterion):
         raise ValueError(f"criterion must be a LatticeCriterion, got {type(criterion).__name__}")
-    return _op_loss(criterion, scores, targets, input_lengths, target_lengths, reduction, zero_infinity, semiring)
+    return _built_loss(criterion, scores, targets, input_lengths, target_lengths, reduction, zero_infinity, semiring)
 
 
-def _op_loss(crit, scores, targets, input_lengths, target_lengths, reduction, zero_infinity, semiring):
-    B, _ = _check_common(scores, reduction, None, semiring)
-    dev = scores.device
-    tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
-    il = checks.int_tensor(input_lengths, "input_lengths")
-    x = scores.to(checks.compute_dtype(scores))
-    need_s = bool(torch.is_grad_enabled() and x.requires_grad)
-    args = LatticeLossArgs(
-        scores=x,
-        targets=tg,
-        input_lengths=il,
-        target_lengths=tl,
-        handle=crit.handle,
+def _built_loss(builder, scores, targets, input_lengths, target_lengths, reduction, zero_infinity, semiring):
+    return criterion.apply_loss(
+        _BUILT_LATTICES,
+        scores,
+        targets,
+        input_lengths,
+        target_lengths,
         reduction=reduction,
-        zero_infinity=bool(zero_infinity),
+        zero_infinity=zero_infinity,
+        name="scores",
+        builder=builder,
         semiring=semiring,
-        need_s=need_s,
     )
-    out, _ = lattice_loss_op(*args)
-    return out.to(scores.dtype)
 
 
 def _rnnt_builder(target, frames, shape, blank):
@@ -547,4 +629,4 @@ def rnnt_lattice_loss(
     if crit is None:
         crit = _RNNT_CRITERIA[b] = LatticeCriterion(_rnnt_builder, {"blank": b}, blank=b)
     x = logits.log_softmax(-1) if fused_log_softmax else logits
-    return _op_loss(crit, x, targets, logit_lengths, target_lengths, reduction, zero_infinity, "log")
+    return _built_loss(crit, x, targets, logit_lengths, target_lengths, reduction, zero_infinity, "log")

@@ -1,8 +1,11 @@
 """k2's RNN-T functions, with k2's names, arguments and meanings (``import lightning_gtn.k2 as k2``).
 
 Every loss here reduces an RNN-T lattice to two tensors of log-probabilities, ``px`` (emit the
-next symbol) and ``py`` (emit the termination symbol, the blank), and scores them with
-:func:`mutual_information_recursion` (``lightning_gtn/kernels/mutual_information.py``)::
+next symbol) and ``py`` (emit the termination symbol, the blank), and scores them with k2's
+recursion (``lightning_gtn/kernels/mutual_information.py``), a
+:class:`~lightning_gtn.core.criterion.Criterion` whose input is the pair ``(px, py)``, called
+through :func:`~lightning_gtn.core.criterion.apply_loss` by :func:`mutual_information_recursion`
+and by every loss here::
 
     px: (B, S, T + 1) for rnnt_type="regular" (column T is -inf: no symbol after the last
         frame), (B, S, T) for "modified" / "constrained"
@@ -25,13 +28,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from ..core import checks
-from ..core.checks import check_float_tensor, check_reduction
+from ..core import checks, criterion
+from ..core.checks import check_float_tensor
+from ..core.criterion import Criterion
 from ..core.impl import Backends
 from ..core.reduction import reduce_losses
 from ..kernels import rnnt_triton as rnnt_kernels
@@ -69,10 +73,6 @@ def _compute(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def _int_tensor(x, name: str, shape: Tuple[int, ...], shape_txt: str, device) -> Tensor:
-    return checks.check_index_tensor(x, name, shape, shape_txt).to(device)
-
-
 def _eager() -> bool:
     """False while ``torch.compile`` traces: the checks of tensor values (which read them on the
     host) are skipped there; the numba kernel still range-checks boundaries itself."""
@@ -80,7 +80,7 @@ def _eager() -> bool:
 
 
 def _check_symbols(symbols, B: int, S: int, C: int, device) -> Tensor:
-    sym = _int_tensor(symbols, "symbols", (B, S), "(B, S)", device)
+    sym = checks.check_index_tensor(symbols, "symbols", (B, S), "(B, S)").to(device)
     if _eager():
         checks.check_in_range(sym, "symbols", "C", C, inclusive=False)
     return sym
@@ -98,11 +98,13 @@ def _check_type(rnnt_type) -> str:
     return rnnt_type
 
 
-def _check_boundary(boundary, B: int, S: int, T: int, device) -> Optional[Tensor]:
-    """None, or ``boundary`` as a checked ``(B, 4)`` int64 tensor on ``device``."""
+def _check_boundary(boundary, B: int, S: int, T: int, device=None) -> Optional[Tensor]:
+    """None, or ``boundary`` as a checked ``(B, 4)`` int64 tensor on ``device`` (None: where it is)."""
     if boundary is None:
         return None
-    bnd = _int_tensor(boundary, "boundary", (B, 4), "(B, 4)", device)
+    bnd = checks.check_index_tensor(boundary, "boundary", (B, 4), "(B, 4)")
+    if device is not None:
+        bnd = bnd.to(device)
     if _eager():
         check_boundary_values(bnd.detach().cpu().numpy(), S, T)
     return bnd
@@ -180,6 +182,88 @@ def _check_delay(delay_penalty) -> float:
     return checks.check_real(delay_penalty, "delay_penalty", finite=False)
 
 
+class _Recursion(Criterion):
+    """k2's recursion as a criterion of :func:`~lightning_gtn.core.criterion.apply_loss`.
+
+    The input is the pair ``(px, py)`` (checked by :meth:`check_emissions`, which gives its shape
+    as ``(B, S + 1, T + 1, 2)``: the grid's nodes and the two arcs out of each); there are no
+    targets or lengths (the symbols are read into ``px`` before). Call options: ``boundary``
+    (None or ``(B, 4)``) and ``return_grad`` (None, or an empty list that receives the detached
+    ``(px_grad, py_grad)``). The result is the scores ``(B,)`` (``reduction="none"`` only).
+    """
+
+    name = "mutual_information"
+    picker = MI_BACKENDS
+    reductions: Tuple[str, ...] = ("none",)
+
+    def check_emissions(self, emissions, name: str) -> Tuple[int, ...]:
+        if not isinstance(emissions, tuple) or len(emissions) != 2:
+            raise ValueError(f"{self.name}: the input must be the pair (px, py), got {type(emissions).__name__}")
+        px, py = emissions
+        check_float_tensor(px, "px", 3, "(B, S, T + 1) or (B, S, T)")
+        check_float_tensor(py, "py", 3, "(B, S + 1, T)")
+        B, S, T1 = px.shape
+        if py.shape[0] != B or py.shape[1] != S + 1 or T1 not in (py.shape[2], py.shape[2] + 1):
+            raise ValueError(
+                f"py must have shape (B, S + 1, T) with px (B, S, T + 1) or (B, S, T); got px {tuple(px.shape)}, "
+                f"py {tuple(py.shape)}"
+            )
+        if px.dtype != py.dtype:
+            raise ValueError(f"px and py must have the same dtype, got {px.dtype} and {py.dtype}")
+        if px.device != py.device:
+            raise ValueError(f"px and py must be on the same device, got {px.device} and {py.device}")
+        return (B, S + 1, py.shape[2] + 1, 2)
+
+    def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        rest = dict(options)
+        boundary, sink = rest.pop("boundary", None), rest.pop("return_grad", None)
+        super().check_call_options(shape, rest)  # any other option: TypeError
+        B, S1, T1, _ = shape
+        return {"boundary": _check_boundary(boundary, B, S1 - 1, T1 - 1), "return_grad": sink}
+
+    def own_kernel(self, device: torch.device, impl: Optional[str]) -> Optional[str]:
+        return impl or ""  # "": the op picks the device's default
+
+    def index_tensors(self, targets, input_lengths, target_lengths, B: int, device: torch.device):
+        return None, None, None
+
+    def call_kernel(
+        self, x, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl, need_e, options
+    ) -> Tensor:
+        px, py = x
+        B, S, _ = px.shape
+        T = py.shape[2]
+        bnd = options["boundary"]
+        bnd = _full_boundary(None if bnd is None else bnd.to(px.device), B, S, T, px.device)
+        sink = options["return_grad"]
+        args = MutualInformationArgs(
+            px=px.contiguous(), py=py.contiguous(), boundary=bnd, need_grad=bool(need_e or sink is not None), impl=impl
+        )
+        scores, pxg, pyg = mutual_information_op(*args)
+        if sink is not None:
+            sink.extend((pxg.detach(), pyg.detach()))
+        return self.finish(scores, reduction)
+
+    def finish(self, scores: Tensor, reduction: str) -> Tensor:
+        """The result from the recursion's ``(B,)`` log-likelihoods: the scores themselves."""
+        return scores
+
+
+class _RecursionLoss(_Recursion):
+    """k2's losses: the recursion's negated log-likelihoods, reduced (k2's ``"none"``,
+    ``"mean"``, the batch mean, and ``"sum"``)."""
+
+    reductions = ("none", "mean", "sum")
+
+    def finish(self, scores: Tensor, reduction: str) -> Tensor:
+        return reduce_losses(-scores, reduction)
+
+
+#: the recursion (:func:`mutual_information_recursion`) and k2's losses (every other scoring function)
+_MI = _Recursion()
+_MI_LOSS = _RecursionLoss()
+
+
 # -- log-probabilities of joiner outputs ---------------------------------------------------------
 
 
@@ -246,31 +330,12 @@ def mutual_information_recursion(
         ``scores`` ``(B,)``: ``p[b, s_end, t_end]`` (a log-likelihood), or
         ``(scores, (px_grad, py_grad))`` with ``return_grad``.
     """
-    check_float_tensor(px, "px", 3, "(B, S, T + 1) or (B, S, T)")
-    check_float_tensor(py, "py", 3, "(B, S + 1, T)")
-    B, S, T1 = px.shape
-    if py.shape[0] != B or py.shape[1] != S + 1 or T1 not in (py.shape[2], py.shape[2] + 1):
-        raise ValueError(
-            f"py must have shape (B, S + 1, T) with px (B, S, T + 1) or (B, S, T); got px {tuple(px.shape)}, "
-            f"py {tuple(py.shape)}"
-        )
-    if px.dtype != py.dtype:
-        raise ValueError(f"px and py must have the same dtype, got {px.dtype} and {py.dtype}")
-    if px.device != py.device:
-        raise ValueError(f"px and py must be on the same device, got {px.device} and {py.device}")
-    T = py.shape[2]
-    how = MI_BACKENDS.pick(px.device, impl) if impl is not None else ""  # "": the op picks the device's default
-    bnd = _full_boundary(_check_boundary(boundary, B, S, T, px.device), B, S, T, px.device)
-    dtype = px.dtype
-    pxc, pyc = _compute(px).contiguous(), _compute(py).contiguous()
-    need = bool(return_grad) or (torch.is_grad_enabled() and (px.requires_grad or py.requires_grad))
-    scores, pxg, pyg = mutual_information_op(
-        *MutualInformationArgs(px=pxc, py=pyc, boundary=bnd, need_grad=need, impl=how)
+    sink: Optional[list] = [] if return_grad else None
+    scores = criterion.apply_loss(
+        _MI, (px, py), None, None, None, reduction="none", impl=impl, boundary=boundary, return_grad=sink
     )
-    if scores.dtype != dtype:
-        scores = scores.to(dtype)
-    if return_grad:
-        return scores, (pxg.detach().to(dtype), pyg.detach().to(dtype))
+    if sink is not None:
+        return scores, (sink[0].to(px.dtype), sink[1].to(px.dtype))
     return scores
 
 
@@ -382,12 +447,16 @@ def _delay(px: Tensor, delay_penalty: float, rnnt_type: str, boundary: Optional[
 
 
 def _score(px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad, impl=None):
+    """The loss of ``(px, py)`` (in their compute dtype) through :func:`~lightning_gtn.core.criterion.apply_loss`
+    with the delay penalty added; ``(loss, (px_grad, py_grad))`` with ``return_grad``."""
     px = _delay(px, delay_penalty, rnnt_type, boundary)
-    out = mutual_information_recursion(px, py, boundary, return_grad=return_grad, impl=impl)
-    if isinstance(out, tuple):
-        scores, grads = out
-        return reduce_losses(-scores, reduction), grads
-    return reduce_losses(-out, reduction)
+    sink: Optional[list] = [] if return_grad else None
+    loss = criterion.apply_loss(
+        _MI_LOSS, (px, py), None, None, None, reduction=reduction, impl=impl, boundary=boundary, return_grad=sink
+    )
+    if sink is not None:
+        return loss, (sink[0], sink[1])
+    return loss
 
 
 def rnnt_loss_simple(
@@ -417,7 +486,6 @@ def rnnt_loss_simple(
     Returns:
         the loss, or ``(loss, (px_grad, py_grad))`` with ``return_grad``.
     """
-    reduction = check_reduction(reduction)
     delay_penalty = _check_delay(delay_penalty)
     px, py = get_rnnt_logprobs(lm, am, symbols, termination_symbol, rnnt_type=rnnt_type, boundary=boundary)
     bnd = _check_boundary(boundary, am.shape[0], lm.shape[1] - 1, am.shape[1], am.device)
@@ -481,7 +549,6 @@ def rnnt_loss(
     Returns:
         ``(B,)`` negative log-likelihoods with ``reduction="none"``, else a scalar.
     """
-    reduction = check_reduction(reduction)
     delay_penalty = _check_delay(delay_penalty)
     px, py = get_rnnt_logprobs_joint(logits, symbols, termination_symbol, rnnt_type=rnnt_type, boundary=boundary)
     bnd = _check_boundary(boundary, logits.shape[0], logits.shape[2] - 1, logits.shape[1], logits.device)
@@ -588,7 +655,7 @@ def _check_ranges(ranges, B: int, T: int, S: int, device, R: Optional[int] = Non
         got = tuple(ranges.shape) if isinstance(ranges, Tensor) else type(ranges).__name__
         raise ValueError(f"ranges must be an integer tensor of shape (B, T, s_range), got {got}")
     R = ranges.shape[2] if R is None else R
-    r = _int_tensor(ranges, "ranges", (B, T, R), "(B, T, s_range)", device)
+    r = checks.check_index_tensor(ranges, "ranges", (B, T, R), "(B, T, s_range)").to(device)
     if R < 1 or R > S + 1:
         raise ValueError(f"ranges must have 1 <= s_range <= S + 1 = {S + 1}, got s_range={R}")
     if _eager() and r.numel():
@@ -716,7 +783,6 @@ def rnnt_loss_pruned(
         ``(B,)`` with ``reduction="none"``, else a scalar. With ``s_range = S + 1`` (nothing
         pruned) it equals :func:`rnnt_loss` of the full lattice.
     """
-    reduction = check_reduction(reduction)
     delay_penalty = _check_delay(delay_penalty)
     px, py = _pruned_logprobs(logits, symbols, ranges, termination_symbol, boundary, rnnt_type, bool(use_hat_loss))
     S = px.shape[1]
@@ -815,7 +881,6 @@ def rnnt_loss_smoothed(
     Returns:
         the loss, or ``(loss, (px_grad, py_grad))`` with ``return_grad``.
     """
-    reduction = check_reduction(reduction)
     delay_penalty = _check_delay(delay_penalty)
     px, py = get_rnnt_logprobs_smoothed(
         lm,

@@ -435,6 +435,48 @@ def test_hat_loss_with_full_ranges_matches_its_definition():
         assert got[b].item() == pytest.approx(want, rel=1e-9)
 
 
+# -- the prologue -------------------------------------------------------------------------------
+
+
+def test_every_scoring_function_goes_through_apply_loss_once(monkeypatch):
+    from lightning_gtn.core import criterion
+    from lightning_gtn.losses.pruned_rnnt import MI_BACKENDS
+
+    logits, symbols, boundary = random_case(B=2, T=5, U=2, V=4, seed=31)
+    g = torch.Generator().manual_seed(32)
+    lm, am = (
+        torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+        torch.randn(2, 5, 4, generator=g, dtype=torch.float64),
+    )
+    px, py = torch.randn(2, 2, 6, generator=g), torch.randn(2, 3, 5, generator=g)
+    ranges = torch.tensor([0, 0, 1, 1, 1]).reshape(1, 5, 1).expand(2, 5, 2) + torch.arange(2)
+    fns = {
+        "mutual_information_recursion": lambda: k2.mutual_information_recursion(px, py, boundary),
+        "rnnt_loss_simple": lambda: k2.rnnt_loss_simple(lm, am, symbols, 0, boundary, reduction="none"),
+        "rnnt_loss": lambda: k2.rnnt_loss(logits, symbols, 0, boundary, reduction="sum"),
+        "rnnt_loss_pruned": lambda: k2.rnnt_loss_pruned(logits[:, :, :2], symbols, ranges, 0, boundary),
+        "rnnt_loss_smoothed": lambda: k2.rnnt_loss_smoothed(lm, am, symbols, 0, boundary=boundary),
+    }
+    assert set(fns) == {n for n in k2.__all__ if n.startswith(("rnnt_loss", "mutual_information"))}
+    want = {name: fn() for name, fn in fns.items()}
+    seen = []
+    real = criterion.apply_loss
+
+    def counting(crit, *args, **kwargs):
+        seen.append(crit)
+        return real(crit, *args, **kwargs)
+
+    monkeypatch.setattr(criterion, "apply_loss", counting)
+    for name, fn in fns.items():
+        seen.clear()
+        got = fn()
+        assert len(seen) == 1, name
+        assert seen[0].picker is MI_BACKENDS, name
+        assert torch.isfinite(got).all() and torch.equal(got, want[name]), name
+    with pytest.raises(TypeError, match="unexpected options"):
+        real(seen[0], (px, py), None, None, None, clamp=1.0)
+
+
 # -- bad inputs ---------------------------------------------------------------------------------
 
 

@@ -291,7 +291,7 @@ def test_bad_graphs_and_inputs_raise_value_errors_naming_the_argument():
         lattice_loss(x, ok, reduction="avg")
     with pytest.raises(ValueError, match="semiring"):
         lattice_loss(x, ok, semiring="tropical")
-    with pytest.raises(ValueError, match="impl"):
+    with pytest.raises(ValueError, match=r"^lattice_loss: impl must be None or one of \('numba',\), got 'torch'$"):
         lattice_loss(x, ok, impl="torch")
     with pytest.raises(ValueError, match="targets"):
         rnnt_lattice(3, 2, [0, 1], 4, blank=0)  # the blank is not a target
@@ -299,6 +299,44 @@ def test_bad_graphs_and_inputs_raise_value_errors_naming_the_argument():
         rnnt_lattice(3, 2, [1], 4, blank=4)
     with pytest.raises(ValueError, match="frames"):
         rnnt_lattice(3, 2, [1], 4, frames=4)
+
+
+def test_every_lattice_loss_goes_through_apply_loss_once(monkeypatch):
+    from lightning_gtn.core import criterion
+    from lightning_gtn.core.lattice import LATTICE_BACKENDS
+    from lightning_gtn.functional import LatticeCriterion, lattice_criterion_loss, rnnt_lattice_loss
+    from lightning_gtn.losses import lattice
+
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 4, 3, 5, generator=g, dtype=torch.float64)
+    targets, ll, tl = torch.tensor([[1, 2], [3, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1])
+    lats = [rnnt_lattice(4, 2, [1, 2], 5), rnnt_lattice(4, 2, [3], 5, frames=3)]
+    crit = LatticeCriterion(lambda t, f, shape: rnnt_lattice(shape[0], shape[1] - 1, t, shape[2], 0, frames=f))
+    lp = logits.log_softmax(-1)
+    fns = {
+        "lattice_loss": lambda: lattice_loss(lp, lats, "none"),
+        "lattice_criterion_loss": lambda: lattice_criterion_loss(lp, targets, ll, tl, criterion=crit, reduction="none"),
+        "rnnt_lattice_loss": lambda: rnnt_lattice_loss(logits, targets, ll, tl, blank=0, reduction="none"),
+    }
+    assert set(fns) == {n for n in lattice.__all__ if n.endswith("_loss")}
+    want = {name: fn() for name, fn in fns.items()}
+    torch.testing.assert_close(want["lattice_criterion_loss"], want["lattice_loss"])
+    seen = []
+    real = criterion.apply_loss
+
+    def counting(crit, *args, **kwargs):
+        seen.append(crit)
+        return real(crit, *args, **kwargs)
+
+    monkeypatch.setattr(criterion, "apply_loss", counting)
+    for name, fn in fns.items():
+        seen.clear()
+        got = fn()
+        assert len(seen) == 1, name
+        assert seen[0].picker is LATTICE_BACKENDS, name
+        assert torch.isfinite(got).all() and torch.equal(got, want[name]), name
+    assert LATTICE_BACKENDS.offered == ("numba",)
+    assert LATTICE_BACKENDS.default("cpu") == "numba"
 
 
 def test_rnnt_lattice_loss_custom_op_equals_reference_and_compiles_fullgraph():
