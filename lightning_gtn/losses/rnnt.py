@@ -1,7 +1,9 @@
 """The regular RNN-T loss (Graves 2012) with torchaudio's ``rnnt_loss`` signature and meanings.
 
-:func:`rnnt_loss` checks its arguments (shapes and dtypes here, values inside the op, where
-``torch.compile`` does not look) and calls the ``torch.library`` custom op
+:func:`rnnt_loss` is :class:`RNNTCriterion` called through the one prologue of every loss,
+:func:`lightning_gtn.core.criterion.apply_loss`, which checks its arguments (shapes, dtypes and
+options there, values inside the op, where ``torch.compile`` does not look) and calls the
+``torch.library`` custom op
 ``lightning_gtn::rnnt_loss``, which computes the costs and their gradient in one go (the numba
 kernel :mod:`lightning_gtn.kernels.rnnt_numba` on the CPU, the Triton kernel
 :mod:`lightning_gtn.kernels.rnnt_triton` on CUDA devices where it passes its self-check,
@@ -14,13 +16,14 @@ the logits' own storage instead of a new buffer.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..core import checks
+from ..core import checks, criterion
+from ..core.criterion import Criterion
 from ..core.impl import Backends
 from ..core.reduction import reduction_coefficients
 from ..kernels import rnnt_triton as rnnt_kernels
@@ -29,7 +32,7 @@ from ..kernels.rnnt_torch import rnnt_cost_grad_torch
 from ..kernels.rnnt_triton import rnnt_triton
 from ..opargs import grads, op_schema
 
-__all__ = ["rnnt_loss", "RNNT_IMPLS", "resolve_blank"]
+__all__ = ["rnnt_loss", "RNNT_IMPLS", "RNNTCriterion", "JoinerCriterion", "resolve_blank"]
 
 #: ``impl=`` values of :func:`rnnt_loss` besides None (the device's default)
 RNNT_IMPLS = ("numba", "torch", "triton")
@@ -274,6 +277,124 @@ class _RNNTInplace(torch.autograd.Function):
         return g, None, None, None, None
 
 
+def joiner_index_tensors(targets, logit_lengths, target_lengths, B: int, device: torch.device):
+    """``(targets (B, U), logit_lengths (B,), target_lengths (B,))`` as int64 tensors (a tensor or
+    a sequence of integers each), on ``device`` or the CPU; ValueError naming the argument for a
+    float/bool dtype, a wrong shape or another device. Their values are checked inside the op."""
+    tg = checks.check_index_tensor(targets, "targets", (B, None), "(B, U)", device)
+    il = checks.check_index_tensor(logit_lengths, "logit_lengths", (B,), "(B,)", device)
+    tl = checks.check_index_tensor(target_lengths, "target_lengths", (B,), "(B,)", device)
+    return tg, il, tl
+
+
+class JoinerCriterion(Criterion):
+    """The prologue's part shared by the losses on a joiner output ``(B, T, U + 1, V)`` (the RNN-T
+    lattice, the duration lattices): the 4-D logits check, torchaudio's index tensors (``targets
+    (B, U)``, ``logit_lengths (B,)``, ``target_lengths (B,)``), and every call scored by the
+    family's own kernels (:attr:`picker`; ``impl`` ``""`` is the device's default, chosen inside
+    the op)."""
+
+    def check_emissions(self, emissions, name: str) -> Tuple[int, ...]:
+        """``(B, T, U + 1, V)`` of the joiner logits ``emissions`` (named ``name``)."""
+        return checks.check_joiner_logits(emissions, name)
+
+    def own_kernel(self, device: torch.device, impl: Optional[str]) -> Optional[str]:
+        """Always the family's kernels: ``impl``, or ``""`` for the device's default."""
+        return impl or ""
+
+    def index_tensors(self, targets, input_lengths, target_lengths, B: int, device: torch.device):
+        """See :func:`joiner_index_tensors`."""
+        return joiner_index_tensors(targets, input_lengths, target_lengths, B, device)
+
+
+class RNNTCriterion(JoinerCriterion):
+    """:func:`rnnt_loss` behind :func:`~lightning_gtn.core.criterion.apply_loss`: the blank
+    resolved against ``V``, the options ``clamp``, ``fastemit_lambda``, ``fused_log_softmax`` and
+    ``inplace_grad`` checked, the call scored by :func:`rnnt_loss_op` (or, with
+    ``inplace_grad=True`` in eager mode, by the Function that writes the gradient into the
+    logits' storage)."""
+
+    kind = "rnnt"
+    name = "rnnt_loss"
+    backends = RNNT_IMPLS
+    picker = RNNT_BACKENDS
+
+    def check_options(self, C: int, blank, weights, device: torch.device):
+        """``(blank in [0, V), None)``: see :func:`resolve_blank`."""
+        return resolve_blank(blank, C), None
+
+    def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        """``clamp`` (a real number), ``fastemit_lambda`` (finite, ``>= 0``), ``fused_log_softmax``
+        and ``inplace_grad`` (bools), checked in that order."""
+        rest = dict(options)
+        clamp = checks.check_real(rest.pop("clamp", -1.0), "clamp")
+        lam = checks.check_real(rest.pop("fastemit_lambda", 0.0), "fastemit_lambda")
+        if lam < 0:
+            raise ValueError(f"fastemit_lambda must be >= 0, got {lam}")
+        fused = checks.check_bool(rest.pop("fused_log_softmax", True), "fused_log_softmax")
+        inplace = checks.check_bool(rest.pop("inplace_grad", False), "inplace_grad")
+        super().check_call_options(shape, rest)
+        return {"clamp": clamp, "fastemit_lambda": lam, "fused_log_softmax": bool(fused), "inplace_grad": bool(inplace)}
+
+    def call_kernel(
+        self,
+        x,
+        targets: Tensor,
+        input_lengths: Tensor,
+        target_lengths: Tensor,
+        blank: int,
+        reduction: str,
+        zero_infinity: bool,
+        impl: str,
+        need_e: bool,
+        options: Dict[str, object],
+    ) -> Tensor:
+        """:func:`rnnt_loss_op`; with ``inplace_grad`` and a gradient to compute in eager mode,
+        :class:`_RNNTInplace` on ``x`` itself: the caller's logits, since the prologue's cast is
+        the identity for float32/float64, the only dtypes :func:`rnnt_loss` lets through
+        (:func:`_check_inplace`)."""
+        clamp = float(options["clamp"])  # type: ignore[arg-type]
+        lam = float(options["fastemit_lambda"])  # type: ignore[arg-type]
+        fused = bool(options["fused_log_softmax"])
+        if options["inplace_grad"] and need_e and not torch.compiler.is_compiling():
+            opts = (blank, clamp, reduction, fused, zero_infinity, lam, impl)
+            return _RNNTInplace.apply(x, targets, input_lengths, target_lengths, opts)
+        args = RNNTArgs(
+            logits=x,
+            targets=targets,
+            logit_lengths=input_lengths,
+            target_lengths=target_lengths,
+            blank=blank,
+            clamp=clamp,
+            reduction=reduction,
+            fused_log_softmax=fused,
+            zero_infinity=zero_infinity,
+            fastemit_lambda=lam,
+            impl=impl,
+            need_grad=need_e,
+        )
+        return rnnt_loss_op(*args)[0]
+
+
+#: the criterion of :func:`rnnt_loss`
+RNNT = RNNTCriterion()
+
+
+def _check_inplace(logits) -> None:
+    """ValueError unless ``logits`` (when it is a tensor whose gradient this call computes in
+    eager mode) is contiguous float32/float64: ``inplace_grad=True`` writes into its storage.
+    Checked on the caller's logits, before the prologue casts other dtypes to float32."""
+    if not isinstance(logits, Tensor) or not (torch.is_grad_enabled() and logits.requires_grad):
+        return
+    if torch.compiler.is_compiling():
+        return
+    if logits.dtype not in (torch.float32, torch.float64) or not logits.is_contiguous():
+        raise ValueError(
+            f"inplace_grad=True needs contiguous float32/float64 logits, got {logits.dtype}"
+            f"{'' if logits.is_contiguous() else ' (not contiguous)'}"
+        )
+
+
 def rnnt_loss(
     logits: Tensor,
     targets,
@@ -351,46 +472,21 @@ def rnnt_loss(
         >>> loss = rnnt_loss(logits, targets, torch.tensor([6, 5]), torch.tensor([3, 2]), blank=0)
         >>> loss.backward()
     """
-    B, T, U1, V = checks.check_joiner_logits(logits)
-    checks.check_reduction(reduction)
-    if impl is not None:  # a name not offered, numba off the CPU, triton where it cannot run: a clear error now
-        RNNT_BACKENDS.pick(logits.device, impl)
-    blank_id = resolve_blank(blank, V)
-    clamp_v = checks.check_real(clamp, "clamp")
-    lam = checks.check_real(fastemit_lambda, "fastemit_lambda")
-    if lam < 0:
-        raise ValueError(f"fastemit_lambda must be >= 0, got {lam}")
-    for name, flag in (("fused_log_softmax", fused_log_softmax), ("zero_infinity", zero_infinity)):
-        checks.check_bool(flag, name)
-    checks.check_bool(inplace_grad, "inplace_grad")
-    dev = logits.device
-    tg = checks.check_index_tensor(targets, "targets", (B, None), "(B, U)", dev)
-    il = checks.check_index_tensor(logit_lengths, "logit_lengths", (B,), "(B,)", dev)
-    tl = checks.check_index_tensor(target_lengths, "target_lengths", (B,), "(B,)", dev)
-    run_impl = impl or ""  # "": the device's default, chosen inside the op (a CUDA self-check runs eagerly)
-    need_grad = bool(torch.is_grad_enabled() and logits.requires_grad)
-    options = (blank_id, clamp_v, reduction, bool(fused_log_softmax), bool(zero_infinity), lam, run_impl)
-    if inplace_grad and need_grad and not torch.compiler.is_compiling():
-        if logits.dtype not in (torch.float32, torch.float64) or not logits.is_contiguous():
-            raise ValueError(
-                f"inplace_grad=True needs contiguous float32/float64 logits, got {logits.dtype}"
-                f"{'' if logits.is_contiguous() else ' (not contiguous)'}"
-            )
-        return _RNNTInplace.apply(logits, tg, il, tl, options)
-    x = logits.to(checks.compute_dtype(logits))
-    args = RNNTArgs(
-        logits=x,
-        targets=tg,
-        logit_lengths=il,
-        target_lengths=tl,
-        blank=blank_id,
-        clamp=clamp_v,
+    if isinstance(inplace_grad, (bool, np.bool_)) and inplace_grad:
+        _check_inplace(logits)  # on the caller's logits, before the prologue casts float16/bfloat16
+    return criterion.apply_loss(
+        RNNT,
+        logits,
+        targets,
+        logit_lengths,
+        target_lengths,
+        blank=blank,
         reduction=reduction,
-        fused_log_softmax=bool(fused_log_softmax),
-        zero_infinity=bool(zero_infinity),
-        fastemit_lambda=lam,
-        impl=run_impl,
-        need_grad=need_grad,
+        zero_infinity=zero_infinity,
+        impl=impl,
+        name="logits",
+        clamp=clamp,
+        fastemit_lambda=fastemit_lambda,
+        fused_log_softmax=fused_log_softmax,
+        inplace_grad=inplace_grad,
     )
-    out, _ = rnnt_loss_op(*args)
-    return out.to(logits.dtype)

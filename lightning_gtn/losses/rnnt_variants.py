@@ -18,7 +18,9 @@ Both score one lattice whose arcs advance time by a duration (:mod:`..kernels.td
 probability ``omega`` per batch; here the loss is the expectation of that draw,
 ``(1 - omega) * tdt + omega * rnnt``, deterministic.
 
-Both are ``torch.library`` custom ops (:func:`duration_lattice_op`), so they compile under
+Both are :class:`DurationLatticeCriterion` subclasses called through the one prologue of every
+loss, :func:`lightning_gtn.core.criterion.apply_loss`, which checks the arguments and calls one
+``torch.library`` custom op (:func:`duration_lattice_op`), so they compile under
 ``torch.compile(fullgraph=True)``; the gradient is computed in the forward pass (the numba
 kernel on the CPU, the Triton kernels of :mod:`..kernels.rnnt_triton` on CUDA devices where they
 pass their self-check, autograd through the torch reference elsewhere).
@@ -28,13 +30,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..core import checks
+from ..core import checks, criterion
 from ..core.impl import Backends
 from ..core.reduction import reduction_coefficients
 from ..kernels import rnnt_triton as rnnt_kernels
@@ -42,11 +44,15 @@ from ..kernels.rnnt_triton import duration_lattice_triton, rnnt_triton
 from ..kernels.tdt_numba import lattice_loss
 from ..kernels.tdt_torch import lattice_loss_torch
 from ..opargs import grads, op_schema
+from .rnnt import JoinerCriterion
 
 __all__ = [
     "multiblank_rnnt_loss",
     "tdt_loss",
     "duration_lattice_op",
+    "DurationLatticeCriterion",
+    "MultiblankCriterion",
+    "TDTCriterion",
     "REDUCTIONS",
     "IMPLS",
 ]
@@ -64,18 +70,6 @@ BACKENDS = Backends(
     self_check=rnnt_kernels.self_check,
     kernels="Triton RNN-T",
 )
-
-
-# -- argument checks ------------------------------------------------------------------------------
-
-
-def _check_common(reduction, impl, zero_infinity, fused_log_softmax, device, what) -> None:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if impl is not None:  # a name not offered, numba off the CPU, triton where it cannot run: a clear error now
-        BACKENDS.pick(device, impl, what)
-    checks.check_bool(zero_infinity, "zero_infinity")
-    checks.check_bool(fused_log_softmax, "fused_log_softmax")
 
 
 # -- the op ---------------------------------------------------------------------------------------
@@ -313,37 +307,175 @@ def _backward(ctx, g_out, _g_grad):
 duration_lattice_op.register_autograd(_backward, setup_context=_setup)
 
 
-def _call(logits, targets, logit_lengths, target_lengths, K, D, arcs, sigma, omega, fused, reduction, zi, impl):
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    x = logits.to(dtype)
-    need = bool(torch.is_grad_enabled() and x.requires_grad)
-    B, dev = logits.shape[0], logits.device
-    tg = checks.check_index_tensor(targets, "targets", (B, None), "(B, U)", dev)
-    il = checks.check_index_tensor(logit_lengths, "logit_lengths", (B,), "(B,)", dev)
-    tl = checks.check_index_tensor(target_lengths, "target_lengths", (B,), "(B,)", dev)
-    tok_dur, tok_didx, blank_ids, blank_dur, blank_didx = (list(a) for a in arcs)
-    args = DurationLatticeArgs(
-        logits=x,
-        targets=tg,
-        logit_lengths=il,
-        target_lengths=tl,
-        K=int(K),
-        D=int(D),
-        tok_dur=tok_dur,
-        tok_didx=tok_didx,
-        blank_ids=blank_ids,
-        blank_dur=blank_dur,
-        blank_didx=blank_didx,
-        sigma=float(sigma),
-        omega=float(omega),
-        normalise=bool(fused),
-        reduction=reduction,
-        zero_infinity=bool(zi),
-        impl=impl or "",
-        need_grad=need,
-    )
-    out, _ = duration_lattice_op(*args)
-    return out.to(logits.dtype)
+# -- the criteria ---------------------------------------------------------------------------------
+
+
+class DurationLatticeCriterion(JoinerCriterion):
+    """The duration lattice behind :func:`~lightning_gtn.core.criterion.apply_loss`: the joiner
+    logits, torchaudio's index tensors, :data:`REDUCTIONS` and :data:`BACKENDS` as the RNN-T
+    lattice's; ``fused_log_softmax`` and the lattice's own options (:meth:`lattice_options`)
+    checked as call options; every call scored by :func:`duration_lattice_op` on the arcs
+    :meth:`arcs` builds from the blank and those options."""
+
+    reductions = REDUCTIONS
+    backends = IMPLS
+    picker = BACKENDS
+
+    def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        """``fused_log_softmax`` (a bool), then the lattice's options (:meth:`lattice_options`);
+        TypeError for any other."""
+        rest = dict(options)
+        fused = checks.check_bool(rest.pop("fused_log_softmax", True), "fused_log_softmax")
+        out = self.lattice_options(shape, rest)
+        super().check_call_options(shape, rest)
+        out["fused_log_softmax"] = fused
+        return out
+
+    def lattice_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        """The lattice's options popped from ``options`` and checked against the logits' ``shape``."""
+        raise NotImplementedError
+
+    def arcs(self, V: int, blank: int, options: Dict[str, object]) -> Tuple[int, int, tuple, float, float]:
+        """``(K, D, arcs, sigma, omega)`` of the op (see :func:`duration_lattice_op`) for ``V``
+        classes, the blank of :meth:`check_options` and the checked options; ValueError for what
+        relates the blank to the options."""
+        raise NotImplementedError
+
+    def call_kernel(
+        self,
+        x,
+        targets: Tensor,
+        input_lengths: Tensor,
+        target_lengths: Tensor,
+        blank: int,
+        reduction: str,
+        zero_infinity: bool,
+        impl: str,
+        need_e: bool,
+        options: Dict[str, object],
+    ) -> Tensor:
+        """:func:`duration_lattice_op` on the arcs of :meth:`arcs`."""
+        K, D, arcs, sigma, omega = self.arcs(x.shape[-1], blank, options)
+        tok_dur, tok_didx, blank_ids, blank_dur, blank_didx = (list(a) for a in arcs)
+        args = DurationLatticeArgs(
+            logits=x,
+            targets=targets,
+            logit_lengths=input_lengths,
+            target_lengths=target_lengths,
+            K=int(K),
+            D=int(D),
+            tok_dur=tok_dur,
+            tok_didx=tok_didx,
+            blank_ids=blank_ids,
+            blank_dur=blank_dur,
+            blank_didx=blank_didx,
+            sigma=float(sigma),
+            omega=float(omega),
+            normalise=bool(options["fused_log_softmax"]),
+            reduction=reduction,
+            zero_infinity=zero_infinity,
+            impl=impl,
+            need_grad=need_e,
+        )
+        return duration_lattice_op(*args)[0]
+
+
+class MultiblankCriterion(DurationLatticeCriterion):
+    """:func:`multiblank_rnnt_loss`: the blank resolved against ``V``; ``big_blank_durations``,
+    ``sigma`` and ``big_blank_ids`` as call options; tokens keep the frame, each blank advances
+    its duration (no duration logits: ``K = V``, ``D = 0``)."""
+
+    kind = "multiblank_rnnt"
+    name = "multiblank_rnnt_loss"
+
+    def check_options(self, C: int, blank, weights, device: torch.device):
+        """``(blank in [0, V), None)`` (negative ids count from the end)."""
+        return checks.check_class_id(blank, "blank", C), None
+
+    def lattice_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        """``big_blank_durations`` (strictly increasing, ``>= 1``, may be empty), ``sigma`` (real)
+        and ``big_blank_ids`` (None, or one class id in ``[-V, V)`` per big blank)."""
+        V = shape[-1]
+        durs = checks.check_durations(
+            options.pop("big_blank_durations", ()), "big_blank_durations", allow_empty=True, allow_zero=False
+        )
+        sigma = checks.check_real(options.pop("sigma", 0.0), "sigma")
+        big_blank_ids = options.pop("big_blank_ids", None)
+        ids = None
+        if big_blank_ids is not None:
+            if isinstance(big_blank_ids, (str, bytes)) or not isinstance(big_blank_ids, Sequence):
+                raise ValueError(f"big_blank_ids must be a list of class ids, got {big_blank_ids!r}")
+            ids = [checks.check_class_id(c, "big_blank_ids", V) for c in big_blank_ids]
+            if len(ids) != len(durs):
+                raise ValueError(f"big_blank_ids must have len(big_blank_durations)={len(durs)} ids, got {len(ids)}")
+        return {"big_blank_durations": durs, "sigma": sigma, "big_blank_ids": ids}
+
+    def arcs(self, V: int, blank: int, options: Dict[str, object]) -> Tuple[int, int, tuple, float, float]:
+        """The blank and each big blank (NeMo's ``blank - 1 - i`` unless ``big_blank_ids``): ValueError
+        when NeMo's placement leaves no room or the ids are not distinct classes besides the blank."""
+        durs: List[int] = list(options["big_blank_durations"])  # type: ignore[call-overload]
+        ids: Optional[List[int]] = options["big_blank_ids"]  # type: ignore[assignment]
+        if ids is None:
+            if blank < len(durs):
+                raise ValueError(
+                    f"blank={blank} leaves no room for {len(durs)} big blanks at blank - 1 - i (NeMo's placement); "
+                    "put the blank last or pass big_blank_ids"
+                )
+            ids = [blank - 1 - i for i in range(len(durs))]
+        elif len(set(ids + [blank])) != len(ids) + 1:
+            raise ValueError(f"big_blank_ids must be distinct classes other than blank={blank}, got {ids}")
+        arcs = ([0], [-1], [blank] + ids, [1] + durs, [-1] * (1 + len(durs)))
+        return V, 0, arcs, float(options["sigma"]), 0.0  # type: ignore[arg-type]
+
+
+class TDTCriterion(DurationLatticeCriterion):
+    """:func:`tdt_loss`: ``durations``, ``sigma`` and ``omega`` as call options; the last
+    ``D = len(durations)`` classes are duration logits, the blank is resolved against the
+    ``K = V - D`` label classes once the durations are known."""
+
+    kind = "tdt"
+    name = "tdt_loss"
+
+    def check_options(self, C: int, blank, weights, device: torch.device):
+        """``(blank, None)`` once ``blank`` is an integer (an int, numpy integer or 0-dim integer
+        tensor); its range, the label classes ``[-K, K)``, is checked in :meth:`arcs`, once the
+        durations give ``K``."""
+        if isinstance(blank, Tensor) and blank.dim() == 0 and not (blank.is_floating_point() or blank.is_complex()):
+            blank = blank.item()
+        if isinstance(blank, (bool, np.bool_)) or not isinstance(blank, (int, np.integer)):
+            raise ValueError(f"blank must be an integer class id in [-K, K) (K: the label classes), got {blank!r}")
+        return int(blank), None
+
+    def lattice_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        """``durations`` (strictly increasing, ``>= 0``, one ``>= 1``, fewer than ``V``), ``sigma``
+        (real) and ``omega`` (in ``[0, 1]``)."""
+        V = shape[-1]
+        durs = checks.check_durations(
+            options.pop("durations", (0, 1, 2, 3, 4)), "durations", allow_empty=False, allow_zero=True
+        )
+        if durs[-1] < 1:
+            raise ValueError(f"durations must hold a duration >= 1 (a blank advances at least one frame), got {durs}")
+        D = len(durs)
+        if V - D < 1:
+            raise ValueError(f"logits must have V > len(durations)={D} classes (labels, then durations), got V={V}")
+        sigma = checks.check_real(options.pop("sigma", 0.0), "sigma")
+        omega = checks.check_real(options.pop("omega", 0.0), "omega", 0.0, 1.0)
+        return {"durations": durs, "sigma": sigma, "omega": omega}
+
+    def arcs(self, V: int, blank: int, options: Dict[str, object]) -> Tuple[int, int, tuple, float, float]:
+        """Every token and every blank with each duration (a blank only with those ``>= 1``)."""
+        durs: List[int] = list(options["durations"])  # type: ignore[call-overload]
+        D = len(durs)
+        K = V - D
+        blank = checks.check_class_id(blank, "blank", K, "K")
+        pos = [i for i, d in enumerate(durs) if d > 0]
+        arcs = (durs, list(range(D)), [blank] * len(pos), [durs[i] for i in pos], pos)
+        return K, D, arcs, float(options["sigma"]), float(options["omega"])  # type: ignore[arg-type]
+
+
+#: the criteria of :func:`multiblank_rnnt_loss` and :func:`tdt_loss`
+MULTIBLANK = MultiblankCriterion()
+TDT = TDTCriterion()
 
 
 # -- the public losses ----------------------------------------------------------------------------
@@ -399,29 +531,22 @@ def multiblank_rnnt_loss(
         ``(B,)`` for ``reduction="none"``, else a scalar, in ``logits``'s dtype. NaN logits in an
         example's lattice give a NaN loss.
     """
-    B, T, U1, V = checks.check_joiner_logits(logits)
-    _check_common(reduction, impl, zero_infinity, fused_log_softmax, logits.device, "multiblank_rnnt_loss")
-    blank = checks.check_class_id(blank, "blank", V)
-    durs = checks.check_durations(big_blank_durations, "big_blank_durations", allow_empty=True, allow_zero=False)
-    sigma = checks.check_real(sigma, "sigma")
-    if big_blank_ids is None:
-        if blank < len(durs):
-            raise ValueError(
-                f"blank={blank} leaves no room for {len(durs)} big blanks at blank - 1 - i (NeMo's placement); "
-                "put the blank last or pass big_blank_ids"
-            )
-        ids = [blank - 1 - i for i in range(len(durs))]
-    else:
-        if isinstance(big_blank_ids, (str, bytes)) or not isinstance(big_blank_ids, Sequence):
-            raise ValueError(f"big_blank_ids must be a list of class ids, got {big_blank_ids!r}")
-        ids = [checks.check_class_id(c, "big_blank_ids", V) for c in big_blank_ids]
-        if len(ids) != len(durs):
-            raise ValueError(f"big_blank_ids must have len(big_blank_durations)={len(durs)} ids, got {len(ids)}")
-        if len(set(ids + [blank])) != len(ids) + 1:
-            raise ValueError(f"big_blank_ids must be distinct classes other than blank={blank}, got {ids}")
-    arcs = ([0], [-1], [blank] + ids, [1] + durs, [-1] * (1 + len(durs)))
-    return _call(logits, targets, logit_lengths, target_lengths, V, 0, arcs, sigma, 0.0, fused_log_softmax,
-                 reduction, zero_infinity, impl)  # fmt: skip
+    return criterion.apply_loss(
+        MULTIBLANK,
+        logits,
+        targets,
+        logit_lengths,
+        target_lengths,
+        blank=blank,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
+        name="logits",
+        fused_log_softmax=fused_log_softmax,
+        big_blank_durations=big_blank_durations,
+        sigma=sigma,
+        big_blank_ids=big_blank_ids,
+    )
 
 
 def tdt_loss(
@@ -470,19 +595,19 @@ def tdt_loss(
     Returns:
         ``(B,)`` for ``reduction="none"``, else a scalar, in ``logits``'s dtype.
     """
-    B, T, U1, V = checks.check_joiner_logits(logits)
-    _check_common(reduction, impl, zero_infinity, fused_log_softmax, logits.device, "tdt_loss")
-    durs = checks.check_durations(durations, "durations", allow_empty=False, allow_zero=True)
-    if durs[-1] < 1:
-        raise ValueError(f"durations must hold a duration >= 1 (a blank advances at least one frame), got {durs}")
-    D = len(durs)
-    K = V - D
-    if K < 1:
-        raise ValueError(f"logits must have V > len(durations)={D} classes (labels, then durations), got V={V}")
-    blank = checks.check_class_id(blank, "blank", K, "K")
-    sigma = checks.check_real(sigma, "sigma")
-    omega = checks.check_real(omega, "omega", 0.0, 1.0)
-    pos = [i for i, d in enumerate(durs) if d > 0]
-    arcs = (durs, list(range(D)), [blank] * len(pos), [durs[i] for i in pos], pos)
-    return _call(logits, targets, logit_lengths, target_lengths, K, D, arcs, sigma, omega, fused_log_softmax,
-                 reduction, zero_infinity, impl)  # fmt: skip
+    return criterion.apply_loss(
+        TDT,
+        logits,
+        targets,
+        logit_lengths,
+        target_lengths,
+        blank=blank,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
+        name="logits",
+        fused_log_softmax=fused_log_softmax,
+        durations=durations,
+        sigma=sigma,
+        omega=omega,
+    )

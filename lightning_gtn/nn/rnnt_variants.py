@@ -30,17 +30,20 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
     """:func:`lightning_gtn.functional.multiblank_rnnt_loss` as a module.
 
     Args:
-        blank: the standard blank's class id, ``>= 0`` (it is also the prediction network's start
-            symbol in :meth:`joint_loss`); the Lightning layer fills it from the vocabulary: 0.
-            NeMo's layout puts it last, ``V - 1``.
+        blank: the standard blank's class id; negative values count from the end of ``V``
+            (default ``-1``, the last class: NeMo's layout and the default of
+            :func:`~lightning_gtn.functional.multiblank_rnnt_loss`), resolved on each call.
+            :meth:`joint_loss` and :meth:`decoding` need an id ``>= 0`` (the prediction
+            network's start symbol; the greedy search's blank): the Lightning layer's configs
+            give the vocabulary's, ``blank: 0``.
         big_blank_durations: strictly increasing integers ``>= 1``, e.g. ``[2, 4, 8]``.
         sigma: logit under-normalisation (NeMo recommends 0.05).
         reduction: ``"none"`` | ``"mean"`` (batch mean) | ``"sum"`` | ``"mean_volume"`` (NeMo's).
         big_blank_ids: the class of each big blank. None: NeMo's ``blank - 1 - i`` when
-            ``blank >= len(big_blank_durations)`` (NeMo's layout, the blank last: ``blank=V - 1``);
-            with the blank first (``blank=0``, the
-            vocabulary's layout) the big blanks are the extra outputs appended after the
-            vocabulary, class ``V - 1 - i`` for ``big_blank_durations[i]``.
+            ``blank >= len(big_blank_durations)`` (NeMo's layout, the blank last: the default
+            ``blank=-1``); with the blank first (``blank=0``, the vocabulary's layout) the big
+            blanks are the extra outputs appended after the vocabulary, class ``V - 1 - i`` for
+            ``big_blank_durations[i]``.
         zero_infinity: examples without a complete path give 0.
         impl: None (the device's default), ``"numba"``, ``"torch"`` or ``"triton"``.
 
@@ -52,7 +55,7 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
 
     def __init__(
         self,
-        blank: int = 0,
+        blank: int = -1,
         big_blank_durations: Sequence[int] = (2, 4),
         sigma: float = 0.0,
         reduction: str = "mean",
@@ -117,8 +120,9 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         or the class ``big_blank_ids`` names); no modified beam search when there are big blanks.
 
         Raises:
-            ValueError: the big blanks are not those extra outputs.
+            ValueError: the blank is negative, or the big blanks are not those extra outputs.
         """
+        _check_start_symbol(self, "decoding")
         durations = [int(d) for d in self.big_blank_durations]
         E = len(durations)
         ids = self.big_blank_ids
@@ -136,6 +140,12 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         beam = _NO_BEAM.format(name=type(self).__qualname__) if durations else None
         return Decoding(beam=beam, options={"big_blank_durations": frames})
 
+    def joint_loss(self, network, encoder_out, encoder_lengths, targets, target_lengths):
+        """As :meth:`RNNTStructuredLoss.joint_loss`; ValueError for a negative blank (the
+        prediction network starts from it before the joiner gives ``V``)."""
+        _check_start_symbol(self, "joint_loss")
+        return super().joint_loss(network, encoder_out, encoder_lengths, targets, target_lengths)
+
     def extra_repr(self) -> str:
         """The options shown by ``repr``."""
         return (
@@ -148,8 +158,12 @@ class TDTLoss(RNNTStructuredLoss):
     """:func:`lightning_gtn.functional.tdt_loss` as a module.
 
     Args:
-        blank: the blank's id among the label classes, ``>= 0`` (also the prediction network's
-            start symbol); the Lightning layer fills it: 0.
+        blank: the blank's id among the label classes; negative values count from the end of
+            them (default ``-1``, the last label class: NeMo's layout and the default of
+            :func:`~lightning_gtn.functional.tdt_loss`), resolved on each call.
+            :meth:`joint_loss` and :meth:`decoding` need an id ``>= 0`` (the prediction
+            network's start symbol; the greedy search's blank): the Lightning layer's configs
+            give the vocabulary's, ``blank: 0``.
         durations: strictly increasing integers ``>= 0``, at least one ``>= 1`` (NeMo: ``[0, 1, 2, 3, 4]``).
         sigma: logit under-normalisation of the label log-probabilities (NeMo recommends 0.05).
         omega: weight of the regular RNN-T loss mixed in, ``[0, 1]``.
@@ -166,7 +180,7 @@ class TDTLoss(RNNTStructuredLoss):
 
     def __init__(
         self,
-        blank: int = 0,
+        blank: int = -1,
         durations: Sequence[int] = (0, 1, 2, 3, 4),
         sigma: float = 0.0,
         omega: float = 0.0,
@@ -183,7 +197,7 @@ class TDTLoss(RNNTStructuredLoss):
         self.reduction = reduction
         self.zero_infinity = bool(zero_infinity)
         self.impl = impl
-        K = self._blank + 1
+        K = self._blank + 1 if self._blank >= 0 else -self._blank  # the fewest label classes the blank fits
         self.forward(
             torch.zeros(1, 1, 1, K + len(self.durations)),
             torch.zeros(1, 0, dtype=torch.long),
@@ -202,7 +216,8 @@ class TDTLoss(RNNTStructuredLoss):
 
     def decoding(self, num_classes: int) -> Decoding:
         """Greedy search over the network with the durations (extra output ``k`` advances
-        ``durations[k]`` frames); no modified beam search."""
+        ``durations[k]`` frames); no modified beam search. ValueError for a negative blank."""
+        _check_start_symbol(self, "decoding")
         durations = [int(d) for d in self.durations]
         beam = _NO_BEAM.format(name=type(self).__qualname__) if durations else None
         return Decoding(beam=beam, options={"durations": durations})
@@ -223,6 +238,12 @@ class TDTLoss(RNNTStructuredLoss):
             impl=self.impl,
         )
 
+    def joint_loss(self, network, encoder_out, encoder_lengths, targets, target_lengths):
+        """As :meth:`RNNTStructuredLoss.joint_loss`; ValueError for a negative blank (the
+        prediction network starts from it before the joiner gives ``V``)."""
+        _check_start_symbol(self, "joint_loss")
+        return super().joint_loss(network, encoder_out, encoder_lengths, targets, target_lengths)
+
     def extra_repr(self) -> str:
         """The options shown by ``repr``."""
         return (
@@ -232,10 +253,22 @@ class TDTLoss(RNNTStructuredLoss):
 
 
 def _as_int(value, name: str) -> int:
-    """A class id ``>= 0`` (the modules' blank is also the prediction network's start symbol)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer class id >= 0, got {value!r}")
+    """An integer class id (negative: counted from the end on each call)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer class id (negative: from the end), got {value!r}")
     return int(value)
+
+
+def _check_start_symbol(loss: RNNTStructuredLoss, what: str) -> None:
+    """ValueError naming the loss when its blank is negative: ``what`` (``joint_loss``,
+    ``decoding``) needs the class id itself, before the joiner's ``V`` is known."""
+    if _blank_of(loss) < 0:
+        name = type(loss).__qualname__
+        raise ValueError(
+            f"{name}(blank={loss.blank}).{what} needs the blank's class id (>= 0): the prediction network "
+            f"starts from it and the greedy search reads it before V is known; construct {name}(blank=<id>), "
+            "e.g. blank=0 for the vocabulary's layout"
+        )
 
 
 def _blank_of(loss: RNNTStructuredLoss) -> int:

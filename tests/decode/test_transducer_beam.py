@@ -281,7 +281,9 @@ def test_decoder_configs_build_the_search_and_its_token_lm(tmp_path):
 
     # a loss that declares no modified beam search (its decoding().beam says why) is refused
     with pytest.raises(ValueError, match="decoder=greedy"):
-        build_decoder(OmegaConf.load(CONF_DIR / "decoder" / "rnnt_beam.yaml"), TDTLoss(durations=[0, 1, 2]), vocab)
+        build_decoder(
+            OmegaConf.load(CONF_DIR / "decoder" / "rnnt_beam.yaml"), TDTLoss(blank=0, durations=[0, 1, 2]), vocab
+        )
 
 
 class ListStateToy(ToyTransducer):

@@ -267,20 +267,20 @@ def test_big_blanks_are_read_in_the_multiblank_layout():
         return loss.decoding(V).options["big_blank_durations"]
 
     # with the blank at 0 the big blanks are appended from the last class down: 14 is 2 frames
-    assert big_blanks(MultiBlankRNNTLoss(big_blank_durations=[2, 4, 8]), 12) == [8, 4, 2]
-    mb = MultiBlankRNNTLoss(big_blank_durations=[2, 4, 8], big_blank_ids=[12, 13, 14])
+    assert big_blanks(MultiBlankRNNTLoss(blank=0, big_blank_durations=[2, 4, 8]), 12) == [8, 4, 2]
+    mb = MultiBlankRNNTLoss(blank=0, big_blank_durations=[2, 4, 8], big_blank_ids=[12, 13, 14])
     assert big_blanks(mb, 12) == [2, 4, 8]
     mb.big_blank_ids = [3, 13, 14]
     with pytest.raises(ValueError, match="extra joiner outputs 12..14"):
         big_blanks(mb, 12)
-    assert TDTLoss(durations=[0, 1, 2]).decoding(12).options == {"durations": [0, 1, 2]}
+    assert TDTLoss(blank=0, durations=[0, 1, 2]).decoding(12).options == {"durations": [0, 1, 2]}
     # the modified beam search is refused by the loss's own description, naming it
     vocab = Vocabulary(CHARS)
-    for loss in (MultiBlankRNNTLoss(big_blank_durations=[2]), TDTLoss(durations=[0, 1])):
+    for loss in (MultiBlankRNNTLoss(blank=0, big_blank_durations=[2]), TDTLoss(blank=0, durations=[0, 1])):
         assert loss.decoding(vocab.num_classes).beam is not None
         with pytest.raises(ValueError, match=rf"^decoder=rnnt_beam: .*{type(loss).__name__} has durations"):
             build_decoder({"name": "rnnt_beam"}, loss, vocab)
-    assert MultiBlankRNNTLoss(big_blank_durations=[]).decoding(12).beam is None
+    assert MultiBlankRNNTLoss(blank=0, big_blank_durations=[]).decoding(12).beam is None
 
 
 @pytest.mark.slow

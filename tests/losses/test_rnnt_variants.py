@@ -400,11 +400,38 @@ def test_modules(rng):
     with pytest.raises(ValueError, match="sigma"):
         lgn.MultiBlankRNNTLoss(sigma=float("inf"))
     with pytest.raises(ValueError, match="blank"):
-        lgn.MultiBlankRNNTLoss(blank=-1)
+        lgn.MultiBlankRNNTLoss(blank=1.5)
+    with pytest.raises(ValueError, match="blank"):
+        lgn.TDTLoss(blank=True)
     with pytest.raises(ValueError, match="reduction"):
         lgn.TDTLoss(reduction="avg")
     for name in ("MultiBlankRNNTLoss", "TDTLoss"):
         trust.check_target(f"lightning_gtn.nn.{name}", "loss._target_")
+
+
+def test_modules_default_to_the_functions_blank(rng):
+    """The modules' blank defaults to the functions' (-1: the last class, NeMo's layout); the
+    calls that need the id itself (the prediction network's start symbol, the greedy search's
+    blank) say so."""
+    import inspect
+
+    for mod, fn in ((lgn.MultiBlankRNNTLoss, lgf.multiblank_rnnt_loss), (lgn.TDTLoss, lgf.tdt_loss)):
+        assert inspect.signature(mod).parameters["blank"].default == -1
+        assert inspect.signature(fn).parameters["blank"].default == -1
+    assert inspect.signature(lgn.RNNTLoss).parameters["blank"].default == -1
+    tdt, mb = lgn.TDTLoss(durations=[0, 1, 2]), lgn.MultiBlankRNNTLoss(big_blank_durations=[2, 3])
+    assert tdt.blank == mb.blank == -1
+    y, tl, ul = torch.tensor([[1, 2], [3, 0]]), torch.tensor([4, 3]), torch.tensor([2, 1])
+    x = torch.tensor(rng.standard_normal((2, 4, 3, 6 + 3)))  # 6 label classes (blank last), 3 durations
+    torch.testing.assert_close(tdt(x, y, tl, ul), lgf.tdt_loss(x, y, tl, ul, blank=5, durations=[0, 1, 2]))
+    z = x[..., :7]  # tokens 0..3, big blanks 4 (3 frames) and 5 (2 frames), the blank 6
+    torch.testing.assert_close(mb(z, y, tl, ul), lgf.multiblank_rnnt_loss(z, y, tl, ul, 6, [2, 3]))
+    enc = torch.tensor(rng.standard_normal((2, 4, 4)))
+    for loss in (tdt, mb):
+        with pytest.raises(ValueError, match=r"blank=-1\)\.joint_loss needs the blank's class id"):
+            loss.joint_loss(_Net(4 + loss.extra_outputs), enc, tl, y, ul)
+        with pytest.raises(ValueError, match=r"blank=-1\)\.decoding needs the blank's class id"):
+            loss.decoding(4)
 
 
 def test_torch_compile_fullgraph():
