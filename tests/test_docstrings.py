@@ -118,8 +118,12 @@ def _lookup(dotted: str):
                 obj = getattr(obj, attr)
             except AttributeError:
                 return None
-        return obj
+        return NONE_VALUE if obj is None else obj  # an attribute whose value is None exists
     return None
+
+
+#: what :func:`_lookup` gives for a name that exists and is None (a class attribute's default)
+NONE_VALUE = object()
 
 
 @cache
