@@ -189,6 +189,33 @@ class KernelBank:
         # own handle, lock and device tables
         return (KernelBank, (self.lexicon, self.blank_idx, self.blank_optional, self.spike))
 
+    @staticmethod
+    def check_window(kernel_size, stride, scale: str, normalize: str) -> Tuple[int, int]:
+        """``(kernel_size, stride)`` checked (integers >= 1, ``kernel_size`` odd) with ``scale`` in
+        :data:`SCALES` and ``normalize`` in :data:`NORMALIZATIONS`; ValueError naming the first
+        one that is not."""
+        kernel_size = checks.check_int(kernel_size, "kernel_size", 1)
+        stride = checks.check_int(stride, "stride", 1)
+        if kernel_size % 2 != 1:
+            raise ValueError(
+                f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both sides), got {kernel_size}"
+            )
+        if scale not in SCALES:
+            raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        return kernel_size, stride
+
+    def check_kernel_size(self, kernel_size: int) -> int:
+        """``kernel_size`` when every entry of the lexicon fits in it (:attr:`min_size`), else
+        ValueError."""
+        if kernel_size < self.min_size:
+            raise ValueError(
+                f"kernel_size must be at least {self.min_size} for this lexicon (an entry's length plus one "
+                f"frame per repeated neighbour), got {kernel_size}"
+            )
+        return kernel_size
+
     @property
     def num_kernels(self) -> int:
         """``C_out``, the number of kernels."""
@@ -480,34 +507,6 @@ def _check_kernel_params(bank: KernelBank, kernel_params) -> Optional[torch.Tens
     return kernel_params
 
 
-def check_window(kernel_size, stride, scale: str, normalize: str) -> Tuple[int, int]:
-    """``(kernel_size, stride)`` checked (integers >= 1, ``kernel_size`` odd) with ``scale`` in
-    :data:`SCALES` and ``normalize`` in :data:`NORMALIZATIONS`; ValueError naming the first one
-    that is not."""
-    kernel_size = checks.check_int(kernel_size, "kernel_size", 1)
-    stride = checks.check_int(stride, "stride", 1)
-    if kernel_size % 2 != 1:
-        raise ValueError(
-            f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both sides), got {kernel_size}"
-        )
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    if normalize not in NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-    return kernel_size, stride
-
-
-def check_kernel_size(bank: KernelBank, kernel_size: int) -> int:
-    """``kernel_size`` when the bank's lexicon fits in it (:func:`min_kernel_size`), else ValueError."""
-    need = bank.min_size
-    if kernel_size < need:
-        raise ValueError(
-            f"kernel_size must be at least {need} for this lexicon (an entry's length plus one "
-            f"frame per repeated neighbour), got {kernel_size}"
-        )
-    return kernel_size
-
-
 class _ConvTransduce(criterion.Criterion):
     """The WFST convolution through :func:`~lightning_gtn.core.criterion.apply_loss`: a layer,
     not a loss (no targets, no lengths, no reduction: ``reductions=("none",)``); always its own
@@ -527,7 +526,7 @@ class _ConvTransduce(criterion.Criterion):
 
     def check_call_options(self, shape, options):
         opts = dict(options)
-        kernel_size, stride = check_window(
+        kernel_size, stride = KernelBank.check_window(
             opts.pop("kernel_size"), opts.pop("stride"), opts.get("scale", "none"), opts.get("normalize", "none")
         )
         scale, normalize = opts.pop("scale", "none"), opts.pop("normalize", "none")
@@ -536,7 +535,7 @@ class _ConvTransduce(criterion.Criterion):
         kernel_params, viterbi = opts.pop("kernel_params", None), opts.pop("viterbi", False)
         super().check_call_options(shape, opts)  # no other option
         bank = lexicon if isinstance(lexicon, KernelBank) else kernel_bank(lexicon, blank_idx, blank_optional, spike)
-        check_kernel_size(bank, kernel_size)
+        bank.check_kernel_size(kernel_size)
         B, T, C = shape
         if bank.max_label >= C:
             raise ValueError(

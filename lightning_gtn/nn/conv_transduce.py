@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from ..functional import KernelBank, conv_transduce1d
-from ..losses.conv_transduce import check_kernel_size, check_window
 
 __all__ = ["ConvTransduce1D"]
 
@@ -72,9 +71,9 @@ class ConvTransduce1D(nn.Module):
         impl: Optional[str] = None,
     ):
         super().__init__()
-        self.kernel_size, self.stride = check_window(kernel_size, stride, scale, normalize)
+        self.kernel_size, self.stride = KernelBank.check_window(kernel_size, stride, scale, normalize)
         self.bank = KernelBank(lexicon, blank_idx, blank_optional, spike)
-        check_kernel_size(self.bank, self.kernel_size)
+        self.bank.check_kernel_size(self.kernel_size)
         self.lexicon = [list(x) for x in self.bank.lexicon]
         self.blank_idx = self.bank.blank_idx
         self.blank_optional = self.bank.blank_optional
