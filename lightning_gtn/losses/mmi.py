@@ -5,7 +5,8 @@ through the shared-graph kernel.
 the graph of the target's alignments in the topology, intersected with the denominator (so it
 carries the denominator's ``P`` weights, as icefall's MMI compiler does), scored with the
 library's per-target machinery (:func:`lightning_gtn.core.criterion.apply_loss`); the
-denominator is ONE graph for the whole batch, scored by
+denominator is ONE graph for the whole batch, a criterion through the same prologue
+(:class:`_SharedDenominator`, its own kernel always), scored by
 :func:`lightning_gtn.kernels.mmi_numba.shared_scores` (CPU),
 :func:`lightning_gtn.kernels.mmi_triton.shared_scores` (CUDA, when Triton is importable, the
 graph fits its tables and no arc-weight gradient is asked for; checked once per device
