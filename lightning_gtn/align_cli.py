@@ -19,8 +19,9 @@ checkpoint the loss's convention (blank or not, ASG transitions) and the vocabul
 the checkpoint, which is loaded as data (registered types only, :mod:`lightning_gtn.trust`)
 (``trust_modules=[mypkg]`` among the overrides opts in to more, spelled as for
 lightning-gtn-train and lightning-gtn-eval; the older ``--trust-module mypkg`` is still
-accepted). A checkpoint of an RNN-T loss (``loss=rnnt``, ``pruned_rnnt``) is aligned through
-its transducer network's ``(T, U + 1)`` lattice
+accepted). A checkpoint of a loss that scores a network's outputs (one that declares
+``network_methods``: ``loss=rnnt``, ``pruned_rnnt``) is aligned through its network's ``(T, U + 1)``
+lattice
 (:func:`lightning_gtn.functional.rnnt_align`): each token's emission frame (its span is that one
 frame) and the posterior probability of that emission; frames are the encoder's; plots draw the
 lattice and the path (:func:`lightning_gtn.align.rnnt_plot.plot_rnnt_alignment`).
@@ -298,9 +299,10 @@ class _Writer:
     """Collects records (JSON) or CTM lines, plots the first few alignments. ``frame_shift``:
     seconds per emission frame (``--frame-shift``, else set by the caller, else the default)."""
 
-    def __init__(self, a, tokens, word_sep, blank, transitions=None):
-        self.a, self.tokens, self.word_sep = a, tokens, word_sep
-        self.blank, self.transitions = blank, transitions
+    def __init__(self, a, tokens, word_sep, blank, frame_transitions=None):
+        self.a, self.tokens, self.word_sep, self.blank = a, tokens, word_sep, blank
+        # forced_align's keyword: the loss's frame-label transition scores (its protocol's frame_transitions)
+        self.frame_options = {} if frame_transitions is None else {"transitions": frame_transitions}
         self.frame_shift = a.frame_shift if a.frame_shift is not None else DEFAULT_FRAME_SHIFT
         self.records, self.lines, self.plots, self.count = [], [], 0, 0
         if a.plot_dir:
@@ -312,7 +314,7 @@ class _Writer:
         from lightning_gtn.functional import forced_align, plot_alignment, to_ctm, to_records
 
         x = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32).log_softmax(-1)
-        al = forced_align(x, targets, lengths, blank=self.blank, star=self.a.star, transitions=self.transitions)
+        al = forced_align(x, targets, lengths, blank=self.blank, star=self.a.star, **self.frame_options)
         kw = dict(
             frame_shift=self.frame_shift, tokens=self.tokens, utterance_ids=names, word_separator_id=self.word_sep
         )
@@ -406,26 +408,25 @@ def _from_checkpoint(a):
     except Exception as e:  # noqa: BLE001 - Hydra's composition errors name the bad override
         raise AlignError(f"{type(e).__name__}: {e}") from None
     model.eval()
-    from lightning_gtn.nn import TransducerLoss
-
     loss = model.structured_loss  # a StructuredLoss: its declared convention is all that is read
-    if loss.topology == "rnnt":
-        return _from_rnnt_checkpoint(a, model, dm, loss)
+    if loss.network_methods:  # it scores a network's outputs: the network's lattice is aligned
+        return _from_network_checkpoint(a, model, dm, loss)
     blank = loss.blank
-    transitions = loss.frame_transitions
+    frame_transitions = loss.frame_transitions
     if loss.target_classes is not None:
-        # the word-piece transducer: its targets are graphemes; with one token per grapheme (in the
-        # graphemes' order) and no transition model its frames align like CTC's, blank last
+        # targets are graphemes, not emission classes: with one token per grapheme (in the
+        # graphemes' order) and no transition model its frames align like CTC's, blank last; learned
+        # weights beyond frame_transitions (a graph over the tokens) are a model not aligned here
         letters = [t if isinstance(t, str) else None for t in loss.tokens or []]
-        token_graph = isinstance(loss, TransducerLoss) and loss.transitions is not None
-        if transitions is not None or token_graph or letters != list(model.vocabulary.chars):
+        own_weights = any(True for _ in loss.parameters())
+        if frame_transitions is not None or own_weights or letters != list(model.vocabulary.chars):
             raise AlignError(
-                "--checkpoint: a transducer loss with word pieces or a transition model cannot be "
-                "aligned here (only letter tokens without transitions); export its emissions and "
-                "token targets and use --emissions"
+                f"--checkpoint: {type(loss).__qualname__} has targets that are not its emission classes "
+                "(word pieces, or a transition model over its tokens); only letter tokens without "
+                "transitions are aligned here; export its emissions and token targets and use --emissions"
             )
-    if transitions is not None:
-        transitions = transitions.detach()
+    if frame_transitions is not None:
+        frame_transitions = frame_transitions.detach()
     vocab = model.vocabulary
     tokens = _vocab_tokens(vocab)
     word_sep = a.word_separator_id
@@ -433,7 +434,7 @@ def _from_checkpoint(a):
         word_sep = tokens.index(" ")
     dm.setup("validate" if a.split == "val" else "test")
     loader = dm.val_dataloader() if a.split == "val" else dm.test_dataloader()
-    w = _Writer(a, tokens, word_sep, blank, transitions)
+    w = _Writer(a, tokens, word_sep, blank, frame_transitions)
     timing = _Timing(a, model, dm)
     n = 0
     with torch.no_grad():
@@ -475,29 +476,41 @@ class _Timing:
         return float(self.input_shift) * self.stride
 
 
-def _from_rnnt_checkpoint(a, model, dm, loss):
-    """A checkpoint of an RNN-T loss: its transducer network's lattice, aligned by
-    :func:`lightning_gtn.functional.rnnt_align` (each token's emission frame and posterior)."""
+def _from_network_checkpoint(a, model, dm, loss):
+    """A checkpoint of a loss with ``network_methods`` (the transducer protocol: encode, predict,
+    join): its network's lattice, aligned token by token (each token's emission frame and
+    posterior). A loss whose greedy search takes options (``decoding().options``: frames advanced
+    by extra joiner outputs) or whose network has extra outputs (``network_arguments()``) is not
+    a regular lattice and is refused."""
     import torch
 
-    from lightning_gtn.align.rnnt import rnnt_lattice
-    from lightning_gtn.align.rnnt_plot import plot_rnnt_alignment
-    from lightning_gtn.functional import rnnt_forced_align
+    from lightning_gtn.align.rnnt import rnnt_forced_align as align_lattice
+    from lightning_gtn.align.rnnt import rnnt_lattice as network_lattice
+    from lightning_gtn.align.rnnt_plot import plot_rnnt_alignment as plot_lattice_alignment
 
+    name = type(loss).__qualname__
     if a.star is not None:
-        raise AlignError("--star: not available for RNN-T checkpoints (a transducer has no frame labels to absorb)")
-    for name in ("durations", "big_blank_durations"):
-        if getattr(loss, name, None) is not None:
-            raise AlignError(
-                f"--checkpoint: {type(loss).__qualname__} has {name}; RNN-T alignment covers the regular "
-                "lattice (loss=rnnt, pruned_rnnt)"
-            )
+        raise AlignError(
+            f"--star: not available for {name} (it scores a network's lattice, which has no frame labels to absorb)"
+        )
+    try:
+        options = loss.decoding(model.vocabulary.num_classes).options
+    except ValueError as e:
+        raise AlignError(f"--checkpoint: {e}") from None
+    if options:
+        raise AlignError(
+            f"--checkpoint: {name} decodes with {', '.join(sorted(options))}: its lattice advances frames by "
+            "extra joiner outputs; alignment covers the regular lattice (one frame per blank)"
+        )
+    if any(loss.network_arguments().values()):
+        raise AlignError(
+            f"--checkpoint: {name} gives its network {loss.network_arguments()} (extra joiner outputs); "
+            "alignment covers the regular lattice"
+        )
     try:
         net = model.loss_network()
     except ValueError as e:
         raise AlignError(f"--checkpoint: {e}") from None
-    if int(getattr(net, "extra_outputs", 0) or 0):
-        raise AlignError("--checkpoint: the network has extra joiner outputs (TDT / multi-blank); not aligned here")
     vocab = model.vocabulary
     tokens = _vocab_tokens(vocab)
     word_sep = a.word_separator_id
@@ -512,8 +525,8 @@ def _from_rnnt_checkpoint(a, model, dm, loss):
     with torch.no_grad():
         for batch in _progress(loader, a):
             inputs, input_lengths, targets, target_lengths, _ = model.unpack_batch(batch)
-            logits, enc_lengths = rnnt_lattice(net, inputs, input_lengths, targets, target_lengths, blank=blank)
-            al = rnnt_forced_align(logits, targets, enc_lengths, target_lengths, blank=blank)
+            logits, enc_lengths = network_lattice(net, inputs, input_lengths, targets, target_lengths, blank=blank)
+            al = align_lattice(logits, targets, enc_lengths, target_lengths, blank=blank)
             B = inputs.shape[0]
             seqs = [t[: int(k)] for t, k in zip(targets.tolist(), target_lengths.tolist())]
             names = _names(batch, a.split, n, B)
@@ -523,7 +536,7 @@ def _from_rnnt_checkpoint(a, model, dm, loss):
                 if w.plots >= a.num_plots or not a.plot_dir:
                     break
                 path = Path(a.plot_dir) / f"{_file_name(names[b])}.png"
-                plot_rnnt_alignment(logits, al, targets, b, tokens=tokens, path=path)
+                plot_lattice_alignment(logits, al, targets, b, tokens=tokens, path=path)
                 w.plots += 1
             n += B
     return w

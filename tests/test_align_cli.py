@@ -369,3 +369,44 @@ def test_emission_values_are_bounded_as_a_product(tmp_path, capsys, monkeypatch)
     monkeypatch.setattr(cli, "MAX_EMISSION_VALUES", 23)
     assert main(["--emissions", str(tmp_path / "em.pt"), "--targets", str(tmp_path / "t.txt"), "--no-progress"]) == 2
     assert "B * T * C = 2 * 3 * 4 = 24 values, over the limit of 23" in capsys.readouterr().err
+
+
+class _NetworkLoss:
+    """What the checkpoint path reads of a loss over a network's outputs: its declared protocol."""
+
+    network_methods = ("encode", "predict", "join")
+    blank = 0
+
+    def __init__(self, options=None, arguments=None, refused=None):
+        self._options, self._arguments, self._refused = options or {}, arguments or {}, refused
+
+    def decoding(self, num_classes):
+        from lightning_gtn.nn import Decoding
+
+        if self._refused:
+            raise ValueError(self._refused)
+        return Decoding(options=self._options)
+
+    def network_arguments(self):
+        return self._arguments
+
+
+@pytest.mark.parametrize(
+    "loss, msg",
+    [
+        (_NetworkLoss(options={"durations": [0, 1, 2]}), "_NetworkLoss decodes with durations"),
+        (_NetworkLoss(arguments={"extra_outputs": 2}), r"gives its network \{'extra_outputs': 2\}"),
+        (_NetworkLoss(refused="big blanks are not the extra outputs"), "--checkpoint: big blanks are not"),
+    ],
+)
+def test_a_network_loss_is_aligned_only_on_its_regular_lattice(loss, msg):
+    """The loss's declared decoding options and network arguments decide, not its name."""
+    from types import SimpleNamespace
+
+    from lightning_gtn.align_cli import AlignError, _from_network_checkpoint
+
+    model = SimpleNamespace(vocabulary=SimpleNamespace(num_classes=5), loss_network=lambda: None)
+    with pytest.raises(AlignError, match=msg):
+        _from_network_checkpoint(SimpleNamespace(star=None), model, None, loss)
+    with pytest.raises(AlignError, match="--star: not available for _NetworkLoss"):
+        _from_network_checkpoint(SimpleNamespace(star=-1.0), model, None, loss)

@@ -156,22 +156,23 @@ class SequenceModule(StructuredLossMixin, L.LightningModule):
         (``network_arguments``: a transducer's ``extra_outputs``)."""
         target = network.get("_target_")
         cls = trust.resolve(target, "model._target_", kinds=("model",))
-        transducer = offers_network(cls)
-        if self.reads_network and not transducer:
+        offers = offers_network(cls)
+        loss = self.structured_loss
+        if self.reads_network and not offers:
             raise ValueError(
-                f"model: {type(self.structured_loss).__qualname__} is an RNN-T loss and needs a transducer "
-                f"network (encode/predict/join, the protocol of lightning_gtn.nn.rnnt), but model._target_ is "
-                f"{target}: loss=rnnt needs model=transducer (add model=transducer)"
+                f"model: {type(loss).__qualname__} scores a network's outputs (its network_methods: "
+                f"{', '.join(loss.network_methods)}) and needs a network that offers them, but model._target_ is "
+                f"{target}: add model=transducer (the packaged network of that protocol, lightning_gtn.nn.rnnt)"
             )
-        if transducer and not self.reads_network:
+        if offers and not self.reads_network:
             raise ValueError(
-                f"model: {target} is a transducer network, trained by the RNN-T losses "
-                f"(loss=rnnt|pruned_rnnt|tdt|multiblank), but the loss is "
-                f"{type(self.structured_loss).__qualname__}: model=transducer needs an RNN-T loss"
+                f"model: {target} is a transducer network, trained by a loss that scores a network's outputs "
+                f"(one with network_methods: loss=rnnt|pruned_rnnt|tdt|multiblank), but the loss is "
+                f"{type(loss).__qualname__}, which scores emissions: model=transducer needs an RNN-T loss"
             )
-        if not transducer:
+        if not offers:
             return {}
-        extra = dict(self.structured_loss.network_arguments())
+        extra = dict(loss.network_arguments())
         for key, want in extra.items():
             given = network.get(key)
             if given is not None and given != want:

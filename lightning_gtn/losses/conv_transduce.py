@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import wfst as _wfst
-from ..core import checks, dispatch
+from ..core import checks, criterion, dispatch
 from ..core.cache import LRU, HandleRegistry
 from ..core.scoring import pick_impl
 from ..kernels import graph_torch, graph_triton
@@ -188,6 +188,33 @@ class KernelBank:
         # pickled and deep-copied by its arguments: the copy compiles its own graphs, gets its
         # own handle, lock and device tables
         return (KernelBank, (self.lexicon, self.blank_idx, self.blank_optional, self.spike))
+
+    @staticmethod
+    def check_window(kernel_size, stride, scale: str, normalize: str) -> Tuple[int, int]:
+        """``(kernel_size, stride)`` checked (integers >= 1, ``kernel_size`` odd) with ``scale`` in
+        :data:`SCALES` and ``normalize`` in :data:`NORMALIZATIONS`; ValueError naming the first
+        one that is not."""
+        kernel_size = checks.check_int(kernel_size, "kernel_size", 1)
+        stride = checks.check_int(stride, "stride", 1)
+        if kernel_size % 2 != 1:
+            raise ValueError(
+                f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both sides), got {kernel_size}"
+            )
+        if scale not in SCALES:
+            raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        return kernel_size, stride
+
+    def check_kernel_size(self, kernel_size: int) -> int:
+        """``kernel_size`` when every entry of the lexicon fits in it (:attr:`min_size`), else
+        ValueError."""
+        if kernel_size < self.min_size:
+            raise ValueError(
+                f"kernel_size must be at least {self.min_size} for this lexicon (an entry's length plus one "
+                f"frame per repeated neighbour), got {kernel_size}"
+            )
+        return kernel_size
 
     @property
     def num_kernels(self) -> int:
@@ -459,6 +486,13 @@ conv_transduce_op.register_autograd(_backward, setup_context=_setup)
 def _weights_for(bank: KernelBank, kernel_params: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     if kernel_params is None:
         return torch.zeros(bank.num_arcs, dtype=like.dtype, device=like.device)
+    return kernel_params.to(device=like.device, dtype=like.dtype)
+
+
+def _check_kernel_params(bank: KernelBank, kernel_params) -> Optional[torch.Tensor]:
+    """``kernel_params`` when it is None or a float ``(num_arcs,)`` tensor, else ValueError."""
+    if kernel_params is None:
+        return None
     if (
         not isinstance(kernel_params, torch.Tensor)
         or kernel_params.dim() != 1
@@ -470,7 +504,101 @@ def _weights_for(bank: KernelBank, kernel_params: Optional[torch.Tensor], like: 
             f"kernel_params must be a float tensor of shape (num_arcs,) = ({bank.num_arcs},) "
             f"(one weight per kernel arc), got {shape}"
         )
-    return kernel_params.to(device=like.device, dtype=like.dtype)
+    return kernel_params
+
+
+class _ConvTransduce(criterion.Criterion):
+    """The WFST convolution through :func:`~lightning_gtn.core.criterion.apply_loss`: a layer,
+    not a loss (no targets, no lengths, no reduction: ``reductions=("none",)``); always its own
+    op, ``lightning_gtn::conv_transduce`` (:class:`ConvTransduceArgs`) with its backward
+    ``lightning_gtn::conv_transduce_backward`` (:class:`ConvTransduceBackwardArgs`), on the graph
+    kernels (:data:`~lightning_gtn.core.scoring.GRAPH_BACKENDS`).
+
+    Its call options (:meth:`check_call_options`) are :func:`conv_transduce1d`'s keywords:
+    ``lexicon`` (or a :class:`KernelBank`), ``blank_idx``, ``blank_optional``, ``spike``,
+    ``kernel_size``, ``stride``, ``kernel_params``, ``scale``, ``normalize`` and ``viterbi``."""
+
+    name = "conv_transduce1d"
+    reductions = ("none",)
+
+    def check_options(self, C, blank, weights, device):
+        return -1, None
+
+    def check_call_options(self, shape, options):
+        opts = dict(options)
+        kernel_size, stride = KernelBank.check_window(
+            opts.pop("kernel_size"), opts.pop("stride"), opts.get("scale", "none"), opts.get("normalize", "none")
+        )
+        scale, normalize = opts.pop("scale", "none"), opts.pop("normalize", "none")
+        lexicon, blank_idx = opts.pop("lexicon"), opts.pop("blank_idx")
+        blank_optional, spike = opts.pop("blank_optional", True), opts.pop("spike", False)
+        kernel_params, viterbi = opts.pop("kernel_params", None), opts.pop("viterbi", False)
+        super().check_call_options(shape, opts)  # no other option
+        bank = lexicon if isinstance(lexicon, KernelBank) else kernel_bank(lexicon, blank_idx, blank_optional, spike)
+        bank.check_kernel_size(kernel_size)
+        B, T, C = shape
+        if bank.max_label >= C:
+            raise ValueError(
+                f"inputs must have C_in greater than every lexicon id and blank_idx: the kernels read "
+                f"input class {bank.max_label}, but inputs has C_in={C} (shape {(B, T, C)})"
+            )
+        return {
+            "bank": bank,
+            "kernel_size": kernel_size,
+            "stride": stride,
+            "scale": scale,
+            "normalize": normalize,
+            "semiring": "max" if viterbi else "log",  # the research API's flag, named once here
+            "kernel_params": _check_kernel_params(bank, kernel_params),
+        }
+
+    def own_kernel(self, device, impl):
+        return impl or ""  # the op's scorer is picked for the inputs' device (call_kernel)
+
+    def index_tensors(self, targets, input_lengths, target_lengths, B, device):
+        return None, None, None  # a layer: no targets, every frame read
+
+    def call_kernel(self, x, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl, need_e,
+                    options):  # fmt: skip
+        bank, kernel_size, stride = options["bank"], options["kernel_size"], options["stride"]
+        B, T, C = x.shape
+        need_bytes = conv_bytes(B, T, C, kernel_size, stride, bank.num_arcs, x.element_size())
+        if need_bytes > MAX_CONV_BYTES:
+            raise ValueError(
+                f"kernel_size={kernel_size} and stride={stride} over inputs of shape {(B, T, C)} would need about "
+                f"{need_bytes / 2**30:.1f} GiB, more than MAX_CONV_BYTES={MAX_CONV_BYTES} "
+                f"({MAX_CONV_BYTES / 2**30:.1f} GiB); use a smaller kernel_size or a larger stride, or raise "
+                "lightning_gtn.losses.conv_transduce.MAX_CONV_BYTES"
+            )
+        pad = kernel_size // 2
+        x = F.pad(x, (0, 0, pad, pad))
+        normalize = options["normalize"]
+        if normalize == "pre":
+            x = x.log_softmax(-1)
+        Tp = (T - 1) // stride + 1 if T > 0 else 0
+        G = bank.num_kernels
+        if Tp == 0 or B == 0:
+            out = x.new_zeros((B, Tp, G))
+        else:
+            windows = x.unfold(1, kernel_size, stride)[:, :Tp]  # (B, T', C, K)
+            windows = windows.transpose(2, 3).reshape(B * Tp, kernel_size, C)
+            w = _weights_for(bank, options["kernel_params"], x)
+            semiring = options["semiring"]
+            impl_ = "torch" if semiring == "max" else pick_impl(x, "numba" if impl == "numba_log" else (impl or None))
+            args = ConvTransduceArgs(windows=windows, weights=w, handle=bank.handle, semiring=semiring, impl=impl_)
+            out = conv_transduce_op(*args)[0].reshape(B, Tp, G)
+        if options["scale"] == "sqrt":
+            out = out / math.sqrt(kernel_size)
+        elif options["scale"] == "linear":
+            out = out / kernel_size
+        if normalize == "post":
+            out = out.softmax(-1)
+        elif normalize == "pre":
+            out = out.exp()
+        return out
+
+
+_CONV = _ConvTransduce()
 
 
 def conv_transduce1d(
@@ -525,63 +653,8 @@ def conv_transduce1d(
         >>> conv_transduce1d(x, [[1], [2, 3], []], kernel_size=3, stride=2, blank_idx=0).shape
         torch.Size([2, 5, 3])
     """
-    B, T, C = checks.check_emissions(inputs, "inputs")
-    kernel_size = checks.check_int(kernel_size, "kernel_size", 1)
-    stride = checks.check_int(stride, "stride", 1)
-    if kernel_size % 2 != 1:
-        raise ValueError(
-            f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both sides), " f"got {kernel_size}"
-        )
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    if normalize not in NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-    if impl is not None and impl not in checks.NATIVE_BACKENDS:
-        raise ValueError(f"impl must be None, 'numba', 'numba_log', 'torch' or 'triton', got {impl!r}")
-    bank = lexicon if isinstance(lexicon, KernelBank) else kernel_bank(lexicon, blank_idx, blank_optional, spike)
-    need = bank.min_size
-    if kernel_size < need:
-        raise ValueError(
-            f"kernel_size must be at least {need} for this lexicon (an entry's length plus one "
-            f"frame per repeated neighbour), got {kernel_size}"
-        )
-    if bank.max_label >= C:
-        raise ValueError(
-            f"inputs must have C_in greater than every lexicon id and blank_idx: the kernels read "
-            f"input class {bank.max_label}, but inputs has C_in={C} (shape {(B, T, C)})"
-        )
-    dtype = checks.compute_dtype(inputs)
-    need_bytes = conv_bytes(B, T, C, kernel_size, stride, bank.num_arcs, torch.finfo(dtype).bits // 8)
-    if need_bytes > MAX_CONV_BYTES:
-        raise ValueError(
-            f"kernel_size={kernel_size} and stride={stride} over inputs of shape {(B, T, C)} would need about "
-            f"{need_bytes / 2**30:.1f} GiB, more than MAX_CONV_BYTES={MAX_CONV_BYTES} "
-            f"({MAX_CONV_BYTES / 2**30:.1f} GiB); use a smaller kernel_size or a larger stride, or raise "
-            "lightning_gtn.losses.conv_transduce.MAX_CONV_BYTES"
-        )
-    x = inputs.to(dtype)
-    pad = kernel_size // 2
-    x = F.pad(x, (0, 0, pad, pad))
-    if normalize == "pre":
-        x = x.log_softmax(-1)
-    Tp = (T - 1) // stride + 1 if T > 0 else 0
-    G = bank.num_kernels
-    if Tp == 0 or B == 0:
-        out = x.new_zeros((B, Tp, G))
-    else:
-        windows = x.unfold(1, kernel_size, stride)[:, :Tp]  # (B, T', C, K)
-        windows = windows.transpose(2, 3).reshape(B * Tp, kernel_size, C)
-        w = _weights_for(bank, kernel_params, x)
-        semiring = "max" if viterbi else "log"  # the research API's flag, named once here
-        impl_ = "torch" if semiring == "max" else pick_impl(x, "numba" if impl == "numba_log" else impl)
-        args = ConvTransduceArgs(windows=windows, weights=w, handle=bank.handle, semiring=semiring, impl=impl_)
-        out = conv_transduce_op(*args)[0].reshape(B, Tp, G)
-    if scale == "sqrt":
-        out = out / math.sqrt(kernel_size)
-    elif scale == "linear":
-        out = out / kernel_size
-    if normalize == "post":
-        out = out.softmax(-1)
-    elif normalize == "pre":
-        out = out.exp()
-    return out.to(inputs.dtype)
+    return criterion.apply_loss(
+        _CONV, inputs, None, None, None, reduction="none", impl=impl, name="inputs", lexicon=lexicon,
+        blank_idx=blank_idx, blank_optional=blank_optional, spike=spike, kernel_size=kernel_size, stride=stride,
+        kernel_params=kernel_params, scale=scale, normalize=normalize, viterbi=viterbi,
+    )  # fmt: skip

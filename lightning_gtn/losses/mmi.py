@@ -5,7 +5,8 @@ through the shared-graph kernel.
 the graph of the target's alignments in the topology, intersected with the denominator (so it
 carries the denominator's ``P`` weights, as icefall's MMI compiler does), scored with the
 library's per-target machinery (:func:`lightning_gtn.core.criterion.apply_loss`); the
-denominator is ONE graph for the whole batch, scored by
+denominator is ONE graph for the whole batch, a criterion through the same prologue
+(:class:`_SharedDenominator`, its own kernel always), scored by
 :func:`lightning_gtn.kernels.mmi_numba.shared_scores` (CPU),
 :func:`lightning_gtn.kernels.mmi_triton.shared_scores` (CUDA, when Triton is importable, the
 graph fits its tables and no arc-weight gradient is asked for; checked once per device
@@ -140,23 +141,20 @@ def _denominator(graph: Graph, topology: str) -> _Denominator:
     return d
 
 
+def _denominator_of(graph, topology: str) -> _Denominator:
+    """:func:`_denominator` of ``graph`` after checking it is a :class:`~lightning_gtn.wfst.Graph`
+    and ``topology`` one of :data:`~lightning_gtn.core.topologies.TOPOLOGIES`."""
+    if not isinstance(graph, Graph):
+        raise ValueError(f"denominator must be a lightning_gtn.wfst.Graph, got {type(graph).__name__}")
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
+    return _denominator(graph, topology)
+
+
 def denominator_handle(graph: Graph, topology: str = "ctc") -> int:
     """The integer handle under which the custom op ``lightning_gtn::mmi_denominator`` finds
     ``graph`` (registered on first use; the same graph object keeps its handle)."""
-    if not isinstance(graph, Graph):
-        raise ValueError(f"denominator must be a lightning_gtn.wfst.Graph, got {type(graph).__name__}")
-    return int(_denominator(graph, topology).handle)
-
-
-def _check_common(log_probs, denominator, leaky_hmm, impl) -> Tuple[int, int, int]:
-    B, T, C = checks.check_emissions(log_probs, "log_probs")
-    if not isinstance(denominator, Graph):
-        raise ValueError(f"denominator must be a lightning_gtn.wfst.Graph, got {type(denominator).__name__}")
-    if isinstance(leaky_hmm, bool) or not isinstance(leaky_hmm, (int, float)) or not 0.0 <= float(leaky_hmm) < 1.0:
-        raise ValueError(f"leaky_hmm must be a number in [0, 1), got {leaky_hmm!r}")
-    if impl not in MMI_IMPLS:
-        raise ValueError(f"impl must be one of {MMI_IMPLS}, got {impl!r}")
-    return B, T, C
+    return int(_denominator_of(graph, topology).handle)
 
 
 #: arc-frames ``B * T * A`` one call may score against a denominator of ``A`` arcs (its numerators
@@ -396,11 +394,13 @@ class _EagerDenominator(torch.autograd.Function):
         return (_den_grads(logz, gE, gW, g_out, ctx.need_e, ctx.need_w, ctx.den, in_place=True),) + (None,) * 6
 
 
-def _denominator_call(x: Tensor, il: Tensor, den: _Denominator, leaky_hmm: float, impl, graph_grad: bool) -> Tensor:
-    grad = torch.is_grad_enabled()
+def _denominator_call(
+    x: Tensor, il: Tensor, den: _Denominator, leaky_hmm: float, impl: str, need_e: bool, graph_grad: bool
+) -> Tensor:
+    """``log Z`` of emissions ``x`` (in their compute dtype) by :func:`denominator_op` under
+    ``torch.compile`` (and for tensor subclasses), else by :class:`_EagerDenominator`."""
     compiling = torch.compiler.is_compiling()
-    need_e = bool(grad and x.requires_grad)
-    need_w = bool(graph_grad and grad and den.graph.calc_grad and not compiling)
+    need_w = bool(graph_grad and torch.is_grad_enabled() and den.graph.calc_grad and not compiling)
     if need_w and not x.requires_grad:  # only the graph wants a gradient: a private leaf makes autograd call back
         x = x.detach().requires_grad_(True)
     args = DenominatorArgs(
@@ -409,13 +409,61 @@ def _denominator_call(x: Tensor, il: Tensor, den: _Denominator, leaky_hmm: float
         handle=int(den.handle),
         leaky_hmm=float(leaky_hmm),
         impl=impl or "",
-        need_e=need_e,
+        need_e=bool(need_e),
         need_w=need_w,
     )
     if compiling or type(x) is not torch.Tensor:  # torch.compile (and tensor subclasses) see the custom op
         logz, _, _ = denominator_op(*args)
         return logz
     return _EagerDenominator.apply(*args)
+
+
+class _SharedDenominator(criterion.Criterion):
+    """``log Z_den`` per row of one shared denominator graph, through
+    :func:`~lightning_gtn.core.criterion.apply_loss`: always its own kernel
+    (:data:`DEN_BACKENDS`), called as ``lightning_gtn::mmi_denominator`` (:class:`DenominatorArgs`).
+
+    Its call options: ``denominator`` (a :class:`~lightning_gtn.wfst.Graph`), ``topology`` (the
+    numerators', which keys the cached graph), ``leaky_hmm`` in ``[0, 1)`` and ``graph_grad``
+    (whether ``denominator.grad()`` receives the arc weights' gradient). No targets, no reduction:
+    the result is ``(B,)``."""
+
+    picker = DEN_BACKENDS
+    reductions = ("none",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def check_options(self, C, blank, weights, device):
+        return -1, None
+
+    def check_call_options(self, shape, options):
+        opts = dict(options)
+        graph = opts.pop("denominator", None)
+        topology = opts.pop("topology", "ctc")
+        leaky_hmm = opts.pop("leaky_hmm", 0.0)
+        graph_grad = checks.check_bool(opts.pop("graph_grad", True), "graph_grad")
+        super().check_call_options(shape, opts)  # no other option
+        den = _denominator_of(graph, topology)
+        leaky = checks.check_real(leaky_hmm, "leaky_hmm", 0.0, 1.0, hi_open=True)
+        _check_arc_frames(shape[0], shape[1], den)
+        return {"den": den, "leaky_hmm": leaky, "graph_grad": graph_grad}
+
+    def own_kernel(self, device, impl):
+        return impl or ""  # the op picks the device's default
+
+    def index_tensors(self, targets, input_lengths, target_lengths, B, device):
+        return None, checks.int_tensor(input_lengths, "input_lengths"), None
+
+    def call_kernel(self, x, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl, need_e,
+                    options):  # fmt: skip
+        return _denominator_call(
+            x, input_lengths, options["den"], options["leaky_hmm"], impl, need_e, options["graph_grad"]
+        )
+
+
+_SCORE = _SharedDenominator("mmi_denominator_score")
+_MMI_DEN = _SharedDenominator("mmi_loss")
 
 
 def mmi_denominator_score(
@@ -450,14 +498,10 @@ def mmi_denominator_score(
     Returns:
         ``(B,)`` log Z in ``log_probs``' dtype; ``-inf`` for rows with no path.
     """
-    B, T, C = _check_common(log_probs, denominator, leaky_hmm, impl)
-    den = _denominator(denominator, "ctc")
-    _check_arc_frames(B, T, den)
-    il = checks.int_tensor(input_lengths, "input_lengths")
-    dt = checks.compute_dtype(log_probs)
-    x = log_probs if log_probs.dtype == dt else log_probs.to(dt)
-    out = _denominator_call(x, il, den, float(leaky_hmm), impl, True)
-    return out if out.dtype == log_probs.dtype else out.to(log_probs.dtype)
+    return criterion.apply_loss(
+        _SCORE, log_probs, None, input_lengths, None, reduction="none", impl=impl, name="log_probs",
+        denominator=denominator, leaky_hmm=leaky_hmm, graph_grad=True,
+    )  # fmt: skip
 
 
 def mmi_loss(
@@ -512,29 +556,28 @@ def mmi_loss(
     a gradient for its weights would need both terms; ``denominator.grad()`` is filled by
     :func:`mmi_denominator_score` alone.
     """
-    B, T, C = _check_common(log_probs, denominator, leaky_hmm, impl)
     checks.check_reduction(reduction)
-    if isinstance(den_scale, bool) or not isinstance(den_scale, (int, float)) or not math.isfinite(den_scale):
-        raise ValueError(f"den_scale must be a finite number >= 0, got {den_scale!r}")
-    if den_scale < 0:
-        raise ValueError(f"den_scale must be a finite number >= 0, got {den_scale!r}")
+    den_scale = checks.check_real(den_scale, "den_scale", 0.0)
+    # the input cast once: both terms read the same tensor (one gradient accumulated in the compute dtype)
+    floating = isinstance(log_probs, Tensor) and log_probs.is_floating_point()
+    x = log_probs.to(checks.compute_dtype(log_probs)) if floating else log_probs
+    # the denominator first: its prologue checks the input, impl, denominator and leaky_hmm
+    logz_den = criterion.apply_loss(
+        _MMI_DEN, x, None, input_lengths, None, reduction="none", impl=impl, name="log_probs",
+        denominator=denominator, topology=topology, leaky_hmm=leaky_hmm, graph_grad=False,
+    )  # fmt: skip
+    B, T, C = x.shape
     N = num_tokens_of(C, topology)
-    den = _denominator(denominator, topology)
-    _check_arc_frames(B, T, den)
-    dev = log_probs.device
-    if not torch.compiler.is_compiling():  # eager: clear messages before the ops (which check again)
-        seqs = checks.split_targets(targets, target_lengths, B, dev, 2**62)
-        _check_token_ids(seqs, N)
-        den.compiled().check_classes(C, "denominator")
-        checks.as_lengths(input_lengths, B, "input_lengths", dev, max_value=T)
-    tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)
-    il = checks.int_tensor(input_lengths, "input_lengths")
+    den = _denominator(denominator, topology)  # registered by the call above
+    dev = x.device
+    if not torch.compiler.is_compiling():  # eager: token ids named before the numerator op (which checks again)
+        _check_token_ids(checks.split_targets(targets, target_lengths, B, dev, 2**62), N)
+    tg, tl = checks.targets_tensors(targets, target_lengths, B, dev)  # once: the reduction reads tl too
     num_impl = {None: None, "triton": None, "numba": "numba"}.get(impl, "torch")
-    x = log_probs.to(checks.compute_dtype(log_probs))
     neg_num = criterion.apply_loss(
-        den.crit, x, tg, il, tl, blank=-1, reduction="none", zero_infinity=False, impl=num_impl, name="log_probs"
-    )
-    logz_den = _denominator_call(x, il, den, float(leaky_hmm), impl, False)
+        den.crit, x, tg, input_lengths, tl, blank=-1, reduction="none", zero_infinity=False, impl=num_impl,
+        name="log_probs",
+    )  # fmt: skip
     # infeasible: the target has no numerator path (-log Z_num = +inf) while nothing read is
     # infinite; that alone is +inf, and zero_infinity zeroes it. A denominator of +inf (an infinite
     # emission or weight) or a numerator of -inf (an infinite emission on its path) is not

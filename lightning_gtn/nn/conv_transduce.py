@@ -7,8 +7,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..core.checks import check_int
-from ..functional import NORMALIZATIONS, SCALES, KernelBank, conv_transduce1d
+from ..functional import KernelBank, conv_transduce1d
 
 __all__ = ["ConvTransduce1D"]
 
@@ -72,24 +71,9 @@ class ConvTransduce1D(nn.Module):
         impl: Optional[str] = None,
     ):
         super().__init__()
-        if scale not in SCALES:
-            raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-        if normalize not in NORMALIZATIONS:
-            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-        self.kernel_size = check_int(kernel_size, "kernel_size", 1)
-        if self.kernel_size % 2 != 1:
-            raise ValueError(
-                f"kernel_size must be odd (the inputs are padded by kernel_size // 2 on both "
-                f"sides), got {self.kernel_size}"
-            )
-        self.stride = check_int(stride, "stride", 1)
+        self.kernel_size, self.stride = KernelBank.check_window(kernel_size, stride, scale, normalize)
         self.bank = KernelBank(lexicon, blank_idx, blank_optional, spike)
-        need = self.bank.min_size
-        if self.kernel_size < need:
-            raise ValueError(
-                f"kernel_size must be at least {need} for this lexicon (an entry's length plus one "
-                f"frame per repeated neighbour), got {self.kernel_size}"
-            )
+        self.bank.check_kernel_size(self.kernel_size)
         self.lexicon = [list(x) for x in self.bank.lexicon]
         self.blank_idx = self.bank.blank_idx
         self.blank_optional = self.bank.blank_optional
