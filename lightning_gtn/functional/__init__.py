@@ -69,7 +69,7 @@ from ..losses.mmi import mmi_denominator_score, mmi_loss
 from ..losses.rnnt import RNNT_IMPLS as RNNT_IMPLS
 from ..losses.rnnt import rnnt_loss
 from ..losses.rnnt_variants import multiblank_rnnt_loss, tdt_loss
-from ..losses.seq import sequence_loss
+from ..losses.sequence import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import (
     full_ngram_transitions,

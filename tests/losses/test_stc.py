@@ -404,7 +404,7 @@ def test_module_options_and_decode():
 
 
 def test_config_builds_the_module():
-    from lightning_gtn.lightning.losses import build_loss
+    from lightning_gtn.lightning.loss_builder import build_loss
 
     for spec in ("stc", {"_target_": "lightning_gtn.nn.STCLoss", "blank_idx": 0}):
         loss, vocab = build_loss(spec, "0123456789 ")
