@@ -39,8 +39,7 @@ from ..core.criterion_graphs import (
     force_align_graph,
     set_cache_size,
 )
-from ..core.topologies import TOPOLOGIES as MMI_TOPOLOGIES
-from ..core.topologies import numerator_graph, topology_graph
+from ..core.topologies import MMI_TOPOLOGIES, numerator_graph, topology_graph
 from ..decode.transducer_beam import TokenLM, modified_beam_search, modified_beam_search_nbest
 from ..decode.viterbi import best_paths, collapse, viterbi
 from ..lm.denominator import denominator_graph, token_lm_graph

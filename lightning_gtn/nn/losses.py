@@ -30,7 +30,7 @@ from ..core import checks
 from ..core.checks import check_label, check_reduction
 
 __all__ = [
-    "TOPOLOGIES",
+    "LOSS_TOPOLOGIES",
     "Preparation",
     "TextsUnavailable",
     "Decoding",
@@ -55,7 +55,7 @@ __all__ = [
 #:   pieces spelled in ``target_classes`` graphemes), the blank last;
 #: * ``"rnnt"``: an RNN-T loss (:class:`lightning_gtn.nn.rnnt.RNNTStructuredLoss`) over joiner
 #:   outputs ``(B, T, U + 1, V)``: decoded by the transducer searches, not from frame paths.
-TOPOLOGIES = ("ctc", "asg", "transducer", "rnnt")
+LOSS_TOPOLOGIES = ("ctc", "asg", "transducer", "rnnt")
 
 
 class TextsUnavailable(ValueError):
@@ -157,7 +157,7 @@ class StructuredLoss(nn.Module):
             strings or tuples of graphemes, as its constructor takes them).
         num_classes: the emission classes ``C`` the loss needs, or None when any ``C`` works
             (checked per call).
-        topology: one of :data:`TOPOLOGIES`, how :mod:`lightning_gtn.decode` reads this loss's
+        topology: one of :data:`LOSS_TOPOLOGIES`, how :mod:`lightning_gtn.decode` reads this loss's
             frame paths. By default ``"ctc"`` with a blank, ``"asg"`` without (what
             :meth:`decode` does: merge repeats, drop blanks).
         frame_transitions: the ``(C + 1, C)`` frame-label transition scores the loss adds to the
@@ -229,7 +229,7 @@ class StructuredLoss(nn.Module):
 
     @property
     def topology(self) -> str:
-        """How decoders read the frame paths (see :data:`TOPOLOGIES`): ``"ctc"`` with a blank,
+        """How decoders read the frame paths (see :data:`LOSS_TOPOLOGIES`): ``"ctc"`` with a blank,
         ``"asg"`` without."""
         return "ctc" if self.blank is not None else "asg"
 
