@@ -407,7 +407,9 @@ class STCLoss(StructuredLoss):
     """Star Temporal Classification (:func:`lightning_gtn.functional.stc_loss`) with the
     research code's token insertion penalty schedule.
 
-    The constructor arguments are those of gtn_applications' ``STC``. The penalty after
+    The constructor arguments are those of gtn_applications' ``STC``, with one default changed:
+    ``reduction`` is ``"mean"``, as in every other loss module (the research code's ``"none"``
+    is ``reduction="none"``). The penalty after
     ``n`` training steps is ``p(n) = plast + (p0 - plast) * exp(-n * log(2) / thalf)``: it starts
     at ``p0``, is halfway to ``plast`` after ``thalf`` steps and tends to ``plast``. Each
     forward in training mode counts one step *before* computing ``p`` (as the research code
@@ -421,9 +423,9 @@ class STCLoss(StructuredLoss):
         p0: initial token insertion penalty (before the log), ``> 0``.
         plast: final penalty (before the log), ``> 0``.
         thalf: steps for the penalty to reach ``(p0 + plast) / 2``, ``> 0``.
-        reduction: ``"none"`` (the research code's default; here it gives the ``(B,)``
-            losses), ``"mean"`` (each loss divided by its target length, then averaged) or
-            ``"sum"``.
+        reduction: ``"mean"`` (the default: each loss divided by its target length, then
+            averaged), ``"sum"`` or ``"none"`` (the research code's default: the ``(B,)``
+            losses).
         zero_infinity: infeasible examples give 0 instead of ``inf``.
         impl: as :class:`CTCLoss` (``"gtn"`` excepted).
 
@@ -442,7 +444,7 @@ class STCLoss(StructuredLoss):
         p0: float = 1,
         plast: float = 1,
         thalf: float = 1,
-        reduction: str = "none",
+        reduction: str = "mean",
         zero_infinity: bool = False,
         impl: Optional[str] = None,
     ) -> None:
