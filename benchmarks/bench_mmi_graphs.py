@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from lightning_gtn.core.topologies import TOPOLOGIES, compose_token_acceptor
+from lightning_gtn.core.topologies import MMI_TOPOLOGIES, compose_token_acceptor
 from lightning_gtn.lightning.text import make_sentences
 from lightning_gtn.lm.denominator import token_lm, token_lm_tables
 from lightning_gtn.wordpieces import greedy_segment, train_word_pieces
@@ -58,7 +58,7 @@ def main(argv: Optional[list] = None) -> str:
             t_est, lm = _best(1, token_lm, seqs, n, order=order)
             t_tab, (table, lp, start, _) = _best(reps, token_lm_tables, lm, n)
             accept = np.ones(table.shape[0], dtype=bool)
-            for topo in TOPOLOGIES:
+            for topo in MMI_TOPOLOGIES:
                 t_cmp, g = _best(reps, compose_token_acceptor, n, topo, table, lp, start, accept)
                 rows.append(
                     f"| {name} | {n} | {order} | {t_est:.2f} | {table.shape[0]} / {table.shape[0] * n} | {topo} "

@@ -265,7 +265,7 @@ def prepare_loss(cfg: DictConfig, datamodule, output_dir: Path) -> None:
     Raises:
         ConfigError: naming the ``loss.<key>`` at fault.
     """
-    from lightning_gtn.lightning.losses import prepare_loss as prepare
+    from lightning_gtn.lightning.loss_builder import prepare_loss as prepare
     from lightning_gtn.nn import Preparation
 
     loss = cfg.get("loss")

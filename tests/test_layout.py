@@ -316,7 +316,7 @@ def test_the_reader_sees_every_kind_of_import(tmp_path, monkeypatch):
     text = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from ..wfst import Graph\n"
-        "def f():\n    from ..losses import graph\n    import lightning_gtn.kernels.batch as b\n"
+        "def f():\n    from ..losses import graph\n    import lightning_gtn.kernels.compiled_graphs as b\n"
         "    return b._x, graph\n"
         "class C:\n    def g(self):\n        import importlib\n"
         "        return importlib.import_module('lightning_gtn.align.forced')\n"
@@ -328,8 +328,8 @@ def test_the_reader_sees_every_kind_of_import(tmp_path, monkeypatch):
     assert got == {
         (f"{PACKAGE}.wfst", "Graph"),
         (f"{PACKAGE}.losses.graph", None),
-        (f"{PACKAGE}.kernels.batch", None),
-        (f"{PACKAGE}.kernels.batch", "_x"),
+        (f"{PACKAGE}.kernels.compiled_graphs", None),
+        (f"{PACKAGE}.kernels.compiled_graphs", "_x"),
         (f"{PACKAGE}.align.forced", None),
     }
 
@@ -431,7 +431,7 @@ def loss_specific_names() -> tuple[set[str], set[str], set[str]]:
 
     import lightning_gtn.nn as lnn
     from lightning_gtn.lightning.decoding import DECODER_KEYS
-    from lightning_gtn.lightning.losses import build_loss, loss_names
+    from lightning_gtn.lightning.loss_builder import build_loss, loss_names
 
     classes = _loss_classes()
     names = {c.__name__ for c in classes}

@@ -29,7 +29,7 @@ from .. import wfst as _wfst
 from ..core import checks
 from ..core.criterion_graphs import cached, compiled_asg_target, compiled_ctc, compiled_force_align, target_key
 from ..core.scoring import unique_graphs
-from ..kernels.batch import GraphBatch, Problem, compile_graph
+from ..kernels.compiled_graphs import GraphBatch, Problem, compile_graph
 from ..kernels.viterbi_paths import ctc_states, viterbi_arcs
 from ..opargs import op_schema
 

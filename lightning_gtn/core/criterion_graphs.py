@@ -1,7 +1,7 @@
 """Criterion graphs: their builders and the per-target caches of their compiled form.
 
 Every loss builds its criterion graphs with the engine (:class:`lightning_gtn.wfst.Graph`),
-then compiles each one (:func:`lightning_gtn.kernels.batch.compile_graph`) into the flat arrays
+then compiles each one (:func:`lightning_gtn.kernels.compiled_graphs.compile_graph`) into the flat arrays
 the kernels read.
 
 Compiled graphs of targets are cached in small LRU dictionaries keyed by the target tuple, so a
@@ -19,7 +19,7 @@ from typing import Callable, Dict, Hashable, List, Sequence
 import numpy as np
 
 from .. import wfst as _wfst
-from ..kernels.batch import INDEX_DTYPE, CompiledGraph, compile_graph
+from ..kernels.compiled_graphs import INDEX_DTYPE, CompiledGraph, compile_graph
 from ..wfst import Graph
 from ..wfst.criterion import ctc_graph
 from .cache import LRU

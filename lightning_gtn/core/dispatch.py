@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..kernels import graph_numba, graph_torch, graph_triton
-from ..kernels.batch import GraphBatch, Problem, State, Subset
+from ..kernels.compiled_graphs import GraphBatch, Problem, State, Subset
 from ..kernels.graph_numba import numpy_view
 
 #: the semirings of the dynamic programme: ``"log"`` (forward scores, log-sum-exp over paths)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from ..kernels import lattice_numba
-from ..kernels.batch import INDEX_DTYPE
+from ..kernels.compiled_graphs import INDEX_DTYPE
 from ..opargs import grads, op_schema
 from ..wfst import Graph
 from . import checks, dispatch

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..kernels import graph_triton
-from ..kernels.batch import CompiledGraph, GraphBatch
+from ..kernels.compiled_graphs import CompiledGraph, GraphBatch
 from . import checks, dispatch
 from .impl import Backends
 

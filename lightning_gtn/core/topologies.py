@@ -48,7 +48,7 @@ import numpy as np
 from ..wfst import Graph, epsilon, intersect
 
 __all__ = [
-    "TOPOLOGIES",
+    "MMI_TOPOLOGIES",
     "TopologyArrays",
     "num_classes",
     "topology_arrays",
@@ -58,7 +58,7 @@ __all__ = [
     "numerator_graph",
 ]
 
-TOPOLOGIES = ("ctc", "modified_ctc", "hmm1", "hmm2")
+MMI_TOPOLOGIES = ("ctc", "modified_ctc", "hmm1", "hmm2")
 """The topology names :func:`topology_graph` knows."""
 
 MAX_TOKENS = 1 << 16
@@ -93,8 +93,8 @@ def _check(num_tokens, topology) -> int:
     n = int(num_tokens)
     if not 1 <= n <= MAX_TOKENS:
         raise ValueError(f"num_tokens={n} must lie in [1, {MAX_TOKENS}]")
-    if topology not in TOPOLOGIES:
-        raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
+    if topology not in MMI_TOPOLOGIES:
+        raise ValueError(f"topology must be one of {MMI_TOPOLOGIES}, got {topology!r}")
     return n
 
 
@@ -155,7 +155,7 @@ def topology_graph(num_tokens: int, topology: str = "ctc") -> Graph:
 
     Args:
         num_tokens: the number of tokens ``N`` (ids ``1..N``).
-        topology: one of :data:`TOPOLOGIES`.
+        topology: one of :data:`MMI_TOPOLOGIES`.
 
     Returns:
         The topology graph; start node 0.
@@ -229,7 +229,7 @@ def compose_token_acceptor(
 
     Args:
         num_tokens: ``N``.
-        topology: one of :data:`TOPOLOGIES`.
+        topology: one of :data:`MMI_TOPOLOGIES`.
         next_state: ``(S, N + 1)`` integer table, entries in ``[-1, S)``.
         logp: ``(S, N + 1)`` float table, or None for weights 0.
         start: the acceptor's start state.
@@ -471,7 +471,7 @@ def numerator_graph(
     Args:
         target: token ids in ``1..N`` (no blank); may be empty.
         num_tokens: ``N``.
-        topology: one of :data:`TOPOLOGIES`.
+        topology: one of :data:`MMI_TOPOLOGIES`.
         denominator: optional denominator acceptor over the same classes.
 
     Returns:

@@ -3,10 +3,25 @@
 Engine-level (imports neither Lightning nor the losses). ``BeamSearchDecoder`` composes the
 topology (CTC, ASG, word-piece transducer), the :class:`Lexicon` trie and an n-gram LM (the
 ``lightning_gtn.lm.NGramLM`` contract: back-off arrays) on the fly, in numba.
+``TOPOLOGIES`` is a deprecated name of :data:`DECODER_TOPOLOGIES`.
 """
 
+import warnings
+
 from .beam import BeamSearchDecoder, Hypothesis, check_lm_arrays
-from .greedy import TOPOLOGIES, greedy_decode
+from .greedy import DECODER_TOPOLOGIES, greedy_decode
 from .lexicon import Lexicon
 
-__all__ = ["BeamSearchDecoder", "Hypothesis", "Lexicon", "greedy_decode", "check_lm_arrays", "TOPOLOGIES"]
+__all__ = ["BeamSearchDecoder", "Hypothesis", "Lexicon", "greedy_decode", "check_lm_arrays", "DECODER_TOPOLOGIES"]
+
+#: deprecated names and the names that replaced them
+_DEPRECATED = {"TOPOLOGIES": "DECODER_TOPOLOGIES"}
+
+
+def __getattr__(name: str):
+    if name in _DEPRECATED:
+        new = _DEPRECATED[name]
+        message = f"lightning_gtn.decode.{name} is deprecated, use lightning_gtn.decode.{new}"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,8 +9,8 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..kernels import beam_search_numba
 from ..wfst.parallel import parallel_map
-from . import _kernels
 from .greedy import _as_emissions, _as_lengths, _check_topology
 from .lexicon import Lexicon
 
@@ -356,7 +356,7 @@ class BeamSearchDecoder:
         self._word_lm, self._word_extra, self._tok_lm = word_lm, extra, tok_lm
         self._smear = self._smearing(lex, C)
         self._below = (
-            _kernels.below_kernel(lex.child_offsets, lex.child_node, lex.word_offsets, lex.node_word, extra)
+            beam_search_numba.below_kernel(lex.child_offsets, lex.child_node, lex.word_offsets, lex.node_word, extra)
             if lex is not None
             else np.zeros(1, dtype=np.int64)
         )
@@ -375,7 +375,7 @@ class BeamSearchDecoder:
         else:
             has_lm, st_off, aw, alp, an, bol, bos = self._lm[:7]
             root = 0
-        return _kernels.smear_kernel(
+        return beam_search_numba.smear_kernel(
             lex.child_offsets,
             lex.child_node,
             lex.word_offsets,
@@ -409,7 +409,7 @@ class BeamSearchDecoder:
         return cap * 112 + tsize * 16 + (T * self.beam_size + 1) * 32 + self.beam_size * 88
 
     def _decode_one(self, x: np.ndarray, T: int, complete: bool = True):
-        return _kernels.beam_kernel(
+        return beam_search_numba.beam_kernel(
             x,
             T,
             self.blank,

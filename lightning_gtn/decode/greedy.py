@@ -7,10 +7,10 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-__all__ = ["greedy_decode", "TOPOLOGIES"]
+__all__ = ["greedy_decode", "DECODER_TOPOLOGIES"]
 
 #: topologies understood by the decoders
-TOPOLOGIES = ("ctc", "asg", "transducer")
+DECODER_TOPOLOGIES = ("ctc", "asg", "transducer")
 
 
 def _as_emissions(emissions, name: str = "emissions") -> np.ndarray:
@@ -58,8 +58,8 @@ def _as_lengths(lengths, B: int, T: int) -> np.ndarray:
 
 def _check_topology(topology: str, C: int, blank, repeat) -> tuple:
     """``(blank or -1, repeat or -1)`` for ``topology`` over C tokens, with range checks."""
-    if topology not in TOPOLOGIES:
-        raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
+    if topology not in DECODER_TOPOLOGIES:
+        raise ValueError(f"topology must be one of {DECODER_TOPOLOGIES}, got {topology!r}")
     for name, v in (("blank", blank), ("repeat", repeat)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
             raise ValueError(f"{name} must be an integer token id or None, got {v!r}")

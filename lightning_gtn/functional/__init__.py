@@ -39,8 +39,7 @@ from ..core.criterion_graphs import (
     force_align_graph,
     set_cache_size,
 )
-from ..core.topologies import TOPOLOGIES as MMI_TOPOLOGIES
-from ..core.topologies import numerator_graph, topology_graph
+from ..core.topologies import MMI_TOPOLOGIES, numerator_graph, topology_graph
 from ..decode.transducer_beam import TokenLM, modified_beam_search, modified_beam_search_nbest
 from ..decode.viterbi import best_paths, collapse, viterbi
 from ..lm.denominator import denominator_graph, token_lm_graph
@@ -69,7 +68,7 @@ from ..losses.mmi import mmi_denominator_score, mmi_loss
 from ..losses.rnnt import RNNT_IMPLS as RNNT_IMPLS
 from ..losses.rnnt import rnnt_loss
 from ..losses.rnnt_variants import multiblank_rnnt_loss, tdt_loss
-from ..losses.seq import sequence_loss
+from ..losses.sequence import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
 from ..losses.transducer import (
     full_ngram_transitions,

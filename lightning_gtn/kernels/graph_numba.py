@@ -9,7 +9,7 @@ The recursion is described in :mod:`lightning_gtn.core.dispatch`. Two families o
   emission gradient (and arc occupancies) in one call, verified per example.
 
 Batch chunks run on the engine's bounded thread pool (the kernels release the GIL). The drivers
-take a ``State`` / ``Problem`` of :mod:`.batch` (duck-typed, so this module imports nothing
+take a ``State`` / ``Problem`` of :mod:`.compiled_graphs` (duck-typed, so this module imports nothing
 from it).
 """
 

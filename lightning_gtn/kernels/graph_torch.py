@@ -2,7 +2,7 @@
 
 Padded ``(E, S, K)`` incoming-arc tables, one gather + logsumexp per frame for all examples at
 once; occupancies in bulk at the end. The default off the CPU without Triton, and for graphs with
-epsilon arcs. The functions take a ``State`` of :mod:`.batch` (duck-typed).
+epsilon arcs. The functions take a ``State`` of :mod:`.compiled_graphs` (duck-typed).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from .batch import GraphBatch
+from .compiled_graphs import GraphBatch
 
 NEG_INF = -math.inf
 OCC_BLOCK_ELEMENTS = 1 << 24  # occupancies are formed this many entries at a time
@@ -24,7 +24,7 @@ OCC_BLOCK_ELEMENTS = 1 << 24  # occupancies are formed this many entries at a ti
 
 
 class Tables:
-    """Padded per-example tables on a device (built from a :class:`~.batch.Problem`).
+    """Padded per-example tables on a device (built from a :class:`~.compiled_graphs.Problem`).
 
     ``(Ne, Smax, K)`` incoming (``in_*``) and outgoing (``out_*``) emitting arcs of each node of
     each example (``*_mask`` marks the real entries), ``(Ne, Smax)`` start and accept masks, and

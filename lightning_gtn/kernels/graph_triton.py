@@ -52,7 +52,7 @@ def available() -> bool:
 
 
 def supports(batch) -> bool:
-    """Whether these kernels can score a :class:`~.batch.GraphBatch`: no epsilon arcs, and at
+    """Whether these kernels can score a :class:`~.compiled_graphs.GraphBatch`: no epsilon arcs, and at
     most ``MAX_NODES`` nodes per graph (a CTC target of up to 2047 tokens)."""
     return available() and not batch.has_eps and batch.max_nodes <= MAX_NODES
 

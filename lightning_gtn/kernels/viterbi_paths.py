@@ -27,7 +27,7 @@ Memory on the CPU is bounded per example, whatever ``T`` and ``S``: its backpoin
 time, recomputed from scores checkpointed every ``K`` frames (``K`` about
 ``max(BP_BUDGET / S, sqrt(T * itemsize))``; twice the compute). What remains is capped by
 :data:`MAX_ALIGN_BYTES` with an error naming ``T``, ``S`` and the bytes; the torch path is
-capped the same way (it has no checkpoints). Both kernels take a :class:`.batch.Problem`
+capped the same way (it has no checkpoints). Both kernels take a :class:`.compiled_graphs.Problem`
 whose graphs have no epsilon arcs (the alignment graphs never do) and whose examples' labels,
 rows and lengths the caller has checked against ``E``.
 """
@@ -308,7 +308,7 @@ def _groups(problem, padded: bool):
 def viterbi_arcs(problem, E: torch.Tensor, w: torch.Tensor, impl: str):
     """:func:`numba_viterbi_arcs` (``impl="numba"``) or :func:`torch_viterbi_arcs`
     (``"torch"``), over groups of examples within :data:`BP_BUDGET` backpointers."""
-    from .batch import Subset
+    from .compiled_graphs import Subset
 
     if impl == "numba":  # each example holds its own (checkpointed) buffers
         return numba_viterbi_arcs(problem, E, w)

@@ -31,7 +31,7 @@ from .data import (
     read_transcripts,
 )
 from .lhotse_data import LhotseDataModule, check_cut, read_cuts
-from .losses import BUILTIN_LOSSES, TargetGraphLoss, build_loss
+from .loss_builder import BUILTIN_LOSSES, TargetGraphLoss, build_loss
 from .mixin import NonFiniteLossError, StructuredLossMixin
 from .models import ConvEncoder, ConvRNNEncoder, ConvTransduceEncoder
 from .module import SequenceModule

@@ -299,12 +299,12 @@ def _topology(loss, vocabulary) -> dict:
     (``topology``, ``blank``, ``repeat_label``, ``tokens``): the loss's own tokens (the word-piece
     transducer's), else the vocabulary's characters, the repeat token after them, the blank at
     its id."""
-    from lightning_gtn.nn import TOPOLOGIES
+    from lightning_gtn.nn import LOSS_TOPOLOGIES
 
     topology = loss.topology
-    if topology not in TOPOLOGIES:
+    if topology not in LOSS_TOPOLOGIES:
         raise ValueError(
-            f"decoder: {type(loss).__qualname__} declares topology={topology!r}; the decoders read {TOPOLOGIES}"
+            f"decoder: {type(loss).__qualname__} declares topology={topology!r}; the decoders read {LOSS_TOPOLOGIES}"
         )
     refused = loss.decoding(vocabulary.num_classes).beam
     if refused is not None:

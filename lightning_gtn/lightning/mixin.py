@@ -51,7 +51,7 @@ from torchmetrics.text import CharErrorRate, WordErrorRate
 from lightning_gtn import trust
 from lightning_gtn.nn import NETWORK_METHODS, StructuredLoss, TextsUnavailable
 
-from .losses import build_loss, loss_class
+from .loss_builder import build_loss, loss_class
 from .vocabulary import Vocabulary
 
 __all__ = [
@@ -105,7 +105,7 @@ class NonFiniteLossError(RuntimeError):
 
 def _network_loss_names() -> str:
     """The packaged loss configs whose loss declares ``network_methods`` (how errors name them)."""
-    from .losses import loss_config, loss_names
+    from .loss_builder import loss_config, loss_names
 
     names = []
     for name in loss_names():
@@ -121,7 +121,7 @@ def _provisional_vocabulary(loss, chars) -> tuple[Vocabulary, bool]:
     whose tokens are learned)."""
     from omegaconf import DictConfig, OmegaConf
 
-    from .losses import loss_config
+    from .loss_builder import loss_config
 
     if isinstance(loss, str):
         loss = loss_config(loss)

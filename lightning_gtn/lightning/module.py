@@ -38,7 +38,7 @@ def check_hyperparameters(hparams: Mapping) -> None:
         lightning_gtn.trust.UntrustedTargetError: naming the key path
             (``optim.scheduler.T_max._target_``).
     """
-    from lightning_gtn.lightning.losses import _MOVED
+    from lightning_gtn.lightning.loss_builder import _MOVED
 
     for name, value in hparams.items():
         key, kind = HPARAM_SECTIONS.get(name, (str(name), None))

@@ -47,7 +47,7 @@ from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
-from ..core.topologies import TOPOLOGIES, compose_token_acceptor
+from ..core.topologies import MMI_TOPOLOGIES, compose_token_acceptor
 from ..wfst import Graph
 from .estimate import estimate
 from .ngram import NGramLM
@@ -340,7 +340,7 @@ def denominator_graph(
         sequences: training transcripts as token-id sequences (ids ``1..N``).
         num_tokens: ``N``.
         order: n-gram order of ``P``, 1 to :data:`MAX_ORDER`.
-        topology: one of :data:`~lightning_gtn.core.topologies.TOPOLOGIES`.
+        topology: one of :data:`~lightning_gtn.core.topologies.MMI_TOPOLOGIES`.
         prune: see :func:`token_lm`.
         method: ``"kneser_ney"`` or ``"witten_bell"``.
         eos: include ``ln P(</s> | history)`` at the end of every path of one or more frames:
@@ -363,8 +363,8 @@ def denominator_graph(
         >>> g.num_nodes(), g.num_arcs(), g.accept()
         (6, 30, [5])
     """
-    if topology not in TOPOLOGIES:
-        raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
+    if topology not in MMI_TOPOLOGIES:
+        raise ValueError(f"topology must be one of {MMI_TOPOLOGIES}, got {topology!r}")
     lm = token_lm(sequences, num_tokens, order=order, prune=prune, method=method)
     n = int(num_tokens)
     p = token_lm_tables(lm, n)

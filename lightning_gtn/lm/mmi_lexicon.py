@@ -149,7 +149,7 @@ def lexicon_numerator_graph(
             sequences or a 2-D integer array (alternative pronunciations or spellings;
             duplicates count once).
         num_tokens: ``N``.
-        topology: one of :data:`~lightning_gtn.core.topologies.TOPOLOGIES`.
+        topology: one of :data:`~lightning_gtn.core.topologies.MMI_TOPOLOGIES`.
         denominator: optional denominator acceptor over the same classes.
         word_separator: a token id in ``1..N`` put between two words (e.g. a word-boundary
             token ``|``), or None for none.

@@ -39,7 +39,7 @@ from ..core import checks, criterion, dispatch
 from ..core.cache import LRU, HandleRegistry
 from ..core.scoring import pick_impl
 from ..kernels import graph_torch, graph_triton
-from ..kernels.batch import GraphBatch, compile_graph
+from ..kernels.compiled_graphs import GraphBatch, compile_graph
 from ..opargs import grads, op_schema
 
 __all__ = [

@@ -11,7 +11,7 @@ from ..core import checks, criterion
 from ..core.cache import LRU
 from ..core.criterion_graphs import compiled_all_paths, compiled_user_graph
 from ..core.scoring import Plan, pick_impl, score, unique_graphs
-from ..kernels.batch import compile_graph
+from ..kernels.compiled_graphs import compile_graph
 from ..wfst import Graph
 
 __all__ = ["graph_loss", "compile_criteria", "check_labels", "TargetGraphCriterion", "target_graph_loss"]

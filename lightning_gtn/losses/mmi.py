@@ -37,9 +37,10 @@ from ..core.impl import Backends
 from ..core.reduction import reduce_losses
 from ..core.scoring import Plan, unique_graphs
 from ..core.shared_graph import SharedGraph, shared_graph
-from ..core.topologies import TOPOLOGIES, compose_token_acceptor, numerator_graph
+from ..core.topologies import MMI_TOPOLOGIES as TOPOLOGIES
+from ..core.topologies import compose_token_acceptor, numerator_graph
 from ..kernels import buffers, mmi_numba, mmi_torch, mmi_triton
-from ..kernels.batch import compile_graph
+from ..kernels.compiled_graphs import compile_graph
 from ..opargs import grads, op_schema
 from ..wfst import Graph
 from .graph import check_labels

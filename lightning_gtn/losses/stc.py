@@ -44,7 +44,7 @@ from ..core import checks, criterion
 from ..core.criterion_graphs import cached, target_key
 from ..core.scoring import Plan, unique_graphs
 from ..kernels import stc_chain
-from ..kernels.batch import compile_graph
+from ..kernels.compiled_graphs import compile_graph
 
 __all__ = ["stc_loss", "stc_graph", "stc_emissions"]
 

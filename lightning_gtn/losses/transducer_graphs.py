@@ -23,7 +23,7 @@ import numpy as np
 from .. import wfst as _wfst
 from ..core.cache import LRU
 from ..core.checks import BLANK_MODES, check_blank, check_ngram, token_ids
-from ..kernels.batch import CompiledGraph, compile_graph
+from ..kernels.compiled_graphs import CompiledGraph, compile_graph
 from ..wfst import Graph
 
 __all__ = [

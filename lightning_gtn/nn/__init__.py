@@ -1,9 +1,14 @@
-"""``lightning_gtn.nn``: thin ``nn.Module`` wrappers over :mod:`lightning_gtn.functional`."""
+"""``lightning_gtn.nn``: thin ``nn.Module`` wrappers over :mod:`lightning_gtn.functional`.
+
+``TOPOLOGIES`` is a deprecated name of :data:`LOSS_TOPOLOGIES`.
+"""
+
+import warnings
 
 from .conv_transduce import ConvTransduce1D
 from .linear import Linear
 from .losses import (
-    TOPOLOGIES,
+    LOSS_TOPOLOGIES,
     ASGLoss,
     CTCLoss,
     Decoding,
@@ -23,7 +28,7 @@ from .rnnt_variants import MultiBlankRNNTLoss, TDTLoss
 from .transducer import TransducerLoss
 
 __all__ = [
-    "TOPOLOGIES",
+    "LOSS_TOPOLOGIES",
     "NETWORK_METHODS",
     "StructuredLoss",
     "Preparation",
@@ -46,3 +51,15 @@ __all__ = [
     "Linear",
     "ConvTransduce1D",
 ]
+
+#: deprecated names and the names that replaced them
+_DEPRECATED = {"TOPOLOGIES": "LOSS_TOPOLOGIES"}
+
+
+def __getattr__(name: str):
+    if name in _DEPRECATED:
+        new = _DEPRECATED[name]
+        message = f"lightning_gtn.nn.{name} is deprecated, use lightning_gtn.nn.{new}"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

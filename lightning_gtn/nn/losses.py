@@ -30,7 +30,7 @@ from ..core import checks
 from ..core.checks import check_label, check_reduction
 
 __all__ = [
-    "TOPOLOGIES",
+    "LOSS_TOPOLOGIES",
     "Preparation",
     "TextsUnavailable",
     "Decoding",
@@ -55,7 +55,7 @@ __all__ = [
 #:   pieces spelled in ``target_classes`` graphemes), the blank last;
 #: * ``"rnnt"``: an RNN-T loss (:class:`lightning_gtn.nn.rnnt.RNNTStructuredLoss`) over joiner
 #:   outputs ``(B, T, U + 1, V)``: decoded by the transducer searches, not from frame paths.
-TOPOLOGIES = ("ctc", "asg", "transducer", "rnnt")
+LOSS_TOPOLOGIES = ("ctc", "asg", "transducer", "rnnt")
 
 
 class TextsUnavailable(ValueError):
@@ -157,7 +157,7 @@ class StructuredLoss(nn.Module):
             strings or tuples of graphemes, as its constructor takes them).
         num_classes: the emission classes ``C`` the loss needs, or None when any ``C`` works
             (checked per call).
-        topology: one of :data:`TOPOLOGIES`, how :mod:`lightning_gtn.decode` reads this loss's
+        topology: one of :data:`LOSS_TOPOLOGIES`, how :mod:`lightning_gtn.decode` reads this loss's
             frame paths. By default ``"ctc"`` with a blank, ``"asg"`` without (what
             :meth:`decode` does: merge repeats, drop blanks).
         frame_transitions: the ``(C + 1, C)`` frame-label transition scores the loss adds to the
@@ -229,7 +229,7 @@ class StructuredLoss(nn.Module):
 
     @property
     def topology(self) -> str:
-        """How decoders read the frame paths (see :data:`TOPOLOGIES`): ``"ctc"`` with a blank,
+        """How decoders read the frame paths (see :data:`LOSS_TOPOLOGIES`): ``"ctc"`` with a blank,
         ``"asg"`` without."""
         return "ctc" if self.blank is not None else "asg"
 
@@ -407,7 +407,9 @@ class STCLoss(StructuredLoss):
     """Star Temporal Classification (:func:`lightning_gtn.functional.stc_loss`) with the
     research code's token insertion penalty schedule.
 
-    The constructor arguments are those of gtn_applications' ``STC``. The penalty after
+    The constructor arguments are those of gtn_applications' ``STC``, with one default changed:
+    ``reduction`` is ``"mean"``, as in every other loss module (the research code's ``"none"``
+    is ``reduction="none"``). The penalty after
     ``n`` training steps is ``p(n) = plast + (p0 - plast) * exp(-n * log(2) / thalf)``: it starts
     at ``p0``, is halfway to ``plast`` after ``thalf`` steps and tends to ``plast``. Each
     forward in training mode counts one step *before* computing ``p`` (as the research code
@@ -421,9 +423,9 @@ class STCLoss(StructuredLoss):
         p0: initial token insertion penalty (before the log), ``> 0``.
         plast: final penalty (before the log), ``> 0``.
         thalf: steps for the penalty to reach ``(p0 + plast) / 2``, ``> 0``.
-        reduction: ``"none"`` (the research code's default; here it gives the ``(B,)``
-            losses), ``"mean"`` (each loss divided by its target length, then averaged) or
-            ``"sum"``.
+        reduction: ``"mean"`` (the default: each loss divided by its target length, then
+            averaged), ``"sum"`` or ``"none"`` (the research code's default: the ``(B,)``
+            losses).
         zero_infinity: infeasible examples give 0 instead of ``inf``.
         impl: as :class:`CTCLoss` (``"gtn"`` excepted).
 
@@ -442,7 +444,7 @@ class STCLoss(StructuredLoss):
         p0: float = 1,
         plast: float = 1,
         thalf: float = 1,
-        reduction: str = "none",
+        reduction: str = "mean",
         zero_infinity: bool = False,
         impl: Optional[str] = None,
     ) -> None:

@@ -283,7 +283,7 @@ class TransducerLoss(StructuredLoss):
 
     @property
     def topology(self) -> str:
-        """``"transducer"`` with a blank, ``"asg"`` without (see :data:`lightning_gtn.nn.losses.TOPOLOGIES`)."""
+        """``"transducer"`` with a blank, ``"asg"`` without (see :data:`lightning_gtn.nn.LOSS_TOPOLOGIES`)."""
         return "transducer" if self.blank is not None else "asg"
 
     transition_params: Optional[nn.Parameter]

@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import _kernels as K
+from . import _numba_loops as K
 from .graph import _INT, Graph, epsilon
 
 __all__ = ["compose", "intersect", "remove", "adjacency"]

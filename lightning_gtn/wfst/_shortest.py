@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels as K
+from . import _numba_loops as K
 from ._compose import adjacency
 from .graph import _FLOAT, _INT, Graph
 

@@ -393,7 +393,7 @@ def _problem_of(targets, lengths):
     import numpy as np
 
     from lightning_gtn.core.criterion_graphs import compiled_ctc
-    from lightning_gtn.kernels.batch import GraphBatch, Problem
+    from lightning_gtn.kernels.compiled_graphs import GraphBatch, Problem
 
     graphs = [compiled_ctc(tuple(t), 0) for t in targets]
     return Problem(GraphBatch(graphs), np.arange(len(graphs)), np.arange(len(graphs)), np.array(lengths))

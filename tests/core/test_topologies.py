@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import lightning_gtn.wfst as gtn
-from lightning_gtn.core.topologies import TOPOLOGIES, num_classes, numerator_graph, topology_graph
+from lightning_gtn.core.topologies import MMI_TOPOLOGIES, num_classes, numerator_graph, topology_graph
 from lightning_gtn.wfst.criterion import ctc_graph
 
 
@@ -92,7 +92,7 @@ def graph_paths(g, T):
     return res
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("topology", MMI_TOPOLOGIES)
 def test_topology_paths_are_the_alignments(topology):
     N = 2
     g = topology_graph(N, topology)
@@ -110,10 +110,10 @@ def test_topology_sizes():
         assert topology_graph(N, "modified_ctc").num_arcs() == 4 * N + 1
         assert topology_graph(N, "hmm1").num_arcs() == N * N + 2 * N
         assert topology_graph(N, "hmm2").num_arcs() == 2 * N * N + 3 * N
-    assert [num_classes(5, t) for t in TOPOLOGIES] == [6, 6, 5, 10]
+    assert [num_classes(5, t) for t in MMI_TOPOLOGIES] == [6, 6, 5, 10]
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("topology", MMI_TOPOLOGIES)
 def test_numerator_paths_are_the_alignments_once(topology):
     N = 2
     for y in [(), (1,), (1, 1), (2, 1), (1, 1, 2)]:
@@ -157,7 +157,7 @@ def test_bad_arguments():
         numerator_graph([1], 3, "ctc", denominator="den")
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("topology", MMI_TOPOLOGIES)
 def test_topology_graphs_save_load_text_dot(topology, tmp_path):
     g = topology_graph(3, topology)
     gtn.save(tmp_path / "t.bin", g)

@@ -353,7 +353,7 @@ def test_kth_best_score_is_numpys_partition():
     """The beam's cut (the ``beam_size``-th best candidate score) is the value ``np.partition``
     gives (which it replaced), on random, tied, sorted and infinite scores, and leaves the
     scores as they were."""
-    from lightning_gtn.decode._kernels import _kth_smallest
+    from lightning_gtn.kernels.beam_search_numba import _kth_smallest
 
     rng = np.random.default_rng(3)
     for trial in range(2000):

@@ -173,7 +173,7 @@ def test_graph_loss_arc_labels_and_weight_gradient(dtype):
 
 
 def _compile(g):
-    from lightning_gtn.kernels.batch import compile_graph
+    from lightning_gtn.kernels.compiled_graphs import compile_graph
 
     return compile_graph(g)
 

@@ -9,7 +9,7 @@ import torch
 
 import lightning_gtn.nn as lnn
 from lightning_gtn.lightning import DigitLinesDataModule, StructuredLossMixin
-from lightning_gtn.lightning.losses import LOSS_CONFIG_DIR, build_loss, loss_config, loss_names
+from lightning_gtn.lightning.loss_builder import LOSS_CONFIG_DIR, build_loss, loss_config, loss_names
 
 CHARS = "0123456789 "
 

@@ -16,7 +16,7 @@ import pytest
 
 import lightning_gtn.lm.mmi_lexicon as mmi_lexicon
 import lightning_gtn.wfst as gtn
-from lightning_gtn.core.topologies import TOPOLOGIES, num_classes, numerator_graph
+from lightning_gtn.core.topologies import MMI_TOPOLOGIES, num_classes, numerator_graph
 from lightning_gtn.functional import lexicon_numerator_graph
 from lightning_gtn.lm.denominator import denominator_graph, token_lm
 from tests.core.test_topologies import alignments, graph_paths
@@ -35,7 +35,7 @@ def _score(g, em):
     return gtn.forward_score(gtn.intersect(g, em)).item()
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("topology", MMI_TOPOLOGIES)
 def test_one_spelling_per_word_is_the_numerator_of_the_spelling(topology):
     N = 4
     lex = {"ab": [1, 2], "c": [[3]], "bb": np.array([[2, 2]])}  # one flat spelling, a list, an array
@@ -100,7 +100,7 @@ def _spelled(words, lex, sep, optional):
     return out
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("topology", MMI_TOPOLOGIES)
 def test_brute_force_paths(topology):
     """Spellings that overlap ("1" + "2 3" and "1 2" + "3" spell the same tokens) and an optional
     separator: the graph has one path per class sequence, and they are exactly the alignments of

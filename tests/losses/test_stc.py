@@ -357,8 +357,8 @@ def _module_inputs():
 
 
 def test_schedule_advances_per_training_step_and_matches_research_formula():
-    m = lnn.STCLoss(blank_idx=0, p0=5.0, plast=0.2, thalf=3)
-    assert m.blank == 0 and m.repeat_label is False and m.reduction == "none"
+    m = lnn.STCLoss(blank_idx=0, p0=5.0, plast=0.2, thalf=3, reduction="none")
+    assert m.blank == 0 and m.repeat_label is False
     x, tg, il, tl = _module_inputs()
     for k in range(1, 8):
         out = m(x, tg, il, tl)
@@ -367,6 +367,18 @@ def test_schedule_advances_per_training_step_and_matches_research_formula():
         assert float(m.penalty()) == pytest.approx(research_p(5.0, 0.2, 3, k), rel=1e-12)
         torch.testing.assert_close(out, stc_loss(x, tg, il, tl, p=research_p(5.0, 0.2, 3, k), reduction="none"))
     assert float(m.penalty()) != pytest.approx(research_p(5.0, 0.2, 3, 1))
+
+
+def test_reduction_defaults_to_mean_like_every_loss_module():
+    x, tg, il, tl = _module_inputs()
+    m = lnn.STCLoss(0, p0=2.0, plast=0.5, thalf=2)
+    assert m.reduction == "mean"
+    out = m(x, tg, il, tl)
+    assert out.shape == ()
+    p = research_p(2.0, 0.5, 2, 1)
+    torch.testing.assert_close(out, stc_loss(x, tg, il, tl, p=p, reduction="mean"))
+    per_row = stc_loss(x, tg, il, tl, p=p, reduction="none")
+    torch.testing.assert_close(out, (per_row / tl).mean())
 
 
 def test_eval_does_not_advance_and_state_dict_round_trip_keeps_the_schedule():
@@ -404,7 +416,7 @@ def test_module_options_and_decode():
 
 
 def test_config_builds_the_module():
-    from lightning_gtn.lightning.losses import build_loss
+    from lightning_gtn.lightning.loss_builder import build_loss
 
     for spec in ("stc", {"_target_": "lightning_gtn.nn.STCLoss", "blank_idx": 0}):
         loss, vocab = build_loss(spec, "0123456789 ")

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import lightning_gtn.nn as lnn
-from lightning_gtn.decode.greedy import TOPOLOGIES as DECODER_TOPOLOGIES
+from lightning_gtn.decode import DECODER_TOPOLOGIES
 from lightning_gtn.functional import collapse
 from lightning_gtn.wfst.criterion import ctc_graph
 
@@ -52,7 +52,7 @@ def test_every_loss_declares_the_convention(name, loss, C):
     assert loss.target_classes is None or (type(loss.target_classes) is int and loss.target_classes > 0)
     # the topology is one the decoders read, and agrees with the blank
     # every frame-path topology has a decoder; "rnnt" losses decode through the transducer searches
-    assert loss.topology in lnn.TOPOLOGIES and set(lnn.TOPOLOGIES) - {"rnnt"} == set(DECODER_TOPOLOGIES)
+    assert loss.topology in lnn.LOSS_TOPOLOGIES and set(lnn.LOSS_TOPOLOGIES) - {"rnnt"} == set(DECODER_TOPOLOGIES)
     assert (loss.topology == "asg") == (loss.blank is None)
     if loss.topology == "transducer":
         assert loss.target_classes is not None and loss.tokens is not None
@@ -184,3 +184,16 @@ def test_config_fills_only_declared_arguments():
     assert tg.blank == 0 and tg.num_classes == 4 and v.blank
     td, v = build_loss({"_target_": "lightning_gtn.nn.TransducerLoss", "blank": "optional"}, "abc")
     assert td.tokens == ["a", "b", "c"] and td.graphemes_to_idx == {"a": 0, "b": 1, "c": 2} and td.blank == 3
+
+
+def test_the_deprecated_topologies_names_warn_and_give_the_new_ones():
+    import lightning_gtn.decode as decode
+
+    with pytest.warns(DeprecationWarning, match=r"lightning_gtn\.nn\.LOSS_TOPOLOGIES"):
+        from lightning_gtn.nn import TOPOLOGIES
+    assert TOPOLOGIES is lnn.LOSS_TOPOLOGIES
+    with pytest.warns(DeprecationWarning, match=r"lightning_gtn\.decode\.DECODER_TOPOLOGIES"):
+        assert decode.TOPOLOGIES is DECODER_TOPOLOGIES
+    assert "TOPOLOGIES" not in lnn.__all__ and "TOPOLOGIES" not in decode.__all__
+    with pytest.raises(AttributeError, match="NO_SUCH_NAME"):
+        lnn.NO_SUCH_NAME  # noqa: B018

@@ -447,9 +447,9 @@ def test_bigger_random_intersection_matches_dense_dynamic_programme(rng):
 
 def test_large_products_use_a_hash_map_with_the_same_result():
     # More than DENSE_STATES product states: the state store switches to a hash map.
-    from lightning_gtn.wfst import _compose, _kernels
+    from lightning_gtn.wfst import _compose, _numba_loops
 
-    n = int(math.isqrt(_kernels.DENSE_STATES // 3)) + 2
+    n = int(math.isqrt(_numba_loops.DENSE_STATES // 3)) + 2
     g1 = gtn.linear_graph(n - 1, 1)
     g2 = gtn.linear_graph(n - 1, 1)
     assert 3 * g1.num_nodes() * g2.num_nodes() > _compose._dense_limit(g1._s, g2._s)

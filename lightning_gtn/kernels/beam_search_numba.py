@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ..kernels.logmath import log_add
+from .logmath import log_add
 
 NEG_INF = -math.inf
 #: "no word end reachable" in :func:`below_kernel`
