@@ -113,7 +113,7 @@ def gpu_table(repeats: int = 5, quick: bool = False) -> str:
     if not torch.cuda.is_available():
         print(f"{title}\n\nno CUDA: skipped")
         return f"{title}\n\nno CUDA: skipped"
-    from lightning_gtn.losses.pruned_rnnt import MI_BACKENDS
+    from lightning_gtn.losses.k2_rnnt import MI_BACKENDS
 
     rows = []
     for shape in (

@@ -6,9 +6,11 @@ lengths, labels or blanks (``8.5``, ``True``, a float tensor) are errors, never 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import numbers
+import warnings
 from typing import List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
@@ -18,6 +20,7 @@ from ..integers import NotAnIntegerError, check_int
 from ..wfst import Graph
 
 __all__ = [
+    "renamed_arguments",
     "REDUCTIONS",
     "NATIVE_BACKENDS",
     "KERNEL_BACKENDS",
@@ -652,3 +655,28 @@ def check_emission_values(
         if hit.numel():
             b, t = (int(v) for v in hit[0])
             raise ValueError(f"{name}: example {b}, frame {t}: {what}")
+
+
+def renamed_arguments(**renames: str):
+    """A decorator for a public function whose keyword arguments were renamed: ``old=new`` pairs.
+    A call with ``old=`` warns (DeprecationWarning naming the new keyword) and passes it as
+    ``new=``; giving both is a TypeError."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for old, new in renames.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{fn.__name__}: give {new}= only ({old}= is its deprecated name)")
+                    warnings.warn(
+                        f"{fn.__name__}: the keyword {old}= is deprecated; use {new}=",
+                        DeprecationWarning,
+                        stacklevel=2,
+                    )
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return deco

@@ -4,10 +4,10 @@
 The functions are those of ``k2/python/k2/rnnt_loss.py`` and ``mutual_information.py``, computed
 by this library (numba on the CPU, torch on other devices); shapes, arguments and what changes
 beyond k2 (checked arguments, no ``inf`` where k2 users met it) are in ``docs/k2.md`` and
-:mod:`lightning_gtn.losses.pruned_rnnt`.
+:mod:`lightning_gtn.losses.k2_rnnt`.
 """
 
-from ..losses.pruned_rnnt import (
+from ..losses.k2_rnnt import (
     RNNT_TYPES,
     do_rnnt_pruning,
     get_rnnt_logprobs,

@@ -23,7 +23,7 @@ device: one vectorised step per anti-diagonal ``s + t = d``) and the Triton kern
 :func:`~.rnnt_triton.mutual_information_triton` (CUDA: the same wavefront, one program per
 example and direction); :func:`mutual_information` runs the one it is given. The custom op over
 them, ``lightning_gtn::mutual_information``, and the choice of a device's implementation are in
-:mod:`lightning_gtn.losses.pruned_rnnt`.
+:mod:`lightning_gtn.losses.k2_rnnt`.
 Boundaries are range-checked by :func:`check_boundary_values` before a kernel indexes with them.
 """
 

@@ -325,7 +325,8 @@ def _viterbi_forward(bank: KernelBank, E: torch.Tensor, w: torch.Tensor):
 def _state(
     bank: KernelBank, E: torch.Tensor, w: torch.Tensor, impl: str, alpha: torch.Tensor, logz: torch.Tensor
 ) -> dispatch.State:
-    """The :class:`lightning_gtn.kernels.batch.State` of a forward of the op, rebuilt from its saved tensors."""
+    """The :class:`lightning_gtn.kernels.compiled_graphs.State` of a forward of the op, rebuilt from its
+    saved tensors."""
     W, K, _ = E.shape
     p = bank.problem(W, K)
     if impl == "triton" and not graph_triton.supports(p.batch):

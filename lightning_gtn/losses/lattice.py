@@ -371,8 +371,16 @@ def _grid_graph(Tb: int, Ub: int, y: np.ndarray, blank: int, V: int, cell, calc_
     )
 
 
+@checks.renamed_arguments(V="num_classes")
 def rnnt_lattice(
-    T: int, U: int, targets, V: int, blank: int = 0, *, frames: Optional[int] = None, calc_grad: bool = False
+    T: int,
+    U: int,
+    targets,
+    num_classes: int,
+    blank: int = 0,
+    *,
+    frames: Optional[int] = None,
+    calc_grad: bool = False,
 ) -> Graph:
     """The regular RNN-T lattice of one example over a ``(T, U + 1, V)`` tensor.
 
@@ -387,7 +395,7 @@ def rnnt_lattice(
     Args:
         T, U: the tensor's padded frames and target length (its shape is ``(B, T, U + 1, V)``).
         targets: this example's ``len(targets) <= U`` token ids, in ``[0, V)``, not blank.
-        V: the classes.
+        num_classes: ``V``, the classes (``V=`` is its deprecated keyword).
         blank: the blank id in ``[-V, V)`` (negative counts from the end, as torchaudio's -1).
         frames: this example's frames, ``<= T`` (default ``T``); 0 gives a lattice with no path.
         calc_grad: the graph's ``calc_grad`` (its weights receive gradients).
@@ -397,7 +405,7 @@ def rnnt_lattice(
     """
     T = checks.check_int(T, "rnnt_lattice: T", 0)
     U = checks.check_int(U, "rnnt_lattice: U", 0)
-    V, blank, y = _check_transducer_args(targets, V, blank, "rnnt_lattice")
+    V, blank, y = _check_transducer_args(targets, num_classes, blank, "rnnt_lattice")
     Tb = T if frames is None else checks.check_int(frames, "rnnt_lattice: frames", 0)
     if Tb > T or len(y) > U:
         raise ValueError(f"rnnt_lattice: frames={Tb} must be <= T={T} and len(targets)={len(y)} <= U={U}")
@@ -406,8 +414,16 @@ def rnnt_lattice(
     return _grid_graph(Tb, len(y), y, blank, V, lambda t, u: t * (U + 1) + u, calc_grad)
 
 
+@checks.renamed_arguments(V="num_classes")
 def pruned_rnnt_lattice(
-    ranges, s_range: int, targets, V: int, blank: int = 0, *, frames: Optional[int] = None, calc_grad: bool = False
+    ranges,
+    s_range: int,
+    targets,
+    num_classes: int,
+    blank: int = 0,
+    *,
+    frames: Optional[int] = None,
+    calc_grad: bool = False,
 ) -> Graph:
     """The RNN-T lattice of one example over a pruned ``(T, s_range, V)`` tensor (k2's layout).
 
@@ -421,7 +437,7 @@ def pruned_rnnt_lattice(
             of the tensor is ``len(ranges)``), or k2's ``(T, s_range)`` label indices of one
             example (``get_rnnt_prune_ranges(...)[b]``: consecutive per frame).
         s_range: labels stored per frame (``>= 1``).
-        targets, V, blank, frames, calc_grad: as :func:`rnnt_lattice`.
+        targets, num_classes, blank, frames, calc_grad: as :func:`rnnt_lattice`.
     """
     r = np.asarray(ranges.detach().cpu() if isinstance(ranges, torch.Tensor) else ranges)
     s_range = checks.check_int(s_range, "pruned_rnnt_lattice: s_range", 1)
@@ -441,7 +457,7 @@ def pruned_rnnt_lattice(
         )
     r = r.astype(np.int64)
     T = len(r)
-    V, blank, y = _check_transducer_args(targets, V, blank, "pruned_rnnt_lattice")
+    V, blank, y = _check_transducer_args(targets, num_classes, blank, "pruned_rnnt_lattice")
     Tb = T if frames is None else checks.check_int(frames, "pruned_rnnt_lattice: frames", 0)
     if Tb > T:
         raise ValueError(f"pruned_rnnt_lattice: frames={Tb} must be <= len(ranges)={T}")
@@ -455,7 +471,8 @@ def pruned_rnnt_lattice(
     return _grid_graph(Tb, len(y), y, blank, V, cell, calc_grad)
 
 
-def frame_lattice(graph: Graph, frames: int, C: int, *, calc_grad: bool = False) -> Graph:
+@checks.renamed_arguments(C="num_classes")
+def frame_lattice(graph: Graph, frames: int, num_classes: int, *, calc_grad: bool = False) -> Graph:
     """A criterion graph over ``(T, C)`` emissions unrolled into a lattice over ``frames`` frames.
 
     Node ``(t, n)`` (id ``t * num_nodes + n``, ``t`` in ``[0, frames]``) stands for graph node
@@ -464,16 +481,17 @@ def frame_lattice(graph: Graph, frames: int, C: int, *, calc_grad: bool = False)
     frame. Start nodes at ``t = 0``, accept nodes at ``t = frames``; output labels and weights are
     kept. ``lattice_loss(emissions, [frame_lattice(g_b, T_b, C)])`` then equals
     ``graph_loss(emissions, graphs=[g_b], input_lengths=[T_b])`` (slower: the frame-synchronous
-    kernels are the fast path for graphs that read frames in order).
+    kernels are the fast path for graphs that read frames in order). ``num_classes`` is ``C``
+    (``C=`` is its deprecated keyword).
 
     Raises:
-        ValueError: a label outside ``[0, C)`` (or -1), bad ``frames``/``C``, an epsilon cycle
+        ValueError: a label outside ``[0, C)`` (or -1), bad ``frames``/``num_classes``, an epsilon cycle
             (when scored).
     """
     if not isinstance(graph, Graph):
         raise ValueError(f"frame_lattice: graph must be a lightning_gtn.wfst.Graph, got {type(graph).__name__}")
     frames = checks.check_int(frames, "frame_lattice: frames", 0)
-    C = checks.check_int(C, "frame_lattice: C", 1)
+    C = checks.check_int(num_classes, "frame_lattice: num_classes", 1)
     a = graph.arrays()
     S = a.num_nodes
     il = a.ilabel.astype(np.int64)

@@ -144,7 +144,7 @@ def _denominator(graph: Graph, topology: str) -> _Denominator:
 
 def _denominator_of(graph, topology: str) -> _Denominator:
     """:func:`_denominator` of ``graph`` after checking it is a :class:`~lightning_gtn.wfst.Graph`
-    and ``topology`` one of :data:`~lightning_gtn.core.topologies.TOPOLOGIES`."""
+    and ``topology`` one of :data:`~lightning_gtn.core.topologies.MMI_TOPOLOGIES`."""
     if not isinstance(graph, Graph):
         raise ValueError(f"denominator must be a lightning_gtn.wfst.Graph, got {type(graph).__name__}")
     if topology not in TOPOLOGIES:

@@ -1,6 +1,6 @@
 """Multi-blank RNN-T and TDT (token-and-duration transducer) losses, with NeMo's meanings.
 
-Both score one lattice whose arcs advance time by a duration (:mod:`..kernels.tdt_numba`):
+Both score one lattice whose arcs advance time by a duration (:mod:`..kernels.duration_lattice_numba`):
 
 * **multi-blank RNN-T** (Xu et al., "Multi-blank transducers for speech recognition", 2022):
   the regular RNN-T lattice plus "big blanks", blank classes that skip ``big_blank_durations[i]``
@@ -40,9 +40,9 @@ from ..core import checks, criterion
 from ..core.impl import Backends
 from ..core.reduction import reduction_coefficients
 from ..kernels import rnnt_triton as rnnt_kernels
+from ..kernels.duration_lattice_numba import lattice_loss
+from ..kernels.duration_lattice_torch import lattice_loss_torch
 from ..kernels.rnnt_triton import duration_lattice_triton, rnnt_triton
-from ..kernels.tdt_numba import lattice_loss
-from ..kernels.tdt_torch import lattice_loss_torch
 from ..opargs import grads, op_schema
 from .rnnt import JoinerCriterion
 
@@ -211,7 +211,7 @@ def duration_lattice_op(
     impl: str,
     need_grad: bool,
 ) -> Tuple[Tensor, Tensor]:
-    """``(out, d out / d logits)`` of the duration lattice (see :mod:`..kernels.tdt_numba`).
+    """``(out, d out / d logits)`` of the duration lattice (see :mod:`..kernels.duration_lattice_numba`).
 
     ``out`` is ``(B,)`` for ``reduction="none"`` (the gradient is then per example, unscaled),
     else a scalar. ``omega > 0`` mixes in the regular RNN-T lattice over the label logits (the

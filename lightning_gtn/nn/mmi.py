@@ -23,13 +23,13 @@ from ..core import checks
 from ..wfst import Graph
 from .losses import Preparation, StructuredLoss, _check_common
 
-__all__ = ["LFMMILoss", "MODULE_TOPOLOGIES", "SPEC_KEYS"]
+__all__ = ["LFMMILoss", "LFMMI_TOPOLOGIES", "SPEC_KEYS"]
 
 #: The topologies :class:`LFMMILoss` trains: those whose emission classes are CTC's (blank 0,
 #: token k = class k), so the CTC decoders read them. The HMM topologies (``"hmm1"``,
 #: ``"hmm2"``: no blank, ``N`` or ``2N`` classes) are scored by
 #: :func:`lightning_gtn.functional.mmi_loss` directly.
-MODULE_TOPOLOGIES = ("ctc", "modified_ctc")
+LFMMI_TOPOLOGIES = ("ctc", "modified_ctc")
 
 #: The keys of a denominator *recipe* (``loss.denominator: {order: 2, prune: 0, topology: ctc}``),
 #: which ``lightning-gtn-train`` turns into a graph from the training transcripts.
@@ -82,7 +82,7 @@ class LFMMILoss(StructuredLoss):
         denominator: the denominator graph (an epsilon-free acceptor over the ``C`` classes whose
             arc weights are the log-probabilities of the token n-gram), or its plain data
             (:func:`lightning_gtn.functional.mmi_graph_to_data`), rebuilt here.
-        topology: ``"ctc"`` or ``"modified_ctc"`` (:data:`MODULE_TOPOLOGIES`), the topology the
+        topology: ``"ctc"`` or ``"modified_ctc"`` (:data:`LFMMI_TOPOLOGIES`), the topology the
             numerators are built in; it must be the one the denominator was built with.
         den_scale: the denominator's weight (1: MMI).
         leaky_hmm: Kaldi's leaky-HMM coefficient in ``[0, 1)`` (0: none).
@@ -196,9 +196,9 @@ class LFMMILoss(StructuredLoss):
     ) -> None:
         super().__init__()
         _check_common(reduction, impl)
-        if topology not in MODULE_TOPOLOGIES:
+        if topology not in LFMMI_TOPOLOGIES:
             raise ValueError(
-                f"topology must be one of {MODULE_TOPOLOGIES} (the CTC emission classes, which the CTC decoders "
+                f"topology must be one of {LFMMI_TOPOLOGIES} (the CTC emission classes, which the CTC decoders "
                 f"read), got {topology!r}; the HMM topologies are scored by lightning_gtn.functional.mmi_loss"
             )
         if num_classes is not None:

@@ -67,8 +67,8 @@ def test_errors_name_the_family_and_impl(monkeypatch):
 
 def test_every_family_declares_its_backends():
     from lightning_gtn.core.scoring import GRAPH_BACKENDS
+    from lightning_gtn.losses.k2_rnnt import MI_BACKENDS
     from lightning_gtn.losses.mmi import DEN_BACKENDS
-    from lightning_gtn.losses.pruned_rnnt import MI_BACKENDS
     from lightning_gtn.losses.rnnt import RNNT_BACKENDS
     from lightning_gtn.losses.rnnt_variants import BACKENDS as DURATION_BACKENDS
 

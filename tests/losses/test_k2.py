@@ -440,7 +440,7 @@ def test_hat_loss_with_full_ranges_matches_its_definition():
 
 def test_every_scoring_function_goes_through_apply_loss_once(monkeypatch):
     from lightning_gtn.core import criterion
-    from lightning_gtn.losses.pruned_rnnt import MI_BACKENDS
+    from lightning_gtn.losses.k2_rnnt import MI_BACKENDS
 
     logits, symbols, boundary = random_case(B=2, T=5, U=2, V=4, seed=31)
     g = torch.Generator().manual_seed(32)

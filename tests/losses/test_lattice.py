@@ -503,3 +503,25 @@ def test_criterion_graphs_unrolled_into_lattices_equal_the_frame_synchronous_los
     torch.testing.assert_close(a, graph_loss(lp, graphs=g, input_lengths=il, reduction="none"))
     with pytest.raises(ValueError, match="label 3 out of range"):
         frame_lattice(g, 2, 3)
+
+
+def test_class_count_keyword_is_num_classes_and_the_old_one_warns():
+    from lightning_gtn.functional import frame_lattice, pruned_rnnt_lattice, rnnt_lattice
+    from lightning_gtn.wfst.criterion import ctc_graph
+
+    def same(a, b):
+        return a.num_nodes() == b.num_nodes() and a.labels_to_list() == b.labels_to_list()
+
+    g = ctc_graph([1, 2], 0)
+    for new, old in (
+        (lambda: rnnt_lattice(3, 2, [1, 2], num_classes=4), lambda: rnnt_lattice(3, 2, [1, 2], V=4)),
+        (
+            lambda: pruned_rnnt_lattice([0, 0, 1], 2, [1, 2], num_classes=4),
+            lambda: pruned_rnnt_lattice([0, 0, 1], 2, [1, 2], V=4),
+        ),
+        (lambda: frame_lattice(g, 3, num_classes=3), lambda: frame_lattice(g, 3, C=3)),
+    ):
+        with pytest.warns(DeprecationWarning, match="use num_classes="):
+            assert same(old(), new())
+    with pytest.raises(TypeError, match="give num_classes= only"):
+        rnnt_lattice(3, 2, [1, 2], num_classes=4, V=4)

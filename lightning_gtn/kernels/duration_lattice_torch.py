@@ -1,8 +1,8 @@
-"""The duration lattice of :mod:`.tdt_numba` in plain torch: a reference on any device.
+"""The duration lattice of :mod:`.duration_lattice_numba` in plain torch: a reference on any device.
 
 Differentiable by autograd (no hand-written backward), vectorised over the batch only: one
 small step per lattice node, so it is meant for tests, small problems and devices without a
-kernel of their own. Same arcs, same meanings as :func:`.tdt_numba.lattice_loss`.
+kernel of their own. Same arcs, same meanings as :func:`.duration_lattice_numba.lattice_loss`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def lattice_loss_torch(
         tlen, ulen: ``(B,)`` int64 frames and labels of each example.
         K, D: widths of the label and duration groups.
         tok_dur, tok_didx, blank_ids, blank_dur, blank_didx: the arcs, as in
-            :mod:`.tdt_numba` (a duration index of -1: no duration score).
+            :mod:`.duration_lattice_numba` (a duration index of -1: no duration score).
         sigma: subtracted from every label log-probability.
         normalise: log-softmax each group; False: ``x`` holds log-probabilities.
     """
