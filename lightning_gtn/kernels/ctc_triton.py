@@ -1,0 +1,345 @@
+"""The CTC loss on dense emissions as Triton kernels (CUDA tensors, or CPU tensors under
+``TRITON_INTERPRET=1``), without a criterion graph.
+
+Example ``b`` has ``T_b = input_lengths[b]`` frames and ``L_b = target_lengths[b]`` labels; its
+``S_b = 2 L_b + 1`` states are blank, ``y_1``, blank, ..., ``y_L``, blank (the states and moves of
+:mod:`lightning_gtn.kernels.ctc_numba`). Two launches:
+
+1. **lattice** (one program per example): ``alpha`` walked frame by frame in the log semiring,
+   the states of a frame in blocks of ``BLOCK_S`` (a frame's states depend only on the frame
+   before, read back from global memory after a block barrier), stored as a ``(B, T, S_max)``
+   table; then ``beta`` walked back in two rows of ``(B, 2, S_max)``, and at each frame the state
+   occupancies ``exp(alpha + beta - log Z)`` written over that frame's alpha (which nothing reads
+   again), the blank states' sum into a ``(B, T)`` buffer. An example with no finite ``log Z``
+   (infeasible, or ``+inf`` emissions) skips the backward walk.
+2. **grad** (one program per example, block of frames and block of classes): ``grad[b, t, c] =
+   -coef[b] * (sum of the occupancies of the states reading c)``, the label states matched to the
+   block's classes by comparison (a target with repeats adds several states into one class), so
+   every element is written once by one program: no atomics, bitwise reproducible. Frames past
+   ``T_b`` and examples without a finite ``log Z`` get 0; examples with a NaN emission within
+   their frames NaN.
+
+Everything runs in the emissions' dtype (float32 or float64). The extra memory is the alpha
+table, two beta rows and the ``(B, T)`` blank sums. :func:`self_check` runs a small case against
+a float64 reference on a device, for the dispatcher that verifies the kernels once per device.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Tuple
+
+import torch
+
+try:  # Triton ships with CUDA builds of torch; CPU-only installs do not need it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised on machines without triton
+    triton = None
+    tl = None
+
+__all__ = ["available", "self_check", "ctc_triton", "MAX_BLOCK_S"]
+
+#: states of one frame processed per step of the lattice kernel
+MAX_BLOCK_S = 1024
+_TILE = 4096  # classes x labels compared per step of the gradient kernel
+# Triton picks the interpreter when a kernel is decorated, from the environment at import time
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+#: frames per program of the gradient kernel (the interpreter runs programs one after another)
+_FRAMES = 64 if _INTERPRETED else 8
+
+
+def available() -> bool:
+    """True when Triton is importable (it needs a CUDA device to run, or TRITON_INTERPRET=1)."""
+    return triton is not None
+
+
+def _check_device(device: torch.device) -> None:
+    if triton is None:
+        raise ValueError("ctc_triton needs triton, which is not installed")
+    if device.type != "cuda" and not (_INTERPRETED and device.type == "cpu"):
+        raise ValueError(
+            f"ctc_triton: emissions must be a CUDA tensor (or a CPU tensor with TRITON_INTERPRET=1 set "
+            f"before triton is imported), got device {device}"
+        )
+
+
+def ctc_triton(
+    E: torch.Tensor,
+    labels: torch.Tensor,
+    offsets: torch.Tensor,
+    target_lengths: torch.Tensor,
+    input_lengths: torch.Tensor,
+    blank: int,
+    coef: Optional[torch.Tensor],
+    need_e: bool,
+    block_s: Optional[int] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """CTC losses of a batch and, with ``need_e``, their scaled gradients.
+
+    The caller checks every index first (the kernels read without bounds checks): labels in
+    ``[0, C)`` and never ``blank``, ``0 <= input_lengths <= T``, ``offsets[b] +
+    target_lengths[b] <= len(labels)``.
+
+    Args:
+        E: ``(B, T, C)`` float32/float64 emissions (log-probabilities or any scores), on a CUDA
+            device (or the CPU under ``TRITON_INTERPRET=1``); made contiguous when it is not.
+        labels: 1-D int64 labels on ``E``'s device: example ``b``'s target is
+            ``labels[offsets[b] : offsets[b] + target_lengths[b]]``.
+        offsets, target_lengths, input_lengths: ``(B,)`` int64 on ``E``'s device.
+        blank: the blank class, in ``[0, C)``.
+        coef: ``(B,)`` factors of each row's gradient (the reduction's), in ``E``'s dtype on its
+            device; None for ones.
+        need_e: also compute the gradient.
+        block_s: states per step of the lattice kernel (a power of two is used), for tests of the
+            blocked path.
+
+    Returns:
+        ``(losses (B,), grad (B, T, C) or None)`` in ``E``'s dtype and device: ``losses[b] =
+        -log Z_b`` (``inf`` for an infeasible example, NaN for one with a NaN emission within its
+        frames); ``grad[b] = coef[b] * d losses[b] / d E[b]``, zero past ``input_lengths[b]`` and
+        for examples without a finite ``log Z``, NaN for the examples with a NaN emission.
+    """
+    _check_device(E.device)
+    if E.dim() != 3 or E.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"ctc_triton: E must be a (B, T, C) float32/float64 tensor, got {E.dtype} {tuple(E.shape)}")
+    B, T, C = E.shape
+    dev, dtype = E.device, E.dtype
+    x = E.detach()
+    x = x if x.is_contiguous() else x.contiguous()
+    losses = torch.empty(B, dtype=dtype, device=dev)
+    if B == 0:
+        return losses, (torch.empty_like(x) if need_e else None)
+    idx = [t.to(device=dev, dtype=torch.int64).contiguous() for t in (labels, offsets, target_lengths, input_lengths)]
+    lab, off, tlen, ilen = idx
+    if lab.numel() == 0:
+        lab = torch.zeros(1, dtype=torch.int64, device=dev)  # never read; a valid pointer
+    Lmax = int(tlen.max()) if B else 0
+    SP = 2 * Lmax + 1
+    frames = torch.arange(T, device=dev)
+    # a NaN emission within an example's frames (any class) makes its loss and gradient NaN
+    nan_row = (torch.isnan(x).any(2) & (frames[None, :] < ilen[:, None])).any(1) if T else torch.zeros(B, device=dev)
+    nan_row = nan_row.to(torch.int32).contiguous()
+    alpha = torch.empty((B, max(T, 1), SP), dtype=dtype, device=dev)
+    beta = torch.empty((B, 2, SP), dtype=dtype, device=dev) if need_e else alpha
+    bsum = torch.empty((B, max(T, 1)), dtype=dtype, device=dev) if need_e else alpha
+    bs = triton.next_power_of_2(max(1, min(SP, block_s or MAX_BLOCK_S)))
+    _lattice_kernel[(B,)](
+        x, lab, off, tlen, ilen, alpha, beta, bsum, losses, T, C, SP, blank,
+        NEED_E=bool(need_e), BLOCK_S=bs, num_warps=4 if bs <= 256 else 8,
+    )  # fmt: skip
+    losses = torch.where(nan_row.bool(), torch.full_like(losses, math.nan), losses)
+    if not need_e:
+        return losses, None
+    grad = torch.empty_like(x)
+    if T == 0 or C == 0:
+        return losses, grad
+    cf = coef.to(device=dev, dtype=dtype).contiguous() if coef is not None else torch.ones(B, dtype=dtype, device=dev)
+    bc = triton.next_power_of_2(max(1, min(C, 128)))
+    bl = triton.next_power_of_2(max(1, min(max(Lmax, 1), _TILE // bc)))
+    grid = (B, triton.cdiv(T, _FRAMES), triton.cdiv(C, bc))
+    _grad_kernel[grid](
+        grad, alpha, bsum, losses, nan_row, cf, lab, off, tlen, ilen, T, C, SP, blank, _FRAMES,
+        BLOCK_C=bc, BLOCK_L=bl, num_warps=4,
+    )  # fmt: skip
+    return losses, grad
+
+
+def self_check(device) -> Optional[str]:
+    """Runs :func:`ctc_triton` on a small ragged float32 case (repeats, an empty target, an
+    infeasible row, states in several blocks) on ``device`` against torch's ``ctc_loss`` in
+    float64 on the CPU (gradients compared with respect to the logits, through
+    ``log_softmax``); None when losses and gradients agree, else what differed."""
+    g = torch.Generator().manual_seed(0)
+    B, T, C = 4, 9, 5
+    logits = torch.randn(B, T, C, generator=g, dtype=torch.float64)
+    targets = [[1, 1, 2], [3, 4, 3, 1], [], [2, 2, 2, 2, 2, 2]]  # the last needs 11 frames: infeasible
+    il = [9, 7, 3, 9]
+    tl = [len(t) for t in targets]
+    flat = [v for t in targets for v in t]
+    offs = [sum(tl[:b]) for b in range(B)]
+    x = logits.clone().requires_grad_(True)
+    want = torch.nn.functional.ctc_loss(
+        x.log_softmax(-1).transpose(0, 1), torch.tensor(flat), torch.tensor(il), torch.tensor(tl),
+        reduction="none", zero_infinity=True,
+    )  # fmt: skip
+    want.sum().backward()
+    want_g = x.grad
+
+    def dev(v):
+        return torch.tensor(v, dtype=torch.int64, device=device)
+
+    lp = logits.log_softmax(-1)
+    try:
+        E = lp.float().to(device)
+        got_l, got_g = ctc_triton(E, dev(flat), dev(offs), dev(tl), dev(il), 0, None, True, block_s=4)
+    except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
+        return f"ctc_triton failed: {type(e).__name__}: {e}"
+    gl, gg = got_l.double().cpu(), got_g.double().cpu()
+    if not (torch.isinf(gl[3]) and torch.allclose(gl[:3], want[:3].detach(), rtol=1e-4, atol=1e-4)):
+        return f"ctc_triton: losses {gl.tolist()} != {want.tolist()} (the last infinite)"
+    gx = gg - lp.exp() * gg.sum(-1, keepdim=True)  # through log_softmax: the logits' gradient
+    err = float((gx - want_g).abs().max())
+    if not err <= 1e-4:
+        return f"ctc_triton: gradient differs by {err}"
+    return None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _lse3(a, b, c):
+        """``log(exp(a) + exp(b) + exp(c))``: -inf when all are -inf, +inf when one is +inf."""
+        m = tl.maximum(tl.maximum(a, b), c)
+        safe = tl.where((m == -float("inf")) | (m == float("inf")), 0.0, m)
+        return safe + tl.log(tl.exp(a - safe) + tl.exp(b - safe) + tl.exp(c - safe))
+
+    @triton.jit
+    def _state_labels(lab, o, Lb, s, blank):
+        """The class each state ``s`` reads, whether it is a state of the example, and whether it
+        may be entered from ``s - 2`` (a label different from the previous label)."""
+        inside = s < 2 * Lb + 1
+        odd = (s % 2) == 1
+        j = (s - 1) // 2
+        y = tl.load(lab + o + j, mask=inside & odd, other=0)
+        yp = tl.load(lab + o + j - 1, mask=inside & odd & (s >= 3), other=0)
+        cls = tl.where(odd, y, blank)
+        skip = inside & odd & (s >= 3) & (y != yp)
+        return cls, inside, skip
+
+    @triton.jit
+    def _lattice_kernel(
+        E,
+        lab,
+        off,
+        tlen,
+        ilen,
+        ALPHA,
+        BETA,
+        BSUM,
+        LOSS,
+        T,
+        C,
+        SP,
+        blank,
+        NEED_E: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        Tb = tl.load(ilen + b)
+        Lb = tl.load(tlen + b)
+        o = tl.load(off + b)
+        S = 2 * Lb + 1
+        ebase = b.to(tl.int64) * T * C
+        abase = b.to(tl.int64) * T * SP
+        ss = tl.arange(0, BLOCK_S)
+        NEG = -float("inf")
+        # alpha: alpha[t, s] = log sum of the paths' scores up to frame t (its emission included)
+        for t in range(0, Tb):
+            for s0 in range(0, S, BLOCK_S):
+                s = s0 + ss
+                cls, inside, skip = _state_labels(lab, o, Lb, s, blank)
+                e = tl.load(E + ebase + t * C + cls, mask=inside, other=0.0)
+                row = ALPHA + abase + t * SP
+                if t == 0:
+                    v = tl.where(s < 2, e, NEG)
+                else:
+                    prev = row - SP
+                    a0 = tl.load(prev + s, mask=inside, other=NEG)
+                    a1 = tl.load(prev + s - 1, mask=inside & (s >= 1), other=NEG)
+                    a2 = tl.load(prev + s - 2, mask=skip, other=NEG)
+                    v = _lse3(a0, a1, a2) + e
+                tl.store(row + s, v, mask=inside)
+            tl.debug_barrier()
+        last = ALPHA + abase + (Tb - 1) * SP
+        has = Tb > 0
+        z1 = tl.load(last + S - 1, mask=has, other=NEG)
+        z2 = tl.load(last + S - 2, mask=has & (Lb > 0), other=NEG)
+        lz = _lse3(z1, z2, NEG)
+        lz = tl.where(has, lz, tl.where(Lb == 0, 0.0, NEG))  # no frame: only the empty target has a path
+        tl.store(LOSS + b, tl.where(lz == 0.0, 0.0, -lz))  # +0.0 for the empty path
+        if NEED_E:
+            finite = (lz > NEG) & (lz < float("inf"))
+            n = tl.where(finite, Tb, 0)
+            bbase = b.to(tl.int64) * 2 * SP
+            # beta[t, s] = log sum of the scores of frames t + 1 .. T_b - 1 from state s at frame t;
+            # occupancy[t, s] = exp(alpha[t, s] + beta[t, s] - log Z), written over alpha[t]
+            for i in range(0, n):
+                t = n - 1 - i
+                cur = BETA + bbase + (t % 2) * SP
+                nxt = BETA + bbase + ((t + 1) % 2) * SP
+                total = tl.zeros((BLOCK_S,), ALPHA.dtype.element_ty)
+                for s0 in range(0, S, BLOCK_S):
+                    s = s0 + ss
+                    inside = s < S
+                    if t == Tb - 1:
+                        bv = tl.where(inside & (s >= S - 2), 0.0, NEG)
+                    else:
+                        c0, in0, _k0 = _state_labels(lab, o, Lb, s, blank)
+                        c1, in1, _k1 = _state_labels(lab, o, Lb, s + 1, blank)
+                        c2, in2, k2 = _state_labels(lab, o, Lb, s + 2, blank)
+                        erow = E + ebase + (t + 1) * C
+                        b0 = tl.load(nxt + s, mask=in0, other=NEG) + tl.load(erow + c0, mask=in0, other=0.0)
+                        b1 = tl.load(nxt + s + 1, mask=in1, other=NEG) + tl.load(erow + c1, mask=in1, other=0.0)
+                        b2 = tl.load(nxt + s + 2, mask=k2, other=NEG) + tl.load(erow + c2, mask=k2, other=0.0)
+                        bv = _lse3(b0, b1, b2)
+                    tl.store(cur + s, bv, mask=inside)
+                    arow = ALPHA + abase + t * SP
+                    a = tl.load(arow + s, mask=inside, other=NEG)
+                    occ = tl.where(inside, tl.exp(a + bv - lz), 0.0)
+                    tl.store(arow + s, occ, mask=inside)
+                    total += tl.where((s % 2) == 0, occ, 0.0)
+                tl.store(BSUM + b.to(tl.int64) * T + t, tl.sum(total, 0))
+                tl.debug_barrier()
+
+    @triton.jit
+    def _grad_kernel(
+        G,
+        OCC,
+        BSUM,
+        LOSS,
+        nan_row,
+        coef,
+        lab,
+        off,
+        tlen,
+        ilen,
+        T,
+        C,
+        SP,
+        blank,
+        FRAMES,
+        BLOCK_C: tl.constexpr,
+        BLOCK_L: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        t0 = tl.program_id(1) * FRAMES
+        cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = cols < C
+        Tb = tl.load(ilen + b)
+        Lb = tl.load(tlen + b)
+        o = tl.load(off + b)
+        loss = tl.load(LOSS + b)
+        isnan = tl.load(nan_row + b) != 0
+        live = (loss > -float("inf")) & (loss < float("inf")) & (tl.load(nan_row + b) == 0)
+        cf = -tl.load(coef + b)
+        js = tl.arange(0, BLOCK_L)
+        for k in range(0, FRAMES):
+            t = t0 + k
+            if t < T:
+                acc = tl.zeros((BLOCK_C,), G.dtype.element_ty)
+                if live & (t < Tb):
+                    occ_row = OCC + b.to(tl.int64) * T * SP + t * SP
+                    for j0 in range(0, Lb, BLOCK_L):
+                        j = j0 + js
+                        jm = j < Lb
+                        y = tl.load(lab + o + j, mask=jm, other=-1)
+                        oc = tl.load(occ_row + 2 * j + 1, mask=jm, other=0.0)
+                        hit = y[None, :] == cols[:, None]
+                        acc += tl.sum(tl.where(hit, oc[None, :], 0.0), 1)
+                    bsum = tl.load(BSUM + b.to(tl.int64) * T + t)
+                    acc = (acc + tl.where(cols == blank, bsum, 0.0)) * cf
+                if isnan:
+                    acc = tl.full((BLOCK_C,), float("nan"), G.dtype.element_ty)
+                tl.store(G + b.to(tl.int64) * T * C + t * C + cols, acc, mask=cm)
