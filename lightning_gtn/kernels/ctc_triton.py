@@ -11,7 +11,11 @@ Example ``b`` has ``T_b = input_lengths[b]`` frames and ``L_b = target_lengths[b
    table; then ``beta`` walked back in two rows of ``(B, 2, S_max)``, and at each frame the state
    occupancies ``exp(alpha + beta - log Z)`` written over that frame's alpha (which nothing reads
    again), the blank states' sum into a ``(B, T)`` buffer. An example with no finite ``log Z``
-   (infeasible, or ``+inf`` emissions) skips the backward walk.
+   (infeasible, or ``+inf`` emissions) skips the backward walk. Each row is stored minus the
+   maximum of the row before, the running sum of those maxima kept per frame in float64: the
+   stored values stay within a frame's emission range of 0 (in float32, a log-score of -3000
+   would carry an error of 2e-4 into every occupancy of a long input), and ``log Z`` and the
+   occupancies' exponents are assembled in float64.
 2. **grad** (one program per example, block of frames and block of classes): ``grad[b, t, c] =
    -coef[b] * (sum of the occupancies of the states reading c)``, the label states matched to the
    block's classes by comparison (a target with repeats adds several states into one class), so
@@ -19,8 +23,9 @@ Example ``b`` has ``T_b = input_lengths[b]`` frames and ``L_b = target_lengths[b
    ``T_b`` and examples without a finite ``log Z`` get 0; examples with a NaN emission within
    their frames NaN.
 
-Everything runs in the emissions' dtype (float32 or float64). The extra memory is the alpha
-table, two beta rows and the ``(B, T)`` blank sums. :func:`self_check` runs a small case against
+The recursions run in the emissions' dtype (float32 or float64), the scales and losses in
+float64. The extra memory is the alpha table, two beta rows and two ``(B, T)`` buffers (blank
+sums, scales). :func:`self_check` runs a small case against
 a float64 reference on a device, for the dispatcher that verifies the kernels once per device.
 """
 
@@ -96,8 +101,8 @@ def ctc_triton(
             blocked path.
 
     Returns:
-        ``(losses (B,), grad (B, T, C) or None)`` in ``E``'s dtype and device: ``losses[b] =
-        -log Z_b`` (``inf`` for an infeasible example, NaN for one with a NaN emission within its
+        ``(losses (B,) float64, grad (B, T, C) in E's dtype or None)`` on ``E``'s device:
+        ``losses[b] = -log Z_b`` (``inf`` for an infeasible example, NaN for one with a NaN emission within its
         frames); ``grad[b] = coef[b] * d losses[b] / d E[b]``, zero past ``input_lengths[b]`` and
         for examples without a finite ``log Z``, NaN for the examples with a NaN emission.
     """
@@ -108,26 +113,27 @@ def ctc_triton(
     dev, dtype = E.device, E.dtype
     x = E.detach()
     x = x if x.is_contiguous() else x.contiguous()
-    losses = torch.empty(B, dtype=dtype, device=dev)
     if B == 0:
-        return losses, (torch.empty_like(x) if need_e else None)
+        return torch.empty(0, dtype=dtype, device=dev), (torch.empty_like(x) if need_e else None)
+    losses = torch.empty(B, dtype=torch.float64, device=dev)
     idx = [t.to(device=dev, dtype=torch.int64).contiguous() for t in (labels, offsets, target_lengths, input_lengths)]
     lab, off, tlen, ilen = idx
     if lab.numel() == 0:
         lab = torch.zeros(1, dtype=torch.int64, device=dev)  # never read; a valid pointer
     Lmax = int(tlen.max()) if B else 0
     SP = 2 * Lmax + 1
-    frames = torch.arange(T, device=dev)
+    ts = torch.arange(T, device=dev)
     # a NaN emission within an example's frames (any class) makes its loss and gradient NaN
-    nan_row = (torch.isnan(x).any(2) & (frames[None, :] < ilen[:, None])).any(1) if T else torch.zeros(B, device=dev)
+    nan_row = (torch.isnan(x).any(2) & (ts[None, :] < ilen[:, None])).any(1) if T else torch.zeros(B, device=dev)
     nan_row = nan_row.to(torch.int32).contiguous()
     alpha = torch.empty((B, max(T, 1), SP), dtype=dtype, device=dev)
     beta = torch.empty((B, 2, SP), dtype=dtype, device=dev) if need_e else alpha
     bsum = torch.empty((B, max(T, 1)), dtype=dtype, device=dev) if need_e else alpha
+    scales = torch.empty((B, max(T, 1)), dtype=torch.float64, device=dev)
     bs = triton.next_power_of_2(max(1, min(SP, block_s or MAX_BLOCK_S)))
     _lattice_kernel[(B,)](
-        x, lab, off, tlen, ilen, alpha, beta, bsum, losses, T, C, SP, blank,
-        NEED_E=bool(need_e), BLOCK_S=bs, num_warps=4 if bs <= 256 else 8,
+        x, lab, off, tlen, ilen, alpha, beta, scales, bsum, losses, T, C, SP, blank,
+        NEED_E=bool(need_e), BLOCK_S=bs, ONE_BLOCK=bs >= SP, num_warps=4 if bs <= 256 else 8,
     )  # fmt: skip
     losses = torch.where(nan_row.bool(), torch.full_like(losses, math.nan), losses)
     if not need_e:
@@ -138,9 +144,10 @@ def ctc_triton(
     cf = coef.to(device=dev, dtype=dtype).contiguous() if coef is not None else torch.ones(B, dtype=dtype, device=dev)
     bc = triton.next_power_of_2(max(1, min(C, 128)))
     bl = triton.next_power_of_2(max(1, min(max(Lmax, 1), _TILE // bc)))
-    grid = (B, triton.cdiv(T, _FRAMES), triton.cdiv(C, bc))
+    frames = max(_FRAMES, triton.cdiv(T, 65535))  # the grid's second dimension is at most 65535
+    grid = (B, triton.cdiv(T, frames), triton.cdiv(C, bc))
     _grad_kernel[grid](
-        grad, alpha, bsum, losses, nan_row, cf, lab, off, tlen, ilen, T, C, SP, blank, _FRAMES,
+        grad, alpha, bsum, losses, nan_row, cf, lab, off, tlen, ilen, T, C, SP, blank, frames,
         BLOCK_C=bc, BLOCK_L=bl, num_warps=4,
     )  # fmt: skip
     return losses, grad
@@ -217,6 +224,7 @@ if triton is not None:
         ilen,
         ALPHA,
         BETA,
+        CS,
         BSUM,
         LOSS,
         T,
@@ -225,6 +233,7 @@ if triton is not None:
         blank,
         NEED_E: tl.constexpr,
         BLOCK_S: tl.constexpr,
+        ONE_BLOCK: tl.constexpr,
     ):
         b = tl.program_id(0)
         Tb = tl.load(ilen + b)
@@ -235,11 +244,23 @@ if triton is not None:
         abase = b.to(tl.int64) * T * SP
         ss = tl.arange(0, BLOCK_S)
         NEG = -float("inf")
-        # alpha: alpha[t, s] = log sum of the paths' scores up to frame t (its emission included)
+        dt = ALPHA.dtype.element_ty
+        # alpha[t, s] = log sum of the paths' scores up to frame t (its emission included), stored
+        # as alpha[t, s] - c[t]: c[t] (float64, in CS) is the sum of the earlier rows' maxima, so
+        # the stored values stay near 0, where float32 resolves them finely
+        c = tl.full((), 0.0, tl.float64)
+        m = tl.full((), 0.0, dt)  # the maximum of the row before, subtracted from this one
+        if ONE_BLOCK:  # every state in one block: what each state reads, once for all frames
+            cls_1, inside_1, skip_1 = _state_labels(lab, o, Lb, ss, blank)
         for t in range(0, Tb):
+            mx = tl.full((), NEG, dt)
             for s0 in range(0, S, BLOCK_S):
-                s = s0 + ss
-                cls, inside, skip = _state_labels(lab, o, Lb, s, blank)
+                if ONE_BLOCK:
+                    s = ss
+                    cls, inside, skip = cls_1, inside_1, skip_1
+                else:
+                    s = s0 + ss
+                    cls, inside, skip = _state_labels(lab, o, Lb, s, blank)
                 e = tl.load(E + ebase + t * C + cls, mask=inside, other=0.0)
                 row = ALPHA + abase + t * SP
                 if t == 0:
@@ -249,48 +270,74 @@ if triton is not None:
                     a0 = tl.load(prev + s, mask=inside, other=NEG)
                     a1 = tl.load(prev + s - 1, mask=inside & (s >= 1), other=NEG)
                     a2 = tl.load(prev + s - 2, mask=skip, other=NEG)
-                    v = _lse3(a0, a1, a2) + e
+                    # log(exp(a0) + exp(a1) + exp(a2)) (written out: a jit call per frame costs the
+                    # interpreter more than the arithmetic)
+                    top = tl.maximum(tl.maximum(a0, a1), a2)
+                    top = tl.where((top == NEG) | (top == float("inf")), 0.0, top)
+                    v = top + tl.log(tl.exp(a0 - top) + tl.exp(a1 - top) + tl.exp(a2 - top)) - m + e
                 tl.store(row + s, v, mask=inside)
+                mx = tl.maximum(mx, tl.max(tl.where(inside, v, NEG), 0))
+            c = c + m.to(tl.float64)
+            tl.store(CS + b.to(tl.int64) * T + t, c)
+            m = tl.where((mx > NEG) & (mx < float("inf")), mx, 0.0).to(dt)
             tl.debug_barrier()
         last = ALPHA + abase + (Tb - 1) * SP
         has = Tb > 0
         z1 = tl.load(last + S - 1, mask=has, other=NEG)
         z2 = tl.load(last + S - 2, mask=has & (Lb > 0), other=NEG)
-        lz = _lse3(z1, z2, NEG)
+        clast = tl.load(CS + b.to(tl.int64) * T + Tb - 1, mask=has, other=0.0)
+        lz = clast + _lse3(z1, z2, NEG).to(tl.float64)
         lz = tl.where(has, lz, tl.where(Lb == 0, 0.0, NEG))  # no frame: only the empty target has a path
         tl.store(LOSS + b, tl.where(lz == 0.0, 0.0, -lz))  # +0.0 for the empty path
         if NEED_E:
             finite = (lz > NEG) & (lz < float("inf"))
             n = tl.where(finite, Tb, 0)
             bbase = b.to(tl.int64) * 2 * SP
-            # beta[t, s] = log sum of the scores of frames t + 1 .. T_b - 1 from state s at frame t;
-            # occupancy[t, s] = exp(alpha[t, s] + beta[t, s] - log Z), written over alpha[t]
+            # beta[t, s] = log sum of the scores of frames t + 1 .. T_b - 1 from state s at frame t,
+            # stored as beta[t, s] - d[t] (d as c); occupancy[t, s] = exp(alpha[t, s] + beta[t, s] -
+            # log Z), the three scales summed in float64, written over alpha[t]
+            d = tl.full((), 0.0, tl.float64)
+            m = tl.full((), 0.0, dt)
+            if ONE_BLOCK:
+                c0_1, in0_1, _k0 = _state_labels(lab, o, Lb, ss, blank)
+                c1_1, in1_1, _k1 = _state_labels(lab, o, Lb, ss + 1, blank)
+                c2_1, _in2, k2_1 = _state_labels(lab, o, Lb, ss + 2, blank)
             for i in range(0, n):
                 t = n - 1 - i
                 cur = BETA + bbase + (t % 2) * SP
                 nxt = BETA + bbase + ((t + 1) % 2) * SP
-                total = tl.zeros((BLOCK_S,), ALPHA.dtype.element_ty)
+                d = d + m.to(tl.float64)
+                shift = (tl.load(CS + b.to(tl.int64) * T + t) + d - lz).to(dt)
+                total = tl.zeros((BLOCK_S,), dt)
+                mx = tl.full((), NEG, dt)
                 for s0 in range(0, S, BLOCK_S):
                     s = s0 + ss
                     inside = s < S
                     if t == Tb - 1:
-                        bv = tl.where(inside & (s >= S - 2), 0.0, NEG)
+                        bv = tl.where(inside & (s >= S - 2), 0.0, NEG).to(dt)
                     else:
-                        c0, in0, _k0 = _state_labels(lab, o, Lb, s, blank)
-                        c1, in1, _k1 = _state_labels(lab, o, Lb, s + 1, blank)
-                        c2, in2, k2 = _state_labels(lab, o, Lb, s + 2, blank)
+                        if ONE_BLOCK:
+                            c0, in0, c1, in1, c2, k2 = c0_1, in0_1, c1_1, in1_1, c2_1, k2_1
+                        else:
+                            c0, in0, _k0 = _state_labels(lab, o, Lb, s, blank)
+                            c1, in1, _k1 = _state_labels(lab, o, Lb, s + 1, blank)
+                            c2, _in2, k2 = _state_labels(lab, o, Lb, s + 2, blank)
                         erow = E + ebase + (t + 1) * C
                         b0 = tl.load(nxt + s, mask=in0, other=NEG) + tl.load(erow + c0, mask=in0, other=0.0)
                         b1 = tl.load(nxt + s + 1, mask=in1, other=NEG) + tl.load(erow + c1, mask=in1, other=0.0)
                         b2 = tl.load(nxt + s + 2, mask=k2, other=NEG) + tl.load(erow + c2, mask=k2, other=0.0)
-                        bv = _lse3(b0, b1, b2)
+                        top = tl.maximum(tl.maximum(b0, b1), b2)
+                        top = tl.where((top == NEG) | (top == float("inf")), 0.0, top)
+                        bv = top + tl.log(tl.exp(b0 - top) + tl.exp(b1 - top) + tl.exp(b2 - top)) - m
                     tl.store(cur + s, bv, mask=inside)
+                    mx = tl.maximum(mx, tl.max(tl.where(inside, bv, NEG), 0))
                     arow = ALPHA + abase + t * SP
                     a = tl.load(arow + s, mask=inside, other=NEG)
-                    occ = tl.where(inside, tl.exp(a + bv - lz), 0.0)
+                    occ = tl.where(inside, tl.exp(a + bv + shift), 0.0)
                     tl.store(arow + s, occ, mask=inside)
                     total += tl.where((s % 2) == 0, occ, 0.0)
                 tl.store(BSUM + b.to(tl.int64) * T + t, tl.sum(total, 0))
+                m = tl.where((mx > NEG) & (mx < float("inf")), mx, 0.0).to(dt)
                 tl.debug_barrier()
 
     @triton.jit
@@ -314,7 +361,7 @@ if triton is not None:
         BLOCK_L: tl.constexpr,
     ):
         b = tl.program_id(0)
-        t0 = tl.program_id(1) * FRAMES
+        t0 = tl.program_id(1).to(tl.int64) * FRAMES
         cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
         cm = cols < C
         Tb = tl.load(ilen + b)

@@ -114,8 +114,8 @@ class _CTC(criterion.Criterion):
         if zero_infinity:
             losses = torch.where(torch.isinf(losses), torch.zeros_like(losses), losses)
         if coef is None:
-            return losses, gE
-        total = (losses.double() * torch.from_numpy(coef).to(dev)).sum()  # summed in float64, as on the CPU
+            return losses.to(E.dtype), gE
+        total = (losses * torch.from_numpy(coef).to(dev)).sum()  # the float64 losses, as on the CPU
         return total.to(E.dtype), gE
 
     @staticmethod
