@@ -44,7 +44,7 @@ bench: $(STAMP)
 
 # On a machine with a CUDA GPU, in at most 10 minutes: the CUDA and Triton tests, the GPU
 # tables (CTC, RNN-T, MMI), torch.compile of a CTC step and short GPU training runs, each part
-# with its own time budget, all in one report ($$OUT/gpu_check.md, else benchmarks/GPU_RESULTS.md).
+# with its own time budget, all in one report ($OUT/gpu_check.md, else benchmarks/GPU_RESULTS.md).
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py $(ARGS)
 
