@@ -155,7 +155,7 @@ def ctc_triton(
 
 def self_check(device) -> Optional[str]:
     """Runs :func:`ctc_triton` on a small ragged float32 case (repeats, an empty target, an
-    infeasible row, states in several blocks) on ``device`` against torch's ``ctc_loss`` in
+    infeasible row; the states in several blocks and in one) on ``device`` against torch's ``ctc_loss`` in
     float64 on the CPU (gradients compared with respect to the logits, through
     ``log_softmax``); None when losses and gradients agree, else what differed."""
     g = torch.Generator().manual_seed(0)
@@ -166,30 +166,32 @@ def self_check(device) -> Optional[str]:
     tl = [len(t) for t in targets]
     flat = [v for t in targets for v in t]
     offs = [sum(tl[:b]) for b in range(B)]
-    x = logits.clone().requires_grad_(True)
-    want = torch.nn.functional.ctc_loss(
-        x.log_softmax(-1).transpose(0, 1), torch.tensor(flat), torch.tensor(il), torch.tensor(tl),
-        reduction="none", zero_infinity=True,
-    )  # fmt: skip
-    want.sum().backward()
-    want_g = x.grad
+    with torch.inference_mode(False), torch.enable_grad():  # whatever mode the first call is in
+        x = logits.clone().requires_grad_(True)
+        want = torch.nn.functional.ctc_loss(
+            x.log_softmax(-1).transpose(0, 1), torch.tensor(flat), torch.tensor(il), torch.tensor(tl),
+            reduction="none", zero_infinity=True,
+        )  # fmt: skip
+        (want_g,) = torch.autograd.grad(want.sum(), x)
+    want = want.detach()
 
     def dev(v):
         return torch.tensor(v, dtype=torch.int64, device=device)
 
     lp = logits.log_softmax(-1)
-    try:
-        E = lp.float().to(device)
-        got_l, got_g = ctc_triton(E, dev(flat), dev(offs), dev(tl), dev(il), 0, None, True, block_s=4)
-    except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
-        return f"ctc_triton failed: {type(e).__name__}: {e}"
-    gl, gg = got_l.double().cpu(), got_g.double().cpu()
-    if not (torch.isinf(gl[3]) and torch.allclose(gl[:3], want[:3].detach(), rtol=1e-4, atol=1e-4)):
-        return f"ctc_triton: losses {gl.tolist()} != {want.tolist()} (the last infinite)"
-    gx = gg - lp.exp() * gg.sum(-1, keepdim=True)  # through log_softmax: the logits' gradient
-    err = float((gx - want_g).abs().max())
-    if not err <= 1e-4:
-        return f"ctc_triton: gradient differs by {err}"
+    for block_s in (4, None):  # the states in several blocks, and in one
+        try:
+            E = lp.float().to(device)
+            got_l, got_g = ctc_triton(E, dev(flat), dev(offs), dev(tl), dev(il), 0, None, True, block_s=block_s)
+        except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
+            return f"ctc_triton failed: {type(e).__name__}: {e}"
+        gl, gg = got_l.double().cpu(), got_g.double().cpu()
+        if not (torch.isinf(gl[3]) and torch.allclose(gl[:3], want[:3], rtol=1e-4, atol=1e-4)):
+            return f"ctc_triton: losses {gl.tolist()} != {want.tolist()} (the last infinite)"
+        gx = gg - lp.exp() * gg.sum(-1, keepdim=True)  # through log_softmax: the logits' gradient
+        err = float((gx - want_g).abs().max())
+        if not err <= 1e-4:
+            return f"ctc_triton: gradient differs by {err} (states in blocks of {block_s or 'all'})"
     return None
 
 

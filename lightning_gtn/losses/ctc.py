@@ -26,6 +26,14 @@ _TRITON_CTC = Backends(
 )
 
 
+@torch.compiler.assume_constant_result
+def _triton_ctc_passed(device: str) -> bool:
+    """Whether triton is importable and the Triton CTC kernels passed their self-check on
+    ``device`` (run on the first call). A constant to ``torch.compile``: a first call inside a
+    compiled function runs the self-check eagerly instead of tracing it."""
+    return ctc_triton.available() and _TRITON_CTC.passed(torch.device(device))
+
+
 class _CTC(criterion.Criterion):
     """CTC: by default its own kernels, on the CPU :mod:`lightning_gtn.kernels.ctc_numba`
     (``impl="numba_ctc"``), on a CUDA device :mod:`lightning_gtn.kernels.ctc_triton`
@@ -41,7 +49,7 @@ class _CTC(criterion.Criterion):
         if impl is None:
             if device.type == "cpu":
                 return "numba_ctc"
-            if device.type == "cuda" and ctc_triton.available() and _TRITON_CTC.passed(device):
+            if device.type == "cuda" and _triton_ctc_passed(str(device)):
                 return "triton_ctc"
             return None
         if impl == "numba_ctc" and device.type != "cpu":

@@ -320,3 +320,31 @@ def test_cuda_default_is_triton_ctc_once_its_self_check_passes(monkeypatch, verd
     monkeypatch.setattr(ctc_mod.ctc_triton, "available", lambda: False)
     assert crit.own_kernel(torch.device("cuda", 4), None) is None
     assert runs == ["cuda:3"]
+
+
+def test_the_first_cuda_call_may_come_under_torch_compile(monkeypatch):
+    """The self-check runs eagerly when dynamo meets the device's first call (its result is a
+    constant to the compiler), so a model step with ctc_loss still compiles with fullgraph."""
+    from lightning_gtn.core.impl import Backends
+    from lightning_gtn.losses import ctc as ctc_mod
+
+    runs = []
+
+    def self_check(device):  # untraceable: a backward and a host read
+        x = torch.ones(2, requires_grad=True)
+        with torch.enable_grad():
+            (2 * x).sum().backward()
+        runs.append((str(device), x.grad.tolist()))
+
+    picker = Backends("ctc_loss", ("triton",), triton_available=lambda: True, self_check=self_check)
+    monkeypatch.setattr(ctc_mod, "_TRITON_CTC", picker)
+    monkeypatch.setattr(ctc_mod.ctc_triton, "available", lambda: True)
+    crit = ctc_mod.criterion.CRITERIA["ctc"]
+
+    def f(x):
+        return x + (1.0 if crit.own_kernel(torch.device("cuda", 5), None) == "triton_ctc" else 2.0)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch.compile(f, fullgraph=True)(torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert runs == [("cuda:5", [2.0, 2.0])]
