@@ -185,6 +185,8 @@ def self_check(device) -> Optional[str]:
             got_l, got_g = ctc_triton(E, dev(flat), dev(offs), dev(tl), dev(il), 0, None, True, block_s=block_s)
         except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
             return f"ctc_triton failed: {type(e).__name__}: {e}"
+        if got_g is None:
+            return "ctc_triton: no gradient"
         gl, gg = got_l.double().cpu(), got_g.double().cpu()
         if not (torch.isinf(gl[3]) and torch.allclose(gl[:3], want[:3], rtol=1e-4, atol=1e-4)):
             return f"ctc_triton: losses {gl.tolist()} != {want.tolist()} (the last infinite)"

@@ -117,8 +117,9 @@ class _CTC(criterion.Criterion):
         elif reduction == "sum":
             coef = np.ones(B)
         cf = None if coef is None else torch.from_numpy(coef).to(device=dev, dtype=E.dtype)
-        idx = [torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in (labels, offsets, tl, il)]
-        losses, gE = ctc_triton.ctc_triton(E, *idx, blank, cf, need_e)
+        on_dev = [torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in (labels, offsets, tl, il)]
+        lab_d, off_d, tl_d, il_d = on_dev
+        losses, gE = ctc_triton.ctc_triton(E, lab_d, off_d, tl_d, il_d, blank, cf, need_e)
         if zero_infinity:
             losses = torch.where(torch.isinf(losses), torch.zeros_like(losses), losses)
         if coef is None:
