@@ -80,14 +80,14 @@ def default_parts(run_dir: str) -> List[Part]:
         "-k", "(cuda or triton) and not interpreter", *TEST_DIRS,
     ]  # fmt: skip
     return [
-        Part("tests", 240, tests, "every CUDA and Triton test"),
-        Part("ctc", 75, _script_part("ctc"), "CTC fwd+bwd vs torch's CUDA ctc_loss"),
+        Part("tests", 210, tests, "every CUDA and Triton test"),
+        Part("ctc", 90, _script_part("ctc"), "CTC fwd+bwd vs torch's CUDA ctc_loss"),
         Part("rnnt", 45, _script_part("rnnt"), "rnnt_loss vs log_softmax fwd+bwd"),
         Part("mmi", 60, _script_part("mmi"), "MMI denominator vs the generic Triton scorer"),
         Part("compile", 60, _script_part("compile"), "torch.compile(fullgraph=True) of model + ctc_loss"),
-        Part("train-ctc", 40, _train("ctc", run_dir), "experiment=smoke trainer=gpu loss=ctc"),
-        Part("train-rnnt", 40, _train("rnnt", run_dir), "experiment=smoke trainer=gpu loss=rnnt"),
-        Part("train-mmi", 40, _train("mmi", run_dir), "experiment=smoke trainer=gpu loss=mmi"),
+        Part("train-ctc", 45, _train("ctc", run_dir), "experiment=smoke trainer=gpu loss=ctc"),
+        Part("train-rnnt", 45, _train("rnnt", run_dir), "experiment=smoke trainer=gpu loss=rnnt"),
+        Part("train-mmi", 45, _train("mmi", run_dir), "experiment=smoke trainer=gpu loss=mmi"),
     ]
 
 

@@ -48,11 +48,12 @@ __all__ = ["available", "self_check", "ctc_triton", "MAX_BLOCK_S"]
 
 #: states of one frame processed per step of the lattice kernel
 MAX_BLOCK_S = 1024
-_TILE = 4096  # classes x labels compared per step of the gradient kernel
 # Triton picks the interpreter when a kernel is decorated, from the environment at import time
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-#: frames per program of the gradient kernel (the interpreter runs programs one after another)
-_FRAMES = 64 if _INTERPRETED else 8
+# frames per program of the gradient kernel, and frames x classes x labels compared per step (the
+# interpreter runs programs one after another, each step as numpy arrays: larger tiles there)
+_FRAMES = 64 if _INTERPRETED else 4
+_TILE = 1 << 16 if _INTERPRETED else 4096
 
 
 def available() -> bool:
@@ -142,13 +143,13 @@ def ctc_triton(
     if T == 0 or C == 0:
         return losses, grad
     cf = coef.to(device=dev, dtype=dtype).contiguous() if coef is not None else torch.ones(B, dtype=dtype, device=dev)
-    bc = triton.next_power_of_2(max(1, min(C, 128)))
-    bl = triton.next_power_of_2(max(1, min(max(Lmax, 1), _TILE // bc)))
-    frames = max(_FRAMES, triton.cdiv(T, 65535))  # the grid's second dimension is at most 65535
-    grid = (B, triton.cdiv(T, frames), triton.cdiv(C, bc))
+    bt = max(_FRAMES, triton.next_power_of_2(triton.cdiv(T, 65535)))  # the grid's 2nd dimension <= 65535
+    bc = triton.next_power_of_2(max(1, min(C, 64)))
+    bl = triton.next_power_of_2(max(1, min(max(Lmax, 1), _TILE // (bt * bc))))
+    grid = (B, triton.cdiv(T, bt), triton.cdiv(C, bc))
     _grad_kernel[grid](
-        grad, alpha, bsum, losses, nan_row, cf, lab, off, tlen, ilen, T, C, SP, blank, frames,
-        BLOCK_C=bc, BLOCK_L=bl, num_warps=4,
+        grad, alpha, bsum, losses, nan_row, cf, lab, off, tlen, ilen, T, C, SP, blank,
+        BLOCK_T=bt, BLOCK_C=bc, BLOCK_L=bl, num_warps=4,
     )  # fmt: skip
     return losses, grad
 
@@ -360,37 +361,35 @@ if triton is not None:
         C,
         SP,
         blank,
-        FRAMES,
+        BLOCK_T: tl.constexpr,
         BLOCK_C: tl.constexpr,
         BLOCK_L: tl.constexpr,
     ):
         b = tl.program_id(0)
-        t0 = tl.program_id(1).to(tl.int64) * FRAMES
+        ts = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-        cm = cols < C
         Tb = tl.load(ilen + b)
         Lb = tl.load(tlen + b)
         o = tl.load(off + b)
         loss = tl.load(LOSS + b)
         isnan = tl.load(nan_row + b) != 0
         live = (loss > -float("inf")) & (loss < float("inf")) & (tl.load(nan_row + b) == 0)
-        cf = -tl.load(coef + b)
-        js = tl.arange(0, BLOCK_L)
-        for k in range(0, FRAMES):
-            t = t0 + k
-            if t < T:
-                acc = tl.zeros((BLOCK_C,), G.dtype.element_ty)
-                if live & (t < Tb):
-                    occ_row = OCC + b.to(tl.int64) * T * SP + t * SP
-                    for j0 in range(0, Lb, BLOCK_L):
-                        j = j0 + js
-                        jm = j < Lb
-                        y = tl.load(lab + o + j, mask=jm, other=-1)
-                        oc = tl.load(occ_row + 2 * j + 1, mask=jm, other=0.0)
-                        hit = y[None, :] == cols[:, None]
-                        acc += tl.sum(tl.where(hit, oc[None, :], 0.0), 1)
-                    bsum = tl.load(BSUM + b.to(tl.int64) * T + t)
-                    acc = (acc + tl.where(cols == blank, bsum, 0.0)) * cf
-                if isnan:
-                    acc = tl.full((BLOCK_C,), float("nan"), G.dtype.element_ty)
-                tl.store(G + b.to(tl.int64) * T * C + t * C + cols, acc, mask=cm)
+        valid = ts < tl.where(live, Tb, 0)  # frames with occupancies
+        acc = tl.zeros((BLOCK_T, BLOCK_C), G.dtype.element_ty)
+        if live:
+            occ_rows = OCC + b.to(tl.int64) * T * SP + ts * SP
+            js = tl.arange(0, BLOCK_L)
+            for j0 in range(0, Lb, BLOCK_L):
+                j = j0 + js
+                jm = j < Lb
+                y = tl.load(lab + o + j, mask=jm, other=-1)
+                oc = tl.load(occ_rows[:, None] + 2 * j[None, :] + 1, mask=valid[:, None] & jm[None, :], other=0.0)
+                hit = y[None, None, :] == cols[None, :, None]  # (1, BLOCK_C, BLOCK_L)
+                acc += tl.sum(tl.where(hit, oc[:, None, :], 0.0), 2)
+            bsum = tl.load(BSUM + b.to(tl.int64) * T + ts, mask=valid, other=0.0)
+            acc = (acc + tl.where(cols[None, :] == blank, bsum[:, None], 0.0)) * -tl.load(coef + b)
+            acc = tl.where(valid[:, None], acc, 0.0)
+        if isnan:
+            acc = tl.full((BLOCK_T, BLOCK_C), float("nan"), G.dtype.element_ty)
+        out = G + b.to(tl.int64) * T * C + ts[:, None] * C + cols[None, :]
+        tl.store(out, acc, mask=(ts[:, None] < T) & (cols[None, :] < C))

@@ -182,8 +182,8 @@ def test_kernels_compile_for_the_gpu(name, one_block, dtype, capability):
     if name == "_lattice_kernel":  # states in one block of 1024, or several of 256
         consts = dict(NEED_E=True, BLOCK_S=1024 if one_block else 256, ONE_BLOCK=one_block)
     else:
-        consts = dict(BLOCK_C=32, BLOCK_L=128)
-    ints = {"T", "C", "SP", "blank", "FRAMES"}
+        consts = dict(BLOCK_T=4, BLOCK_C=32, BLOCK_L=32)
+    ints = {"T", "C", "SP", "blank"}
     int_ptrs = {"lab", "off", "tlen", "ilen"}
 
     def kind(a):
