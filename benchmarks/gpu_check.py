@@ -28,6 +28,7 @@ Usage: ``python benchmarks/gpu_check.py [--only NAME ...] [--out PATH]``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -75,8 +76,9 @@ def _train(loss: str, run_dir: str) -> List[str]:
 def default_parts(run_dir: str) -> List[Part]:
     """The parts of the check, their budgets summing to 600 s; training runs write under
     ``run_dir``."""
+    workers = ["-n", "4"] if importlib.util.find_spec("xdist") is not None else []  # the machine's own packages
     tests = [
-        sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-n", "4",
+        sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *workers,
         "-k", "(cuda or triton) and not interpreter", *TEST_DIRS,
     ]  # fmt: skip
     return [
