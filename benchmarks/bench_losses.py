@@ -306,7 +306,7 @@ def gpu_ctc_table(reps: int = 7) -> str:
         return "### CTC, GPU\n\nNo GPU on this machine: not measured.\n"
     from lightning_gtn.losses import ctc as ctc_mod
 
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())  # as the tensors' device reads
     default = ctc_mod.criterion.CRITERIA["ctc"].own_kernel(dev, None) or "the graph path"
     out = (
         f"### CTC, GPU ({torch.cuda.get_device_name(0)}; impl=None runs {default})\n\n"

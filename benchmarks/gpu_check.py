@@ -210,11 +210,11 @@ def _part_compile() -> None:
     seconds = time.perf_counter() - t0
     again, _ = run(torch.compile(step, fullgraph=True))
     err = max(float((a - b).abs().max()) for a, b in zip(g_eager, g_comp))
-    impl = ctc_mod.criterion.CRITERIA["ctc"].own_kernel(dev, None) or "the graph path"
+    impl = ctc_mod.criterion.CRITERIA["ctc"].own_kernel(feats.device, None) or "the graph path"
     print("| impl=None runs | eager loss | compiled loss | max gradient difference | first compiled step (s) |")
     print("|---|---:|---:|---:|---:|")
     print(f"| {impl} | {float(eager):.6f} | {float(compiled):.6f} | {err:.2e} | {seconds:.1f} |")
-    if not (abs(float(eager) - float(compiled)) <= 1e-5 * max(1.0, abs(float(eager))) and err <= 1e-5):
+    if not (abs(float(eager) - float(compiled)) <= 1e-5 * max(1.0, abs(float(eager))) and err <= 1e-4):
         raise SystemExit("compiled step differs from the eager one")
     if float(again) != float(compiled):
         raise SystemExit("a second compiled step gave another loss")
