@@ -42,16 +42,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py $(ARGS)
 
-# On a machine with a CUDA GPU: the GPU tests, the GPU benchmark table and a short GPU run.
+# On a machine with a CUDA GPU, in at most 10 minutes: the CUDA and Triton tests, the GPU
+# tables (CTC, RNN-T, MMI), torch.compile of a CTC step and short GPU training runs, each part
+# with its own time budget, all in one report ($OUT/gpu_check.md, else benchmarks/GPU_RESULTS.md).
 gpu-check: $(STAMP)
-	$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device here')"
-	$(PY) -m pytest -q -p no:cacheprovider -k "cuda or triton" tests/losses tests/kernels tests/core tests/align tests/decode
-	$(PY) benchmarks/bench_losses.py --gpu-only
-	$(PY) benchmarks/bench_rnnt.py --gpu-only
-	$(PY) benchmarks/bench_rnnt_variants.py --gpu-only
-	$(PY) benchmarks/bench_pruned.py --gpu-only
-	$(PY) benchmarks/bench_mmi_gpu.py
-	$(VENV)/bin/lightning-gtn-train experiment=smoke trainer=gpu trainer.enable_progress_bar=false
+	$(PY) benchmarks/gpu_check.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun lightning_logs .pytest_cache .hypothesis .mypy_cache .ruff_cache

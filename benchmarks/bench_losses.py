@@ -11,8 +11,11 @@ Tables (markdown):
    same dynamic programme (written below).
 3. Long CTC inputs against torch's ctc_loss (time, and the float32 gradient error of each
    against float64), and ASG with C=5000 (time, peak memory): one run each (``--long-only``).
-4. On a GPU, when present: CTC against torch's CUDA ctc_loss, ASG and the sequence criterion
-   against the torch DP, with peak GPU memory (``torch.cuda.max_memory_allocated``).
+4. On a GPU, when present (``--gpu-only``: these alone): CTC by its CUDA default (the Triton
+   CTC kernel, ``impl="triton_ctc"``) and by the graph path's Triton scorer (``impl="triton"``)
+   against torch's CUDA ctc_loss at :data:`GPU_CTC_SHAPES` (medians of CUDA-event times, peak
+   memory from ``torch.cuda.max_memory_allocated``); ASG and the sequence criterion against
+   the torch DP.
 
 Thread contention: on a machine with no spare core, torch's OpenMP workers keep spinning for
 a while after each parallel torch op and take a core from lightning_gtn's pool, which can
@@ -52,6 +55,8 @@ from _timing import QUIESCE, times_in_turn  # noqa: E402
 from lightning_gtn.functional import asg_loss, ctc_loss, sequence_loss
 
 SHAPES = [(32, 250, 30, 50), (32, 1000, 30, 200), (8, 250, 1000, 50)]
+#: the CTC shapes of the GPU table: the CPU ones and a long input
+GPU_CTC_SHAPES = SHAPES + [(8, 5000, 30, 500)]
 TINY_CTC_SHAPE = (2, 20, 10, 5)  # B, T, C, L: what a call costs besides the dynamic programme
 TINY_CALLS = 100  # calls per timed run of the tiny shape
 LONG_CTC_SHAPES = [(8, 5000, 30, 500), (2, 20000, 30, 2000)]  # one run each ("no cliffs")
@@ -136,7 +141,7 @@ def _make(kind, impl, B, T, C, L, device="cpu"):
         if impl == "ours":
             f = lambda: ctc_loss(x, tg, il, tl)
         elif impl == "ours_graph":  # the criterion-graph path (one compiled CTC graph per target)
-            f = lambda: ctc_loss(x, tg, il, tl, impl="numba")
+            f = lambda: ctc_loss(x, tg, il, tl, impl="numba" if device == "cpu" else "triton")
         else:
             xt = x.detach().transpose(0, 1).requires_grad_(True)
             f = lambda: TF.ctc_loss(xt, tg, il, tl)
@@ -280,16 +285,66 @@ def _gpu_peak_mb(step) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def _gpu_tables(reps: int, asg_large: bool) -> str:
-    """CTC against torch's CUDA ctc_loss; ASG and the sequence criterion against the torch DP.
+def _cuda_median(step, reps: int) -> float:
+    """Median seconds of ``step`` between two CUDA events, after one warm-up call."""
+    step()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
 
-    Each row also times lightning_gtn's per-frame torch implementation (``impl="torch"``, the
-    path taken without Triton or for graphs with epsilon arcs).
+
+def gpu_ctc_table(reps: int = 7) -> str:
+    """CTC forward + backward on CUDA: the default (the Triton CTC kernel), the graph path's
+    Triton scorer and torch's ctc_loss at :data:`GPU_CTC_SHAPES`, float32, reduction mean."""
+    if not torch.cuda.is_available():
+        return "### CTC, GPU\n\nNo GPU on this machine: not measured.\n"
+    from lightning_gtn.losses import ctc as ctc_mod
+
+    dev = torch.device("cuda", torch.cuda.current_device())  # as the tensors' device reads
+    default = ctc_mod.criterion.CRITERIA["ctc"].own_kernel(dev, None) or "the graph path"
+    out = (
+        f"### CTC, GPU ({torch.cuda.get_device_name(0)}; impl=None runs {default})\n\n"
+        '| B, T, C, L | impl=None (ms) | graph path, impl="triton" (ms) | torch ctc_loss (ms) | time ratio '
+        "| impl=None peak (MB) | graph path peak (MB) | torch peak (MB) | memory ratio |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    for shape in GPU_CTC_SHAPES:
+        steps = [_make("ctc", impl, *shape, device="cuda") for impl in ("ours", "ours_graph", "ref")]
+        times, peaks = [], []
+        for st in steps:
+            try:
+                times.append(_cuda_median(st, reps))
+                peaks.append(_gpu_peak_mb(st))
+            except torch.OutOfMemoryError:
+                times.append(float("nan"))
+                peaks.append(float("nan"))
+            torch.cuda.empty_cache()
+        print(f"  gpu ctc {shape}: " + " / ".join(f"{t * 1e3:.2f} ms" for t in times), flush=True)
+        out += (
+            f"| {', '.join(map(str, shape))} | {times[0] * 1e3:.2f} | {times[1] * 1e3:.2f} | {times[2] * 1e3:.2f} "
+            f"| {times[0] / times[2]:.2f} | {peaks[0]:.1f} | {peaks[1]:.1f} | {peaks[2]:.1f} "
+            f"| {peaks[0] / peaks[2]:.2f} |\n"
+        )
+    return out + f"\nMedians of {reps} calls between CUDA events, after a warm-up; peaks exclude the inputs.\n"
+
+
+def _gpu_tables(reps: int, asg_large: bool) -> str:
+    """CTC (:func:`gpu_ctc_table`); ASG and the sequence criterion against the torch DP.
+
+    The ASG and sequence rows also time lightning_gtn's per-frame torch implementation
+    (``impl="torch"``, the path taken without Triton or for graphs with epsilon arcs).
     """
     if not torch.cuda.is_available():
         return "### GPU\n\nNo GPU on this machine: not measured.\n"
     from lightning_gtn.kernels import graph_triton
 
+    ctc = gpu_ctc_table(reps)
     name = torch.cuda.get_device_name(0)
     head = (
         f"### GPU ({name}; Triton kernels {'available' if graph_triton.available() else 'NOT available'})\n\n"
@@ -298,12 +353,12 @@ def _gpu_tables(reps: int, asg_large: bool) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     body = ""
-    for kind, ref in (("ctc", "torch ctc_loss"), ("seq", "torch DP"), ("asg", "torch DP")):
+    for kind, ref in (("seq", "torch DP"), ("asg", "torch DP")):
         for shape in SHAPES:
             if kind == "asg" and shape[2] > 100 and not asg_large:
                 continue
             steps = [_make(kind, impl, *shape, device="cuda") for impl in ("ours", "ours_torch", "ref")]
-            times = _time_interleaved(steps, reps if kind == "ctc" else max(3, reps // 2))
+            times = _time_interleaved(steps, max(3, reps // 2))
             ma, mb = _gpu_peak_mb(steps[0]), _gpu_peak_mb(steps[2])
             print(f"  gpu {kind} {shape}: " + " / ".join(f"{t * 1e3:.2f} ms" for t in times), flush=True)
             body += (
@@ -311,7 +366,7 @@ def _gpu_tables(reps: int, asg_large: bool) -> str:
                 f"{times[1] * 1e3:.2f} | {times[2] * 1e3:.2f} | {times[0] / times[2]:.2f} | "
                 f"{ma:.1f} | {mb:.1f} | {ma / mb:.2f} |\n"
             )
-    return head + body
+    return ctc + "\n" + head + body
 
 
 def _ctc_grad_errors(shape):

@@ -62,7 +62,7 @@ REDUCTIONS = ("none", "mean", "sum")
 NATIVE_BACKENDS = ("numba", "numba_log", "torch", "triton")
 #: the names of the criteria's own kernels (``impl=`` names offered by the criteria that list
 #: them in their backends; see :attr:`lightning_gtn.core.criterion.Criterion.kernels`)
-KERNEL_BACKENDS = ("numba_ctc",)
+KERNEL_BACKENDS = ("numba_ctc", "triton_ctc")
 #: ``impl=`` choices: None (the default for the device), the native implementations, or the
 #: real ``gtn`` package (eager only, one graph per example on the host). Which of them a loss
 #: offers is declared by its criterion (:attr:`lightning_gtn.core.criterion.Criterion.backends`).

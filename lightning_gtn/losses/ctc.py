@@ -9,32 +9,68 @@ import torch
 
 from ..core import checks, criterion
 from ..core.criterion_graphs import compiled_ctc
+from ..core.impl import Backends, interpreted
 from ..core.scoring import Plan, unique_graphs
-from ..kernels import ctc_numba
+from ..kernels import ctc_numba, ctc_triton
 
 __all__ = ["ctc_loss"]
 
 
+#: the Triton CTC kernel's self-check, run once per CUDA device before ``impl=None`` uses it
+_TRITON_CTC = Backends(
+    "ctc_loss",
+    ("triton",),
+    triton_available=ctc_triton.available,
+    self_check=ctc_triton.self_check,
+    kernels="Triton CTC",
+)
+
+
+@torch.compiler.assume_constant_result
+def _triton_ctc_passed(device: str) -> bool:
+    """Whether triton is importable and the Triton CTC kernels passed their self-check on
+    ``device`` (run on the first call). A constant to ``torch.compile``: a first call inside a
+    compiled function runs the self-check eagerly instead of tracing it."""
+    return ctc_triton.available() and _TRITON_CTC.passed(torch.device(device))
+
+
 class _CTC(criterion.Criterion):
-    """CTC: on the CPU by default its own kernel (:mod:`lightning_gtn.kernels.ctc_numba`,
-    ``impl="numba_ctc"``); otherwise one CTC graph per distinct target, the loss of a row
-    ``-log Z`` of its graph."""
+    """CTC: by default its own kernels, on the CPU :mod:`lightning_gtn.kernels.ctc_numba`
+    (``impl="numba_ctc"``), on a CUDA device :mod:`lightning_gtn.kernels.ctc_triton`
+    (``impl="triton_ctc"``, when triton is installed and its self-check passes there);
+    otherwise one CTC graph per distinct target, the loss of a row ``-log Z`` of its graph."""
 
     kind = "ctc"
     name = "ctc_loss"
-    kernels = ("numba_ctc",)
+    kernels = ("numba_ctc", "triton_ctc")
     backends = criterion.NATIVE_BACKENDS + kernels + ("gtn",)
 
     def own_kernel(self, device, impl):
         if impl is None:
-            return "numba_ctc" if device.type == "cpu" else None
+            if device.type == "cpu":
+                return "numba_ctc"
+            if device.type == "cuda" and _triton_ctc_passed(str(device)):
+                return "triton_ctc"
+            return None
         if impl == "numba_ctc" and device.type != "cpu":
             raise ValueError(f"impl='numba_ctc' needs CPU tensors, got emissions on {device}")
+        if impl == "triton_ctc":
+            if not ctc_triton.available():
+                raise ValueError(f"{self.name}: impl='triton_ctc' needs the triton package, which is not installed")
+            if device.type != "cuda" and not (device.type == "cpu" and interpreted()):
+                raise ValueError(
+                    f"{self.name}: impl='triton_ctc' runs on CUDA tensors (or on CPU tensors under Triton's "
+                    f"interpreter, TRITON_INTERPRET=1), got emissions on {device}"
+                )
         return impl if impl in self.kernels else None
 
     def kernel_loss(
         self, emissions, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl, need_e
     ):
+        if impl == "triton_ctc":
+            return self._triton_loss(
+                emissions, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, need_e
+            )
         if emissions.device.type != "cpu":
             raise ValueError(f"impl={impl!r} needs CPU tensors, got emissions on {emissions.device}")
         B, T, C = checks.check_emissions(emissions, "log_probs")
@@ -64,6 +100,32 @@ class _CTC(criterion.Criterion):
         if coef is None:
             return losses.to(E.dtype), gE
         return torch.tensor(float((ln * coef).sum()), dtype=E.dtype), gE
+
+    def _triton_loss(self, emissions, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, need_e):
+        """:meth:`kernel_loss` for ``impl="triton_ctc"``: the indices checked on the host, the
+        kernel and the reduction on the emissions' device."""
+        B, T, C = checks.check_emissions(emissions, "log_probs")
+        blank = checks.check_label(blank, "blank", C)
+        labels, offsets, tl, il, _ = self._checked_arrays(emissions, targets, input_lengths, target_lengths, blank)
+        dev = emissions.device
+        E = emissions.detach()
+        if E.dtype not in (torch.float32, torch.float64):
+            E = E.float()
+        coef = None
+        if reduction == "mean":
+            coef = 1.0 / (np.maximum(tl, 1) * max(B, 1))
+        elif reduction == "sum":
+            coef = np.ones(B)
+        cf = None if coef is None else torch.from_numpy(coef).to(device=dev, dtype=E.dtype)
+        on_dev = [torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in (labels, offsets, tl, il)]
+        lab_d, off_d, tl_d, il_d = on_dev
+        losses, gE = ctc_triton.ctc_triton(E, lab_d, off_d, tl_d, il_d, blank, cf, need_e)
+        if zero_infinity:
+            losses = torch.where(torch.isinf(losses), torch.zeros_like(losses), losses)
+        if coef is None:
+            return losses.to(E.dtype), gE
+        total = (losses * torch.from_numpy(coef).to(dev)).sum()  # the float64 losses, as on the CPU
+        return total.to(E.dtype), gE
 
     @staticmethod
     def _checked_arrays(emissions, targets, input_lengths, target_lengths, blank):
@@ -137,8 +199,10 @@ def ctc_loss(
 
     The loss of an example is ``-log`` of the total score of its CTC alignments. On the CPU a
     dedicated kernel walks the ``2S + 1`` CTC states of each example frame by frame
-    (:mod:`lightning_gtn.kernels.ctc_numba`, examples shared over the engine's threads); on other
-    devices, and with the graph implementations' ``impl`` names, each target's CTC graph
+    (:mod:`lightning_gtn.kernels.ctc_numba`, examples shared over the engine's threads); on a CUDA
+    device the same walk runs as Triton kernels, one program per example
+    (:mod:`lightning_gtn.kernels.ctc_triton`). Without them, and with the graph
+    implementations' ``impl`` names, each target's CTC graph
     (:func:`lightning_gtn.wfst.criterion.ctc_graph`, cached per target) is scored against its
     emissions in one batched forward-backward pass on ``log_probs.device``. A ``torch.library``
     custom op: works under ``torch.compile(fullgraph=True)``.
@@ -158,8 +222,11 @@ def ctc_loss(
         zero_infinity: infeasible examples (a target that needs more frames than it has) give
             an infinite loss; with ``zero_infinity=True`` they give 0 instead. Either way their
             gradient is zero.
-        impl: None (``"numba_ctc"`` on the CPU, Triton or torch on CUDA); ``"numba_ctc"``
-            (the dedicated CTC kernel, CPU); the graph implementations ``"numba"`` (scaled,
+        impl: None (``"numba_ctc"`` on the CPU; on CUDA ``"triton_ctc"`` when triton is
+            installed and its once-per-device self-check passes, else the graph path, Triton or
+            torch); ``"numba_ctc"`` (the dedicated CTC kernel, CPU); ``"triton_ctc"`` (the
+            dedicated CTC kernel in Triton: CUDA, or CPU tensors under ``TRITON_INTERPRET=1``);
+            the graph implementations ``"numba"`` (scaled,
             CPU), ``"numba_log"`` (log domain, CPU), ``"torch"``, ``"triton"``; or ``"gtn"`` (the
             real ``gtn`` package, one graph per example on the host; eager only; ImportError
             when not installed).

@@ -278,3 +278,73 @@ def test_long_inputs_stay_on_the_scaled_kernel_and_accurate_in_float32(monkeypat
     assert (g32.double() - g64).abs().max().item() < 1e-4
     ref = _torch_ctc(logits.double().requires_grad_(True), tg, il, tl, "sum")
     torch.testing.assert_close(l64, ref)
+
+
+def test_triton_ctc_needs_cuda_or_the_interpreter():
+    from lightning_gtn.core.impl import interpreted
+
+    x, tg, il, tl = _batch(2, 2, 6, 5, 2)
+    assert not interpreted()
+    with pytest.raises(ValueError, match=r"impl='triton_ctc' runs on CUDA tensors .* got emissions on cpu"):
+        ctc_loss(x.log_softmax(-1), tg, il, tl, impl="triton_ctc")
+    from lightning_gtn.functional import asg_loss
+
+    with pytest.raises(ValueError, match="not offered"):  # CTC's own kernel, no other loss's
+        asg_loss(x.log_softmax(-1), tg, il, tl, transitions=torch.zeros(6, 5), impl="triton_ctc")
+
+
+@pytest.mark.parametrize("verdict", [None, "wrong gradient"])
+def test_cuda_default_is_triton_ctc_once_its_self_check_passes(monkeypatch, verdict):
+    from lightning_gtn.core.impl import Backends
+    from lightning_gtn.losses import ctc as ctc_mod
+
+    runs = []
+
+    def self_check(device):
+        runs.append(str(device))
+        return verdict
+
+    picker = Backends("ctc_loss", ("triton",), triton_available=lambda: True, self_check=self_check)
+    monkeypatch.setattr(ctc_mod, "_TRITON_CTC", picker)
+    monkeypatch.setattr(ctc_mod.ctc_triton, "available", lambda: True)
+    crit = ctc_mod.criterion.CRITERIA["ctc"]
+    dev = torch.device("cuda", 3)
+    if verdict is None:
+        assert crit.own_kernel(dev, None) == "triton_ctc"
+    else:
+        with pytest.warns(RuntimeWarning, match="self-check on cuda:3 \\(wrong gradient\\)"):
+            assert crit.own_kernel(dev, None) is None  # the graph path, as without triton
+    assert crit.own_kernel(dev, None) == ("triton_ctc" if verdict is None else None)
+    assert runs == ["cuda:3"]  # once per device
+    assert crit.own_kernel(torch.device("cpu"), None) == "numba_ctc"
+    monkeypatch.setattr(ctc_mod.ctc_triton, "available", lambda: False)
+    assert crit.own_kernel(torch.device("cuda", 4), None) is None
+    assert runs == ["cuda:3"]
+
+
+def test_the_first_cuda_call_may_come_under_torch_compile(monkeypatch):
+    """The self-check runs eagerly when dynamo meets the device's first call (its result is a
+    constant to the compiler), so a model step with ctc_loss still compiles with fullgraph."""
+    from lightning_gtn.core.impl import Backends
+    from lightning_gtn.losses import ctc as ctc_mod
+
+    runs = []
+
+    def self_check(device):  # untraceable: a backward and a host read
+        x = torch.ones(2, requires_grad=True)
+        with torch.enable_grad():
+            (2 * x).sum().backward()
+        runs.append((str(device), x.grad.tolist()))
+
+    picker = Backends("ctc_loss", ("triton",), triton_available=lambda: True, self_check=self_check)
+    monkeypatch.setattr(ctc_mod, "_TRITON_CTC", picker)
+    monkeypatch.setattr(ctc_mod.ctc_triton, "available", lambda: True)
+    crit = ctc_mod.criterion.CRITERIA["ctc"]
+
+    def f(x):
+        return x + (1.0 if crit.own_kernel(torch.device("cuda", 5), None) == "triton_ctc" else 2.0)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch.compile(f, fullgraph=True)(torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert runs == [("cuda:5", [2.0, 2.0])]
