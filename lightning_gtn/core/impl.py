@@ -46,6 +46,7 @@ class Backends:
             and returns None when they agree with the reference, else what differed (an exception
             counts as a failure); shared by the families that pass the same function.
         kernels: how the warning of a failed self-check names the kernels (``"Triton RNN-T"``).
+        fallback: how that warning names what runs instead (default ``"the torch implementation"``).
     """
 
     def __init__(
@@ -56,12 +57,14 @@ class Backends:
         triton_available: Callable[[], bool],
         self_check: Callable[[torch.device], Optional[str]],
         kernels: str = "Triton",
+        fallback: str = "the torch implementation",
     ) -> None:
         self.what = what
         self.offered = tuple(offered)
         self.triton_available = triton_available
         self.self_check = self_check
         self.kernels = kernels
+        self.fallback = fallback
 
     def default(self, device) -> str:
         """The implementation ``impl=None`` stands for on ``device``."""
@@ -85,7 +88,7 @@ class Backends:
             if not ok:
                 warnings.warn(
                     f"lightning_gtn: the {self.kernels} kernels failed their self-check on {key[1]} ({err}); "
-                    "using the torch implementation instead",
+                    f"using {self.fallback} instead",
                     RuntimeWarning,
                     stacklevel=4,
                 )

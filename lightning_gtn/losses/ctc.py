@@ -23,6 +23,7 @@ _TRITON_CTC = Backends(
     triton_available=ctc_triton.available,
     self_check=ctc_triton.self_check,
     kernels="Triton CTC",
+    fallback="the graph kernels",
 )
 
 

@@ -275,8 +275,9 @@ class CTCLoss(StructuredLoss):
         blank: the blank label (an integer).
         reduction: ``"none"`` | ``"mean"`` | ``"sum"`` (torch's meanings).
         zero_infinity: infeasible examples give 0 instead of ``inf``.
-        impl: None (the device's default: the CTC kernel on the CPU), ``"numba_ctc"``,
-            ``"numba"``, ``"numba_log"``, ``"torch"``, ``"triton"`` or ``"gtn"`` (see
+        impl: None (the device's default: the CTC kernel on the CPU, the Triton CTC kernel on
+            CUDA where it passes its self-check), ``"numba_ctc"``, ``"triton_ctc"``, ``"numba"``,
+            ``"numba_log"``, ``"torch"``, ``"triton"`` or ``"gtn"`` (see
             :func:`lightning_gtn.functional.ctc_loss`).
 
     Shape:
