@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Dict, NamedTuple, Optional, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -45,13 +45,17 @@ from ..opargs import grads, op_schema
 __all__ = [
     "RNNT_TYPES",
     "mutual_information_recursion",
+    "joint_mutual_information_recursion",
+    "fix_for_boundary",
     "get_rnnt_logprobs",
     "rnnt_loss_simple",
     "get_rnnt_logprobs_joint",
     "rnnt_loss",
     "get_rnnt_prune_ranges",
+    "get_rnnt_prune_ranges_deprecated",
     "do_rnnt_pruning",
     "get_rnnt_logprobs_pruned",
+    "get_hat_logprobs_pruned",
     "rnnt_loss_pruned",
     "get_rnnt_logprobs_smoothed",
     "rnnt_loss_smoothed",
@@ -339,6 +343,80 @@ def mutual_information_recursion(
     return scores
 
 
+def _check_parts(parts, name: str, n: Optional[int] = None) -> Tuple[Tensor, ...]:
+    """The tensors of the non-empty sequence ``parts`` (``n`` of them), all of ``parts[0]``'s
+    shape, dtype and device."""
+    if isinstance(parts, Tensor) or not isinstance(parts, (list, tuple)) or not parts:
+        raise ValueError(f"{name} must be a non-empty list or tuple of tensors, got {type(parts).__name__}")
+    if n is not None and len(parts) != n:
+        raise ValueError(f"{name} must hold as many tensors as px ({n}), got {len(parts)}")
+    first = parts[0]
+    check_float_tensor(first, f"{name}[0]", 3, "(B, S, T + 1) or (B, S, T)" if name == "px" else "(B, S + 1, T)")
+    for i, x in enumerate(parts):
+        if not isinstance(x, Tensor) or x.shape != first.shape or x.dtype != first.dtype or x.device != first.device:
+            got = (tuple(x.shape), x.dtype, x.device) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(
+                f"{name}[{i}] must have {name}[0]'s shape, dtype and device "
+                f"({tuple(first.shape)}, {first.dtype}, {first.device}), got {got}"
+            )
+    return tuple(parts)
+
+
+def joint_mutual_information_recursion(
+    px: Sequence[Tensor],
+    py: Sequence[Tensor],
+    boundary: Optional[Tensor] = None,
+    *,
+    impl: Optional[str] = None,
+) -> Tensor:
+    """The recursion of the summed terms ``sum(px)``, ``sum(py)``, with its log-likelihood split
+    into one part per term.
+
+    With ``g_x``, ``g_y`` the occupation probabilities of the arcs in the recursion of
+    ``(sum(px), sum(py))`` (:func:`mutual_information_recursion`'s ``return_grad``), part ``n``
+    is ``<g_x, px[n]> + <g_y, py[n]>`` (``-inf`` entries read as the most negative finite value,
+    so that unused arcs add 0); part 0 also carries the constant
+    ``scores - sum_n <g_x, px[n]> + <g_y, py[n]>`` (log of a sum against sum of logs), so the
+    parts sum to the recursion's ``scores``. The gradient of part ``n`` with respect to
+    ``px[n]`` is ``g_x`` (``g`` taken as a constant), so that of the sum is the recursion's.
+
+    Args:
+        px: a non-empty list or tuple of ``(B, S, T + 1)`` (or ``(B, S, T)``: modified)
+            tensors of one shape and dtype; put the main term first.
+        py: as many ``(B, S + 1, T)`` tensors.
+        boundary: as :func:`mutual_information_recursion`.
+        impl: beyond k2, keyword-only: the recursion's implementation.
+
+    Returns:
+        ``(len(px), B)`` in ``px``'s dtype; summed over dim 0 it is the recursion's ``(B,)``
+        log-likelihood.
+    """
+    pxs = _check_parts(px, "px")
+    pys = _check_parts(py, "py", len(pxs))
+    px_cat = _compute(torch.stack(pxs))  # (N, B, S, T + 1)
+    py_cat = _compute(torch.stack(pys)).to(px_cat.dtype)  # (N, B, S + 1, T)
+    sink: list = []
+    scores = criterion.apply_loss(
+        _MI,
+        (px_cat.sum(0).detach(), py_cat.sum(0).detach()),
+        None,
+        None,
+        None,
+        reduction="none",
+        impl=impl,
+        boundary=boundary,
+        return_grad=sink,
+    )
+    pxg, pyg = sink[0].to(px_cat.dtype), sink[1].to(px_cat.dtype)
+    lowest = torch.finfo(px_cat.dtype).min
+    N, B = px_cat.shape[0], px_cat.shape[1]
+    parts = (pxg * px_cat.clamp(min=lowest)).reshape(N, B, -1).sum(2)
+    parts = parts + (pyg * py_cat.clamp(min=lowest)).reshape(N, B, -1).sum(2)
+    offset = (scores.to(parts.dtype) - parts.sum(0)).detach()
+    parts = torch.cat([parts[:1] + offset, parts[1:]])
+    return parts.to(pxs[0].dtype)
+
+
 # -- the simple loss (joiner = addition) ---------------------------------------------------------
 
 
@@ -370,6 +448,29 @@ def _block_past_end(px: Tensor, boundary: Optional[Tensor]) -> Tensor:
     B, S, T1 = px.shape
     col = boundary[:, 3].reshape(B, 1, 1).expand(B, S, 1)
     return px.scatter(2, col, NEG_INF)
+
+
+def fix_for_boundary(px: Tensor, boundary: Optional[Tensor] = None) -> Tensor:
+    """Blocks the symbol arcs after each sequence's last frame of a regular ``px``, in place:
+    ``px[b, :, boundary[b, 3]] = -inf`` (with ``boundary=None`` the last column, which a regular
+    ``px`` already holds as ``-inf``, is the end: ``px`` is returned unchanged).
+
+    Args:
+        px: ``(B, S, T + 1)`` float, the regular lattice's symbol log-probabilities; modified
+            and returned.
+        boundary: None or ``(B, 4)`` ``[s_begin, t_begin, s_end, t_end]``; only ``t_end`` is read.
+
+    Returns:
+        ``px`` itself.
+    """
+    check_float_tensor(px, "px", 3, "(B, S, T + 1)")
+    if boundary is None:
+        return px
+    B, S, T1 = px.shape
+    bnd = _check_boundary(boundary, B, S, T1 - 1, px.device)
+    assert bnd is not None
+    col = bnd[:, 3].reshape(B, 1, 1).expand(B, S, 1)
+    return px.scatter_(2, col, NEG_INF)
 
 
 def _finish(px: Tensor, py: Tensor, rnnt_type: str, boundary: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
@@ -606,15 +707,7 @@ def get_rnnt_prune_ranges(
         ``ranges`` ``(B, T, s_range')`` int64: ``ranges[b, t] = r + arange(s_range')``, with
         ``s_range'`` the range actually used.
     """
-    check_float_tensor(px_grad, "px_grad", 3, "(B, S, T + 1) or (B, S, T)")
-    check_float_tensor(py_grad, "py_grad", 3, "(B, S + 1, T)")
-    B, S, T1 = px_grad.shape
-    T = py_grad.shape[2]
-    if tuple(py_grad.shape[:2]) != (B, S + 1) or T1 not in (T, T + 1):
-        raise ValueError(
-            f"py_grad must have shape (B, S + 1, T) with px_grad (B, S, T + 1) or (B, S, T); got px_grad "
-            f"{tuple(px_grad.shape)}, py_grad {tuple(py_grad.shape)}"
-        )
+    B, S, T1, T = _check_grads(px_grad, py_grad)
     s_range = checks.check_int(s_range, "s_range", 1)
     regular = T1 == T + 1
     dev = px_grad.device
@@ -641,13 +734,84 @@ def get_rnnt_prune_ranges(
     win = pyg.unfold(1, s_range, 1).sum(3)  # (B, n_starts, T): py_grad summed over each window
     below = torch.cat([pyg.new_zeros(B, 1, T), _compute(px_grad.detach())[:, :, :T].to(pyg.dtype)], dim=1)
     below = below[:, :n_starts]
-    start = torch.argmax(win - below, dim=1)  # (B, T)
+    return _windows(win - below, bnd, s_range, regular)
+
+
+def _check_grads(px_grad, py_grad) -> Tuple[int, int, int, int]:
+    """``(B, S, T1, T)`` of checked occupation probabilities ``px_grad``, ``py_grad``."""
+    check_float_tensor(px_grad, "px_grad", 3, "(B, S, T + 1) or (B, S, T)")
+    check_float_tensor(py_grad, "py_grad", 3, "(B, S + 1, T)")
+    B, S, T1 = px_grad.shape
+    T = py_grad.shape[2]
+    if tuple(py_grad.shape[:2]) != (B, S + 1) or T1 not in (T, T + 1):
+        raise ValueError(
+            f"py_grad must have shape (B, S + 1, T) with px_grad (B, S, T + 1) or (B, S, T); got px_grad "
+            f"{tuple(px_grad.shape)}, py_grad {tuple(py_grad.shape)}"
+        )
+    return B, S, T1, T
+
+
+def _windows(score: Tensor, bnd: Tensor, s_range: int, regular: bool) -> Tensor:
+    """``ranges`` ``(B, T, s_range)`` from ``score`` ``(B, S + 2 - s_range, T)`` of each window
+    start at each frame: the best start per frame, the last window from each sequence's last
+    frame on, then the starts made monotone (:func:`_monotone_starts`)."""
+    B, n_starts, T = score.shape
+    S = n_starts + s_range - 2
+    dev = score.device
+    start = torch.argmax(score, dim=1)  # (B, T)
     last = (bnd[:, 2] - s_range + 1).clamp(min=0).reshape(B, 1)
     frame = torch.arange(T, device=dev).reshape(1, T)
     start = torch.where(frame < bnd[:, 3].reshape(B, 1) - 1, start, last)
     start = _monotone_starts(start, s_range - 1 if regular else 1)
     start = start.clamp(0, S + 1 - s_range)
     return start.unsqueeze(2) + torch.arange(s_range, device=dev)
+
+
+def get_rnnt_prune_ranges_deprecated(
+    px_grad: Tensor,
+    py_grad: Tensor,
+    boundary: Optional[Tensor],
+    s_range: int,
+) -> Tensor:
+    """k2's first, less exact pruning bounds (kept by k2 for comparison with
+    :func:`get_rnnt_prune_ranges`).
+
+    At frame ``t`` the window ``[r, r + s_range)`` maximises the occupancy of all the arcs out of
+    its rows, symbol and blank: ``px_grad[b, r:r + s_range, t].sum() + py_grad[b, r:r + s_range,
+    t].sum()`` (``px_grad``'s missing row ``S`` counts 0). The windows then follow the same rules
+    as :func:`get_rnnt_prune_ranges`: the last ``s_range`` positions from a sequence's last frame
+    on, starts non-decreasing, 0 at frame 0, rising by at most ``s_range - 1`` per frame (1 for
+    modified/constrained).
+
+    Args:
+        px_grad: ``(B, S, T + 1)`` (regular) or ``(B, S, T)``, from ``return_grad=True``.
+        py_grad: ``(B, S + 1, T)``.
+        boundary: ``(B, 4)`` ``[s_begin, t_begin, s_end, t_end]`` (None: ``[0, 0, S, T]``).
+        s_range: symbols kept per frame; ``s_range > S`` becomes ``S + 1``. Unlike
+            :func:`get_rnnt_prune_ranges` it is not widened: a regular lattice with ``S >= 1``
+            needs ``s_range >= 2`` (a ValueError otherwise), and a too narrow range can leave a
+            sequence without a path (an ``inf`` pruned loss), as in k2.
+
+    Returns:
+        ``ranges`` ``(B, T, min(s_range, S + 1))`` int64.
+    """
+    B, S, T1, T = _check_grads(px_grad, py_grad)
+    s_range = checks.check_int(s_range, "s_range", 1)
+    regular = T1 == T + 1
+    dev = px_grad.device
+    bnd = _full_boundary(_check_boundary(boundary, B, S, T, dev), B, S, T, dev)
+    s_range = min(s_range, S + 1)
+    if regular and S >= 1 and s_range < 2:
+        raise ValueError(
+            f"s_range must be at least 2 for a regular lattice with symbols (else no path survives), got {s_range}"
+        )
+    if T == 0:
+        return torch.zeros((B, 0, s_range), dtype=torch.long, device=dev)
+    pxg = _compute(px_grad.detach())[:, :, :T]
+    pyg = _compute(py_grad.detach()).to(pxg.dtype)
+    occupancy = torch.cat([pxg, pxg.new_zeros(B, 1, T)], dim=1) + pyg  # (B, S + 1, T): arcs out of each row
+    win = occupancy.unfold(1, s_range, 1).sum(3)  # (B, S + 2 - s_range, T)
+    return _windows(win, bnd, s_range, regular)
 
 
 def _check_ranges(ranges, B: int, T: int, S: int, device, R: Optional[int] = None) -> Tensor:
@@ -722,6 +886,30 @@ def get_rnnt_logprobs_pruned(
         ``px`` ``(B, S, T + 1)`` (regular) or ``(B, S, T)``, ``py`` ``(B, S + 1, T)``.
     """
     return _pruned_logprobs(logits, symbols, ranges, termination_symbol, boundary, rnnt_type, hat=False)
+
+
+def get_hat_logprobs_pruned(
+    logits: Tensor,
+    symbols: Tensor,
+    ranges: Tensor,
+    termination_symbol: int,
+    boundary: Tensor,
+    rnnt_type: str = "regular",
+) -> Tuple[Tensor, Tensor]:
+    """``(px, py)`` of the pruned lattice under the Hybrid Autoregressive Transducer's output
+    distribution (what ``rnnt_loss_pruned(..., use_hat_loss=True)`` scores): the blank is a
+    Bernoulli, ``log sigmoid(logits[..., termination_symbol])``; a symbol ``k`` has
+    ``log softmax_{c != blank}(logits[..., c])[k] + log(1 - sigmoid(logits[..., blank]))``.
+
+    Args:
+        logits, symbols, ranges, boundary, rnnt_type: as :func:`get_rnnt_logprobs_pruned`.
+        termination_symbol: the blank, in ``[0, C)`` (k2 requires 0; any class works here).
+
+    Returns:
+        ``px`` ``(B, S, T + 1)`` (regular) or ``(B, S, T)``, ``py`` ``(B, S + 1, T)``, ``-inf``
+        outside each frame's window.
+    """
+    return _pruned_logprobs(logits, symbols, ranges, termination_symbol, boundary, rnnt_type, hat=True)
 
 
 def _pruned_logprobs(logits, symbols, ranges, termination_symbol, boundary, rnnt_type, hat: bool):
