@@ -5,6 +5,8 @@ the HAT log-probabilities, the joint recursion) against references written here.
 from __future__ import annotations
 
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,6 +118,16 @@ def test_all_covers_every_public_function_of_k2s_modules_with_its_arguments():
     assert set(k2.__all__) - set(names) == {"RNNT_TYPES"}
     for name, params in names.items():
         assert _k2_form(getattr(k2, name)) == params, name
+
+
+def test_docs_name_every_export():
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    page = set(re.findall(r"`([\w.]+)`", (docs / "k2.md").read_text()))
+    lines = (docs / "reference.md").read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| `lightning_gtn.k2`"))
+    listed = set(re.findall(r"`([\w.]+)`", row))
+    assert not set(k2.__all__) - page, sorted(set(k2.__all__) - page)
+    assert not set(k2.__all__) - listed, sorted(set(k2.__all__) - listed)
 
 
 # -- fix_for_boundary ---------------------------------------------------------------------------
