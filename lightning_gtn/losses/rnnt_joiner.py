@@ -366,25 +366,14 @@ def rnnt_joiner_loss_backward_op(
                         g_enc[b].index_add_(0, t, dpre)
                     if g_pred is not None:
                         g_pred[b].index_add_(0, u, dpre)
-    e = encoder.new_empty(0)
-    return (
-        e if g_enc is None else g_enc,
-        e if g_pred is None else g_pred,
-        e if g_w is None else g_w,
-        e if g_b is None else g_b,
-    )
+    return tuple(encoder.new_empty(0) if g is None else g for g in (g_enc, g_pred, g_w, g_b))  # type: ignore[return-value]
 
 
 @rnnt_joiner_loss_backward_op.register_fake
 def _backward_fake(*inputs):
     a = RNNTJoinerBackwardArgs(*inputs)
-    e = a.encoder.new_empty(0)
-    return (
-        torch.empty_like(a.encoder) if a.need_encoder else e,
-        torch.empty_like(a.predictor) if a.need_predictor else e,
-        torch.empty_like(a.weight) if a.need_weight else e,
-        torch.empty_like(a.bias) if a.need_bias else e,
-    )
+    need = (a.need_encoder, a.need_predictor, a.need_weight, a.need_bias)
+    return tuple(torch.empty_like(x) if n else a.encoder.new_empty(0) for x, n in zip(a[:4], need))
 
 
 def _setup(ctx, inputs, output):
