@@ -104,28 +104,67 @@ def _check_values(targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor
 
 class _Nodes:
     """The nodes ``(t, u)``, ``t < T_b``, ``u <= U_b`` of example ``b`` in row-major order, and the
-    label each node's emit arc reads (the blank, never read, at ``u = U_b``)."""
+    label each node's emit arc reads (the blank, never read, at ``u = U_b``), cut into chunks of
+    at most ``per`` nodes: whole frames where one fits (the hidden is a broadcast sum, its
+    gradient sums over axes), else runs of nodes (gathered and scattered by index)."""
 
-    def __init__(self, Tb: int, Ub: int, labels: np.ndarray, blank: int, device: torch.device) -> None:
+    def __init__(self, Tb: int, Ub: int, labels: np.ndarray, blank: int, per: int, device: torch.device) -> None:
         U1 = Ub + 1
-        self.T, self.U1, self.n = Tb, U1, Tb * U1
-        n = torch.arange(self.n, device=device)
-        self.t = n // U1
-        self.u = n - self.t * U1
+        self.T, self.U1, self.n, self.per = Tb, U1, Tb * U1, per
         y = np.full(U1, blank, dtype=np.int64)
         y[:Ub] = labels[:Ub]
-        self.y = torch.from_numpy(y).to(device)[self.u]
+        yu = torch.from_numpy(y).to(device)
+        self.frames = per >= U1
+        if self.frames:
+            self.y = yu.repeat(min(Tb, per // U1))  # the labels of a chunk of whole frames
+        else:
+            n = torch.arange(self.n, device=device)
+            self.t = n // U1
+            self.u = n - self.t * U1
+            self.y = yu[self.u]
 
-    def chunks(self, per: int):
-        for n0 in range(0, self.n, per):
-            n1 = min(self.n, n0 + per)
-            yield n0, n1, self.t[n0:n1], self.u[n0:n1]
+    def chunks(self):
+        """``(n0, n1, key)``: the chunk's nodes ``[n0, n1)``; ``key`` its frames ``(t0, t1)`` or None."""
+        if self.frames:
+            nt = min(self.T, self.per // self.U1)
+            for t0 in range(0, self.T, nt):
+                t1 = min(self.T, t0 + nt)
+                yield t0 * self.U1, t1 * self.U1, (t0, t1)
+        else:
+            for n0 in range(0, self.n, self.per):
+                yield n0, min(self.n, n0 + self.per), None
+
+    def labels(self, n0: int, n1: int) -> Tensor:
+        """``(n, 1)``: the emit label of each node of the chunk."""
+        return (self.y[: n1 - n0] if self.frames else self.y[n0:n1])[:, None]
+
+    def hidden(self, enc: Tensor, pred: Tensor, n0: int, n1: int, key) -> Tensor:
+        """``(n, J)``: ``tanh(enc[t] + pred[u])`` of the chunk's nodes (``enc (T, J)``, ``pred (U + 1, J)``)."""
+        if key is not None:
+            t0, t1 = key
+            pre = enc[t0:t1, None, :] + pred[None, : self.U1, :]
+            return torch.tanh_(pre).reshape(-1, enc.shape[1])
+        return torch.tanh_(enc.index_select(0, self.t[n0:n1]) + pred.index_select(0, self.u[n0:n1]))
+
+    def add_grads(self, g_enc: Optional[Tensor], g_pred: Optional[Tensor], dpre: Tensor, n0: int, n1: int, key) -> None:
+        """The chunk's ``dpre (n, J)`` summed over ``u`` into ``g_enc (T, J)``, over ``t`` into ``g_pred``."""
+        if key is not None:
+            t0, t1 = key
+            d = dpre.view(t1 - t0, self.U1, -1)
+            if g_enc is not None:
+                g_enc[t0:t1].add_(d.sum(1))
+            if g_pred is not None:
+                g_pred[: self.U1].add_(d.sum(0))
+            return
+        if g_enc is not None:
+            g_enc.index_add_(0, self.t[n0:n1], dpre)
+        if g_pred is not None:
+            g_pred.index_add_(0, self.u[n0:n1], dpre)
 
 
-def _hidden_logits(enc: Tensor, pred: Tensor, weight: Tensor, bias: Tensor, t: Tensor, u: Tensor):
-    """``(h, z)``: the hidden ``tanh(enc[t] + pred[u])`` ``(n, J)`` and logits ``(n, V)`` of ``n`` nodes."""
-    h = torch.tanh(enc.index_select(0, t) + pred.index_select(0, u))
-    return h, torch.addmm(bias, h, weight.t())
+def _logits(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``(n, V)``: ``h @ weight.T + bias``."""
+    return torch.addmm(bias, h, weight.t())
 
 
 def _lattice(lp2: Tensor, il: np.ndarray, tl: np.ndarray, lam: float, need_grad: bool):
@@ -185,15 +224,16 @@ def _forward(
             Tb, Ub = int(il[b]), int(tl[b])
             if Tb == 0:
                 continue
-            nodes = _Nodes(Tb, Ub, tg[b], blank, dev)
+            nodes = _Nodes(Tb, Ub, tg[b], blank, per, dev)
             lb = torch.empty(nodes.n, 2, dtype=torch.float64, device=dev)
             ls = torch.empty(nodes.n, dtype=dt, device=dev)
-            for n0, n1, t, u in nodes.chunks(per):
-                _, z = _hidden_logits(encoder[b], predictor[b], weight, bias, t, u)
-                d = torch.logsumexp(z, dim=1)
+            for n0, n1, key in nodes.chunks():
+                z = _logits(nodes.hidden(encoder[b], predictor[b], n0, n1, key), weight, bias)
+                m = z.amax(1, keepdim=True)
+                d = torch.sub(z, m).exp_().sum(1).log_().add_(m[:, 0])  # logsumexp over V
                 ls[n0:n1] = d
                 lb[n0:n1, 0] = z[:, blank] - d
-                lb[n0:n1, 1] = z.gather(1, nodes.y[n0:n1, None])[:, 0] - d
+                lb[n0:n1, 1] = z.gather(1, nodes.labels(n0, n1))[:, 0] - d
             lp2[b, :Tb, : Ub + 1] = lb.view(Tb, Ub + 1, 2)
             if lse is not None:
                 lse[b, :Tb, : Ub + 1] = ls.view(Tb, Ub + 1)
@@ -344,28 +384,35 @@ def rnnt_joiner_loss_backward_op(
             Tb, Ub = int(il[b]), int(tl[b])
             if Tb == 0:
                 continue
-            nodes = _Nodes(Tb, Ub, tg[b], blank, dev)
+            nodes = _Nodes(Tb, Ub, tg[b], blank, per, dev)
             ls = lse[b, :Tb, : Ub + 1].reshape(-1)
             pa = arcs[b, :Tb, : Ub + 1].reshape(-1, 2)
-            for n0, n1, t, u in nodes.chunks(per):
-                h, z = _hidden_logits(encoder[b], predictor[b], weight, bias, t, u)
+            cb = float(c[b])
+            # the coefficient goes into the arcs' weights unless the clamp must see the unscaled gradient
+            fold = clamp <= 0.0 and cb > 0.0
+            for n0, n1, key in nodes.chunks():
+                h = nodes.hidden(encoder[b], predictor[b], n0, n1, key)
+                z = _logits(h, weight, bias)
                 pb, pe = pa[n0:n1, 0], pa[n0:n1, 1]
-                dz = z.sub_(ls[n0:n1, None]).exp_().mul_((pb + pe)[:, None])  # occupancy * softmax
+                if fold:
+                    pb, pe = pb * cb, pe * cb
+                # (p_blank + p_emit) softmax(z) = exp(z - (lse - log(p_blank + p_emit))): two passes over z
+                dz = z.sub_((ls[n0:n1] - torch.log(pb + pe))[:, None]).exp_()
                 dz[:, blank] -= pb
-                dz.scatter_add_(1, nodes.y[n0:n1, None], -pe[:, None])
+                dz.scatter_add_(1, nodes.labels(n0, n1), -pe[:, None])
                 if clamp > 0.0:
                     dz.clamp_(-clamp, clamp)
-                dz.mul_(c[b])
+                if not fold:
+                    dz.mul_(cb)
                 if g_w is not None:
                     g_w.addmm_(dz.t(), h)
                 if g_b is not None:
                     g_b.add_(dz.sum(0))
                 if need_h:
-                    dpre = torch.mm(dz, weight).mul_(1.0 - h * h)
-                    if g_enc is not None:
-                        g_enc[b].index_add_(0, t, dpre)
-                    if g_pred is not None:
-                        g_pred[b].index_add_(0, u, dpre)
+                    dpre = torch.mm(dz, weight).mul_(h.mul_(h).neg_().add_(1.0))  # dh (1 - h^2); h is spent
+                    ge = None if g_enc is None else g_enc[b]
+                    gp = None if g_pred is None else g_pred[b]
+                    nodes.add_grads(ge, gp, dpre, n0, n1, key)
     return tuple(encoder.new_empty(0) if g is None else g for g in (g_enc, g_pred, g_w, g_b))  # type: ignore[return-value]
 
 

@@ -1,0 +1,133 @@
+"""The joiner RNN-T loss against the materialised path: time and memory of one training step.
+
+One forward + backward of the RNN-T loss of the joiner ``Linear(tanh(enc + pred))`` over encoder
+frames ``(B, T, J)`` and prediction-network outputs ``(B, U + 1, J)``, with the gradients of all
+four tensors:
+
+* joiner: :func:`lightning_gtn.functional.rnnt_joiner_loss` (chunks of
+  :data:`lightning_gtn.losses.rnnt_joiner.JOINER_CHUNK_BYTES`, never the ``(B, T, U + 1, V)``
+  logits);
+* materialised: the logits ``tanh(enc[:, :, None] + pred[:, None]) @ W.T + b`` built by torch and
+  given to :func:`lightning_gtn.functional.rnnt_loss`.
+
+Each measurement runs in a FRESH process (the two paths alternate, ``--repeats`` rounds): a
+warm-up step on a small case (numba's and torch's first calls); then one step at the benchmark's
+size whose peak extra resident memory is measured (glibc told to mmap every buffer of 4 KiB or
+more and to give freed memory back at once; the high-water mark reset through
+``/proc/self/clear_refs`` before the step; the figure is ``VmHWM - VmRSS`` across it, inputs
+excluded); then a second step whose wall time and process CPU time (all threads) are measured.
+The table gives medians over the rounds and the ratios joiner / materialised, then the largest
+relative difference of the two losses. ``--small`` runs a small size for a quick check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from _procmem import peak_growth  # noqa: E402
+
+from lightning_gtn.functional import rnnt_joiner_loss, rnnt_loss
+
+SIZE = (8, 300, 60, 1024, 512)  # B, T, U, V, J
+SMALL = (4, 100, 20, 256, 128)
+WARMUP = (2, 8, 3, 16, 8)
+PATHS = ("joiner", "materialised")
+
+
+def _inputs(B, T, U, V, J, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    enc = (0.5 * torch.randn(B, T, J, generator=g)).requires_grad_()
+    pred = (0.5 * torch.randn(B, U + 1, J, generator=g)).requires_grad_()
+    w = (torch.randn(V, J, generator=g) / J**0.5).requires_grad_()
+    b = torch.zeros(V).requires_grad_()
+    tg = torch.randint(1, V, (B, U), generator=g)
+    il = torch.full((B,), T, dtype=torch.long)
+    tl = torch.full((B,), U, dtype=torch.long)
+    return (enc, pred, w, b), tg, il, tl
+
+
+def _step(path, tensors, tg, il, tl):
+    for x in tensors:
+        x.grad = None
+    if path == "joiner":
+        loss = rnnt_joiner_loss(*tensors, tg, il, tl, blank=0)
+    else:
+        enc, pred, w, b = tensors
+        logits = torch.tanh(enc[:, :, None] + pred[:, None]) @ w.T + b
+        loss = rnnt_loss(logits, tg, il, tl, blank=0)
+    loss.backward()
+    return float(loss.detach())
+
+
+def _worker(path: str, size) -> None:
+    import gc
+
+    _step(path, *_inputs(*WARMUP))
+    args = _inputs(*size)
+    gc.collect()
+    extra, loss = peak_growth(lambda: _step(path, *args))
+    gc.collect()
+    c0, t0 = time.process_time(), time.perf_counter()
+    _step(path, *args)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(json.dumps({"wall": wall, "cpu": cpu, "extra_mb": (extra or 0) / 2**20, "loss": loss}))
+
+
+def _run(path: str, size) -> dict:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="4096", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
+    cmd = [sys.executable, __file__, "--worker", path, ",".join(map(str, size))]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--small", action="store_true", help=f"the size {SMALL} instead of {SIZE}")
+    p.add_argument("--quick", action="store_true", help="one round (run_all's quick mode)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of fresh processes (default 3)")
+    p.add_argument("--worker", nargs=2, metavar=("PATH", "SIZE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker(args.worker[0], tuple(int(s) for s in args.worker[1].split(",")))
+        return ""
+    size = SMALL if args.small else SIZE
+    rounds = 1 if args.quick else max(1, args.repeats)
+    load0 = os.getloadavg()
+    runs = {path: [] for path in PATHS}
+    for _ in range(rounds):
+        for path in PATHS:
+            runs[path].append(_run(path, size))
+    load1 = os.getloadavg()
+    keys = ("wall", "cpu", "extra_mb")
+    med = {path: {k: statistics.median(r[k] for r in runs[path]) for k in keys} for path in PATHS}
+    j, m = med["joiner"], med["materialised"]
+    diff = max(
+        abs(a["loss"] - c["loss"]) / max(abs(c["loss"]), 1e-30) for a, c in zip(runs["joiner"], runs["materialised"])
+    )
+    B, T, U, V, J = size
+    logits_mb = B * T * (U + 1) * V * 4 / 2**20
+    table = (
+        f"One training step (forward + backward, float32, CPU), B, T, U, V, J = {', '.join(map(str, size))} "
+        f"(the logits alone: {logits_mb:.0f} MiB); medians of {rounds} fresh process(es) per path, "
+        f"torch threads {torch.get_num_threads()}, load average {load0[0]:.1f} -> {load1[0]:.1f} "
+        "(a shared machine: wall times move with the load, CPU times less).\n\n"
+        "| path | wall (s) | CPU (s) | peak extra (MiB) |\n|---|---|---|---|\n"
+        f"| joiner (rnnt_joiner_loss) | {j['wall']:.2f} | {j['cpu']:.2f} | {j['extra_mb']:.1f} |\n"
+        f"| materialised (torch joiner + rnnt_loss) | {m['wall']:.2f} | {m['cpu']:.2f} | {m['extra_mb']:.1f} |\n"
+        f"| ratio joiner / materialised | {j['wall'] / m['wall']:.2f} | {j['cpu'] / m['cpu']:.2f} | "
+        f"{j['extra_mb'] / m['extra_mb']:.3f} |\n\n"
+        f"Largest relative difference of the two losses: {diff:.1e}.\n"
+    )
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    main()
