@@ -212,3 +212,30 @@ def test_lattice_bound_is_checked_before_allocating(monkeypatch):
     monkeypatch.setattr(rnnt_joiner, "MAX_JOINER_NODES", 3 * 6 * 5 - 1)
     with pytest.raises(ValueError, match=r"B \* T \* \(U \+ 1\) = 3 \* 6 \* 5 = 90 nodes is over the limit of 89"):
         rnnt_joiner_loss(enc, pred, w, b, tg, il, tl, blank=0)
+
+
+def test_module_joint_loss_equals_rnnt_loss_of_the_network():
+    from lightning_gtn.lightning import TransducerModel
+    from lightning_gtn.nn import RNNTJoinerLoss, RNNTLoss
+
+    torch.manual_seed(0)
+    net = TransducerModel(feature_dim=6, num_classes=5, hidden_size=8, conv_channels=8, joiner_dim=12, dropout=0.0)
+    x, xl = torch.randn(2, 16, 6), torch.tensor([16, 11])
+    tg, tl = torch.tensor([[1, 2, 3], [4, 1, 0]]), torch.tensor([3, 2])
+    out = []
+    for loss in (RNNTJoinerLoss(blank=0, fastemit_lambda=0.1), RNNTLoss(blank=0, fastemit_lambda=0.1)):
+        net.zero_grad()
+        enc, el = net.encode(x, xl)
+        value = loss.joint_loss(net, enc, el, tg, tl)
+        value.backward()
+        out.append((value.detach(), [p.grad.clone() for p in net.parameters() if p.grad is not None]))
+    (l1, g1), (l2, g2) = out
+    assert_close(l1, l2, 1e-5, what="loss")
+    assert len(g1) == len(g2) > 0
+    for a, c in zip(g1, g2):
+        assert_close(a, c, 1e-4, 1e-6)
+    assert "joiner_parameters" in RNNTJoinerLoss.network_methods
+    with pytest.raises(ValueError, match=r"RNNTJoinerLoss\(blank=-1\)\.joint_loss needs the blank's class id"):
+        RNNTJoinerLoss().joint_loss(net, enc, el, tg, tl)
+    with pytest.raises(ValueError, match="impl must be None or 'torch'"):
+        RNNTJoinerLoss(impl="numba")
