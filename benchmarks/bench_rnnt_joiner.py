@@ -17,7 +17,11 @@ more and to give freed memory back at once; the high-water mark reset through
 ``/proc/self/clear_refs`` before the step; the figure is ``VmHWM - VmRSS`` across it, inputs
 excluded); then a second step whose wall time and process CPU time (all threads) are measured.
 The table gives medians over the rounds and the ratios joiner / materialised, then the largest
-relative difference of the two losses. ``--small`` runs a small size for a quick check.
+relative difference of the two losses. ``--small`` runs a small size for a quick check;
+``--threads`` sets torch's threads in the workers. The joiner path makes a dozen torch calls per
+chunk of nodes where the materialised path makes one per tensor: on a machine with more runnable
+threads than cores each parallel region waits for its slowest thread, which costs the joiner path
+more (compare ``--threads 1``).
 """
 
 from __future__ import annotations
@@ -66,9 +70,11 @@ def _step(path, tensors, tg, il, tl):
     return float(loss.detach())
 
 
-def _worker(path: str, size) -> None:
+def _worker(path: str, size, threads: int) -> None:
     import gc
 
+    if threads > 0:
+        torch.set_num_threads(threads)
     _step(path, *_inputs(*WARMUP))
     args = _inputs(*size)
     gc.collect()
@@ -80,9 +86,9 @@ def _worker(path: str, size) -> None:
     print(json.dumps({"wall": wall, "cpu": cpu, "extra_mb": (extra or 0) / 2**20, "loss": loss}))
 
 
-def _run(path: str, size) -> dict:
+def _run(path: str, size, threads: int) -> dict:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="4096", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
-    cmd = [sys.executable, __file__, "--worker", path, ",".join(map(str, size))]
+    cmd = [sys.executable, __file__, "--worker", path, ",".join(map(str, size)), str(threads)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -92,10 +98,11 @@ def main(argv=None) -> str:
     p.add_argument("--small", action="store_true", help=f"the size {SMALL} instead of {SIZE}")
     p.add_argument("--quick", action="store_true", help="one round (run_all's quick mode)")
     p.add_argument("--repeats", type=int, default=3, help="rounds of fresh processes (default 3)")
-    p.add_argument("--worker", nargs=2, metavar=("PATH", "SIZE"), help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=0, help="torch threads in the workers (default: torch's)")
+    p.add_argument("--worker", nargs=3, metavar=("PATH", "SIZE", "THREADS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        _worker(args.worker[0], tuple(int(s) for s in args.worker[1].split(",")))
+        _worker(args.worker[0], tuple(int(s) for s in args.worker[1].split(",")), int(args.worker[2]))
         return ""
     size = SMALL if args.small else SIZE
     rounds = 1 if args.quick else max(1, args.repeats)
@@ -103,7 +110,7 @@ def main(argv=None) -> str:
     runs = {path: [] for path in PATHS}
     for _ in range(rounds):
         for path in PATHS:
-            runs[path].append(_run(path, size))
+            runs[path].append(_run(path, size, args.threads))
     load1 = os.getloadavg()
     keys = ("wall", "cpu", "extra_mb")
     med = {path: {k: statistics.median(r[k] for r in runs[path]) for k in keys} for path in PATHS}
@@ -116,7 +123,7 @@ def main(argv=None) -> str:
     table = (
         f"One training step (forward + backward, float32, CPU), B, T, U, V, J = {', '.join(map(str, size))} "
         f"(the logits alone: {logits_mb:.0f} MiB); medians of {rounds} fresh process(es) per path, "
-        f"torch threads {torch.get_num_threads()}, load average {load0[0]:.1f} -> {load1[0]:.1f} "
+        f"torch threads {args.threads or torch.get_num_threads()}, load average {load0[0]:.1f} -> {load1[0]:.1f} "
         "(a shared machine: wall times move with the load, CPU times less).\n\n"
         "| path | wall (s) | CPU (s) | peak extra (MiB) |\n|---|---|---|---|\n"
         f"| joiner (rnnt_joiner_loss) | {j['wall']:.2f} | {j['cpu']:.2f} | {j['extra_mb']:.1f} |\n"

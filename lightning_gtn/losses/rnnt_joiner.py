@@ -52,9 +52,11 @@ __all__ = [
 ]
 
 #: work space of one chunk of nodes, in bytes (read at each call; a chunk holds at least one node):
-#: the logits, their softmax and gradient (``2 V`` values per node) and the hidden, its gradient
-#: and a temporary (``3 J``), in the compute dtype
-JOINER_CHUNK_BYTES = 32 << 20
+#: ``2 (V + J)`` values a node in the compute dtype, a bound of both passes (the logits and a
+#: temporary of theirs with the hidden; the logits' gradient, the hidden and its gradient). Large
+#: chunks also mean few torch calls, which matters on a loaded machine (each parallel region
+#: waits for its slowest thread)
+JOINER_CHUNK_BYTES = 64 << 20
 #: the most lattice nodes ``B * T * (U + 1)`` one call holds (its normalisers, arc posteriors and
 #: the lattice's own recursions, about 100 bytes a node: 2^26 nodes are about 6 GiB)
 MAX_JOINER_NODES = 1 << 26
@@ -72,7 +74,7 @@ _SHAPES = "encoder (B, T, J), predictor (B, U + 1, J), weight (V, J), bias (V,)"
 
 
 def _node_bytes(J: int, V: int, itemsize: int) -> int:
-    return itemsize * (2 * V + 3 * J)
+    return itemsize * 2 * (V + J)
 
 
 def chunk_nodes(J: int, V: int, itemsize: int, budget: Optional[int] = None) -> int:
@@ -127,6 +129,7 @@ class _Nodes:
         """``(n0, n1, key)``: the chunk's nodes ``[n0, n1)``; ``key`` its frames ``(t0, t1)`` or None."""
         if self.frames:
             nt = min(self.T, self.per // self.U1)
+            nt = -(-self.T // -(-self.T // nt))  # the same frames in fewer, even chunks
             for t0 in range(0, self.T, nt):
                 t1 = min(self.T, t0 + nt)
                 yield t0 * self.U1, t1 * self.U1, (t0, t1)
@@ -409,7 +412,8 @@ def rnnt_joiner_loss_backward_op(
                 if g_b is not None:
                     g_b.add_(dz.sum(0))
                 if need_h:
-                    dpre = torch.mm(dz, weight).mul_(h.mul_(h).neg_().add_(1.0))  # dh (1 - h^2); h is spent
+                    dpre = torch.mm(dz, weight)
+                    torch.ops.aten.tanh_backward.grad_input(dpre, h, grad_input=dpre)  # dh (1 - h^2), in place
                     ge = None if g_enc is None else g_enc[b]
                     gp = None if g_pred is None else g_pred[b]
                     nodes.add_grads(ge, gp, dpre, n0, n1, key)
