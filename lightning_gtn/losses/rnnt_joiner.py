@@ -170,13 +170,19 @@ def _logits(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return torch.addmm(bias, h, weight.t())
 
 
+def lattice_on_numba(device: torch.device) -> bool:
+    """Whether the lattice of tensors on ``device`` runs on the numba kernel (the CPU) or on the
+    torch one (every other device)."""
+    return device.type == "cpu"
+
+
 def _lattice(lp2: Tensor, il: np.ndarray, tl: np.ndarray, lam: float, need_grad: bool):
     """Costs ``(B,)`` float64 (``-log P``, not scaled by FastEmit) and the gradient of the
     two-class lattice ``lp2 (B, T, U + 1, 2)`` (``[blank, emit]`` log-probabilities, blank 0,
     every label 1): ``-p_blank`` and ``-(1 + lam) p_emit`` per node, or None."""
     B, T, U1, _ = lp2.shape
     ones = np.ones((B, max(U1 - 1, 1)), dtype=np.int64)
-    if lp2.device.type == "cpu":
+    if lattice_on_numba(lp2.device):
         x = lp2.contiguous()
         g = torch.zeros_like(x) if need_grad else None
         costs = rnnt_cost_grad(x.numpy(), ones, il, tl, 0, False, lam, -1.0, None, None if g is None else g.numpy())

@@ -239,3 +239,18 @@ def test_module_joint_loss_equals_rnnt_loss_of_the_network():
         RNNTJoinerLoss().joint_loss(net, enc, el, tg, tl)
     with pytest.raises(ValueError, match="impl must be None or 'torch'"):
         RNNTJoinerLoss(impl="numba")
+
+
+def test_torch_lattice_gives_the_numba_lattice(monkeypatch):
+    # the lattice off the CPU (rnnt_torch), run here on CPU tensors
+    tensors, tg, il, tl = case(seed=9)
+    il = il.clone()
+    il[2] = 0  # an infeasible row too
+    want = rnnt_joiner_loss(*tensors, tg, il, tl, blank=0, reduction="none", fastemit_lambda=0.2, zero_infinity=True)
+    gw = torch.autograd.grad(want.sum(), tensors)
+    monkeypatch.setattr(rnnt_joiner, "lattice_on_numba", lambda device: False)
+    got = rnnt_joiner_loss(*tensors, tg, il, tl, blank=0, reduction="none", fastemit_lambda=0.2, zero_infinity=True)
+    gg = torch.autograd.grad(got.sum(), tensors)
+    assert_close(got, want, 1e-10, what="loss")
+    for a, c in zip(gg, gw):
+        assert_close(a, c, 1e-9, 1e-12)
