@@ -576,10 +576,10 @@ class RNNTJoinerCriterion(Criterion):
             logit_lengths=input_lengths,
             target_lengths=target_lengths,
             blank=int(blank),
-            clamp=float(options["clamp"]),  # type: ignore[arg-type]
+            clamp=float(options["clamp"]),
             reduction=reduction,
             zero_infinity=bool(zero_infinity),
-            fastemit_lambda=float(options["fastemit_lambda"]),  # type: ignore[arg-type]
+            fastemit_lambda=float(options["fastemit_lambda"]),
             impl=impl,
             need_grad=bool(need_e),
         )

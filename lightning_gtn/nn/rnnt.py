@@ -336,7 +336,9 @@ class RNNTJoinerLoss(RNNTStructuredLoss):
         self.fastemit_lambda = checks.check_real(fastemit_lambda, "fastemit_lambda", 0.0)
         self.impl = impl
 
-    def forward(self, encoder, predictor, weight, bias, targets, logit_lengths, target_lengths):
+    def forward(  # type: ignore[override]  # the joiner's inputs, not emissions
+        self, encoder, predictor, weight, bias, targets, logit_lengths, target_lengths
+    ):
         """The RNN-T loss of the joiner ``tanh(encoder[:, :, None] + predictor[:, None]) @ weight.T
         + bias``: a scalar, or ``(B,)`` with ``reduction="none"``."""
         return lgf.rnnt_joiner_loss(
