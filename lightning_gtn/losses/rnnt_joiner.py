@@ -129,7 +129,7 @@ class _Nodes:
         """``(n0, n1, key)``: the chunk's nodes ``[n0, n1)``; ``key`` its frames ``(t0, t1)`` or None."""
         if self.frames:
             nt = min(self.T, self.per // self.U1)
-            nt = -(-self.T // -(-self.T // nt))  # the same frames in fewer, even chunks
+            nt = -(-self.T // -(-self.T // nt))  # as many chunks, their frames evened out
             for t0 in range(0, self.T, nt):
                 t1 = min(self.T, t0 + nt)
                 yield t0 * self.U1, t1 * self.U1, (t0, t1)
