@@ -254,3 +254,19 @@ def test_torch_lattice_gives_the_numba_lattice(monkeypatch):
     assert_close(got, want, 1e-10, what="loss")
     for a, c in zip(gg, gw):
         assert_close(a, c, 1e-9, 1e-12)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_opcheck(reduction):
+    (enc, pred, w, b), tg, il, tl = case(B=2, T=4, U=2, V=5, J=3, seed=10)
+    op = torch.ops.lightning_gtn.rnnt_joiner_loss.default
+    args = rnnt_joiner.RNNTJoinerArgs(enc, pred, w, b, tg, il, tl, 0, -1.0, reduction, False, 0.1, "torch", True)
+    torch.library.opcheck(op, tuple(args))
+    _, lse, arcs = op(*args)
+    back = torch.ops.lightning_gtn.rnnt_joiner_loss_backward.default
+    coef = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    bargs = rnnt_joiner.RNNTJoinerBackwardArgs(
+        enc.detach(), pred.detach(), w.detach(), b.detach(), tg, il, tl, lse, arcs, coef, 0, 0.3, "torch",
+        True, False, True, False,
+    )  # fmt: skip
+    torch.library.opcheck(back, tuple(bargs))
