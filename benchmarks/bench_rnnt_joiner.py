@@ -10,14 +10,16 @@ four tensors:
 * materialised: the logits ``tanh(enc[:, :, None] + pred[:, None]) @ W.T + b`` built by torch and
   given to :func:`lightning_gtn.functional.rnnt_loss`.
 
-Each measurement runs in a FRESH process (the two paths alternate, ``--repeats`` rounds): a
-warm-up step on a small case (numba's and torch's first calls); then one step at the benchmark's
-size whose peak extra resident memory is measured (glibc told to mmap every buffer of 4 KiB or
-more and to give freed memory back at once; the high-water mark reset through
-``/proc/self/clear_refs`` before the step; the figure is ``VmHWM - VmRSS`` across it, inputs
-excluded); then a second step whose wall time and process CPU time (all threads) are measured.
-The table gives medians over the rounds and the ratios joiner / materialised, then the largest
-relative difference of the two losses. ``--small`` runs a small size for a quick check;
+Each measurement runs in a FRESH process (the two paths alternate, ``--repeats`` rounds), after a
+warm-up step on a small case (numba's and torch's first calls). Memory: one step at the
+benchmark's size with glibc told to mmap every buffer of 4 KiB or more and to give freed memory
+back at once, the high-water mark reset through ``/proc/self/clear_refs`` before it; the figure
+is ``VmHWM - VmRSS`` across the step, inputs excluded. Time: in another process with glibc's
+usual settings (the mmap settings make every chunk's buffers fresh pages, which would charge the
+chunked path for page faults a training loop does not pay), a first step at the size, then the
+measured one: wall time and process CPU time (all threads). The table gives medians over the
+rounds and the ratios joiner / materialised, then the largest relative difference of the two
+losses. ``--small`` runs a small size for a quick check;
 ``--threads`` sets torch's threads in the workers. The joiner path makes a dozen torch calls per
 chunk of nodes where the materialised path makes one per tensor: on a machine with more runnable
 threads than cores each parallel region waits for its slowest thread, which costs the joiner path
@@ -70,7 +72,7 @@ def _step(path, tensors, tg, il, tl):
     return float(loss.detach())
 
 
-def _worker(path: str, size, threads: int) -> None:
+def _worker(what: str, path: str, size, threads: int) -> None:
     import gc
 
     if threads > 0:
@@ -78,17 +80,22 @@ def _worker(path: str, size, threads: int) -> None:
     _step(path, *_inputs(*WARMUP))
     args = _inputs(*size)
     gc.collect()
-    extra, loss = peak_growth(lambda: _step(path, *args))
+    if what == "memory":
+        extra, loss = peak_growth(lambda: _step(path, *args))
+        print(json.dumps({"extra_mb": (extra or 0) / 2**20, "loss": loss}))
+        return
+    _step(path, *args)  # the first step at this size (first touches of torch's buffers)
     gc.collect()
     c0, t0 = time.process_time(), time.perf_counter()
     _step(path, *args)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    print(json.dumps({"wall": wall, "cpu": cpu, "extra_mb": (extra or 0) / 2**20, "loss": loss}))
+    print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0}))
 
 
-def _run(path: str, size, threads: int) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="4096", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
-    cmd = [sys.executable, __file__, "--worker", path, ",".join(map(str, size)), str(threads)]
+def _run(what: str, path: str, size, threads: int) -> dict:
+    env = dict(os.environ)
+    if what == "memory":  # every buffer of 4 KiB or more its own mapping, given back when freed
+        env.update(MALLOC_MMAP_THRESHOLD_="4096", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
+    cmd = [sys.executable, __file__, "--worker", what, path, ",".join(map(str, size)), str(threads)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -99,10 +106,11 @@ def main(argv=None) -> str:
     p.add_argument("--quick", action="store_true", help="one round (run_all's quick mode)")
     p.add_argument("--repeats", type=int, default=3, help="rounds of fresh processes (default 3)")
     p.add_argument("--threads", type=int, default=0, help="torch threads in the workers (default: torch's)")
-    p.add_argument("--worker", nargs=3, metavar=("PATH", "SIZE", "THREADS"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", nargs=4, metavar=("WHAT", "PATH", "SIZE", "THREADS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        _worker(args.worker[0], tuple(int(s) for s in args.worker[1].split(",")), int(args.worker[2]))
+        what, path, size_s, threads = args.worker
+        _worker(what, path, tuple(int(s) for s in size_s.split(",")), int(threads))
         return ""
     size = SMALL if args.small else SIZE
     rounds = 1 if args.quick else max(1, args.repeats)
@@ -110,7 +118,7 @@ def main(argv=None) -> str:
     runs = {path: [] for path in PATHS}
     for _ in range(rounds):
         for path in PATHS:
-            runs[path].append(_run(path, size, args.threads))
+            runs[path].append({**_run("memory", path, size, args.threads), **_run("time", path, size, args.threads)})
     load1 = os.getloadavg()
     keys = ("wall", "cpu", "extra_mb")
     med = {path: {k: statistics.median(r[k] for r in runs[path]) for k in keys} for path in PATHS}

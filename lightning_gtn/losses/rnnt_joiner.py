@@ -238,8 +238,7 @@ def _forward(
             ls = torch.empty(nodes.n, dtype=dt, device=dev)
             for n0, n1, key in nodes.chunks():
                 z = _logits(nodes.hidden(encoder[b], predictor[b], n0, n1, key), weight, bias)
-                m = z.amax(1, keepdim=True)
-                d = torch.sub(z, m).exp_().sum(1).log_().add_(m[:, 0])  # logsumexp over V
+                d = torch.logsumexp(z, dim=1)
                 ls[n0:n1] = d
                 lb[n0:n1, 0] = z[:, blank] - d
                 lb[n0:n1, 1] = z.gather(1, nodes.labels(n0, n1))[:, 0] - d
