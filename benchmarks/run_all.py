@@ -33,6 +33,7 @@ ORDER = [
     "bench_wordpieces",
     "bench_stc",
     "bench_rnnt",
+    "bench_rnnt_joiner",
     "bench_rnnt_variants",
     "bench_pruned",
     "bench_lattice",

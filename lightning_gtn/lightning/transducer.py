@@ -1,8 +1,8 @@
 """``TransducerModel``: an encoder, a prediction network and a joiner, for the RNN-T losses.
 
 It implements the transducer-network protocol of :mod:`lightning_gtn.nn.rnnt` (``encode``,
-``predict``, ``select_state``, ``join``, ``simple_am``, ``simple_lm``), which the RNN-T losses
-(``loss=rnnt|pruned_rnnt|tdt|multiblank``), the mixin and the transducer decoders
+``predict``, ``select_state``, ``join``, ``simple_am``, ``simple_lm``, ``joiner_parameters``),
+which the RNN-T losses (``loss=rnnt|rnnt_joiner|pruned_rnnt|tdt|multiblank``), the mixin and the transducer decoders
 (:mod:`lightning_gtn.decode.transducer`) call by name.
 """
 
@@ -220,6 +220,12 @@ class TransducerModel(nn.Module):
         """``Linear(tanh(enc + pred))``: ``(..., J)`` and ``(..., J)`` broadcast to
         ``(..., num_classes + extra_outputs)`` scores."""
         return self.joiner(torch.tanh(enc + pred))
+
+    def joiner_parameters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weight (V + extra_outputs, J), bias (V + extra_outputs,))``: the joiner's output layer,
+        so that :meth:`join` is ``tanh(enc + pred) @ weight.T + bias`` (what the joiner loss
+        computes by chunks, never joining the whole lattice)."""
+        return self.joiner.weight, self.joiner.bias
 
     def simple_am(self, enc: torch.Tensor) -> torch.Tensor:
         """``(B, T, J) -> (B, T, V)``: the encoder's own token scores (k2's simple loss)."""

@@ -23,7 +23,7 @@ from .losses import (
 )
 from .mmi import LFMMILoss
 from .pruned import PrunedRNNTLoss
-from .rnnt import NETWORK_METHODS, RNNTLoss, RNNTStructuredLoss
+from .rnnt import NETWORK_METHODS, RNNTJoinerLoss, RNNTLoss, RNNTStructuredLoss
 from .rnnt_variants import MultiBlankRNNTLoss, TDTLoss
 from .transducer import TransducerLoss
 
@@ -44,6 +44,7 @@ __all__ = [
     "TransducerLoss",
     "RNNTStructuredLoss",
     "RNNTLoss",
+    "RNNTJoinerLoss",
     "MultiBlankRNNTLoss",
     "TDTLoss",
     "PrunedRNNTLoss",

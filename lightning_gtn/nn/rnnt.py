@@ -14,12 +14,14 @@ A transducer network (the encoder, a prediction network and a joiner; the Lightn
 * ``join(enc (..., J), pred (..., J)) -> logits (..., V)``: the joiner, broadcasting over the
   leading dimensions (``enc[:, :, None]`` and ``pred[:, None]`` give ``(B, T, U + 1, V)``);
 * ``simple_am(enc (B, T, J)) -> (B, T, V)`` and ``simple_lm(pred (B, U + 1, J)) -> (B, U + 1, V)``:
-  the linear projections of k2's "simple" loss (only the pruned loss calls them).
+  the linear projections of k2's "simple" loss (only the pruned loss calls them);
+* ``joiner_parameters() -> (weight (V, J), bias (V,))``: the output layer of a joiner
+  ``Linear(tanh(enc + pred))`` (only :class:`RNNTJoinerLoss` calls it).
 
 Each loss declares in ``network_methods`` the methods training and decoding call: ``encode``
 (the frames), ``predict``, ``select_state`` and ``join`` (:meth:`RNNTStructuredLoss.joint_loss`
-and the transducer decoders), and the pruned loss ``simple_am`` and ``simple_lm``, so a network
-needs only what its loss uses.
+and the transducer decoders), the pruned loss ``simple_am`` and ``simple_lm``, the joiner loss
+``joiner_parameters``, so a network needs only what its loss uses.
 
 Every RNN-T loss module derives from :class:`RNNTStructuredLoss`: it is called like torchaudio's
 ``RNNTLoss`` on joiner outputs, and :meth:`RNNTStructuredLoss.joint_loss` computes the loss from a
@@ -40,6 +42,8 @@ from .losses import Decoding, StructuredLoss
 __all__ = [
     "RNNTStructuredLoss",
     "RNNTLoss",
+    "RNNTJoinerLoss",
+    "JOINER_NETWORK_METHODS",
     "prepend_blank",
     "MAX_JOINER_VALUES",
     "NETWORK_METHODS",
@@ -274,4 +278,104 @@ class RNNTLoss(RNNTStructuredLoss):
             f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
             f"fused_log_softmax={self.fused_log_softmax}, zero_infinity={self.zero_infinity}, "
             f"fastemit_lambda={self.fastemit_lambda}"
+        )
+
+
+#: the transducer network's methods :class:`RNNTJoinerLoss` calls: those of every RNN-T loss and
+#: ``joiner_parameters() -> (weight (V, J), bias (V,))``, the output layer of a joiner
+#: ``Linear(tanh(enc + pred))``
+JOINER_NETWORK_METHODS: Tuple[str, ...] = NETWORK_METHODS + ("joiner_parameters",)
+
+
+class RNNTJoinerLoss(RNNTStructuredLoss):
+    """:func:`lightning_gtn.functional.rnnt_joiner_loss` as a module: the RNN-T loss of the joiner
+    ``Linear(tanh(enc + pred))`` computed without its ``(B, T, U + 1, V)`` output.
+
+    Args:
+        blank: the blank's class id; negative values count from the end of ``V`` (resolved on
+            each call). :meth:`joint_loss` and the Lightning layer need a non-negative id (the
+            prediction network's start symbol; the configs give the vocabulary's, ``blank: 0``).
+        clamp: ``> 0`` clips each example's gradient w.r.t. its logits to ``[-clamp, clamp]``.
+        reduction: ``"none"`` | ``"mean"`` (batch mean, not divided by target lengths) | ``"sum"``.
+        zero_infinity: infeasible examples give 0 instead of ``inf``.
+        fastemit_lambda: FastEmit regularisation weight (NeMo's meaning), ``>= 0``.
+        impl: None or ``"torch"``.
+
+    A network it trains offers ``joiner_parameters() -> (weight (V, J), bias (V,))`` besides the
+    protocol of every RNN-T loss (:data:`JOINER_NETWORK_METHODS`): its ``join(enc, pred)`` must be
+    ``tanh(enc + pred) @ weight.T + bias`` (:class:`lightning_gtn.lightning.TransducerModel`'s is).
+
+    Shape:
+        ``forward(encoder (B, T, J), predictor (B, U + 1, J), weight (V, J), bias (V,), targets
+        (B, U), logit_lengths (B,), target_lengths (B,))`` -> scalar, or ``(B,)`` with
+        ``reduction="none"``.
+    """
+
+    vocabulary_arguments = ("blank",)
+    network_methods = JOINER_NETWORK_METHODS
+
+    def __init__(
+        self,
+        blank: int = -1,
+        clamp: float = -1.0,
+        reduction: str = "mean",
+        zero_infinity: bool = False,
+        fastemit_lambda: float = 0.0,
+        impl: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        checks.check_reduction(reduction)
+        if impl not in (None, "torch"):
+            raise ValueError(f"impl must be None or 'torch', got {impl!r}")
+        if isinstance(blank, bool) or not isinstance(blank, int):
+            raise ValueError(f"blank must be an integer class id (negative: from the end), got {blank!r}")
+        self.blank = int(blank)
+        self.clamp = checks.check_real(clamp, "clamp")
+        self.reduction = reduction
+        self.zero_infinity = checks.check_bool(zero_infinity, "zero_infinity")
+        self.fastemit_lambda = checks.check_real(fastemit_lambda, "fastemit_lambda", 0.0)
+        self.impl = impl
+
+    def forward(  # type: ignore[override]  # the joiner's inputs, not emissions
+        self, encoder, predictor, weight, bias, targets, logit_lengths, target_lengths
+    ):
+        """The RNN-T loss of the joiner ``tanh(encoder[:, :, None] + predictor[:, None]) @ weight.T
+        + bias``: a scalar, or ``(B,)`` with ``reduction="none"``."""
+        return lgf.rnnt_joiner_loss(
+            encoder,
+            predictor,
+            weight,
+            bias,
+            targets,
+            logit_lengths,
+            target_lengths,
+            blank=-1 if self.blank is None else self.blank,
+            clamp=self.clamp,
+            reduction=self.reduction,
+            fastemit_lambda=self.fastemit_lambda,
+            zero_infinity=self.zero_infinity,
+            impl=self.impl,
+        )
+
+    def joint_loss(self, network, encoder_out, encoder_lengths, targets, target_lengths):
+        """The loss of a batch from a transducer network: its prediction network over the
+        blank-started targets and its ``joiner_parameters()``, scored without joining the
+        lattice. The blank must be a non-negative id (the prediction network's start symbol)."""
+        if self.blank is None or self.blank < 0:
+            raise ValueError(
+                f"RNNTJoinerLoss(blank={self.blank}).joint_loss needs the blank's class id (>= 0): the prediction "
+                "network starts from it; construct RNNTJoinerLoss(blank=<id>)"
+            )
+        if not isinstance(encoder_out, torch.Tensor) or encoder_out.dim() != 3:
+            got = tuple(encoder_out.shape) if isinstance(encoder_out, torch.Tensor) else type(encoder_out).__name__
+            raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
+        pred, _ = network.predict(prepend_blank(targets, int(self.blank)), None)
+        weight, bias = network.joiner_parameters()
+        return self(encoder_out, pred, weight, bias, targets, encoder_lengths, target_lengths)
+
+    def extra_repr(self) -> str:
+        """The options shown by ``repr``."""
+        return (
+            f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
+            f"zero_infinity={self.zero_infinity}, fastemit_lambda={self.fastemit_lambda}"
         )

@@ -177,7 +177,7 @@ def test_transducer_network_with_another_loss_is_named_in_library_words():
             self.configure_structured_loss("ctc", CHARS)
             self.net = Net()
 
-    msg = r"the loss names multiblank, pruned_rnnt, rnnt, tdt\), but the loss is CTC"
+    msg = r"the loss names multiblank, pruned_rnnt, rnnt, rnnt_joiner, tdt\), but the loss is CTC"
     with pytest.raises(ValueError, match=msg) as e:
         CTCModule().emissions(torch.zeros(1, 4, 8), torch.tensor([4]))
     assert "loss=" not in str(e.value)

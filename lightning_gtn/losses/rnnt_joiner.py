@@ -1,0 +1,662 @@
+"""The RNN-T loss of a ``Linear(tanh(enc + pred))`` joiner that never holds the joiner output.
+
+:func:`rnnt_joiner_loss` is exactly :func:`lightning_gtn.functional.rnnt_loss` of the logits
+``tanh(encoder[:, :, None] + predictor[:, None]) @ weight.T + bias`` (fused log-softmax), with the
+gradients of all four tensors, but it never holds the ``(B, T, U + 1, V)`` logits (nor the
+``(B, T, U + 1, J)`` hidden): the nodes ``(t, u)`` of each example's grid are taken by chunks of
+at most :data:`JOINER_CHUNK_BYTES` of work space.
+
+1. Forward (custom op ``lightning_gtn::rnnt_joiner_loss``, :class:`RNNTJoinerArgs`): per chunk
+   the logits of its nodes, their log-normaliser over ``V``, the blank and the target logits,
+   which give the two log-probabilities each node's arcs carry, ``(B, T, U + 1)`` each. The RNN-T
+   lattice scores those (the two-class lattice: the kernels of :mod:`lightning_gtn.kernels.rnnt_numba`
+   on the CPU, :mod:`lightning_gtn.kernels.rnnt_torch` elsewhere, ``fused=False``), which also gives
+   each arc's posterior, FastEmit's ``1 + lambda`` on the emit arcs included.
+2. Backward (custom op ``lightning_gtn::rnnt_joiner_loss_backward``,
+   :class:`RNNTJoinerBackwardArgs`): per chunk the logits again, and
+   ``dz = (p_blank + p_emit) softmax(z) - p_blank [v = blank] - p_emit [v = y_u]`` (``p`` the
+   weighted arc posteriors), clipped to ``[-clamp, clamp]`` when ``clamp > 0``, times the example's
+   coefficient (the reduction's and the incoming gradient's); then ``dW += dz^T h``,
+   ``db += sum dz``, ``dpre = (dz W) (1 - h^2)``, summed over ``u`` into the encoder's gradient and
+   over ``t`` into the predictor's.
+
+What is held between the two: the normalisers and the weighted arc posteriors, ``3 B T (U + 1)``
+values. Each pass computes the logits once, so a training step costs one joiner forward more than
+the materialised path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, NamedTuple, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..core import checks
+from ..core.criterion import Criterion, apply_loss
+from ..core.impl import Backends
+from ..core.reduction import reduction_coefficients
+from ..kernels.rnnt_numba import rnnt_cost_grad
+from ..kernels.rnnt_torch import rnnt_cost_grad_torch
+from ..opargs import grads, op_schema
+
+__all__ = [
+    "rnnt_joiner_loss",
+    "JOINER_BACKENDS",
+    "JOINER_CHUNK_BYTES",
+    "MAX_JOINER_NODES",
+    "RNNTJoinerArgs",
+    "RNNTJoinerBackwardArgs",
+]
+
+#: work space of one chunk of nodes, in bytes (read at each call; a chunk holds at least one node):
+#: ``2 (V + J)`` values a node in the compute dtype, a bound of both passes (the logits and a
+#: temporary of theirs with the hidden; the logits' gradient, the hidden and its gradient). Large
+#: chunks also mean few torch calls, which matters on a loaded machine (each parallel region
+#: waits for its slowest thread)
+JOINER_CHUNK_BYTES = 64 << 20
+#: the most lattice nodes ``B * T * (U + 1)`` one call holds (its normalisers, arc posteriors and
+#: the lattice's own recursions, about 100 bytes a node: 2^26 nodes are about 6 GiB)
+MAX_JOINER_NODES = 1 << 26
+
+#: how ``impl`` resolves: the joiner runs as chunked torch matmuls on any device (``"torch"``, the
+#: default everywhere); the lattice on those is numba's on the CPU, torch's elsewhere
+JOINER_BACKENDS = Backends(
+    "rnnt_joiner_loss",
+    ("torch",),
+    triton_available=lambda: False,
+    self_check=lambda device: None,
+)
+
+_SHAPES = "encoder (B, T, J), predictor (B, U + 1, J), weight (V, J), bias (V,)"
+
+
+def _node_bytes(J: int, V: int, itemsize: int) -> int:
+    return itemsize * 2 * (V + J)
+
+
+def chunk_nodes(J: int, V: int, itemsize: int, budget: Optional[int] = None) -> int:
+    """Nodes per chunk: as many as :data:`JOINER_CHUNK_BYTES` (or ``budget``) holds, at least 1."""
+    b = JOINER_CHUNK_BYTES if budget is None else budget
+    return max(1, int(b) // _node_bytes(J, V, itemsize))
+
+
+def _check_sizes(B: int, T: int, U1: int) -> None:
+    n = B * T * U1
+    if n > MAX_JOINER_NODES:
+        raise ValueError(
+            f"rnnt_joiner_loss: the lattice of B * T * (U + 1) = {B} * {T} * {U1} = {n:,} nodes is over the limit of "
+            f"{MAX_JOINER_NODES:,} (lightning_gtn.losses.rnnt_joiner.MAX_JOINER_NODES); use a smaller batch or "
+            "shorter inputs"
+        )
+
+
+def _check_values(targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, T: int, U: int, V: int, blank: int):
+    """Host int64 copies ``(targets, logit_lengths, target_lengths)``, range-checked."""
+    il = logit_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
+    tl = target_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
+    tg = targets.detach().cpu().numpy().astype(np.int64, copy=False)
+    checks.check_in_range(il, "logit_lengths", "T", T, inclusive=True, of="encoder of shape (B, T, J)")
+    checks.check_in_range(tl, "target_lengths", "U", U, inclusive=True, of="predictor of shape (B, U + 1, J)")
+    checks.check_padded_labels(tg, tl, V, blank)
+    return tg, il, tl
+
+
+class _Nodes:
+    """The nodes ``(t, u)``, ``t < T_b``, ``u <= U_b`` of example ``b`` in row-major order, and the
+    label each node's emit arc reads (the blank, never read, at ``u = U_b``), cut into chunks of
+    at most ``per`` nodes: whole frames where one fits (the hidden is a broadcast sum, its
+    gradient sums over axes), else runs of nodes (gathered and scattered by index)."""
+
+    def __init__(self, Tb: int, Ub: int, labels: np.ndarray, blank: int, per: int, device: torch.device) -> None:
+        U1 = Ub + 1
+        self.T, self.U1, self.n, self.per = Tb, U1, Tb * U1, per
+        y = np.full(U1, blank, dtype=np.int64)
+        y[:Ub] = labels[:Ub]
+        yu = torch.from_numpy(y).to(device)
+        self.frames = per >= U1
+        if self.frames:
+            self.y = yu.repeat(min(Tb, per // U1))  # the labels of a chunk of whole frames
+        else:
+            n = torch.arange(self.n, device=device)
+            self.t = n // U1
+            self.u = n - self.t * U1
+            self.y = yu[self.u]
+
+    def chunks(self):
+        """``(n0, n1, key)``: the chunk's nodes ``[n0, n1)``; ``key`` its frames ``(t0, t1)`` or None."""
+        if self.frames:
+            nt = min(self.T, self.per // self.U1)
+            nt = -(-self.T // -(-self.T // nt))  # as many chunks, their frames evened out
+            for t0 in range(0, self.T, nt):
+                t1 = min(self.T, t0 + nt)
+                yield t0 * self.U1, t1 * self.U1, (t0, t1)
+        else:
+            for n0 in range(0, self.n, self.per):
+                yield n0, min(self.n, n0 + self.per), None
+
+    def labels(self, n0: int, n1: int) -> Tensor:
+        """``(n, 1)``: the emit label of each node of the chunk."""
+        return (self.y[: n1 - n0] if self.frames else self.y[n0:n1])[:, None]
+
+    def hidden(self, enc: Tensor, pred: Tensor, n0: int, n1: int, key) -> Tensor:
+        """``(n, J)``: ``tanh(enc[t] + pred[u])`` of the chunk's nodes (``enc (T, J)``, ``pred (U + 1, J)``)."""
+        if key is not None:
+            t0, t1 = key
+            pre = enc[t0:t1, None, :] + pred[None, : self.U1, :]
+            return torch.tanh_(pre).reshape(-1, enc.shape[1])
+        return torch.tanh_(enc.index_select(0, self.t[n0:n1]) + pred.index_select(0, self.u[n0:n1]))
+
+    def add_grads(self, g_enc: Optional[Tensor], g_pred: Optional[Tensor], dpre: Tensor, n0: int, n1: int, key) -> None:
+        """The chunk's ``dpre (n, J)`` summed over ``u`` into ``g_enc (T, J)``, over ``t`` into ``g_pred``."""
+        if key is not None:
+            t0, t1 = key
+            d = dpre.view(t1 - t0, self.U1, -1)
+            if g_enc is not None:
+                g_enc[t0:t1].add_(d.sum(1))
+            if g_pred is not None:
+                g_pred[: self.U1].add_(d.sum(0))
+            return
+        if g_enc is not None:
+            g_enc.index_add_(0, self.t[n0:n1], dpre)
+        if g_pred is not None:
+            g_pred.index_add_(0, self.u[n0:n1], dpre)
+
+
+def _logits(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``(n, V)``: ``h @ weight.T + bias``."""
+    return torch.addmm(bias, h, weight.t())
+
+
+def lattice_on_numba(device: torch.device) -> bool:
+    """Whether the lattice of tensors on ``device`` runs on the numba kernel (the CPU) or on the
+    torch one (every other device)."""
+    return device.type == "cpu"
+
+
+def _lattice(lp2: Tensor, il: np.ndarray, tl: np.ndarray, lam: float, need_grad: bool):
+    """Costs ``(B,)`` float64 (``-log P``, not scaled by FastEmit) and the gradient of the
+    two-class lattice ``lp2 (B, T, U + 1, 2)`` (``[blank, emit]`` log-probabilities, blank 0,
+    every label 1): ``-p_blank`` and ``-(1 + lam) p_emit`` per node, or None."""
+    B, T, U1, _ = lp2.shape
+    ones = np.ones((B, max(U1 - 1, 1)), dtype=np.int64)
+    if lattice_on_numba(lp2.device):
+        x = lp2.contiguous()
+        g = torch.zeros_like(x) if need_grad else None
+        costs = rnnt_cost_grad(x.numpy(), ones, il, tl, 0, False, lam, -1.0, None, None if g is None else g.numpy())
+        return torch.from_numpy(costs), g
+    dev = lp2.device
+    scale = torch.ones(B, dtype=torch.float64) if need_grad else None
+    c, g = rnnt_cost_grad_torch(
+        lp2,
+        torch.from_numpy(ones).to(dev),
+        torch.from_numpy(il).to(dev),
+        torch.from_numpy(tl).to(dev),
+        0,
+        False,
+        lam,
+        -1.0,
+        scale,
+    )
+    return c.to(torch.float64).cpu(), g
+
+
+def _forward(
+    encoder: Tensor,
+    predictor: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int,
+    reduction: str,
+    zero_infinity: bool,
+    lam: float,
+    need_grad: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(out, lse (B, T, U + 1), arcs (B, T, U + 1, 2))``; ``arcs`` are the weighted posteriors
+    ``[p_blank, (1 + lam) p_emit]`` of each node's two arcs (empty tensors without ``need_grad``)."""
+    B, T, J = encoder.shape
+    U1 = predictor.shape[1]
+    V = weight.shape[0]
+    _check_sizes(B, T, U1)
+    tg, il, tl = _check_values(targets, logit_lengths, target_lengths, T, U1 - 1, V, blank)
+    dev, dt = encoder.device, encoder.dtype
+    per = chunk_nodes(J, V, encoder.element_size())
+    lp2 = torch.zeros((B, T, U1, 2), dtype=torch.float64, device=dev)
+    lse = torch.zeros((B, T, U1), dtype=dt, device=dev) if need_grad else None
+    with torch.no_grad():
+        for b in range(B):
+            Tb, Ub = int(il[b]), int(tl[b])
+            if Tb == 0:
+                continue
+            nodes = _Nodes(Tb, Ub, tg[b], blank, per, dev)
+            lb = torch.empty(nodes.n, 2, dtype=torch.float64, device=dev)
+            ls = torch.empty(nodes.n, dtype=dt, device=dev)
+            for n0, n1, key in nodes.chunks():
+                z = _logits(nodes.hidden(encoder[b], predictor[b], n0, n1, key), weight, bias)
+                d = torch.logsumexp(z, dim=1)
+                ls[n0:n1] = d
+                lb[n0:n1, 0] = z[:, blank] - d
+                lb[n0:n1, 1] = z.gather(1, nodes.labels(n0, n1))[:, 0] - d
+            lp2[b, :Tb, : Ub + 1] = lb.view(Tb, Ub + 1, 2)
+            if lse is not None:
+                lse[b, :Tb, : Ub + 1] = ls.view(Tb, Ub + 1)
+    costs, g2 = _lattice(lp2, il, tl, lam, need_grad)
+    costs = costs * (1.0 + lam)  # FastEmit's reported cost, as rnnt_loss reports it
+    if zero_infinity:
+        costs = torch.where(costs == math.inf, torch.zeros_like(costs), costs)
+    if reduction == "none":
+        out = costs
+    else:
+        out = (costs * reduction_coefficients(reduction, B)).sum()
+    out = out.to(device=dev, dtype=dt)
+    if g2 is None or lse is None:
+        return out, encoder.new_empty(0), encoder.new_empty(0)
+    return out, lse, g2.neg_().to(dt)
+
+
+class RNNTJoinerArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::rnnt_joiner_loss``."""
+
+    encoder: Tensor
+    predictor: Tensor
+    weight: Tensor
+    bias: Tensor
+    targets: Tensor
+    logit_lengths: Tensor
+    target_lengths: Tensor
+    blank: int
+    clamp: float
+    reduction: str
+    zero_infinity: bool
+    fastemit_lambda: float
+    impl: str
+    need_grad: bool
+
+
+class RNNTJoinerBackwardArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::rnnt_joiner_loss_backward``."""
+
+    encoder: Tensor
+    predictor: Tensor
+    weight: Tensor
+    bias: Tensor
+    targets: Tensor
+    logit_lengths: Tensor
+    target_lengths: Tensor
+    lse: Tensor
+    arcs: Tensor
+    coef: Tensor
+    blank: int
+    clamp: float
+    impl: str
+    need_encoder: bool
+    need_predictor: bool
+    need_weight: bool
+    need_bias: bool
+
+
+@torch.library.custom_op("lightning_gtn::rnnt_joiner_loss", mutates_args=())
+@op_schema(RNNTJoinerArgs)
+def rnnt_joiner_loss_op(
+    encoder: Tensor,
+    predictor: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int,
+    clamp: float,
+    reduction: str,
+    zero_infinity: bool,
+    fastemit_lambda: float,
+    impl: str,
+    need_grad: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(out, lse (B, T, U + 1), arcs (B, T, U + 1, 2))``: ``out`` is ``(B,)`` for
+    ``reduction="none"``, else a scalar; ``lse`` and ``arcs`` (what the backward reads: the
+    normalisers and the weighted arc posteriors) are empty tensors without ``need_grad``."""
+    JOINER_BACKENDS.pick(encoder.device, impl or None)
+    return _forward(
+        encoder,
+        predictor,
+        weight,
+        bias,
+        targets,
+        logit_lengths,
+        target_lengths,
+        blank,
+        reduction,
+        zero_infinity,
+        fastemit_lambda,
+        need_grad,
+    )
+
+
+@rnnt_joiner_loss_op.register_fake
+def _fake(*inputs):
+    a = RNNTJoinerArgs(*inputs)
+    enc = a.encoder
+    B, T = enc.shape[0], enc.shape[1]
+    U1 = a.predictor.shape[1]
+    out = enc.new_empty((B,) if a.reduction == "none" else ())
+    if not a.need_grad:
+        return out, enc.new_empty(0), enc.new_empty(0)
+    return out, enc.new_empty((B, T, U1)), enc.new_empty((B, T, U1, 2))
+
+
+@torch.library.custom_op("lightning_gtn::rnnt_joiner_loss_backward", mutates_args=())
+@op_schema(RNNTJoinerBackwardArgs)
+def rnnt_joiner_loss_backward_op(
+    encoder: Tensor,
+    predictor: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    lse: Tensor,
+    arcs: Tensor,
+    coef: Tensor,
+    blank: int,
+    clamp: float,
+    impl: str,
+    need_encoder: bool,
+    need_predictor: bool,
+    need_weight: bool,
+    need_bias: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``sum_b coef[b] * d cost[b] / d (encoder, predictor, weight, bias)`` (``cost[b]`` with
+    FastEmit's emit-arc weighting and ``clamp`` applied to each example's logit gradient before
+    ``coef``); the gradients not asked for are empty tensors."""
+    B, T, J = encoder.shape
+    V = weight.shape[0]
+    tg = targets.detach().cpu().numpy().astype(np.int64, copy=False)
+    il = logit_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
+    tl = target_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
+    dev, dt = encoder.device, encoder.dtype
+    c = coef.detach().to(device=dev, dtype=dt).reshape(-1)
+    g_enc = torch.zeros_like(encoder) if need_encoder else None
+    g_pred = torch.zeros_like(predictor) if need_predictor else None
+    g_w = torch.zeros_like(weight) if need_weight else None
+    g_b = torch.zeros_like(bias) if need_bias else None
+    need_h = need_encoder or need_predictor
+    per = chunk_nodes(J, V, encoder.element_size())
+    with torch.no_grad():
+        for b in range(B):
+            Tb, Ub = int(il[b]), int(tl[b])
+            if Tb == 0:
+                continue
+            nodes = _Nodes(Tb, Ub, tg[b], blank, per, dev)
+            ls = lse[b, :Tb, : Ub + 1].reshape(-1)
+            pa = arcs[b, :Tb, : Ub + 1].reshape(-1, 2)
+            cb = float(c[b])
+            # the coefficient goes into the arcs' weights unless the clamp must see the unscaled gradient
+            fold = clamp <= 0.0 and cb > 0.0
+            for n0, n1, key in nodes.chunks():
+                h = nodes.hidden(encoder[b], predictor[b], n0, n1, key)
+                z = _logits(h, weight, bias)
+                pb, pe = pa[n0:n1, 0], pa[n0:n1, 1]
+                if fold:
+                    pb, pe = pb * cb, pe * cb
+                # (p_blank + p_emit) softmax(z) = exp(z - (lse - log(p_blank + p_emit))): two passes over z
+                dz = z.sub_((ls[n0:n1] - torch.log(pb + pe))[:, None]).exp_()
+                dz[:, blank] -= pb
+                dz.scatter_add_(1, nodes.labels(n0, n1), -pe[:, None])
+                if clamp > 0.0:
+                    dz.clamp_(-clamp, clamp)
+                if not fold:
+                    dz.mul_(cb)
+                if g_w is not None:
+                    g_w.addmm_(dz.t(), h)
+                if g_b is not None:
+                    g_b.add_(dz.sum(0))
+                if need_h:
+                    dpre = torch.mm(dz, weight)
+                    torch.ops.aten.tanh_backward.grad_input(dpre, h, grad_input=dpre)  # dh (1 - h^2), in place
+                    ge = None if g_enc is None else g_enc[b]
+                    gp = None if g_pred is None else g_pred[b]
+                    nodes.add_grads(ge, gp, dpre, n0, n1, key)
+    return tuple(encoder.new_empty(0) if g is None else g for g in (g_enc, g_pred, g_w, g_b))  # type: ignore[return-value]
+
+
+@rnnt_joiner_loss_backward_op.register_fake
+def _backward_fake(*inputs):
+    a = RNNTJoinerBackwardArgs(*inputs)
+    need = (a.need_encoder, a.need_predictor, a.need_weight, a.need_bias)
+    return tuple(torch.empty_like(x) if n else a.encoder.new_empty(0) for x, n in zip(a[:4], need))
+
+
+def _setup(ctx, inputs, output):
+    a = RNNTJoinerArgs(*inputs)
+    ctx.reduction, ctx.blank, ctx.clamp, ctx.impl = a.reduction, a.blank, a.clamp, a.impl
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(
+        a.encoder, a.predictor, a.weight, a.bias, a.targets, a.logit_lengths, a.target_lengths, output[1], output[2]
+    )
+
+
+def _backward(ctx, g_out, _g_lse, _g_arcs):
+    if g_out is None:
+        return grads(RNNTJoinerArgs)
+    need = RNNTJoinerArgs(*ctx.needs_input_grad)
+    enc, pred, w, bias, tg, il, tl, lse, arcs = ctx.saved_tensors
+    if arcs.dim() == 1:
+        raise RuntimeError("lightning_gtn::rnnt_joiner_loss: a backward through a call with need_grad=False")
+    B = enc.shape[0]
+    if ctx.reduction == "none":
+        coef = g_out.reshape(B).to(enc.dtype)
+    else:
+        r = reduction_coefficients(ctx.reduction, B, dtype=enc.dtype, device=enc.device)
+        coef = r * g_out.to(enc.dtype)
+    args = RNNTJoinerBackwardArgs(
+        encoder=enc,
+        predictor=pred,
+        weight=w,
+        bias=bias,
+        targets=tg,
+        logit_lengths=il,
+        target_lengths=tl,
+        lse=lse,
+        arcs=arcs,
+        coef=coef,
+        blank=ctx.blank,
+        clamp=ctx.clamp,
+        impl=ctx.impl,
+        need_encoder=bool(need.encoder),
+        need_predictor=bool(need.predictor),
+        need_weight=bool(need.weight),
+        need_bias=bool(need.bias),
+    )
+    ge, gp, gw, gb = rnnt_joiner_loss_backward_op(*args)
+    return grads(
+        RNNTJoinerArgs,
+        encoder=ge if need.encoder else None,
+        predictor=gp if need.predictor else None,
+        weight=gw if need.weight else None,
+        bias=gb if need.bias else None,
+    )
+
+
+rnnt_joiner_loss_op.register_autograd(_backward, setup_context=_setup)
+
+
+def _check_tensor(x, name: str, ndim: int, shape: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name} must be a tensor of shape {shape}, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating point tensor of shape {shape}, got {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    return x
+
+
+class RNNTJoinerCriterion(Criterion):
+    """The joiner RNN-T loss through :func:`lightning_gtn.core.criterion.apply_loss`: its input is
+    the tuple ``(encoder, predictor, weight, bias)``, its own op ``lightning_gtn::rnnt_joiner_loss``."""
+
+    kind = "rnnt_joiner"
+    name = "rnnt_joiner_loss"
+    backends = JOINER_BACKENDS.offered
+    picker = JOINER_BACKENDS
+
+    def check_emissions(self, emissions, name: str) -> Tuple[int, ...]:
+        """``(B, T, U + 1, J, V)`` of ``(encoder, predictor, weight, bias)``: float tensors of one
+        dtype and device, ``U + 1 >= 1``, ``J >= 1``, ``V >= 1``; ValueError naming the tensor."""
+        if not isinstance(emissions, tuple) or len(emissions) != 4:
+            raise ValueError(f"rnnt_joiner_loss takes {_SHAPES}")
+        enc = _check_tensor(emissions[0], "encoder", 3, "(B, T, J)")
+        pred = _check_tensor(emissions[1], "predictor", 3, "(B, U + 1, J)")
+        w = _check_tensor(emissions[2], "weight", 2, "(V, J)")
+        bias = _check_tensor(emissions[3], "bias", 1, "(V,)")
+        B, T, J = enc.shape
+        U1 = pred.shape[1]
+        V = w.shape[0]
+        if pred.shape[0] != B or pred.shape[2] != J or U1 < 1:
+            raise ValueError(
+                f"predictor must have shape (B, U + 1, J) with B={B}, J={J} (encoder of shape (B, T, J)) and "
+                f"U + 1 >= 1, got {tuple(pred.shape)}"
+            )
+        if w.shape[1] != J or V < 1 or J < 1:
+            raise ValueError(f"weight must have shape (V, J) with J={J} (encoder's) and V >= 1, got {tuple(w.shape)}")
+        if bias.shape[0] != V:
+            raise ValueError(f"bias must have shape (V,) with V={V} (weight of shape (V, J)), got {tuple(bias.shape)}")
+        for n, x in (("predictor", pred), ("weight", w), ("bias", bias)):
+            if x.dtype != enc.dtype:
+                raise ValueError(f"{n} must have the encoder's dtype {enc.dtype}, got {x.dtype}")
+            if x.device != enc.device:
+                raise ValueError(f"{n} must be on the encoder's device {enc.device}, got {x.device}")
+        _check_sizes(B, T, U1)
+        return B, T, U1, J, V
+
+    def check_options(self, C: int, blank, weights, device: torch.device):
+        """The blank as a class id in ``[0, V)`` (negative values count from the end)."""
+        return checks.check_class_id(blank, "blank", C, "V", "weight of shape (V, J)"), weights
+
+    def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        """``clamp`` (a real number) and ``fastemit_lambda`` (finite, ``>= 0``)."""
+        unknown = set(options) - {"clamp", "fastemit_lambda"}
+        if unknown:
+            raise TypeError(f"{self.name}: unexpected options {sorted(unknown)}")
+        clamp = checks.check_real(options.get("clamp", -1.0), "clamp")
+        lam = checks.check_real(options.get("fastemit_lambda", 0.0), "fastemit_lambda")
+        if lam < 0:
+            raise ValueError(f"fastemit_lambda must be >= 0, got {lam}")
+        return {"clamp": clamp, "fastemit_lambda": lam}
+
+    def own_kernel(self, device: torch.device, impl: Optional[str]) -> Optional[str]:
+        """Always its own op; ``impl=None`` is ``"torch"`` on every device."""
+        return impl or "torch"
+
+    def index_tensors(self, targets, input_lengths, target_lengths, B: int, device: torch.device):
+        """Padded ``(B, S)`` targets and ``(B,)`` lengths as int64 tensors (torchaudio's forms)."""
+        tg = checks.check_index_tensor(targets, "targets", (B, None), "(B, U)", device)
+        il = checks.check_index_tensor(input_lengths, "logit_lengths", (B,), "(B,)", device)
+        tl = checks.check_index_tensor(target_lengths, "target_lengths", (B,), "(B,)", device)
+        return tg, il, tl
+
+    def call_kernel(
+        self, x, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl, need_e, options
+    ):
+        """``lightning_gtn::rnnt_joiner_loss`` on the four tensors ``x`` in their compute dtype."""
+        enc, pred, w, bias = x
+        args = RNNTJoinerArgs(
+            encoder=enc,
+            predictor=pred,
+            weight=w,
+            bias=bias,
+            targets=targets,
+            logit_lengths=input_lengths,
+            target_lengths=target_lengths,
+            blank=int(blank),
+            clamp=float(options["clamp"]),
+            reduction=reduction,
+            zero_infinity=bool(zero_infinity),
+            fastemit_lambda=float(options["fastemit_lambda"]),
+            impl=impl,
+            need_grad=bool(need_e),
+        )
+        return rnnt_joiner_loss_op(*args)[0]
+
+
+RNNT_JOINER = RNNTJoinerCriterion()
+
+
+def rnnt_joiner_loss(
+    encoder: Tensor,
+    predictor: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    targets,
+    logit_lengths,
+    target_lengths,
+    *,
+    blank: int = -1,
+    clamp: float = -1.0,
+    reduction: str = "mean",
+    fastemit_lambda: float = 0.0,
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+) -> Tensor:
+    """The RNN-T loss of the joiner ``Linear(tanh(enc + pred))``, never holding its output.
+
+    Exactly ``rnnt_loss(tanh(encoder[:, :, None] + predictor[:, None]) @ weight.T + bias, targets,
+    logit_lengths, target_lengths, blank=blank, clamp=clamp, reduction=reduction,
+    fastemit_lambda=fastemit_lambda, zero_infinity=zero_infinity)`` (the fused log-softmax), values
+    and gradients of all four tensors, computed by chunks of nodes of at most
+    :data:`JOINER_CHUNK_BYTES` work space: neither the ``(B, T, U + 1, V)`` logits nor the
+    ``(B, T, U + 1, J)`` hidden are ever held. A ``torch.library`` custom op: works under
+    ``torch.compile(fullgraph=True)``.
+
+    Args:
+        encoder: ``(B, T, J)`` encoder frames projected to the joiner's dimension.
+        predictor: ``(B, U + 1, J)`` prediction-network outputs (the blank-started targets).
+        weight: ``(V, J)`` the output layer's weight; ``bias``: ``(V,)`` its bias. The four share
+            one float dtype and device (float16/bfloat16 are computed in float32; float64 exact).
+        targets: ``(B, S)`` int32/int64 padded label ids, ``S >= max(target_lengths)``; ids in
+            ``[0, V)`` and never the blank.
+        logit_lengths: ``(B,)`` frames of each example, ``0 <= logit_lengths <= T``.
+        target_lengths: ``(B,)`` labels of each example, ``0 <= target_lengths <= U``.
+        blank: the blank's class id in ``[-V, V)`` (``-1`` is ``V - 1``, torchaudio's default).
+        clamp: ``> 0`` clips each example's gradient w.r.t. its logits to ``[-clamp, clamp]``
+            (before the reduction's scaling), as :func:`~lightning_gtn.functional.rnnt_loss`.
+        reduction: ``"none"`` (the ``(B,)`` costs), ``"sum"``, ``"mean"`` (over the batch, not
+            divided by target lengths).
+        fastemit_lambda: FastEmit's weight (``>= 0``): emit arcs' gradient scaled by
+            ``1 + fastemit_lambda``, the reported cost too.
+        zero_infinity: infeasible examples cost 0 instead of ``inf`` (their gradient is 0).
+        impl: None or ``"torch"`` (chunked torch matmuls, any device).
+
+    Returns:
+        A scalar (``(B,)`` for ``reduction="none"``) in the inputs' dtype and device.
+
+    Example:
+        >>> import torch
+        >>> from lightning_gtn.functional import rnnt_joiner_loss
+        >>> enc = torch.randn(2, 6, 8, requires_grad=True)  # (B, T, J)
+        >>> pred = torch.randn(2, 4, 8, requires_grad=True)  # (B, U + 1, J)
+        >>> w, b = torch.randn(5, 8, requires_grad=True), torch.zeros(5, requires_grad=True)
+        >>> targets = torch.tensor([[1, 2, 3], [3, 1, 0]])
+        >>> loss = rnnt_joiner_loss(enc, pred, w, b, targets, torch.tensor([6, 5]), torch.tensor([3, 2]), blank=0)
+        >>> loss.backward()
+    """
+    return apply_loss(
+        RNNT_JOINER,
+        (encoder, predictor, weight, bias),
+        targets,
+        logit_lengths,
+        target_lengths,
+        blank=blank,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
+        name="encoder",
+        clamp=clamp,
+        fastemit_lambda=fastemit_lambda,
+    )
