@@ -5,8 +5,9 @@ losses and k2's recursion, the MMI denominator) declares a :class:`Backends`: th
 it offers, and how the Triton kernels are found and self-checked. :meth:`Backends.pick` then
 turns a user's ``impl`` into the implementation that runs:
 
-* ``impl=None``: ``"numba"`` on the CPU; on a CUDA device ``"triton"`` when triton is installed
-  and the family's self-check passes there (run once per device and self-check, remembered for
+* ``impl=None``: ``"numba"`` on the CPU (``"torch"`` for a family that offers no numba
+  kernels); on a CUDA device ``"triton"`` when triton is installed and the family's self-check
+  passes there (run once per device and self-check, remembered for
   the process; a failure to compile or launch, or a wrong value, warns and leaves the device to
   ``"torch"``); ``"torch"`` elsewhere.
 * an explicit ``impl``: checked, never replaced. ValueError naming the family and ``impl`` for a
@@ -70,7 +71,8 @@ class Backends:
         """The implementation ``impl=None`` stands for on ``device``."""
         device = torch.device(device)
         if device.type == "cpu":
-            return "numba"
+            # a family without numba kernels (the joiner loss's torch matmuls) runs its torch ones
+            return "torch" if "numba" not in self.offered and "torch" in self.offered else "numba"
         if device.type == "cuda" and "triton" in self.offered and self.triton_available() and self.passed(device):
             return "triton"
         return "torch"

@@ -78,3 +78,12 @@ def test_every_family_declares_its_backends():
     assert all(f.offered == ("numba", "torch", "triton") for f in fams[1:])
     # the RNN-T lattices and k2's recursion share one self-check (run once per device for all three)
     assert RNNT_BACKENDS.self_check is MI_BACKENDS.self_check is DURATION_BACKENDS.self_check
+
+
+def test_a_family_without_numba_defaults_to_torch_on_the_cpu():
+    fam = Backends("f", ("torch",), triton_available=lambda: False, self_check=lambda d: None)
+    assert fam.default("cpu") == "torch"
+    assert (
+        Backends("g", ("numba", "torch"), triton_available=lambda: False, self_check=lambda d: None).default("cpu")
+        == "numba"
+    )
