@@ -129,7 +129,8 @@ def parse_tables(text: str) -> dict:
 
 
 def run_job(tree: str, job: str, python: str, reps: int, timeout: float):
-    env = dict(os.environ, PYTHONPATH=tree)
+    # the tree first, then its benchmarks folder (the scripts import their helpers, _procmem, _timing)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.path.join(tree, "benchmarks")]))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     t0 = time.perf_counter()
     proc = subprocess.run(
