@@ -19,6 +19,7 @@ Jobs (``--jobs``, default ``losses stc transducer conv``):
 - ``transducer``: bench_transducer.py's warm ``transducer_loss`` for letters ngram 0/1/2 and
   200 pieces ngram 0/1 (its ``make_tokens``/``make_batch``; the research pattern is not timed).
 - ``conv``: ``bench_conv_transduce.py --quick --ref-windows 1``.
+- ``rnnt``: ``bench_rnnt.py --no-memory --shapes small --repeats 3``.
 - any other word: ``benchmarks/<word>.py --quick``.
 
 Usage::
@@ -93,6 +94,8 @@ def job_command(job: str, python: str, reps: int):
         return [python, "benchmarks/bench_stc.py", "--quick"]
     if job == "conv":
         return [python, "benchmarks/bench_conv_transduce.py", "--quick", "--ref-windows", "1"]
+    if job == "rnnt":
+        return [python, "benchmarks/bench_rnnt.py", "--no-memory", "--shapes", "small", "--repeats", "3"]
     return [python, f"benchmarks/{job}.py", "--quick"]
 
 
