@@ -63,3 +63,21 @@ def pytest_configure(config):
 def rng():
     """A seeded numpy random generator, so every test run sees the same numbers."""
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def apply_loss_calls(monkeypatch):
+    """``[(criterion, keyword arguments)]`` of every call of the one loss prologue,
+    :func:`lightning_gtn.core.criterion.apply_loss`, from the test's start (the losses look it up
+    on its module, where it is patched)."""
+    from lightning_gtn.core import criterion
+
+    seen: list = []
+    real = criterion.apply_loss
+
+    def counting(crit, *args, **kwargs):
+        seen.append((crit, kwargs))
+        return real(crit, *args, **kwargs)
+
+    monkeypatch.setattr(criterion, "apply_loss", counting)
+    return seen

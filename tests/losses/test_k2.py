@@ -438,8 +438,7 @@ def test_hat_loss_with_full_ranges_matches_its_definition():
 # -- the prologue -------------------------------------------------------------------------------
 
 
-def test_every_scoring_function_goes_through_apply_loss_once(monkeypatch):
-    from lightning_gtn.core import criterion
+def test_every_scoring_function_goes_through_apply_loss_once(apply_loss_calls):
     from lightning_gtn.losses.k2_rnnt import MI_BACKENDS
 
     logits, symbols, boundary = random_case(B=2, T=5, U=2, V=4, seed=31)
@@ -459,22 +458,15 @@ def test_every_scoring_function_goes_through_apply_loss_once(monkeypatch):
     }
     assert set(fns) == {n for n in k2.__all__ if n.startswith(("rnnt_loss", "mutual_information"))}
     want = {name: fn() for name, fn in fns.items()}
-    seen = []
-    real = criterion.apply_loss
-
-    def counting(crit, *args, **kwargs):
-        seen.append(crit)
-        return real(crit, *args, **kwargs)
-
-    monkeypatch.setattr(criterion, "apply_loss", counting)
     for name, fn in fns.items():
-        seen.clear()
+        apply_loss_calls.clear()
         got = fn()
+        seen = [c for c, _ in apply_loss_calls]
         assert len(seen) == 1, name
         assert seen[0].picker is MI_BACKENDS, name
         assert torch.isfinite(got).all() and torch.equal(got, want[name]), name
     with pytest.raises(TypeError, match="unexpected options"):
-        real(seen[0], (px, py), None, None, None, clamp=1.0)
+        seen[0].check_call_options((2, 3, 6, 2), {"clamp": 1.0})
 
 
 # -- bad inputs ---------------------------------------------------------------------------------

@@ -359,21 +359,12 @@ def test_joint_recursion_gradients():
     )
 
 
-def test_joint_recursion_scores_once_through_apply_loss(monkeypatch):
-    from lightning_gtn.core import criterion
+def test_joint_recursion_scores_once_through_apply_loss(apply_loss_calls):
     from lightning_gtn.losses.k2_rnnt import MI_BACKENDS
 
     px, py = _parts(2, 2, 2, 4, 3, seed=49)
-    seen = []
-    real = criterion.apply_loss
-
-    def counting(crit, *args, **kwargs):
-        seen.append(crit)
-        return real(crit, *args, **kwargs)
-
-    monkeypatch.setattr(criterion, "apply_loss", counting)
     k2.joint_mutual_information_recursion(px, py)
-    assert len(seen) == 1 and seen[0].picker is MI_BACKENDS
+    assert len(apply_loss_calls) == 1 and apply_loss_calls[0][0].picker is MI_BACKENDS
 
 
 # -- bad inputs ---------------------------------------------------------------------------------

@@ -445,30 +445,20 @@ def test_denominator_arc_frames_are_bounded(monkeypatch):
     assert torch.isfinite(mmi_loss(x, tg, il, tl, denominator=den))
 
 
-def _count_apply_loss(monkeypatch) -> list:
-    """The criteria :func:`lightning_gtn.core.criterion.apply_loss` is called with, from now on."""
-    from lightning_gtn.core import criterion
-
-    seen, real = [], criterion.apply_loss
-
-    def counting(crit, *args, **kwargs):
-        seen.append((type(crit).__name__, getattr(crit, "name", None)))
-        return real(crit, *args, **kwargs)
-
-    monkeypatch.setattr(criterion, "apply_loss", counting)
-    return seen
+def _names(calls: list) -> list:
+    """``(class name, name)`` of the criteria of ``calls`` (the ``apply_loss_calls`` fixture)."""
+    return [(type(c).__name__, getattr(c, "name", None)) for c, _ in calls]
 
 
-def test_the_denominator_and_the_numerators_go_through_the_one_prologue(monkeypatch):
+def test_the_denominator_and_the_numerators_go_through_the_one_prologue(apply_loss_calls):
     den = bigram_den(2)
     x = torch.randn(2, 4, 3, requires_grad=True)
     tg, tl, il = torch.tensor([[1, 2], [2, 0]]), torch.tensor([2, 1]), torch.tensor([4, 3])
-    seen = _count_apply_loss(monkeypatch)
     mmi_denominator_score(x, il, den, leaky_hmm=0.1).sum().backward()
-    assert seen == [("_SharedDenominator", "mmi_denominator_score")]
-    seen.clear()
+    assert _names(apply_loss_calls) == [("_SharedDenominator", "mmi_denominator_score")]
+    apply_loss_calls.clear()
     mmi_loss(x, tg, il, tl, denominator=den).backward()
-    assert seen == [("_SharedDenominator", "mmi_loss"), ("_Numerators", "mmi_loss")]
+    assert _names(apply_loss_calls) == [("_SharedDenominator", "mmi_loss"), ("_Numerators", "mmi_loss")]
     # the prologue's checks: the picker names the function, the options are checked there
     with pytest.raises(ValueError, match=r"^mmi_denominator_score: impl must be None or one of"):
         mmi_denominator_score(x, il, den, impl="gtn")

@@ -9,23 +9,8 @@ import torch
 
 import lightning_gtn.functional as lgf
 import lightning_gtn.nn as lgn
-from lightning_gtn.core import criterion
 from lightning_gtn.losses.rnnt import RNNTCriterion
 from lightning_gtn.losses.rnnt_variants import MultiblankCriterion, TDTCriterion
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    """The criteria ``apply_loss`` was called with (the losses look it up on the module)."""
-    seen = []
-    real = criterion.apply_loss
-
-    def counting(crit, *args, **kwargs):
-        seen.append((crit, sorted(kwargs)))
-        return real(crit, *args, **kwargs)
-
-    monkeypatch.setattr(criterion, "apply_loss", counting)
-    return seen
 
 
 def _batch(V):
@@ -56,7 +41,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("name, kind, V, make", CASES, ids=[c[0] for c in CASES])
-def test_every_loss_reaches_apply_loss(calls, name, kind, V, make):
+def test_every_loss_reaches_apply_loss(apply_loss_calls, name, kind, V, make):
+    calls = apply_loss_calls
     x, *rest = _batch(V)
     y = x.detach().clone().requires_grad_()
     call = make()  # a module's constructor checks its options with one call of its own
