@@ -409,6 +409,26 @@ def test_joint_loss_chunked_equals_materialised(options):
         torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-7, atol=1e-12, msg=name)
 
 
+def test_joint_loss_chunked_under_autocast_scores_in_autocast_dtype():
+    """bf16-mixed: the chunked path casts the four tensors to bfloat16 (as the joiner's Linear under
+    autocast would) and gives the materialised path's dtype and value up to bfloat16 rounding."""
+    torch.manual_seed(0)
+    m = TransducerModel(6, 5, **SMALL)
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0]]), torch.tensor([3, 2])
+    x, lengths = torch.randn(2, 16, 6), torch.tensor([16, 11])
+    values = []
+    for joiner in ("chunked", "materialised"):
+        m.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            enc, el = m.encode(x, lengths)
+            value = RNNTLoss(blank=0, joiner=joiner).joint_loss(m, enc, el, targets, target_lengths)
+        value.backward()
+        assert value.dtype == torch.bfloat16 and m.joiner.weight.grad.dtype == torch.float32
+        assert torch.isfinite(m.joiner.weight.grad).all() and m.joiner.weight.grad.abs().sum() > 0
+        values.append(float(value))
+    assert abs(values[0] - values[1]) <= 2**-6 * abs(values[1]), values  # two bfloat16 ulps
+
+
 class _NoJoinerParameters(torch.nn.Module):
     """A transducer network without ``joiner_parameters`` (its joiner is not ``Linear(tanh(.))``)."""
 
