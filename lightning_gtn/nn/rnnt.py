@@ -335,7 +335,7 @@ def joiner_joint_loss(
         raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
     pred, _ = network.predict(prepend_blank(targets, int(loss.blank)), None)
     weight, bias = network.joiner_parameters()
-    tensors = (encoder_out, pred, weight, bias)
+    tensors: Tuple[torch.Tensor, ...] = (encoder_out, pred, weight, bias)
     device_type = encoder_out.device.type
     autocast = torch.is_autocast_enabled(device_type)
     if autocast:
