@@ -335,15 +335,17 @@ def joiner_joint_loss(
         raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
     pred, _ = network.predict(prepend_blank(targets, int(loss.blank)), None)
     weight, bias = network.joiner_parameters()
-    tensors: Tuple[torch.Tensor, ...] = (encoder_out, pred, weight, bias)
     device_type = encoder_out.device.type
     autocast = torch.is_autocast_enabled(device_type)
     if autocast:
         dtype = torch.get_autocast_dtype(device_type)
-        tensors = tuple(x.to(dtype) for x in tensors)
+        encoder_out, pred, weight, bias = (x.to(dtype) for x in (encoder_out, pred, weight, bias))
     with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
         return lgf.rnnt_joiner_loss(
-            *tensors,
+            encoder_out,
+            pred,
+            weight,
+            bias,
             targets,
             encoder_lengths,
             target_lengths,
