@@ -26,11 +26,13 @@ and the transducer decoders), the pruned loss ``simple_am`` and ``simple_lm``, t
 Every RNN-T loss module derives from :class:`RNNTStructuredLoss`: it is called like torchaudio's
 ``RNNTLoss`` on joiner outputs, and :meth:`RNNTStructuredLoss.joint_loss` computes the loss from a
 network and encoder frames (the pruned loss overrides it to avoid the full ``(B, T, U + 1, V)``
-lattice).
+lattice; :class:`RNNTLoss` scores a network offering ``joiner_parameters`` by chunks, with
+:func:`lightning_gtn.functional.rnnt_joiner_loss`, unless built with ``joiner="materialised"``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Optional, Tuple
 
 import torch
@@ -44,11 +46,18 @@ __all__ = [
     "RNNTLoss",
     "RNNTJoinerLoss",
     "JOINER_NETWORK_METHODS",
+    "JOINER_PATHS",
     "prepend_blank",
     "MAX_JOINER_VALUES",
     "NETWORK_METHODS",
     "check_joiner_size",
 ]
+
+#: how :meth:`RNNTLoss.joint_loss` scores a network's joiner: ``"chunked"`` (the default) with
+#: :func:`lightning_gtn.functional.rnnt_joiner_loss` when the network offers ``joiner_parameters``
+#: (else as ``"materialised"``), ``"materialised"`` with ``rnnt_loss`` of the whole
+#: ``(B, T, U + 1, V)`` joiner output
+JOINER_PATHS: Tuple[str, ...] = ("chunked", "materialised")
 
 #: The methods of a transducer network that training and decoding call whatever the loss:
 #: ``encode`` (the frames), ``predict``, ``select_state`` and ``join`` (the joint loss and the
@@ -208,6 +217,12 @@ class RNNTLoss(RNNTStructuredLoss):
         fastemit_lambda: FastEmit regularisation weight (NeMo's meaning), ``>= 0``.
         impl: None (numba on the CPU; Triton on CUDA where it passes its self-check, else torch),
             ``"numba"``, ``"torch"`` or ``"triton"``.
+        joiner: how :meth:`joint_loss` (training) scores a network: ``"chunked"`` (the default)
+            with :func:`~lightning_gtn.functional.rnnt_joiner_loss`, never holding the
+            ``(B, T, U + 1, V)`` joiner output, when the network offers ``joiner_parameters`` (its
+            ``join`` being ``tanh(enc + pred) @ weight.T + bias``), ``fused_log_softmax`` is True and
+            ``impl`` is None; otherwise, and with ``"materialised"``, ``rnnt_loss`` of
+            ``network.join`` over the whole lattice. :meth:`forward` is the same either way.
 
     Shape:
         ``forward(logits (B, T, U + 1, V), targets (B, U), logit_lengths (B,), target_lengths (B,))``
@@ -225,9 +240,12 @@ class RNNTLoss(RNNTStructuredLoss):
         zero_infinity: bool = False,
         fastemit_lambda: float = 0.0,
         impl: Optional[str] = None,
+        joiner: str = "chunked",
     ) -> None:
         super().__init__()
         checks.check_reduction(reduction)
+        if joiner not in JOINER_PATHS:
+            raise ValueError(f"joiner must be one of {JOINER_PATHS}, got {joiner!r}")
         if impl not in (None,) + lgf.RNNT_IMPLS:
             raise ValueError(f"impl must be None or one of {lgf.RNNT_IMPLS}, got {impl!r}")
         if isinstance(blank, bool) or not isinstance(blank, int):
@@ -244,6 +262,7 @@ class RNNTLoss(RNNTStructuredLoss):
         self.zero_infinity = bool(zero_infinity)
         self.fastemit_lambda = float(fastemit_lambda)
         self.impl = impl
+        self.joiner = joiner
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
         """The RNN-T loss of joiner outputs ``(B, T, U + 1, V)``: a scalar, or ``(B,)`` with
@@ -262,14 +281,30 @@ class RNNTLoss(RNNTStructuredLoss):
             impl=self.impl,
         )
 
+    def chunked(self, network: Any) -> bool:
+        """Whether :meth:`joint_loss` scores ``network`` by chunks (:func:`~lightning_gtn.functional.rnnt_joiner_loss`):
+        ``joiner="chunked"``, a network offering ``joiner_parameters``, the fused log-softmax and
+        ``impl=None`` (an explicit ``impl`` names a kernel of the materialised logits)."""
+        return (
+            self.joiner == "chunked"
+            and self.fused_log_softmax
+            and self.impl is None
+            and callable(getattr(network, "joiner_parameters", None))
+        )
+
     def joint_loss(self, network, encoder_out, encoder_lengths, targets, target_lengths):
-        """As :meth:`RNNTStructuredLoss.joint_loss`; the blank must be a non-negative id here
-        (it is the prediction network's start symbol, needed before the joiner gives ``V``)."""
+        """As :meth:`RNNTStructuredLoss.joint_loss`, by chunks where :meth:`chunked` says so: the
+        same loss and gradients (to rounding) without the ``(B, T, U + 1, V)`` joiner output, bounded
+        by the joiner loss's ``MAX_JOINER_NODES`` instead of :data:`MAX_JOINER_VALUES`. The blank must
+        be a non-negative id here (it is the prediction network's start symbol, needed before the
+        joiner gives ``V``)."""
         if self.blank is None or self.blank < 0:
             raise ValueError(
                 f"RNNTLoss(blank={self.blank}).joint_loss needs the blank's class id (>= 0): the prediction "
                 "network starts from it before V is known; construct RNNTLoss(blank=<id>)"
             )
+        if self.chunked(network):
+            return joiner_joint_loss(self, network, encoder_out, encoder_lengths, targets, target_lengths, None)
         return super().joint_loss(network, encoder_out, encoder_lengths, targets, target_lengths)
 
     def extra_repr(self) -> str:
@@ -277,7 +312,49 @@ class RNNTLoss(RNNTStructuredLoss):
         return (
             f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
             f"fused_log_softmax={self.fused_log_softmax}, zero_infinity={self.zero_infinity}, "
-            f"fastemit_lambda={self.fastemit_lambda}"
+            f"fastemit_lambda={self.fastemit_lambda}, joiner={self.joiner!r}"
+        )
+
+
+def joiner_joint_loss(
+    loss: Any,
+    network: Any,
+    encoder_out: torch.Tensor,
+    encoder_lengths: torch.Tensor,
+    targets: torch.Tensor,
+    target_lengths: torch.Tensor,
+    impl: Optional[str],
+) -> torch.Tensor:
+    """:func:`lightning_gtn.functional.rnnt_joiner_loss` of a batch from ``network``'s prediction
+    network over the blank-started targets and its ``joiner_parameters()``, with ``loss``'s
+    ``blank`` (a non-negative id), ``clamp``, ``reduction``, ``zero_infinity`` and
+    ``fastemit_lambda``. Under autocast the four tensors are cast to autocast's dtype, as its
+    matmuls would, and scored with autocast off (the loss computes half precision in float32)."""
+    if not isinstance(encoder_out, torch.Tensor) or encoder_out.dim() != 3:
+        got = tuple(encoder_out.shape) if isinstance(encoder_out, torch.Tensor) else type(encoder_out).__name__
+        raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
+    pred, _ = network.predict(prepend_blank(targets, int(loss.blank)), None)
+    weight, bias = network.joiner_parameters()
+    device_type = encoder_out.device.type
+    autocast = torch.is_autocast_enabled(device_type)
+    if autocast:
+        dtype = torch.get_autocast_dtype(device_type)
+        encoder_out, pred, weight, bias = (x.to(dtype) for x in (encoder_out, pred, weight, bias))
+    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
+        return lgf.rnnt_joiner_loss(
+            encoder_out,
+            pred,
+            weight,
+            bias,
+            targets,
+            encoder_lengths,
+            target_lengths,
+            blank=int(loss.blank),
+            clamp=loss.clamp,
+            reduction=loss.reduction,
+            fastemit_lambda=loss.fastemit_lambda,
+            zero_infinity=loss.zero_infinity,
+            impl=impl,
         )
 
 
@@ -366,12 +443,7 @@ class RNNTJoinerLoss(RNNTStructuredLoss):
                 f"RNNTJoinerLoss(blank={self.blank}).joint_loss needs the blank's class id (>= 0): the prediction "
                 "network starts from it; construct RNNTJoinerLoss(blank=<id>)"
             )
-        if not isinstance(encoder_out, torch.Tensor) or encoder_out.dim() != 3:
-            got = tuple(encoder_out.shape) if isinstance(encoder_out, torch.Tensor) else type(encoder_out).__name__
-            raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
-        pred, _ = network.predict(prepend_blank(targets, int(self.blank)), None)
-        weight, bias = network.joiner_parameters()
-        return self(encoder_out, pred, weight, bias, targets, encoder_lengths, target_lengths)
+        return joiner_joint_loss(self, network, encoder_out, encoder_lengths, targets, target_lengths, self.impl)
 
     def extra_repr(self) -> str:
         """The options shown by ``repr``."""

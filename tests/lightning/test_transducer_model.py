@@ -360,17 +360,110 @@ def test_joint_loss_bounds_the_joiner_before_it_runs(monkeypatch):
     calls = []
     monkeypatch.setattr(m, "predict", lambda *a, **k: calls.append(a) or TransducerModel.predict(m, *a, **k))
     long = torch.ones(1, 400_000, dtype=torch.long)
+    materialised = RNNTLoss(blank=0, joiner="materialised")
     with pytest.raises(ValueError, match=r"B \* T \* \(U \+ 1\) \* J = 1 \* 500 \* 400001 \* 12 = .* over the limit"):
-        RNNTLoss(blank=0).joint_loss(m, torch.zeros(1, 500, 12), torch.tensor([500]), long, torch.tensor([400_000]))
+        materialised.joint_loss(m, torch.zeros(1, 500, 12), torch.tensor([500]), long, torch.tensor([400_000]))
     assert not calls
     # within the bound for the hidden (J = 12), over it once V = 5 is known: 2 * 12 * 4 * 17 = 1632
     enc, lengths = m.encode(torch.randn(2, 24, 6), torch.tensor([24, 20]))
     targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0]]), torch.tensor([3, 2])
     monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 1631)
     with pytest.raises(ValueError, match=r"\(12 \+ 5\) = 1,632 values, over the limit of 1,631"):
-        RNNTLoss(blank=0).joint_loss(m, enc, lengths, targets, target_lengths)
-    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 1632)
+        materialised.joint_loss(m, enc, lengths, targets, target_lengths)
+    # the chunked path (the default) never holds the joiner output: bounded by the joiner loss's nodes
     assert torch.isfinite(RNNTLoss(blank=0).joint_loss(m, enc, lengths, targets, target_lengths))
+    monkeypatch.setattr(rnnt, "MAX_JOINER_VALUES", 1632)
+    assert torch.isfinite(materialised.joint_loss(m, enc, lengths, targets, target_lengths))
+    with pytest.raises(ValueError, match=r"B \* T \* \(U \+ 1\) = 1 \* 500 \* 400001 = .* nodes is over the limit"):
+        RNNTLoss(blank=0).joint_loss(m, torch.zeros(1, 500, 12), torch.tensor([500]), long, torch.tensor([400_000]))
+
+
+def _joint_grads(loss, m, enc, lengths, targets, target_lengths):
+    """The loss of ``m``'s lattice through ``loss.joint_loss`` and the gradients of the encoder
+    frames and of ``m``'s parameters."""
+    m.zero_grad()
+    enc = enc.detach().requires_grad_()
+    value = loss.joint_loss(m, enc, lengths, targets, target_lengths)
+    value.sum().backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    return value.detach(), {"encoder_out": enc.grad, **grads}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(reduction="none", clamp=0.05), dict(reduction="sum", fastemit_lambda=0.01, zero_infinity=True)],
+)
+def test_joint_loss_chunked_equals_materialised(options):
+    torch.manual_seed(0)
+    m = TransducerModel(6, 5, **SMALL).double()  # the encoder's output layer computes in float32
+    enc, lengths = torch.randn(3, 8, 12, dtype=torch.float64), torch.tensor([8, 6, 1])
+    # the third example has 1 encoder frame for 3 labels: fine for RNN-T (several labels a frame)
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0], [2, 1, 3]]), torch.tensor([3, 2, 3])
+    chunked, materialised = RNNTLoss(blank=0, **options), RNNTLoss(blank=0, joiner="materialised", **options)
+    assert chunked.chunked(m) and not materialised.chunked(m)
+    got, got_grads = _joint_grads(chunked, m, enc, lengths, targets, target_lengths)
+    want, want_grads = _joint_grads(materialised, m, enc, lengths, targets, target_lengths)
+    torch.testing.assert_close(got, want, rtol=1e-7, atol=0)
+    assert got_grads.keys() == want_grads.keys() and "joiner.weight" in got_grads
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-7, atol=1e-12, msg=name)
+
+
+def test_joint_loss_chunked_under_autocast_scores_in_autocast_dtype():
+    """bf16-mixed: the chunked path casts the four tensors to bfloat16 (as the joiner's Linear under
+    autocast would) and gives the materialised path's dtype and value up to bfloat16 rounding."""
+    torch.manual_seed(0)
+    m = TransducerModel(6, 5, **SMALL)
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0]]), torch.tensor([3, 2])
+    x, lengths = torch.randn(2, 16, 6), torch.tensor([16, 11])
+    values = []
+    for joiner in ("chunked", "materialised"):
+        m.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            enc, el = m.encode(x, lengths)
+            value = RNNTLoss(blank=0, joiner=joiner).joint_loss(m, enc, el, targets, target_lengths)
+        value.backward()
+        assert value.dtype == torch.bfloat16 and m.joiner.weight.grad.dtype == torch.float32
+        assert torch.isfinite(m.joiner.weight.grad).all() and m.joiner.weight.grad.abs().sum() > 0
+        values.append(float(value))
+    assert abs(values[0] - values[1]) <= 2**-6 * abs(values[1]), values  # two bfloat16 ulps
+
+
+class _NoJoinerParameters(torch.nn.Module):
+    """A transducer network without ``joiner_parameters`` (its joiner is not ``Linear(tanh(.))``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = TransducerModel(6, 5, **SMALL)
+
+    def predict(self, tokens, state=None):
+        return self.inner.predict(tokens, state)
+
+    def join(self, enc, pred):
+        return self.inner.join(enc, pred) * 0.5
+
+
+def test_joint_loss_without_joiner_parameters_or_options_of_the_joiner_loss_is_materialised(monkeypatch):
+    import lightning_gtn.functional as lgf
+
+    torch.manual_seed(0)
+    net = _NoJoinerParameters()
+    enc, lengths = net.inner.encode(torch.randn(2, 12, 6), torch.tensor([12, 7]))
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0]]), torch.tensor([3, 2])
+    pred, _ = net.predict(torch.tensor([[0, 1, 2, 3], [0, 4, 4, 0]]))
+    logits = net.join(enc[:, :, None], pred[:, None])
+    monkeypatch.setattr(lgf, "rnnt_joiner_loss", None)  # never called on these paths
+    for loss in (RNNTLoss(blank=0), RNNTLoss(blank=0, joiner="materialised")):
+        assert not loss.chunked(net)
+        got = loss.joint_loss(net, enc, lengths, targets, target_lengths)
+        assert torch.equal(got, loss(logits, targets, lengths, target_lengths))
+    for options in (dict(fused_log_softmax=False), dict(impl="torch")):
+        loss = RNNTLoss(blank=0, **options)
+        assert not loss.chunked(net.inner)
+        want = loss(net.inner.join(enc[:, :, None], pred[:, None]), targets, lengths, target_lengths)
+        assert torch.equal(loss.joint_loss(net.inner, enc, lengths, targets, target_lengths), want)
+    with pytest.raises(ValueError, match=r"joiner must be one of \('chunked', 'materialised'\), got 'full'"):
+        RNNTLoss(blank=0, joiner="full")
 
 
 def test_pruned_joint_loss_bounds_its_lattices(monkeypatch):
