@@ -101,14 +101,22 @@ def _check_sizes(B: int, T: int, U1: int) -> None:
         )
 
 
-def _check_values(targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, T: int, U: int, V: int, blank: int):
-    """Host int64 copies ``(targets, logit_lengths, target_lengths)``, range-checked."""
-    il = logit_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tl = target_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tg = targets.detach().cpu().numpy().astype(np.int64, copy=False)
+def _host(targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor):
+    """Host int64 copies ``(targets, logit_lengths, target_lengths)``."""
+    return tuple(
+        x.detach().cpu().numpy().astype(np.int64, copy=False) for x in (targets, logit_lengths, target_lengths)
+    )
+
+
+def _check_values(
+    targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, T: int, U: int, K: int, blanks, classes: str
+):
+    """Host int64 copies ``(targets, logit_lengths, target_lengths)``, range-checked: labels in
+    ``[0, K)`` (``classes`` names ``K``) and none of ``blanks``."""
+    tg, il, tl = _host(targets, logit_lengths, target_lengths)
     checks.check_in_range(il, "logit_lengths", "T", T, inclusive=True, of="encoder of shape (B, T, J)")
     checks.check_in_range(tl, "target_lengths", "U", U, inclusive=True, of="predictor of shape (B, U + 1, J)")
-    checks.check_padded_labels(tg, tl, V, blank)
+    checks.check_padded_labels(tg, tl, K, blanks, classes=classes)
     return tg, il, tl
 
 
@@ -157,6 +165,14 @@ class _Nodes:
             return torch.tanh_(pre).reshape(-1, enc.shape[1])
         return torch.tanh_(enc.index_select(0, self.t[n0:n1]) + pred.index_select(0, self.u[n0:n1]))
 
+    def logits(self, enc: Tensor, pred: Tensor, weight: Tensor, bias: Tensor, hidden: bool = False):
+        """Per chunk ``(n0, n1, key, z)`` (``(n0, n1, key, z, h)`` with ``hidden``): the chunk's
+        logits ``z (n, V)`` of its hidden ``h (n, J)``."""
+        for n0, n1, key in self.chunks():
+            h = self.hidden(enc, pred, n0, n1, key)
+            z = _logits(h, weight, bias)
+            yield (n0, n1, key, z, h) if hidden else (n0, n1, key, z)
+
     def add_grads(self, g_enc: Optional[Tensor], g_pred: Optional[Tensor], dpre: Tensor, n0: int, n1: int, key) -> None:
         """The chunk's ``dpre (n, J)`` summed over ``u`` into ``g_enc (T, J)``, over ``t`` into ``g_pred``."""
         if key is not None:
@@ -171,6 +187,17 @@ class _Nodes:
             g_enc.index_add_(0, self.t[n0:n1], dpre)
         if g_pred is not None:
             g_pred.index_add_(0, self.u[n0:n1], dpre)
+
+
+def _examples(encoder: Tensor, weight: Tensor, tg: np.ndarray, il: np.ndarray, tl: np.ndarray, pad: int):
+    """``(b, nodes)``: each example with frames and its :class:`_Nodes` (emit label ``pad`` at
+    ``u = U_b``), chunked by :func:`chunk_nodes` of the encoder's dtype."""
+    per = chunk_nodes(encoder.shape[2], weight.shape[0], encoder.element_size())
+    for b in range(encoder.shape[0]):
+        Tb, Ub = int(il[b]), int(tl[b])
+        if Tb == 0:
+            continue
+        yield b, _Nodes(Tb, Ub, tg[b], pad, per, encoder.device)
 
 
 def _logits(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -247,28 +274,23 @@ def _forward(
     U1 = predictor.shape[1]
     V = weight.shape[0]
     _check_sizes(B, T, U1)
-    tg, il, tl = _check_values(targets, logit_lengths, target_lengths, T, U1 - 1, V, blank)
+    tg, il, tl = _check_values(targets, logit_lengths, target_lengths, T, U1 - 1, V, blank, "V")
     dev, dt = encoder.device, encoder.dtype
-    per = chunk_nodes(J, V, encoder.element_size())
     lp2 = torch.zeros((B, T, U1, 2), dtype=torch.float64, device=dev)
     lse = torch.zeros((B, T, U1), dtype=dt, device=dev) if need_grad else None
     with torch.no_grad():
-        for b in range(B):
-            Tb, Ub = int(il[b]), int(tl[b])
-            if Tb == 0:
-                continue
-            nodes = _Nodes(Tb, Ub, tg[b], blank, per, dev)
+        for b, nodes in _examples(encoder, weight, tg, il, tl, blank):
+            Tb, U1b = nodes.T, nodes.U1
             lb = torch.empty(nodes.n, 2, dtype=torch.float64, device=dev)
             ls = torch.empty(nodes.n, dtype=dt, device=dev)
-            for n0, n1, key in nodes.chunks():
-                z = _logits(nodes.hidden(encoder[b], predictor[b], n0, n1, key), weight, bias)
+            for n0, n1, _, z in nodes.logits(encoder[b], predictor[b], weight, bias):
                 d = torch.logsumexp(z, dim=1)
                 ls[n0:n1] = d
                 lb[n0:n1, 0] = z[:, blank] - d
                 lb[n0:n1, 1] = z.gather(1, nodes.labels(n0, n1))[:, 0] - d
-            lp2[b, :Tb, : Ub + 1] = lb.view(Tb, Ub + 1, 2)
+            lp2[b, :Tb, :U1b] = lb.view(Tb, U1b, 2)
             if lse is not None:
-                lse[b, :Tb, : Ub + 1] = ls.view(Tb, Ub + 1)
+                lse[b, :Tb, :U1b] = ls.view(Tb, U1b)
     costs, g2 = _lattice(lp2, il, tl, lam, need_grad)
     costs = costs * (1.0 + lam)  # FastEmit's reported cost, as rnnt_loss reports it
     if zero_infinity:
@@ -398,57 +420,85 @@ def rnnt_joiner_loss_backward_op(
     """``sum_b coef[b] * d cost[b] / d (encoder, predictor, weight, bias)`` (``cost[b]`` with
     FastEmit's emit-arc weighting and ``clamp`` applied to each example's logit gradient before
     ``coef``); the gradients not asked for are empty tensors."""
-    B, T, J = encoder.shape
-    V = weight.shape[0]
-    tg = targets.detach().cpu().numpy().astype(np.int64, copy=False)
-    il = logit_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tl = target_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    dev, dt = encoder.device, encoder.dtype
-    c = coef.detach().to(device=dev, dtype=dt).reshape(-1)
-    g_enc = torch.zeros_like(encoder) if need_encoder else None
-    g_pred = torch.zeros_like(predictor) if need_predictor else None
-    g_w = torch.zeros_like(weight) if need_weight else None
-    g_b = torch.zeros_like(bias) if need_bias else None
-    per = chunk_nodes(J, V, encoder.element_size())
+    a = RNNTJoinerBackwardArgs(
+        encoder,
+        predictor,
+        weight,
+        bias,
+        targets,
+        logit_lengths,
+        target_lengths,
+        lse,
+        arcs,
+        coef,
+        blank,
+        clamp,
+        impl,
+        need_encoder,
+        need_predictor,
+        need_weight,
+        need_bias,
+    )
+
+    def example(b: int, nodes: _Nodes, cb: float):
+        ls = lse[b, : nodes.T, : nodes.U1].reshape(-1)
+        pa = arcs[b, : nodes.T, : nodes.U1].reshape(-1, 2)
+        # the coefficient goes into the arcs' weights unless the clamp must see the unscaled gradient
+        fold = clamp <= 0.0 and cb > 0.0
+
+        def dz_of(z: Tensor, n0: int, n1: int) -> Tensor:
+            pb, pe = pa[n0:n1, 0], pa[n0:n1, 1]
+            if fold:
+                pb, pe = pb * cb, pe * cb
+            # (p_blank + p_emit) softmax(z) = exp(z - (lse - log(p_blank + p_emit))): two passes over z
+            dz = z.sub_((ls[n0:n1] - torch.log(pb + pe))[:, None]).exp_()
+            dz[:, blank] -= pb
+            dz.scatter_add_(1, nodes.labels(n0, n1), -pe[:, None])
+            if clamp > 0.0:
+                dz.clamp_(-clamp, clamp)
+            if not fold:
+                dz.mul_(cb)
+            return dz
+
+        return dz_of
+
+    return _backward_grads(a, blank, example)
+
+
+def _backward_grads(a, pad: int, example) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The four gradients of a backward op's arguments ``a`` (a schema with the four tensors, the
+    index tensors, ``coef`` and the ``need_*`` flags): per example with frames ``dz_of =
+    example(b, nodes, coef[b])``, per chunk ``dz_of(z, n0, n1)`` the chunk's logit gradient (it
+    may overwrite the logits ``z``), accumulated by :func:`_accumulate`; those not asked for
+    are empty tensors."""
+    encoder, predictor, weight, bias = a.encoder, a.predictor, a.weight, a.bias
+    tg, il, tl = _host(a.targets, a.logit_lengths, a.target_lengths)
+    c = a.coef.detach().to(device=encoder.device, dtype=encoder.dtype).reshape(-1)
+    g_enc = torch.zeros_like(encoder) if a.need_encoder else None
+    g_pred = torch.zeros_like(predictor) if a.need_predictor else None
+    g_w = torch.zeros_like(weight) if a.need_weight else None
+    g_b = torch.zeros_like(bias) if a.need_bias else None
     with torch.no_grad():
-        for b in range(B):
-            Tb, Ub = int(il[b]), int(tl[b])
-            if Tb == 0:
-                continue
-            nodes = _Nodes(Tb, Ub, tg[b], blank, per, dev)
-            ls = lse[b, :Tb, : Ub + 1].reshape(-1)
-            pa = arcs[b, :Tb, : Ub + 1].reshape(-1, 2)
-            cb = float(c[b])
-            # the coefficient goes into the arcs' weights unless the clamp must see the unscaled gradient
-            fold = clamp <= 0.0 and cb > 0.0
-            for n0, n1, key in nodes.chunks():
-                h = nodes.hidden(encoder[b], predictor[b], n0, n1, key)
-                z = _logits(h, weight, bias)
-                pb, pe = pa[n0:n1, 0], pa[n0:n1, 1]
-                if fold:
-                    pb, pe = pb * cb, pe * cb
-                # (p_blank + p_emit) softmax(z) = exp(z - (lse - log(p_blank + p_emit))): two passes over z
-                dz = z.sub_((ls[n0:n1] - torch.log(pb + pe))[:, None]).exp_()
-                dz[:, blank] -= pb
-                dz.scatter_add_(1, nodes.labels(n0, n1), -pe[:, None])
-                if clamp > 0.0:
-                    dz.clamp_(-clamp, clamp)
-                if not fold:
-                    dz.mul_(cb)
-                _accumulate(dz, h, weight, b, nodes, (n0, n1, key), g_enc, g_pred, g_w, g_b)
+        for b, nodes in _examples(encoder, weight, tg, il, tl, pad):
+            dz_of = example(b, nodes, float(c[b]))
+            for n0, n1, key, z, h in nodes.logits(encoder[b], predictor[b], weight, bias, hidden=True):
+                _accumulate(dz_of(z, n0, n1), h, weight, b, nodes, (n0, n1, key), g_enc, g_pred, g_w, g_b)
     return tuple(encoder.new_empty(0) if g is None else g for g in (g_enc, g_pred, g_w, g_b))  # type: ignore[return-value]
 
 
-@rnnt_joiner_loss_backward_op.register_fake
-def _backward_fake(*inputs):
-    a = RNNTJoinerBackwardArgs(*inputs)
+def _grads_fake(a):
+    """The fake outputs of a backward op whose arguments ``a`` start with the four tensors."""
     need = (a.need_encoder, a.need_predictor, a.need_weight, a.need_bias)
     return tuple(torch.empty_like(x) if n else a.encoder.new_empty(0) for x, n in zip(a[:4], need))
 
 
-def _setup(ctx, inputs, output):
-    a = RNNTJoinerArgs(*inputs)
-    ctx.reduction, ctx.blank, ctx.clamp, ctx.impl = a.reduction, a.blank, a.clamp, a.impl
+@rnnt_joiner_loss_backward_op.register_fake
+def _backward_fake(*inputs):
+    return _grads_fake(RNNTJoinerBackwardArgs(*inputs))
+
+
+def _save(ctx, a, output) -> None:
+    """What a joiner op's backward reads: its tensors, index tensors, normalisers and arcs."""
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(
@@ -456,46 +506,49 @@ def _setup(ctx, inputs, output):
     )
 
 
-def _backward(ctx, g_out, _g_lse, _g_arcs):
+def _coefficients(reduction: str, B: int, tl: Tensor, dtype: torch.dtype, device) -> Tensor:
+    """The ``(B,)`` reduction coefficients, ``"mean_volume"`` (NeMo's: over the summed target lengths) too."""
+    if reduction == "mean_volume":
+        count = int(tl.detach().cpu().to(torch.int64).sum())
+        return reduction_coefficients("mean", B, count=count, dtype=dtype, device=device)
+    return reduction_coefficients(reduction, B, dtype=dtype, device=device)
+
+
+def _joiner_backward(ctx, g_out, need, schema, back_schema, back_op):
+    """The gradients of a joiner op (``schema``, ``need`` its ``needs_input_grad``) by its
+    backward op: the saved tensors, the coefficients of ``ctx.reduction`` times ``g_out``, then
+    ``ctx.extra`` (the backward's own options) and the four ``need_*`` flags."""
     if g_out is None:
-        return grads(RNNTJoinerArgs)
-    need = RNNTJoinerArgs(*ctx.needs_input_grad)
-    enc, pred, w, bias, tg, il, tl, lse, arcs = ctx.saved_tensors
+        return grads(schema)
+    saved = ctx.saved_tensors
+    enc, tl, arcs = saved[0], saved[6], saved[8]
     if arcs.dim() == 1:
-        raise RuntimeError("lightning_gtn::rnnt_joiner_loss: a backward through a call with need_grad=False")
+        raise RuntimeError(f"lightning_gtn::{ctx.op}: a backward through a call with need_grad=False")
     B = enc.shape[0]
     if ctx.reduction == "none":
         coef = g_out.reshape(B).to(enc.dtype)
     else:
-        r = reduction_coefficients(ctx.reduction, B, dtype=enc.dtype, device=enc.device)
-        coef = r * g_out.to(enc.dtype)
-    args = RNNTJoinerBackwardArgs(
-        encoder=enc,
-        predictor=pred,
-        weight=w,
-        bias=bias,
-        targets=tg,
-        logit_lengths=il,
-        target_lengths=tl,
-        lse=lse,
-        arcs=arcs,
-        coef=coef,
-        blank=ctx.blank,
-        clamp=ctx.clamp,
-        impl=ctx.impl,
-        need_encoder=bool(need.encoder),
-        need_predictor=bool(need.predictor),
-        need_weight=bool(need.weight),
-        need_bias=bool(need.bias),
-    )
-    ge, gp, gw, gb = rnnt_joiner_loss_backward_op(*args)
+        coef = _coefficients(ctx.reduction, B, tl, enc.dtype, enc.device) * g_out.to(enc.dtype)
+    flags = (bool(need.encoder), bool(need.predictor), bool(need.weight), bool(need.bias))
+    ge, gp, gw, gb = back_op(*back_schema(*saved, coef, *ctx.extra, *flags))
     return grads(
-        RNNTJoinerArgs,
+        schema,
         encoder=ge if need.encoder else None,
         predictor=gp if need.predictor else None,
         weight=gw if need.weight else None,
         bias=gb if need.bias else None,
     )
+
+
+def _setup(ctx, inputs, output):
+    a = RNNTJoinerArgs(*inputs)
+    ctx.reduction, ctx.extra, ctx.op = a.reduction, (a.blank, a.clamp, a.impl), "rnnt_joiner_loss"
+    _save(ctx, a, output)
+
+
+def _backward(ctx, g_out, _g_lse, _g_arcs):
+    need = RNNTJoinerArgs(*ctx.needs_input_grad)
+    return _joiner_backward(ctx, g_out, need, RNNTJoinerArgs, RNNTJoinerBackwardArgs, rnnt_joiner_loss_backward_op)
 
 
 rnnt_joiner_loss_op.register_autograd(_backward, setup_context=_setup)
@@ -736,14 +789,6 @@ class DurationJoinerBackwardArgs(NamedTuple):
     need_bias: bool
 
 
-def _duration_coefficients(reduction: str, B: int, tl: Tensor, dtype: torch.dtype, device) -> Tensor:
-    """The ``(B,)`` reduction coefficients, ``"mean_volume"`` (NeMo's: over the summed target lengths) too."""
-    if reduction == "mean_volume":
-        count = int(tl.detach().cpu().to(torch.int64).sum())
-        return reduction_coefficients("mean", B, count=count, dtype=dtype, device=device)
-    return reduction_coefficients(reduction, B, dtype=dtype, device=device)
-
-
 def _duration_forward(a: DurationJoinerArgs) -> Tuple[Tensor, Tensor, Tensor]:
     enc, pred, weight, bias = a.encoder, a.predictor, a.weight, a.bias
     B, T, J = enc.shape
@@ -752,30 +797,20 @@ def _duration_forward(a: DurationJoinerArgs) -> Tuple[Tensor, Tensor, Tensor]:
     K, D, fixed = a.K, a.D, list(a.fixed)
     F = len(fixed)
     _check_sizes(B, T, U1)
-    il = a.logit_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tl = a.target_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tg = a.targets.detach().cpu().numpy().astype(np.int64, copy=False)
-    checks.check_in_range(il, "logit_lengths", "T", T, inclusive=True, of="encoder of shape (B, T, J)")
-    checks.check_in_range(tl, "target_lengths", "U", U1 - 1, inclusive=True, of="predictor of shape (B, U + 1, J)")
-    checks.check_padded_labels(tg, tl, K, fixed, classes="K")
+    tg, il, tl = _check_values(a.targets, a.logit_lengths, a.target_lengths, T, U1 - 1, K, fixed, "K")
     dev, dt = enc.device, enc.dtype
     # the lattice on the CPU is numba's (float64 costs whatever the input); elsewhere in the compute dtype
     sdt = torch.float64 if lattice_on_numba(dev) else dt
     G = 2 if D > 0 else 1
-    per = chunk_nodes(J, V, enc.element_size())
     small = torch.zeros((B, T, U1, 1 + F + D), dtype=sdt, device=dev)
     lse = torch.zeros((B, T, U1, G), dtype=dt, device=dev) if a.need_grad else None
     cols = torch.tensor(fixed, dtype=torch.int64, device=dev)
     with torch.no_grad():
-        for b in range(B):
-            Tb, Ub = int(il[b]), int(tl[b])
-            if Tb == 0:
-                continue
-            nodes = _Nodes(Tb, Ub, tg[b], fixed[0], per, dev)
-            sb = small[b, :Tb, : Ub + 1].reshape(-1, 1 + F + D)  # a copy when ragged: written back below
+        for b, nodes in _examples(enc, weight, tg, il, tl, fixed[0]):
+            Tb, U1b = nodes.T, nodes.U1
+            sb = small[b, :Tb, :U1b].reshape(-1, 1 + F + D)  # a copy when ragged: written back below
             lb = torch.empty(nodes.n, G, dtype=dt, device=dev)
-            for n0, n1, key in nodes.chunks():
-                z = _logits(nodes.hidden(enc[b], pred[b], n0, n1, key), weight, bias)
+            for n0, n1, _, z in nodes.logits(enc[b], pred[b], weight, bias):
                 zl = z if K == V else z[:, :K]
                 dl = torch.logsumexp(zl, dim=1)
                 lb[n0:n1, 0] = dl
@@ -785,9 +820,9 @@ def _duration_forward(a: DurationJoinerArgs) -> Tuple[Tensor, Tensor, Tensor]:
                     dd = torch.logsumexp(z[:, K:], dim=1)
                     lb[n0:n1, 1] = dd
                     sb[n0:n1, 1 + F :] = z[:, K:] - dd[:, None]
-            small[b, :Tb, : Ub + 1] = sb.view(Tb, Ub + 1, -1)
+            small[b, :Tb, :U1b] = sb.view(Tb, U1b, -1)
             if lse is not None:
-                lse[b, :Tb, : Ub + 1] = lb.view(Tb, Ub + 1, G)
+                lse[b, :Tb, :U1b] = lb.view(Tb, U1b, G)
     losses, g = duration_lattice_op(
         *DurationLatticeArgs(
             logits=small,
@@ -816,7 +851,7 @@ def _duration_forward(a: DurationJoinerArgs) -> Tuple[Tensor, Tensor, Tensor]:
     if a.reduction == "none":
         out = costs
     else:
-        out = (costs * _duration_coefficients(a.reduction, B, a.target_lengths, torch.float64, costs.device)).sum()
+        out = (costs * _coefficients(a.reduction, B, a.target_lengths, torch.float64, costs.device)).sum()
     out = out.to(device=dev, dtype=dt)
     if not a.need_grad or lse is None:
         return out, enc.new_empty(0), enc.new_empty(0)
@@ -916,107 +951,71 @@ def duration_joiner_loss_backward_op(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``sum_b coef[b] * d cost[b] / d (encoder, predictor, weight, bias)`` from the forward's
     normalisers and column gradients; the gradients not asked for are empty tensors."""
-    B, T, J = encoder.shape
-    V = weight.shape[0]
+    a = DurationJoinerBackwardArgs(
+        encoder,
+        predictor,
+        weight,
+        bias,
+        targets,
+        logit_lengths,
+        target_lengths,
+        lse,
+        arcs,
+        coef,
+        K,
+        fixed,
+        need_encoder,
+        need_predictor,
+        need_weight,
+        need_bias,
+    )
     F = len(fixed)
-    D = V - K
-    tg = targets.detach().cpu().numpy().astype(np.int64, copy=False)
-    il = logit_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tl = target_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    dev, dt = encoder.device, encoder.dtype
-    c = coef.detach().to(device=dev, dtype=dt).reshape(-1)
-    g_enc = torch.zeros_like(encoder) if need_encoder else None
-    g_pred = torch.zeros_like(predictor) if need_predictor else None
-    g_w = torch.zeros_like(weight) if need_weight else None
-    g_b = torch.zeros_like(bias) if need_bias else None
-    cols = torch.tensor(fixed, dtype=torch.int64, device=dev)
-    per = chunk_nodes(J, V, encoder.element_size())
-    with torch.no_grad():
-        for b in range(B):
-            Tb, Ub = int(il[b]), int(tl[b])
-            if Tb == 0:
-                continue
-            nodes = _Nodes(Tb, Ub, tg[b], fixed[0], per, dev)
-            ls = lse[b, :Tb, : Ub + 1].reshape(nodes.n, -1)
-            pa = arcs[b, :Tb, : Ub + 1].reshape(nodes.n, -1)
-            cb = float(c[b])
-            fold = cb > 0.0  # the coefficient goes into the columns' weights (their logs need them > 0)
-            if fold:
-                pa = pa * cb
-            for n0, n1, key in nodes.chunks():
-                h = nodes.hidden(encoder[b], predictor[b], n0, n1, key)
-                z = _logits(h, weight, bias)
-                p = pa[n0:n1]
-                pl = p[:, : 1 + F]
-                zl = z if D == 0 else z[:, :K]
-                # (sum p) softmax(z) = exp(z - (lse - log(sum p))), in place, each group
-                zl.sub_((ls[n0:n1, 0] - torch.log(pl.sum(1)))[:, None]).exp_()
-                zl.index_add_(1, cols, -pl[:, 1:])
-                zl.scatter_add_(1, nodes.labels(n0, n1), -pl[:, :1])
-                if D > 0:
-                    pd = p[:, 1 + F :]
-                    zd = z[:, K:]
-                    zd.sub_((ls[n0:n1, 1] - torch.log(pd.sum(1)))[:, None]).exp_().sub_(pd)
-                if not fold:
-                    z.mul_(cb)
-                _accumulate(z, h, weight, b, nodes, (n0, n1, key), g_enc, g_pred, g_w, g_b)
-    return tuple(encoder.new_empty(0) if g is None else g for g in (g_enc, g_pred, g_w, g_b))  # type: ignore[return-value]
+    D = weight.shape[0] - K
+    cols = torch.tensor(fixed, dtype=torch.int64, device=encoder.device)
+
+    def example(b: int, nodes: _Nodes, cb: float):
+        ls = lse[b, : nodes.T, : nodes.U1].reshape(nodes.n, -1)
+        pa = arcs[b, : nodes.T, : nodes.U1].reshape(nodes.n, -1)
+        fold = cb > 0.0  # the coefficient goes into the columns' weights (their logs need them > 0)
+        if fold:
+            pa = pa * cb
+
+        def dz_of(z: Tensor, n0: int, n1: int) -> Tensor:
+            p = pa[n0:n1]
+            pl = p[:, : 1 + F]
+            zl = z if D == 0 else z[:, :K]
+            # (sum p) softmax(z) = exp(z - (lse - log(sum p))), in place, each group
+            zl.sub_((ls[n0:n1, 0] - torch.log(pl.sum(1)))[:, None]).exp_()
+            zl.index_add_(1, cols, -pl[:, 1:])
+            zl.scatter_add_(1, nodes.labels(n0, n1), -pl[:, :1])
+            if D > 0:
+                pd = p[:, 1 + F :]
+                zd = z[:, K:]
+                zd.sub_((ls[n0:n1, 1] - torch.log(pd.sum(1)))[:, None]).exp_().sub_(pd)
+            if not fold:
+                z.mul_(cb)
+            return z
+
+        return dz_of
+
+    return _backward_grads(a, fixed[0], example)
 
 
 @duration_joiner_loss_backward_op.register_fake
 def _duration_backward_fake(*inputs):
-    a = DurationJoinerBackwardArgs(*inputs)
-    need = (a.need_encoder, a.need_predictor, a.need_weight, a.need_bias)
-    return tuple(torch.empty_like(x) if n else a.encoder.new_empty(0) for x, n in zip(a[:4], need))
+    return _grads_fake(DurationJoinerBackwardArgs(*inputs))
 
 
 def _duration_setup(ctx, inputs, output):
     a = DurationJoinerArgs(*inputs)
-    ctx.reduction, ctx.K, ctx.fixed = a.reduction, a.K, list(a.fixed)
-    ctx.mark_non_differentiable(output[1], output[2])
-    ctx.set_materialize_grads(False)
-    ctx.save_for_backward(
-        a.encoder, a.predictor, a.weight, a.bias, a.targets, a.logit_lengths, a.target_lengths, output[1], output[2]
-    )
+    ctx.reduction, ctx.extra, ctx.op = a.reduction, (a.K, list(a.fixed)), "duration_joiner_loss"
+    _save(ctx, a, output)
 
 
 def _duration_backward(ctx, g_out, _g_lse, _g_arcs):
-    if g_out is None:
-        return grads(DurationJoinerArgs)
     need = DurationJoinerArgs(*ctx.needs_input_grad)
-    enc, pred, w, bias, tg, il, tl, lse, arcs = ctx.saved_tensors
-    if arcs.dim() == 1:
-        raise RuntimeError("lightning_gtn::duration_joiner_loss: a backward through a call with need_grad=False")
-    B = enc.shape[0]
-    if ctx.reduction == "none":
-        coef = g_out.reshape(B).to(enc.dtype)
-    else:
-        coef = _duration_coefficients(ctx.reduction, B, tl, enc.dtype, enc.device) * g_out.to(enc.dtype)
-    args = DurationJoinerBackwardArgs(
-        encoder=enc,
-        predictor=pred,
-        weight=w,
-        bias=bias,
-        targets=tg,
-        logit_lengths=il,
-        target_lengths=tl,
-        lse=lse,
-        arcs=arcs,
-        coef=coef,
-        K=ctx.K,
-        fixed=ctx.fixed,
-        need_encoder=bool(need.encoder),
-        need_predictor=bool(need.predictor),
-        need_weight=bool(need.weight),
-        need_bias=bool(need.bias),
-    )
-    ge, gp, gw, gb = duration_joiner_loss_backward_op(*args)
-    return grads(
-        DurationJoinerArgs,
-        encoder=ge if need.encoder else None,
-        predictor=gp if need.predictor else None,
-        weight=gw if need.weight else None,
-        bias=gb if need.bias else None,
+    return _joiner_backward(
+        ctx, g_out, need, DurationJoinerArgs, DurationJoinerBackwardArgs, duration_joiner_loss_backward_op
     )
 
 
