@@ -23,6 +23,13 @@ at most :data:`JOINER_CHUNK_BYTES` of work space.
 What is held between the two: the normalisers and the weighted arc posteriors, ``3 B T (U + 1)``
 values. Each pass computes the logits once, so a training step costs one joiner forward more than
 the materialised path.
+
+:func:`tdt_joiner_loss` and :func:`multiblank_rnnt_joiner_loss` do the same for the duration
+lattices of :mod:`.rnnt_variants` (custom ops ``lightning_gtn::duration_joiner_loss`` and its
+backward, :class:`DurationJoinerArgs`): per node the label (and TDT's duration) normaliser and
+the log-probabilities its arcs read (the target's, the blank's and big blanks', the durations'),
+scored by :func:`.rnnt_variants.duration_lattice_op` in its unfused mode, whose gradient w.r.t.
+those log-probabilities the backward turns into the logits' per chunk (see the section below).
 """
 
 from __future__ import annotations
@@ -735,7 +742,7 @@ def rnnt_joiner_loss(
 # label classes' (the blank, the big blanks), normalised over the label group ``[0, K)``, and, for
 # TDT, the ``D`` duration logits normalised over ``[K, V)``. Those ``1 + F + D`` log-probabilities a
 # node (``F`` fixed classes) are the columns of a small ``(B, T, U + 1, 1 + F + D)`` tensor the
-# duration lattice scores in its unfused mode (:func:`..rnnt_variants.duration_lattice_op` with
+# duration lattice scores in its unfused mode (:func:`.rnnt_variants.duration_lattice_op` with
 # ``normalise=False``), which gives ``d cost / d`` each column exactly. The backward turns those
 # into the logits' gradient chunk by chunk: with ``p`` the negated column gradients,
 # ``dz[:K] = (sum p_label) softmax(z[:K]) - p_target [v = y_u] - sum_f p_f [v = c_f]`` and
@@ -886,7 +893,7 @@ def duration_joiner_loss_op(
     """``(out, lse (B, T, U + 1, G), arcs (B, T, U + 1, 1 + F + D))`` of the duration lattice on the
     joiner ``Linear(tanh(enc + pred))``: label classes ``[0, K)``, duration classes ``[K, K + D)``
     (``K + D = V``); the nodes' small log-probability tensor has the columns ``[target, fixed...,
-    durations...]``, which the arcs (:func:`..rnnt_variants.duration_lattice_op`'s, their blank
+    durations...]``, which the arcs (:func:`.rnnt_variants.duration_lattice_op`'s, their blank
     ids ``blank_cols`` being columns) read. ``lse`` holds the label and (``D > 0``) duration
     normalisers, ``arcs`` the negated column gradients; both empty without ``need_grad``."""
     return _duration_forward(
@@ -1026,7 +1033,7 @@ class DurationJoinerCriterion(RNNTJoinerCriterion):
     """A duration lattice on the joiner ``Linear(tanh(enc + pred))`` through
     :func:`~lightning_gtn.core.criterion.apply_loss`: the joiner's tensors and chunks as
     :class:`RNNTJoinerCriterion`, the blank, the lattice's options and its arcs as the
-    materialised loss's criterion :attr:`lattice` (its reductions and backends too), its own op
+    materialised loss's criterion ``lattice`` (its reductions and backends too), its own op
     ``lightning_gtn::duration_joiner_loss``."""
 
     reductions = DURATION_REDUCTIONS
