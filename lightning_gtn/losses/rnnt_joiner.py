@@ -822,7 +822,7 @@ def _duration_forward(a: DurationJoinerArgs) -> Tuple[Tensor, Tensor, Tensor]:
     with torch.no_grad():
         for b, nodes in _examples(enc, weight, tg, il, tl, fixed[0]):
             Tb, U1b = nodes.T, nodes.U1
-            sb = small[b, :Tb, :U1b].reshape(-1, 1 + F + D)  # a copy when ragged: written back below
+            sb = torch.empty(nodes.n, 1 + F + D, dtype=sdt, device=dev)
             lb = torch.empty(nodes.n, G, dtype=dt, device=dev)
             for n0, n1, _, z in nodes.logits(enc[b], pred[b], weight, bias):
                 zl = z if K == V else z[:, :K]

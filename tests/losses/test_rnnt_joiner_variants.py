@@ -248,3 +248,17 @@ def test_bad_inputs():
         multiblank_rnnt_joiner_loss(enc, pred, w, b, torch.full_like(tg, 7), il, tl, **MB_KW)  # a big blank
     with pytest.raises(TypeError, match="unexpected options"):
         rnnt_joiner.apply_loss(rnnt_joiner.TDT_JOINER, (enc, pred, w, b), tg, il, tl, clamp=0.1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fuzzed_shapes_lengths_and_arcs(seed):
+    g = torch.Generator().manual_seed(300 + seed)
+    B, T, U, J = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 4), (1, 7), (0, 4), (1, 5)))
+    durations = [(0, 1), (1, 2), (0, 2, 3), (0, 1, 2, 3, 4)][seed]
+    big = [(), (2,), (3, 5), (1,)][seed]  # (1,): a big blank as long as the blank
+    tensors, tg, il, tl = case(B, T, U, V=6 + len(durations), J=J, labels=6, seed=400 + seed)
+    res = both("tdt", tensors, tg, il, tl, reduction="sum", durations=durations, sigma=0.0)
+    assert_both_close(res, 1e-7, 1e-7, 1e-12)
+    tensors, tg, il, tl = case(B, T, U, V=6 + len(big), J=J, labels=6 - len(big), seed=500 + seed)
+    res = both("multiblank", tensors, tg, il, tl, reduction="mean_volume", big_blank_durations=big, sigma=0.0)
+    assert_both_close(res, 1e-7, 1e-7, 1e-12)
