@@ -67,7 +67,7 @@ from ..losses.lattice import (
 from ..losses.mmi import mmi_denominator_score, mmi_loss
 from ..losses.rnnt import RNNT_IMPLS as RNNT_IMPLS
 from ..losses.rnnt import rnnt_loss
-from ..losses.rnnt_joiner import rnnt_joiner_loss
+from ..losses.rnnt_joiner import multiblank_rnnt_joiner_loss, rnnt_joiner_loss, tdt_joiner_loss
 from ..losses.rnnt_variants import multiblank_rnnt_loss, tdt_loss
 from ..losses.sequence import sequence_loss
 from ..losses.stc import stc_emissions, stc_graph, stc_loss
@@ -86,6 +86,8 @@ __all__ = [
     "sequence_loss",
     "rnnt_loss",
     "rnnt_joiner_loss",
+    "tdt_joiner_loss",
+    "multiblank_rnnt_joiner_loss",
     "multiblank_rnnt_loss",
     "tdt_loss",
     "stc_loss",

@@ -23,12 +23,19 @@ at most :data:`JOINER_CHUNK_BYTES` of work space.
 What is held between the two: the normalisers and the weighted arc posteriors, ``3 B T (U + 1)``
 values. Each pass computes the logits once, so a training step costs one joiner forward more than
 the materialised path.
+
+:func:`tdt_joiner_loss` and :func:`multiblank_rnnt_joiner_loss` do the same for the duration
+lattices of :mod:`.rnnt_variants` (custom ops ``lightning_gtn::duration_joiner_loss`` and its
+backward, :class:`DurationJoinerArgs`): per node the label (and TDT's duration) normaliser and
+the log-probabilities its arcs read (the target's, the blank's and big blanks', the durations'),
+scored by :func:`.rnnt_variants.duration_lattice_op` in its unfused mode, whose gradient w.r.t.
+those log-probabilities the backward turns into the logits' per chunk (see the section below).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -41,14 +48,22 @@ from ..core.reduction import reduction_coefficients
 from ..kernels.rnnt_numba import rnnt_cost_grad
 from ..kernels.rnnt_torch import rnnt_cost_grad_torch
 from ..opargs import grads, op_schema
+from .rnnt_variants import BACKENDS as DURATION_BACKENDS
+from .rnnt_variants import IMPLS as DURATION_IMPLS
+from .rnnt_variants import MULTIBLANK, TDT, DurationLatticeArgs, DurationLatticeCriterion, duration_lattice_op
+from .rnnt_variants import REDUCTIONS as DURATION_REDUCTIONS
 
 __all__ = [
     "rnnt_joiner_loss",
+    "tdt_joiner_loss",
+    "multiblank_rnnt_joiner_loss",
     "JOINER_BACKENDS",
     "JOINER_CHUNK_BYTES",
     "MAX_JOINER_NODES",
     "RNNTJoinerArgs",
     "RNNTJoinerBackwardArgs",
+    "DurationJoinerArgs",
+    "DurationJoinerBackwardArgs",
 ]
 
 #: work space of one chunk of nodes, in bytes (read at each call; a chunk holds at least one node):
@@ -93,14 +108,22 @@ def _check_sizes(B: int, T: int, U1: int) -> None:
         )
 
 
-def _check_values(targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, T: int, U: int, V: int, blank: int):
-    """Host int64 copies ``(targets, logit_lengths, target_lengths)``, range-checked."""
-    il = logit_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tl = target_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tg = targets.detach().cpu().numpy().astype(np.int64, copy=False)
+def _host(targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor):
+    """Host int64 copies ``(targets, logit_lengths, target_lengths)``."""
+    return tuple(
+        x.detach().cpu().numpy().astype(np.int64, copy=False) for x in (targets, logit_lengths, target_lengths)
+    )
+
+
+def _check_values(
+    targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor, T: int, U: int, K: int, blanks, classes: str
+):
+    """Host int64 copies ``(targets, logit_lengths, target_lengths)``, range-checked: labels in
+    ``[0, K)`` (``classes`` names ``K``) and none of ``blanks``."""
+    tg, il, tl = _host(targets, logit_lengths, target_lengths)
     checks.check_in_range(il, "logit_lengths", "T", T, inclusive=True, of="encoder of shape (B, T, J)")
     checks.check_in_range(tl, "target_lengths", "U", U, inclusive=True, of="predictor of shape (B, U + 1, J)")
-    checks.check_padded_labels(tg, tl, V, blank)
+    checks.check_padded_labels(tg, tl, K, blanks, classes=classes)
     return tg, il, tl
 
 
@@ -149,6 +172,14 @@ class _Nodes:
             return torch.tanh_(pre).reshape(-1, enc.shape[1])
         return torch.tanh_(enc.index_select(0, self.t[n0:n1]) + pred.index_select(0, self.u[n0:n1]))
 
+    def logits(self, enc: Tensor, pred: Tensor, weight: Tensor, bias: Tensor, hidden: bool = False):
+        """Per chunk ``(n0, n1, key, z)`` (``(n0, n1, key, z, h)`` with ``hidden``): the chunk's
+        logits ``z (n, V)`` of its hidden ``h (n, J)``."""
+        for n0, n1, key in self.chunks():
+            h = self.hidden(enc, pred, n0, n1, key)
+            z = _logits(h, weight, bias)
+            yield (n0, n1, key, z, h) if hidden else (n0, n1, key, z)
+
     def add_grads(self, g_enc: Optional[Tensor], g_pred: Optional[Tensor], dpre: Tensor, n0: int, n1: int, key) -> None:
         """The chunk's ``dpre (n, J)`` summed over ``u`` into ``g_enc (T, J)``, over ``t`` into ``g_pred``."""
         if key is not None:
@@ -165,9 +196,36 @@ class _Nodes:
             g_pred.index_add_(0, self.u[n0:n1], dpre)
 
 
+def _examples(encoder: Tensor, weight: Tensor, tg: np.ndarray, il: np.ndarray, tl: np.ndarray, pad: int):
+    """``(b, nodes)``: each example with frames and its :class:`_Nodes` (emit label ``pad`` at
+    ``u = U_b``), chunked by :func:`chunk_nodes` of the encoder's dtype."""
+    per = chunk_nodes(encoder.shape[2], weight.shape[0], encoder.element_size())
+    for b in range(encoder.shape[0]):
+        Tb, Ub = int(il[b]), int(tl[b])
+        if Tb == 0:
+            continue
+        yield b, _Nodes(Tb, Ub, tg[b], pad, per, encoder.device)
+
+
 def _logits(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """``(n, V)``: ``h @ weight.T + bias``."""
     return torch.addmm(bias, h, weight.t())
+
+
+def _accumulate(dz: Tensor, h: Tensor, weight: Tensor, b: int, nodes: "_Nodes", chunk, g_enc, g_pred, g_w, g_b) -> None:
+    """A chunk's logit gradient ``dz (n, V)`` (of the hidden ``h (n, J)``) into the gradients:
+    ``dW += dz^T h``, ``db += sum dz``, ``dpre = (dz W) (1 - h^2)`` summed into example ``b``'s
+    rows of the encoder's and the predictor's (those that are None are not asked for)."""
+    if g_w is not None:
+        g_w.addmm_(dz.t(), h)
+    if g_b is not None:
+        g_b.add_(dz.sum(0))
+    if g_enc is not None or g_pred is not None:
+        dpre = torch.mm(dz, weight)
+        torch.ops.aten.tanh_backward.grad_input(dpre, h, grad_input=dpre)  # dh (1 - h^2), in place
+        ge = None if g_enc is None else g_enc[b]
+        gp = None if g_pred is None else g_pred[b]
+        nodes.add_grads(ge, gp, dpre, *chunk)
 
 
 def lattice_on_numba(device: torch.device) -> bool:
@@ -223,28 +281,23 @@ def _forward(
     U1 = predictor.shape[1]
     V = weight.shape[0]
     _check_sizes(B, T, U1)
-    tg, il, tl = _check_values(targets, logit_lengths, target_lengths, T, U1 - 1, V, blank)
+    tg, il, tl = _check_values(targets, logit_lengths, target_lengths, T, U1 - 1, V, blank, "V")
     dev, dt = encoder.device, encoder.dtype
-    per = chunk_nodes(J, V, encoder.element_size())
     lp2 = torch.zeros((B, T, U1, 2), dtype=torch.float64, device=dev)
     lse = torch.zeros((B, T, U1), dtype=dt, device=dev) if need_grad else None
     with torch.no_grad():
-        for b in range(B):
-            Tb, Ub = int(il[b]), int(tl[b])
-            if Tb == 0:
-                continue
-            nodes = _Nodes(Tb, Ub, tg[b], blank, per, dev)
+        for b, nodes in _examples(encoder, weight, tg, il, tl, blank):
+            Tb, U1b = nodes.T, nodes.U1
             lb = torch.empty(nodes.n, 2, dtype=torch.float64, device=dev)
             ls = torch.empty(nodes.n, dtype=dt, device=dev)
-            for n0, n1, key in nodes.chunks():
-                z = _logits(nodes.hidden(encoder[b], predictor[b], n0, n1, key), weight, bias)
+            for n0, n1, _, z in nodes.logits(encoder[b], predictor[b], weight, bias):
                 d = torch.logsumexp(z, dim=1)
                 ls[n0:n1] = d
                 lb[n0:n1, 0] = z[:, blank] - d
                 lb[n0:n1, 1] = z.gather(1, nodes.labels(n0, n1))[:, 0] - d
-            lp2[b, :Tb, : Ub + 1] = lb.view(Tb, Ub + 1, 2)
+            lp2[b, :Tb, :U1b] = lb.view(Tb, U1b, 2)
             if lse is not None:
-                lse[b, :Tb, : Ub + 1] = ls.view(Tb, Ub + 1)
+                lse[b, :Tb, :U1b] = ls.view(Tb, U1b)
     costs, g2 = _lattice(lp2, il, tl, lam, need_grad)
     costs = costs * (1.0 + lam)  # FastEmit's reported cost, as rnnt_loss reports it
     if zero_infinity:
@@ -374,67 +427,85 @@ def rnnt_joiner_loss_backward_op(
     """``sum_b coef[b] * d cost[b] / d (encoder, predictor, weight, bias)`` (``cost[b]`` with
     FastEmit's emit-arc weighting and ``clamp`` applied to each example's logit gradient before
     ``coef``); the gradients not asked for are empty tensors."""
-    B, T, J = encoder.shape
-    V = weight.shape[0]
-    tg = targets.detach().cpu().numpy().astype(np.int64, copy=False)
-    il = logit_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    tl = target_lengths.detach().cpu().numpy().astype(np.int64, copy=False)
-    dev, dt = encoder.device, encoder.dtype
-    c = coef.detach().to(device=dev, dtype=dt).reshape(-1)
-    g_enc = torch.zeros_like(encoder) if need_encoder else None
-    g_pred = torch.zeros_like(predictor) if need_predictor else None
-    g_w = torch.zeros_like(weight) if need_weight else None
-    g_b = torch.zeros_like(bias) if need_bias else None
-    need_h = need_encoder or need_predictor
-    per = chunk_nodes(J, V, encoder.element_size())
+    a = RNNTJoinerBackwardArgs(
+        encoder,
+        predictor,
+        weight,
+        bias,
+        targets,
+        logit_lengths,
+        target_lengths,
+        lse,
+        arcs,
+        coef,
+        blank,
+        clamp,
+        impl,
+        need_encoder,
+        need_predictor,
+        need_weight,
+        need_bias,
+    )
+
+    def example(b: int, nodes: _Nodes, cb: float):
+        ls = lse[b, : nodes.T, : nodes.U1].reshape(-1)
+        pa = arcs[b, : nodes.T, : nodes.U1].reshape(-1, 2)
+        # the coefficient goes into the arcs' weights unless the clamp must see the unscaled gradient
+        fold = clamp <= 0.0 and cb > 0.0
+
+        def dz_of(z: Tensor, n0: int, n1: int) -> Tensor:
+            pb, pe = pa[n0:n1, 0], pa[n0:n1, 1]
+            if fold:
+                pb, pe = pb * cb, pe * cb
+            # (p_blank + p_emit) softmax(z) = exp(z - (lse - log(p_blank + p_emit))): two passes over z
+            dz = z.sub_((ls[n0:n1] - torch.log(pb + pe))[:, None]).exp_()
+            dz[:, blank] -= pb
+            dz.scatter_add_(1, nodes.labels(n0, n1), -pe[:, None])
+            if clamp > 0.0:
+                dz.clamp_(-clamp, clamp)
+            if not fold:
+                dz.mul_(cb)
+            return dz
+
+        return dz_of
+
+    return _backward_grads(a, blank, example)
+
+
+def _backward_grads(a, pad: int, example) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The four gradients of a backward op's arguments ``a`` (a schema with the four tensors, the
+    index tensors, ``coef`` and the ``need_*`` flags): per example with frames ``dz_of =
+    example(b, nodes, coef[b])``, per chunk ``dz_of(z, n0, n1)`` the chunk's logit gradient (it
+    may overwrite the logits ``z``), accumulated by :func:`_accumulate`; those not asked for
+    are empty tensors."""
+    encoder, predictor, weight, bias = a.encoder, a.predictor, a.weight, a.bias
+    tg, il, tl = _host(a.targets, a.logit_lengths, a.target_lengths)
+    c = a.coef.detach().to(device=encoder.device, dtype=encoder.dtype).reshape(-1)
+    g_enc = torch.zeros_like(encoder) if a.need_encoder else None
+    g_pred = torch.zeros_like(predictor) if a.need_predictor else None
+    g_w = torch.zeros_like(weight) if a.need_weight else None
+    g_b = torch.zeros_like(bias) if a.need_bias else None
     with torch.no_grad():
-        for b in range(B):
-            Tb, Ub = int(il[b]), int(tl[b])
-            if Tb == 0:
-                continue
-            nodes = _Nodes(Tb, Ub, tg[b], blank, per, dev)
-            ls = lse[b, :Tb, : Ub + 1].reshape(-1)
-            pa = arcs[b, :Tb, : Ub + 1].reshape(-1, 2)
-            cb = float(c[b])
-            # the coefficient goes into the arcs' weights unless the clamp must see the unscaled gradient
-            fold = clamp <= 0.0 and cb > 0.0
-            for n0, n1, key in nodes.chunks():
-                h = nodes.hidden(encoder[b], predictor[b], n0, n1, key)
-                z = _logits(h, weight, bias)
-                pb, pe = pa[n0:n1, 0], pa[n0:n1, 1]
-                if fold:
-                    pb, pe = pb * cb, pe * cb
-                # (p_blank + p_emit) softmax(z) = exp(z - (lse - log(p_blank + p_emit))): two passes over z
-                dz = z.sub_((ls[n0:n1] - torch.log(pb + pe))[:, None]).exp_()
-                dz[:, blank] -= pb
-                dz.scatter_add_(1, nodes.labels(n0, n1), -pe[:, None])
-                if clamp > 0.0:
-                    dz.clamp_(-clamp, clamp)
-                if not fold:
-                    dz.mul_(cb)
-                if g_w is not None:
-                    g_w.addmm_(dz.t(), h)
-                if g_b is not None:
-                    g_b.add_(dz.sum(0))
-                if need_h:
-                    dpre = torch.mm(dz, weight)
-                    torch.ops.aten.tanh_backward.grad_input(dpre, h, grad_input=dpre)  # dh (1 - h^2), in place
-                    ge = None if g_enc is None else g_enc[b]
-                    gp = None if g_pred is None else g_pred[b]
-                    nodes.add_grads(ge, gp, dpre, n0, n1, key)
+        for b, nodes in _examples(encoder, weight, tg, il, tl, pad):
+            dz_of = example(b, nodes, float(c[b]))
+            for n0, n1, key, z, h in nodes.logits(encoder[b], predictor[b], weight, bias, hidden=True):
+                _accumulate(dz_of(z, n0, n1), h, weight, b, nodes, (n0, n1, key), g_enc, g_pred, g_w, g_b)
     return tuple(encoder.new_empty(0) if g is None else g for g in (g_enc, g_pred, g_w, g_b))  # type: ignore[return-value]
 
 
-@rnnt_joiner_loss_backward_op.register_fake
-def _backward_fake(*inputs):
-    a = RNNTJoinerBackwardArgs(*inputs)
+def _grads_fake(a):
+    """The fake outputs of a backward op whose arguments ``a`` start with the four tensors."""
     need = (a.need_encoder, a.need_predictor, a.need_weight, a.need_bias)
     return tuple(torch.empty_like(x) if n else a.encoder.new_empty(0) for x, n in zip(a[:4], need))
 
 
-def _setup(ctx, inputs, output):
-    a = RNNTJoinerArgs(*inputs)
-    ctx.reduction, ctx.blank, ctx.clamp, ctx.impl = a.reduction, a.blank, a.clamp, a.impl
+@rnnt_joiner_loss_backward_op.register_fake
+def _backward_fake(*inputs):
+    return _grads_fake(RNNTJoinerBackwardArgs(*inputs))
+
+
+def _save(ctx, a, output) -> None:
+    """What a joiner op's backward reads: its tensors, index tensors, normalisers and arcs."""
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(
@@ -442,46 +513,49 @@ def _setup(ctx, inputs, output):
     )
 
 
-def _backward(ctx, g_out, _g_lse, _g_arcs):
+def _coefficients(reduction: str, B: int, tl: Tensor, dtype: torch.dtype, device) -> Tensor:
+    """The ``(B,)`` reduction coefficients, ``"mean_volume"`` (NeMo's: over the summed target lengths) too."""
+    if reduction == "mean_volume":
+        count = int(tl.detach().cpu().to(torch.int64).sum())
+        return reduction_coefficients("mean", B, count=count, dtype=dtype, device=device)
+    return reduction_coefficients(reduction, B, dtype=dtype, device=device)
+
+
+def _joiner_backward(ctx, g_out, need, schema, back_schema, back_op):
+    """The gradients of a joiner op (``schema``, ``need`` its ``needs_input_grad``) by its
+    backward op: the saved tensors, the coefficients of ``ctx.reduction`` times ``g_out``, then
+    ``ctx.extra`` (the backward's own options) and the four ``need_*`` flags."""
     if g_out is None:
-        return grads(RNNTJoinerArgs)
-    need = RNNTJoinerArgs(*ctx.needs_input_grad)
-    enc, pred, w, bias, tg, il, tl, lse, arcs = ctx.saved_tensors
+        return grads(schema)
+    saved = ctx.saved_tensors
+    enc, tl, arcs = saved[0], saved[6], saved[8]
     if arcs.dim() == 1:
-        raise RuntimeError("lightning_gtn::rnnt_joiner_loss: a backward through a call with need_grad=False")
+        raise RuntimeError(f"lightning_gtn::{ctx.op}: a backward through a call with need_grad=False")
     B = enc.shape[0]
     if ctx.reduction == "none":
         coef = g_out.reshape(B).to(enc.dtype)
     else:
-        r = reduction_coefficients(ctx.reduction, B, dtype=enc.dtype, device=enc.device)
-        coef = r * g_out.to(enc.dtype)
-    args = RNNTJoinerBackwardArgs(
-        encoder=enc,
-        predictor=pred,
-        weight=w,
-        bias=bias,
-        targets=tg,
-        logit_lengths=il,
-        target_lengths=tl,
-        lse=lse,
-        arcs=arcs,
-        coef=coef,
-        blank=ctx.blank,
-        clamp=ctx.clamp,
-        impl=ctx.impl,
-        need_encoder=bool(need.encoder),
-        need_predictor=bool(need.predictor),
-        need_weight=bool(need.weight),
-        need_bias=bool(need.bias),
-    )
-    ge, gp, gw, gb = rnnt_joiner_loss_backward_op(*args)
+        coef = _coefficients(ctx.reduction, B, tl, enc.dtype, enc.device) * g_out.to(enc.dtype)
+    flags = (bool(need.encoder), bool(need.predictor), bool(need.weight), bool(need.bias))
+    ge, gp, gw, gb = back_op(*back_schema(*saved, coef, *ctx.extra, *flags))
     return grads(
-        RNNTJoinerArgs,
+        schema,
         encoder=ge if need.encoder else None,
         predictor=gp if need.predictor else None,
         weight=gw if need.weight else None,
         bias=gb if need.bias else None,
     )
+
+
+def _setup(ctx, inputs, output):
+    a = RNNTJoinerArgs(*inputs)
+    ctx.reduction, ctx.extra, ctx.op = a.reduction, (a.blank, a.clamp, a.impl), "rnnt_joiner_loss"
+    _save(ctx, a, output)
+
+
+def _backward(ctx, g_out, _g_lse, _g_arcs):
+    need = RNNTJoinerArgs(*ctx.needs_input_grad)
+    return _joiner_backward(ctx, g_out, need, RNNTJoinerArgs, RNNTJoinerBackwardArgs, rnnt_joiner_loss_backward_op)
 
 
 rnnt_joiner_loss_op.register_autograd(_backward, setup_context=_setup)
@@ -659,4 +733,497 @@ def rnnt_joiner_loss(
         name="encoder",
         clamp=clamp,
         fastemit_lambda=fastemit_lambda,
+    )
+
+
+# -- the duration lattices: TDT and multi-blank RNN-T -----------------------------------------------
+#
+# Each node's arcs read a few log-probabilities of its logits: the next target's and a few fixed
+# label classes' (the blank, the big blanks), normalised over the label group ``[0, K)``, and, for
+# TDT, the ``D`` duration logits normalised over ``[K, V)``. Those ``1 + F + D`` log-probabilities a
+# node (``F`` fixed classes) are the columns of a small ``(B, T, U + 1, 1 + F + D)`` tensor the
+# duration lattice scores in its unfused mode (:func:`.rnnt_variants.duration_lattice_op` with
+# ``normalise=False``), which gives ``d cost / d`` each column exactly. The backward turns those
+# into the logits' gradient chunk by chunk: with ``p`` the negated column gradients,
+# ``dz[:K] = (sum p_label) softmax(z[:K]) - p_target [v = y_u] - sum_f p_f [v = c_f]`` and
+# ``dz[K:] = (sum p_duration) softmax(z[K:]) - p_duration``.
+
+
+class DurationJoinerArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::duration_joiner_loss``."""
+
+    encoder: Tensor
+    predictor: Tensor
+    weight: Tensor
+    bias: Tensor
+    targets: Tensor
+    logit_lengths: Tensor
+    target_lengths: Tensor
+    K: int
+    D: int
+    fixed: List[int]
+    tok_dur: List[int]
+    tok_didx: List[int]
+    blank_cols: List[int]
+    blank_dur: List[int]
+    blank_didx: List[int]
+    sigma: float
+    omega: float
+    reduction: str
+    zero_infinity: bool
+    impl: str
+    need_grad: bool
+
+
+class DurationJoinerBackwardArgs(NamedTuple):
+    """The arguments of ``lightning_gtn::duration_joiner_loss_backward``."""
+
+    encoder: Tensor
+    predictor: Tensor
+    weight: Tensor
+    bias: Tensor
+    targets: Tensor
+    logit_lengths: Tensor
+    target_lengths: Tensor
+    lse: Tensor
+    arcs: Tensor
+    coef: Tensor
+    K: int
+    fixed: List[int]
+    need_encoder: bool
+    need_predictor: bool
+    need_weight: bool
+    need_bias: bool
+
+
+def _lse_narrow(x: Tensor) -> Tensor:
+    """``logsumexp(x, 1)`` of a few strided columns (``torch.logsumexp`` on such a view is many times
+    slower on the CPU); finite rows only (a NaN stays NaN)."""
+    m = x.amax(1, keepdim=True)
+    return (x - m).exp_().sum(1).log_().add_(m[:, 0])
+
+
+def _duration_forward(a: DurationJoinerArgs) -> Tuple[Tensor, Tensor, Tensor]:
+    enc, pred, weight, bias = a.encoder, a.predictor, a.weight, a.bias
+    B, T, J = enc.shape
+    U1 = pred.shape[1]
+    V = weight.shape[0]
+    K, D, fixed = a.K, a.D, list(a.fixed)
+    F = len(fixed)
+    _check_sizes(B, T, U1)
+    tg, il, tl = _check_values(a.targets, a.logit_lengths, a.target_lengths, T, U1 - 1, K, fixed, "K")
+    dev, dt = enc.device, enc.dtype
+    # the lattice on the CPU is numba's (float64 costs whatever the input); elsewhere in the compute dtype
+    sdt = torch.float64 if lattice_on_numba(dev) else dt
+    G = 2 if D > 0 else 1
+    small = torch.zeros((B, T, U1, 1 + F + D), dtype=sdt, device=dev)
+    lse = torch.zeros((B, T, U1, G), dtype=dt, device=dev) if a.need_grad else None
+    cols = torch.tensor(fixed, dtype=torch.int64, device=dev)
+    with torch.no_grad():
+        for b, nodes in _examples(enc, weight, tg, il, tl, fixed[0]):
+            Tb, U1b = nodes.T, nodes.U1
+            sb = torch.empty(nodes.n, 1 + F + D, dtype=sdt, device=dev)
+            lb = torch.empty(nodes.n, G, dtype=dt, device=dev)
+            for n0, n1, _, z in nodes.logits(enc[b], pred[b], weight, bias):
+                zl = z if K == V else z[:, :K]
+                dl = torch.logsumexp(zl, dim=1)
+                lb[n0:n1, 0] = dl
+                sb[n0:n1, 0] = z.gather(1, nodes.labels(n0, n1))[:, 0] - dl
+                sb[n0:n1, 1 : 1 + F] = z.index_select(1, cols) - dl[:, None]
+                if D > 0:
+                    dd = _lse_narrow(z[:, K:])
+                    lb[n0:n1, 1] = dd
+                    sb[n0:n1, 1 + F :] = z[:, K:] - dd[:, None]
+            small[b, :Tb, :U1b] = sb.view(Tb, U1b, -1)
+            if lse is not None:
+                lse[b, :Tb, :U1b] = lb.view(Tb, U1b, G)
+    losses, g = duration_lattice_op(
+        *DurationLatticeArgs(
+            logits=small,
+            targets=torch.zeros((B, U1 - 1), dtype=torch.int64, device=dev),  # column 0: the target's
+            logit_lengths=a.logit_lengths,
+            target_lengths=a.target_lengths,
+            K=1 + F,
+            D=D,
+            tok_dur=list(a.tok_dur),
+            tok_didx=list(a.tok_didx),
+            blank_ids=list(a.blank_cols),
+            blank_dur=list(a.blank_dur),
+            blank_didx=list(a.blank_didx),
+            sigma=a.sigma,
+            omega=a.omega,
+            normalise=False,
+            reduction="none",
+            zero_infinity=False,
+            impl=a.impl,
+            need_grad=a.need_grad,
+        )
+    )
+    costs = losses.to(torch.float64)
+    if a.zero_infinity:
+        costs = torch.where(costs == math.inf, torch.zeros_like(costs), costs)
+    if a.reduction == "none":
+        out = costs
+    else:
+        out = (costs * _coefficients(a.reduction, B, a.target_lengths, torch.float64, costs.device)).sum()
+    out = out.to(device=dev, dtype=dt)
+    if not a.need_grad or lse is None:
+        return out, enc.new_empty(0), enc.new_empty(0)
+    return out, lse, g.neg_().to(dt)
+
+
+@torch.library.custom_op("lightning_gtn::duration_joiner_loss", mutates_args=())
+@op_schema(DurationJoinerArgs)
+def duration_joiner_loss_op(
+    encoder: Tensor,
+    predictor: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    K: int,
+    D: int,
+    fixed: List[int],
+    tok_dur: List[int],
+    tok_didx: List[int],
+    blank_cols: List[int],
+    blank_dur: List[int],
+    blank_didx: List[int],
+    sigma: float,
+    omega: float,
+    reduction: str,
+    zero_infinity: bool,
+    impl: str,
+    need_grad: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(out, lse (B, T, U + 1, G), arcs (B, T, U + 1, 1 + F + D))`` of the duration lattice on the
+    joiner ``Linear(tanh(enc + pred))``: label classes ``[0, K)``, duration classes ``[K, K + D)``
+    (``K + D = V``); the nodes' small log-probability tensor has the columns ``[target, fixed...,
+    durations...]``, which the arcs (:func:`.rnnt_variants.duration_lattice_op`'s, their blank
+    ids ``blank_cols`` being columns) read. ``lse`` holds the label and (``D > 0``) duration
+    normalisers, ``arcs`` the negated column gradients; both empty without ``need_grad``."""
+    return _duration_forward(
+        DurationJoinerArgs(
+            encoder,
+            predictor,
+            weight,
+            bias,
+            targets,
+            logit_lengths,
+            target_lengths,
+            K,
+            D,
+            fixed,
+            tok_dur,
+            tok_didx,
+            blank_cols,
+            blank_dur,
+            blank_didx,
+            sigma,
+            omega,
+            reduction,
+            zero_infinity,
+            impl,
+            need_grad,
+        )
+    )
+
+
+@duration_joiner_loss_op.register_fake
+def _duration_fake(*inputs):
+    a = DurationJoinerArgs(*inputs)
+    enc = a.encoder
+    B, T = enc.shape[0], enc.shape[1]
+    U1 = a.predictor.shape[1]
+    out = enc.new_empty((B,) if a.reduction == "none" else ())
+    if not a.need_grad:
+        return out, enc.new_empty(0), enc.new_empty(0)
+    G = 2 if a.D > 0 else 1
+    return out, enc.new_empty((B, T, U1, G)), enc.new_empty((B, T, U1, 1 + len(a.fixed) + a.D))
+
+
+@torch.library.custom_op("lightning_gtn::duration_joiner_loss_backward", mutates_args=())
+@op_schema(DurationJoinerBackwardArgs)
+def duration_joiner_loss_backward_op(
+    encoder: Tensor,
+    predictor: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    lse: Tensor,
+    arcs: Tensor,
+    coef: Tensor,
+    K: int,
+    fixed: List[int],
+    need_encoder: bool,
+    need_predictor: bool,
+    need_weight: bool,
+    need_bias: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``sum_b coef[b] * d cost[b] / d (encoder, predictor, weight, bias)`` from the forward's
+    normalisers and column gradients; the gradients not asked for are empty tensors."""
+    a = DurationJoinerBackwardArgs(
+        encoder,
+        predictor,
+        weight,
+        bias,
+        targets,
+        logit_lengths,
+        target_lengths,
+        lse,
+        arcs,
+        coef,
+        K,
+        fixed,
+        need_encoder,
+        need_predictor,
+        need_weight,
+        need_bias,
+    )
+    F = len(fixed)
+    D = weight.shape[0] - K
+    cols = torch.tensor(fixed, dtype=torch.int64, device=encoder.device)
+
+    def example(b: int, nodes: _Nodes, cb: float):
+        ls = lse[b, : nodes.T, : nodes.U1].reshape(nodes.n, -1)
+        pa = arcs[b, : nodes.T, : nodes.U1].reshape(nodes.n, -1)
+        fold = cb > 0.0  # the coefficient goes into the columns' weights (their logs need them > 0)
+        if fold:
+            pa = pa * cb
+
+        def dz_of(z: Tensor, n0: int, n1: int) -> Tensor:
+            p = pa[n0:n1]
+            pl = p[:, : 1 + F]
+            zl = z if D == 0 else z[:, :K]
+            # (sum p) softmax(z) = exp(z - (lse - log(sum p))), in place, each group
+            zl.sub_((ls[n0:n1, 0] - torch.log(pl.sum(1)))[:, None]).exp_()
+            zl.index_add_(1, cols, -pl[:, 1:])
+            zl.scatter_add_(1, nodes.labels(n0, n1), -pl[:, :1])
+            if D > 0:
+                pd = p[:, 1 + F :]
+                zd = z[:, K:]
+                zd.sub_((ls[n0:n1, 1] - torch.log(pd.sum(1)))[:, None]).exp_().sub_(pd)
+            if not fold:
+                z.mul_(cb)
+            return z
+
+        return dz_of
+
+    return _backward_grads(a, fixed[0], example)
+
+
+@duration_joiner_loss_backward_op.register_fake
+def _duration_backward_fake(*inputs):
+    return _grads_fake(DurationJoinerBackwardArgs(*inputs))
+
+
+def _duration_setup(ctx, inputs, output):
+    a = DurationJoinerArgs(*inputs)
+    ctx.reduction, ctx.extra, ctx.op = a.reduction, (a.K, list(a.fixed)), "duration_joiner_loss"
+    _save(ctx, a, output)
+
+
+def _duration_backward(ctx, g_out, _g_lse, _g_arcs):
+    need = DurationJoinerArgs(*ctx.needs_input_grad)
+    return _joiner_backward(
+        ctx, g_out, need, DurationJoinerArgs, DurationJoinerBackwardArgs, duration_joiner_loss_backward_op
+    )
+
+
+duration_joiner_loss_op.register_autograd(_duration_backward, setup_context=_duration_setup)
+
+
+class DurationJoinerCriterion(RNNTJoinerCriterion):
+    """A duration lattice on the joiner ``Linear(tanh(enc + pred))`` through
+    :func:`~lightning_gtn.core.criterion.apply_loss`: the joiner's tensors and chunks as
+    :class:`RNNTJoinerCriterion`, the blank, the lattice's options and its arcs as the
+    materialised loss's criterion ``lattice`` (its reductions and backends too), its own op
+    ``lightning_gtn::duration_joiner_loss``."""
+
+    reductions = DURATION_REDUCTIONS
+    backends = DURATION_IMPLS
+    picker = DURATION_BACKENDS
+    lattice: DurationLatticeCriterion
+
+    def check_options(self, C: int, blank, weights, device: torch.device):
+        """The blank as the materialised loss checks it."""
+        return self.lattice.check_options(C, blank, weights, device)
+
+    def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
+        """The lattice's options (:meth:`DurationLatticeCriterion.lattice_options`); TypeError for any other."""
+        rest = dict(options)
+        out = self.lattice.lattice_options(shape, rest)
+        if rest:
+            raise TypeError(f"{self.name}: unexpected options {sorted(rest)}")
+        return out
+
+    def own_kernel(self, device: torch.device, impl: Optional[str]) -> Optional[str]:
+        """Always its own op; ``impl`` picks the lattice's kernel (None: the device's default)."""
+        return impl or ""
+
+    def call_kernel(
+        self, x, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, impl, need_e, options
+    ):
+        """``lightning_gtn::duration_joiner_loss`` on the arcs of the lattice's criterion, their
+        blank classes turned into columns of the small tensor."""
+        enc, pred, w, bias = x
+        K, D, arcs, sigma, omega = self.lattice.arcs(w.shape[0], blank, options)
+        tok_dur, tok_didx, blank_ids, blank_dur, blank_didx = (list(a) for a in arcs)
+        fixed = list(dict.fromkeys(int(c) for c in blank_ids))
+        args = DurationJoinerArgs(
+            encoder=enc,
+            predictor=pred,
+            weight=w,
+            bias=bias,
+            targets=targets,
+            logit_lengths=input_lengths,
+            target_lengths=target_lengths,
+            K=int(K),
+            D=int(D),
+            fixed=fixed,
+            tok_dur=[int(d) for d in tok_dur],
+            tok_didx=[int(i) for i in tok_didx],
+            blank_cols=[1 + fixed.index(int(c)) for c in blank_ids],
+            blank_dur=[int(d) for d in blank_dur],
+            blank_didx=[int(i) for i in blank_didx],
+            sigma=float(sigma),
+            omega=float(omega),
+            reduction=reduction,
+            zero_infinity=bool(zero_infinity),
+            impl=impl,
+            need_grad=bool(need_e),
+        )
+        return duration_joiner_loss_op(*args)[0]
+
+
+class TDTJoinerCriterion(DurationJoinerCriterion):
+    """:func:`tdt_joiner_loss`: :data:`~.rnnt_variants.TDT`'s blank, options and arcs."""
+
+    kind = "tdt_joiner"
+    name = "tdt_joiner_loss"
+    lattice = TDT
+
+
+class MultiblankJoinerCriterion(DurationJoinerCriterion):
+    """:func:`multiblank_rnnt_joiner_loss`: :data:`~.rnnt_variants.MULTIBLANK`'s blank, options and arcs."""
+
+    kind = "multiblank_rnnt_joiner"
+    name = "multiblank_rnnt_joiner_loss"
+    lattice = MULTIBLANK
+
+
+TDT_JOINER = TDTJoinerCriterion()
+MULTIBLANK_JOINER = MultiblankJoinerCriterion()
+
+
+def tdt_joiner_loss(
+    encoder: Tensor,
+    predictor: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    targets,
+    logit_lengths,
+    target_lengths,
+    *,
+    blank: int = -1,
+    durations: Sequence[int] = (0, 1, 2, 3, 4),
+    sigma: float = 0.0,
+    omega: float = 0.0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+) -> Tensor:
+    """The TDT loss of the joiner ``Linear(tanh(enc + pred))``, never holding its output.
+
+    Exactly ``tdt_loss(tanh(encoder[:, :, None] + predictor[:, None]) @ weight.T + bias, targets,
+    logit_lengths, target_lengths, blank=blank, durations=durations, sigma=sigma, omega=omega,
+    reduction=reduction, zero_infinity=zero_infinity)``: the last ``len(durations)`` rows of
+    ``weight`` (and entries of ``bias``) give the duration logits, the first ``K = V -
+    len(durations)`` the label logits, each group log-softmaxed on its own. Values and gradients
+    of all four tensors, by chunks of nodes of at most :data:`JOINER_CHUNK_BYTES` work space; the
+    lattice scores a ``(B, T, U + 1, 2 + len(durations))`` tensor of each node's target, blank
+    and duration log-probabilities. A ``torch.library`` custom op.
+
+    Args:
+        encoder, predictor, weight, bias: as :func:`rnnt_joiner_loss` (``V = K + len(durations)``).
+        targets: ``(B, S)`` padded label ids in ``[0, K)``, never the blank.
+        logit_lengths, target_lengths: ``(B,)`` frames and labels of each example.
+        blank, durations, sigma, omega, reduction, zero_infinity, impl: as
+            :func:`~lightning_gtn.functional.tdt_loss` (``"mean_volume"`` too).
+
+    Returns:
+        A scalar (``(B,)`` for ``reduction="none"``) in the inputs' dtype and device.
+    """
+    return apply_loss(
+        TDT_JOINER,
+        (encoder, predictor, weight, bias),
+        targets,
+        logit_lengths,
+        target_lengths,
+        blank=blank,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
+        name="encoder",
+        durations=durations,
+        sigma=sigma,
+        omega=omega,
+    )
+
+
+def multiblank_rnnt_joiner_loss(
+    encoder: Tensor,
+    predictor: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    targets,
+    logit_lengths,
+    target_lengths,
+    *,
+    blank: int = -1,
+    big_blank_durations: Sequence[int] = (),
+    sigma: float = 0.0,
+    big_blank_ids: Optional[Sequence[int]] = None,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+    impl: Optional[str] = None,
+) -> Tensor:
+    """The multi-blank RNN-T loss of the joiner ``Linear(tanh(enc + pred))``, never holding its output.
+
+    Exactly ``multiblank_rnnt_loss(tanh(encoder[:, :, None] + predictor[:, None]) @ weight.T + bias,
+    targets, logit_lengths, target_lengths, blank=blank, big_blank_durations=big_blank_durations,
+    sigma=sigma, big_blank_ids=big_blank_ids, reduction=reduction, zero_infinity=zero_infinity)``:
+    one log-softmax over all ``V`` classes, the big blank of ``big_blank_durations[i]`` the class
+    ``blank - 1 - i`` unless ``big_blank_ids``. Values and gradients of all four tensors, by
+    chunks of nodes of at most :data:`JOINER_CHUNK_BYTES` work space; the lattice scores a
+    ``(B, T, U + 1, 2 + len(big_blank_durations))`` tensor of each node's target, blank and big
+    blank log-probabilities. A ``torch.library`` custom op.
+
+    Args:
+        encoder, predictor, weight, bias: as :func:`rnnt_joiner_loss`.
+        targets: ``(B, S)`` padded label ids in ``[0, V)``, never a blank class.
+        logit_lengths, target_lengths: ``(B,)`` frames and labels of each example.
+        blank, big_blank_durations, sigma, big_blank_ids, reduction, zero_infinity, impl: as
+            :func:`~lightning_gtn.functional.multiblank_rnnt_loss` (``"mean_volume"`` too).
+
+    Returns:
+        A scalar (``(B,)`` for ``reduction="none"``) in the inputs' dtype and device.
+    """
+    return apply_loss(
+        MULTIBLANK_JOINER,
+        (encoder, predictor, weight, bias),
+        targets,
+        logit_lengths,
+        target_lengths,
+        blank=blank,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+        impl=impl,
+        name="encoder",
+        big_blank_durations=big_blank_durations,
+        sigma=sigma,
+        big_blank_ids=big_blank_ids,
     )
