@@ -291,10 +291,33 @@ def _number(v):
         return None
 
 
+def _constructor_defaults(cfg: Mapping) -> dict:
+    """The keyword defaults of the class this run's config names (``_target_``, resolved through
+    the allow-list; {} where it names nothing registered or takes no keywords)."""
+    import inspect
+
+    from . import trust
+
+    target = cfg.get("_target_")
+    try:
+        cls = trust.resolve(target, "_target_") if isinstance(target, str) else None
+        params = inspect.signature(cls).parameters.values() if cls is not None else ()
+    except (ValueError, TypeError, ImportError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
 def _first_difference(old, new, key: str) -> str | None:
-    """``"key.sub: the checkpoint has X, this run has Y"`` for the first difference, or None."""
+    """``"key.sub: the checkpoint has X, this run has Y"`` for the first difference, or None.
+
+    A key this run's config has and the checkpoint's does not, set to its class's default, is
+    no difference: the checkpoint was written before the option existed, and so ran with what
+    the default stands for."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
+        defaults = _constructor_defaults(new) if "_target_" in new else {}
         for k in sorted(set(old) | set(new), key=str):
+            if k not in old and k in defaults and new[k] == defaults[k]:
+                continue
             d = _first_difference(old.get(k, "<missing>"), new.get(k, "<missing>"), f"{key}.{k}")
             if d:
                 return d

@@ -930,3 +930,15 @@ def test_a_fresh_run_may_take_a_folder_holding_what_the_losses_prepare():
     files = early_run_files()
     assert set(EARLY_RUN_FILES) < set(files)
     assert {"word_pieces.txt", "transitions.bin", "denominator.bin", "own_table.bin"} <= set(files)
+
+
+def test_resume_takes_a_checkpoint_from_before_an_option_existed_at_its_default():
+    from lightning_gtn.train import _first_difference
+
+    old = {"_target_": "lightning_gtn.nn.RNNTLoss", "blank": 0}  # written before `joiner` existed
+    assert _first_difference(old, {**old, "joiner": "chunked"}, "loss") is None  # the default
+    d = _first_difference(old, {**old, "joiner": "materialised"}, "loss")
+    assert d == "loss.joiner: the checkpoint has '<missing>', this run has 'materialised'"
+    # a class this run cannot resolve gives no defaults: a missing key stays a difference
+    unknown = {"_target_": "nowhere.Loss", "blank": 0}
+    assert _first_difference(unknown, {**unknown, "joiner": "chunked"}, "loss").startswith("loss.joiner:")
