@@ -783,6 +783,38 @@ for k in ("ctc", "seq", "asg"):
     case(f"{k}_loss nan emission")(_nan_dense(k))
 
 
+def _joiner(kind):
+    def fn(impl, red):
+        import lightning_gtn.functional as F
+
+        g = torch.Generator().manual_seed(11)
+        B, T, U, J = 3, 7, 3, 5
+        V = {"rnnt_joiner_loss": 6, "tdt_joiner_loss": 9, "multiblank_rnnt_joiner_loss": 7}[kind]
+        enc = torch.randn(B, T, J, generator=g, requires_grad=True)
+        pred = torch.randn(B, U + 1, J, generator=g, requires_grad=True)
+        w = torch.randn(V, J, generator=g, requires_grad=True)
+        b = torch.randn(V, generator=g, requires_grad=True)
+        tg = torch.randint(1, 4, (B, U), generator=g)
+        il, tl = torch.tensor([T, T - 2, T - 3]), torch.tensor([U, U - 1, 1])
+        kw = {
+            "rnnt_joiner_loss": {"blank": 0, "fastemit_lambda": 0.01, "clamp": 0.5},
+            "tdt_joiner_loss": {"durations": (0, 1, 2), "sigma": 0.05},
+            "multiblank_rnnt_joiner_loss": {"big_blank_durations": (2,)},
+        }[kind]
+        f = getattr(F, kind)
+        return _run_loss(
+            lambda: f(enc, pred, w, b, tg, il, tl, reduction=red, impl=impl, **kw),
+            red,
+            {"encoder": enc, "predictor": pred, "weight": w, "bias": b},
+        )
+
+    return fn
+
+
+for _kind in ("rnnt_joiner_loss", "tdt_joiner_loss", "multiblank_rnnt_joiner_loss"):
+    case(_kind, (None, "torch"), ("none", "mean", "sum"))(_joiner(_kind))
+
+
 # ---------------------------------------------------------------------------
 # driver
 # ---------------------------------------------------------------------------
