@@ -85,10 +85,12 @@ def _lattice_kernel(
     accumulate,
     losses,
     grad,
+    lam,
 ):
     """Examples ``e0 .. e1 - 1``: ``losses[e] (+)= scale * (-log Z_e)`` and, with ``need_grad``,
     ``grad[e] (+)= scale * coef[e] * d(-log Z_e)/dx[e]`` (``+=`` with ``accumulate``; positions
-    outside the example's lattice are then left alone, else set to 0)."""
+    outside the example's lattice are then left alone, else set to 0). ``lam`` is FastEmit's
+    weight: every token arc's share of the gradient is scaled by ``1 + lam``."""
     Tmax = x.shape[1]
     U1max = x.shape[2]
     NT = tok_dur.shape[0]
@@ -179,6 +181,7 @@ def _lattice_kernel(
                         acc = log_add(acc, alpha[t0, u] + blk[t0, u, k])
                 alpha[t, u] = acc
         g = scale * coef[e]
+        w_tok = 1.0 + lam
         for t in range(T):
             for u in range(U + 1):
                 a = alpha[t, u]
@@ -189,6 +192,11 @@ def _lattice_kernel(
                     continue
                 occ = math.exp(a + beta[t, u] - ll)
                 row = x[e, t, u]
+                if lam != 0.0 and u < U:  # FastEmit: the token arcs' posteriors count 1 + lam times
+                    for k in range(NT):
+                        t2 = t + tok_dur[k]
+                        if t2 < T:
+                            occ += lam * math.exp(a + tok[t, u, k] + beta[t2, u + 1] - ll)
                 if normalise and occ > 0.0:
                     lzn = lz[t, u]
                     for v in range(K):
@@ -203,6 +211,8 @@ def _lattice_kernel(
                         t2 = t + tok_dur[k]
                         if t2 < T:
                             p = g * math.exp(a + tok[t, u, k] + beta[t2, u + 1] - ll)
+                            if lam != 0.0:
+                                p *= w_tok
                             gr[y] -= p
                             if tok_didx[k] >= 0:
                                 gr[K + tok_didx[k]] -= p
@@ -234,6 +244,7 @@ def lattice_loss(
     grad: Optional[torch.Tensor] = None,
     losses: Optional[np.ndarray] = None,
     scale: float = 1.0,
+    fastemit_lambda: float = 0.0,
 ) -> Tuple[np.ndarray, Optional[torch.Tensor]]:
     """``(losses (B,) float64, grad)`` of the duration lattice (see the module docstring).
 
@@ -253,6 +264,8 @@ def lattice_loss(
         losses: ``(B,)`` float64 of an earlier call to add ``scale`` times the losses into
             (then ``grad`` must be that call's buffer when ``need_grad``); None: fresh.
         scale: the weight of this lattice when accumulating.
+        fastemit_lambda: FastEmit's weight: the gradient of every token arc (its label and its
+            duration score) is scaled by ``1 + fastemit_lambda``; the losses are unchanged.
     """
     x = x.detach().contiguous()
     accumulate = losses is not None
@@ -283,6 +296,7 @@ def lattice_loss(
         bool(accumulate),
         losses,
         gn,
+        float(fastemit_lambda),
     )
     B = x.shape[0]
     chunks = max(1, min(get_num_threads(), B))

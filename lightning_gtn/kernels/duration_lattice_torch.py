@@ -33,6 +33,7 @@ def lattice_loss_torch(
     blank_didx: Sequence[int],
     sigma: float,
     normalise: bool = True,
+    fastemit_lambda: float = 0.0,
 ) -> torch.Tensor:
     """``(B,)`` losses ``-log Z`` (``inf`` for an example without a complete path), differentiable.
 
@@ -45,6 +46,8 @@ def lattice_loss_torch(
             :mod:`.duration_lattice_numba` (a duration index of -1: no duration score).
         sigma: subtracted from every label log-probability.
         normalise: log-softmax each group; False: ``x`` holds log-probabilities.
+        fastemit_lambda: FastEmit's weight: the gradient of every token arc's score (label and
+            duration) is scaled by ``1 + fastemit_lambda``; the values are unchanged.
     """
     B, T, U1, _ = x.shape
     dev = x.device
@@ -62,6 +65,10 @@ def lattice_loss_torch(
         tg[:, :n] = targets[:, :n].to(dev).clamp(0, K - 1)
     # label log-probability of the next target at every node: (B, T, U1)
     ytok = lab.gather(3, tg[:, None, :, None].expand(B, T, U1, 1)).squeeze(3)
+    dtok = dur
+    if fastemit_lambda != 0.0:  # the token arcs' scores: same values, gradient times 1 + lambda
+        ytok = _scaled_grad(ytok, fastemit_lambda)
+        dtok = _scaled_grad(dur, fastemit_lambda)
     neg = x.new_full((B,), _NEG)
     zero = x.new_zeros((B,))
     alpha: List[List[torch.Tensor]] = [[neg] * U1 for _ in range(T)]
@@ -74,7 +81,7 @@ def lattice_loss_torch(
                     if t0 >= 0:
                         s = alpha[t0][u - 1] + ytok[:, t0, u - 1]
                         if di >= 0:
-                            s = s + dur[:, t0, u - 1, di]
+                            s = s + dtok[:, t0, u - 1, di]
                         terms.append(s)
             for c, d, di in zip(blank_ids, blank_dur, blank_didx):
                 t0 = t - d
@@ -102,3 +109,9 @@ def lattice_loss_torch(
         ll = torch.logsumexp(torch.stack(terms), 0)
         out.append(torch.where(ll < _INFEASIBLE, ll.new_tensor(float("inf")), -ll))
     return torch.stack(out)
+
+
+def _scaled_grad(v: torch.Tensor, lam: float) -> torch.Tensor:
+    """``v``'s values with ``1 + lam`` times its gradient (a non-finite entry passes unchanged)."""
+    d = v - v.detach()
+    return v + lam * torch.where(torch.isfinite(v), d, torch.zeros_like(d))

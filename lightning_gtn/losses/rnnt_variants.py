@@ -105,8 +105,9 @@ def _op_arcs(K, D, V, T, tok_dur, tok_didx, blank_ids, blank_dur, blank_didx):
     return [min(int(d), T + 1) for d in tok_dur], [min(int(d), T + 1) for d in blank_dur]
 
 
-def _torch_pass(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad):
-    """``(losses, grad or None)`` of the torch reference (autograd must be on in this thread)."""
+def _torch_pass(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad, lam=0.0):
+    """``(losses, grad or None)`` of the torch reference (autograd must be on in this thread);
+    ``lam``: FastEmit's weight on the token arcs' gradient."""
     dev = logits.device
     x = logits.detach().requires_grad_(need_grad)
     with torch.enable_grad():
@@ -115,7 +116,7 @@ def _torch_pass(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad):
         total = None
         for arcs, d, sg, w in passes:
             a0, a1, a2, a3, a4 = arcs
-            part = lattice_loss_torch(x, tgt, tl, ul, K, d, a0, a1, a2, a3, a4, sg, normalise)
+            part = lattice_loss_torch(x, tgt, tl, ul, K, d, a0, a1, a2, a3, a4, sg, normalise, lam)
             total = w * part if total is None else total + w * part
         assert total is not None
         grad = None
@@ -187,6 +188,8 @@ class DurationLatticeArgs(NamedTuple):
     zero_infinity: bool
     impl: str
     need_grad: bool
+    fastemit_lambda: float = 0.0
+    clamp: float = -1.0
 
 
 @torch.library.custom_op("lightning_gtn::duration_lattice_loss", mutates_args=())
@@ -210,6 +213,8 @@ def duration_lattice_op(
     zero_infinity: bool,
     impl: str,
     need_grad: bool,
+    fastemit_lambda: float = 0.0,
+    clamp: float = -1.0,
 ) -> Tuple[Tensor, Tensor]:
     """``(out, d out / d logits)`` of the duration lattice (see :mod:`..kernels.duration_lattice_numba`).
 
@@ -217,7 +222,10 @@ def duration_lattice_op(
     else a scalar. ``omega > 0`` mixes in the regular RNN-T lattice over the label logits (the
     first blank id, duration 1; tokens duration 0; no ``sigma``). Lengths and target values are
     checked here, where ``torch.compile`` does not look. The gradient is empty without
-    ``need_grad``.
+    ``need_grad``. ``fastemit_lambda`` scales the gradient of every token arc (of every pass) by
+    ``1 + fastemit_lambda`` and the losses by the same factor; ``clamp > 0`` clips each example's
+    gradient to ``[-clamp, clamp]`` before the reduction's coefficients scale it. FastEmit has no
+    Triton kernel: ``impl="triton"`` refuses it, and the device default then is the torch reference.
     """
     B, T, U1, V = logits.shape
     dev = logits.device
@@ -225,11 +233,19 @@ def duration_lattice_op(
     tlen = _lengths(logit_lengths, B, "logit_lengths", T, "T", dev)
     ulen = _lengths(target_lengths, B, "target_lengths", U1 - 1, "U", dev)
     tg = _targets(targets, B, ulen, K, blank_ids, dev)
+    lam = float(fastemit_lambda)
+    if lam != 0.0 and impl == "triton":
+        raise ValueError(f"impl='triton' has no FastEmit kernel: needs fastemit_lambda=0, got {lam}")
     impl = BACKENDS.pick(dev, impl or None)
+    if lam != 0.0 and impl == "triton":  # the device default: the torch reference has FastEmit
+        impl = "torch"
     if reduction == "mean_volume":  # NeMo's: the sum over the total target length
         coef = reduction_coefficients("mean", B, count=int(ulen.sum())).numpy()
     else:
         coef = reduction_coefficients(reduction, B).numpy()
+    red_coef = coef
+    if clamp > 0:  # the kernels' gradient per example (unscaled), clipped, then scaled below
+        coef = np.ones_like(coef)
     passes = []
     if omega < 1.0:
         passes.append(((tok_dur, tok_didx, blank_ids, blank_dur, blank_didx), D, sigma, 1.0 - omega))
@@ -239,9 +255,9 @@ def duration_lattice_op(
         losses_np: Optional[np.ndarray] = None
         grad: Optional[Tensor] = None
         for arcs, d, sg, w in passes:
-            a0, a1, a2, a3, a4 = (np.asarray(a, dtype=np.int64) for a in arcs)
+            arcs_np = tuple(np.asarray(a, dtype=np.int64) for a in arcs)
             losses_np, g = lattice_loss(
-                logits, tg, tlen, ulen, K, d, (a0, a1, a2, a3, a4), sg, normalise, coef, need_grad, grad, losses_np, w
+                logits, tg, tlen, ulen, K, d, arcs_np, sg, normalise, coef, need_grad, grad, losses_np, w, lam
             )
             grad = g if need_grad else None
         assert losses_np is not None
@@ -253,9 +269,15 @@ def duration_lattice_op(
         # the reference runs in a worker thread of its own, where it is on
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             losses, grad = pool.submit(
-                _torch_pass, logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad
+                _torch_pass, logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad, lam
             ).result()
     losses = losses.to(dev)
+    if lam != 0.0:  # NeMo's FastEmit: the reported cost scaled too
+        losses = losses * (1.0 + lam)
+    if clamp > 0 and grad is not None:
+        r = torch.from_numpy(red_coef).to(grad.device, grad.dtype).reshape(-1, 1, 1, 1)
+        grad = grad.clamp_(-clamp, clamp).mul_(r)
+    coef = red_coef
     # NaN in, NaN out: the kernels' max-based log-sum-exp would drop a NaN
     if bool(torch.isnan(logits.sum())):
         rows = torch.zeros(B, dtype=torch.bool)
@@ -322,13 +344,19 @@ class DurationLatticeCriterion(JoinerCriterion):
     picker = BACKENDS
 
     def check_call_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
-        """``fused_log_softmax`` (a bool), then the lattice's options (:meth:`lattice_options`);
-        TypeError for any other."""
+        """``fused_log_softmax`` (a bool), ``fastemit_lambda`` (finite, ``>= 0``), ``clamp`` (a
+        real number), then the lattice's options (:meth:`lattice_options`); TypeError for any other."""
         rest = dict(options)
         fused = checks.check_bool(rest.pop("fused_log_softmax", True), "fused_log_softmax")
+        lam = checks.check_real(rest.pop("fastemit_lambda", 0.0), "fastemit_lambda")
+        if lam < 0:
+            raise ValueError(f"fastemit_lambda must be >= 0, got {lam}")
+        clamp = checks.check_real(rest.pop("clamp", -1.0), "clamp")
         out = self.lattice_options(shape, rest)
         super().check_call_options(shape, rest)
         out["fused_log_softmax"] = fused
+        out["fastemit_lambda"] = float(lam)
+        out["clamp"] = float(clamp)
         return out
 
     def lattice_options(self, shape: Tuple[int, ...], options: Dict[str, object]) -> Dict[str, object]:
@@ -376,6 +404,8 @@ class DurationLatticeCriterion(JoinerCriterion):
             zero_infinity=zero_infinity,
             impl=impl,
             need_grad=need_e,
+            fastemit_lambda=float(options.get("fastemit_lambda", 0.0)),  # type: ignore[arg-type]
+            clamp=float(options.get("clamp", -1.0)),  # type: ignore[arg-type]
         )
         return duration_lattice_op(*args)[0]
 
@@ -495,6 +525,8 @@ def multiblank_rnnt_loss(
     big_blank_ids: Optional[Sequence[int]] = None,
     zero_infinity: bool = False,
     impl: Optional[str] = None,
+    fastemit_lambda: float = 0.0,
+    clamp: float = -1.0,
 ) -> Tensor:
     """Multi-blank RNN-T loss (NeMo's ``MultiblankRNNTLossPytorch`` / ``MultiblankRNNTLossNumba``).
 
@@ -526,6 +558,14 @@ def multiblank_rnnt_loss(
         impl: None (numba on the CPU; Triton on a CUDA device where it passes its self-check, else
             the torch reference), ``"numba"`` (CPU), ``"torch"`` (any device) or ``"triton"`` (CUDA
             tensors, or CPU tensors under ``TRITON_INTERPRET=1``).
+        fastemit_lambda: FastEmit regularisation (Yu et al. 2021) as :func:`~.rnnt.rnnt_loss`'s:
+            the gradient of every token (non-blank) arc is scaled by ``1 + fastemit_lambda`` and
+            the reported cost is ``(1 + fastemit_lambda) * cost``; blanks and big blanks are not
+            emits. Finite and ``>= 0``. Not with ``impl="triton"`` (the CUDA default then is
+            the torch reference).
+        clamp: when ``> 0``, every element of each example's gradient w.r.t. the logits is
+            clipped to ``[-clamp, clamp]`` before the reduction's scaling (as
+            :func:`~.rnnt.rnnt_loss`); ``<= 0`` leaves it alone.
 
     Returns:
         ``(B,)`` for ``reduction="none"``, else a scalar, in ``logits``'s dtype. NaN logits in an
@@ -546,6 +586,8 @@ def multiblank_rnnt_loss(
         big_blank_durations=big_blank_durations,
         sigma=sigma,
         big_blank_ids=big_blank_ids,
+        fastemit_lambda=fastemit_lambda,
+        clamp=clamp,
     )
 
 
@@ -563,6 +605,8 @@ def tdt_loss(
     *,
     zero_infinity: bool = False,
     impl: Optional[str] = None,
+    fastemit_lambda: float = 0.0,
+    clamp: float = -1.0,
 ) -> Tensor:
     """TDT loss, the token-and-duration transducer (NeMo's ``TDTLossPytorch`` / ``TDTLossNumba``).
 
@@ -591,6 +635,10 @@ def tdt_loss(
         fused_log_softmax: True: raw scores; False: both groups already are log-probabilities.
         zero_infinity: an example without a complete path gives 0 instead of inf.
         impl: as :func:`multiblank_rnnt_loss`.
+        fastemit_lambda: as :func:`multiblank_rnnt_loss`: every token arc, whatever its duration,
+            is an emit (its label and duration scores' gradient scaled by ``1 + fastemit_lambda``);
+            blanks are not. With ``omega > 0`` it applies to the mixed-in RNN-T loss's tokens too.
+        clamp: as :func:`multiblank_rnnt_loss` (the gradient of the whole, mixed loss).
 
     Returns:
         ``(B,)`` for ``reduction="none"``, else a scalar, in ``logits``'s dtype.
@@ -610,4 +658,6 @@ def tdt_loss(
         durations=durations,
         sigma=sigma,
         omega=omega,
+        fastemit_lambda=fastemit_lambda,
+        clamp=clamp,
     )

@@ -46,6 +46,9 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
             ``big_blank_durations[i]``.
         zero_infinity: examples without a complete path give 0.
         impl: None (the device's default), ``"numba"``, ``"torch"`` or ``"triton"``.
+        fastemit_lambda: FastEmit's weight, finite and ``>= 0``: the token arcs' gradient and the
+            cost scaled by ``1 + fastemit_lambda`` (not with ``impl="triton"``).
+        clamp: ``> 0`` clips each example's gradient w.r.t. the logits to ``[-clamp, clamp]``.
 
     Shape:
         ``forward(logits (B, T, U + 1, V), targets (B, U), logit_lengths (B,), target_lengths (B,))``.
@@ -62,6 +65,8 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         big_blank_ids: Optional[Sequence[int]] = None,
         zero_infinity: bool = False,
         impl: Optional[str] = None,
+        fastemit_lambda: float = 0.0,
+        clamp: float = -1.0,
     ) -> None:
         super().__init__()
         # checked once here with a tiny call (the same checks as every forward)
@@ -73,6 +78,8 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         self.big_blank_ids = None if big_blank_ids is None else [int(c) for c in big_blank_ids]
         self.zero_infinity = bool(zero_infinity)
         self.impl = impl
+        self.fastemit_lambda = fastemit_lambda
+        self.clamp = clamp
         ids = self.big_blank_ids or []
         V = 2 + len(self.big_blank_durations) + abs(self._blank) + sum(abs(c) for c in ids)
         self._loss(torch.zeros(1, 1, 1, V))
@@ -108,6 +115,8 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
             big_blank_ids=self._ids(V),
             zero_infinity=self.zero_infinity,
             impl=self.impl,
+            fastemit_lambda=self.fastemit_lambda,
+            clamp=self.clamp,
         )
 
     def forward(self, logits, targets, logit_lengths, target_lengths):
@@ -170,6 +179,9 @@ class TDTLoss(RNNTStructuredLoss):
         reduction: ``"none"`` | ``"mean"`` (batch mean) | ``"sum"`` | ``"mean_volume"`` (NeMo's).
         zero_infinity: examples without a complete path give 0.
         impl: None (the device's default), ``"numba"``, ``"torch"`` or ``"triton"``.
+        fastemit_lambda: FastEmit's weight, finite and ``>= 0``: the token arcs' gradient and the
+            cost scaled by ``1 + fastemit_lambda`` (not with ``impl="triton"``).
+        clamp: ``> 0`` clips each example's gradient w.r.t. the logits to ``[-clamp, clamp]``.
 
     Shape:
         ``forward(logits (B, T, U + 1, V + len(durations)), targets (B, U), logit_lengths (B,),
@@ -187,6 +199,8 @@ class TDTLoss(RNNTStructuredLoss):
         reduction: str = "mean",
         zero_infinity: bool = False,
         impl: Optional[str] = None,
+        fastemit_lambda: float = 0.0,
+        clamp: float = -1.0,
     ) -> None:
         super().__init__()
         self.blank = _as_int(blank, "blank")
@@ -197,6 +211,8 @@ class TDTLoss(RNNTStructuredLoss):
         self.reduction = reduction
         self.zero_infinity = bool(zero_infinity)
         self.impl = impl
+        self.fastemit_lambda = fastemit_lambda
+        self.clamp = clamp
         K = self._blank + 1 if self._blank >= 0 else -self._blank  # the fewest label classes the blank fits
         self.forward(
             torch.zeros(1, 1, 1, K + len(self.durations)),
@@ -236,6 +252,8 @@ class TDTLoss(RNNTStructuredLoss):
             self.reduction,
             zero_infinity=self.zero_infinity,
             impl=self.impl,
+            fastemit_lambda=self.fastemit_lambda,
+            clamp=self.clamp,
         )
 
     def joint_loss(self, network, encoder_out, encoder_lengths, targets, target_lengths):
