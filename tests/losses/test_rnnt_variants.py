@@ -173,6 +173,156 @@ def test_tdt_omega_mixes_the_regular_rnnt_loss(rng):
     torch.testing.assert_close(mixed, 0.75 * zero + 0.25 * rnnt)
 
 
+# -- FastEmit and clamp ---------------------------------------------------------------------------
+
+
+def tdt_paths(T, U, blank, durations):
+    """Every complete TDT path as its arcs ``(t, u, label or None for the target, duration index,
+    is a token)``, enumerated one by one."""
+    out = []
+
+    def walk(t, u, arcs):
+        for i, d in enumerate(durations):
+            if u < U and t + d < T:
+                walk(t + d, u + 1, arcs + [(t, u, None, i, True)])
+            if d >= 1:
+                a = arcs + [(t, u, blank, i, False)]
+                if u == U and t + d == T:
+                    out.append(a)
+                elif t + d < T:
+                    walk(t + d, u, a)
+
+    walk(0, 0, [])
+    return out
+
+
+def fastemit_reference(x, y, blank, durations, lam):
+    """``(cost, gradient)`` of one example by FastEmit's definition on enumerated paths: each arc's
+    posterior (from the paths' scores) times ``1 + lam`` for a token arc, 1 for a blank, times the
+    gradient of that arc's score (autograd through both log-softmaxes); the cost ``-(1 + lam) log Z``."""
+    K = x.shape[-1] - len(durations)
+    x = x.detach().clone().requires_grad_(True)
+    lab, dur = x[..., :K].log_softmax(-1), x[..., K:].log_softmax(-1)
+    paths = tdt_paths(x.shape[0], len(y), blank, durations)
+    arc_scores = [[lab[t, u, y[u] if c is None else c] + dur[t, u, i] for t, u, c, i, _ in p] for p in paths]
+    scores = torch.stack([torch.stack(a).sum() for a in arc_scores])
+    post = scores.softmax(0).detach()  # each path's posterior
+    weighted = [sum((1.0 + lam if arc[4] else 1.0) * s for arc, s in zip(p, a)) for p, a in zip(paths, arc_scores)]
+    surrogate = -(post * torch.stack(weighted)).sum()
+    (g,) = torch.autograd.grad(surrogate, x)
+    return -(1.0 + lam) * torch.logsumexp(scores, 0).item(), g
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("lam", [0.0, 0.7])
+def test_tdt_fastemit_scales_the_token_arcs_gradient(impl, lam, rng):
+    T, U, K, durs, blank = 4, 2, 4, [0, 1, 2], 1
+    x = torch.tensor(rng.standard_normal((1, T, U + 1, K + len(durs))))
+    y = [0, 3]
+    xi = x.clone().requires_grad_(True)
+    loss = lgf.tdt_loss(xi, torch.tensor([y]), [T], [U], blank=blank, durations=durs, reduction="sum",
+                        fastemit_lambda=lam, impl=impl)  # fmt: skip
+    loss.backward()
+    cost, g = fastemit_reference(x[0], y, blank, durs, lam)
+    assert loss.item() == pytest.approx(cost, rel=1e-9)
+    torch.testing.assert_close(xi.grad[0], g, rtol=1e-7, atol=1e-10)
+    if lam:  # the blank-only gradient differs from the plain loss's: the option bites
+        plain = x.clone().requires_grad_(True)
+        lgf.tdt_loss(plain, torch.tensor([y]), [T], [U], blank=blank, durations=durs, reduction="sum").backward()
+        assert not torch.allclose(plain.grad, xi.grad)
+
+
+def _grads(fn, x, *args, **kw):
+    xi = x.clone().requires_grad_(True)
+    loss = fn(xi, *args, **kw)
+    loss.sum().backward()
+    return loss.detach(), xi.grad
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+@pytest.mark.parametrize("lam, clamp", [(0.0, -1.0), (0.6, -1.0), (0.0, 0.04), (0.4, 0.06)])
+def test_no_big_blanks_and_omega_one_equal_rnnt_with_the_options(impl, reduction, lam, clamp, rng):
+    B, T, U, K, durs = 3, 5, 3, 5, [0, 1]
+    x, tl, ul = _batch(rng, B, T, U, K + len(durs))
+    y = torch.tensor(rng.integers(1, K, (B, U)))
+    kw = dict(reduction=reduction, fastemit_lambda=lam, clamp=clamp)
+    want = _grads(lgf.rnnt_loss, x[..., :K], y, tl, ul, blank=0, impl="numba", **kw)
+    # multi-blank RNN-T without big blanks is the regular RNN-T lattice
+    mb = _grads(lgf.multiblank_rnnt_loss, x[..., :K], y, tl, ul, blank=0, impl=impl, **kw)
+    torch.testing.assert_close(mb[0], want[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mb[1], want[1], rtol=1e-12, atol=1e-12)
+    # TDT has no duration set giving that lattice (a blank and a token share the duration
+    # softmax); with omega=1 it is the regular RNN-T loss of its label logits
+    tdt = _grads(lgf.tdt_loss, x, y, tl, ul, blank=0, durations=durs, omega=1.0, impl=impl, **kw)
+    torch.testing.assert_close(tdt[0], want[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(tdt[1][..., :K], want[1], rtol=1e-12, atol=1e-12)
+    assert not tdt[1][..., K:].any()
+    if clamp > 0:  # clamp bites: an entry sits on the bound, none past it (before the 1 / B scaling)
+        top = mb[1].abs().max().item() * (B if reduction == "mean" else 1)
+        assert top == pytest.approx(clamp, rel=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_tdt_clamp_clips_each_examples_gradient(impl, rng):
+    B, T, U, K, durs = 2, 5, 2, 4, [0, 1, 2]
+    x, tl, ul = _batch(rng, B, T, U, K + len(durs))
+    y = torch.tensor(rng.integers(1, K, (B, U)))
+    kw = dict(blank=0, durations=durs, sigma=0.05, omega=0.3, impl=impl)
+    free = _grads(lgf.tdt_loss, x, y, tl, ul, reduction="none", **kw)
+    clipped = _grads(lgf.tdt_loss, x, y, tl, ul, reduction="sum", clamp=0.05, **kw)
+    torch.testing.assert_close(clipped[0], free[0].sum())
+    torch.testing.assert_close(clipped[1], free[1].clamp(-0.05, 0.05))
+    assert clipped[1].abs().max().item() == 0.05
+    mean = _grads(lgf.tdt_loss, x, y, tl, ul, reduction="mean", clamp=0.05, **kw)
+    torch.testing.assert_close(mean[1], clipped[1] / B)
+
+
+def test_fastemit_numba_equals_torch_with_big_blanks_and_omega(rng):
+    B, T, U, K, durs = 3, 6, 3, 5, [0, 1, 3]
+    x, tl, ul = _batch(rng, B, T, U, K + len(durs))
+    y = torch.tensor(rng.integers(0, K - 1, (B, U)))
+    for fn, kw in [
+        (lgf.tdt_loss, dict(blank=K - 1, durations=durs, sigma=0.05, omega=0.2)),
+        (lgf.multiblank_rnnt_loss, dict(blank=-1, big_blank_durations=[2, 3], sigma=0.05)),
+    ]:
+        a = _grads(fn, x, y, tl, ul, reduction="mean_volume", fastemit_lambda=0.3, clamp=0.1, impl="numba", **kw)
+        b = _grads(fn, x, y, tl, ul, reduction="mean_volume", fastemit_lambda=0.3, clamp=0.1, impl="torch", **kw)
+        torch.testing.assert_close(a[0], b[0])
+        torch.testing.assert_close(a[1], b[1])
+        plain = fn(x, y, tl, ul, reduction="mean_volume", impl="numba", **kw)
+        torch.testing.assert_close(a[0], 1.3 * plain)
+
+
+@pytest.mark.parametrize(
+    "fn, kw", [(lgf.tdt_loss, dict(blank=3, durations=[0, 1, 2])), (lgf.multiblank_rnnt_loss, dict(blank=3))]
+)
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(fastemit_lambda=-0.1), "fastemit_lambda"),
+        (dict(fastemit_lambda=float("inf")), "fastemit_lambda"),
+        (dict(fastemit_lambda="0.1"), "fastemit_lambda"),
+        (dict(clamp=float("nan")), "clamp"),
+        (dict(clamp=None), "clamp"),
+    ],
+)
+def test_fastemit_and_clamp_bad_values(fn, kw, change, match):
+    x, y, tl, ul = _ok()
+    fn(x, y, tl, ul, fastemit_lambda=0.5, clamp=1.0, **kw)  # the good values pass
+    with pytest.raises(ValueError, match=match):
+        fn(x, y, tl, ul, **kw, **change)
+
+
+def test_triton_refuses_fastemit():
+    from lightning_gtn.losses.rnnt_variants import duration_lattice_op
+
+    x, y, tl, ul = _ok()
+    args = (x, y, tl, ul, 4, 0, [0], [-1], [3], [1], [-1], 0.0, 0.0, True, "sum", False, "triton", False)
+    with pytest.raises(ValueError, match="fastemit_lambda"):
+        duration_lattice_op(*args, 0.5, -1.0)
+
+
 # -- numba against torch, gradients --------------------------------------------------------------
 
 
