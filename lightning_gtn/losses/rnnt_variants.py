@@ -255,7 +255,8 @@ def duration_lattice_op(
         losses_np: Optional[np.ndarray] = None
         grad: Optional[Tensor] = None
         for arcs, d, sg, w in passes:
-            arcs_np = tuple(np.asarray(a, dtype=np.int64) for a in arcs)
+            a0, a1, a2, a3, a4 = (np.asarray(a, dtype=np.int64) for a in arcs)
+            arcs_np = (a0, a1, a2, a3, a4)
             losses_np, g = lattice_loss(
                 logits, tg, tlen, ulen, K, d, arcs_np, sg, normalise, coef, need_grad, grad, losses_np, w, lam
             )
