@@ -447,6 +447,7 @@ def duration_lattice_triton(
     sigma: float = 0.0,
     fused_log_softmax: bool = True,
     need_grad: bool = True,
+    fastemit_lambda: float = 0.0,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """A transducer lattice whose arcs may skip frames, given by its arcs (what
     :func:`tdt_triton` and :func:`multiblank_triton` build; the duration-lattice op of the losses
@@ -465,9 +466,12 @@ def duration_lattice_triton(
         fused_log_softmax: log-softmax each column group here (False: they are log-probabilities,
             and the gradient is that of the log-probabilities as independent inputs).
         need_grad: also return the gradient.
+        fastemit_lambda: FastEmit's weight: the gradient of every emitting arc, its label and
+            its duration column alike, scaled by ``1 + fastemit_lambda`` (unlike
+            :func:`tdt_triton`, whose duration gradient is NeMo's, unscaled); the costs too.
 
     Returns:
-        ``(costs (B,), grads or None)`` as :func:`tdt_triton` (no FastEmit, no clamp).
+        ``(costs (B,), grads or None)`` as :func:`tdt_triton` (no clamp).
     """
     if not isinstance(D, int) or isinstance(D, bool) or D < 0:
         raise ValueError(f"duration_lattice_triton: D must be an int >= 0, got {D!r}")
@@ -498,17 +502,18 @@ def duration_lattice_triton(
                 f"duration_lattice_triton: blank columns must lie in [0, V={V}), got {[c for c, _, _ in bl]}"
             )
     return _duration_transducer(
-        logits, targets, logit_lengths, target_lengths, bl[0][0], D, bl, em, sigma, -1.0, 0.0, need_grad, None, None,
-        normalise=fused_log_softmax,
+        logits, targets, logit_lengths, target_lengths, bl[0][0], D, bl, em, sigma, -1.0, fastemit_lambda, need_grad,
+        None, None, normalise=fused_log_softmax, emit_durations=True,
     )  # fmt: skip
 
 
 def _duration_transducer(
     logits, targets, logit_lengths, target_lengths, blank, D, blanks, emits, sigma, clamp, fastemit_lambda,
-    need_grad, block_v, block_u, normalise=True,
+    need_grad, block_v, block_u, normalise=True, emit_durations=False,
 ):  # fmt: skip
     """A transducer whose blank arcs ``(token, frames, duration column or -1)`` and emitting arcs
-    ``(frames, duration column or -1)`` may skip frames: TDT and multi-blank."""
+    ``(frames, duration column or -1)`` may skip frames: TDT and multi-blank. ``emit_durations``:
+    FastEmit scales the emitting arcs' duration gradient too (else only their label gradient)."""
     tg, xl, yl = _validate(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda, extra=D)
     if not isinstance(sigma, (int, float)) or sigma != sigma or abs(sigma) == float("inf"):
         raise ValueError(f"sigma must be a finite number, got {sigma!r}")
@@ -557,7 +562,8 @@ def _duration_transducer(
         x, grads, lse, dlse, wb, we, alpha, beta, ll, tg, xl, yl, bcol, bdur, bdi, edur, edi, scalars,
         R, T, U1, V, C, D,
         KB=KB, KE=KE, HAS_D=D > 0, CLAMP=float(clamp) > 0, EMIT_SCALE=float(fastemit_lambda) != 0,
-        BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, NORMALISE=bool(normalise), num_warps=nw,
+        BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, NORMALISE=bool(normalise),
+        EMIT_DUR=bool(emit_durations) and float(fastemit_lambda) != 0, num_warps=nw,
     )  # fmt: skip
     return costs, grads
 
@@ -970,6 +976,7 @@ if triton is not None:
         R, T, U1, V, C, D,
         KB: tl.constexpr, KE: tl.constexpr, HAS_D: tl.constexpr, CLAMP: tl.constexpr, EMIT_SCALE: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, NORMALISE: tl.constexpr = True,
+        EMIT_DUR: tl.constexpr = False,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < R
@@ -1021,7 +1028,10 @@ if triton is not None:
             dlse = tl.load(DLSE + rows, mask=ok, other=0.0)
             if NORMALISE:
                 xv = tl.load(X + ptr, mask=dm & ok[:, None], other=-float("inf"))
-                g = tl.exp(xv - dlse[:, None]) * occ[:, None]
+                if EMIT_DUR:  # FastEmit on the emitting arcs' duration scores too
+                    g = tl.exp(xv - dlse[:, None]) * (occ + (scale - 1.0) * p_emit)[:, None]
+                else:
+                    g = tl.exp(xv - dlse[:, None]) * occ[:, None]
             else:
                 g = tl.zeros((BLOCK_R, BLOCK_D), ALPHA.dtype.element_ty)
             for k in tl.static_range(KB):
@@ -1029,6 +1039,8 @@ if triton is not None:
                 g -= tl.where(dc[None, :] == tl.load(BDI + k), pk[:, None], 0.0)
             for k in tl.static_range(KE):
                 pk = _emit_occ(WE, BETA, EDUR, k, rows, a, ll, emit, t, tb, U1, KE)
+                if EMIT_DUR:
+                    pk = pk * scale
                 g -= tl.where(dc[None, :] == tl.load(EDI + k), pk[:, None], 0.0)
             g = tl.where(ok[:, None], g, 0.0)
             tl.store(G + ptr, g.to(G.dtype.element_ty), mask=dm)

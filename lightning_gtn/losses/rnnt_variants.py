@@ -127,9 +127,10 @@ def _torch_pass(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad, l
     return total.detach(), grad
 
 
-def _triton_passes(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad):
+def _triton_passes(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad, lam=0.0):
     """``(losses, grad or None)`` by the Triton kernels, each pass weighted and the gradient scaled
-    by ``coef``: the regular RNN-T pass (omega's) by :func:`rnnt_triton` on the label logits, any
+    by ``coef`` (FastEmit's ``lam`` applied by the kernels, which also scale the losses by
+    ``1 + lam``): the regular RNN-T pass (omega's) by :func:`rnnt_triton` on the label logits, any
     other by :func:`duration_lattice_triton` on the label and duration logits (the first
     ``K + D`` columns, the layout of the numba kernel)."""
     B, T, U1, V = logits.shape
@@ -146,13 +147,15 @@ def _triton_passes(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad
         x = logits[..., : K + d]
         regular = d == 0 and sg == 0.0 and list(tok_dur) == [0] and len(blank_ids) == 1 and list(blank_dur) == [1]
         if regular:
-            part, g = rnnt_triton(x, tgt, xl, yl, int(blank_ids[0]), fused_log_softmax=normalise, need_grad=need_grad)
+            part, g = rnnt_triton(
+                x, tgt, xl, yl, int(blank_ids[0]), fused_log_softmax=normalise, fastemit_lambda=lam, need_grad=need_grad
+            )
         else:
             if d and any(i < 0 for i in list(tok_didx) + list(blank_didx)):
                 raise ValueError("duration lattice: impl='triton' needs a duration column for every arc when D > 0")
             blanks = list(zip(blank_ids, blank_dur, blank_didx))
             emits = list(zip(tok_dur, tok_didx))
-            part, g = duration_lattice_triton(x, tgt, xl, yl, blanks, emits, d, sg, normalise, need_grad)
+            part, g = duration_lattice_triton(x, tgt, xl, yl, blanks, emits, d, sg, normalise, need_grad, lam)
         part = part * w if w != 1.0 else part
         losses = part if losses is None else losses + part
         if g is not None:
@@ -224,8 +227,7 @@ def duration_lattice_op(
     checked here, where ``torch.compile`` does not look. The gradient is empty without
     ``need_grad``. ``fastemit_lambda`` scales the gradient of every token arc (of every pass) by
     ``1 + fastemit_lambda`` and the losses by the same factor; ``clamp > 0`` clips each example's
-    gradient to ``[-clamp, clamp]`` before the reduction's coefficients scale it. FastEmit has no
-    Triton kernel: ``impl="triton"`` refuses it, and the device default then is the torch reference.
+    gradient to ``[-clamp, clamp]`` before the reduction's coefficients scale it.
     """
     B, T, U1, V = logits.shape
     dev = logits.device
@@ -234,11 +236,7 @@ def duration_lattice_op(
     ulen = _lengths(target_lengths, B, "target_lengths", U1 - 1, "U", dev)
     tg = _targets(targets, B, ulen, K, blank_ids, dev)
     lam = float(fastemit_lambda)
-    if lam != 0.0 and impl == "triton":
-        raise ValueError(f"impl='triton' has no FastEmit kernel: needs fastemit_lambda=0, got {lam}")
     impl = BACKENDS.pick(dev, impl or None)
-    if lam != 0.0 and impl == "triton":  # the device default: the torch reference has FastEmit
-        impl = "torch"
     if reduction == "mean_volume":  # NeMo's: the sum over the total target length
         coef = reduction_coefficients("mean", B, count=int(ulen.sum())).numpy()
     else:
@@ -264,7 +262,7 @@ def duration_lattice_op(
         assert losses_np is not None
         losses = torch.from_numpy(losses_np).to(logits.dtype)
     elif impl == "triton":
-        losses, grad = _triton_passes(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad)
+        losses, grad = _triton_passes(logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad, lam)
     else:
         # autograd is off inside a custom op's implementation (a thread-local dispatch state):
         # the reference runs in a worker thread of its own, where it is on
@@ -273,7 +271,7 @@ def duration_lattice_op(
                 _torch_pass, logits, tg, tlen, ulen, K, passes, normalise, coef, need_grad, lam
             ).result()
     losses = losses.to(dev)
-    if lam != 0.0:  # NeMo's FastEmit: the reported cost scaled too
+    if lam != 0.0 and impl != "triton":  # NeMo's FastEmit: the reported cost scaled (Triton's already is)
         losses = losses * (1.0 + lam)
     if clamp > 0 and grad is not None:
         r = torch.from_numpy(red_coef).to(grad.device, grad.dtype).reshape(-1, 1, 1, 1)
@@ -562,8 +560,7 @@ def multiblank_rnnt_loss(
         fastemit_lambda: FastEmit regularisation (Yu et al. 2021) as :func:`~.rnnt.rnnt_loss`'s:
             the gradient of every token (non-blank) arc is scaled by ``1 + fastemit_lambda`` and
             the reported cost is ``(1 + fastemit_lambda) * cost``; blanks and big blanks are not
-            emits. Finite and ``>= 0``. Not with ``impl="triton"`` (the CUDA default then is
-            the torch reference).
+            emits. Finite and ``>= 0``.
         clamp: when ``> 0``, every element of each example's gradient w.r.t. the logits is
             clipped to ``[-clamp, clamp]`` before the reduction's scaling (as
             :func:`~.rnnt.rnnt_loss`); ``<= 0`` leaves it alone.

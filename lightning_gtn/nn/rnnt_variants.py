@@ -47,7 +47,7 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         zero_infinity: examples without a complete path give 0.
         impl: None (the device's default), ``"numba"``, ``"torch"`` or ``"triton"``.
         fastemit_lambda: FastEmit's weight, finite and ``>= 0``: the token arcs' gradient and the
-            cost scaled by ``1 + fastemit_lambda`` (not with ``impl="triton"``).
+            cost scaled by ``1 + fastemit_lambda``.
         clamp: ``> 0`` clips each example's gradient w.r.t. the logits to ``[-clamp, clamp]``.
 
     Shape:
@@ -180,7 +180,7 @@ class TDTLoss(RNNTStructuredLoss):
         zero_infinity: examples without a complete path give 0.
         impl: None (the device's default), ``"numba"``, ``"torch"`` or ``"triton"``.
         fastemit_lambda: FastEmit's weight, finite and ``>= 0``: the token arcs' gradient and the
-            cost scaled by ``1 + fastemit_lambda`` (not with ``impl="triton"``).
+            cost scaled by ``1 + fastemit_lambda``.
         clamp: ``> 0`` clips each example's gradient w.r.t. the logits to ``[-clamp, clamp]``.
 
     Shape:

@@ -314,15 +314,6 @@ def test_fastemit_and_clamp_bad_values(fn, kw, change, match):
         fn(x, y, tl, ul, **kw, **change)
 
 
-def test_triton_refuses_fastemit():
-    from lightning_gtn.losses.rnnt_variants import duration_lattice_op
-
-    x, y, tl, ul = _ok()
-    args = (x, y, tl, ul, 4, 0, [0], [-1], [3], [1], [-1], 0.0, 0.0, True, "sum", False, "triton", False)
-    with pytest.raises(ValueError, match="fastemit_lambda"):
-        duration_lattice_op(*args, 0.5, -1.0)
-
-
 # -- numba against torch, gradients --------------------------------------------------------------
 
 
