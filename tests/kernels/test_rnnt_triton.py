@@ -296,7 +296,7 @@ VARIANTS = [  # each kernel once, with every optional branch compiled in
     (
         "_dgrad_kernel",
         torch.float32,
-        dict(KB=2, KE=3, HAS_D=True, CLAMP=True, EMIT_SCALE=True, BLOCK_R=8, BLOCK_V=512, BLOCK_D=4),
+        dict(KB=2, KE=3, HAS_D=True, CLAMP=True, EMIT_SCALE=True, EMIT_DUR=True, BLOCK_R=8, BLOCK_V=512, BLOCK_D=4),
     ),
 ]
 

@@ -51,8 +51,14 @@ RNNT_CASES = [  # fused and not, blank 0 and -1, clamp, FastEmit, every reductio
     dict(blank=-1, fused_log_softmax=False, reduction="none"),
     dict(blank=0, clamp=0.05, fastemit_lambda=0.5, reduction="sum"),
 ]
-TDT_CASES = [dict(durations=[0, 1, 2], sigma=0.05, omega=0.3, reduction="none")]
-MB_CASES = [dict(big_blank_durations=[2, 3], sigma=0.05, reduction="mean_volume")]
+TDT_CASES = [
+    dict(durations=[0, 1, 2], sigma=0.05, omega=0.3, reduction="none"),
+    dict(durations=[0, 1, 2], fastemit_lambda=0.4, clamp=0.03, reduction="mean"),
+]
+MB_CASES = [
+    dict(big_blank_durations=[2, 3], sigma=0.05, reduction="mean_volume"),
+    dict(big_blank_durations=[2], fastemit_lambda=0.4, clamp=0.03, reduction="none"),
+]
 
 
 def _interpreted_checks() -> int:
@@ -107,7 +113,7 @@ def _interpreted_checks() -> int:
 @pytest.mark.skipif(not rnnt_triton.available(), reason="needs triton")
 @pytest.mark.skipif(INTERPRETED or CUDA, reason="runs the kernels directly here (CUDA test below)")
 def test_public_functions_under_the_interpreter():
-    run_interpreted(__file__, "wired: 7 groups equal to numba")
+    run_interpreted(__file__, "wired: 9 groups equal to numba")
 
 
 @pytest.mark.skipif(not rnnt_triton.available() or INTERPRETED, reason="needs triton's compiler")
