@@ -224,3 +224,24 @@ if __name__ == "__main__":  # the child of test_equals_numba_and_torch_under_the
         print(f"ctc triton long: {_long_checks()}")
     else:
         print(f"ctc triton: {_interpreted_checks()} cases equal to numba")
+
+
+@pytest.mark.parametrize("wrong", [None, "loss", "gradient"])
+def test_the_self_check_refuses_a_kernel_that_disagrees_with_the_numba_kernel(monkeypatch, wrong):
+    import numpy as np
+
+    def fake(E, lab, off, tl, il, blank, coef, need_e, block_s=None):  # the numba kernel, one value off
+        host = [np.asarray(a.cpu(), dtype=np.int64) for a in (lab, off, tl, il)]
+        losses, grad = ctc_numba.ctc_cost_grad(E.double().contiguous(), *host, blank, None, need_e)
+        if wrong is None:
+            return losses, grad
+        if wrong == "loss":
+            losses = losses.clone()
+            losses[0] += 0.01
+        else:
+            grad = grad.clone()
+            grad[1, 2, 3] += 0.01
+        return losses, grad
+
+    monkeypatch.setattr(ctc_triton, "ctc_triton", fake)
+    assert (ctc_triton.self_check(torch.device("cpu")) is None) == (wrong is None)
