@@ -49,7 +49,7 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
     triton = None
     tl = None
 
-__all__ = ["available", "self_check", "joiner_rows", "joiner_grads", "Blocks"]
+__all__ = ["available", "self_check", "joiner_rows", "joiner_grads", "Blocks", "DEFAULT_BLOCKS"]
 
 # Triton picks the interpreter when a kernel is decorated, from the environment at import time
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -75,6 +75,10 @@ class Blocks:
         if splits is not None and splits < 1:
             raise ValueError(f"Blocks: splits must be >= 1, got {splits}")
         self.n, self.v, self.j, self.jo, self.splits = n, v, j, jo, splits
+
+
+#: the tile sizes of a call without ``blocks`` (read at each call)
+DEFAULT_BLOCKS = Blocks()
 
 
 def _check_device(device: torch.device) -> None:
@@ -142,7 +146,7 @@ def joiner_rows(
             inside the lengths; other entries are left as they are.
         lse: ``(B, T, U + 1)`` contiguous or None: the log-normaliser ``logsumexp(z)`` of each
             node inside the lengths.
-        blocks: tile sizes (:class:`Blocks`; tests).
+        blocks: tile sizes (:class:`Blocks`; default :data:`DEFAULT_BLOCKS`).
     """
     (enc, pred, w, b), tg, il, tl_ = _operands(encoder, predictor, weight, bias, targets, logit_lengths, target_lengths)
     B, T, J = enc.shape
@@ -154,7 +158,7 @@ def joiner_rows(
         raise ValueError(f"rnnt_joiner_triton: lp2 must be a contiguous ({B}, {T}, {U1}, 2) tensor on {enc.device}")
     if lse is not None and (not lse.is_contiguous() or tuple(lse.shape) != (B, T, U1)):
         raise ValueError(f"rnnt_joiner_triton: lse must be a contiguous ({B}, {T}, {U1}) tensor")
-    bk = blocks or Blocks()
+    bk = blocks or DEFAULT_BLOCKS
     bn, bv, bj = _fit(R, bk.n), _fit(V, bk.v), _fit(J, bk.j)
     _rows_kernel[(triton.cdiv(R, bn),)](
         enc, pred, w, b, tg, il, tl_, lp2, lp2 if lse is None else lse,
@@ -192,7 +196,7 @@ def joiner_grads(
         clamp: ``> 0`` clips each entry of an example's logit gradient to ``[-clamp, clamp]``
             before ``coef``.
         need: which of the four gradients to compute.
-        blocks: tile sizes (:class:`Blocks`; tests).
+        blocks: tile sizes (:class:`Blocks`; default :data:`DEFAULT_BLOCKS`).
 
     Returns:
         The four gradients in the tensors' dtype and device, None for those not asked for.
@@ -214,7 +218,7 @@ def joiner_grads(
     c = coef.detach().to(device=dev, dtype=enc.dtype).reshape(B).contiguous()
     if tuple(ls.shape) != (B, T, U1) or tuple(pa.shape) != (B, T, U1, 2):
         raise ValueError(f"rnnt_joiner_triton: lse must be ({B}, {T}, {U1}) and arcs ({B}, {T}, {U1}, 2)")
-    bk = blocks or Blocks()
+    bk = blocks or DEFAULT_BLOCKS
     bn, bv, bj = _fit(R, bk.n), _fit(V, bk.v), _fit(J, bk.j)
     bjo = _fit(J, bk.jo or 128)
     tf32 = _tf32(enc)

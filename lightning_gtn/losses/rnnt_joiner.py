@@ -45,6 +45,7 @@ from ..core import checks
 from ..core.criterion import Criterion, apply_loss
 from ..core.impl import Backends
 from ..core.reduction import reduction_coefficients
+from ..kernels import rnnt_joiner_triton
 from ..kernels.rnnt_numba import rnnt_cost_grad
 from ..kernels.rnnt_torch import rnnt_cost_grad_torch
 from ..opargs import grads, op_schema
@@ -77,12 +78,16 @@ JOINER_CHUNK_BYTES = 64 << 20
 MAX_JOINER_NODES = 1 << 26
 
 #: how ``impl`` resolves: the joiner runs as chunked torch matmuls on any device (``"torch"``, the
-#: default everywhere); the lattice on those is numba's on the CPU, torch's elsewhere
+#: default on the CPU) or as the Triton kernels of :mod:`lightning_gtn.kernels.rnnt_joiner_triton`
+#: (``"triton"``, the default on a CUDA device once they pass their self-check there); the lattice
+#: on those is numba's on the CPU, torch's elsewhere
 JOINER_BACKENDS = Backends(
     "rnnt_joiner_loss",
-    ("torch",),
-    triton_available=lambda: False,
-    self_check=lambda device: None,
+    ("torch", "triton"),
+    triton_available=rnnt_joiner_triton.available,
+    self_check=rnnt_joiner_triton.self_check,
+    kernels="Triton joiner",
+    fallback="the chunked torch joiner",
 )
 
 _SHAPES = "encoder (B, T, J), predictor (B, U + 1, J), weight (V, J), bias (V,)"
@@ -274,9 +279,11 @@ def _forward(
     zero_infinity: bool,
     lam: float,
     need_grad: bool,
+    triton: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, lse (B, T, U + 1), arcs (B, T, U + 1, 2))``; ``arcs`` are the weighted posteriors
-    ``[p_blank, (1 + lam) p_emit]`` of each node's two arcs (empty tensors without ``need_grad``)."""
+    ``[p_blank, (1 + lam) p_emit]`` of each node's two arcs (empty tensors without ``need_grad``);
+    ``triton``: the nodes' log-probabilities by :func:`.rnnt_joiner_triton.joiner_rows`."""
     B, T, J = encoder.shape
     U1 = predictor.shape[1]
     V = weight.shape[0]
@@ -285,8 +292,12 @@ def _forward(
     dev, dt = encoder.device, encoder.dtype
     lp2 = torch.zeros((B, T, U1, 2), dtype=torch.float64, device=dev)
     lse = torch.zeros((B, T, U1), dtype=dt, device=dev) if need_grad else None
+    if triton:
+        args = (encoder, predictor, weight, bias, targets, logit_lengths, target_lengths, blank, lp2, lse)
+        rnnt_joiner_triton.joiner_rows(*args)
+    examples = () if triton else _examples(encoder, weight, tg, il, tl, blank)
     with torch.no_grad():
-        for b, nodes in _examples(encoder, weight, tg, il, tl, blank):
+        for b, nodes in examples:
             Tb, U1b = nodes.T, nodes.U1
             lb = torch.empty(nodes.n, 2, dtype=torch.float64, device=dev)
             ls = torch.empty(nodes.n, dtype=dt, device=dev)
@@ -374,7 +385,7 @@ def rnnt_joiner_loss_op(
     """``(out, lse (B, T, U + 1), arcs (B, T, U + 1, 2))``: ``out`` is ``(B,)`` for
     ``reduction="none"``, else a scalar; ``lse`` and ``arcs`` (what the backward reads: the
     normalisers and the weighted arc posteriors) are empty tensors without ``need_grad``."""
-    JOINER_BACKENDS.pick(encoder.device, impl or None)
+    use = JOINER_BACKENDS.pick(encoder.device, impl or None)
     return _forward(
         encoder,
         predictor,
@@ -388,6 +399,7 @@ def rnnt_joiner_loss_op(
         zero_infinity,
         fastemit_lambda,
         need_grad,
+        use == "triton",
     )
 
 
@@ -446,6 +458,10 @@ def rnnt_joiner_loss_backward_op(
         need_weight,
         need_bias,
     )
+    if JOINER_BACKENDS.pick(encoder.device, impl or None) == "triton":
+        need = (need_encoder, need_predictor, need_weight, need_bias)
+        got = rnnt_joiner_triton.joiner_grads(*a[:10], blank, clamp, need)
+        return tuple(encoder.new_empty(0) if g is None else g for g in got)  # type: ignore[return-value]
 
     def example(b: int, nodes: _Nodes, cb: float):
         ls = lse[b, : nodes.T, : nodes.U1].reshape(-1)
@@ -625,8 +641,10 @@ class RNNTJoinerCriterion(Criterion):
         return {"clamp": clamp, "fastemit_lambda": lam}
 
     def own_kernel(self, device: torch.device, impl: Optional[str]) -> Optional[str]:
-        """Always its own op; ``impl=None`` is ``"torch"`` on every device."""
-        return impl or "torch"
+        """Always its own op; ``impl=None`` (passed on as ``""``) is resolved there by
+        :data:`JOINER_BACKENDS`: ``"torch"`` on the CPU, ``"triton"`` on a CUDA device where the
+        kernels pass their self-check."""
+        return impl or ""
 
     def index_tensors(self, targets, input_lengths, target_lengths, B: int, device: torch.device):
         """Padded ``(B, S)`` targets and ``(B,)`` lengths as int64 tensors (torchaudio's forms)."""
@@ -705,7 +723,11 @@ def rnnt_joiner_loss(
         fastemit_lambda: FastEmit's weight (``>= 0``): emit arcs' gradient scaled by
             ``1 + fastemit_lambda``, the reported cost too.
         zero_infinity: infeasible examples cost 0 instead of ``inf`` (their gradient is 0).
-        impl: None or ``"torch"`` (chunked torch matmuls, any device).
+        impl: None (the device's default: ``"torch"`` on the CPU, ``"triton"`` on a CUDA device
+            where its kernels pass their self-check, else ``"torch"``), ``"torch"`` (chunked torch
+            matmuls, any device) or ``"triton"`` (the Triton kernels of
+            :mod:`lightning_gtn.kernels.rnnt_joiner_triton`: CUDA tensors, or CPU tensors under
+            ``TRITON_INTERPRET=1``).
 
     Returns:
         A scalar (``(B,)`` for ``reduction="none"``) in the inputs' dtype and device.

@@ -190,7 +190,7 @@ def test_bad_inputs():
         ((enc, pred, w, b), {"fastemit_lambda": -1.0}, r"fastemit_lambda must be >= 0"),
         ((enc, pred, w, b), {"clamp": float("nan")}, r"clamp must be finite"),
         ((enc, pred, w, b), {"reduction": "avg"}, r"reduction"),
-        ((enc, pred, w, b), {"impl": "numba"}, r"rnnt_joiner_loss: impl must be None or one of \('torch',\)"),
+        ((enc, pred, w, b), {"impl": "numba"}, r"rnnt_joiner_loss: impl must be None or one of \('torch', 'triton'\)"),
     ]
     for tensors, kw, msg in cases:
         with pytest.raises(ValueError, match=msg):
