@@ -11,10 +11,15 @@ one started:
    (``bench_losses.gpu_ctc_table``: CUDA events, medians, peak memory).
 3. ``rnnt``: rnnt_loss against a log_softmax forward + backward over the same logits
    (``bench_rnnt.gpu_table``).
-4. ``mmi``: the shared MMI denominator against the generic Triton scorer (``bench_mmi_gpu``).
-5. ``compile``: a small model + ctc_loss step under ``torch.compile(fullgraph=True)`` on CUDA,
+4. ``joiner``: ``rnnt_joiner_loss`` forward + backward at ``(B, T, U, V, J) = (8, 300, 60, 1024,
+   512)`` with ``impl="triton"`` and ``impl="torch"`` against the materialised path (the joiner
+   output built by torch, given to ``rnnt_loss``): CUDA-event medians, the peak of
+   ``torch.cuda.max_memory_allocated`` beyond the inputs, and the largest differences of the
+   losses and gradients (a failure beyond ``1e-4`` / ``1e-3``).
+5. ``mmi``: the shared MMI denominator against the generic Triton scorer (``bench_mmi_gpu``).
+6. ``compile``: a small model + ctc_loss step under ``torch.compile(fullgraph=True)`` on CUDA,
    against the eager step.
-6. ``train-ctc``, ``train-rnnt``, ``train-mmi``: ``lightning-gtn-train experiment=smoke
+7. ``train-ctc``, ``train-rnnt``, ``train-mmi``: ``lightning-gtn-train experiment=smoke
    trainer=gpu loss=...``, the final metrics line.
 
 Everything goes to ONE markdown file, rewritten after each part: ``$OUT/gpu_check.md`` when the
@@ -82,11 +87,12 @@ def default_parts(run_dir: str) -> List[Part]:
         "-k", "(cuda or triton) and not interpreter", *TEST_DIRS,
     ]  # fmt: skip
     return [
-        Part("tests", 210, tests, "every CUDA and Triton test"),
-        Part("ctc", 90, _script_part("ctc"), "CTC fwd+bwd vs torch's CUDA ctc_loss"),
-        Part("rnnt", 45, _script_part("rnnt"), "rnnt_loss vs log_softmax fwd+bwd"),
-        Part("mmi", 60, _script_part("mmi"), "MMI denominator vs the generic Triton scorer"),
-        Part("compile", 60, _script_part("compile"), "torch.compile(fullgraph=True) of model + ctc_loss"),
+        Part("tests", 200, tests, "every CUDA and Triton test"),
+        Part("ctc", 80, _script_part("ctc"), "CTC fwd+bwd vs torch's CUDA ctc_loss"),
+        Part("rnnt", 40, _script_part("rnnt"), "rnnt_loss vs log_softmax fwd+bwd"),
+        Part("joiner", 40, _script_part("joiner"), "rnnt_joiner_loss (triton, torch) vs the materialised joiner"),
+        Part("mmi", 50, _script_part("mmi"), "MMI denominator vs the generic Triton scorer"),
+        Part("compile", 55, _script_part("compile"), "torch.compile(fullgraph=True) of model + ctc_loss"),
         Part("train-ctc", 45, _train("ctc", run_dir), "experiment=smoke trainer=gpu loss=ctc"),
         Part("train-rnnt", 45, _train("rnnt", run_dir), "experiment=smoke trainer=gpu loss=rnnt"),
         Part("train-mmi", 45, _train("mmi", run_dir), "experiment=smoke trainer=gpu loss=mmi"),
@@ -174,6 +180,80 @@ def _part_rnnt() -> None:
     bench_rnnt.gpu_table(5)
 
 
+def _cuda_ms(fn, repeats: int) -> float:
+    """Median milliseconds of ``fn`` between CUDA events, after one warm-up call."""
+    import statistics
+
+    import torch
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _part_joiner(repeats: int = 3, device: str = "cuda", size: Optional[Sequence[int]] = None) -> None:
+    import bench_rnnt_joiner
+    import torch
+
+    from lightning_gtn.functional import rnnt_joiner_loss, rnnt_loss
+
+    dev = torch.device(device)
+    B, T, U, V, J = size or bench_rnnt_joiner.SIZE
+    tensors, tg, il, tl = bench_rnnt_joiner._inputs(B, T, U, V, J)
+    x = tuple(t.detach().to(dev).requires_grad_() for t in tensors)
+    tg, il, tl = tg.to(dev), il.to(dev), tl.to(dev)
+
+    def step(path):
+        for t in x:
+            t.grad = None
+        if path == "materialised":
+            loss = rnnt_loss(torch.tanh(x[0][:, :, None] + x[1][:, None]) @ x[2].T + x[3], tg, il, tl, blank=0)
+        else:
+            loss = rnnt_joiner_loss(*x, tg, il, tl, blank=0, impl=path)
+        loss.backward()
+        return loss.detach(), [t.grad for t in x]
+
+    rows, out = {}, {}
+    for path in ("triton", "torch", "materialised"):
+        ms = _cuda_ms(lambda p=path: step(p), repeats)
+        for t in x:
+            t.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out[path] = step(path)
+        torch.cuda.synchronize()
+        rows[path] = (ms, (torch.cuda.max_memory_allocated() - base) / 2**20)
+    m_ms, m_mb = rows["materialised"]
+    print(f"float32, reduction mean, B, T, U, V, J = {B}, {T}, {U}, {V}, {J}; {torch.cuda.get_device_name(0)}")
+    print("")
+    print("| path | fwd+bwd (ms) | peak extra MiB | time / materialised | memory / materialised |")
+    print("|---|---:|---:|---:|---:|")
+    for path, (ms, mb) in rows.items():
+        print(f"| {path} | {ms:.2f} | {mb:.1f} | {ms / m_ms:.2f} | {mb / m_mb:.3f} |")
+    ref_loss, ref_grads = out["materialised"]
+    bad = []
+    for path in ("triton", "torch"):
+        loss, grads = out[path]
+        dl = float((loss - ref_loss).abs() / ref_loss.abs().clamp_min(1e-30))
+        dg = max(float((a - c).abs().max() / c.abs().max().clamp_min(1e-30)) for a, c in zip(grads, ref_grads))
+        print(
+            f"\n{path}: loss relative difference {dl:.1e}, largest gradient difference {dg:.1e} (of the largest entry)"
+        )
+        if not (dl <= 1e-4 and dg <= 1e-3):
+            bad.append(path)
+    if bad:
+        raise SystemExit(f"the joiner loss differs from the materialised path: {bad}")
+
+
 def _part_mmi() -> None:
     import bench_mmi_gpu
 
@@ -220,7 +300,7 @@ def _part_compile() -> None:
         raise SystemExit("a second compiled step gave another loss")
 
 
-_PARTS = {"ctc": _part_ctc, "rnnt": _part_rnnt, "mmi": _part_mmi, "compile": _part_compile}
+_PARTS = {"ctc": _part_ctc, "rnnt": _part_rnnt, "joiner": _part_joiner, "mmi": _part_mmi, "compile": _part_compile}
 
 
 def report_path(arg: Optional[str]) -> str:
