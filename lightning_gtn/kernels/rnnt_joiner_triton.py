@@ -291,20 +291,22 @@ def self_check(device) -> Optional[str]:
     tg = torch.tensor([[1, 2], [3, 0]])
     il, tl_ = torch.tensor([3, 2]), torch.tensor([2, 1])
     arcs, coef = torch.rand(B, T, U + 1, 2, generator=g), torch.tensor([0.5, -1.5])
-    t = [x.to(dev) for x in (enc, pred, w, b, tg, il, tl_, arcs, coef)]
+    enc, pred, w, b, tg, il, tl_, arcs, coef = (x.to(dev) for x in (enc, pred, w, b, tg, il, tl_, arcs, coef))
     small = Blocks(n=16, v=16, j=16, jo=16, splits=2)
     lp2 = torch.zeros(B, T, U + 1, 2, dtype=torch.float64, device=dev)
     lse = torch.zeros(B, T, U + 1, device=dev)
     try:
-        joiner_rows(*t[:7], 4, lp2, lse, small)
-        got = joiner_grads(*t[:7], lse, t[7], t[8], 4, 0.3, blocks=small)
+        joiner_rows(enc, pred, w, b, tg, il, tl_, 4, lp2, lse, small)
+        got = joiner_grads(enc, pred, w, b, tg, il, tl_, lse, arcs, coef, 4, 0.3, blocks=small)
     except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
         return f"rnnt_joiner_triton failed: {e!r}"
-    ref_lp2, ref_lse, inside, ref = _reference(*t[:7], 4, t[7], t[8], 0.3)
-    checks = [("lse", lse[inside], ref_lse[inside]), ("lp2", lp2[inside].float(), ref_lp2[inside])]
-    checks += [(n, a, r) for n, a, r in zip(("encoder", "predictor", "weight", "bias"), got, ref)]
-    for name, a, r in checks:
-        if a is None or not torch.allclose(a.float(), r.float(), rtol=1e-4, atol=1e-4):
+    ref_lp2, ref_lse, inside, ref = _reference(enc, pred, w, b, tg, il, tl_, 4, arcs, coef, 0.3)
+    pairs = [("lse", lse[inside], ref_lse[inside]), ("lp2", lp2[inside].float(), ref_lp2[inside])]
+    pairs += [(n, a, r) for n, a, r in zip(("encoder", "predictor", "weight", "bias"), got, ref) if a is not None]
+    if len(pairs) != 6:
+        return "rnnt_joiner_triton: a gradient is missing"
+    for name, x, r in pairs:
+        if not torch.allclose(x.float(), r.float(), rtol=1e-4, atol=1e-4):
             return f"rnnt_joiner_triton: {name} differs from the materialised joiner's"
     return None
 
