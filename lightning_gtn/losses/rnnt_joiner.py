@@ -30,6 +30,10 @@ backward, :class:`DurationJoinerArgs`): per node the label (and TDT's duration) 
 the log-probabilities its arcs read (the target's, the blank's and big blanks', the durations'),
 scored by :func:`.rnnt_variants.duration_lattice_op` in its unfused mode, whose gradient w.r.t.
 those log-probabilities the backward turns into the logits' per chunk (see the section below).
+
+On a CUDA device (``impl="triton"``, or None once they pass their self-check there) the per-node
+passes are the Triton kernels of :mod:`lightning_gtn.kernels.rnnt_joiner_triton` instead of the
+chunks (tiles of ``V`` and ``J`` inside each kernel); the lattices between them are the same.
 """
 
 from __future__ import annotations
@@ -553,7 +557,7 @@ def _joiner_backward(ctx, g_out, need, schema, back_schema, back_op):
     else:
         coef = _coefficients(ctx.reduction, B, tl, enc.dtype, enc.device) * g_out.to(enc.dtype)
     flags = (bool(need.encoder), bool(need.predictor), bool(need.weight), bool(need.bias))
-    ge, gp, gw, gb = back_op(*back_schema(*saved, coef, *ctx.extra, *flags))
+    ge, gp, gw, gb = back_op(*back_schema(*saved, coef, *ctx.extra, *flags, *getattr(ctx, "tail", ())))
     return grads(
         schema,
         encoder=ge if need.encoder else None,
@@ -816,6 +820,14 @@ class DurationJoinerBackwardArgs(NamedTuple):
     need_predictor: bool
     need_weight: bool
     need_bias: bool
+    impl: str = ""
+
+
+def _duration_triton(device: torch.device, impl: str) -> bool:
+    """Whether a duration joiner call with the lattice's ``impl`` computes its joiner by the
+    Triton kernels: ``impl="triton"``, or None (``""``) where :data:`JOINER_BACKENDS` picks them
+    for ``device``; the chunked torch joiner otherwise."""
+    return impl == "triton" or (not impl and JOINER_BACKENDS.default(device) == "triton")
 
 
 def _lse_narrow(x: Tensor) -> Tensor:
@@ -841,8 +853,12 @@ def _duration_forward(a: DurationJoinerArgs) -> Tuple[Tensor, Tensor, Tensor]:
     small = torch.zeros((B, T, U1, 1 + F + D), dtype=sdt, device=dev)
     lse = torch.zeros((B, T, U1, G), dtype=dt, device=dev) if a.need_grad else None
     cols = torch.tensor(fixed, dtype=torch.int64, device=dev)
+    triton = _duration_triton(dev, a.impl)
+    if triton:
+        rnnt_joiner_triton.duration_rows(enc, pred, weight, bias, *a[4:7], K, fixed, small, lse)
+    examples = () if triton else _examples(enc, weight, tg, il, tl, fixed[0])
     with torch.no_grad():
-        for b, nodes in _examples(enc, weight, tg, il, tl, fixed[0]):
+        for b, nodes in examples:
             Tb, U1b = nodes.T, nodes.U1
             sb = torch.empty(nodes.n, 1 + F + D, dtype=sdt, device=dev)
             lb = torch.empty(nodes.n, G, dtype=dt, device=dev)
@@ -984,9 +1000,11 @@ def duration_joiner_loss_backward_op(
     need_predictor: bool,
     need_weight: bool,
     need_bias: bool,
+    impl: str = "",
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``sum_b coef[b] * d cost[b] / d (encoder, predictor, weight, bias)`` from the forward's
-    normalisers and column gradients; the gradients not asked for are empty tensors."""
+    normalisers and column gradients (the joiner by :func:`_duration_triton`'s choice for the
+    forward's ``impl``); the gradients not asked for are empty tensors."""
     a = DurationJoinerBackwardArgs(
         encoder,
         predictor,
@@ -1004,7 +1022,12 @@ def duration_joiner_loss_backward_op(
         need_predictor,
         need_weight,
         need_bias,
+        impl,
     )
+    if _duration_triton(encoder.device, impl):
+        need = (need_encoder, need_predictor, need_weight, need_bias)
+        got = rnnt_joiner_triton.duration_grads(*a[:10], K, fixed, need)
+        return tuple(encoder.new_empty(0) if g is None else g for g in got)  # type: ignore[return-value]
     F = len(fixed)
     D = weight.shape[0] - K
     cols = torch.tensor(fixed, dtype=torch.int64, device=encoder.device)
@@ -1045,6 +1068,7 @@ def _duration_backward_fake(*inputs):
 def _duration_setup(ctx, inputs, output):
     a = DurationJoinerArgs(*inputs)
     ctx.reduction, ctx.extra, ctx.op = a.reduction, (a.K, list(a.fixed)), "duration_joiner_loss"
+    ctx.tail = (a.impl,)  # the backward's arguments after the need_* flags
     _save(ctx, a, output)
 
 
@@ -1174,7 +1198,10 @@ def tdt_joiner_loss(
         targets: ``(B, S)`` padded label ids in ``[0, K)``, never the blank.
         logit_lengths, target_lengths: ``(B,)`` frames and labels of each example.
         blank, durations, sigma, omega, reduction, zero_infinity, impl: as
-            :func:`~lightning_gtn.functional.tdt_loss` (``"mean_volume"`` too).
+            :func:`~lightning_gtn.functional.tdt_loss` (``"mean_volume"`` too); ``impl`` picks the
+            lattice's kernel, and the joiner runs in the Triton kernels of
+            :mod:`lightning_gtn.kernels.rnnt_joiner_triton` for ``impl="triton"`` and for None
+            on a CUDA device where they pass their self-check, else as chunked torch matmuls.
 
     Returns:
         A scalar (``(B,)`` for ``reduction="none"``) in the inputs' dtype and device.
@@ -1229,7 +1256,10 @@ def multiblank_rnnt_joiner_loss(
         targets: ``(B, S)`` padded label ids in ``[0, V)``, never a blank class.
         logit_lengths, target_lengths: ``(B,)`` frames and labels of each example.
         blank, big_blank_durations, sigma, big_blank_ids, reduction, zero_infinity, impl: as
-            :func:`~lightning_gtn.functional.multiblank_rnnt_loss` (``"mean_volume"`` too).
+            :func:`~lightning_gtn.functional.multiblank_rnnt_loss` (``"mean_volume"`` too); ``impl`` picks the
+            lattice's kernel, and the joiner runs in the Triton kernels of
+            :mod:`lightning_gtn.kernels.rnnt_joiner_triton` for ``impl="triton"`` and for None
+            on a CUDA device where they pass their self-check, else as chunked torch matmuls.
 
     Returns:
         A scalar (``(B,)`` for ``reduction="none"``) in the inputs' dtype and device.

@@ -1,13 +1,14 @@
-"""``rnnt_joiner_loss(..., impl="triton")``: the Triton joiner kernels against the chunked torch
-joiner (``impl="torch"``) and the materialised definition ``rnnt_loss(tanh(enc[:, :, None] +
-pred[:, None]) @ W.T + b, ...)``.
+"""``rnnt_joiner_loss(..., impl="triton")`` (and ``tdt_joiner_loss``, ``multiblank_rnnt_joiner_loss``):
+the Triton joiner kernels against the chunked torch joiner and the materialised definitions
+``rnnt_loss(tanh(enc[:, :, None] + pred[:, None]) @ W.T + b, ...)`` (``tdt_loss``, ``multiblank_rnnt_loss``).
 
 Without a GPU the kernels run on CPU tensors under Triton's interpreter, which must be switched on
 before triton is imported: :func:`test_joiner_under_the_interpreter` runs this file as a script in
 ONE subprocess with ``TRITON_INTERPRET=1`` (tiny ragged cases: blank first and last, every
 reduction, FastEmit, clamp, an infeasible example, several tiles of ``V`` and ``J`` and several
 splits of the weight gradient's node blocks, float32 and float64, bfloat16 inputs, partial
-gradients). The kernels also go through Triton's real compiler for sm_90 (no GPU needed), and
+gradients; TDT and multi-blank, their lattices' Triton kernels too). The kernels also go through
+Triton's real compiler for sm_90 (no GPU needed), and
 :func:`test_cuda_default_is_triton_and_equals_the_cpu` runs ``impl=None`` on a CUDA device where
 there is one (``make gpu-check``).
 """
@@ -17,7 +18,14 @@ import os
 import pytest
 import torch
 
-from lightning_gtn.functional import rnnt_joiner_loss, rnnt_loss
+from lightning_gtn.functional import (
+    multiblank_rnnt_joiner_loss,
+    multiblank_rnnt_loss,
+    rnnt_joiner_loss,
+    rnnt_loss,
+    tdt_joiner_loss,
+    tdt_loss,
+)
 from lightning_gtn.kernels import rnnt_joiner_triton as jt
 from lightning_gtn.losses.rnnt_joiner import JOINER_BACKENDS
 from tests.kernels._interpreted import run_interpreted
@@ -49,14 +57,23 @@ def case(B=3, T=5, U=3, V=7, J=5, dtype=torch.float32, blank=0, seed=0):
     return (enc, pred, w, b), tg, il, tl
 
 
-def run(path, tensors, tg, il, tl, upstream=None, need=(True, True, True, True), **kw):
-    """``(loss, grads...)`` of ``path`` (``"triton"``, ``"torch"`` or ``"materialised"``); the
-    gradients of the tensors not in ``need`` are None."""
+#: per loss: the joiner loss, its materialised definition, the impl of the torch joiner
+LOSSES = {
+    "rnnt": (rnnt_joiner_loss, rnnt_loss, "torch"),
+    "tdt": (tdt_joiner_loss, tdt_loss, "numba"),
+    "multiblank": (multiblank_rnnt_joiner_loss, multiblank_rnnt_loss, "numba"),
+}
+
+
+def run(path, tensors, tg, il, tl, upstream=None, need=(True, True, True, True), loss="rnnt", **kw):
+    """``(loss, grads...)`` of ``path`` (``"triton"``, ``"torch"`` or ``"materialised"``) for
+    ``loss`` (a key of :data:`LOSSES`); the gradients of the tensors not in ``need`` are None."""
+    joiner, materialised, torch_impl = LOSSES[loss]
     x = tuple(t.detach().clone().requires_grad_(n) for t, n in zip(tensors, need))
     if path == "materialised":
-        loss = rnnt_loss(joiner_logits(*x), tg, il, tl, **kw)
+        loss = materialised(joiner_logits(*x), tg, il, tl, **kw)
     else:
-        loss = rnnt_joiner_loss(*x, tg, il, tl, impl=path, **kw)
+        loss = joiner(*x, tg, il, tl, impl=torch_impl if path == "torch" else path, **kw)
     s = loss.sum() if upstream is None else (loss * upstream).sum()
     wrt = [t for t in x if t.requires_grad]
     g = iter(torch.autograd.grad(s, wrt))
@@ -85,6 +102,19 @@ CASES = [
     (dict(seed=3), dict(blank=0, reduction="mean", clamp=0.05), None),
     (dict(blank=-1, seed=4), dict(blank=-1, reduction="none", clamp=0.03, fastemit_lambda=0.2), None),
     (dict(V=40, J=36, seed=5), dict(blank=0, reduction="mean", fastemit_lambda=0.1), None),  # tiles of V, J
+]
+
+
+# the duration lattices: (keyword arguments of the case, the loss, its keyword arguments); V = K + D
+DURATION_CASES = [
+    (dict(V=9, seed=20), "tdt", dict(durations=(0, 1, 2, 4), sigma=0.05, reduction="mean")),
+    (dict(V=40, J=20, seed=21), "tdt", dict(blank=0, durations=(1, 2), omega=0.3, reduction="none")),
+    (dict(V=9, seed=22), "multiblank", dict(big_blank_durations=(2, 3), sigma=0.05, reduction="mean_volume")),
+    (
+        dict(V=40, J=20, seed=23),
+        "multiblank",
+        dict(blank=0, big_blank_durations=(2,), big_blank_ids=(39,), reduction="sum"),
+    ),
 ]
 
 
@@ -129,13 +159,49 @@ def _interpreted_checks() -> int:
         got = run("triton", tensors, tg, il, tl, need=need, **kw)
         close(got, run("materialised", tensors, tg, il, tl, need=need, **kw), f"need {need}", 1e-4, 1e-6)
         n += 1
+    # without gradients: the forward alone (no normalisers kept)
+    tensors, tg, il, tl = case(seed=10)
+    with torch.no_grad():
+        got = rnnt_joiner_loss(*tensors, tg, il, tl, blank=0, impl="triton", reduction="none")
+        want = rnnt_joiner_loss(*tensors, tg, il, tl, blank=0, impl="torch", reduction="none")
+        close((got,), (want,), "no grad", 1e-4, 1e-6)
+        kw = dict(durations=(1, 2), reduction="none")
+        got = tdt_joiner_loss(*tensors, tg % 3 + 1, il, tl, impl="triton", **kw)
+        want = tdt_joiner_loss(*tensors, tg % 3 + 1, il, tl, impl="numba", **kw)
+        close((got,), (want,), "no grad, tdt", 1e-4, 1e-6)
+    n += 1
+    # the kernels' own checks: a direct call of the backward op with lengths or labels out of range
+    x = tuple(t.detach() for t in tensors)
+    lse, arcs = torch.zeros(3, 5, 4), torch.zeros(3, 5, 4, 2)
+    back = torch.ops.lightning_gtn.rnnt_joiner_loss_backward.default
+    for bad, msg in (
+        ((tg, il, tl + 5), "target_lengths in \\[0, U=3\\]"),
+        ((tg, il + 9, tl), "logit_lengths must lie in \\[0, T=5\\]"),
+        ((tg + 7, il, tl.clamp_min(1)), "targets \\(within target_lengths\\) must lie in \\[0, 7\\)"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            back(*x, *bad, lse, arcs, torch.ones(3), 0, -1.0, "triton", True, True, True, True)
+    with pytest.raises(ValueError, match="the classes read \\[9, -1\\]"):
+        jt.joiner_rows(*x, tg, il, tl, 9, torch.zeros(3, 5, 4, 2))
+    n += 1
+    # TDT and multi-blank: the Triton joiner and the Triton duration lattice (impl="triton")
+    for blocks, cases in ((jt.Blocks(), DURATION_CASES), (small, DURATION_CASES[1::2])):
+        jt.DEFAULT_BLOCKS = blocks
+        for shape, loss, kw in cases:
+            tensors, tg, il, tl = case(**shape)
+            tg = tg % 3 + 1  # labels 1..3: never a blank, a big blank or a duration of any case
+            got = run("triton", tensors, tg, il, tl, loss=loss, **kw)
+            close(got, run("torch", tensors, tg, il, tl, loss=loss, **kw), f"torch {loss} {kw}", 1e-4, 1e-6)
+            want = run("materialised", tensors, tg, il, tl, loss=loss, **kw)
+            close(got, want, f"materialised {loss} {kw}", 1e-4, 1e-6)
+            n += 1
     return n
 
 
 @pytest.mark.skipif(not jt.available(), reason="needs triton")
 @pytest.mark.skipif(INTERPRETED or CUDA, reason="runs the kernels directly here (CUDA test below)")
 def test_joiner_under_the_interpreter():
-    run_interpreted(__file__, f"joiner triton: {len(CASES) + 8} checks equal")
+    run_interpreted(__file__, f"joiner triton: {len(CASES) + 10 + len(DURATION_CASES) + 2} checks equal")
 
 
 @pytest.mark.skipif(not jt.available() or INTERPRETED, reason="needs triton's compiler")
@@ -148,20 +214,21 @@ def test_kernels_compile_for_the_gpu(name):
     from triton.compiler import ASTSource
 
     fn = getattr(jt, name)
-    consts = dict(TF32=False, BLOCK_N=32, BLOCK_V=64, BLOCK_J=64)
+    consts = dict(TF32=False, BLOCK_N=32, BLOCK_V=64, BLOCK_J=64, BLOCK_C=4)
     consts.update(
-        {
-            "_rows_kernel": dict(STORE_LSE=True),
-            "_dhidden_kernel": dict(NEED_ENC=True, NEED_PRED=True, CLAMP=True, BLOCK_JO=128),
-            "_dweight_kernel": dict(NEED_W=True, NEED_B=True, CLAMP=True, BLOCK_JO=128),
+        {  # the duration groups' branch (HAS_D) in two of the three, RNN-T's in the other
+            "_rows_kernel": dict(STORE_LSE=True, HAS_D=True),
+            "_dhidden_kernel": dict(NEED_ENC=True, NEED_PRED=True, CLAMP=True, HAS_D=False, BLOCK_JO=128),
+            "_dweight_kernel": dict(NEED_W=True, NEED_B=True, CLAMP=False, HAS_D=True, BLOCK_JO=128),
         }[name]
     )
-    ints, longs = {"R", "T", "U1", "V", "J", "S", "blank", "SPLITS"}, {"TGT", "XLEN", "YLEN"}
+    ints = {"R", "T", "U1", "V", "J", "S", "K", "NC", "NL", "Y_COL", "pad", "SPLITS"}
+    longs = {"TGT", "XLEN", "YLEN"}
 
     def kind(a):
         if a in consts:
             return "constexpr"
-        return "i32" if a in ints else "*i64" if a in longs else "*fp64" if a == "LP2" else "*fp32"
+        return "i32" if a in ints else "*i64" if a in longs else "*i32" if a == "COLS" else "*fp32"
 
     sig = {a: kind(a) for a in fn.arg_names}
     cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
@@ -188,12 +255,17 @@ def test_default_implementation_per_device():
 def test_cuda_default_is_triton_and_equals_the_cpu():
     if jt.available():
         assert JOINER_BACKENDS.default(torch.device("cuda")) == "triton"  # the self-check passed
-    for shape, kw, upstream in CASES + [(dict(B=4, T=40, U=12, V=300, J=200, seed=11), dict(blank=0), None)]:
+    big = (dict(B=4, T=40, U=12, V=300, J=200, seed=11), dict(blank=0), None)
+    runs = [(shape, "rnnt", kw, up) for shape, kw, up in CASES + [big]]
+    runs += [(shape, loss, kw, None) for shape, loss, kw in DURATION_CASES]
+    for shape, loss, kw, upstream in runs:
         tensors, tg, il, tl = case(**shape)
-        want = run("torch", tensors, tg, il, tl, upstream, **kw)
+        if loss != "rnnt":
+            tg = tg % 3 + 1
+        want = run("torch", tensors, tg, il, tl, upstream, loss=loss, **kw)
         dev = [t.cuda() for t in (*tensors, tg, il, tl)]
-        got = run(None, tuple(dev[:4]), *dev[4:], None if upstream is None else upstream.cuda(), **kw)
-        close(tuple(None if g is None else g.cpu() for g in got), want, f"cuda {shape} {kw}", 1e-4, 1e-6)
+        got = run(None, tuple(dev[:4]), *dev[4:], None if upstream is None else upstream.cuda(), loss=loss, **kw)
+        close(tuple(None if g is None else g.cpu() for g in got), want, f"cuda {loss} {shape} {kw}", 1e-4, 1e-6)
 
 
 if __name__ == "__main__":  # the child of test_joiner_under_the_interpreter
