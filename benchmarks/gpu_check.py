@@ -180,25 +180,8 @@ def _part_rnnt() -> None:
     bench_rnnt.gpu_table(5)
 
 
-def _cuda_ms(fn, repeats: int) -> float:
-    """Median milliseconds of ``fn`` between CUDA events, after one warm-up call."""
-    import statistics
-
-    import torch
-
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def _part_joiner(repeats: int = 3, device: str = "cuda", size: Optional[Sequence[int]] = None) -> None:
+    import bench_losses
     import bench_rnnt_joiner
     import torch
 
@@ -222,16 +205,11 @@ def _part_joiner(repeats: int = 3, device: str = "cuda", size: Optional[Sequence
 
     rows, out = {}, {}
     for path in ("triton", "torch", "materialised"):
-        ms = _cuda_ms(lambda p=path: step(p), repeats)
+        ms = 1e3 * bench_losses._cuda_median(lambda p=path: step(p), repeats)  # CUDA events, after a warm-up
         for t in x:
             t.grad = None
-        torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        out[path] = step(path)
-        torch.cuda.synchronize()
-        rows[path] = (ms, (torch.cuda.max_memory_allocated() - base) / 2**20)
+        rows[path] = (ms, bench_losses._gpu_peak_mb(lambda p=path: out.__setitem__(p, step(p))))
     m_ms, m_mb = rows["materialised"]
     print(f"float32, reduction mean, B, T, U, V, J = {B}, {T}, {U}, {V}, {J}; {torch.cuda.get_device_name(0)}")
     print("")
