@@ -256,8 +256,9 @@ def test_cuda_default_is_triton_and_equals_the_cpu():
     if jt.available():
         assert JOINER_BACKENDS.default(torch.device("cuda")) == "triton"  # the self-check passed
     big = (dict(B=4, T=40, U=12, V=300, J=200, seed=11), dict(blank=0), None)
-    runs = [(shape, "rnnt", kw, up) for shape, kw, up in CASES + [big]]
-    runs += [(shape, loss, kw, None) for shape, loss, kw in DURATION_CASES]
+    # a few shapes (each tile layout and option set compiles the kernels once more on the GPU)
+    runs = [(shape, "rnnt", kw, up) for shape, kw, up in [CASES[0], CASES[2], CASES[4], CASES[5], big]]
+    runs += [(shape, loss, kw, None) for shape, loss, kw in DURATION_CASES[1:]]
     for shape, loss, kw, upstream in runs:
         tensors, tg, il, tl = case(**shape)
         if loss != "rnnt":
