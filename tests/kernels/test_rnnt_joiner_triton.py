@@ -8,7 +8,7 @@ ONE subprocess with ``TRITON_INTERPRET=1`` (tiny ragged cases: blank first and l
 reduction, FastEmit, clamp, an infeasible example, several tiles of ``V`` and ``J`` and several
 splits of the weight gradient's node blocks, float32 and float64, bfloat16 inputs, partial
 gradients; TDT and multi-blank, their lattices' Triton kernels too). The kernels also go through
-Triton's real compiler for sm_90 (no GPU needed), and
+Triton's real compiler for sm_90 and sm_80 (no GPU needed), and
 :func:`test_cuda_default_is_triton_and_equals_the_cpu` runs ``impl=None`` on a CUDA device where
 there is one (``make gpu-check``).
 """
@@ -205,10 +205,13 @@ def test_joiner_under_the_interpreter():
 
 
 @pytest.mark.skipif(not jt.available() or INTERPRETED, reason="needs triton's compiler")
-@pytest.mark.parametrize("name", ["_rows_kernel", "_dhidden_kernel", "_dweight_kernel"])
-def test_kernels_compile_for_the_gpu(name):
-    """Each kernel through Triton's real compiler for sm_90 in float32 (no GPU needed): what the
-    interpreter does not check (``tl.dot``'s shapes and precisions, the loops' types)."""
+@pytest.mark.parametrize(
+    "name, arch", [("_rows_kernel", 90), ("_dhidden_kernel", 90), ("_dweight_kernel", 90), ("_dweight_kernel", 80)]
+)
+def test_kernels_compile_for_the_gpu(name, arch):
+    """Each kernel through Triton's real compiler for sm_90 (one for sm_80 too) in float32 (no GPU
+    needed): what the interpreter does not check (``tl.dot``'s shapes and precisions, the loops'
+    types)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -232,7 +235,7 @@ def test_kernels_compile_for_the_gpu(name):
 
     sig = {a: kind(a) for a in fn.arg_names}
     cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", 90, 32))
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", arch, 32))
     assert len(kernel.asm["cubin"]) > 0
 
 
