@@ -61,10 +61,12 @@ __all__ = [
     "duration_lattice_triton",
     "MAX_BLOCK_V",
     "MAX_BLOCK_U",
+    "MAX_ROW_U",
 ]
 
 MAX_BLOCK_V = 1024  # vocabulary entries one program holds per row and step
 MAX_BLOCK_U = 1024  # lattice nodes of one anti-diagonal processed per step
+MAX_ROW_U = 1024  # lattice nodes of one time row held by one program (the row-scan lattice)
 _TILE = 4096  # rows x vocabulary entries per program in the row kernels
 
 # Triton picks the interpreter when a kernel is decorated, from the environment at import time
@@ -158,6 +160,27 @@ def _validate(logits, targets, logit_lengths, target_lengths, blank, clamp, fast
     return tg, xl, yl
 
 
+def _walk_rows(lattice: str, n: int, block: Optional[int], who: str) -> bool:
+    """Whether the lattice whose rows hold ``n`` nodes is walked by time rows (True) or by
+    anti-diagonals (False). ``lattice``: ``"auto"`` (rows when a row fits one block: ``n <=
+    MAX_ROW_U`` and, when given, ``n <= block``), ``"rows"`` (an error when it does not fit) or
+    ``"diagonals"``."""
+    if lattice not in ("auto", "rows", "diagonals"):
+        raise ValueError(f"{who}: lattice must be 'auto', 'rows' or 'diagonals', got {lattice!r}")
+    fits = n <= min(MAX_ROW_U, block or MAX_ROW_U)
+    if lattice == "rows" and not fits:
+        raise ValueError(
+            f"{who}: lattice='rows' needs a row of at most {min(MAX_ROW_U, block or MAX_ROW_U)} nodes, got {n}"
+        )
+    return lattice != "diagonals" and fits
+
+
+def _row_launch(n: int) -> Tuple[int, int]:
+    """``(BLOCK, num_warps)`` of a row-scan lattice kernel whose rows hold ``n`` nodes."""
+    bu = triton.next_power_of_2(max(1, n))
+    return bu, max(1, min(8, bu // 64))
+
+
 def _row_blocks(V: int, block_v: Optional[int]) -> Tuple[int, int, int]:
     """``(BLOCK_R, BLOCK_V, num_warps)`` for the row kernels."""
     bv = triton.next_power_of_2(max(1, min(V, block_v or MAX_BLOCK_V)))
@@ -178,6 +201,7 @@ def rnnt_triton(
     inplace: bool = False,
     block_v: Optional[int] = None,
     block_u: Optional[int] = None,
+    lattice: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """RNN-T costs and their gradients with respect to the logits.
 
@@ -196,7 +220,10 @@ def rnnt_triton(
         need_grad: compute the gradient (otherwise only alpha runs and ``None`` is returned).
         inplace: write the gradient into ``logits``' storage (needs a contiguous ``logits``);
             ``logits`` holds the gradient afterwards.
-        block_v, block_u: tile sizes (powers of two are used), for tests of the chunked paths.
+        block_v, block_u: tile sizes (powers of two are used), for tests of the chunked paths;
+            a ``block_u`` below ``U + 1`` walks anti-diagonals in chunks of it.
+        lattice: ``"auto"``: walk time rows (one scan per row) when ``U + 1 <= MAX_ROW_U``, else
+            anti-diagonals; ``"rows"`` or ``"diagonals"`` force one (for benchmarks and tests).
 
     Returns:
         ``(costs (B,), grads (B, T, U + 1, V) or None)`` in the logits' dtype and device:
@@ -211,6 +238,7 @@ def rnnt_triton(
     tg, xl, yl = _validate(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda)
     B, T, U1, V = logits.shape
     dev, dtype = logits.device, logits.dtype
+    rows = _walk_rows(lattice, U1, block_u, "rnnt_triton")
     if inplace and not logits.is_contiguous():
         raise ValueError("rnnt_triton: inplace=True needs contiguous logits")
     x = logits.detach()
@@ -236,10 +264,16 @@ def rnnt_triton(
         x, lse, lpb, lpe, tg, xl, yl, R, T, U1, V, blank,
         FUSED=bool(fused_log_softmax), ONE_PASS=bv >= V, BLOCK_R=br, BLOCK_V=bv, num_warps=nw,
     )  # fmt: skip
-    bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
-    _lattice_kernel[(B, 2 if need_grad else 1)](
-        lpb, lpe, alpha, beta, ll, xl, yl, T, U1, BLOCK_U=bu, num_warps=4 if bu <= 512 else 8
-    )
+    if rows:
+        bu, nwu = _row_launch(U1)
+        _lattice_rows_kernel[(B, 2 if need_grad else 1)](
+            lpb, lpe, alpha, beta, ll, xl, yl, T, U1, BLOCK_U=bu, num_warps=nwu
+        )
+    else:
+        bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
+        _lattice_kernel[(B, 2 if need_grad else 1)](
+            lpb, lpe, alpha, beta, ll, xl, yl, T, U1, BLOCK_U=bu, num_warps=4 if bu <= 512 else 8
+        )
     costs.copy_(ll).mul_(-(1.0 + float(fastemit_lambda)))
     if not need_grad:
         return costs, None
@@ -681,6 +715,72 @@ if triton is not None:
                 LPB + last, mask=tb > 0, other=-float("inf")
             )
             tl.store(LL + b, fin)
+
+    @triton.jit
+    def _affine_combine(a1, b1, a2, b2):
+        """Composes two steps ``x -> log(exp(a + x) + exp(b))`` of the log semiring, the earlier
+        ``(a1, b1)`` first: ``(a1 + a2, log(exp(a2 + b1) + exp(b2)))``. A scan of these pairs solves
+        the linear recurrence ``x[i] = log(exp(a[i] + x[i - 1]) + exp(b[i]))`` with no subtraction of
+        large numbers, and an ``a`` of -inf (an impossible arc) cuts the chain cleanly."""
+        return a1 + a2, log_add_triton(a2 + b1, b2)
+
+    @triton.jit
+    def _row_scan(a, b):
+        """``x`` with ``x[i] = log(exp(a[i] + x[i - 1]) + exp(b[i]))`` and ``x[-1] = -inf`` (so
+        ``x[0] = b[0]``), along the one axis of ``a`` and ``b``."""
+        _, x = tl.associative_scan((a, b), 0, _affine_combine)
+        return x
+
+    @triton.jit
+    def _lattice_rows_kernel(LPB, LPE, ALPHA, BETA, LL, xlen, ylen, T, U1, BLOCK_U: tl.constexpr):
+        """The lattice of ``_lattice_kernel`` walked by time rows: one program holds a whole row
+        ``u = 0 .. U_b`` (``U_b + 1 <= BLOCK_U``) and the row before it in registers. Within row ``t``
+        ``alpha[t, u] = log(exp(c[u]) + exp(alpha[t, u - 1] + lpe[t, u - 1]))`` with
+        ``c[u] = alpha[t - 1, u] + lpb[t - 1, u]``: one scan (:func:`_row_scan`). Beta likewise,
+        its row read in reverse (``j = U_b - u``). ``T_b`` serial steps, no barrier, no re-read."""
+        b = tl.program_id(0)
+        backward = tl.program_id(1) == 1
+        tb = tl.load(xlen + b)
+        ub = tl.load(ylen + b)
+        base = b.to(tl.int64) * T * U1
+        js = tl.arange(0, BLOCK_U)
+        m = js <= ub
+        # (scalar conditions stay out of the masks: a row index is clamped into the example
+        # instead, and what is loaded past its last row is never used)
+        if backward:
+            u = ub - js  # position j of the registers holds node u = U_b - j
+            n = tl.where(js == 0, 0.0, -float("inf")).to(BETA.dtype.element_ty)  # beta[T_b, :]: the end
+            row = base + tl.maximum(tb - 1, 0) * U1
+            lb = tl.load(LPB + row + u, mask=m, other=-float("inf"))
+            le = tl.load(LPE + row + u, mask=m & (js > 0), other=-float("inf"))
+            for q in range(0, tb):
+                # the next row's arcs (row t - 1), loaded while this row is scanned
+                nxt = row - tl.where(q + 1 < tb, U1, 0)
+                lb_next = tl.load(LPB + nxt + u, mask=m, other=-float("inf"))
+                le_next = tl.load(LPE + nxt + u, mask=m & (js > 0), other=-float("inf"))
+                n = _row_scan(le, n + lb)
+                tl.store(BETA + row + u, n, mask=m)
+                row = nxt
+                lb = lb_next
+                le = le_next
+        else:
+            c = tl.where(js == 0, 0.0, -float("inf")).to(ALPHA.dtype.element_ty)  # the start node
+            row = base
+            le = tl.load(LPE + row + js - 1, mask=m & (js > 0), other=-float("inf"))
+            lb = tl.load(LPB + row + js, mask=m, other=-float("inf"))
+            for t in range(0, tb):
+                nxt = row + tl.where(t + 1 < tb, U1, 0)
+                le_next = tl.load(LPE + nxt + js - 1, mask=m & (js > 0), other=-float("inf"))
+                lb_next = tl.load(LPB + nxt + js, mask=m, other=-float("inf"))
+                a = _row_scan(le, c)
+                tl.store(ALPHA + row + js, a, mask=m)
+                c = a + lb
+                row = nxt
+                le = le_next
+                lb = lb_next
+            # c holds alpha[T_b - 1, :] + lpb[T_b - 1, :]: the final blank from (T_b - 1, U_b)
+            fin = tl.max(tl.where(js == ub, c, -float("inf")), 0)
+            tl.store(LL + b, tl.where(tb > 0, fin, -float("inf")))
 
     @triton.jit
     def _grad_kernel(
