@@ -325,6 +325,7 @@ def mutual_information_triton(
     boundary: Optional[torch.Tensor] = None,
     need_grad: bool = True,
     block: Optional[int] = None,
+    lattice: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[Tuple[torch.Tensor, torch.Tensor]]]:
     """k2's mutual-information recursion: per-example scores and their gradients.
 
@@ -340,7 +341,10 @@ def mutual_information_triton(
         py: ``(B, S + 1, T)``, same dtype and device.
         boundary: ``(B, 4)`` integer rows ``[s_begin, t_begin, s_end, t_end]``; default ``[0, 0, S, T]``.
         need_grad: also return the gradients.
-        block: the number of lattice nodes of a diagonal processed per step (tests).
+        block: the number of lattice nodes of a diagonal processed per step (tests); below
+            ``S + 1`` it walks anti-diagonals.
+        lattice: ``"auto"``: walk frames (one scan over ``s`` per frame) when ``S + 1 <= MAX_ROW_U``,
+            else anti-diagonals; ``"rows"`` or ``"diagonals"`` force one.
 
     Returns:
         ``(scores (B,), (px_grad, py_grad) or None)``: ``scores[b] = p[b, s_end, t_end]`` and the
@@ -356,7 +360,13 @@ def mutual_information_triton(
     p = torch.full((B, S + 1, T + 1), float("-inf"), dtype=dtype, device=dev)
     beta = torch.full_like(p, float("-inf")) if need_grad else p
     scores = torch.empty(B, dtype=dtype, device=dev)
-    if B:
+    rows = _walk_rows(lattice, S + 1, block, "mutual_information_triton")
+    if B and rows:
+        bs, nw = _row_launch(S + 1)
+        _mi_rows_kernel[(B, 2 if need_grad else 1)](
+            pxc, pyc, p, beta, scores, bd, S, T, px.shape[2], MODIFIED=modified, BLOCK=bs, num_warps=nw
+        )
+    elif B:
         bs = triton.next_power_of_2(max(1, min(S + 1, block or MAX_BLOCK_U)))
         _mi_kernel[(B, 2 if need_grad else 1)](
             pxc, pyc, p, beta, scores, bd, S, T, px.shape[2],
@@ -915,6 +925,84 @@ if triton is not None:
                     tl.store(P + pidx, v, mask=m)
                 tl.debug_barrier()
             tl.store(SCORES + b, tl.load(P + pbase + (sb + ns) * (T + 1) + tb + nt))
+
+    @triton.jit
+    def _mi_rows_kernel(PX, PY, P, BETA, SCORES, bnd, S, T, T1, MODIFIED: tl.constexpr, BLOCK: tl.constexpr):
+        """``_mi_kernel``'s recursion walked by frames: one program holds the box's column
+        ``s = s_begin .. s_end`` of frame ``t`` (``s_end - s_begin + 1 <= BLOCK``) in registers.
+        Regular: within frame ``t`` ``p[s, t] = log(exp(p[s, t - 1] + py[s, t - 1]) + exp(p[s - 1, t]
+        + px[s - 1, t]))``, one scan (:func:`_row_scan`); beta likewise, its column read in reverse.
+        Modified: ``px`` links frame ``t - 1`` to ``t``, so a frame needs no scan, only the previous
+        frame shifted by one symbol, which is read back from memory after a block barrier."""
+        b = tl.program_id(0)
+        backward = tl.program_id(1) == 1
+        sb = tl.load(bnd + b * 4)
+        tb = tl.load(bnd + b * 4 + 1)
+        ns = tl.load(bnd + b * 4 + 2) - sb
+        nt = tl.load(bnd + b * 4 + 3) - tb
+        te = tb + nt
+        pbase = b.to(tl.int64) * (S + 1) * (T + 1)
+        xbase = b.to(tl.int64) * S * T1
+        ybase = b.to(tl.int64) * (S + 1) * T
+        js = tl.arange(0, BLOCK)
+        m = js <= ns
+        ninf = -float("inf")
+        start = tl.where(js == 0, 0.0, ninf).to(P.dtype.element_ty)
+        if MODIFIED:
+            s = sb + js
+            mx = m & (js > 0)
+            if backward:
+                mx = m & (js < ns)
+            for q in range(0, nt + 1):
+                if backward:
+                    t = te - q
+                    tn = tl.minimum(t + 1, T)  # the next frame (read only when t < t_end)
+                    fx = tl.load(BETA + pbase + (s + 1) * (T + 1) + tn, mask=mx, other=ninf) + tl.load(
+                        PX + xbase + s * T1 + tl.minimum(t, T1 - 1), mask=mx, other=ninf
+                    )
+                    fy = tl.load(BETA + pbase + s * (T + 1) + tn, mask=m, other=ninf) + tl.load(
+                        PY + ybase + s * T + tl.minimum(t, T - 1), mask=m, other=ninf
+                    )
+                    v = tl.where(q == 0, tl.where(js == ns, 0.0, ninf), log_add_triton(fx, fy))
+                    tl.store(BETA + pbase + s * (T + 1) + t, v, mask=m)
+                else:
+                    t = tb + q
+                    tp = tl.maximum(t - 1, 0)  # the previous frame (read only when t > t_begin)
+                    fx = tl.load(P + pbase + (s - 1) * (T + 1) + tp, mask=mx, other=ninf) + tl.load(
+                        PX + xbase + (s - 1) * T1 + tp, mask=mx, other=ninf
+                    )
+                    fy = tl.load(P + pbase + s * (T + 1) + tp, mask=m, other=ninf) + tl.load(
+                        PY + ybase + s * T + tp, mask=m, other=ninf
+                    )
+                    v = tl.where(q == 0, start, log_add_triton(fx, fy))
+                    tl.store(P + pbase + s * (T + 1) + t, v, mask=m)
+                tl.debug_barrier()
+            if not backward:
+                tl.store(SCORES + b, tl.load(P + pbase + (sb + ns) * (T + 1) + te))
+        else:
+            if backward:
+                s = sb + ns - js  # register j holds symbol s_end - j
+                mx = m & (js > 0)
+                n = start  # "beta[:, t_end + 1]": 0 at the end node, through a py of weight 0
+                for q in range(0, nt + 1):
+                    t = te - q
+                    ax = tl.load(PX + xbase + s * T1 + t, mask=mx, other=ninf)
+                    ay = tl.load(PY + ybase + s * T + tl.minimum(t, T - 1), mask=m, other=ninf)
+                    n = _row_scan(ax, n + tl.where(q == 0, 0.0, ay))
+                    tl.store(BETA + pbase + s * (T + 1) + t, n, mask=m)
+            else:
+                s = sb + js
+                mx = m & (js > 0)
+                c = start
+                v = start
+                for q in range(0, nt + 1):
+                    t = tb + q
+                    ax = tl.load(PX + xbase + (s - 1) * T1 + t, mask=mx, other=ninf)
+                    ay = tl.load(PY + ybase + s * T + tl.minimum(t, T - 1), mask=m, other=ninf)
+                    v = _row_scan(ax, c)
+                    tl.store(P + pbase + s * (T + 1) + t, v, mask=m)
+                    c = v + ay
+                tl.store(SCORES + b, tl.max(tl.where(js == ns, v, ninf), 0))
 
     @triton.jit
     def _row_lse(X, base, ok, lo, n, ONE_PASS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
