@@ -416,6 +416,7 @@ def tdt_triton(
     need_grad: bool = True,
     block_v: Optional[int] = None,
     block_u: Optional[int] = None,
+    lattice: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The token-and-duration transducer (TDT) loss, NeMo's definition, and its gradient.
 
@@ -429,8 +430,8 @@ def tdt_triton(
     the duration logits (not clipped). NeMo's ``omega`` (sample the plain RNN-T loss with that
     probability) is the caller's choice: call :func:`rnnt_triton` on the token logits instead.
 
-    Other arguments, devices, dtypes and errors as :func:`rnnt_triton`; ``durations`` are ints >= 0
-    with at least one > 0.
+    Other arguments (``lattice`` included), devices, dtypes and errors as :func:`rnnt_triton`;
+    ``durations`` are ints >= 0 with at least one > 0.
     """
     durs = _durations("durations", durations, allow_zero=True)
     if not any(d > 0 for d in durs):
@@ -442,7 +443,7 @@ def tdt_triton(
     emits = [(d, i) for i, d in enumerate(durs)]
     return _duration_transducer(
         logits, targets, logit_lengths, target_lengths, blank, D, blanks, emits, sigma, clamp, fastemit_lambda,
-        need_grad, block_v, block_u,
+        need_grad, block_v, block_u, lattice=lattice,
     )  # fmt: skip
 
 
@@ -459,14 +460,15 @@ def multiblank_triton(
     need_grad: bool = True,
     block_v: Optional[int] = None,
     block_u: Optional[int] = None,
+    lattice: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Multi-blank RNN-T (NeMo's definition) and its gradient with respect to the logits.
 
     ``logits (B, T, U + 1, V)`` are log-softmaxed here, and every arc's weight is its log-prob minus
     ``sigma``. The blank ``blank`` advances one frame; big blank ``i`` (token ``blank - 1 - i``)
     advances ``big_blank_durations[i]`` frames (ending the path when it reaches ``T_b`` at
-    ``u = U_b``); targets advance ``u`` without consuming a frame. Costs, FastEmit, clamp and the
-    rest as :func:`rnnt_triton`.
+    ``u = U_b``); targets advance ``u`` without consuming a frame. Costs, FastEmit, clamp, ``lattice``
+    and the rest as :func:`rnnt_triton`.
     """
     big = _durations("big_blank_durations", big_blank_durations, allow_zero=False)
     if isinstance(blank, int) and not isinstance(blank, bool) and blank - len(big) < 0:
@@ -476,7 +478,7 @@ def multiblank_triton(
     blanks = [(blank, 1, -1)] + [(blank - 1 - i, d, -1) for i, d in enumerate(big)]
     return _duration_transducer(
         logits, targets, logit_lengths, target_lengths, blank, 0, blanks, [(0, -1)], sigma, clamp, fastemit_lambda,
-        need_grad, block_v, block_u,
+        need_grad, block_v, block_u, lattice=lattice,
     )  # fmt: skip
 
 
@@ -492,6 +494,7 @@ def duration_lattice_triton(
     fused_log_softmax: bool = True,
     need_grad: bool = True,
     fastemit_lambda: float = 0.0,
+    lattice: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """A transducer lattice whose arcs may skip frames, given by its arcs (what
     :func:`tdt_triton` and :func:`multiblank_triton` build; the duration-lattice op of the losses
@@ -513,6 +516,8 @@ def duration_lattice_triton(
         fastemit_lambda: FastEmit's weight: the gradient of every emitting arc, its label and
             its duration column alike, scaled by ``1 + fastemit_lambda`` (unlike
             :func:`tdt_triton`, whose duration gradient is NeMo's, unscaled); the costs too.
+        lattice: as :func:`rnnt_triton` (rows: arcs of ``l >= 1`` frames read the earlier rows back
+            from memory after one barrier per row).
 
     Returns:
         ``(costs (B,), grads or None)`` as :func:`tdt_triton` (no clamp).
@@ -547,13 +552,13 @@ def duration_lattice_triton(
             )
     return _duration_transducer(
         logits, targets, logit_lengths, target_lengths, bl[0][0], D, bl, em, sigma, -1.0, fastemit_lambda, need_grad,
-        None, None, normalise=fused_log_softmax, emit_durations=True,
+        None, None, normalise=fused_log_softmax, emit_durations=True, lattice=lattice,
     )  # fmt: skip
 
 
 def _duration_transducer(
     logits, targets, logit_lengths, target_lengths, blank, D, blanks, emits, sigma, clamp, fastemit_lambda,
-    need_grad, block_v, block_u, normalise=True, emit_durations=False,
+    need_grad, block_v, block_u, normalise=True, emit_durations=False, lattice="auto",
 ):  # fmt: skip
     """A transducer whose blank arcs ``(token, frames, duration column or -1)`` and emitting arcs
     ``(frames, duration column or -1)`` may skip frames: TDT and multi-blank. ``emit_durations``:
@@ -564,6 +569,7 @@ def _duration_transducer(
     B, T, U1, C = logits.shape
     V = C - D
     dev, dtype = logits.device, logits.dtype
+    rows = _walk_rows(lattice, U1, block_u, "duration lattice")
     x = logits.detach().contiguous()
     costs = torch.empty(B, dtype=dtype, device=dev)
     if B == 0 or T == 0:
@@ -593,11 +599,17 @@ def _duration_transducer(
         KB=KB, KE=KE, HAS_D=D > 0, ONE_PASS=bv >= V, BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, NORMALISE=bool(normalise),
         num_warps=nw,
     )  # fmt: skip
-    bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
-    _dlattice_kernel[(B, 2 if need_grad else 1)](
-        wb, we, alpha, beta, ll, xl, yl, bdur, edur, T, U1, KB=KB, KE=KE, BLOCK_U=bu,
-        num_warps=4 if bu <= 512 else 8,
-    )  # fmt: skip
+    if rows:
+        bu, nwu = _row_launch(U1)
+        _dlattice_rows_kernel[(B, 2 if need_grad else 1)](
+            wb, we, alpha, beta, ll, xl, yl, bdur, edur, T, U1, KB=KB, KE=KE, BLOCK_U=bu, num_warps=nwu
+        )
+    else:
+        bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
+        _dlattice_kernel[(B, 2 if need_grad else 1)](
+            wb, we, alpha, beta, ll, xl, yl, bdur, edur, T, U1, KB=KB, KE=KE, BLOCK_U=bu,
+            num_warps=4 if bu <= 512 else 8,
+        )  # fmt: skip
     costs.copy_(ll).mul_(-(1.0 + float(fastemit_lambda)))
     if not need_grad:
         return costs, None
@@ -1137,6 +1149,77 @@ if triton is not None:
                 cand = tl.load(ALPHA + src, mask=ok, other=-float("inf")) + tl.load(
                     WB + src * KB + k, mask=ok, other=-float("inf")
                 )
+                fin = log_add_triton(fin, cand)
+            tl.store(LL + b, fin)
+
+    @triton.jit
+    def _dlattice_rows_kernel(
+        WB, WE, ALPHA, BETA, LL, xlen, ylen, BDUR, EDUR, T, U1,
+        KB: tl.constexpr, KE: tl.constexpr, BLOCK_U: tl.constexpr,
+    ):  # fmt: skip
+        """``_dlattice_kernel``'s lattice walked by time rows (``U_b + 1 <= BLOCK_U``). An arc that
+        advances ``l >= 1`` frames links row ``t - l`` to row ``t``: those rows are complete, read
+        back from memory after one block barrier per row. Emitting arcs of 0 frames link ``(t, u -
+        1)`` to ``(t, u)`` within the row: one scan (:func:`_row_scan`) per row. Beta likewise, its
+        row read in reverse."""
+        b = tl.program_id(0)
+        backward = tl.program_id(1) == 1
+        tb = tl.load(xlen + b)
+        ub = tl.load(ylen + b)
+        base = b.to(tl.int64) * T * U1
+        js = tl.arange(0, BLOCK_U)
+        m = js <= ub
+        ninf = -float("inf")
+        # (scalar conditions are applied by tl.where, row indices clamped into the example)
+        if backward:
+            u = ub - js  # register j holds node u = U_b - j
+            me = m & (js > 0)  # nodes with an emitting arc (u < U_b)
+            for q in range(0, tb):
+                t = tb - 1 - q
+                node = base + t * U1 + u
+                a = tl.full((BLOCK_U,), ninf, BETA.dtype.element_ty)  # 0-frame emissions, in the row
+                c = tl.full((BLOCK_U,), ninf, BETA.dtype.element_ty)  # arcs into later rows, or the end
+                for k in tl.static_range(KB):
+                    tn = t + tl.load(BDUR + k)
+                    nb = tl.load(BETA + base + tl.minimum(tn, tb - 1) * U1 + u, mask=m, other=ninf)
+                    nb = tl.where(tn < tb, nb, tl.where((tn == tb) & (js == 0), 0.0, ninf))
+                    c = log_add_triton(c, nb + tl.load(WB + node * KB + k, mask=m, other=ninf))
+                for k in tl.static_range(KE):
+                    dur = tl.load(EDUR + k)
+                    tn = t + dur
+                    w = tl.load(WE + node * KE + k, mask=me, other=ninf)
+                    a = log_add_triton(a, tl.where(dur == 0, w, ninf))
+                    ne = tl.load(BETA + base + tl.minimum(tn, tb - 1) * U1 + u + 1, mask=me, other=ninf)
+                    c = log_add_triton(c, tl.where((dur > 0) & (tn < tb), ne + w, ninf))
+                tl.store(BETA + node, _row_scan(a, c), mask=m)
+                tl.debug_barrier()
+        else:
+            me = m & (js > 0)  # nodes reached by an emitting arc (u > 0)
+            for t in range(0, tb):
+                node = base + t * U1 + js
+                a = tl.full((BLOCK_U,), ninf, ALPHA.dtype.element_ty)
+                c = tl.where((js == 0) & (t == 0), 0.0, ninf).to(ALPHA.dtype.element_ty)  # the start
+                for k in tl.static_range(KB):
+                    ts = t - tl.load(BDUR + k)
+                    src = base + tl.maximum(ts, 0) * U1 + js
+                    cand = tl.load(ALPHA + src, mask=m, other=ninf) + tl.load(WB + src * KB + k, mask=m, other=ninf)
+                    c = log_add_triton(c, tl.where(ts >= 0, cand, ninf))
+                for k in tl.static_range(KE):
+                    dur = tl.load(EDUR + k)
+                    ts = t - dur
+                    src = base + tl.maximum(ts, 0) * U1 + js - 1
+                    w = tl.load(WE + src * KE + k, mask=me, other=ninf)
+                    a = log_add_triton(a, tl.where(dur == 0, w, ninf))
+                    cand = tl.load(ALPHA + src, mask=me, other=ninf) + w
+                    c = log_add_triton(c, tl.where((dur > 0) & (ts >= 0), cand, ninf))
+                tl.store(ALPHA + node, _row_scan(a, c), mask=m)
+                tl.debug_barrier()
+            fin = tl.full([], ninf, ALPHA.dtype.element_ty)
+            for k in tl.static_range(KB):  # the blanks that end at frame tb
+                ts = tb - tl.load(BDUR + k)
+                ok = (tb > 0) & (ts >= 0)
+                src = base + ts * U1 + ub
+                cand = tl.load(ALPHA + src, mask=ok, other=ninf) + tl.load(WB + src * KB + k, mask=ok, other=ninf)
                 fin = log_add_triton(fin, cand)
             tl.store(LL + b, fin)
 
