@@ -11,10 +11,13 @@ one started:
    (``bench_losses.gpu_ctc_table``: CUDA events, medians, peak memory).
 3. ``rnnt``: rnnt_loss against a log_softmax forward + backward over the same logits
    (``bench_rnnt.gpu_table``).
-4. ``mmi``: the shared MMI denominator against the generic Triton scorer (``bench_mmi_gpu``).
-5. ``compile``: a small model + ctc_loss step under ``torch.compile(fullgraph=True)`` on CUDA,
+4. ``lattice``: the Triton transducer lattices walked by time rows against the anti-diagonal
+   wavefront, regular RNN-T, k2's px/py and TDT at the rnnt shapes, and their largest
+   difference (``bench_rnnt.gpu_lattice_table``).
+5. ``mmi``: the shared MMI denominator against the generic Triton scorer (``bench_mmi_gpu``).
+6. ``compile``: a small model + ctc_loss step under ``torch.compile(fullgraph=True)`` on CUDA,
    against the eager step.
-6. ``train-ctc``, ``train-rnnt``, ``train-mmi``: ``lightning-gtn-train experiment=smoke
+7. ``train-ctc``, ``train-rnnt``, ``train-mmi``: ``lightning-gtn-train experiment=smoke
    trainer=gpu loss=...``, the final metrics line.
 
 Everything goes to ONE markdown file, rewritten after each part: ``$OUT/gpu_check.md`` when the
@@ -82,9 +85,10 @@ def default_parts(run_dir: str) -> List[Part]:
         "-k", "(cuda or triton) and not interpreter", *TEST_DIRS,
     ]  # fmt: skip
     return [
-        Part("tests", 210, tests, "every CUDA and Triton test"),
+        Part("tests", 180, tests, "every CUDA and Triton test"),
         Part("ctc", 90, _script_part("ctc"), "CTC fwd+bwd vs torch's CUDA ctc_loss"),
         Part("rnnt", 45, _script_part("rnnt"), "rnnt_loss vs log_softmax fwd+bwd"),
+        Part("lattice", 30, _script_part("lattice"), "Triton lattices: time rows vs anti-diagonals"),
         Part("mmi", 60, _script_part("mmi"), "MMI denominator vs the generic Triton scorer"),
         Part("compile", 60, _script_part("compile"), "torch.compile(fullgraph=True) of model + ctc_loss"),
         Part("train-ctc", 45, _train("ctc", run_dir), "experiment=smoke trainer=gpu loss=ctc"),
@@ -174,6 +178,12 @@ def _part_rnnt() -> None:
     bench_rnnt.gpu_table(5)
 
 
+def _part_lattice() -> None:
+    import bench_rnnt
+
+    bench_rnnt.gpu_lattice_table(5)
+
+
 def _part_mmi() -> None:
     import bench_mmi_gpu
 
@@ -220,7 +230,7 @@ def _part_compile() -> None:
         raise SystemExit("a second compiled step gave another loss")
 
 
-_PARTS = {"ctc": _part_ctc, "rnnt": _part_rnnt, "mmi": _part_mmi, "compile": _part_compile}
+_PARTS = {"ctc": _part_ctc, "rnnt": _part_rnnt, "lattice": _part_lattice, "mmi": _part_mmi, "compile": _part_compile}
 
 
 def report_path(arg: Optional[str]) -> str:

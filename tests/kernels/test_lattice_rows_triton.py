@@ -213,17 +213,29 @@ def _check_long_t(counters) -> int:
     return 3
 
 
+def _check_gpu_table() -> int:
+    """``make gpu-check``'s lattice table, run here on a tiny shape with a stand-in timer: every
+    case runs both walks and finds them equal."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "benchmarks"))
+    import bench_rnnt
+
+    table = bench_rnnt.gpu_lattice_table(1, device="cpu", shapes=[(2, 5, 3, 6)], timer=lambda fn, r: (fn(), 1e-3)[1])
+    lines = [ln for ln in table.splitlines() if ln.startswith("| 2, 5, 3, 6 |")]
+    assert len(lines) == 5 and all("| 1.00 |" in ln for ln in lines), table
+    return 1
+
+
 def _checks(long_t: bool) -> int:
     counters = _count_launches()
     if long_t:
         return _check_long_t(counters)
-    return _check_rnnt(counters) + _check_mi(counters) + _check_durations(counters)
+    return _check_rnnt(counters) + _check_mi(counters) + _check_durations(counters) + _check_gpu_table()
 
 
 @pytest.mark.skipif(not rt.available(), reason="needs triton")
 @pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="runs the kernels directly here")
 def test_row_lattices_under_the_interpreter():
-    run_interpreted(__file__, "rows: 15 checks equal to numba")
+    run_interpreted(__file__, "rows: 16 checks equal to numba")
 
 
 @pytest.mark.slow
