@@ -20,8 +20,9 @@ NaN score and NaN gradients for that example (values outside the rectangle are n
 Three implementations with the same results: :func:`mi_numba` (CPU, one compiled loop per
 example, float64 inside, examples shared over the engine's threads), :func:`mi_torch` (any
 device: one vectorised step per anti-diagonal ``s + t = d``) and the Triton kernel
-:func:`~.rnnt_triton.mutual_information_triton` (CUDA: the same wavefront, one program per
-example and direction); :func:`mutual_information` runs the one it is given. The custom op over
+:func:`~.rnnt_triton.mutual_information_triton` (CUDA: one program per example and direction,
+walking frames, with the same wavefront where a frame does not fit one block);
+:func:`mutual_information` runs the one it is given. The custom op over
 them, ``lightning_gtn::mutual_information``, and the choice of a device's implementation are in
 :mod:`lightning_gtn.losses.k2_rnnt`.
 Boundaries are range-checked by :func:`check_boundary_values` before a kernel indexes with them.

@@ -7,9 +7,15 @@ A joiner output ``logits (B, T, U + 1, V)`` is scored in three launches:
    lattice reads at that node: the blank's and the next target's. Rows outside an example's
    lengths are not read.
 2. **lattice** (one program per example and direction): ``alpha`` (programs ``(b, 0)``) and
-   ``beta`` (programs ``(b, 1)``) over the ``(T_b, U_b + 1)`` grid, one anti-diagonal ``t + u = d``
-   at a time: the nodes of a diagonal depend only on the previous one, so a diagonal is one vector
-   step over ``u`` (in chunks of ``BLOCK_U``), read back from global memory after a block barrier.
+   ``beta`` (programs ``(b, 1)``) over the ``(T_b, U_b + 1)`` grid, one time row at a time: within
+   row ``t``, ``alpha[t, u] = log(exp(alpha[t - 1, u] + lp_blank[t - 1, u]) + exp(alpha[t, u - 1] +
+   lp_emit[t, u - 1]))`` is a linear recurrence of the log semiring along ``u``, solved by one
+   ``tl.associative_scan`` over pairs ``(a, b)`` that stand for the steps ``x -> log(exp(a + x) +
+   exp(b))`` (:func:`_row_scan`); the previous row stays in registers, so ``T_b`` steps need no
+   barrier and no read-back. Where a row does not fit one block (``U + 1 > MAX_ROW_U``) the
+   lattice is walked by anti-diagonals ``t + u = d`` instead: the nodes of a diagonal depend
+   only on the previous one, so a diagonal is one vector step over ``u`` (in chunks of
+   ``BLOCK_U``), read back from global memory after a block barrier. ``lattice=`` forces either.
 3. **grad** (one program per block of rows, one pass over ``V``): the gradient of
    ``cost_b = -log P(y_b | x_b)`` with respect to the logits, written once per element:
    ``(p_blank + (1 + lambda) p_emit) * softmax - p_blank [v = blank] - (1 + lambda) p_emit [v = y_u]``,
@@ -28,13 +34,16 @@ An example with ``logit_lengths[b] == 0`` has no path: its cost is ``+inf`` and 
 No atomics: results are bitwise reproducible.
 
 The same three-launch shape serves the variants: :func:`tdt_triton` (token-and-duration transducer)
-and :func:`multiblank_triton` run a lattice whose blank and emitting arcs may skip frames (a node
-then reads several earlier anti-diagonals, all complete before it);
+and :func:`multiblank_triton` run a lattice whose blank and emitting arcs may skip frames (a row
+then reads the rows an arc of ``l >= 1`` frames comes from back from memory, after one barrier per
+row, and its 0-frame emissions are its scan; the anti-diagonal fallback reads earlier diagonals);
 :func:`duration_lattice_triton` takes such a lattice by its arcs (the form of the losses'
 duration-lattice op; with ``fused_log_softmax=False`` the logits are log-probabilities); and
 :func:`mutual_information_triton` is k2's recursion over ``px``/``py`` (the core of k2's simple and
-pruned RNN-T losses) on the same anti-diagonal wavefront. :func:`self_check` runs torchaudio's
-published small case on a device, for a dispatcher that wants to verify the kernels once.
+pruned RNN-T losses), walked by frames the same way (the modified recursion's ``px`` links frame
+``t - 1`` to ``t``: no scan, one barrier per frame), with the same anti-diagonal fallback.
+:func:`self_check` runs torchaudio's published small case on a device, for a dispatcher that wants
+to verify the kernels once.
 """
 
 from __future__ import annotations
@@ -801,7 +810,7 @@ if triton is not None:
                 le = le_next
                 lb = lb_next
             # c holds alpha[T_b - 1, :] + lpb[T_b - 1, :]: the final blank from (T_b - 1, U_b)
-            fin = tl.max(tl.where(js == ub, c, -float("inf")), 0)
+            fin = tl.sum(tl.where(js == ub, c, 0.0), 0)  # a sum, not a max: a NaN there stays NaN
             tl.store(LL + b, tl.where(tb > 0, fin, -float("inf")))
 
     @triton.jit
@@ -1014,7 +1023,7 @@ if triton is not None:
                     v = _row_scan(ax, c)
                     tl.store(P + pbase + s * (T + 1) + t, v, mask=m)
                     c = v + ay
-                tl.store(SCORES + b, tl.max(tl.where(js == ns, v, ninf), 0))
+                tl.store(SCORES + b, tl.sum(tl.where(js == ns, v, 0.0), 0))  # a sum keeps a NaN
 
     @triton.jit
     def _row_lse(X, base, ok, lo, n, ONE_PASS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
