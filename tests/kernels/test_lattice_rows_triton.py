@@ -24,6 +24,8 @@ from lightning_gtn.kernels.rnnt_numba import rnnt_cost_grad
 from tests.kernels._interpreted import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"  # the kernels' device: CPU tensors only under the interpreter
 ROW_KERNELS = ["_lattice_rows_kernel", "_mi_rows_kernel", "_dlattice_rows_kernel"]
 DIAGONAL_KERNELS = ["_lattice_kernel", "_mi_kernel", "_dlattice_kernel"]
 
@@ -39,12 +41,25 @@ class _Launches:
         return self.kernel[grid]
 
 
-def _count_launches() -> dict:
+def _count_launches(patch=setattr) -> dict:
     counters = {}
     for name in ROW_KERNELS + DIAGONAL_KERNELS:
         counters[name] = _Launches(getattr(rt, name))
-        setattr(rt, name, counters[name])
+        patch(rt, name, counters[name])
     return counters
+
+
+def _moved(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_moved(v, device) for v in x)
+    return x
+
+
+def _on_device(fn, *args, **kw):
+    """``fn`` on :data:`DEVICE` copies of its tensor arguments; its tensors back on the CPU."""
+    return _moved(fn(*_moved(args, DEVICE), **kw), "cpu")
 
 
 def _launched(counters, name: str) -> int:
@@ -82,7 +97,7 @@ def _ragged(B, T, U1, V, dtype, seed, xl, yl):
 
 
 def _rnnt_case(counters, x, tg, xl, yl, blank, fused, what, kernel="_lattice_rows_kernel", grad_tol=None, **kw):
-    costs, grads = rt.rnnt_triton(x, tg, xl, yl, blank, fused_log_softmax=fused, **kw)
+    costs, grads = _on_device(rt.rnnt_triton, x, tg, xl, yl, blank, fused_log_softmax=fused, **kw)
     assert _launched(counters, kernel) == 1, (what, kernel)
     want_c, want_g = _numba_rnnt(x.double(), tg, xl, yl, blank, fused)  # numba's lattice runs in float64
     _close(costs, want_c, f"{what}: costs", x.dtype)
@@ -124,7 +139,7 @@ def _check_rnnt(counters) -> int:
     try:
         _rnnt_case(counters, x, tg % 4, xl, yl, 4, True, "rnnt U + 1 > MAX_ROW_U", "_lattice_kernel")
         try:
-            rt.rnnt_triton(x, tg % 4, xl, yl, 4, lattice="rows")
+            _on_device(rt.rnnt_triton, x, tg % 4, xl, yl, 4, lattice="rows")
         except ValueError as e:
             assert "lattice='rows'" in str(e)
         else:
@@ -147,7 +162,7 @@ def _check_mi(counters) -> int:
             px[0, 1, 2:4] = -math.inf  # dead symbol arcs
             py[1, 2, 1] = -math.inf
             px[2, 1, 3] = math.nan  # inside box 2: a NaN score
-            scores, (gx, gy) = rt.mutual_information_triton(px, py, bnd)
+            scores, (gx, gy) = _on_device(rt.mutual_information_triton, px, py, bnd)
             assert _launched(counters, "_mi_rows_kernel") == 1
             assert math.isnan(scores[2]) and not torch.isnan(scores[[0, 1, 3]]).any()
             want, wx, wy = mi_numba(px.double(), py.double(), bnd, True)
@@ -160,7 +175,7 @@ def _check_mi(counters) -> int:
             _close(gy[live], wy[live], what + " py_grad", dtype)
             n += 1
         # S + 1 above one block: the wavefront
-        scores, (gx, gy) = rt.mutual_information_triton(px, py, bnd, block=2)
+        scores, (gx, gy) = _on_device(rt.mutual_information_triton, px, py, bnd, block=2)
         assert _launched(counters, "_mi_kernel") == 1
         _close(scores, want, f"mi modified={modified} fallback", torch.float32)
         _close(gx[live], wx[live], f"mi modified={modified} fallback px_grad", torch.float32)
@@ -182,7 +197,7 @@ def _check_durations(counters) -> int:
         D = len(durations)
         x, tg, xl, yl = _ragged(4, 6, 5, 5 + D, dtype, 5, [6, 3, 2, 5], [4, 4, 0, 2])
         tg = tg % 4
-        costs, grads = rt.tdt_triton(x, tg, xl, yl, 4, durations, sigma=0.05)
+        costs, grads = _on_device(rt.tdt_triton, x, tg, xl, yl, 4, durations, sigma=0.05)
         assert _launched(counters, "_dlattice_rows_kernel") == 1
         want_c, want_g = _numba_loss(tdt_loss, x, tg, xl, yl, blank=4, durations=durations, sigma=0.05)
         # durations [1, 3]: every emission takes a frame, so 4 targets in 3 frames have no path
@@ -192,7 +207,7 @@ def _check_durations(counters) -> int:
         n += 1
     x, tg, xl, yl = _ragged(4, 7, 5, 6, torch.float64, 6, [7, 4, 2, 5], [4, 4, 0, 2])
     tg = tg % 3  # tokens 0..2; the big blanks are 4 (2 frames) and 3 (4 frames), the blank is 5
-    costs, grads = rt.multiblank_triton(x, tg, xl, yl, 5, [2, 4], sigma=0.1)
+    costs, grads = _on_device(rt.multiblank_triton, x, tg, xl, yl, 5, [2, 4], sigma=0.1)
     assert _launched(counters, "_dlattice_rows_kernel") == 1
     want_c, want_g = _numba_loss(multiblank_rnnt_loss, x, tg, xl, yl, blank=5, big_blank_durations=[2, 4], sigma=0.1)
     _close(costs, want_c, "multiblank", torch.float64)
@@ -209,7 +224,7 @@ def _check_long_t(counters) -> int:
     g = torch.Generator().manual_seed(8)
     px, py = torch.randn(2, 3, 301, generator=g), torch.randn(2, 4, 300, generator=g)
     bnd = torch.tensor([[0, 0, 3, 300], [0, 0, 2, 211]])
-    scores, (gx, gy) = rt.mutual_information_triton(px, py, bnd)
+    scores, (gx, gy) = _on_device(rt.mutual_information_triton, px, py, bnd)
     assert _launched(counters, "_mi_rows_kernel") == 1
     want, wx, wy = mi_numba(px.double(), py.double(), bnd, True)
     for what, a, b in (("scores", scores, want), ("px_grad", gx, wx), ("py_grad", gy, wy)):
@@ -217,7 +232,7 @@ def _check_long_t(counters) -> int:
     x, tg, xl, yl = _ragged(2, 300, 3, 4 + 3, torch.float32, 7, [300, 180], [2, 1])
     tg = tg % 3
     want_c, want_g = _numba_loss(tdt_loss, x, tg, xl, yl, blank=3, durations=[0, 1, 2])
-    costs, grads = rt.tdt_triton(x, tg, xl, yl, 3, [0, 1, 2])
+    costs, grads = _on_device(rt.tdt_triton, x, tg, xl, yl, 3, [0, 1, 2])
     assert _launched(counters, "_dlattice_rows_kernel") == 1
     _close(costs, want_c, "tdt long T", torch.float32)
     _close(grads, want_g, "tdt long T gradients", torch.float32, 1e-3)
@@ -230,14 +245,14 @@ def _check_gpu_table() -> int:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "benchmarks"))
     import bench_rnnt
 
-    table = bench_rnnt.gpu_lattice_table(1, device="cpu", shapes=[(2, 5, 3, 6)], timer=lambda fn, r: (fn(), 1e-3)[1])
+    table = bench_rnnt.gpu_lattice_table(1, device=DEVICE, shapes=[(2, 5, 3, 6)], timer=lambda fn, r: (fn(), 1e-3)[1])
     lines = [ln for ln in table.splitlines() if ln.startswith("| 2, 5, 3, 6 |")]
     assert len(lines) == 5 and all("| 1.00 |" in ln for ln in lines), table
     return 1
 
 
-def _checks(long_t: bool) -> int:
-    counters = _count_launches()
+def _checks(long_t: bool, patch=setattr) -> int:
+    counters = _count_launches(patch)
     if long_t:
         return _check_long_t(counters)
     return _check_rnnt(counters) + _check_mi(counters) + _check_durations(counters) + _check_gpu_table()
@@ -247,6 +262,12 @@ def _checks(long_t: bool) -> int:
 @pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="runs the kernels directly here")
 def test_row_lattices_under_the_interpreter():
     run_interpreted(__file__, "rows: 17 checks equal to numba")
+
+
+@pytest.mark.skipif(not rt.available() or not CUDA, reason="needs triton and a CUDA device")
+def test_row_lattices_on_cuda(monkeypatch):
+    """The same checks on a GPU (``make gpu-check``), where the block barriers are real."""
+    assert _checks(False, monkeypatch.setattr) == 17 and _checks(True, monkeypatch.setattr) == 3
 
 
 @pytest.mark.slow
