@@ -763,19 +763,24 @@ if triton is not None:
         return x
 
     @triton.jit
+    def _row_program(xlen, ylen, T, U1, BLOCK_U: tl.constexpr):
+        """What a row-scan lattice program works on: its example ``b``, its direction (``backward``:
+        beta), the example's ``T_b`` and ``U_b``, the offset of its ``(T, U1)`` grid, the register
+        positions ``js`` of a row and those inside the row (``js <= U_b``)."""
+        b = tl.program_id(0)
+        tb = tl.load(xlen + b)
+        ub = tl.load(ylen + b)
+        js = tl.arange(0, BLOCK_U)
+        return b, tl.program_id(1) == 1, tb, ub, b.to(tl.int64) * T * U1, js, js <= ub
+
+    @triton.jit
     def _lattice_rows_kernel(LPB, LPE, ALPHA, BETA, LL, xlen, ylen, T, U1, BLOCK_U: tl.constexpr):
         """The lattice of ``_lattice_kernel`` walked by time rows: one program holds a whole row
         ``u = 0 .. U_b`` (``U_b + 1 <= BLOCK_U``) and the row before it in registers. Within row ``t``
         ``alpha[t, u] = log(exp(c[u]) + exp(alpha[t, u - 1] + lpe[t, u - 1]))`` with
         ``c[u] = alpha[t - 1, u] + lpb[t - 1, u]``: one scan (:func:`_row_scan`). Beta likewise,
         its row read in reverse (``j = U_b - u``). ``T_b`` serial steps, no barrier, no re-read."""
-        b = tl.program_id(0)
-        backward = tl.program_id(1) == 1
-        tb = tl.load(xlen + b)
-        ub = tl.load(ylen + b)
-        base = b.to(tl.int64) * T * U1
-        js = tl.arange(0, BLOCK_U)
-        m = js <= ub
+        b, backward, tb, ub, base, js, m = _row_program(xlen, ylen, T, U1, BLOCK_U)
         # (scalar conditions stay out of the masks: a row index is clamped into the example
         # instead, and what is loaded past its last row is never used)
         if backward:
@@ -1171,13 +1176,7 @@ if triton is not None:
         back from memory after one block barrier per row. Emitting arcs of 0 frames link ``(t, u -
         1)`` to ``(t, u)`` within the row: one scan (:func:`_row_scan`) per row. Beta likewise, its
         row read in reverse."""
-        b = tl.program_id(0)
-        backward = tl.program_id(1) == 1
-        tb = tl.load(xlen + b)
-        ub = tl.load(ylen + b)
-        base = b.to(tl.int64) * T * U1
-        js = tl.arange(0, BLOCK_U)
-        m = js <= ub
+        b, backward, tb, ub, base, js, m = _row_program(xlen, ylen, T, U1, BLOCK_U)
         ninf = -float("inf")
         # (scalar conditions are applied by tl.where, row indices clamped into the example)
         if backward:

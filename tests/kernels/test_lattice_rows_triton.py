@@ -21,6 +21,7 @@ from lightning_gtn.functional import multiblank_rnnt_loss, tdt_loss
 from lightning_gtn.kernels import rnnt_triton as rt
 from lightning_gtn.kernels.mutual_information import mi_numba
 from lightning_gtn.kernels.rnnt_numba import rnnt_cost_grad
+from tests.kernels._compiled import compile_for_gpu
 from tests.kernels._interpreted import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -305,21 +306,8 @@ def test_row_kernel_compiles_for_the_gpu(name, dtype, consts, arch):
     """Triton IR -> PTX -> cubin for sm_90 and sm_80 (no GPU needed). The regular recursions' rows
     are warp-level scans (shuffles); the modified and duration rows read earlier rows back after
     a block barrier."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     fn = getattr(rt, name)
-    fp = "*fp64" if dtype == torch.float64 else "*fp32"
-
-    def kind(a):
-        if a in consts:
-            return "constexpr"
-        return "i32" if a in _INTS else "*i64" if a in _LONG_PTRS else "*i32" if a in _INT_PTRS else fp
-
-    sig = {a: kind(a) for a in fn.arg_names}
-    cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", arch, 32))
+    kernel = compile_for_gpu(fn, dtype, consts, arch, _INTS, _LONG_PTRS, _INT_PTRS)
     assert len(kernel.asm["cubin"]) > 0
     ptx = kernel.asm["ptx"]
     if not consts.get("MODIFIED"):
