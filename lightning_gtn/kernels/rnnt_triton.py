@@ -1010,24 +1010,35 @@ if triton is not None:
                 s = sb + ns - js  # register j holds symbol s_end - j
                 mx = m & (js > 0)
                 n = start  # "beta[:, t_end + 1]": 0 at the end node, through a py of weight 0
+                ax = tl.load(PX + xbase + s * T1 + te, mask=mx, other=ninf)
+                ay = tl.load(PY + ybase + s * T + tl.minimum(te, T - 1), mask=m, other=ninf)
                 for q in range(0, nt + 1):
                     t = te - q
-                    ax = tl.load(PX + xbase + s * T1 + t, mask=mx, other=ninf)
-                    ay = tl.load(PY + ybase + s * T + tl.minimum(t, T - 1), mask=m, other=ninf)
+                    # the next frame's arcs (t - 1, clamped into the box), loaded during the scan
+                    tn = tl.maximum(t - 1, tb)
+                    ax_next = tl.load(PX + xbase + s * T1 + tn, mask=mx, other=ninf)
+                    ay_next = tl.load(PY + ybase + s * T + tl.minimum(tn, T - 1), mask=m, other=ninf)
                     n = _row_scan(ax, n + tl.where(q == 0, 0.0, ay))
                     tl.store(BETA + pbase + s * (T + 1) + t, n, mask=m)
+                    ax = ax_next
+                    ay = ay_next
             else:
                 s = sb + js
                 mx = m & (js > 0)
                 c = start
                 v = start
+                ax = tl.load(PX + xbase + (s - 1) * T1 + tb, mask=mx, other=ninf)
+                ay = tl.load(PY + ybase + s * T + tl.minimum(tb, T - 1), mask=m, other=ninf)
                 for q in range(0, nt + 1):
                     t = tb + q
-                    ax = tl.load(PX + xbase + (s - 1) * T1 + t, mask=mx, other=ninf)
-                    ay = tl.load(PY + ybase + s * T + tl.minimum(t, T - 1), mask=m, other=ninf)
+                    tn = tl.minimum(t + 1, te)  # the next frame, clamped into the box
+                    ax_next = tl.load(PX + xbase + (s - 1) * T1 + tn, mask=mx, other=ninf)
+                    ay_next = tl.load(PY + ybase + s * T + tl.minimum(tn, T - 1), mask=m, other=ninf)
                     v = _row_scan(ax, c)
                     tl.store(P + pbase + s * (T + 1) + t, v, mask=m)
                     c = v + ay
+                    ax = ax_next
+                    ay = ay_next
                 tl.store(SCORES + b, tl.sum(tl.where(js == ns, v, 0.0), 0))  # a sum keeps a NaN
 
     @triton.jit
