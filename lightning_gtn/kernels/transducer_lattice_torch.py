@@ -65,6 +65,8 @@ class _Layout(NamedTuple):
     Dmax: int  # the largest label advance (padding in front of u)
     L: Tensor  # (A,) diagonals spanned by each kind
     du: Tensor  # (A,)
+    Ls: Tuple[int, ...]  # L and du as ints
+    dus: Tuple[int, ...]
     ws: Tensor  # (B, N, A, NU) the score of the arc of kind k leaving node (n - u, u)
     wd: Tensor  # (B, N, A, NU) the score of the arc of kind k arriving at node (n - u, u)
     start: Tensor  # (B,) start diagonal
@@ -135,6 +137,8 @@ def _layout(scores: Tensor, dt: Sequence[int], du: Sequence[int], begin: Tensor,
         Dmax,
         L,
         dut,
+        tuple(int(a) + int(b) for a, b in zip(dt, du)),
+        tuple(int(b) for b in du),
         ws,
         wd,
         begin[:, 0] + begin[:, 1],
@@ -145,38 +149,45 @@ def _layout(scores: Tensor, dt: Sequence[int], du: Sequence[int], begin: Tensor,
     )
 
 
-def _reduce(x: Tensor, semiring: str) -> Tensor:
-    """Sum (log semiring) or max over the arc kinds, dim 1 of ``(B, A, NU)``."""
-    if semiring == "max":
-        return x.amax(1)
-    if x.shape[1] == 1:
-        return x[:, 0]
-    if x.shape[1] == 2:
-        return torch.logaddexp(x[:, 0], x[:, 1])
-    return torch.logsumexp(x, 1)
+def _combine(views: Sequence[Tensor], w: Tensor, semiring: str, out: Tensor) -> None:
+    """``out = reduce over k of (views[k] + w[:, k])``: the sum (log semiring) or the max over the
+    arc kinds; ``views`` are ``A`` tensors ``(B, NU)``, ``w`` is ``(B, A, NU)``."""
+    A = len(views)
+    if A == 1:
+        torch.add(views[0], w[:, 0], out=out)
+    elif A == 2:
+        pair = torch.maximum if semiring == "max" else torch.logaddexp
+        pair(views[0] + w[:, 0], views[1] + w[:, 1], out=out)
+    else:
+        x = torch.stack(list(views), 1).add_(w)
+        if semiring == "max":
+            torch.amax(x, 1, out=out)
+        else:
+            torch.logsumexp(x, 1, out=out)
 
 
 def _alpha(lay: _Layout, semiring: str) -> Tensor:
     """``(B, Lmax + N, Dmax + NU)``: ``alpha(n, u)`` at ``[:, Lmax + n, Dmax + u]``, NEG around."""
     B, N, A, NU = lay.ws.shape
     dev, dty = lay.ws.device, lay.ws.dtype
-    ap = torch.full((B, lay.Lmax + N, lay.Dmax + NU), NEG, dtype=dty, device=dev)
+    Lmax, Dmax = lay.Lmax, lay.Dmax
+    ap = torch.full((B, Lmax + N, Dmax + NU), NEG, dtype=dty, device=dev)
     bi = torch.arange(B, device=dev)
-    ap[bi, lay.Lmax + lay.start, lay.Dmax + lay.start_u] = 0.0
+    ap[bi, Lmax + lay.start, Dmax + lay.start_u] = 0.0
     if B == 0:
         return ap
-    rows = lay.Lmax - lay.L.reshape(A, 1)  # + n: the source diagonal of each kind
-    cols = torch.arange(NU, device=dev).reshape(1, NU) + lay.Dmax - lay.du.reshape(A, 1)
+    kinds = list(zip(lay.Ls, lay.dus))
     first = int(lay.start.min()) + 1
     last = int(lay.end.max())
     if lay.general_start:
         u = torch.arange(NU, device=dev).reshape(1, NU)
-        zero = torch.zeros((), dtype=dty, device=dev)
+        starts = set(lay.start.tolist())
     for n in range(first, last + 1):
-        cur = _reduce(ap[:, rows + n, cols] + lay.wd[:, n], semiring)
-        if lay.general_start:
-            cur = torch.where((lay.start.reshape(B, 1) == n) & (u == lay.start_u.reshape(B, 1)), zero, cur)
-        ap[:, lay.Lmax + n, lay.Dmax :] = cur
+        views = [ap[:, Lmax + n - L, Dmax - d : Dmax - d + NU] for L, d in kinds]
+        out = ap[:, Lmax + n, Dmax:]
+        _combine(views, lay.wd[:, n], semiring, out)
+        if lay.general_start and n in starts:  # the first node of an example that starts here
+            out.masked_fill_((lay.start.reshape(B, 1) == n) & (u == lay.start_u.reshape(B, 1)), 0.0)
     return ap
 
 
@@ -189,15 +200,15 @@ def _beta(lay: _Layout, semiring: str) -> Tensor:
     bp[bi, lay.end, lay.end_u] = 0.0
     if B == 0:
         return bp
-    rows = lay.L.reshape(A, 1)
-    cols = torch.arange(NU, device=dev).reshape(1, NU) + lay.du.reshape(A, 1)
+    kinds = list(zip(lay.Ls, lay.dus))
     u = torch.arange(NU, device=dev).reshape(1, NU)
-    zero = torch.zeros((), dtype=dty, device=dev)
-    ends = lay.end.reshape(B, 1)
-    is_end_u = u == lay.end_u.reshape(B, 1)
+    ends = set(lay.end.tolist())
     for n in range(int(lay.end.max()) - 1, int(lay.start.min()) - 1, -1):
-        cur = _reduce(bp[:, rows + n, cols] + lay.ws[:, n], semiring)
-        bp[:, n, :NU] = torch.where((ends == n) & is_end_u, zero, cur)
+        views = [bp[:, n + L, d : d + NU] for L, d in kinds]
+        out = bp[:, n, :NU]
+        _combine(views, lay.ws[:, n], semiring, out)
+        if n in ends:  # the last node of an example that ends here (its arcs all leave the rectangle)
+            out.masked_fill_((lay.end.reshape(B, 1) == n) & (u == lay.end_u.reshape(B, 1)), 0.0)
     return bp
 
 
@@ -222,12 +233,11 @@ def _posteriors(lay: _Layout, ap: Tensor, logz: Tensor, semiring: str, NT: int) 
     if semiring == "max":
         return _best_path(lay, ap, feasible, NT)
     bp = _beta(lay, semiring)
-    n = torch.arange(N, device=dev).reshape(N, 1, 1)
-    u = torch.arange(NU, device=dev).reshape(1, 1, NU)
-    nxt = bp[:, n + lay.L.reshape(1, A, 1), u + lay.du.reshape(1, A, 1)]  # (B, N, A, NU)
-    alpha = ap[:, lay.Lmax :, lay.Dmax :].unsqueeze(2)
-    lz = torch.where(feasible, logz, torch.zeros_like(logz)).reshape(B, 1, 1, 1)
-    p = torch.exp(alpha + lay.ws + nxt - lz)
+    alpha = ap[:, lay.Lmax :, lay.Dmax :]
+    lz = torch.where(feasible, logz, torch.zeros_like(logz)).reshape(B, 1, 1)
+    base = alpha - lz
+    # the beta of each kind's destination, (B, N, NU) views: beta(n + L, u + du)
+    p = torch.stack([base + bp[:, L : L + N, d : d + NU] for L, d in zip(lay.Ls, lay.dus)], 2).add_(lay.ws).exp_()
     p = torch.where(feasible.reshape(B, 1, 1, 1), p, torch.zeros((), dtype=p.dtype, device=dev))
     return _to_nodes(p, NT)
 
