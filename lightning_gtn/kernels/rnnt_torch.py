@@ -139,8 +139,8 @@ def rnnt_cost_grad_torch(
         return costs, (None if scale is None else torch.zeros_like(x))
     U = U1 - 1
     lp = torch.log_softmax(x, dim=-1) if fused_log_softmax else x.clone()
-    safe = lp.clamp(min=_NEG)
-    blank_lp, emit_lp, tg = _emit_and_blank(safe, targets, target_lengths, blank)
+    # -inf log-probabilities become _NEG in the arc scores (the lattice's rule)
+    blank_lp, emit_lp, tg = _emit_and_blank(lp, targets, target_lengths, blank)
     Tb = logit_lengths.to(device=dev, dtype=torch.long)
     Ub = target_lengths.to(device=dev, dtype=torch.long)
     begin, end = _corners(Tb, Ub)
@@ -164,7 +164,7 @@ def rnnt_cost_grad_torch(
     g[..., blank] -= pb
     if U:
         g[:, :, :U].scatter_add_(3, tg[:, None, :, None].expand(B, T, U, 1), -((1.0 + lam) * pe[:, :, :U]).unsqueeze(3))
-    g = torch.where(valid.unsqueeze(3), g, torch.zeros((), dtype=g.dtype, device=dev))
+    g.masked_fill_(~valid.unsqueeze(3), 0.0)
     if clamp > 0:
         g.clamp_(-clamp, clamp)
     g.mul_(scale.to(device=dev, dtype=g.dtype).reshape(B, 1, 1, 1))

@@ -67,8 +67,8 @@ class _Layout(NamedTuple):
     du: Tensor  # (A,)
     Ls: Tuple[int, ...]  # L and du as ints
     dus: Tuple[int, ...]
-    ws: Tensor  # (B, N, A, NU) the score of the arc of kind k leaving node (n - u, u)
-    wd: Tensor  # (B, N, A, NU) the score of the arc of kind k arriving at node (n - u, u)
+    ws: Tensor  # (B, N, NU, A) the score of the arc of kind k leaving node (n - u, u)
+    wd: Tensor  # (B, N, NU, A) the score of the arc of kind k arriving at node (n - u, u)
     start: Tensor  # (B,) start diagonal
     start_u: Tensor  # (B,)
     end: Tensor  # (B,) end diagonal
@@ -115,22 +115,22 @@ def _layout(scores: Tensor, dt: Sequence[int], du: Sequence[int], begin: Tensor,
     Lmax, Dmax = int(max(int(a) + int(b) for a, b in zip(dt, du))), int(max(int(b) for b in du))
     begin = begin.to(device=dev, dtype=torch.long)
     end = end.to(device=dev, dtype=torch.long)
-    n = torch.arange(N, device=dev).reshape(N, 1)
-    u = torch.arange(NU, device=dev).reshape(1, NU)
-    t = n - u  # (N, NU): the frame of node u on diagonal n
-    # source-indexed scores, (B, N, A, NU); an arc counts when both ends lie in the rectangle
-    ws = scores[:, t.clamp(0, NT - 1), u.expand(N, NU)].permute(0, 1, 3, 2)
-    t4, u4 = t.reshape(1, N, 1, NU), u.reshape(1, 1, 1, NU)
-    dt4, du4 = dtt.reshape(1, 1, A, 1), dut.reshape(1, 1, A, 1)
+    # an arc counts when both its ends lie in the rectangle; -inf scores become NEG (NaN stays)
+    t = torch.arange(NT, device=dev).reshape(1, NT, 1, 1)
+    u = torch.arange(NU, device=dev).reshape(1, 1, NU, 1)
+    dt4, du4 = dtt.reshape(1, 1, 1, A), dut.reshape(1, 1, 1, A)
     t0, u0, t1, u1 = (x.reshape(B, 1, 1, 1) for x in (begin[:, 0], begin[:, 1], end[:, 0], end[:, 1]))
-    ok = (t4 >= t0) & (t4 + dt4 <= t1) & (u4 >= u0) & (u4 + du4 <= u1)
+    ok = (t >= t0) & (t + dt4 <= t1) & (u >= u0) & (u + du4 <= u1)
     neg = torch.full((), NEG, dtype=dty, device=dev)
-    ws = torch.where(ok, ws.clamp(min=NEG), neg).contiguous()  # -inf scores: NEG (NaN stays NaN)
-    # destination-indexed: wd[b, n, k, u] = ws[b, n - L[k], k, u - du[k]]
-    wp = torch.full((B, N + Lmax, A, NU + Dmax), NEG, dtype=dty, device=dev)
-    wp[:, Lmax:, :, Dmax:] = ws
-    kk = torch.arange(A, device=dev)
-    wd = wp[:, n.reshape(N, 1, 1) + Lmax - L.reshape(1, A, 1), kk.reshape(1, A, 1), u.reshape(1, 1, NU) + Dmax - du4[0, 0]]
+    # source-indexed, (B, N, NU, A) in diagonal order: ws[b, n, u, k] is the arc leaving (n - u, u)
+    ws = torch.full((B, N, NU, A), NEG, dtype=dty, device=dev)
+    _node_view(ws, NT).copy_(torch.where(ok, scores.clamp(min=NEG), neg))
+    # destination-indexed: wd[b, n, u, k] = ws[b, n - L[k], u - du[k], k]
+    wd = torch.full((B, N, NU, A), NEG, dtype=dty, device=dev)
+    for k, (a, d) in enumerate(zip(dt, du)):
+        Lk, dk = int(a) + int(d), int(d)
+        if Lk < N and dk < NU:
+            wd[:, Lk:, dk:, k] = ws[:, : N - Lk, : NU - dk, k]
     return _Layout(
         N,
         Lmax,
@@ -151,24 +151,24 @@ def _layout(scores: Tensor, dt: Sequence[int], du: Sequence[int], begin: Tensor,
 
 def _combine(views: Sequence[Tensor], w: Tensor, semiring: str, out: Tensor) -> None:
     """``out = reduce over k of (views[k] + w[:, k])``: the sum (log semiring) or the max over the
-    arc kinds; ``views`` are ``A`` tensors ``(B, NU)``, ``w`` is ``(B, A, NU)``."""
+    arc kinds; ``views`` are ``A`` tensors ``(B, NU)``, ``w`` is ``(B, NU, A)``."""
     A = len(views)
     if A == 1:
-        torch.add(views[0], w[:, 0], out=out)
+        torch.add(views[0], w[..., 0], out=out)
     elif A == 2:
         pair = torch.maximum if semiring == "max" else torch.logaddexp
-        pair(views[0] + w[:, 0], views[1] + w[:, 1], out=out)
+        pair(views[0] + w[..., 0], views[1] + w[..., 1], out=out)
     else:
-        x = torch.stack(list(views), 1).add_(w)
+        x = torch.stack(list(views), 2).add_(w)
         if semiring == "max":
-            torch.amax(x, 1, out=out)
+            torch.amax(x, 2, out=out)
         else:
-            torch.logsumexp(x, 1, out=out)
+            torch.logsumexp(x, 2, out=out)
 
 
 def _alpha(lay: _Layout, semiring: str) -> Tensor:
     """``(B, Lmax + N, Dmax + NU)``: ``alpha(n, u)`` at ``[:, Lmax + n, Dmax + u]``, NEG around."""
-    B, N, A, NU = lay.ws.shape
+    B, N, NU, A = lay.ws.shape
     dev, dty = lay.ws.device, lay.ws.dtype
     Lmax, Dmax = lay.Lmax, lay.Dmax
     ap = torch.full((B, Lmax + N, Dmax + NU), NEG, dtype=dty, device=dev)
@@ -193,7 +193,7 @@ def _alpha(lay: _Layout, semiring: str) -> Tensor:
 
 def _beta(lay: _Layout, semiring: str) -> Tensor:
     """``(B, N + Lmax, NU + Dmax)``: ``beta(n, u)`` at ``[:, n, u]``, NEG behind."""
-    B, N, A, NU = lay.ws.shape
+    B, N, NU, A = lay.ws.shape
     dev, dty = lay.ws.device, lay.ws.dtype
     bp = torch.full((B, N + lay.Lmax, NU + lay.Dmax), NEG, dtype=dty, device=dev)
     bi = torch.arange(B, device=dev)
@@ -217,17 +217,21 @@ def _total(ap: Tensor, lay: _Layout) -> Tensor:
     return ap[bi, lay.Lmax + lay.end, lay.Dmax + lay.end_u]
 
 
+def _node_view(d: Tensor, NT: int) -> Tensor:
+    """The ``(B, NT, NU, A)`` node-order view of a contiguous ``(B, N, NU, A)`` diagonal-order
+    tensor: node ``(t, u)`` sits at diagonal ``t + u``, so its strides are ``(NU A, (NU + 1) A, 1)``."""
+    B, N, NU, A = d.shape
+    return d.as_strided((B, NT, NU, A), (N * NU * A, NU * A, (NU + 1) * A, 1), d.storage_offset())
+
+
 def _to_nodes(p: Tensor, NT: int) -> Tensor:
-    """``(B, N, A, NU)`` diagonal layout to ``(B, NT, NU, A)`` node layout."""
-    NU = p.shape[3]
-    t = torch.arange(NT, device=p.device).reshape(NT, 1)
-    u = torch.arange(NU, device=p.device).reshape(1, NU)
-    return p.permute(0, 1, 3, 2)[:, t + u, u.expand(NT, NU)]
+    """``(B, N, NU, A)`` diagonal order to a contiguous ``(B, NT, NU, A)`` node order."""
+    return _node_view(p.contiguous(), NT).contiguous()
 
 
 def _posteriors(lay: _Layout, ap: Tensor, logz: Tensor, semiring: str, NT: int) -> Tensor:
     """``(B, NT, NU, A)`` arc posteriors (log: from the beta recursion; max: the best path)."""
-    B, N, A, NU = lay.ws.shape
+    B, N, NU, A = lay.ws.shape
     dev = lay.ws.device
     feasible = ~(logz <= INFEASIBLE)  # NaN totals stay feasible: their posteriors are NaN
     if semiring == "max":
@@ -237,7 +241,7 @@ def _posteriors(lay: _Layout, ap: Tensor, logz: Tensor, semiring: str, NT: int) 
     lz = torch.where(feasible, logz, torch.zeros_like(logz)).reshape(B, 1, 1)
     base = alpha - lz
     # the beta of each kind's destination, (B, N, NU) views: beta(n + L, u + du)
-    p = torch.stack([base + bp[:, L : L + N, d : d + NU] for L, d in zip(lay.Ls, lay.dus)], 2).add_(lay.ws).exp_()
+    p = torch.stack([base + bp[:, L : L + N, d : d + NU] for L, d in zip(lay.Ls, lay.dus)], 3).add_(lay.ws).exp_()
     p = torch.where(feasible.reshape(B, 1, 1, 1), p, torch.zeros((), dtype=p.dtype, device=dev))
     return _to_nodes(p, NT)
 
@@ -245,10 +249,10 @@ def _posteriors(lay: _Layout, ap: Tensor, logz: Tensor, semiring: str, NT: int) 
 def _best_path(lay: _Layout, ap: Tensor, feasible: Tensor, NT: int) -> Tensor:
     """The indicator of the arcs of each example's best path (the first best kind at each node,
     walking back from the end), ``(B, NT, NU, A)``; zero for infeasible examples."""
-    B, N, A, NU = lay.ws.shape
+    B, N, NU, A = lay.ws.shape
     dev = lay.ws.device
     bi = torch.arange(B, device=dev)
-    p = torch.zeros((B, N, A, NU), dtype=lay.ws.dtype, device=dev)
+    p = torch.zeros((B, N, NU, A), dtype=lay.ws.dtype, device=dev)
     n, u = lay.end.clone(), lay.end_u.clone()
     rows = lay.Lmax - lay.L.reshape(1, A)  # + n
     cols = lay.Dmax - lay.du.reshape(1, A)  # + u
@@ -257,12 +261,12 @@ def _best_path(lay: _Layout, ap: Tensor, feasible: Tensor, NT: int) -> Tensor:
         if not bool(active.any()):
             break
         cand = ap[bi.reshape(B, 1), rows + n.reshape(B, 1), cols + u.reshape(B, 1)]
-        cand = cand + lay.wd[bi, n.clamp(0, N - 1)].gather(2, u.clamp(0, NU - 1).reshape(B, 1, 1).expand(B, A, 1))[..., 0]
+        cand = cand + lay.wd[bi, n.clamp(0, N - 1), u.clamp(0, NU - 1)]
         k = cand.argmax(1)
         n_src = n - lay.L[k]
         u_src = u - lay.du[k]
         sel = active.nonzero()[:, 0]
-        p[sel, n_src[sel], k[sel], u_src[sel]] = 1.0
+        p[sel, n_src[sel], u_src[sel], k[sel]] = 1.0
         n = torch.where(active, n_src, n)
         u = torch.where(active, u_src, u)
         active = active & ((n != lay.start) | (u != lay.start_u))
