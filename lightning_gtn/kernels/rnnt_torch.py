@@ -89,7 +89,7 @@ def _arc_scores(blank_lp: Tensor, emit_lp: Tensor, Tb: Tensor) -> Tensor:
     s = blank_lp.new_full((B, T + 1, U1, 2), _NEG)
     s[:, :T, :, 0] = blank_lp
     s[:, :T, : U1 - 1, 1] = emit_lp
-    return torch.where(transducer_arc_mask(T + 1, _DT, _DU, Tb), s, torch.full((), _NEG, dtype=s.dtype, device=s.device))
+    return s.masked_fill(~transducer_arc_mask(T + 1, _DT, _DU, Tb), _NEG)
 
 
 def _corners(Tb: Tensor, Ub: Tensor) -> Tuple[Tensor, Tensor]:

@@ -324,7 +324,7 @@ class _LatticeFunction(torch.autograd.Function):
     in the backward pass; the forward keeps the alpha diagonals)."""
 
     @staticmethod
-    def forward(ctx, scores, dt, du, begin, end, semiring):  # type: ignore[override]
+    def forward(ctx, scores, dt, du, begin, end, semiring):
         _check(scores, dt, du, begin, end, semiring)
         B, NT, NU, A = scores.shape
         ctx.shape = scores.shape
@@ -340,7 +340,7 @@ class _LatticeFunction(torch.autograd.Function):
         return _finish(logz).to(scores.dtype)
 
     @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
+    def backward(ctx, g):
         if ctx.lay is None:
             return g.new_zeros(ctx.shape), None, None, None, None, None
         post = _posteriors(ctx.lay, ctx.ap, ctx.logz, ctx.semiring, ctx.shape[1])

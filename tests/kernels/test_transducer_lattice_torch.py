@@ -90,7 +90,8 @@ def test_nan_inside_the_rectangle_only():
     scores = torch.randn(2, 4, 3, 2, dtype=torch.float64)
     scores[0, 1, 1, 0] = math.nan  # inside example 0's rectangle
     scores[1, 3, 2, 1] = math.nan  # outside example 1's rectangle (it ends at (2, 1))
-    logz, post = lattice_posteriors(scores, (1, 0), (0, 1), torch.zeros(2, 2, dtype=torch.long), torch.tensor([[3, 2], [2, 1]]))
+    begin, end = torch.zeros(2, 2, dtype=torch.long), torch.tensor([[3, 2], [2, 1]])
+    logz, post = lattice_posteriors(scores, (1, 0), (0, 1), begin, end)
     assert post is not None
     assert math.isnan(logz[0].item()) and bool(torch.isnan(post[0]).all())
     assert math.isfinite(logz[1].item()) and bool(torch.isfinite(post[1]).all())
