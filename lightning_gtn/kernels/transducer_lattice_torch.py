@@ -239,9 +239,9 @@ def _posteriors(lay: _Layout, ap: Tensor, logz: Tensor, semiring: str, NT: int) 
     bp = _beta(lay, semiring)
     alpha = ap[:, lay.Lmax :, lay.Dmax :]
     lz = torch.where(feasible, logz, torch.zeros_like(logz)).reshape(B, 1, 1)
-    base = alpha - lz
     # the beta of each kind's destination, (B, N, NU) views: beta(n + L, u + du)
-    p = torch.stack([base + bp[:, L : L + N, d : d + NU] for L, d in zip(lay.Ls, lay.dus)], 3).add_(lay.ws).exp_()
+    nxt = torch.stack([bp[:, L : L + N, d : d + NU] for L, d in zip(lay.Ls, lay.dus)], 3)
+    p = (alpha.unsqueeze(3) + lay.ws).add_(nxt).sub_(lz.unsqueeze(3)).exp_()
     p = torch.where(feasible.reshape(B, 1, 1, 1), p, torch.zeros((), dtype=p.dtype, device=dev))
     return _to_nodes(p, NT)
 
