@@ -162,8 +162,10 @@ def _combine(views: Sequence[Tensor], w: Tensor, semiring: str, out: Tensor) -> 
         x = torch.stack(list(views), 2).add_(w)
         if semiring == "max":
             torch.amax(x, 2, out=out)
-        else:
-            torch.logsumexp(x, 2, out=out)
+        else:  # log-sum-exp by hand: the scores are finite or NaN (fewer kernels than torch's)
+            m = x.amax(2, keepdim=True)
+            torch.log(x.sub_(m).exp_().sum(2), out=out)
+            out.add_(m[..., 0])
 
 
 def _alpha(lay: _Layout, semiring: str) -> Tensor:
