@@ -80,14 +80,16 @@ def lattice_loss_torch(
         kinds.append(ytok if di < 0 else ytok + dtok[..., di])
     for c, di in zip(blank_ids, blank_didx):
         kinds.append(lab[..., c] if di < 0 else lab[..., c] + dur[..., di])
-    s = torch.stack(kinds, dim=3)  # (B, T, U + 1, A)
+    s = torch.stack(kinds, dim=3)  # (B, T, U + 1, A), at least float32 (_NEG fits)
+    s = s.to(torch.promote_types(s.dtype, torch.float32))
     s = torch.cat([s, s.new_full((B, 1, U1, len(dts)), _NEG)], dim=1)  # the end row t = T
     Tb = tlen.to(device=dev, dtype=torch.long)
     Ub = ulen.to(device=dev, dtype=torch.long)
     s = torch.where(transducer_arc_mask(T + 1, dts, dus, Tb), s, torch.full((), _NEG, dtype=s.dtype, device=dev))
     end = torch.stack([Tb.clamp(min=0), Ub], dim=1)
     ll = lattice_logz(s, dts, dus, torch.zeros_like(end), end)
-    return torch.where((Tb <= 0) | (ll < _INFEASIBLE), torch.full_like(ll, float("inf")), -ll)
+    out = torch.where((Tb <= 0) | (ll < _INFEASIBLE), torch.full_like(ll, float("inf")), -ll)
+    return out.to(x.dtype)
 
 
 def _scaled_grad(v: torch.Tensor, lam: float) -> torch.Tensor:

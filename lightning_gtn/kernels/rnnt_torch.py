@@ -86,7 +86,7 @@ def _arc_scores(blank_lp: Tensor, emit_lp: Tensor, Tb: Tensor) -> Tensor:
     ``(B, T, U + 1)`` and ``emit_lp`` ``(B, T, U)``; row ``T`` and the arcs that no path of an
     example with ``Tb`` frames takes (see :func:`transducer_arc_mask`) are :data:`_NEG`."""
     B, T, U1 = blank_lp.shape
-    s = blank_lp.new_full((B, T + 1, U1, 2), _NEG)
+    s = blank_lp.new_full((B, T + 1, U1, 2), _NEG, dtype=torch.promote_types(blank_lp.dtype, torch.float32))
     s[:, :T, :, 0] = blank_lp
     s[:, :T, : U1 - 1, 1] = emit_lp
     return s.masked_fill(~transducer_arc_mask(T + 1, _DT, _DU, Tb), _NEG)
@@ -145,7 +145,7 @@ def rnnt_cost_grad_torch(
     Ub = target_lengths.to(device=dev, dtype=torch.long)
     begin, end = _corners(Tb, Ub)
     logz, post = lattice_posteriors(_arc_scores(blank_lp, emit_lp, Tb), _DT, _DU, begin, end, scale is not None)
-    costs = -logz
+    costs = -logz.to(x.dtype)
     infeasible = (Tb <= 0) | (costs >= INFEASIBLE)
     costs = torch.where(infeasible, torch.full_like(costs, float("inf")), costs)
     if post is None or scale is None:
@@ -154,6 +154,7 @@ def rnnt_cost_grad_torch(
     ts = torch.arange(T, device=dev).reshape(1, T, 1)
     us = torch.arange(U1, device=dev).reshape(1, 1, U1)
     valid = (ts < Tb.reshape(B, 1, 1)) & (us <= Ub.reshape(B, 1, 1)) & ~infeasible.reshape(B, 1, 1)
+    post = post.to(lp.dtype)
     pb = post[:, :T, :, 0]  # the arcs' posteriors: blank (the final one included) and token
     pe = post[:, :T, :, 1]
     if fused_log_softmax:

@@ -231,3 +231,14 @@ def test_k2_simple_loss_torch_equals_numba(rnnt_type):
         out[impl] = (loss.detach(), lmr.grad, amr.grad)
     for a, b in zip(out["torch"], out["numba"]):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_half_scores_run_in_float32():
+    g = torch.Generator().manual_seed(4)
+    scores = torch.randn(2, 5, 3, 2, generator=g)
+    begin, end = torch.zeros(2, 2, dtype=torch.long), torch.tensor([[4, 2], [3, 1]])
+    want, want_post = lattice_posteriors(scores.half().float(), (1, 0), (0, 1), begin, end)
+    got, post = lattice_posteriors(scores.half(), (1, 0), (0, 1), begin, end)
+    assert got.dtype == torch.float16 and post is not None and want_post is not None
+    torch.testing.assert_close(got.float(), want, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(post.float(), want_post, rtol=1e-3, atol=1e-3)
