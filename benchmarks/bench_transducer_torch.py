@@ -19,20 +19,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from _timing import times_in_turn
 
 
 def _times(fn, reps):
     """``(median, min)`` wall time of ``fn`` after a warm-up (the min is steadier on a loaded machine)."""
     fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), min(times)
+    walls = [w for w, _ in times_in_turn([fn], reps)[0]]
+    return statistics.median(walls), min(walls)
 
 
 def _step(loss, *tensors):
