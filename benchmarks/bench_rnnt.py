@@ -23,6 +23,13 @@ kernels pass their self-check), ``impl="torch"`` (the reference) and ``log_softm
 backward, median wall time after ``torch.cuda.synchronize()``, and the peak CUDA memory of one
 triton forward + backward beyond the logits and the gradient. Without CUDA it prints "no CUDA".
 
+``--gpu-lattice`` (``make gpu-check``'s ``lattice`` part) times the Triton lattices walked by time
+rows (``lattice="rows"``, one scan per row) against the anti-diagonal wavefront
+(``lattice="diagonals"``) at the same shapes: ``rnnt_triton`` with and without the gradient, k2's
+px/py recursion (regular and modified) and TDT (durations 0..4), median wall time, and the largest
+difference between the two walks (it exits with an error past 1e-4 relative in the costs or 1e-3
+in the gradients).
+
 warprnnt-numba is never a dependency: install it into a side folder
 (``python -m pip install --target /tmp/side warprnnt-numba --no-deps``; it needs numba, which the
 environment has) and this script adds ``/tmp/side`` (or ``--side``) to ``sys.path`` when present.
@@ -185,6 +192,76 @@ def gpu_table(repeats: int = 5) -> str:
     return table
 
 
+def _lattice_cases(B, T, U, V, dev):
+    """``(name, fn(lattice) -> (costs, grads or None))`` of each lattice timed by
+    :func:`gpu_lattice_table`, on inputs of shape ``(B, T, U, V)`` on ``dev``."""
+    from lightning_gtn.kernels.rnnt_triton import mutual_information_triton, rnnt_triton, tdt_triton
+
+    x, tg, il, tl = (t.to(dev) for t in _inputs(B, T, U, V))
+    g = torch.Generator().manual_seed(1)
+    px = torch.randn(B, U, T + 1, generator=g).to(dev)
+    pxm = px[:, :, :T].contiguous()
+    py = torch.randn(B, U + 1, T, generator=g).to(dev)
+    xd = torch.randn(B, T, U + 1, V + 5, generator=g).to(dev)
+
+    def mi(p):
+        def run(lattice):
+            scores, grads = mutual_information_triton(p, py, lattice=lattice)
+            return scores, grads[0]  # px's gradient
+
+        return run
+
+    return [
+        ("rnnt_triton, cost and gradient", lambda lattice: rnnt_triton(x, tg, il, tl, 0, lattice=lattice)),
+        ("rnnt_triton, cost only", lambda lattice: rnnt_triton(x, tg, il, tl, 0, need_grad=False, lattice=lattice)),
+        ("k2 px/py, regular", mi(px)),
+        ("k2 px/py, modified", mi(pxm)),
+        ("tdt_triton, durations 0..4", lambda lattice: tdt_triton(xd, tg, il, tl, 0, [0, 1, 2, 3, 4], lattice=lattice)),
+    ]
+
+
+def gpu_lattice_table(repeats: int = 5, device=None, shapes=None, timer=None) -> str:
+    """The CUDA table of the lattice walks (see the module docstring), or a line saying there is
+    no CUDA device; raises SystemExit after printing it when the two walks disagree. ``device``,
+    ``shapes`` and ``timer(fn, repeats) -> seconds`` replace the GPU, :data:`SHAPES` and
+    :func:`_cuda_median` (a test runs the table on the CPU under Triton's interpreter)."""
+    title = "### Triton lattices: time rows against anti-diagonals (CUDA)"
+    if device is None and not torch.cuda.is_available():
+        print(f"{title}\n\nno CUDA: skipped")
+        return f"{title}\n\nno CUDA: skipped"
+    dev = torch.device(device or "cuda")
+    timer = timer or _cuda_median
+    rows = [
+        "| B, T, U, V | kernel | rows (ms) | diagonals (ms) | diagonals / rows | max cost diff (rel) "
+        "| max gradient diff |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    bad = []
+    for B, T, U, V in shapes or SHAPES:
+        for name, fn in _lattice_cases(B, T, U, V, dev):
+            (c_r, g_r), (c_d, g_d) = fn("rows"), fn("diagonals")
+            live = torch.isfinite(c_d)
+            dc = float(((c_r - c_d).abs() / c_d.abs().clamp_min(1.0))[live].max()) if bool(live.any()) else 0.0
+            dg = float((g_r - g_d).abs().max()) if g_r is not None else float("nan")
+            del g_r, g_d
+            t_r = timer(functools.partial(fn, "rows"), repeats)
+            t_d = timer(functools.partial(fn, "diagonals"), repeats)
+            rows.append(
+                f"| {B}, {T}, {U}, {V} | {name} | {t_r * 1e3:.2f} | {t_d * 1e3:.2f} | {t_d / t_r:.2f} "
+                f"| {dc:.1e} | {dg:.1e} |"
+            )
+            if not (dc <= 1e-4 and (dg != dg or dg <= 1e-3)) or bool((torch.isfinite(c_r) != live).any()):
+                bad.append(f"{name} at {(B, T, U, V)}")
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    where = torch.cuda.get_device_name(0) if dev.type == "cuda" else str(dev)
+    table = "\n".join([title, "", f"float32, full lengths; {where}", ""] + rows)
+    print(table)
+    if bad:
+        raise SystemExit(f"the row and anti-diagonal lattices disagree: {bad}")
+    return table
+
+
 def main(argv=None) -> str:
     """Prints the table and returns it."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -194,9 +271,12 @@ def main(argv=None) -> str:
     ap.add_argument("--side", default=SIDE, help="folder warprnnt-numba was installed into with pip --target")
     ap.add_argument("--shapes", default="all", choices=["all", "small"])
     ap.add_argument("--gpu-only", action="store_true", help="only the CUDA table (impl='triton')")
+    ap.add_argument("--gpu-lattice", action="store_true", help="only the CUDA table of the lattice walks")
     args = ap.parse_args(argv)
     if args.gpu_only:
         return gpu_table(max(args.repeats, 5))
+    if args.gpu_lattice:
+        return gpu_lattice_table(max(args.repeats, 5))
     warp = _warp(args.side)
     rows = [
         "| B, T, U, V | rnnt_loss fwd+bwd (s) | log_softmax fwd+bwd (s) | ratio | CPU s, rnnt_loss "

@@ -16,10 +16,13 @@ one started:
    output built by torch, given to ``rnnt_loss``): CUDA-event medians, the peak of
    ``torch.cuda.max_memory_allocated`` beyond the inputs, and the largest differences of the
    losses and gradients (a failure beyond ``1e-4`` / ``1e-3``).
-5. ``mmi``: the shared MMI denominator against the generic Triton scorer (``bench_mmi_gpu``).
-6. ``compile``: a small model + ctc_loss step under ``torch.compile(fullgraph=True)`` on CUDA,
+5. ``lattice``: the Triton transducer lattices walked by time rows against the anti-diagonal
+   wavefront, regular RNN-T, k2's px/py and TDT at the rnnt shapes, and their largest
+   difference (``bench_rnnt.gpu_lattice_table``).
+6. ``mmi``: the shared MMI denominator against the generic Triton scorer (``bench_mmi_gpu``).
+7. ``compile``: a small model + ctc_loss step under ``torch.compile(fullgraph=True)`` on CUDA,
    against the eager step.
-7. ``train-ctc``, ``train-rnnt``, ``train-mmi``: ``lightning-gtn-train experiment=smoke
+8. ``train-ctc``, ``train-rnnt``, ``train-mmi``: ``lightning-gtn-train experiment=smoke
    trainer=gpu loss=...``, the final metrics line.
 
 Everything goes to ONE markdown file, rewritten after each part: ``$OUT/gpu_check.md`` when the
@@ -87,12 +90,13 @@ def default_parts(run_dir: str) -> List[Part]:
         "-k", "(cuda or triton) and not interpreter", *TEST_DIRS,
     ]  # fmt: skip
     return [
-        Part("tests", 200, tests, "every CUDA and Triton test"),
+        Part("tests", 180, tests, "every CUDA and Triton test"),
         Part("ctc", 80, _script_part("ctc"), "CTC fwd+bwd vs torch's CUDA ctc_loss"),
         Part("rnnt", 40, _script_part("rnnt"), "rnnt_loss vs log_softmax fwd+bwd"),
-        Part("joiner", 40, _script_part("joiner"), "rnnt_joiner_loss (triton, torch) vs the materialised joiner"),
+        Part("joiner", 35, _script_part("joiner"), "rnnt_joiner_loss (triton, torch) vs the materialised joiner"),
+        Part("lattice", 30, _script_part("lattice"), "Triton lattices: time rows vs anti-diagonals"),
         Part("mmi", 50, _script_part("mmi"), "MMI denominator vs the generic Triton scorer"),
-        Part("compile", 55, _script_part("compile"), "torch.compile(fullgraph=True) of model + ctc_loss"),
+        Part("compile", 50, _script_part("compile"), "torch.compile(fullgraph=True) of model + ctc_loss"),
         Part("train-ctc", 45, _train("ctc", run_dir), "experiment=smoke trainer=gpu loss=ctc"),
         Part("train-rnnt", 45, _train("rnnt", run_dir), "experiment=smoke trainer=gpu loss=rnnt"),
         Part("train-mmi", 45, _train("mmi", run_dir), "experiment=smoke trainer=gpu loss=mmi"),
@@ -232,6 +236,12 @@ def _part_joiner(repeats: int = 3, device: str = "cuda", size: Optional[Sequence
         raise SystemExit(f"the joiner loss differs from the materialised path: {bad}")
 
 
+def _part_lattice() -> None:
+    import bench_rnnt
+
+    bench_rnnt.gpu_lattice_table(5)
+
+
 def _part_mmi() -> None:
     import bench_mmi_gpu
 
@@ -278,7 +288,14 @@ def _part_compile() -> None:
         raise SystemExit("a second compiled step gave another loss")
 
 
-_PARTS = {"ctc": _part_ctc, "rnnt": _part_rnnt, "joiner": _part_joiner, "mmi": _part_mmi, "compile": _part_compile}
+_PARTS = {
+    "ctc": _part_ctc,
+    "rnnt": _part_rnnt,
+    "joiner": _part_joiner,
+    "lattice": _part_lattice,
+    "mmi": _part_mmi,
+    "compile": _part_compile,
+}
 
 
 def report_path(arg: Optional[str]) -> str:

@@ -1,15 +1,18 @@
 """The duration lattice of :mod:`.duration_lattice_numba` in plain torch: a reference on any device.
 
-Differentiable by autograd (no hand-written backward), vectorised over the batch only: one
-small step per lattice node, so it is meant for tests, small problems and devices without a
-kernel of their own. Same arcs, same meanings as :func:`.duration_lattice_numba.lattice_loss`.
+The arcs become the arc kinds of :mod:`.transducer_lattice_torch` (a token arc of duration ``d``
+is ``(d, 1)``, a blank arc ``(d, 0)``), whose recursion takes one vectorised step per
+anti-diagonal ``t + u`` and whose backward pass gives the arcs' posteriors; autograd carries them
+through the log-softmax. Same arcs, same meanings as :func:`.duration_lattice_numba.lattice_loss`.
 """
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Sequence
 
 import torch
+
+from .transducer_lattice_torch import lattice_logz, transducer_arc_mask
 
 __all__ = ["lattice_loss_torch"]
 
@@ -69,46 +72,24 @@ def lattice_loss_torch(
     if fastemit_lambda != 0.0:  # the token arcs' scores: same values, gradient times 1 + lambda
         ytok = _scaled_grad(ytok, fastemit_lambda)
         dtok = _scaled_grad(dur, fastemit_lambda)
-    neg = x.new_full((B,), _NEG)
-    zero = x.new_zeros((B,))
-    alpha: List[List[torch.Tensor]] = [[neg] * U1 for _ in range(T)]
-    for t in range(T):
-        for u in range(U1):
-            terms = [zero] if (t == 0 and u == 0) else []
-            if u > 0:
-                for d, di in zip(tok_dur, tok_didx):
-                    t0 = t - d
-                    if t0 >= 0:
-                        s = alpha[t0][u - 1] + ytok[:, t0, u - 1]
-                        if di >= 0:
-                            s = s + dtok[:, t0, u - 1, di]
-                        terms.append(s)
-            for c, d, di in zip(blank_ids, blank_dur, blank_didx):
-                t0 = t - d
-                if t0 >= 0:
-                    s = alpha[t0][u] + lab[:, t0, u, c]
-                    if di >= 0:
-                        s = s + dur[:, t0, u, di]
-                    terms.append(s)
-            if terms:
-                alpha[t][u] = torch.logsumexp(torch.stack(terms), 0).clamp(min=_NEG)
-    out = []
-    for b in range(B):
-        Tb, Ub = int(tlen[b]), int(ulen[b])
-        terms = []
-        for c, d, di in zip(blank_ids, blank_dur, blank_didx):
-            t0 = Tb - d
-            if 0 <= t0 < T and Ub < U1:
-                s = alpha[t0][Ub][b] + lab[b, t0, Ub, c]
-                if di >= 0:
-                    s = s + dur[b, t0, Ub, di]
-                terms.append(s)
-        if not terms:
-            out.append(x.new_tensor(float("inf")))
-            continue
-        ll = torch.logsumexp(torch.stack(terms), 0)
-        out.append(torch.where(ll < _INFEASIBLE, ll.new_tensor(float("inf")), -ll))
-    return torch.stack(out)
+    # the arc kinds: every token arc (one label), then every blank arc
+    dts = [int(d) for d in tok_dur] + [int(d) for d in blank_dur]
+    dus = [1] * len(tok_dur) + [0] * len(blank_dur)
+    kinds = []
+    for di in tok_didx:
+        kinds.append(ytok if di < 0 else ytok + dtok[..., di])
+    for c, di in zip(blank_ids, blank_didx):
+        kinds.append(lab[..., c] if di < 0 else lab[..., c] + dur[..., di])
+    s = torch.stack(kinds, dim=3)  # (B, T, U + 1, A), at least float32 (_NEG fits)
+    s = s.to(torch.promote_types(s.dtype, torch.float32))
+    s = torch.cat([s, s.new_full((B, 1, U1, len(dts)), _NEG)], dim=1)  # the end row t = T
+    Tb = tlen.to(device=dev, dtype=torch.long)
+    Ub = ulen.to(device=dev, dtype=torch.long)
+    s = torch.where(transducer_arc_mask(T + 1, dts, dus, Tb), s, torch.full((), _NEG, dtype=s.dtype, device=dev))
+    end = torch.stack([Tb.clamp(min=0), Ub], dim=1)
+    ll = lattice_logz(s, dts, dus, torch.zeros_like(end), end)
+    out = torch.where((Tb <= 0) | (ll < _INFEASIBLE), torch.full_like(ll, float("inf")), -ll)
+    return out.to(x.dtype)
 
 
 def _scaled_grad(v: torch.Tensor, lam: float) -> torch.Tensor:

@@ -19,9 +19,10 @@ NaN score and NaN gradients for that example (values outside the rectangle are n
 
 Three implementations with the same results: :func:`mi_numba` (CPU, one compiled loop per
 example, float64 inside, examples shared over the engine's threads), :func:`mi_torch` (any
-device: one vectorised step per anti-diagonal ``s + t = d``) and the Triton kernel
-:func:`~.rnnt_triton.mutual_information_triton` (CUDA: the same wavefront, one program per
-example and direction); :func:`mutual_information` runs the one it is given. The custom op over
+device: the torch transducer lattice, one vectorised step per anti-diagonal ``s + t = d``) and the
+Triton kernel :func:`~.rnnt_triton.mutual_information_triton` (CUDA: one program per example and
+direction, walking frames, with the same wavefront where a frame does not fit one block);
+:func:`mutual_information` runs the one it is given. The custom op over
 them, ``lightning_gtn::mutual_information``, and the choice of a device's implementation are in
 :mod:`lightning_gtn.losses.k2_rnnt`.
 Boundaries are range-checked by :func:`check_boundary_values` before a kernel indexes with them.
@@ -40,6 +41,7 @@ from torch import Tensor
 from .dense_numba import run_rows
 from .logmath import NEG_INF, log_add_checked
 from .rnnt_triton import mutual_information_triton
+from .transducer_lattice_torch import lattice_posteriors
 
 __all__ = [
     "check_boundary_values",
@@ -186,89 +188,39 @@ def mi_numba(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple
 # -- torch (any device) --------------------------------------------------------------------------
 
 
-def _region(B: int, S: int, T: int, bnd: Tensor, device) -> Tuple[Tensor, ...]:
-    """Index grids ``s (1, S+1, 1)``, ``t (1, 1, T+1)`` and the per-example bounds ``(B, 1, 1)``."""
-    s = torch.arange(S + 1, device=device).reshape(1, S + 1, 1)
-    t = torch.arange(T + 1, device=device).reshape(1, 1, T + 1)
-    s0, t0, s1, t1 = (bnd[:, k].reshape(B, 1, 1) for k in range(4))
-    return s, t, s0, t0, s1, t1
+def _mi_arc_scores(px: Tensor, py: Tensor, modified: bool) -> Tensor:
+    """``(B, T + 1, S + 1, 2)`` arc scores over the lattice nodes ``(t, s)``: kind 0 is ``py``
+    (one frame), kind 1 ``px`` (one symbol; and one frame in the modified recursion); -inf where
+    an arc has no score."""
+    B, S, T1 = px.shape
+    T = py.shape[2]
+    sc = px.new_full((B, T + 1, S + 1, 2), NEG_INF)
+    sc[:, :T, :, 0] = py.transpose(1, 2)
+    sc[:, :T1, :S, 1] = px.transpose(1, 2)
+    return sc
 
 
 @torch.no_grad()
 def mi_torch(px: Tensor, py: Tensor, boundary: Tensor, need_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """As :func:`mi_numba` on any device, one vectorised step per anti-diagonal ``s + t = d``
-    (forward, then backward from the end), in ``px``'s dtype."""
+    """As :func:`mi_numba` on any device, in ``px``'s dtype: the lattice of
+    :mod:`.transducer_lattice_torch` (one vectorised step per anti-diagonal ``s + t``, forward,
+    then backward from the end for the gradients) over the nodes ``(t, s)``, ``py`` the arcs
+    ``(1, 0)`` and ``px`` ``(0, 1)`` (``(1, 1)`` in the modified recursion)."""
     B, S, T1 = px.shape
     T = py.shape[2]
     modified = T1 == T
-    dev, dt = px.device, px.dtype
+    dev = px.device
     # clamped so that no index can leave the grid, even for a boundary that was not checked
     bnd = boundary.to(device=dev, dtype=torch.long)
     bnd = torch.stack([bnd[:, k].clamp(0, S if k % 2 == 0 else T) for k in range(4)], dim=1)
-    s, t, s0, t0, s1, t1 = _region(B, S, T, bnd, dev)
-    inside = (s >= s0) & (s <= s1) & (t >= t0) & (t <= t1)  # (B, S+1, T+1)
-    ninf = torch.tensor(NEG_INF, dtype=dt, device=dev)
-
-    # arcs into cell (s, t): X from the s-direction, Y from the t-direction (-inf unless both
-    # ends lie inside the rectangle, so values outside it are never read)
-    X = torch.full((B, S + 1, T + 1), NEG_INF, dtype=dt, device=dev)
-    Y = torch.full((B, S + 1, T + 1), NEG_INF, dtype=dt, device=dev)
-    if modified:
-        X[:, 1:, 1:] = px
-        x_ok = inside & (s - 1 >= s0) & (t - 1 >= t0)
-    else:
-        X[:, 1:, :] = px
-        x_ok = inside & (s - 1 >= s0)
-    Y[:, :, 1:] = py
-    X = torch.where(x_ok, X, ninf)
-    Y = torch.where(inside & (t - 1 >= t0), Y, ninf)
-    start = (s == s0) & (t == t0)
-
-    # alpha, padded by one -inf row and column in front: A[:, s + 1, t + 1] = alpha[s, t]
-    A = torch.full((B, S + 2, T + 2), NEG_INF, dtype=dt, device=dev)
-    A[:, 1:, 1:] = torch.where(start, torch.zeros((), dtype=dt, device=dev), ninf)
-    for d in range(1, S + T + 1):
-        ss = torch.arange(max(0, d - T), min(S, d) + 1, device=dev)
-        tt = d - ss
-        from_s = A[:, ss, tt] if modified else A[:, ss, tt + 1]
-        new = torch.logaddexp(from_s + X[:, ss, tt], A[:, ss + 1, tt] + Y[:, ss, tt])
-        A[:, ss + 1, tt + 1] = torch.where(start[:, ss, tt], A[:, ss + 1, tt + 1], new)
-    alpha = A[:, 1:, 1:]
-    b_ar = torch.arange(B, device=dev)
-    scores = alpha[b_ar, bnd[:, 2], bnd[:, 3]]
-    if not need_grad:
+    begin, end = bnd[:, [1, 0]], bnd[:, [3, 2]]  # (t, s)
+    dt = (1, 1) if modified else (1, 0)
+    scores, post = lattice_posteriors(_mi_arc_scores(px, py.to(px.dtype), modified), dt, (0, 1), begin, end, need_grad)
+    if post is None:
         return scores, px.new_empty(0), py.new_empty(0)
-
-    # arcs out of cell (s, t), -inf unless both ends lie inside the rectangle
-    Xo = torch.full((B, S + 1, T + 1), NEG_INF, dtype=dt, device=dev)
-    Yo = torch.full((B, S + 1, T + 1), NEG_INF, dtype=dt, device=dev)
-    if modified:
-        Xo[:, :S, :T] = px
-        xo_ok = inside & (s + 1 <= s1) & (t + 1 <= t1)
-    else:
-        Xo[:, :S, :] = px
-        xo_ok = inside & (s + 1 <= s1)
-    Yo[:, :, :T] = py
-    Xo = torch.where(xo_ok, Xo, ninf)
-    Yo = torch.where(inside & (t + 1 <= t1), Yo, ninf)
-    end = (s == s1) & (t == t1)
-    # beta, padded by one -inf row and column behind: Bt[:, s, t] = beta[s, t]
-    Bt = torch.full((B, S + 2, T + 2), NEG_INF, dtype=dt, device=dev)
-    Bt[:, : S + 1, : T + 1] = torch.where(end, torch.zeros((), dtype=dt, device=dev), ninf)
-    for d in range(S + T - 1, -1, -1):
-        ss = torch.arange(max(0, d - T), min(S, d) + 1, device=dev)
-        tt = d - ss
-        to_s = Bt[:, ss + 1, tt + 1] if modified else Bt[:, ss + 1, tt]
-        new = torch.logaddexp(Xo[:, ss, tt] + to_s, Yo[:, ss, tt] + Bt[:, ss, tt + 1])
-        Bt[:, ss, tt] = torch.where(end[:, ss, tt], Bt[:, ss, tt], new)
-    beta = Bt[:, : S + 1, : T + 1]
-    tot = torch.where(scores == NEG_INF, torch.zeros((), dtype=dt, device=dev), scores).reshape(B, 1, 1)
-    if modified:
-        pxg = torch.exp(alpha[:, :S, :T] + Xo[:, :S, :T] + beta[:, 1:, 1:] - tot)
-    else:
-        pxg = torch.exp(alpha[:, :S, :] + Xo[:, :S, :] + beta[:, 1:, :] - tot)
-    pyg = torch.exp(alpha[:, :, :T] + Yo[:, :, :T] + beta[:, :, 1:] - tot)
-    return scores, pxg.contiguous(), pyg.contiguous()
+    pxg = post[:, :T1, :S, 1].transpose(1, 2).contiguous()
+    pyg = post[:, :T, :, 0].transpose(1, 2).contiguous()
+    return scores, pxg, pyg
 
 
 # -- the custom op -------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
-"""The regular RNN-T loss in plain torch ops (any device, autograd): the reference for the
-numba kernel and the fallback where no kernel of this library runs.
+"""The regular RNN-T loss in plain torch ops (any device): the reference for the numba kernel and
+the fallback where no kernel of this library runs.
 
 ``log_softmax`` over the classes (unless the logits are log-probabilities already), then the
-forward recursion over the anti-diagonals ``n = t + u`` of the ``(T, U + 1)`` grid: every node of
-a diagonal depends only on the previous one, so a diagonal is one vectorised step. The gradient
-comes from autograd through that recursion.
+lattice of :mod:`.transducer_lattice_torch` with two arc kinds, blank ``(1, 0)`` and token
+``(0, 1)``, over the nodes ``(t, u)``, ``t <= T``: a path ends with the blank that lands on row
+``t = T``. :func:`rnnt_costs_torch` is differentiable (the lattice's backward pass gives the
+arcs' posteriors); :func:`rnnt_cost_grad_torch` writes the logits' gradient from them by hand.
 
-Impossible nodes carry a large negative finite score instead of ``-inf``, so that autograd never
-meets ``-inf - -inf`` (NaN) in a log-add-exp; costs at or above :data:`INFEASIBLE` are reported as
+Impossible arcs carry a large negative finite score instead of ``-inf``, so that no
+log-add-exp meets ``-inf - -inf`` (NaN); costs at or above :data:`INFEASIBLE` are reported as
 ``inf``.
 """
 
@@ -18,7 +19,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .logmath import log_add_torch
+from .transducer_lattice_torch import lattice_logz, lattice_posteriors, transducer_arc_mask
 
 __all__ = ["rnnt_costs_torch", "rnnt_cost_grad_torch", "INFEASIBLE"]
 
@@ -61,50 +62,41 @@ def rnnt_costs_torch(
     lp = torch.log_softmax(logits, dim=-1) if fused_log_softmax else logits
     lp = lp.clamp(min=_NEG)  # -inf log-probabilities: finite and far below any path
     U = U1 - 1
-    blank_lp = lp[..., blank]  # (B, T, U + 1)
     if U > 0:
-        S = targets.shape[1]
-        tg = targets[:, :U] if S >= U else torch.nn.functional.pad(targets, (0, U - S))
-        valid_u = torch.arange(U, device=dev)[None, :] < target_lengths[:, None]
-        tg = torch.where(valid_u, tg, torch.zeros_like(tg)).clamp(0, V - 1)
-        emit_lp = lp[:, :, :U].gather(3, tg[:, None, :, None].expand(B, T, U, 1)).squeeze(3)  # (B, T, U)
+        blank_lp, emit_lp, _ = _emit_and_blank(lp, targets, target_lengths, blank)
         if fastemit_lambda:
             lam = float(fastemit_lambda)
             emit_lp = (1.0 + lam) * emit_lp - lam * emit_lp.detach()
     else:
-        emit_lp = lp.new_zeros((B, T, 0))
-    neg = torch.full((B, 1), _NEG, dtype=lp.dtype, device=dev)
-    us = torch.arange(U1, device=dev)
-    # diagonal n holds alpha(n - u, u) at position u
-    prev = torch.cat([lp.new_zeros((B, 1)), neg.expand(B, U)], dim=1)  # n = 0
-    diagonals = [prev]
-    for n in range(1, T + U):
-        t_b = n - 1 - us  # blank arc from (t_b, u) at diagonal n - 1
-        ok_b = (t_b >= 0) & (t_b < T)
-        from_blank = prev + blank_lp[:, t_b.clamp(0, T - 1), us]
-        from_blank = torch.where(ok_b[None, :], from_blank, neg)
-        if U > 0:
-            t_e = n - us[1:]  # emit arc from (t_e, u - 1)
-            ok_e = (t_e >= 0) & (t_e < T)
-            e = prev[:, :U] + emit_lp[:, t_e.clamp(0, T - 1), us[:-1]]
-            e = torch.where(ok_e[None, :], e, neg)
-            from_emit = torch.cat([neg, e], dim=1)
-            cur = log_add_torch(from_blank, from_emit)
-        else:
-            cur = from_blank
-        ok = ((n - us) >= 0) & ((n - us) < T)
-        cur = torch.where(ok[None, :], cur, neg)
-        diagonals.append(cur)
-        prev = cur
-    alpha = torch.stack(diagonals, dim=1)  # (B, T + U, U + 1)
-    Tb = logit_lengths.to(torch.long)
-    Ub = target_lengths.to(torch.long)
-    n_end = (Tb - 1 + Ub).clamp(min=0)
-    bi = torch.arange(B, device=dev)
-    last = alpha[bi, n_end, Ub] + blank_lp[bi, (Tb - 1).clamp(min=0), Ub]
-    costs = -last
+        blank_lp, emit_lp = lp[..., blank], lp.new_zeros((B, T, 0))
+    Tb = logit_lengths.to(device=dev, dtype=torch.long)
+    begin, end = _corners(Tb, target_lengths.to(device=dev, dtype=torch.long))
+    logz = lattice_logz(_arc_scores(blank_lp, emit_lp, Tb), _DT, _DU, begin, end)
+    costs = -logz
     infeasible = (Tb <= 0) | (costs >= INFEASIBLE)
     return torch.where(infeasible, torch.full_like(costs, float("inf")), costs)
+
+
+#: the arc kinds of the regular lattice: blank (one frame), then token (one label)
+_DT, _DU = (1, 0), (0, 1)
+
+
+def _arc_scores(blank_lp: Tensor, emit_lp: Tensor, Tb: Tensor) -> Tensor:
+    """``(B, T + 1, U + 1, 2)`` arc scores of the regular lattice (blank, token) from ``blank_lp``
+    ``(B, T, U + 1)`` and ``emit_lp`` ``(B, T, U)``; row ``T`` and the arcs that no path of an
+    example with ``Tb`` frames takes (see :func:`transducer_arc_mask`) are :data:`_NEG`."""
+    B, T, U1 = blank_lp.shape
+    s = blank_lp.new_full((B, T + 1, U1, 2), _NEG, dtype=torch.promote_types(blank_lp.dtype, torch.float32))
+    s[:, :T, :, 0] = blank_lp
+    s[:, :T, : U1 - 1, 1] = emit_lp
+    return s.masked_fill(~transducer_arc_mask(T + 1, _DT, _DU, Tb), _NEG)
+
+
+def _corners(Tb: Tensor, Ub: Tensor) -> Tuple[Tensor, Tensor]:
+    """The lattice's first and last nodes, ``(B, 2)`` each: ``(0, 0)`` and ``(Tb, Ub)`` (the end row
+    ``t = Tb`` is reached by the final blank); ``Tb`` is clipped to ``>= 0``."""
+    end = torch.stack([Tb.clamp(min=0), Ub], dim=1)
+    return torch.zeros_like(end), end
 
 
 def _emit_and_blank(lp: Tensor, targets: Tensor, target_lengths: Tensor, blank: int) -> Tuple[Tensor, Tensor, Tensor]:
@@ -132,8 +124,8 @@ def rnnt_cost_grad_torch(
     clamp: float,
     scale: Optional[Tensor],
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """``(costs (B,), grad or None)`` by hand-written alpha/beta recursions in torch ops (no
-    autograd: usable inside a custom op), the same formulas as
+    """``(costs (B,), grad or None)`` from the lattice's arc posteriors (no autograd: usable inside
+    a custom op), the same formulas as
     :mod:`lightning_gtn.kernels.rnnt_numba`: ``grad`` is ``scale[b] * d cost[b] / d logits``
     (clipped to ``[-clamp, clamp]`` first when ``clamp > 0``; FastEmit scales the emit arcs'
     gradient by ``1 + lambda``), zero outside each example's grid and for infinite costs. No
@@ -147,68 +139,33 @@ def rnnt_cost_grad_torch(
         return costs, (None if scale is None else torch.zeros_like(x))
     U = U1 - 1
     lp = torch.log_softmax(x, dim=-1) if fused_log_softmax else x.clone()
-    safe = lp.clamp(min=_NEG)
-    blank_lp, emit_lp, tg = _emit_and_blank(safe, targets, target_lengths, blank)
-    Tb = logit_lengths.to(torch.long).reshape(B, 1)
-    Ub = target_lengths.to(torch.long).reshape(B, 1)
-    neg = torch.tensor(_NEG, dtype=x.dtype, device=dev)
-    alpha = torch.full((B, T, U1), _NEG, dtype=x.dtype, device=dev)
-    beta = torch.full((B, T, U1), _NEG, dtype=x.dtype, device=dev)
-    alpha[:, 0, 0] = 0.0
-    for n in range(1, T + U):
-        u = torch.arange(max(0, n - T + 1), min(n, U) + 1, device=dev)
-        t = n - u
-        fb = torch.where(
-            (t >= 1)[None, :], alpha[:, (t - 1).clamp(min=0), u] + blank_lp[:, (t - 1).clamp(min=0), u], neg
-        )
-        if U:
-            um = (u - 1).clamp(min=0)
-            fe = torch.where((u >= 1)[None, :], alpha[:, t, um] + emit_lp[:, t, um], neg)
-            alpha[:, t, u] = log_add_torch(fb, fe)
-        else:
-            alpha[:, t, u] = fb
-    for n in range(T + U - 1, -1, -1):
-        u = torch.arange(max(0, n - T + 1), min(n, U) + 1, device=dev)
-        t = n - u
-        tt, uu = t[None, :], u[None, :]
-        nxt_b = beta[:, (t + 1).clamp(max=T - 1), u]
-        final = (tt == Tb - 1) & (uu == Ub)
-        fb = torch.where(tt + 1 < Tb, nxt_b, torch.where(final, torch.zeros_like(nxt_b), neg)) + blank_lp[:, t, u]
-        if U:
-            nxt_e = beta[:, t, (u + 1).clamp(max=U)] + emit_lp[:, t, u.clamp(max=U - 1)]
-            fe = torch.where(uu < Ub, nxt_e, neg)
-        else:
-            fe = torch.full_like(fb, _NEG)
-        val = log_add_torch(fb, fe)
-        beta[:, t, u] = torch.where((tt < Tb) & (uu <= Ub), val, neg)
-    logz = beta[:, 0, 0]
-    costs = -logz
-    infeasible = (Tb.reshape(B) <= 0) | (costs >= INFEASIBLE)
+    # -inf log-probabilities become _NEG in the arc scores (the lattice's rule)
+    blank_lp, emit_lp, tg = _emit_and_blank(lp, targets, target_lengths, blank)
+    Tb = logit_lengths.to(device=dev, dtype=torch.long)
+    Ub = target_lengths.to(device=dev, dtype=torch.long)
+    begin, end = _corners(Tb, Ub)
+    logz, post = lattice_posteriors(_arc_scores(blank_lp, emit_lp, Tb), _DT, _DU, begin, end, scale is not None)
+    costs = -logz.to(x.dtype)
+    infeasible = (Tb <= 0) | (costs >= INFEASIBLE)
     costs = torch.where(infeasible, torch.full_like(costs, float("inf")), costs)
-    if scale is None:
+    if post is None or scale is None:
         return costs, None
     lam = float(fastemit_lambda)
     ts = torch.arange(T, device=dev).reshape(1, T, 1)
     us = torch.arange(U1, device=dev).reshape(1, 1, U1)
     valid = (ts < Tb.reshape(B, 1, 1)) & (us <= Ub.reshape(B, 1, 1)) & ~infeasible.reshape(B, 1, 1)
-    lz = logz.reshape(B, 1, 1)
-    nb = torch.cat([beta[:, 1:], torch.full((B, 1, U1), _NEG, dtype=x.dtype, device=dev)], dim=1)
-    final = (ts == Tb.reshape(B, 1, 1) - 1) & (us == Ub.reshape(B, 1, 1))
-    nb = torch.where(final, torch.zeros_like(nb), nb)
-    pb = torch.exp(alpha + blank_lp + nb - lz)
-    pe = torch.zeros_like(pb)
-    if U:
-        pe[:, :, :U] = torch.exp(alpha[:, :, :U] + emit_lp + beta[:, :, 1:] - lz)
-        pe[:, :, :U] *= (torch.arange(U, device=dev).reshape(1, 1, U) < Ub.reshape(B, 1, 1)).to(x.dtype)
+    post = post.to(lp.dtype)
+    pb = post[:, :T, :, 0]  # the arcs' posteriors: blank (the final one included) and token
+    pe = post[:, :T, :, 1]
     if fused_log_softmax:
-        coef = torch.exp(alpha + beta - lz) + lam * pe
+        coef = pb + (1.0 + lam) * pe  # the node's occupancy, FastEmit's extra share of the tokens
         g = lp.exp_().mul_(coef.unsqueeze(3))  # softmax * coef, in the log_softmax buffer
     else:
         g = lp.zero_()
     g[..., blank] -= pb
     if U:
         g[:, :, :U].scatter_add_(3, tg[:, None, :, None].expand(B, T, U, 1), -((1.0 + lam) * pe[:, :, :U]).unsqueeze(3))
-    g = torch.where(valid.unsqueeze(3), g, torch.zeros((), dtype=g.dtype, device=dev))
+    g.masked_fill_(~valid.unsqueeze(3), 0.0)
     if clamp > 0:
         g.clamp_(-clamp, clamp)
     g.mul_(scale.to(device=dev, dtype=g.dtype).reshape(B, 1, 1, 1))

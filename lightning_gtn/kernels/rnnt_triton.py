@@ -7,9 +7,15 @@ A joiner output ``logits (B, T, U + 1, V)`` is scored in three launches:
    lattice reads at that node: the blank's and the next target's. Rows outside an example's
    lengths are not read.
 2. **lattice** (one program per example and direction): ``alpha`` (programs ``(b, 0)``) and
-   ``beta`` (programs ``(b, 1)``) over the ``(T_b, U_b + 1)`` grid, one anti-diagonal ``t + u = d``
-   at a time: the nodes of a diagonal depend only on the previous one, so a diagonal is one vector
-   step over ``u`` (in chunks of ``BLOCK_U``), read back from global memory after a block barrier.
+   ``beta`` (programs ``(b, 1)``) over the ``(T_b, U_b + 1)`` grid, one time row at a time: within
+   row ``t``, ``alpha[t, u] = log(exp(alpha[t - 1, u] + lp_blank[t - 1, u]) + exp(alpha[t, u - 1] +
+   lp_emit[t, u - 1]))`` is a linear recurrence of the log semiring along ``u``, solved by one
+   ``tl.associative_scan`` over pairs ``(a, b)`` that stand for the steps ``x -> log(exp(a + x) +
+   exp(b))`` (:func:`_row_scan`); the previous row stays in registers, so ``T_b`` steps need no
+   barrier and no read-back. Where a row does not fit one block (``U + 1 > MAX_ROW_U``) the
+   lattice is walked by anti-diagonals ``t + u = d`` instead: the nodes of a diagonal depend
+   only on the previous one, so a diagonal is one vector step over ``u`` (in chunks of
+   ``BLOCK_U``), read back from global memory after a block barrier. ``lattice=`` forces either.
 3. **grad** (one program per block of rows, one pass over ``V``): the gradient of
    ``cost_b = -log P(y_b | x_b)`` with respect to the logits, written once per element:
    ``(p_blank + (1 + lambda) p_emit) * softmax - p_blank [v = blank] - (1 + lambda) p_emit [v = y_u]``,
@@ -28,13 +34,16 @@ An example with ``logit_lengths[b] == 0`` has no path: its cost is ``+inf`` and 
 No atomics: results are bitwise reproducible.
 
 The same three-launch shape serves the variants: :func:`tdt_triton` (token-and-duration transducer)
-and :func:`multiblank_triton` run a lattice whose blank and emitting arcs may skip frames (a node
-then reads several earlier anti-diagonals, all complete before it);
+and :func:`multiblank_triton` run a lattice whose blank and emitting arcs may skip frames (a row
+then reads the rows an arc of ``l >= 1`` frames comes from back from memory, after one barrier per
+row, and its 0-frame emissions are its scan; the anti-diagonal fallback reads earlier diagonals);
 :func:`duration_lattice_triton` takes such a lattice by its arcs (the form of the losses'
 duration-lattice op; with ``fused_log_softmax=False`` the logits are log-probabilities); and
 :func:`mutual_information_triton` is k2's recursion over ``px``/``py`` (the core of k2's simple and
-pruned RNN-T losses) on the same anti-diagonal wavefront. :func:`self_check` runs torchaudio's
-published small case on a device, for a dispatcher that wants to verify the kernels once.
+pruned RNN-T losses), walked by frames the same way (the modified recursion's ``px`` links frame
+``t - 1`` to ``t``: no scan, one barrier per frame), with the same anti-diagonal fallback.
+:func:`self_check` runs torchaudio's published small case on a device, for a dispatcher that wants
+to verify the kernels once.
 """
 
 from __future__ import annotations
@@ -61,10 +70,12 @@ __all__ = [
     "duration_lattice_triton",
     "MAX_BLOCK_V",
     "MAX_BLOCK_U",
+    "MAX_ROW_U",
 ]
 
 MAX_BLOCK_V = 1024  # vocabulary entries one program holds per row and step
 MAX_BLOCK_U = 1024  # lattice nodes of one anti-diagonal processed per step
+MAX_ROW_U = 1024  # lattice nodes of one time row held by one program (the row-scan lattice)
 _TILE = 4096  # rows x vocabulary entries per program in the row kernels
 
 # Triton picks the interpreter when a kernel is decorated, from the environment at import time
@@ -158,6 +169,27 @@ def _validate(logits, targets, logit_lengths, target_lengths, blank, clamp, fast
     return tg, xl, yl
 
 
+def _walk_rows(lattice: str, n: int, block: Optional[int], who: str) -> bool:
+    """Whether the lattice whose rows hold ``n`` nodes is walked by time rows (True) or by
+    anti-diagonals (False). ``lattice``: ``"auto"`` (rows when a row fits one block: ``n <=
+    MAX_ROW_U`` and, when given, ``n <= block``), ``"rows"`` (an error when it does not fit) or
+    ``"diagonals"``."""
+    if lattice not in ("auto", "rows", "diagonals"):
+        raise ValueError(f"{who}: lattice must be 'auto', 'rows' or 'diagonals', got {lattice!r}")
+    fits = n <= min(MAX_ROW_U, block or MAX_ROW_U)
+    if lattice == "rows" and not fits:
+        raise ValueError(
+            f"{who}: lattice='rows' needs a row of at most {min(MAX_ROW_U, block or MAX_ROW_U)} nodes, got {n}"
+        )
+    return lattice != "diagonals" and fits
+
+
+def _row_launch(n: int) -> Tuple[int, int]:
+    """``(BLOCK, num_warps)`` of a row-scan lattice kernel whose rows hold ``n`` nodes."""
+    bu = triton.next_power_of_2(max(1, n))
+    return bu, max(1, min(8, bu // 64))
+
+
 def _row_blocks(V: int, block_v: Optional[int]) -> Tuple[int, int, int]:
     """``(BLOCK_R, BLOCK_V, num_warps)`` for the row kernels."""
     bv = triton.next_power_of_2(max(1, min(V, block_v or MAX_BLOCK_V)))
@@ -178,6 +210,7 @@ def rnnt_triton(
     inplace: bool = False,
     block_v: Optional[int] = None,
     block_u: Optional[int] = None,
+    lattice: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """RNN-T costs and their gradients with respect to the logits.
 
@@ -196,7 +229,10 @@ def rnnt_triton(
         need_grad: compute the gradient (otherwise only alpha runs and ``None`` is returned).
         inplace: write the gradient into ``logits``' storage (needs a contiguous ``logits``);
             ``logits`` holds the gradient afterwards.
-        block_v, block_u: tile sizes (powers of two are used), for tests of the chunked paths.
+        block_v, block_u: tile sizes (powers of two are used), for tests of the chunked paths;
+            a ``block_u`` below ``U + 1`` walks anti-diagonals in chunks of it.
+        lattice: ``"auto"``: walk time rows (one scan per row) when ``U + 1 <= MAX_ROW_U``, else
+            anti-diagonals; ``"rows"`` or ``"diagonals"`` force one (for benchmarks and tests).
 
     Returns:
         ``(costs (B,), grads (B, T, U + 1, V) or None)`` in the logits' dtype and device:
@@ -211,6 +247,7 @@ def rnnt_triton(
     tg, xl, yl = _validate(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda)
     B, T, U1, V = logits.shape
     dev, dtype = logits.device, logits.dtype
+    rows = _walk_rows(lattice, U1, block_u, "rnnt_triton")
     if inplace and not logits.is_contiguous():
         raise ValueError("rnnt_triton: inplace=True needs contiguous logits")
     x = logits.detach()
@@ -236,10 +273,16 @@ def rnnt_triton(
         x, lse, lpb, lpe, tg, xl, yl, R, T, U1, V, blank,
         FUSED=bool(fused_log_softmax), ONE_PASS=bv >= V, BLOCK_R=br, BLOCK_V=bv, num_warps=nw,
     )  # fmt: skip
-    bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
-    _lattice_kernel[(B, 2 if need_grad else 1)](
-        lpb, lpe, alpha, beta, ll, xl, yl, T, U1, BLOCK_U=bu, num_warps=4 if bu <= 512 else 8
-    )
+    if rows:
+        bu, nwu = _row_launch(U1)
+        _lattice_rows_kernel[(B, 2 if need_grad else 1)](
+            lpb, lpe, alpha, beta, ll, xl, yl, T, U1, BLOCK_U=bu, num_warps=nwu
+        )
+    else:
+        bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
+        _lattice_kernel[(B, 2 if need_grad else 1)](
+            lpb, lpe, alpha, beta, ll, xl, yl, T, U1, BLOCK_U=bu, num_warps=4 if bu <= 512 else 8
+        )
     costs.copy_(ll).mul_(-(1.0 + float(fastemit_lambda)))
     if not need_grad:
         return costs, None
@@ -291,6 +334,7 @@ def mutual_information_triton(
     boundary: Optional[torch.Tensor] = None,
     need_grad: bool = True,
     block: Optional[int] = None,
+    lattice: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[Tuple[torch.Tensor, torch.Tensor]]]:
     """k2's mutual-information recursion: per-example scores and their gradients.
 
@@ -306,7 +350,10 @@ def mutual_information_triton(
         py: ``(B, S + 1, T)``, same dtype and device.
         boundary: ``(B, 4)`` integer rows ``[s_begin, t_begin, s_end, t_end]``; default ``[0, 0, S, T]``.
         need_grad: also return the gradients.
-        block: the number of lattice nodes of a diagonal processed per step (tests).
+        block: the number of lattice nodes of a diagonal processed per step (tests); below
+            ``S + 1`` it walks anti-diagonals.
+        lattice: ``"auto"``: walk frames (one scan over ``s`` per frame) when ``S + 1 <= MAX_ROW_U``,
+            else anti-diagonals; ``"rows"`` or ``"diagonals"`` force one.
 
     Returns:
         ``(scores (B,), (px_grad, py_grad) or None)``: ``scores[b] = p[b, s_end, t_end]`` and the
@@ -322,7 +369,13 @@ def mutual_information_triton(
     p = torch.full((B, S + 1, T + 1), float("-inf"), dtype=dtype, device=dev)
     beta = torch.full_like(p, float("-inf")) if need_grad else p
     scores = torch.empty(B, dtype=dtype, device=dev)
-    if B:
+    rows = _walk_rows(lattice, S + 1, block, "mutual_information_triton")
+    if B and rows:
+        bs, nw = _row_launch(S + 1)
+        _mi_rows_kernel[(B, 2 if need_grad else 1)](
+            pxc, pyc, p, beta, scores, bd, S, T, px.shape[2], MODIFIED=modified, BLOCK=bs, num_warps=nw
+        )
+    elif B:
         bs = triton.next_power_of_2(max(1, min(S + 1, block or MAX_BLOCK_U)))
         _mi_kernel[(B, 2 if need_grad else 1)](
             pxc, pyc, p, beta, scores, bd, S, T, px.shape[2],
@@ -372,6 +425,7 @@ def tdt_triton(
     need_grad: bool = True,
     block_v: Optional[int] = None,
     block_u: Optional[int] = None,
+    lattice: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The token-and-duration transducer (TDT) loss, NeMo's definition, and its gradient.
 
@@ -385,8 +439,8 @@ def tdt_triton(
     the duration logits (not clipped). NeMo's ``omega`` (sample the plain RNN-T loss with that
     probability) is the caller's choice: call :func:`rnnt_triton` on the token logits instead.
 
-    Other arguments, devices, dtypes and errors as :func:`rnnt_triton`; ``durations`` are ints >= 0
-    with at least one > 0.
+    Other arguments (``lattice`` included), devices, dtypes and errors as :func:`rnnt_triton`;
+    ``durations`` are ints >= 0 with at least one > 0.
     """
     durs = _durations("durations", durations, allow_zero=True)
     if not any(d > 0 for d in durs):
@@ -398,7 +452,7 @@ def tdt_triton(
     emits = [(d, i) for i, d in enumerate(durs)]
     return _duration_transducer(
         logits, targets, logit_lengths, target_lengths, blank, D, blanks, emits, sigma, clamp, fastemit_lambda,
-        need_grad, block_v, block_u,
+        need_grad, block_v, block_u, lattice=lattice,
     )  # fmt: skip
 
 
@@ -415,14 +469,15 @@ def multiblank_triton(
     need_grad: bool = True,
     block_v: Optional[int] = None,
     block_u: Optional[int] = None,
+    lattice: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Multi-blank RNN-T (NeMo's definition) and its gradient with respect to the logits.
 
     ``logits (B, T, U + 1, V)`` are log-softmaxed here, and every arc's weight is its log-prob minus
     ``sigma``. The blank ``blank`` advances one frame; big blank ``i`` (token ``blank - 1 - i``)
     advances ``big_blank_durations[i]`` frames (ending the path when it reaches ``T_b`` at
-    ``u = U_b``); targets advance ``u`` without consuming a frame. Costs, FastEmit, clamp and the
-    rest as :func:`rnnt_triton`.
+    ``u = U_b``); targets advance ``u`` without consuming a frame. Costs, FastEmit, clamp, ``lattice``
+    and the rest as :func:`rnnt_triton`.
     """
     big = _durations("big_blank_durations", big_blank_durations, allow_zero=False)
     if isinstance(blank, int) and not isinstance(blank, bool) and blank - len(big) < 0:
@@ -432,7 +487,7 @@ def multiblank_triton(
     blanks = [(blank, 1, -1)] + [(blank - 1 - i, d, -1) for i, d in enumerate(big)]
     return _duration_transducer(
         logits, targets, logit_lengths, target_lengths, blank, 0, blanks, [(0, -1)], sigma, clamp, fastemit_lambda,
-        need_grad, block_v, block_u,
+        need_grad, block_v, block_u, lattice=lattice,
     )  # fmt: skip
 
 
@@ -448,6 +503,7 @@ def duration_lattice_triton(
     fused_log_softmax: bool = True,
     need_grad: bool = True,
     fastemit_lambda: float = 0.0,
+    lattice: str = "auto",
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """A transducer lattice whose arcs may skip frames, given by its arcs (what
     :func:`tdt_triton` and :func:`multiblank_triton` build; the duration-lattice op of the losses
@@ -469,6 +525,8 @@ def duration_lattice_triton(
         fastemit_lambda: FastEmit's weight: the gradient of every emitting arc, its label and
             its duration column alike, scaled by ``1 + fastemit_lambda`` (unlike
             :func:`tdt_triton`, whose duration gradient is NeMo's, unscaled); the costs too.
+        lattice: as :func:`rnnt_triton` (rows: arcs of ``l >= 1`` frames read the earlier rows back
+            from memory after one barrier per row).
 
     Returns:
         ``(costs (B,), grads or None)`` as :func:`tdt_triton` (no clamp).
@@ -503,13 +561,13 @@ def duration_lattice_triton(
             )
     return _duration_transducer(
         logits, targets, logit_lengths, target_lengths, bl[0][0], D, bl, em, sigma, -1.0, fastemit_lambda, need_grad,
-        None, None, normalise=fused_log_softmax, emit_durations=True,
+        None, None, normalise=fused_log_softmax, emit_durations=True, lattice=lattice,
     )  # fmt: skip
 
 
 def _duration_transducer(
     logits, targets, logit_lengths, target_lengths, blank, D, blanks, emits, sigma, clamp, fastemit_lambda,
-    need_grad, block_v, block_u, normalise=True, emit_durations=False,
+    need_grad, block_v, block_u, normalise=True, emit_durations=False, lattice="auto",
 ):  # fmt: skip
     """A transducer whose blank arcs ``(token, frames, duration column or -1)`` and emitting arcs
     ``(frames, duration column or -1)`` may skip frames: TDT and multi-blank. ``emit_durations``:
@@ -520,6 +578,7 @@ def _duration_transducer(
     B, T, U1, C = logits.shape
     V = C - D
     dev, dtype = logits.device, logits.dtype
+    rows = _walk_rows(lattice, U1, block_u, "duration lattice")
     x = logits.detach().contiguous()
     costs = torch.empty(B, dtype=dtype, device=dev)
     if B == 0 or T == 0:
@@ -549,11 +608,17 @@ def _duration_transducer(
         KB=KB, KE=KE, HAS_D=D > 0, ONE_PASS=bv >= V, BLOCK_R=br, BLOCK_V=bv, BLOCK_D=bd, NORMALISE=bool(normalise),
         num_warps=nw,
     )  # fmt: skip
-    bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
-    _dlattice_kernel[(B, 2 if need_grad else 1)](
-        wb, we, alpha, beta, ll, xl, yl, bdur, edur, T, U1, KB=KB, KE=KE, BLOCK_U=bu,
-        num_warps=4 if bu <= 512 else 8,
-    )  # fmt: skip
+    if rows:
+        bu, nwu = _row_launch(U1)
+        _dlattice_rows_kernel[(B, 2 if need_grad else 1)](
+            wb, we, alpha, beta, ll, xl, yl, bdur, edur, T, U1, KB=KB, KE=KE, BLOCK_U=bu, num_warps=nwu
+        )
+    else:
+        bu = triton.next_power_of_2(max(1, min(U1, block_u or MAX_BLOCK_U)))
+        _dlattice_kernel[(B, 2 if need_grad else 1)](
+            wb, we, alpha, beta, ll, xl, yl, bdur, edur, T, U1, KB=KB, KE=KE, BLOCK_U=bu,
+            num_warps=4 if bu <= 512 else 8,
+        )  # fmt: skip
     costs.copy_(ll).mul_(-(1.0 + float(fastemit_lambda)))
     if not need_grad:
         return costs, None
@@ -681,6 +746,77 @@ if triton is not None:
                 LPB + last, mask=tb > 0, other=-float("inf")
             )
             tl.store(LL + b, fin)
+
+    @triton.jit
+    def _affine_combine(a1, b1, a2, b2):
+        """Composes two steps ``x -> log(exp(a + x) + exp(b))`` of the log semiring, the earlier
+        ``(a1, b1)`` first: ``(a1 + a2, log(exp(a2 + b1) + exp(b2)))``. A scan of these pairs solves
+        the linear recurrence ``x[i] = log(exp(a[i] + x[i - 1]) + exp(b[i]))`` with no subtraction of
+        large numbers, and an ``a`` of -inf (an impossible arc) cuts the chain cleanly."""
+        return a1 + a2, log_add_triton(a2 + b1, b2)
+
+    @triton.jit
+    def _row_scan(a, b):
+        """``x`` with ``x[i] = log(exp(a[i] + x[i - 1]) + exp(b[i]))`` and ``x[-1] = -inf`` (so
+        ``x[0] = b[0]``), along the one axis of ``a`` and ``b``."""
+        _, x = tl.associative_scan((a, b), 0, _affine_combine)
+        return x
+
+    @triton.jit
+    def _row_program(xlen, ylen, T, U1, BLOCK_U: tl.constexpr):
+        """What a row-scan lattice program works on: its example ``b``, its direction (``backward``:
+        beta), the example's ``T_b`` and ``U_b``, the offset of its ``(T, U1)`` grid, the register
+        positions ``js`` of a row and those inside the row (``js <= U_b``)."""
+        b = tl.program_id(0)
+        tb = tl.load(xlen + b)
+        ub = tl.load(ylen + b)
+        js = tl.arange(0, BLOCK_U)
+        return b, tl.program_id(1) == 1, tb, ub, b.to(tl.int64) * T * U1, js, js <= ub
+
+    @triton.jit
+    def _lattice_rows_kernel(LPB, LPE, ALPHA, BETA, LL, xlen, ylen, T, U1, BLOCK_U: tl.constexpr):
+        """The lattice of ``_lattice_kernel`` walked by time rows: one program holds a whole row
+        ``u = 0 .. U_b`` (``U_b + 1 <= BLOCK_U``) and the row before it in registers. Within row ``t``
+        ``alpha[t, u] = log(exp(c[u]) + exp(alpha[t, u - 1] + lpe[t, u - 1]))`` with
+        ``c[u] = alpha[t - 1, u] + lpb[t - 1, u]``: one scan (:func:`_row_scan`). Beta likewise,
+        its row read in reverse (``j = U_b - u``). ``T_b`` serial steps, no barrier, no re-read."""
+        b, backward, tb, ub, base, js, m = _row_program(xlen, ylen, T, U1, BLOCK_U)
+        # (scalar conditions stay out of the masks: a row index is clamped into the example
+        # instead, and what is loaded past its last row is never used)
+        if backward:
+            u = ub - js  # position j of the registers holds node u = U_b - j
+            n = tl.where(js == 0, 0.0, -float("inf")).to(BETA.dtype.element_ty)  # beta[T_b, :]: the end
+            row = base + tl.maximum(tb - 1, 0) * U1
+            lb = tl.load(LPB + row + u, mask=m, other=-float("inf"))
+            le = tl.load(LPE + row + u, mask=m & (js > 0), other=-float("inf"))
+            for q in range(0, tb):
+                # the next row's arcs (row t - 1), loaded while this row is scanned
+                nxt = row - tl.where(q + 1 < tb, U1, 0)
+                lb_next = tl.load(LPB + nxt + u, mask=m, other=-float("inf"))
+                le_next = tl.load(LPE + nxt + u, mask=m & (js > 0), other=-float("inf"))
+                n = _row_scan(le, n + lb)
+                tl.store(BETA + row + u, n, mask=m)
+                row = nxt
+                lb = lb_next
+                le = le_next
+        else:
+            c = tl.where(js == 0, 0.0, -float("inf")).to(ALPHA.dtype.element_ty)  # the start node
+            row = base
+            le = tl.load(LPE + row + js - 1, mask=m & (js > 0), other=-float("inf"))
+            lb = tl.load(LPB + row + js, mask=m, other=-float("inf"))
+            for t in range(0, tb):
+                nxt = row + tl.where(t + 1 < tb, U1, 0)
+                le_next = tl.load(LPE + nxt + js - 1, mask=m & (js > 0), other=-float("inf"))
+                lb_next = tl.load(LPB + nxt + js, mask=m, other=-float("inf"))
+                a = _row_scan(le, c)
+                tl.store(ALPHA + row + js, a, mask=m)
+                c = a + lb
+                row = nxt
+                le = le_next
+                lb = lb_next
+            # c holds alpha[T_b - 1, :] + lpb[T_b - 1, :]: the final blank from (T_b - 1, U_b)
+            fin = tl.sum(tl.where(js == ub, c, 0.0), 0)  # a sum, not a max: a NaN there stays NaN
+            tl.store(LL + b, tl.where(tb > 0, fin, -float("inf")))
 
     @triton.jit
     def _grad_kernel(
@@ -817,6 +953,95 @@ if triton is not None:
             tl.store(SCORES + b, tl.load(P + pbase + (sb + ns) * (T + 1) + tb + nt))
 
     @triton.jit
+    def _mi_rows_kernel(PX, PY, P, BETA, SCORES, bnd, S, T, T1, MODIFIED: tl.constexpr, BLOCK: tl.constexpr):
+        """``_mi_kernel``'s recursion walked by frames: one program holds the box's column
+        ``s = s_begin .. s_end`` of frame ``t`` (``s_end - s_begin + 1 <= BLOCK``) in registers.
+        Regular: within frame ``t`` ``p[s, t] = log(exp(p[s, t - 1] + py[s, t - 1]) + exp(p[s - 1, t]
+        + px[s - 1, t]))``, one scan (:func:`_row_scan`); beta likewise, its column read in reverse.
+        Modified: ``px`` links frame ``t - 1`` to ``t``, so a frame needs no scan, only the previous
+        frame shifted by one symbol, which is read back from memory after a block barrier."""
+        b = tl.program_id(0)
+        backward = tl.program_id(1) == 1
+        sb = tl.load(bnd + b * 4)
+        tb = tl.load(bnd + b * 4 + 1)
+        ns = tl.load(bnd + b * 4 + 2) - sb
+        nt = tl.load(bnd + b * 4 + 3) - tb
+        te = tb + nt
+        pbase = b.to(tl.int64) * (S + 1) * (T + 1)
+        xbase = b.to(tl.int64) * S * T1
+        ybase = b.to(tl.int64) * (S + 1) * T
+        js = tl.arange(0, BLOCK)
+        m = js <= ns
+        ninf = -float("inf")
+        start = tl.where(js == 0, 0.0, ninf).to(P.dtype.element_ty)
+        if MODIFIED:
+            s = sb + js
+            mx = m & (js > 0)
+            if backward:
+                mx = m & (js < ns)
+            for q in range(0, nt + 1):
+                if backward:
+                    t = te - q
+                    tn = tl.minimum(t + 1, T)  # the next frame (read only when t < t_end)
+                    fx = tl.load(BETA + pbase + (s + 1) * (T + 1) + tn, mask=mx, other=ninf) + tl.load(
+                        PX + xbase + s * T1 + tl.minimum(t, T1 - 1), mask=mx, other=ninf
+                    )
+                    fy = tl.load(BETA + pbase + s * (T + 1) + tn, mask=m, other=ninf) + tl.load(
+                        PY + ybase + s * T + tl.minimum(t, T - 1), mask=m, other=ninf
+                    )
+                    v = tl.where(q == 0, tl.where(js == ns, 0.0, ninf), log_add_triton(fx, fy))
+                    tl.store(BETA + pbase + s * (T + 1) + t, v, mask=m)
+                else:
+                    t = tb + q
+                    tp = tl.maximum(t - 1, 0)  # the previous frame (read only when t > t_begin)
+                    fx = tl.load(P + pbase + (s - 1) * (T + 1) + tp, mask=mx, other=ninf) + tl.load(
+                        PX + xbase + (s - 1) * T1 + tp, mask=mx, other=ninf
+                    )
+                    fy = tl.load(P + pbase + s * (T + 1) + tp, mask=m, other=ninf) + tl.load(
+                        PY + ybase + s * T + tp, mask=m, other=ninf
+                    )
+                    v = tl.where(q == 0, start, log_add_triton(fx, fy))
+                    tl.store(P + pbase + s * (T + 1) + t, v, mask=m)
+                tl.debug_barrier()
+            if not backward:
+                tl.store(SCORES + b, tl.load(P + pbase + (sb + ns) * (T + 1) + te))
+        else:
+            if backward:
+                s = sb + ns - js  # register j holds symbol s_end - j
+                mx = m & (js > 0)
+                n = start  # "beta[:, t_end + 1]": 0 at the end node, through a py of weight 0
+                ax = tl.load(PX + xbase + s * T1 + te, mask=mx, other=ninf)
+                ay = tl.load(PY + ybase + s * T + tl.minimum(te, T - 1), mask=m, other=ninf)
+                for q in range(0, nt + 1):
+                    t = te - q
+                    # the next frame's arcs (t - 1, clamped into the box), loaded during the scan
+                    tn = tl.maximum(t - 1, tb)
+                    ax_next = tl.load(PX + xbase + s * T1 + tn, mask=mx, other=ninf)
+                    ay_next = tl.load(PY + ybase + s * T + tl.minimum(tn, T - 1), mask=m, other=ninf)
+                    n = _row_scan(ax, n + tl.where(q == 0, 0.0, ay))
+                    tl.store(BETA + pbase + s * (T + 1) + t, n, mask=m)
+                    ax = ax_next
+                    ay = ay_next
+            else:
+                s = sb + js
+                mx = m & (js > 0)
+                c = start
+                v = start
+                ax = tl.load(PX + xbase + (s - 1) * T1 + tb, mask=mx, other=ninf)
+                ay = tl.load(PY + ybase + s * T + tl.minimum(tb, T - 1), mask=m, other=ninf)
+                for q in range(0, nt + 1):
+                    t = tb + q
+                    tn = tl.minimum(t + 1, te)  # the next frame, clamped into the box
+                    ax_next = tl.load(PX + xbase + (s - 1) * T1 + tn, mask=mx, other=ninf)
+                    ay_next = tl.load(PY + ybase + s * T + tl.minimum(tn, T - 1), mask=m, other=ninf)
+                    v = _row_scan(ax, c)
+                    tl.store(P + pbase + s * (T + 1) + t, v, mask=m)
+                    c = v + ay
+                    ax = ax_next
+                    ay = ay_next
+                tl.store(SCORES + b, tl.sum(tl.where(js == ns, v, 0.0), 0))  # a sum keeps a NaN
+
+    @triton.jit
     def _row_lse(X, base, ok, lo, n, ONE_PASS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
         """Logsumexp of columns ``[lo, lo + n)`` of the rows at ``base`` (``-inf`` where not ``ok``)."""
         cols = tl.arange(0, BLOCK)
@@ -949,6 +1174,71 @@ if triton is not None:
                 cand = tl.load(ALPHA + src, mask=ok, other=-float("inf")) + tl.load(
                     WB + src * KB + k, mask=ok, other=-float("inf")
                 )
+                fin = log_add_triton(fin, cand)
+            tl.store(LL + b, fin)
+
+    @triton.jit
+    def _dlattice_rows_kernel(
+        WB, WE, ALPHA, BETA, LL, xlen, ylen, BDUR, EDUR, T, U1,
+        KB: tl.constexpr, KE: tl.constexpr, BLOCK_U: tl.constexpr,
+    ):  # fmt: skip
+        """``_dlattice_kernel``'s lattice walked by time rows (``U_b + 1 <= BLOCK_U``). An arc that
+        advances ``l >= 1`` frames links row ``t - l`` to row ``t``: those rows are complete, read
+        back from memory after one block barrier per row. Emitting arcs of 0 frames link ``(t, u -
+        1)`` to ``(t, u)`` within the row: one scan (:func:`_row_scan`) per row. Beta likewise, its
+        row read in reverse."""
+        b, backward, tb, ub, base, js, m = _row_program(xlen, ylen, T, U1, BLOCK_U)
+        ninf = -float("inf")
+        # (scalar conditions are applied by tl.where, row indices clamped into the example)
+        if backward:
+            u = ub - js  # register j holds node u = U_b - j
+            me = m & (js > 0)  # nodes with an emitting arc (u < U_b)
+            for q in range(0, tb):
+                t = tb - 1 - q
+                node = base + t * U1 + u
+                a = tl.full((BLOCK_U,), ninf, BETA.dtype.element_ty)  # 0-frame emissions, in the row
+                c = tl.full((BLOCK_U,), ninf, BETA.dtype.element_ty)  # arcs into later rows, or the end
+                for k in tl.static_range(KB):
+                    tn = t + tl.load(BDUR + k)
+                    nb = tl.load(BETA + base + tl.minimum(tn, tb - 1) * U1 + u, mask=m, other=ninf)
+                    nb = tl.where(tn < tb, nb, tl.where((tn == tb) & (js == 0), 0.0, ninf))
+                    c = log_add_triton(c, nb + tl.load(WB + node * KB + k, mask=m, other=ninf))
+                for k in tl.static_range(KE):
+                    dur = tl.load(EDUR + k)
+                    tn = t + dur
+                    w = tl.load(WE + node * KE + k, mask=me, other=ninf)
+                    a = log_add_triton(a, tl.where(dur == 0, w, ninf))
+                    ne = tl.load(BETA + base + tl.minimum(tn, tb - 1) * U1 + u + 1, mask=me, other=ninf)
+                    c = log_add_triton(c, tl.where((dur > 0) & (tn < tb), ne + w, ninf))
+                tl.store(BETA + node, _row_scan(a, c), mask=m)
+                tl.debug_barrier()
+        else:
+            me = m & (js > 0)  # nodes reached by an emitting arc (u > 0)
+            for t in range(0, tb):
+                node = base + t * U1 + js
+                a = tl.full((BLOCK_U,), ninf, ALPHA.dtype.element_ty)
+                c = tl.where((js == 0) & (t == 0), 0.0, ninf).to(ALPHA.dtype.element_ty)  # the start
+                for k in tl.static_range(KB):
+                    ts = t - tl.load(BDUR + k)
+                    src = base + tl.maximum(ts, 0) * U1 + js
+                    cand = tl.load(ALPHA + src, mask=m, other=ninf) + tl.load(WB + src * KB + k, mask=m, other=ninf)
+                    c = log_add_triton(c, tl.where(ts >= 0, cand, ninf))
+                for k in tl.static_range(KE):
+                    dur = tl.load(EDUR + k)
+                    ts = t - dur
+                    src = base + tl.maximum(ts, 0) * U1 + js - 1
+                    w = tl.load(WE + src * KE + k, mask=me, other=ninf)
+                    a = log_add_triton(a, tl.where(dur == 0, w, ninf))
+                    cand = tl.load(ALPHA + src, mask=me, other=ninf) + w
+                    c = log_add_triton(c, tl.where((dur > 0) & (ts >= 0), cand, ninf))
+                tl.store(ALPHA + node, _row_scan(a, c), mask=m)
+                tl.debug_barrier()
+            fin = tl.full([], ninf, ALPHA.dtype.element_ty)
+            for k in tl.static_range(KB):  # the blanks that end at frame tb
+                ts = tb - tl.load(BDUR + k)
+                ok = (tb > 0) & (ts >= 0)
+                src = base + ts * U1 + ub
+                cand = tl.load(ALPHA + src, mask=ok, other=ninf) + tl.load(WB + src * KB + k, mask=ok, other=ninf)
                 fin = log_add_triton(fin, cand)
             tl.store(LL + b, fin)
 

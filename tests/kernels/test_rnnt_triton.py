@@ -22,8 +22,8 @@ from lightning_gtn.kernels.rnnt_triton import (
     mutual_information_triton,
     rnnt_triton,
     tdt_triton,
-    triton,
 )
+from tests.kernels._compiled import compile_for_gpu
 from tests.losses._rnnt_cases import (
     B1_COST_BLANK0,
     B1_COST_BLANK_LAST,
@@ -305,20 +305,7 @@ VARIANTS = [  # each kernel once, with every optional branch compiled in
 @pytest.mark.parametrize("name, dtype, consts", VARIANTS, ids=[f"{v[0]}-{i}" for i, v in enumerate(VARIANTS)])
 def test_kernel_compiles_for_the_gpu(name, dtype, consts):
     """The real compiler path (Triton IR -> PTX -> cubin) for sm_90; it needs no GPU."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    fn = getattr(rt, name)
-    fp = "*fp64" if dtype == torch.float64 else "*fp32"
-
-    def kind(a):
-        if a in consts:
-            return "constexpr"
-        return "i32" if a in _INTS else "*i64" if a in _LONG_PTRS else "*i32" if a in _INT_PTRS else fp
-
-    sig = {a: kind(a) for a in fn.arg_names}
-    cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", 90, 32))
+    kernel = compile_for_gpu(getattr(rt, name), dtype, consts, 90, _INTS, _LONG_PTRS, _INT_PTRS)
     assert len(kernel.asm["cubin"]) > 0
     if "lattice" in name or name == "_mi_kernel":  # diagonals are separated by block barriers
         ptx = kernel.asm["ptx"]

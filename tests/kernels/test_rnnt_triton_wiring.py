@@ -18,6 +18,7 @@ import lightning_gtn.k2 as k2
 from lightning_gtn.functional import multiblank_rnnt_loss, rnnt_loss, tdt_loss
 from lightning_gtn.kernels import rnnt_triton
 from lightning_gtn.losses.rnnt import RNNT_BACKENDS
+from tests.kernels._compiled import compile_for_gpu
 from tests.kernels._interpreted import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -121,11 +122,6 @@ def test_public_functions_under_the_interpreter():
 def test_unfused_duration_kernels_compile_for_the_gpu(name):
     """The duration kernels' ``NORMALISE=False`` branch (``fused_log_softmax=False`` of tdt_loss and
     multiblank_rnnt_loss, added for this wiring) through Triton's real compiler for sm_90 (no GPU)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    fn = getattr(rnnt_triton, name)
     consts = dict(KB=2, KE=1, HAS_D=True, BLOCK_R=8, BLOCK_V=256, BLOCK_D=4, NORMALISE=False)
     consts.update(dict(ONE_PASS=False) if name == "_drows_kernel" else dict(CLAMP=False, EMIT_SCALE=False))
     ints, longs, int_ptrs = (
@@ -133,15 +129,7 @@ def test_unfused_duration_kernels_compile_for_the_gpu(name):
         {"tgt", "xlen", "ylen"},
         {"BCOL", "BDUR", "BDI", "EDUR", "EDI"},
     )
-
-    def kind(a):
-        if a in consts:
-            return "constexpr"
-        return "i32" if a in ints else "*i64" if a in longs else "*i32" if a in int_ptrs else "*fp32"
-
-    sig = {a: kind(a) for a in fn.arg_names}
-    cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", 90, 32))
+    kernel = compile_for_gpu(getattr(rnnt_triton, name), torch.float32, consts, 90, ints, longs, int_ptrs)
     assert len(kernel.asm["cubin"]) > 0
 
 
