@@ -28,6 +28,7 @@ from lightning_gtn.functional import (
 )
 from lightning_gtn.kernels import rnnt_joiner_triton as jt
 from lightning_gtn.losses.rnnt_joiner import JOINER_BACKENDS
+from tests.kernels._compiled import compile_for_gpu
 from tests.kernels._interpreted import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -212,11 +213,6 @@ def test_kernels_compile_for_the_gpu(name, arch):
     """Each kernel through Triton's real compiler for sm_90 (one for sm_80 too) in float32 (no GPU
     needed): what the interpreter does not check (``tl.dot``'s shapes and precisions, the loops'
     types)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    fn = getattr(jt, name)
     consts = dict(TF32=False, BLOCK_N=32, BLOCK_V=64, BLOCK_J=64, BLOCK_C=4)
     consts.update(
         {  # the duration groups' branch (HAS_D) in two of the three, RNN-T's in the other
@@ -226,16 +222,8 @@ def test_kernels_compile_for_the_gpu(name, arch):
         }[name]
     )
     ints = {"R", "T", "U1", "V", "J", "S", "K", "NC", "NL", "Y_COL", "pad", "SPLITS"}
-    longs = {"TGT", "XLEN", "YLEN"}
-
-    def kind(a):
-        if a in consts:
-            return "constexpr"
-        return "i32" if a in ints else "*i64" if a in longs else "*i32" if a == "COLS" else "*fp32"
-
-    sig = {a: kind(a) for a in fn.arg_names}
-    cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", arch, 32))
+    fn = getattr(jt, name)
+    kernel = compile_for_gpu(fn, torch.float32, consts, arch, ints, {"TGT", "XLEN", "YLEN"}, {"COLS"})
     assert len(kernel.asm["cubin"]) > 0
 
 
