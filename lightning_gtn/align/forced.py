@@ -29,6 +29,7 @@ from .. import wfst as _wfst
 from ..core import checks
 from ..core.criterion_graphs import cached, compiled_asg_target, compiled_ctc, compiled_force_align, target_key
 from ..core.scoring import unique_graphs
+from ..core.words import length_ranges, separator_ranges, word_records
 from ..kernels.compiled_graphs import GraphBatch, Problem, compile_graph
 from ..kernels.viterbi_paths import ctc_states, viterbi_arcs
 from ..opargs import op_schema
@@ -551,38 +552,10 @@ def word_spans(
     out: List[List[Dict]] = []
     for b, y in enumerate(seqs):
         if word_lengths is not None:
-            wl = [int(n) for n in word_lengths[b]]
-            if any(n < 1 for n in wl) or sum(wl) != len(y):
-                raise ValueError(f"word_lengths[{b}] must be positive and sum to the target length {len(y)}, got {wl}")
-            bounds = np.concatenate([[0], np.cumsum(wl)]).astype(int).tolist()
-            ranges = [(bounds[i], bounds[i + 1]) for i in range(len(wl))]
-        elif word_separator_id is not None:
-            ranges, i0 = [], None
-            for i, v in enumerate(y + [word_separator_id]):
-                if v == word_separator_id:
-                    if i0 is not None:
-                        ranges.append((i0, i))
-                    i0 = None
-                elif i0 is None:
-                    i0 = i
+            ranges = length_ranges(word_lengths[b], len(y), f"word_lengths[{b}]")
         else:
-            ranges = [(i, i + 1) for i in range(len(y))]
-        words = []
-        if ok[b]:
-            for wi, (i0, i1) in enumerate(ranges):
-                frames = [end[b][i] - start[b][i] for i in range(i0, i1)]
-                n = sum(frames)
-                words.append(
-                    {
-                        "word_index": wi,
-                        "start": start[b][i0],
-                        "end": end[b][i1 - 1],
-                        "score": float(sum(tscore[b][i0:i1])),
-                        "confidence": float(sum(c * f for c, f in zip(conf[b][i0:i1], frames)) / max(n, 1)),
-                        "token_range": (i0, i1),
-                    }
-                )
-        out.append(words)
+            ranges = separator_ranges(y, word_separator_id)
+        out.append(word_records(ranges, start[b], end[b], tscore[b], conf[b]) if ok[b] else [])
     return out
 
 
