@@ -9,10 +9,18 @@ topology (CTC, ASG, word-piece transducer), the :class:`Lexicon` trie and an n-g
 import warnings
 
 from .beam import BeamSearchDecoder, Hypothesis, check_lm_arrays
-from .greedy import DECODER_TOPOLOGIES, greedy_decode
+from .greedy import DECODER_TOPOLOGIES, greedy_decode, greedy_hypotheses
 from .lexicon import Lexicon
 
-__all__ = ["BeamSearchDecoder", "Hypothesis", "Lexicon", "greedy_decode", "check_lm_arrays", "DECODER_TOPOLOGIES"]
+__all__ = [
+    "BeamSearchDecoder",
+    "Hypothesis",
+    "Lexicon",
+    "greedy_decode",
+    "greedy_hypotheses",
+    "check_lm_arrays",
+    "DECODER_TOPOLOGIES",
+]
 
 #: deprecated names and the names that replaced them
 _DEPRECATED = {"TOPOLOGIES": "DECODER_TOPOLOGIES"}

@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-__all__ = ["greedy_search", "MAX_SYMBOLS_PER_FRAME"]
+__all__ = ["greedy_search", "greedy_search_hypotheses", "MAX_SYMBOLS_PER_FRAME"]
 
 #: the most labels a search may emit on one frame: a bound on the work (and the memory) that an
 #: untrained network, which may never emit a blank, can cause
@@ -104,6 +104,64 @@ def greedy_search(
     Returns:
         the label ids of each example (no blanks).
     """
+    args = (max_symbols_per_frame, num_classes, durations, big_blank_durations)
+    return [toks for toks, _, _, _ in _greedy(model, encoder_out, encoder_lengths, blank, *args)]
+
+
+@torch.no_grad()
+def greedy_search_hypotheses(
+    model: Any,
+    encoder_out: torch.Tensor,
+    encoder_lengths: torch.Tensor,
+    *,
+    blank: int,
+    max_symbols_per_frame: int = 3,
+    num_classes: Optional[int] = None,
+    durations: Optional[Sequence[int]] = None,
+    big_blank_durations: Optional[Sequence[int]] = None,
+    word_separator_id: Optional[int] = None,
+) -> List[Any]:
+    """:func:`greedy_search` (same arguments), each result a
+    :class:`~lightning_gtn.decode.transducer_beam.TransducerHypothesis` with token and word times.
+
+    ``timesteps`` is the frame at which each token was emitted, ``token_scores`` its
+    log-probability there (``log_softmax`` over the ``V`` token classes; over all outputs for
+    multi-blank), ``token_confidences`` its ``exp`` (the greedy choice's probability, the largest
+    of the step), ``score`` their sum, ``durations`` (TDT) the frames the search moved on after
+    each token (the best duration; 1 where ``max_symbols_per_frame`` forced a move),
+    ``word_spans`` the tokens grouped at ``word_separator_id`` (None: one word per token).
+
+    Example:
+        >>> import torch
+        >>> class Toy:  # a joiner that reads the encoder frame only
+        ...     def predict(self, tokens, state=None):
+        ...         return torch.zeros(tokens.shape[0], tokens.shape[1], 3), None
+        ...     def select_state(self, state, index):
+        ...         return None
+        ...     def join(self, enc, pred):
+        ...         return enc + pred
+        >>> enc = torch.tensor([[[0.0, 9.0, 0.0], [9.0, 0.0, 0.0], [0.0, 0.0, 9.0]]])  # (B=1, T=3, V=3)
+        >>> h = greedy_search_hypotheses(Toy(), enc, torch.tensor([3]), blank=0, max_symbols_per_frame=1)[0]
+        >>> h.tokens, h.timesteps
+        ([1, 2], [0, 2])
+    """
+    from .times import token_times
+    from .transducer_beam import TransducerHypothesis
+
+    args = (max_symbols_per_frame, num_classes, durations, big_blank_durations)
+    res = _greedy(model, encoder_out, encoder_lengths, blank, *args)
+    lengths = encoder_lengths.tolist()
+    out = []
+    for b, (toks, frames, logps, durs) in enumerate(res):
+        hyp = TransducerHypothesis(toks, float(sum(logps)), num_frames=int(lengths[b]))
+        out.append(token_times(hyp, frames, logps, word_separator_id, durs if durations is not None else None))
+    return out
+
+
+def _greedy(
+    model, encoder_out, encoder_lengths, blank, max_symbols_per_frame, num_classes, durations, big_blank_durations
+):
+    """The greedy search: per example ``(tokens, frames, log-probabilities, durations)``."""
     _check(encoder_out, encoder_lengths, blank, max_symbols_per_frame)
     if durations is not None and big_blank_durations is not None:
         raise ValueError("give durations (TDT) or big_blank_durations (multi-blank), not both")
@@ -116,8 +174,11 @@ def greedy_search(
             raise ValueError(f"{name} must be a non-empty list of integers >= {low}, got {ds}")
     lengths = encoder_lengths.to(device, torch.long)
     hyps: List[List[int]] = [[] for _ in range(B)]
+    frames: List[List[int]] = [[] for _ in range(B)]
+    logps: List[List[float]] = [[] for _ in range(B)]
+    steps: List[List[int]] = [[] for _ in range(B)]
     if B == 0:
-        return hyps
+        return []
     start = torch.full((B, 1), blank, dtype=torch.long, device=device)
     pred, state = model.predict(start, None)
     pred = pred[:, 0]  # (B, J)
@@ -141,10 +202,12 @@ def greedy_search(
             )
         if big_t is not None:
             best = logits.argmax(-1)
+            norm = logits.double().log_softmax(-1)
             is_blank = (best == blank) | (best >= V)
             step = torch.where(best >= V, big_t[(best - V).clamp(min=0, max=len(big) - 1)], 1)  # type: ignore[arg-type]
         else:
             best = logits[:, :V].argmax(-1)
+            norm = logits[:, :V].double().log_softmax(-1)
             is_blank = best == blank
             if dur_t is not None:
                 step = dur_t[logits[:, V:].argmax(-1)]
@@ -157,8 +220,13 @@ def greedy_search(
         step = torch.where(over, 1, step)
         idx = active[emit]
         if idx.numel():
-            for b, k in zip(idx.tolist(), best[emit].tolist()):
+            emit_lp = norm[emit].gather(1, best[emit][:, None])[:, 0].tolist()
+            emit_t, emit_step = t[idx].tolist(), step[emit].tolist()
+            for i, (b, k) in enumerate(zip(idx.tolist(), best[emit].tolist())):
                 hyps[b].append(int(k))
+                frames[b].append(int(emit_t[i]))
+                logps[b].append(float(emit_lp[i]))
+                steps[b].append(int(emit_step[i]))
             new_pred, new_state = model.predict(best[emit][:, None], model.select_state(state, idx))
             pred = pred.index_copy(0, idx, new_pred[:, 0].to(pred.dtype))
             if idx.numel() == B:
@@ -168,4 +236,4 @@ def greedy_search(
         moved = step > 0
         emitted[active] = torch.where(moved, 0, emitted[active] + emit.long())
         t[active] = t[active] + step
-    return hyps
+    return list(zip(hyps, frames, logps, steps))
