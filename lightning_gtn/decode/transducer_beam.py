@@ -226,8 +226,9 @@ class TransducerHypothesis:
             per token.
         lm_score: the LM's natural-log probability of ``tokens`` (``</s>`` included when the LM
             has ``final_score``), unweighted; 0 without an LM.
-        timesteps: the frame at which each token was emitted (non-decreasing; of the merged
-            alignments, the one that scored best at each merge).
+        timesteps: the frame at which each token was emitted (non-decreasing), on the best
+            single alignment among those merged into the hypothesis (with a beam wider than all
+            candidates: the Viterbi alignment of ``tokens`` in the search's topology).
         token_ends: ``timesteps + 1`` (exclusive; a token occupies no frames of its own).
         token_scores: each token's ``log P_am`` (the joiner's ``log_softmax`` over the ``V``
             classes) at its emission step.
@@ -256,7 +257,7 @@ _UNKNOWN = object()
 
 
 class _Hyp:
-    __slots__ = ("tokens", "score", "lm_state", "lm_score", "ref", "parent", "new_token", "frames", "logps")
+    __slots__ = ("tokens", "score", "lm_state", "lm_score", "ref", "parent", "new_token", "frames", "logps", "vit")
 
     def __init__(self, tokens, score, lm_state, lm_score, ref, parent=None, new_token=-1):
         self.tokens = tokens
@@ -268,6 +269,7 @@ class _Hyp:
         self.new_token = new_token
         self.frames: tuple = ()  # the emission frame of each token
         self.logps: tuple = ()  # each token's log P_am there
+        self.vit = score  # the score of the best single alignment merged in (frames is its)
 
 
 def _check_args(model, encoder_out, encoder_lengths, blank, beam, lm_weight, max_symbols_per_frame, length_bonus):
@@ -441,6 +443,7 @@ def modified_beam_search_nbest(
                         if v == blank:
                             kept = _Hyp(parent.tokens, sc, parent.lm_state, parent.lm_score, parent.ref)
                             kept.frames, kept.logps = parent.frames, parent.logps
+                            kept.vit = parent.vit + sc - parent.score
                             _merge(keep_done, kept)
                             continue
                         lm_state, lm_score = parent.lm_state, parent.lm_score
@@ -449,6 +452,7 @@ def modified_beam_search_nbest(
                             lm_state, lm_score = nx[v], lm_score + float(lp[v])
                         child = _Hyp(parent.tokens + (v,), sc, lm_state, lm_score, None, parent.ref, v)
                         child.frames, child.logps = parent.frames + (t,), parent.logps + (float(logp_np[pos + i, v]),)
+                        child.vit = parent.vit + sc - parent.score
                         _merge(nxt_active if r < M - 1 else keep_done, child)
                     done[b] = keep_done
                     if nxt_active:
@@ -565,8 +569,8 @@ def _merge(pool: dict[tuple, _Hyp], h: _Hyp) -> None:
         pool[h.tokens] = h
         return
     hi, lo = (old.score, h.score) if old.score >= h.score else (h.score, old.score)
-    if h.score > old.score:  # the better one keeps its frames
-        old.frames, old.logps = h.frames, h.logps
+    if h.vit > old.vit:  # the frames of the best single alignment
+        old.frames, old.logps, old.vit = h.frames, h.logps, h.vit
     old.score = log_add(hi, lo)
     if old.ref is None and h.ref is not None:  # keep a computed state when there is one
         old.ref, old.parent, old.new_token = h.ref, None, -1
