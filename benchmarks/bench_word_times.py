@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from lightning_gtn.decode.transducer import greedy_search_hypotheses
+from lightning_gtn.decode.timed import greedy_search_hypotheses
 from lightning_gtn.decode.transducer_beam import modified_beam_search_nbest
 from lightning_gtn.functional import rnnt_align, word_spans
 from lightning_gtn.lightning import DigitLinesDataModule, TransducerModel

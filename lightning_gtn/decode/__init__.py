@@ -9,8 +9,9 @@ topology (CTC, ASG, word-piece transducer), the :class:`Lexicon` trie and an n-g
 import warnings
 
 from .beam import BeamSearchDecoder, Hypothesis, check_lm_arrays
-from .greedy import DECODER_TOPOLOGIES, greedy_decode, greedy_hypotheses
+from .greedy import DECODER_TOPOLOGIES, greedy_decode
 from .lexicon import Lexicon
+from .timed import greedy_hypotheses
 
 __all__ = [
     "BeamSearchDecoder",

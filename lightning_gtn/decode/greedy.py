@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ["greedy_decode", "greedy_hypotheses", "DECODER_TOPOLOGIES"]
+__all__ = ["greedy_decode", "DECODER_TOPOLOGIES"]
 
 #: topologies understood by the decoders
 DECODER_TOPOLOGIES = ("ctc", "asg", "transducer")
@@ -134,68 +134,4 @@ def _best_paths(x: np.ndarray, lens: np.ndarray, b: int, r: int) -> List[Tuple[L
                     frames.append(t)
             prev = lab
         out.append((seq, frames))
-    return out
-
-
-def greedy_hypotheses(
-    emissions,
-    lengths=None,
-    *,
-    topology: str = "ctc",
-    blank: Optional[int] = None,
-    repeat: Optional[int] = None,
-    tokens: Optional[Sequence[str]] = None,
-    word_separator: str = " ",
-    word_separator_id: Optional[int] = None,
-) -> List[Any]:
-    """:func:`greedy_decode` (same first arguments), each result a
-    :class:`~lightning_gtn.decode.beam.Hypothesis` with token and word times.
-
-    ``timesteps`` is the first frame of each token's run on the best-frame path and
-    ``token_ends`` the end of that run (exclusive); ``token_scores`` sums the run's
-    log-probabilities of its frame label (ASG's ``repeat`` for a repeated token) and
-    ``token_confidences`` is their mean ``exp``; ``score`` and ``am_score`` are the best
-    path's log-probability (every frame's best score summed), ``lm_score`` is 0.
-
-    Words: with ``tokens`` (the C token strings) ``text`` is the tokens' text and ``words`` it
-    split at ``word_separator``, grouped as the lexicon-free :class:`BeamSearchDecoder` groups
-    them (a token equal to the separator separates words, one starting with it begins one);
-    without, ``words`` and ``text`` are empty and ``word_spans`` groups the tokens at
-    ``word_separator_id`` (None: one word per token).
-
-    Example:
-        >>> import torch
-        >>> x = torch.tensor([[[0.0, -9, -9], [-9, 0.0, -9], [-9, 0.0, -9], [0.0, -9, -9], [-9, 0.0, -9]]])
-        >>> h = greedy_hypotheses(x, topology="ctc", blank=0)[0]
-        >>> h.tokens, h.timesteps, h.token_ends
-        ([1, 1], [1, 4], [3, 5])
-    """
-    from ..core.words import separator_ranges, start_ranges
-    from .beam import Hypothesis
-    from .times import fill_frame_times
-
-    x = _as_emissions(emissions)
-    B, T, C = x.shape
-    b, r = _check_topology(topology, C, blank, repeat)
-    lens = _as_lengths(lengths, B, T)
-    if tokens is not None:
-        if isinstance(tokens, str) or len(tokens) != C or not all(isinstance(t, str) for t in tokens):
-            raise ValueError(f"tokens must be a list of C={C} strings (one per output class)")
-        if not isinstance(word_separator, str) or not word_separator:
-            raise ValueError(f"word_separator must be a non-empty string, got {word_separator!r}")
-        seps = [i for i, t in enumerate(tokens) if t == word_separator and i != b]
-        sep = seps[0] if seps else -1
-        starts = [t.startswith(word_separator) and t != word_separator for t in tokens]
-    out = []
-    for i, (seq, frames) in enumerate(_best_paths(x, lens, b, r)):
-        n = int(lens[i])
-        score = float(x[i, np.arange(n), x[i, :n].argmax(-1)].astype(np.float64).sum()) if n else 0.0
-        if tokens is not None:
-            text = "".join(tokens[t] for t in seq)
-            words = [w for w in text.split(word_separator) if w]
-            ranges = start_ranges(seq, sep, starts)
-        else:
-            text, words, ranges = "", [], separator_ranges(seq, word_separator_id)
-        hyp = Hypothesis(words, seq, frames, score, score, 0.0, text)
-        out.append(fill_frame_times(hyp, x[i], n, ranges, r))
     return out

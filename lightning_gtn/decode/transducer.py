@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-__all__ = ["greedy_search", "greedy_search_hypotheses", "MAX_SYMBOLS_PER_FRAME"]
+__all__ = ["greedy_search", "MAX_SYMBOLS_PER_FRAME"]
 
 #: the most labels a search may emit on one frame: a bound on the work (and the memory) that an
 #: untrained network, which may never emit a blank, can cause
@@ -106,56 +106,6 @@ def greedy_search(
     """
     args = (max_symbols_per_frame, num_classes, durations, big_blank_durations)
     return [toks for toks, _, _, _ in _greedy(model, encoder_out, encoder_lengths, blank, *args)]
-
-
-@torch.no_grad()
-def greedy_search_hypotheses(
-    model: Any,
-    encoder_out: torch.Tensor,
-    encoder_lengths: torch.Tensor,
-    *,
-    blank: int,
-    max_symbols_per_frame: int = 3,
-    num_classes: Optional[int] = None,
-    durations: Optional[Sequence[int]] = None,
-    big_blank_durations: Optional[Sequence[int]] = None,
-    word_separator_id: Optional[int] = None,
-) -> List[Any]:
-    """:func:`greedy_search` (same arguments), each result a
-    :class:`~lightning_gtn.decode.transducer_beam.TransducerHypothesis` with token and word times.
-
-    ``timesteps`` is the frame at which each token was emitted, ``token_scores`` its
-    log-probability there (``log_softmax`` over the ``V`` token classes; over all outputs for
-    multi-blank), ``token_confidences`` its ``exp`` (the greedy choice's probability, the largest
-    of the step), ``score`` their sum, ``durations`` (TDT) the frames the search moved on after
-    each token (the best duration; 1 where ``max_symbols_per_frame`` forced a move),
-    ``word_spans`` the tokens grouped at ``word_separator_id`` (None: one word per token).
-
-    Example:
-        >>> import torch
-        >>> class Toy:  # a joiner that reads the encoder frame only
-        ...     def predict(self, tokens, state=None):
-        ...         return torch.zeros(tokens.shape[0], tokens.shape[1], 3), None
-        ...     def select_state(self, state, index):
-        ...         return None
-        ...     def join(self, enc, pred):
-        ...         return enc + pred
-        >>> enc = torch.tensor([[[0.0, 9.0, 0.0], [9.0, 0.0, 0.0], [0.0, 0.0, 9.0]]])  # (B=1, T=3, V=3)
-        >>> h = greedy_search_hypotheses(Toy(), enc, torch.tensor([3]), blank=0, max_symbols_per_frame=1)[0]
-        >>> h.tokens, h.timesteps
-        ([1, 2], [0, 2])
-    """
-    from .times import token_times
-    from .transducer_beam import TransducerHypothesis
-
-    args = (max_symbols_per_frame, num_classes, durations, big_blank_durations)
-    res = _greedy(model, encoder_out, encoder_lengths, blank, *args)
-    lengths = encoder_lengths.tolist()
-    out = []
-    for b, (toks, frames, logps, durs) in enumerate(res):
-        hyp = TransducerHypothesis(toks, float(sum(logps)), num_frames=int(lengths[b]))
-        out.append(token_times(hyp, frames, logps, word_separator_id, durs if durations is not None else None))
-    return out
 
 
 def _greedy(

@@ -41,7 +41,7 @@ from ..core.criterion_graphs import (
     set_cache_size,
 )
 from ..core.topologies import MMI_TOPOLOGIES, numerator_graph, topology_graph
-from ..decode.transducer import greedy_search_hypotheses
+from ..decode.timed import greedy_search_hypotheses
 from ..decode.transducer_beam import TokenLM, modified_beam_search, modified_beam_search_nbest
 from ..decode.viterbi import best_paths, collapse, viterbi
 from ..lm.denominator import denominator_graph, token_lm_graph

@@ -17,8 +17,9 @@ import torch
 
 from lightning_gtn.core.words import length_ranges, separator_ranges, start_ranges
 from lightning_gtn.decode import BeamSearchDecoder, greedy_hypotheses
+from lightning_gtn.decode.timed import greedy_search_hypotheses
 from lightning_gtn.decode.times import frame_token_times, lexicon_ranges
-from lightning_gtn.decode.transducer import greedy_search, greedy_search_hypotheses
+from lightning_gtn.decode.transducer import greedy_search
 from lightning_gtn.decode.transducer_beam import modified_beam_search_nbest
 from lightning_gtn.functional import forced_align, hypotheses_alignment, rnnt_forced_align, to_ctm, to_json, word_spans
 
