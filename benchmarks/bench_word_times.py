@@ -2,15 +2,15 @@
 
 Trains a small RNN-T network (:class:`lightning_gtn.lightning.TransducerModel`, stateless
 prediction network, ``loss=rnnt``'s :class:`lightning_gtn.nn.RNNTLoss`) on the digit lines of
-``data=digits`` for a fixed wall-clock budget, then decodes the validation lines with the greedy
-search and the modified beam search (word spans at the space token) and force-aligns the
-reference transcripts with the same network (:func:`lightning_gtn.functional.rnnt_align`, word
-spans by :func:`word_spans`). Decoded words are matched to reference words by a word-level edit
-alignment; for every matched word that is decoded correctly the table reports how often its
-start frame lies within 0, 1 and 2 encoder frames of the forced alignment's, plus the mean
-absolute difference, the same for the word end, the share of reference words compared and the
-WER. Torch runs on one thread (small steps: a second thread only adds contention).
-"""
+``data=digits`` for a fixed number of steps (seeded; a wall-clock cap for loaded machines), then
+decodes the validation lines with the greedy search and the modified beam search (word spans at
+the space token) and force-aligns the reference transcripts with the same network
+(:func:`lightning_gtn.functional.rnnt_align`, word spans by :func:`word_spans`). Decoded words are
+matched to reference words by a word-level edit alignment; for every matched word that is decoded
+correctly the table reports how often its start frame lies within 0, 1 and 2 encoder frames of
+the forced alignment's, plus the mean absolute difference, the same for the word end, the share
+of reference words compared and the WER. Torch runs on one thread (small steps: a second thread
+only adds contention)."""
 
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ def _edit_pairs(hyp: list, ref: list) -> tuple[list, int]:
     return pairs[::-1], int(d[n, m])
 
 
-def _train(net, loss, data, vocab, seconds: float, lr: float) -> tuple[int, float]:
+def _train(net, loss, data, vocab, max_steps: int, seconds: float, lr: float) -> tuple[int, float]:
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     steps, t0, last = 0, time.perf_counter(), float("nan")
     net.train()
-    while time.perf_counter() - t0 < seconds:
+    while steps < max_steps and time.perf_counter() - t0 < seconds:
         for batch in data.train_dataloader():
             targets, target_lengths = vocab.batch_encode(batch["texts"])
             enc, enc_lengths = net.encode(batch["inputs"], batch["input_lengths"])
@@ -63,7 +63,7 @@ def _train(net, loss, data, vocab, seconds: float, lr: float) -> tuple[int, floa
             torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
             opt.step()
             steps, last = steps + 1, float(value.detach())
-            if time.perf_counter() - t0 >= seconds:
+            if steps >= max_steps or time.perf_counter() - t0 >= seconds:
                 break
     net.eval()
     return steps, last
@@ -76,14 +76,15 @@ def _words(tokens: list, spans: list) -> list:
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="a shorter training (a smoke run)")
-    p.add_argument("--seconds", type=float, default=None, help="training wall-clock budget")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 1500; --quick 150)")
+    p.add_argument("--max-seconds", type=float, default=600.0, help="training stops here at the latest")
     p.add_argument("--num-train", type=int, default=4000)
     p.add_argument("--num-val", type=int, default=200)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: small steps run best on one)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    seconds = args.seconds if args.seconds is not None else (15.0 if args.quick else 120.0)
+    max_steps = args.steps if args.steps is not None else (150 if args.quick else 1500)
     torch.manual_seed(0)
     data = DigitLinesDataModule(num_train=args.num_train, num_val=args.num_val, num_test=8, batch_size=16)
     data.setup()
@@ -102,7 +103,7 @@ def main(argv=None) -> str:
     )
     loss = RNNTLoss(blank=0)
     t0 = time.perf_counter()
-    steps, last = _train(net, loss, data, vocab, seconds, lr=3e-3)
+    steps, last = _train(net, loss, data, vocab, max_steps, args.max_seconds, lr=3e-3)
     train_s = time.perf_counter() - t0
 
     stats = {
