@@ -648,7 +648,9 @@ def hypotheses_alignment(hypotheses: Sequence) -> Alignment:
     )
 
 
-def _resolve(alignment, targets, word_separator_id, word_lengths):
+def _resolve(
+    alignment, targets, word_separator_id, word_lengths
+) -> Tuple[Alignment, List[List[int]], List[List[Dict]]]:
     """``(alignment, token sequences, words)`` of an :class:`Alignment` and its targets, or of
     decoder hypotheses (then ``targets`` must be None; their own ``word_spans`` unless a
     grouping is given)."""
@@ -740,16 +742,16 @@ def to_records(
         joiner: string put between the token texts of a word.
     """
     fs = _check_frame_shift(frame_shift)
-    alignment, seqs, words = _resolve(alignment, targets, word_separator_id, word_lengths)
+    al, seqs, words = _resolve(alignment, targets, word_separator_id, word_lengths)
     B = len(seqs)
     names = _utt_ids(utterance_ids, B)
-    start = alignment.token_start.cpu().tolist()
-    end = alignment.token_end.cpu().tolist()
-    tscore = alignment.token_score.cpu().double().tolist()
-    conf = alignment.token_confidence.cpu().double().tolist()
-    score = alignment.score.cpu().double().tolist()
-    n_frames = alignment.input_lengths.cpu().tolist()
-    star = None if alignment.star_frames is None else alignment.star_frames.cpu()
+    start = al.token_start.cpu().tolist()
+    end = al.token_end.cpu().tolist()
+    tscore = al.token_score.cpu().double().tolist()
+    conf = al.token_confidence.cpu().double().tolist()
+    score = al.score.cpu().double().tolist()
+    n_frames = al.input_lengths.cpu().tolist()
+    star = None if al.star_frames is None else al.star_frames.cpu()
     out = []
     for b, y in enumerate(seqs):
         ok = math.isfinite(score[b])

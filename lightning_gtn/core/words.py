@@ -7,7 +7,7 @@ log-probabilities) and a ``confidence`` in ``[0, 1]``. A word is a range of cons
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["separator_ranges", "length_ranges", "start_ranges", "word_records"]
 
@@ -41,10 +41,10 @@ def length_ranges(lengths: Sequence[int], total: int, name: str = "word_lengths"
     return out
 
 
-def start_ranges(tokens: Sequence[int], separator: int, starts_word: Sequence[bool]) -> List[Tuple[int, int]]:
+def start_ranges(tokens: Sequence[int], separator: int, starts_word: Any) -> List[Tuple[int, int]]:
     """Words of a token text: runs between ``separator`` tokens (``-1``: none), where a token
     whose ``starts_word[token]`` is True (a piece that begins with the separator's text, as
-    sentencepiece writes them) also begins a new word."""
+    sentencepiece writes them; a sequence or array indexed by token id) also begins a new word."""
     ranges: List[Tuple[int, int]] = []
     i0: Optional[int] = None
     for i, v in enumerate(tokens):
