@@ -357,3 +357,31 @@ def test_writers_refuse_bad_hypotheses():
     with pytest.raises(ValueError, match="targets: required"):
         to_ctm(al)
     assert to_ctm([]) == ""
+
+
+@pytest.mark.parametrize(
+    "tokens,kwargs",
+    [
+        (["_", "a", "b", " "], {}),
+        (["_", "a", "b", " "], {"lexicon": {"ab": [[1, 2]], "ba": [[2, 1]], "a": [[1]], "bb": [[2, 2]]}}),
+        (["_", "\u2581a", "b", "\u2581b", "a"], {"word_separator": "\u2581"}),
+    ],
+)
+def test_beam_word_spans_follow_the_words(tokens, kwargs):
+    """On random emissions every n-best hypothesis has one span per word, whose tokens spell it."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(4, 25, len(tokens), generator=g).mul(2).log_softmax(-1)
+    dec = BeamSearchDecoder(tokens, blank=0, beam_size=8, nbest=3, **kwargs)
+    sep = kwargs.get("word_separator", " ")
+    seen = 0
+    for hyps in dec.decode(x, torch.tensor([25, 20, 9, 3])):
+        for h in hyps:
+            assert len(h.word_spans) == len(h.words)
+            for w, word in zip(h.word_spans, h.words):
+                i0, i1 = w["token_range"]
+                assert "".join(tokens[t] for t in h.tokens[i0:i1]).replace(sep, "") == word
+                assert w["start"] == h.timesteps[i0] and w["end"] == h.token_ends[i1 - 1]
+                seen += 1
+            assert all(s < e <= h.num_frames for s, e in zip(h.timesteps, h.token_ends))
+            assert all(e <= s for e, s in zip(h.token_ends, h.timesteps[1:]))  # spans do not overlap
+    assert seen >= 8
