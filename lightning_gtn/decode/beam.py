@@ -489,6 +489,7 @@ class BeamSearchDecoder:
     def _hyps(self, r, x: np.ndarray, T: int, fallback: bool = False) -> List[Hypothesis]:
         n_out, out_rec, out_f, rp, rt, rf, rw = r
         out = []
+        runs = times.best_runs(x, T)  # shared by the utterance's hypotheses
         for k in range(n_out):
             toks, frames, wids = [], [], []
             i = int(out_rec[k])
@@ -515,7 +516,7 @@ class BeamSearchDecoder:
             scores = (float(out_f[k, 0]), float(out_f[k, 1]), float(out_f[k, 2]))
             out.append(
                 times.fill_frame_times(
-                    Hypothesis(words, toks, frames, *scores, text, fallback), x, T, ranges, self.repeat
+                    Hypothesis(words, toks, frames, *scores, text, fallback), x, T, ranges, self.repeat, runs
                 )
             )
         return out

@@ -20,7 +20,15 @@ import numpy as np
 
 from ..core.words import separator_ranges, start_ranges, word_records
 
-__all__ = ["token_times", "frame_token_times", "frame_labels", "lexicon_ranges", "fill_frame_times", "start_ranges"]
+__all__ = [
+    "best_runs",
+    "token_times",
+    "frame_token_times",
+    "frame_labels",
+    "lexicon_ranges",
+    "fill_frame_times",
+    "start_ranges",
+]
 
 
 def _check_separator(word_separator_id: Optional[int]) -> Optional[int]:
@@ -61,8 +69,23 @@ def frame_labels(tokens: Sequence[int], repeat: int) -> List[int]:
     return [repeat if repeat >= 0 and i and v == tokens[i - 1] else int(v) for i, v in enumerate(tokens)]
 
 
+def best_runs(x: np.ndarray, T: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``(best, run_end)`` of one utterance's ``(T_max, C)`` log-probabilities over its first
+    ``T`` frames: each frame's best class and the end (exclusive) of the run of equal best classes
+    that the frame belongs to. Computed once per utterance, shared by its hypotheses."""
+    best = x[:T].argmax(-1) if T else np.zeros(0, dtype=np.int64)
+    change = np.flatnonzero(best[1:] != best[:-1]) + 1  # the frames where a new run begins
+    bounds = np.append(change, T)
+    return best, bounds[np.searchsorted(change, np.arange(T), side="right")]
+
+
 def frame_token_times(
-    x: np.ndarray, T: int, tokens: Sequence[int], starts: Sequence[int], repeat: int = -1
+    x: np.ndarray,
+    T: int,
+    tokens: Sequence[int],
+    starts: Sequence[int],
+    repeat: int = -1,
+    runs: Optional[Tuple[np.ndarray, np.ndarray]] = None,
 ) -> Tuple[List[int], List[float], List[float]]:
     """Ends, scores and confidences of CTC-style tokens (see the module docstring).
 
@@ -72,6 +95,7 @@ def frame_token_times(
         tokens: the emitted tokens (ASG's repeat already expanded).
         starts: each token's first frame (non-decreasing, in ``[0, T)``).
         repeat: ASG's repeat id, or -1.
+        runs: :func:`best_runs` of ``x`` and ``T`` when already computed.
 
     Returns:
         ``(ends, scores, confidences)``: per token the exclusive end frame, the sum of the
@@ -80,24 +104,26 @@ def frame_token_times(
     n = len(tokens)
     if len(starts) != n:
         raise ValueError(f"{n} tokens but {len(starts)} start frames")
-    labels = frame_labels(tokens, repeat)
-    best = x[:T].argmax(-1) if T else np.zeros(0, dtype=np.int64)
-    ends: List[int] = []
-    scores: List[float] = []
-    confs: List[float] = []
-    for i in range(n):
-        s, lab = int(starts[i]), labels[i]
-        if not 0 <= s < T:
-            raise ValueError(f"token {i} starts at frame {s}, outside [0, {T})")
-        stop = int(starts[i + 1]) if i + 1 < n else T
-        e = s + 1
-        while e < stop and best[e] == lab:
-            e += 1
-        col = x[s:e, lab].astype(np.float64)
-        ends.append(e)
-        scores.append(float(col.sum()))
-        confs.append(float(np.exp(col).mean()))
-    return ends, scores, confs
+    if n == 0:
+        return [], [], []
+    s = np.asarray(starts, dtype=np.int64)
+    bad = np.flatnonzero((s < 0) | (s >= T))
+    if len(bad):
+        raise ValueError(f"token {int(bad[0])} starts at frame {int(s[bad[0]])}, outside [0, {T})")
+    labels = np.asarray(frame_labels(tokens, repeat), dtype=np.int64)
+    best, run_end = runs if runs is not None else best_runs(x, T)
+    stop = np.append(s[1:], T)  # the next token's first frame
+    nxt = np.minimum(s + 1, T - 1)
+    # the run goes on over the frames after the start whose best class is the token's label
+    goes_on = (s + 1 < stop) & (best[nxt] == labels)
+    e = np.where(goes_on, np.minimum(stop, run_end[nxt]), s + 1)
+    length = e - s
+    first = np.cumsum(length) - length
+    frames = np.arange(int(length.sum())) - np.repeat(first, length) + np.repeat(s, length)
+    vals = x[frames, np.repeat(labels, length)].astype(np.float64)
+    scores = np.add.reduceat(vals, first)
+    confs = np.add.reduceat(np.exp(vals), first) / length
+    return e.tolist(), scores.tolist(), confs.tolist()
 
 
 def lexicon_ranges(tokens: Sequence[int], word_ids: Sequence[int], separator: int) -> List[Tuple[int, int]]:
@@ -118,11 +144,18 @@ def lexicon_ranges(tokens: Sequence[int], word_ids: Sequence[int], separator: in
     return ranges
 
 
-def fill_frame_times(hyp: Any, x: np.ndarray, T: int, ranges: Sequence[Tuple[int, int]], repeat: int = -1) -> Any:
+def fill_frame_times(
+    hyp: Any,
+    x: np.ndarray,
+    T: int,
+    ranges: Sequence[Tuple[int, int]],
+    repeat: int = -1,
+    runs: Optional[Tuple[np.ndarray, np.ndarray]] = None,
+) -> Any:
     """Fills a CTC-style hypothesis' ``token_ends``, ``token_scores``, ``token_confidences``,
     ``word_spans`` (from ``ranges``) and ``num_frames`` from its ``tokens`` and ``timesteps``
-    (:func:`frame_token_times`); returns ``hyp``."""
-    ends, scores, confs = frame_token_times(x, T, hyp.tokens, hyp.timesteps, repeat)
+    (:func:`frame_token_times`, ``runs`` as there); returns ``hyp``."""
+    ends, scores, confs = frame_token_times(x, T, hyp.tokens, hyp.timesteps, repeat, runs)
     hyp.token_ends, hyp.token_scores, hyp.token_confidences = ends, scores, confs
     hyp.word_spans = word_records(ranges, hyp.timesteps, ends, scores, confs)
     hyp.num_frames = int(T)
