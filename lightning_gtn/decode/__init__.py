@@ -11,8 +11,17 @@ import warnings
 from .beam import BeamSearchDecoder, Hypothesis, check_lm_arrays
 from .greedy import DECODER_TOPOLOGIES, greedy_decode
 from .lexicon import Lexicon
+from .timed import greedy_hypotheses
 
-__all__ = ["BeamSearchDecoder", "Hypothesis", "Lexicon", "greedy_decode", "check_lm_arrays", "DECODER_TOPOLOGIES"]
+__all__ = [
+    "BeamSearchDecoder",
+    "Hypothesis",
+    "Lexicon",
+    "greedy_decode",
+    "greedy_hypotheses",
+    "check_lm_arrays",
+    "DECODER_TOPOLOGIES",
+]
 
 #: deprecated names and the names that replaced them
 _DEPRECATED = {"TOPOLOGIES": "DECODER_TOPOLOGIES"}
