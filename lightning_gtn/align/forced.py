@@ -30,7 +30,8 @@ from ..core import checks
 from ..core.criterion_graphs import cached, compiled_asg_target, compiled_ctc, compiled_force_align, target_key
 from ..core.scoring import unique_graphs
 from ..kernels.compiled_graphs import GraphBatch, Problem, compile_graph
-from ..kernels.viterbi_paths import ctc_states, viterbi_arcs
+from ..kernels.star_paths import star_states
+from ..kernels.viterbi_paths import ctc_states, frame_progress, report_frames, viterbi_arcs
 from ..opargs import op_schema
 
 __all__ = ["Alignment", "forced_align", "align_graph", "word_spans", "to_records", "to_json", "to_ctm"]
@@ -381,14 +382,18 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
         raise ValueError("transitions must be finite")
     star_lab = None
     xs = x
+    use_numba = impl == "numba" or (impl is None and dev.type == "cpu")
+    S = int(targets.shape[1])
     if star is not None:
         tok = x if blank is None else x.index_fill(-1, torch.tensor([blank], device=dev), -math.inf)
         best, star_lab = tok.max(-1)  # (B, T): the best non-blank label of each frame
-        xs = torch.cat([x, (best + star).unsqueeze(-1)], -1)
+        star_col = best + star  # the star column of the augmented emissions, in x's dtype
+        if use_numba and _STAR_KERNEL:
+            return _star_fast(x, star_col, star_lab, seqs, lengths, blank, S, _out_dtype(emissions))
+        xs = torch.cat([x, star_col.unsqueeze(-1)], -1)
     star_label = C if star is not None else None
-    use_numba = impl == "numba" or (impl is None and dev.type == "cpu")
     if use_numba and star is None and transitions is None and blank is not None:
-        return _ctc_fast(x, seqs, lengths, blank, int(targets.shape[1]), _out_dtype(emissions))
+        return _ctc_fast(x, seqs, lengths, blank, S, _out_dtype(emissions))
     # graphs of the feasible examples only: an infeasible one costs nothing and gives -inf
     need = np.array([_min_frames(s, blank) for s in seqs], dtype=np.int64)
     rows = np.nonzero(need <= lengths)[0] if B else np.zeros(0, np.int64)
@@ -434,17 +439,27 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
         star_frames = torch.zeros((B, T), dtype=torch.bool, device=dev)
     start, end, tscore, conf = _token_spans(tok, frame_score, int(targets.shape[1]))
     dt = _out_dtype(emissions)
+    report_frames(int(lengths.sum()))
     return labels, start, end, tscore.to(dt), conf.to(dt), score.to(dt), star_frames
+
+
+#: the graph-free star kernel on the CPU (off: the graph path, which gives the same paths)
+_STAR_KERNEL = True
+
+
+def _padded(seqs) -> Tuple[np.ndarray, np.ndarray]:
+    """``(targets (B, max(S, 1)) int64, lengths (B,))`` of the kernels from B sequences."""
+    tl = np.array([len(s) for s in seqs], dtype=np.int64)
+    tg = np.zeros((len(seqs), max(int(tl.max(initial=0)), 1)), dtype=np.int64)
+    for b, s in enumerate(seqs):
+        tg[b, : len(s)] = s
+    return tg, tl
 
 
 def _ctc_fast(x, seqs, lengths, blank: int, S: int, dt):
     """CTC on the CPU without graphs (:func:`~lightning_gtn.kernels.viterbi_paths.ctc_states`):
     the outputs of :func:`_forced_align_impl` from the node of every frame."""
-    B, T, _ = x.shape
-    tl = np.array([len(s) for s in seqs], dtype=np.int64)
-    tg = np.zeros((B, max(int(tl.max(initial=0)), 1)), dtype=np.int64)
-    for b, s in enumerate(seqs):
-        tg[b, : len(s)] = s
+    tg, tl = _padded(seqs)
     states, score = ctc_states(x.contiguous(), tg, tl, lengths, blank)
     odd = (states % 2) == 1
     tok = torch.where(odd, (states - 1) // 2, torch.full_like(states, _NO_TOKEN))
@@ -452,10 +467,36 @@ def _ctc_fast(x, seqs, lengths, blank: int, S: int, dt):
     labels = torch.where(
         states < 0, torch.full_like(states, -1), torch.where(odd, lab_tok, torch.full_like(states, blank))
     )
+    return _frame_outputs(x, tok, labels, torch.zeros_like(states, dtype=torch.bool), score, S, dt)
+
+
+def _star_fast(x, star_col, star_lab, seqs, lengths, blank: Optional[int], S: int, dt):
+    """Star alignment on the CPU without graphs (:func:`~lightning_gtn.kernels.star_paths.star_states`):
+    the outputs of :func:`_forced_align_impl` from the node of every frame."""
+    tg, tl = _padded(seqs)
+    nb = -1 if blank is None else blank
+    states, score = star_states(x.contiguous(), star_col.contiguous(), tg, tl, lengths, nb)
+    L = torch.from_numpy(tl).unsqueeze(1)
+    none = torch.full_like(states, _NO_TOKEN)
+    if blank is None:  # node l + 1: token l; L + 1 + l: the star of gap l
+        star_frames = states > L
+        tok = torch.where((states > 0) & ~star_frames, states - 1, none)
+    else:  # node 2 l + 1: token l, 2 l: a blank, 2 L + 1 + l: the star of gap l
+        star_frames = states > 2 * L
+        tok = torch.where((states % 2 == 1) & (states > 0) & ~star_frames, (states - 1) // 2, none)
+    lab_tok = torch.from_numpy(tg).gather(1, tok.clamp(min=0))
+    labels = torch.where(tok >= 0, lab_tok, torch.full_like(states, -1 if blank is None else blank))
+    labels = torch.where(star_frames, star_lab, labels)
+    labels = torch.where(states < 0, torch.full_like(states, -1), labels)
+    tok = torch.where(star_frames, torch.full_like(tok, _STAR), tok)
+    return _frame_outputs(x, tok, labels, star_frames, score, S, dt)
+
+
+def _frame_outputs(x, tok, labels, star_frames, score, S: int, dt):
+    """The outputs of :func:`_forced_align_impl` from the token index and label of every frame."""
     frame_score = x.gather(2, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     frame_score = torch.where(labels >= 0, frame_score, torch.zeros_like(frame_score))
     start, end, tscore, conf = _token_spans(tok, frame_score, S)
-    star_frames = torch.zeros((B, T), dtype=torch.bool)
     return labels, start, end, tscore.to(dt), conf.to(dt), score.to(dt), star_frames
 
 
