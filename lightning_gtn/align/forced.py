@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -34,7 +34,16 @@ from ..kernels.star_paths import star_states
 from ..kernels.viterbi_paths import ctc_states, frame_progress, report_frames, viterbi_arcs
 from ..opargs import op_schema
 
-__all__ = ["Alignment", "forced_align", "align_graph", "word_spans", "to_records", "to_json", "to_ctm"]
+__all__ = [
+    "Alignment",
+    "forced_align",
+    "alignment_progress",
+    "align_graph",
+    "word_spans",
+    "to_records",
+    "to_json",
+    "to_ctm",
+]
 
 _NO_TOKEN = -1  # a blank frame or padding
 _STAR = -2  # a frame absorbed by the star
@@ -310,6 +319,24 @@ def forced_align(
         target_lengths=tl.to(dev),
         star_frames=star_frames if star is not None else None,
     )
+
+
+def alignment_progress(hook: Callable[[int], None]):
+    """A context manager: inside it, :func:`forced_align` calls ``hook(n)`` with the number of
+    frames newly aligned, several times a second while a CPU kernel (plain CTC, star) runs
+    and once per call elsewhere; over a call the ``n`` sum to ``input_lengths.sum()``. The hook
+    runs on the calling thread (the kernel then runs on another one).
+
+    Example:
+        >>> import torch
+        >>> from lightning_gtn.align.forced import alignment_progress, forced_align
+        >>> done = []
+        >>> with alignment_progress(done.append):
+        ...     al = forced_align(torch.randn(2, 30, 5).log_softmax(-1), [[1, 2], [3]], [30, 20], star=-1.0)
+        >>> sum(done)
+        50
+    """
+    return frame_progress(hook)
 
 
 class ForcedAlignArgs(NamedTuple):

@@ -48,8 +48,8 @@ def _star_frames(E, b, lab, skip_add, star_col, blank, L, band_a, band_z, t0, t1
     returns ``(scores after t1 frames, the other buffer)``. A buffer holds ``L + 2`` scores per
     node kind: ``B[g]`` at ``g`` (with a blank), ``K[g - 1]`` at ``o + g`` (``o + 0``: the start
     node without a blank, ``-inf`` with one), ``R[g]`` at ``o + L + 2 + g``. Gaps
-    ``band_a[t] .. band_z[t]`` are computed; backpointers go to ``bp[t - t0]`` when ``store``,
-    else to a scratch row (one loop either way)."""
+    ``band_a[t] .. band_z[t]`` are computed; backpointers go to ``bp[t - t0]`` when ``store``
+    (each candidate summed and compared, as the graph kernel does), else only the scores."""
     ninf = -np.inf
     W = L + 2
     oK = W if blank >= 0 else 0
@@ -70,13 +70,35 @@ def _star_frames(E, b, lab, skip_add, star_col, blank, L, band_a, band_z, t0, t1
             ev[j] = Et[lb[j]]
         for j in range(max(m, 0), n):
             ev[j] = ninf  # gap L has no token
-        brow = bp[t - t0 if store else 0, a : a + n]
         pk1 = prev[oK + a : oK + a + n]  # K[g - 1] (or the start node)
         pk = prev[oK + a + 1 : oK + a + 1 + n]  # K[g]
         pr = prev[oR + a : oR + a + n]  # R[g]
         ck = cur[oK + a + 1 : oK + a + 1 + n]
         cr = cur[oR + a : oR + a + n]
-        if blank >= 0:
+        if not store:
+            # scores only: the best predecessor plus the frame's score (the same value as the
+            # best of the sums: adding one number is monotone)
+            if blank >= 0:
+                eb = Et[blank]
+                sk = skip_add[a : a + n]
+                pb = prev[a : a + n]
+                cb = cur[a : a + n]
+                for j in range(n):
+                    xb = pb[j]
+                    x1 = pk1[j]
+                    xr = pr[j]
+                    m = max(max(xb, x1), xr)
+                    cb[j] = m + eb
+                    cr[j] = m + es
+                    ck[j] = max(max(pk[j], xb), max(x1 + sk[j], xr)) + ev[j]
+            else:
+                for j in range(n):
+                    x1 = pk1[j]
+                    xr = pr[j]
+                    ck[j] = max(max(x1, pk[j]), xr) + ev[j]
+                    cr[j] = max(x1, xr) + es
+        elif blank >= 0:
+            brow = bp[t - t0, a : a + n]
             eb = Et[blank]
             sk = skip_add[a : a + n]
             pb = prev[a : a + n]
@@ -119,6 +141,7 @@ def _star_frames(E, b, lab, skip_add, star_col, blank, L, band_a, band_z, t0, t1
                 kr = np.uint8(2) if f2 else (np.uint8(1) if f1 else np.uint8(0))
                 brow[j] = kb | (kk << np.uint8(2)) | (kr << np.uint8(4))
         else:
+            brow = bp[t - t0, a : a + n]
             for j in range(n):
                 x1 = pk1[j]
                 xk = pk[j]
