@@ -6,8 +6,9 @@ graph with transitions, optionally with *star* nodes that absorb untranscribed s
 reports per-frame labels and per-token spans, scores and confidences. All examples are scored by
 one batched max-plus programme with backpointers (:mod:`lightning_gtn.kernels.viterbi_paths`): on
 the CPU a compiled kernel (for plain CTC one without graphs, torchaudio's recursion restricted to
-the feasible band, on ``torch.get_num_threads()`` threads), padded tables and one step per frame
-for all examples on other devices. Memory on the CPU is bounded per example by checkpointing (at
+the feasible band; for the star one without graphs too, :mod:`lightning_gtn.kernels.star_paths`,
+with the graph's paths bit for bit; both on ``torch.get_num_threads()`` threads), padded tables
+and one step per frame for all examples on other devices. Memory on the CPU is bounded per example by checkpointing (at
 most :data:`~lightning_gtn.kernels.viterbi_paths.MAX_ALIGN_BYTES`, 2 GiB, else a ValueError naming
 T, S and the bytes).
 
