@@ -196,6 +196,21 @@ def _long_table(T, L, C, repeats, graph_too):
     return lines
 
 
+def _long_lines(a):
+    lines = [
+        f"One long recording (C={a.long_classes}, one torch thread, load average {os.getloadavg()[0]:.2f}; "
+        "the tenth: medians of 3 interleaved runs, the full size: one run each; memory: the peak "
+        "resident set's growth during the call; last column: the graph path's paths against the kernel's):",
+        "",
+        "| size | alignment | time (s) | vs plain CTC | peak memory growth (MiB) | graph path |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    lines += _long_table(a.long_frames // 10, a.long_tokens // 10, a.long_classes, 3, True)
+    if not a.quick:
+        lines += _long_table(a.long_frames, a.long_tokens, a.long_classes, 1, False)
+    return lines
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=32)
@@ -207,8 +222,13 @@ def main(argv=None) -> str:
     p.add_argument("--long-frames", type=int, default=90_000, help="the long recording's frames")
     p.add_argument("--long-tokens", type=int, default=50_000, help="the long recording's tokens")
     p.add_argument("--long-classes", type=int, default=32)
+    p.add_argument("--long-only", action="store_true", help="only the long-recording table")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (make bench ARGS=--quick)")
     a = p.parse_args(argv)
+    if a.long_only:
+        table = "\n".join(_long_lines(a))
+        print(table)
+        return table
     if a.quick:
         a.repeats = min(a.repeats, 2)
     B, T, C, L = a.batch, a.frames, a.classes, a.tokens
@@ -274,16 +294,8 @@ def main(argv=None) -> str:
         "",
         _threads_table(x, lengths, targets, max(a.repeats, 5) * 3),
         "",
-        f"One long recording (C={a.long_classes}, one torch thread, load average {os.getloadavg()[0]:.2f}; "
-        "the tenth: medians of 3 interleaved runs, the full size: one run each; memory: the peak "
-        "resident set's growth during the call; last column: the graph path's paths against the kernel's):",
-        "",
-        "| size | alignment | time (s) | vs plain CTC | peak memory growth (MiB) | graph path |",
-        "|---|---|---:|---:|---:|---|",
+        *_long_lines(a),
     ]
-    lines += _long_table(a.long_frames // 10, a.long_tokens // 10, a.long_classes, 3, True)
-    if not a.quick:
-        lines += _long_table(a.long_frames, a.long_tokens, a.long_classes, 1, False)
     table = "\n".join(lines)
     print(table)
     return table

@@ -42,6 +42,15 @@ from . import viterbi_paths as _vp
 __all__ = ["star_states", "star_nodes"]
 
 
+@njit(cache=True, inline="always")
+def _first_best3(v0, v1, v2):
+    """``(max, position of the first strictly largest)`` of three sums (ties: the earliest)."""
+    m = max(v0, v1)
+    c = np.uint8(1) if v1 > v0 else np.uint8(0)
+    c = np.uint8(2) if v2 > m else c
+    return max(m, v2), c
+
+
 @njit(cache=True, nogil=True)
 def _star_frames(E, b, lab, skip_add, star_col, blank, L, band_a, band_z, t0, t1, prev, cur, em, bp, store):
     """Frames ``t0 .. t1 - 1`` of one example from ``prev`` (the scores after ``t0`` frames);
@@ -106,62 +115,31 @@ def _star_frames(E, b, lab, skip_add, star_col, blank, L, band_a, band_z, t0, t1
             for j in range(n):
                 xb = pb[j]
                 x1 = pk1[j]
-                xk = pk[j]
                 xr = pr[j]
-                # blank: stay, from token g - 1, from the star
-                v0 = xb + eb
-                v1 = x1 + eb
-                v2 = xr + eb
-                c1 = v1 > v0
-                mb = max(v0, v1)
-                c2 = v2 > mb
-                cb[j] = max(mb, v2)
-                kb = np.uint8(2) if c2 else (np.uint8(1) if c1 else np.uint8(0))
-                # token: stay, from the blank, the skip from token g - 1, from the star
                 e = ev[j]
-                w0 = xk + e
-                w1 = xb + e
-                w2 = (x1 + sk[j]) + e
+                # blank: stay, from token g - 1, from the star
+                cb[j], kb = _first_best3(xb + eb, x1 + eb, xr + eb)
+                # token: stay, from the blank, the skip from token g - 1, from the star
+                m, kk = _first_best3(pk[j] + e, xb + e, (x1 + sk[j]) + e)
                 w3 = xr + e
-                d1 = w1 > w0
-                mk = max(w0, w1)
-                d2 = w2 > mk
-                mk = max(mk, w2)
-                d3 = w3 > mk
-                ck[j] = max(mk, w3)
-                kk = np.uint8(3) if d3 else (np.uint8(2) if d2 else (np.uint8(1) if d1 else np.uint8(0)))
+                ck[j] = max(m, w3)
+                kk = np.uint8(3) if w3 > m else kk
                 # star: from the blank, from token g - 1, stay
-                u0 = xb + es
-                u1 = x1 + es
-                u2 = xr + es
-                f1 = u1 > u0
-                mr = max(u0, u1)
-                f2 = u2 > mr
-                cr[j] = max(mr, u2)
-                kr = np.uint8(2) if f2 else (np.uint8(1) if f1 else np.uint8(0))
+                cr[j], kr = _first_best3(xb + es, x1 + es, xr + es)
                 brow[j] = kb | (kk << np.uint8(2)) | (kr << np.uint8(4))
         else:
             brow = bp[t - t0, a : a + n]
             for j in range(n):
                 x1 = pk1[j]
-                xk = pk[j]
                 xr = pr[j]
-                # token: from node g, stay, from the star
                 e = ev[j]
-                w0 = x1 + e
-                w1 = xk + e
-                w2 = xr + e
-                d1 = w1 > w0
-                mk = max(w0, w1)
-                d2 = w2 > mk
-                ck[j] = max(mk, w2)
-                kk = np.uint8(2) if d2 else (np.uint8(1) if d1 else np.uint8(0))
+                # token: from node g, stay, from the star
+                ck[j], kk = _first_best3(x1 + e, pk[j] + e, xr + e)
                 # star: from node g, stay
                 u0 = x1 + es
                 u1 = xr + es
                 cr[j] = max(u0, u1)
-                kr = np.uint8(1) if u1 > u0 else np.uint8(0)
-                brow[j] = kk | (kr << np.uint8(2))
+                brow[j] = kk | ((np.uint8(1) if u1 > u0 else np.uint8(0)) << np.uint8(2))
         tmp = prev
         prev = cur
         cur = tmp
