@@ -17,19 +17,32 @@ On a machine with no spare core torch's OpenMP workers keep spinning after each 
 and slow the numba kernel's threads down (up to 2x here); ``OMP_WAIT_POLICY=PASSIVE`` in the
 environment lets them sleep. The header says which policy a run used.
 
+A third table aligns one long recording, an hour of 40 ms frames by default (T = 90,000,
+S = 50,000 tokens, C = 32): plain CTC, the star with a blank and the star on the no-blank chain
+(the graph-free kernels), one torch thread, the peak resident memory each call adds
+(``/proc/self``, after a warm-up). It runs at a tenth of the size first (medians of
+interleaved runs, with the star's graph path beside it and whether its paths equal the
+kernel's), then once at the full size (``--quick``: the tenth only).
+
     python benchmarks/bench_align.py [--batch 32 --frames 500 --classes 30 --tokens 100]
+                                     [--long-frames 90000 --long-tokens 50000 --long-classes 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-import lightning_gtn.wfst as gtn
-from lightning_gtn.functional import forced_align
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _procmem import peak_growth  # noqa: E402
+
+import lightning_gtn.wfst as gtn  # noqa: E402
+from lightning_gtn.functional import forced_align  # noqa: E402
 
 
 def _inputs(B, T, C, L, seed=0):
@@ -131,6 +144,73 @@ def _torchaudio_paths(x, targets, blank=0):
     return out
 
 
+_LONG_ROWS = (
+    ("plain CTC (blank 0)", dict(blank=0)),
+    ("star=-2, CTC (blank 0)", dict(blank=0, star=-2.0)),
+    ("star=-2, no-blank chain", dict(blank=None, star=-2.0)),
+)
+
+
+def _long_inputs(T, L, C, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, T, C, generator=g).log_softmax(-1)
+    return x, [torch.randint(1, C, (L,), generator=g).tolist()]
+
+
+def _long_table(T, L, C, repeats, graph_too):
+    """One long example: time, peak memory growth and the ratio to plain CTC of each row."""
+    import lightning_gtn.align.forced as forced
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    x, y = _long_inputs(T, L, C)
+    for _, kw in _LONG_ROWS:  # compiled (numba's cache) before timing
+        forced_align(x[:, :100], [y[0][:20]], [100], **kw)
+    times = {name: [] for name, _ in _LONG_ROWS}
+    mem, out = {}, {}
+    for _ in range(repeats):  # interleaved
+        for name, kw in _LONG_ROWS:
+            t0 = time.perf_counter()
+            m, al = peak_growth(lambda kw=kw: forced_align(x, y, [T], **kw))
+            times[name].append(time.perf_counter() - t0)
+            mem[name] = max(mem.get(name) or 0, m or 0) if m is not None else None
+            out[name] = al
+    rows = [(name, statistics.median(times[name]), mem[name], "") for name, _ in _LONG_ROWS]
+    if graph_too:
+        forced._STAR_KERNEL = False
+        try:
+            for name, kw in _LONG_ROWS[1:]:
+                t0 = time.perf_counter()
+                m, al = peak_growth(lambda kw=kw: forced_align(x, y, [T], **kw))
+                sec = time.perf_counter() - t0
+                same = torch.equal(al.labels, out[name].labels) and torch.equal(al.score, out[name].score)
+                rows.append((f"{name}: graph path", sec, m, "equal" if same else "DIFFERENT"))
+        finally:
+            forced._STAR_KERNEL = True
+    torch.set_num_threads(old)
+    base = rows[0][1]
+    lines = []
+    for name, sec, m, same in rows:
+        mb = "-" if m is None else f"{m / 2**20:.0f}"
+        lines.append(f"| T={T}, S={L} | {name} | {sec:.2f} | {sec / base:.2f}x | {mb} | {same} |")
+    return lines
+
+
+def _long_lines(a):
+    lines = [
+        f"One long recording (C={a.long_classes}, one torch thread, load average {os.getloadavg()[0]:.2f}; "
+        "the tenth: medians of 3 interleaved runs, the full size: one run each; memory: the peak "
+        "resident set's growth during the call; last column: the graph path's paths against the kernel's):",
+        "",
+        "| size | alignment | time (s) | vs plain CTC | peak memory growth (MiB) | graph path |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    lines += _long_table(a.long_frames // 10, a.long_tokens // 10, a.long_classes, 3, True)
+    if not a.quick:
+        lines += _long_table(a.long_frames, a.long_tokens, a.long_classes, 1, False)
+    return lines
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=32)
@@ -139,8 +219,16 @@ def main(argv=None) -> str:
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--loop-repeats", type=int, default=1)
+    p.add_argument("--long-frames", type=int, default=90_000, help="the long recording's frames")
+    p.add_argument("--long-tokens", type=int, default=50_000, help="the long recording's tokens")
+    p.add_argument("--long-classes", type=int, default=32)
+    p.add_argument("--long-only", action="store_true", help="only the long-recording table")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (make bench ARGS=--quick)")
     a = p.parse_args(argv)
+    if a.long_only:
+        table = "\n".join(_long_lines(a))
+        print(table)
+        return table
     if a.quick:
         a.repeats = min(a.repeats, 2)
     B, T, C, L = a.batch, a.frames, a.classes, a.tokens
@@ -183,8 +271,6 @@ def main(argv=None) -> str:
                 f"{(scores - ref.score.double()).abs().max().item():.1e}",
             )
         )
-    import os
-
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
     lines = [
         f"Forced alignment, B={B}, T={T}, C={C}, targets of {L - 10}-{L + 10} tokens "
@@ -207,6 +293,8 @@ def main(argv=None) -> str:
         f"{platform.machine()}, load average {os.getloadavg()[0]:.2f}):",
         "",
         _threads_table(x, lengths, targets, max(a.repeats, 5) * 3),
+        "",
+        *_long_lines(a),
     ]
     table = "\n".join(lines)
     print(table)

@@ -38,6 +38,7 @@ import os
 os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
@@ -305,16 +306,20 @@ class _Writer:
         self.frame_options = {} if frame_transitions is None else {"transitions": frame_transitions}
         self.frame_shift = a.frame_shift if a.frame_shift is not None else DEFAULT_FRAME_SHIFT
         self.records, self.lines, self.plots, self.count = [], [], 0, 0
+        self.on_frames = None  # hook(n) told of the frames aligned while forced_align runs
         if a.plot_dir:
             Path(a.plot_dir).mkdir(parents=True, exist_ok=True)
 
     def add(self, x, targets, lengths, names):
         import torch
 
+        from lightning_gtn.align.forced import alignment_progress
         from lightning_gtn.functional import forced_align, plot_alignment, to_ctm, to_records
 
         x = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32).log_softmax(-1)
-        al = forced_align(x, targets, lengths, blank=self.blank, star=self.a.star, **self.frame_options)
+        hook = self.on_frames
+        with contextlib.nullcontext() if hook is None else alignment_progress(hook):
+            al = forced_align(x, targets, lengths, blank=self.blank, star=self.a.star, **self.frame_options)
         kw = dict(
             frame_shift=self.frame_shift, tokens=self.tokens, utterance_ids=names, word_separator_id=self.word_sep
         )
@@ -358,6 +363,13 @@ def _progress(it, a, total=None):
     return tqdm(it, total=total, disable=a.no_progress, desc="aligning", unit="batch", file=sys.stderr)
 
 
+def _frame_progress(a, total: int):
+    """A bar of the frames aligned (it moves inside a long recording's search too)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=a.no_progress, desc="aligning", unit="frame", unit_scale=True, file=sys.stderr)
+
+
 def _from_emissions(a):
     x, lengths = load_emissions(a.emissions)
     B, T, C = x.shape
@@ -376,13 +388,14 @@ def _from_emissions(a):
             raise AlignError(f"--tokens must give one character per class (C={C}), got {len(a.tokens)}")
         tokens = list(a.tokens)
     w = _Writer(a, tokens, a.word_separator_id, blank)
-    starts = range(0, B, a.batch_size)
-    for s in _progress(starts, a, total=len(starts)):
-        e = min(B, s + a.batch_size)
-        try:
-            w.add(x[s:e], targets[s:e], lengths[s:e], [f"utt{i}" for i in range(s, e)])
-        except ValueError as err:
-            raise AlignError(f"examples {s}..{e - 1}: {err}") from None
+    with _frame_progress(a, int(lengths.sum())) as bar:
+        w.on_frames = bar.update
+        for s in range(0, B, a.batch_size):
+            e = min(B, s + a.batch_size)
+            try:
+                w.add(x[s:e], targets[s:e], lengths[s:e], [f"utt{i}" for i in range(s, e)])
+            except ValueError as err:
+                raise AlignError(f"examples {s}..{e - 1}: {err}") from None
     return w
 
 

@@ -48,6 +48,8 @@ def _align_mmi():
         dt = getattr(torch, name)
         x, tg, il, tl = _inputs(dt)
         F.forced_align(x.detach(), tg, il, tl)
+        F.forced_align(x.detach(), tg, il, tl, star=-1.0)  # the star kernel, both topologies
+        F.forced_align(x.detach(), tg, il, tl, blank=None, star=-1.0)
         den = F.denominator_graph([[1, 2], [3]], 4, order=2, topology="ctc")
         F.mmi_loss(x, tg, il, tl, denominator=den).backward()
 

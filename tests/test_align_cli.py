@@ -410,3 +410,34 @@ def test_a_network_loss_is_aligned_only_on_its_regular_lattice(loss, msg):
         _from_network_checkpoint(SimpleNamespace(star=None), model, None, loss)
     with pytest.raises(AlignError, match="--star: not available for _NetworkLoss"):
         _from_network_checkpoint(SimpleNamespace(star=-1.0), model, None, loss)
+
+
+def test_a_long_recording_with_a_star_shows_frames_aligned(tmp_path, capsys, monkeypatch):
+    from lightning_gtn.kernels import viterbi_paths
+
+    monkeypatch.setattr(viterbi_paths, "PROGRESS_INTERVAL", 0.001)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 6000, 8, generator=g)
+    torch.save(x, tmp_path / "em.pt")
+    target = torch.randint(1, 8, (2000,), generator=g).tolist()
+    (tmp_path / "t.txt").write_text(" ".join(map(str, target)) + "\n")
+    out = tmp_path / "a.json"
+    rc = main(
+        [
+            "--emissions",
+            str(tmp_path / "em.pt"),
+            "--targets",
+            str(tmp_path / "t.txt"),
+            "--star",
+            "-2",
+            "--out",
+            str(out),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "aligning" in err and "frame" in err and "6.00k/6.00k" in err  # the bar counts frames
+    rec = json.loads(out.read_text())[0]
+    ref = forced_align(x.log_softmax(-1), [target], [6000], star=-2.0)
+    assert rec["score"] == pytest.approx(float(ref.score[0]), rel=1e-6)
+    assert rec["star_frames"] == int(ref.star_frames.sum())

@@ -6,8 +6,9 @@ graph with transitions, optionally with *star* nodes that absorb untranscribed s
 reports per-frame labels and per-token spans, scores and confidences. All examples are scored by
 one batched max-plus programme with backpointers (:mod:`lightning_gtn.kernels.viterbi_paths`): on
 the CPU a compiled kernel (for plain CTC one without graphs, torchaudio's recursion restricted to
-the feasible band, on ``torch.get_num_threads()`` threads), padded tables and one step per frame
-for all examples on other devices. Memory on the CPU is bounded per example by checkpointing (at
+the feasible band; for the star one without graphs too, :mod:`lightning_gtn.kernels.star_paths`,
+with the graph's paths bit for bit; both on ``torch.get_num_threads()`` threads), padded tables
+and one step per frame for all examples on other devices. Memory on the CPU is bounded per example by checkpointing (at
 most :data:`~lightning_gtn.kernels.viterbi_paths.MAX_ALIGN_BYTES`, 2 GiB, else a ValueError naming
 T, S and the bytes).
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -31,12 +32,14 @@ from ..core.criterion_graphs import cached, compiled_asg_target, compiled_ctc, c
 from ..core.scoring import unique_graphs
 from ..core.words import length_ranges, separator_ranges, word_records
 from ..kernels.compiled_graphs import GraphBatch, Problem, compile_graph
-from ..kernels.viterbi_paths import ctc_states, viterbi_arcs
+from ..kernels.star_paths import star_states
+from ..kernels.viterbi_paths import ctc_states, frame_progress, report_frames, viterbi_arcs
 from ..opargs import op_schema
 
 __all__ = [
     "Alignment",
     "forced_align",
+    "alignment_progress",
     "align_graph",
     "word_spans",
     "hypotheses_alignment",
@@ -321,6 +324,24 @@ def forced_align(
     )
 
 
+def alignment_progress(hook: Callable[[int], None]):
+    """A context manager: inside it, :func:`forced_align` calls ``hook(n)`` with the number of
+    frames newly aligned, several times a second while a CPU kernel (plain CTC, star) runs
+    and once per call elsewhere; over a call the ``n`` sum to ``input_lengths.sum()``. The hook
+    runs on the calling thread (the kernel then runs on another one).
+
+    Example:
+        >>> import torch
+        >>> from lightning_gtn.align.forced import alignment_progress, forced_align
+        >>> done = []
+        >>> with alignment_progress(done.append):
+        ...     al = forced_align(torch.randn(2, 30, 5).log_softmax(-1), [[1, 2], [3]], [30, 20], star=-1.0)
+        >>> sum(done)
+        50
+    """
+    return frame_progress(hook)
+
+
 class ForcedAlignArgs(NamedTuple):
     """The arguments of ``lightning_gtn::forced_align``."""
 
@@ -391,14 +412,18 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
         raise ValueError("transitions must be finite")
     star_lab = None
     xs = x
+    use_numba = impl == "numba" or (impl is None and dev.type == "cpu")
+    S = int(targets.shape[1])
     if star is not None:
         tok = x if blank is None else x.index_fill(-1, torch.tensor([blank], device=dev), -math.inf)
         best, star_lab = tok.max(-1)  # (B, T): the best non-blank label of each frame
-        xs = torch.cat([x, (best + star).unsqueeze(-1)], -1)
+        star_col = best + star  # the star column of the augmented emissions, in x's dtype
+        if use_numba and _STAR_KERNEL:
+            return _star_fast(x, star_col, star_lab, seqs, lengths, blank, S, _out_dtype(emissions))
+        xs = torch.cat([x, star_col.unsqueeze(-1)], -1)
     star_label = C if star is not None else None
-    use_numba = impl == "numba" or (impl is None and dev.type == "cpu")
     if use_numba and star is None and transitions is None and blank is not None:
-        return _ctc_fast(x, seqs, lengths, blank, int(targets.shape[1]), _out_dtype(emissions))
+        return _ctc_fast(x, seqs, lengths, blank, S, _out_dtype(emissions))
     # graphs of the feasible examples only: an infeasible one costs nothing and gives -inf
     need = np.array([_min_frames(s, blank) for s in seqs], dtype=np.int64)
     rows = np.nonzero(need <= lengths)[0] if B else np.zeros(0, np.int64)
@@ -444,17 +469,27 @@ def _forced_align_impl(emissions, targets, input_lengths, target_lengths, transi
         star_frames = torch.zeros((B, T), dtype=torch.bool, device=dev)
     start, end, tscore, conf = _token_spans(tok, frame_score, int(targets.shape[1]))
     dt = _out_dtype(emissions)
+    report_frames(int(lengths.sum()))
     return labels, start, end, tscore.to(dt), conf.to(dt), score.to(dt), star_frames
+
+
+#: the graph-free star kernel on the CPU (off: the graph path, which gives the same paths)
+_STAR_KERNEL = True
+
+
+def _padded(seqs) -> Tuple[np.ndarray, np.ndarray]:
+    """``(targets (B, max(S, 1)) int64, lengths (B,))`` of the kernels from B sequences."""
+    tl = np.array([len(s) for s in seqs], dtype=np.int64)
+    tg = np.zeros((len(seqs), max(int(tl.max(initial=0)), 1)), dtype=np.int64)
+    for b, s in enumerate(seqs):
+        tg[b, : len(s)] = s
+    return tg, tl
 
 
 def _ctc_fast(x, seqs, lengths, blank: int, S: int, dt):
     """CTC on the CPU without graphs (:func:`~lightning_gtn.kernels.viterbi_paths.ctc_states`):
     the outputs of :func:`_forced_align_impl` from the node of every frame."""
-    B, T, _ = x.shape
-    tl = np.array([len(s) for s in seqs], dtype=np.int64)
-    tg = np.zeros((B, max(int(tl.max(initial=0)), 1)), dtype=np.int64)
-    for b, s in enumerate(seqs):
-        tg[b, : len(s)] = s
+    tg, tl = _padded(seqs)
     states, score = ctc_states(x.contiguous(), tg, tl, lengths, blank)
     odd = (states % 2) == 1
     tok = torch.where(odd, (states - 1) // 2, torch.full_like(states, _NO_TOKEN))
@@ -462,10 +497,36 @@ def _ctc_fast(x, seqs, lengths, blank: int, S: int, dt):
     labels = torch.where(
         states < 0, torch.full_like(states, -1), torch.where(odd, lab_tok, torch.full_like(states, blank))
     )
+    return _frame_outputs(x, tok, labels, torch.zeros_like(states, dtype=torch.bool), score, S, dt)
+
+
+def _star_fast(x, star_col, star_lab, seqs, lengths, blank: Optional[int], S: int, dt):
+    """Star alignment on the CPU without graphs (:func:`~lightning_gtn.kernels.star_paths.star_states`):
+    the outputs of :func:`_forced_align_impl` from the node of every frame."""
+    tg, tl = _padded(seqs)
+    nb = -1 if blank is None else blank
+    states, score = star_states(x.contiguous(), star_col.contiguous(), tg, tl, lengths, nb)
+    L = torch.from_numpy(tl).unsqueeze(1)
+    none = torch.full_like(states, _NO_TOKEN)
+    if blank is None:  # node l + 1: token l; L + 1 + l: the star of gap l
+        star_frames = states > L
+        tok = torch.where((states > 0) & ~star_frames, states - 1, none)
+    else:  # node 2 l + 1: token l, 2 l: a blank, 2 L + 1 + l: the star of gap l
+        star_frames = states > 2 * L
+        tok = torch.where((states % 2 == 1) & (states > 0) & ~star_frames, (states - 1) // 2, none)
+    lab_tok = torch.from_numpy(tg).gather(1, tok.clamp(min=0))
+    labels = torch.where(tok >= 0, lab_tok, torch.full_like(states, -1 if blank is None else blank))
+    labels = torch.where(star_frames, star_lab, labels)
+    labels = torch.where(states < 0, torch.full_like(states, -1), labels)
+    tok = torch.where(star_frames, torch.full_like(tok, _STAR), tok)
+    return _frame_outputs(x, tok, labels, star_frames, score, S, dt)
+
+
+def _frame_outputs(x, tok, labels, star_frames, score, S: int, dt):
+    """The outputs of :func:`_forced_align_impl` from the token index and label of every frame."""
     frame_score = x.gather(2, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     frame_score = torch.where(labels >= 0, frame_score, torch.zeros_like(frame_score))
     start, end, tscore, conf = _token_spans(tok, frame_score, S)
-    star_frames = torch.zeros((B, T), dtype=torch.bool)
     return labels, start, end, tscore.to(dt), conf.to(dt), score.to(dt), star_frames
 
 

@@ -34,7 +34,10 @@ rows and lengths the caller has checked against ``E``.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -50,6 +53,12 @@ __all__ = [
     "torch_viterbi_arcs",
     "ctc_states",
     "check_problem",
+    "check_path_inputs",
+    "feasible_band",
+    "kernel_chunk_frames",
+    "run_dealt",
+    "frame_progress",
+    "report_frames",
     "BP_BUDGET",
     "MAX_ALIGN_BYTES",
 ]
@@ -340,17 +349,19 @@ def chunk_frames(T: int, S: int, itemsize: int, cells: int) -> int:
     return int(min(T, max(1, cells // max(S, 1), math.isqrt(T * itemsize) + 1)))
 
 
-def search_bytes(T: int, S: int, itemsize: int, cells: int) -> int:
-    """Bytes of one example's search: ``K * S`` one-byte backpointers of a chunk, the
-    ``ceil(T / K)`` checkpointed score rows of ``S`` entries when ``K < T``, two score rows."""
-    K = chunk_frames(T, S, itemsize, cells)
+def search_bytes(T: int, S: int, itemsize: int, cells: int, bp_row: Optional[int] = None) -> int:
+    """Bytes of one example's search: ``K * bp_row`` backpointer bytes of a chunk (``bp_row``:
+    bytes per frame, default one per node), the ``ceil(T / K)`` checkpointed score rows of ``S``
+    entries when ``K < T``, two score rows."""
+    row = S if bp_row is None else bp_row
+    K = chunk_frames(T, row, itemsize, cells)
     n = -(-T // K) if T else 1
-    return K * S + (n * S * itemsize if n > 1 else 0) + 2 * S * itemsize
+    return K * row + (n * S * itemsize if n > 1 else 0) + 2 * S * itemsize
 
 
-def check_search_bytes(T: int, S: int, itemsize: int, what: str = "") -> None:
+def check_search_bytes(T: int, S: int, itemsize: int, what: str = "", *, bp_row: Optional[int] = None) -> None:
     """Raises ValueError when one example needs more than :data:`MAX_ALIGN_BYTES`."""
-    need = search_bytes(T, S, itemsize, BP_BUDGET)
+    need = search_bytes(T, S, itemsize, BP_BUDGET, bp_row)
     if need > MAX_ALIGN_BYTES:
         raise ValueError(
             f"forced alignment of {what}T={T} frames against a graph of S={S} nodes needs "
@@ -370,7 +381,7 @@ def _ctc_frames(E, b, lab, skip_add, band_a, band_z, t0, t1, prev, cur, em, bp, 
     node ``s`` at ``prev[s + 2]``: two leading ``-inf`` so that ``s - 1`` and ``s - 2`` need no
     test); returns the buffers ``(scores after t1 frames, the other)``. Only the feasible band
     ``band_a[t] .. band_z[t]`` of the scores after ``t + 1`` frames is computed (see
-    :func:`_ctc_band`). Branch-free selects in the inner loop (the comparisons of random
+    :func:`feasible_band`). Branch-free selects in the inner loop (the comparisons of random
     scores are not predictable)."""
     ninf = -np.inf
     for t in range(t0, t1):
@@ -415,7 +426,7 @@ def _ctc_frames(E, b, lab, skip_add, band_a, band_z, t0, t1, prev, cur, em, bp, 
 
 
 @njit(cache=True, nogil=True)
-def _ctc_band(lo, hi, T, band_a, band_z):
+def feasible_band(lo, hi, T, band_a, band_z):
     """The feasible nodes after ``t + 1`` frames, ``band_a[t] .. band_z[t]``: node ``s`` needs
     ``lo[s] <= t + 1`` (reachable) and ``hi[s] <= T - t - 1`` (it can still reach an accept
     node). ``lo`` and ``hi`` are monotone in ``s``, so both ends only move up. (Kept out of the
@@ -433,9 +444,10 @@ def _ctc_band(lo, hi, T, band_a, band_z):
 
 
 @njit(cache=True, nogil=True)
-def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states, score):
+def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states, score, progress):
     """Examples ``order[i0::stride]``: ``states[b, t]`` the node (``0 .. 2L``) after frame
-    ``t`` on the best path, ``score[b]`` its score (``-inf`` and states -1 when none)."""
+    ``t`` on the best path, ``score[b]`` its score (``-inf`` and states -1 when none);
+    ``progress[i0]`` counts the frames done (both passes)."""
     ninf = -np.inf
     isz = E.itemsize
     for i in range(i0, order.shape[0], stride):
@@ -473,14 +485,11 @@ def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states,
         score[b] = ninf
         if hi[0] > T:
             continue
-        if T * S <= cells:
-            K = max(T, 1)
-        else:
-            K = min(T, max(1, cells // S, int(np.sqrt(T * isz)) + 1))
+        K = kernel_chunk_frames(T, S, isz, cells)
         n = (T + K - 1) // K if T > 0 else 1
         band_a = np.empty(T, dtype=np.int64)
         band_z = np.empty(T, dtype=np.int64)
-        _ctc_band(lo, hi, T, band_a, band_z)
+        feasible_band(lo, hi, T, band_a, band_z)
         prev = np.full(S + 2, ninf, dtype=E.dtype)
         cur = np.full(S + 2, ninf, dtype=E.dtype)
         em = np.empty(S, dtype=E.dtype)
@@ -493,8 +502,10 @@ def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states,
                 prev, cur = _ctc_frames(
                     E, b, lab, skip_add, band_a, band_z, c * K, min(T, (c + 1) * K), prev, cur, em, bp, False
                 )
+                progress[i0] += min(T, (c + 1) * K) - c * K
         else:
             prev, cur = _ctc_frames(E, b, lab, skip_add, band_a, band_z, 0, T, prev, cur, em, bp, True)
+            progress[i0] += T
         node = S - 1
         if S >= 2 and not prev[S + 1] > prev[S]:
             node = S - 2
@@ -509,6 +520,7 @@ def _ctc_kernel(order, i0, stride, E, targets, tlen, ilen, blank, cells, states,
                 prev[:] = ck[c]
                 cur[:] = ninf
                 _ctc_frames(E, b, lab, skip_add, band_a, band_z, t0, t1, prev, cur, em, bp, True)
+                progress[i0] += t1 - t0
             for t in range(t1 - 1, t0 - 1, -1):
                 states[b, t] = node
                 node -= bp[t - t0, node]
@@ -534,26 +546,122 @@ def ctc_states(E: torch.Tensor, targets: np.ndarray, target_lengths: np.ndarray,
     """
     B, T, C = E.shape[0], E.shape[1], E.shape[2]
     En = E.detach().contiguous().numpy()
+    tg, tl, il = check_path_inputs(B, T, C, targets, target_lengths, input_lengths, blank)
+    for b in range(B):
+        check_search_bytes(int(il[b]), 2 * int(tl[b]) + 1, En.itemsize, f"example {b}: ")
+    states = np.full((B, max(T, 1)), -1, dtype=np.int64)
+    score = np.full(B, NEG_INF, dtype=En.dtype)
+    cells = BP_BUDGET
+
+    def kernel(order, j, k, progress):
+        _ctc_kernel(order, j, k, En, tg, tl, il, blank, cells, states, score, progress)
+
+    run_dealt(kernel, il, 2 * tl + 1, En.itemsize, cells)
+    return torch.from_numpy(states[:, :T]), torch.from_numpy(score)
+
+
+def check_path_inputs(B, T, C, targets, target_lengths, input_lengths, blank, allow_no_blank=False):
+    """``(targets (B, S), target_lengths (B,), input_lengths (B,))`` as contiguous int64 arrays,
+    checked for the graph-free kernels (they index with all of these: the last check before
+    them, whoever called); ``blank`` in ``[0, C)``, or -1 with ``allow_no_blank``."""
     tg = np.ascontiguousarray(targets, dtype=np.int64).reshape(B, -1)
     tl = np.ascontiguousarray(target_lengths, dtype=np.int64)
     il = np.ascontiguousarray(input_lengths, dtype=np.int64)
-    # the kernel indexes with all of these: the last check before it, whoever called
-    if not 0 <= blank < C:
-        raise ValueError(f"blank={blank} must lie in [0, C={C})")
+    if not (0 <= blank < C or (allow_no_blank and blank == -1)):
+        raise ValueError(f"blank={blank} must lie in [0, C={C})" + (" or be -1 (none)" if allow_no_blank else ""))
     if tl.shape != (B,) or il.shape != (B,) or (B and (tl.min() < 0 or tl.max() > tg.shape[1])):
         raise ValueError(f"target_lengths must be (B,) = ({B},) within [0, S={tg.shape[1]}]")
     if B and (il.min() < 0 or il.max() > T):
         raise ValueError(f"input_lengths must be (B,) = ({B},) within [0, T={T}]")
     if tg.size and (tg.min() < 0 or tg.max() >= C):
         raise ValueError(f"targets must lie in [0, C={C})")
-    for b in range(B):
-        check_search_bytes(int(il[b]), 2 * int(tl[b]) + 1, En.itemsize, f"example {b}: ")
-    states = np.full((B, max(T, 1)), -1, dtype=np.int64)
-    score = np.full(B, NEG_INF, dtype=En.dtype)
-    order = np.argsort(-(il * (2 * tl + 1)), kind="stable")  # largest first, dealt round-robin
-    k = min(num_threads(), B) if int((il * (2 * tl + 1)).sum()) >= 20_000 else 1
-    if k <= 1:
-        _ctc_kernel(order, 0, 1, En, tg, tl, il, blank, BP_BUDGET, states, score)
-    else:
-        parallel_map(lambda j: _ctc_kernel(order, j, k, En, tg, tl, il, blank, BP_BUDGET, states, score), range(k))
-    return torch.from_numpy(states[:, :T]), torch.from_numpy(score)
+    return tg, tl, il
+
+
+@njit(cache=True, nogil=True)
+def kernel_chunk_frames(T, row, isz, cells):
+    """:func:`chunk_frames` inside the kernels (``row``: backpointer bytes per frame)."""
+    if T * row <= cells:
+        return max(T, 1)
+    return min(T, max(1, cells // max(row, 1), int(np.sqrt(T * isz)) + 1))
+
+
+def run_dealt(kernel, input_lengths: np.ndarray, bp_rows: np.ndarray, itemsize: int, cells: int) -> None:
+    """Runs ``kernel(order, j, k, progress)`` for ``j < k``: the examples sorted by work
+    (frames times backpointer bytes per frame, largest first) and dealt round-robin to
+    ``k <= num_threads()`` threads (one for small batches); thread ``j`` adds the frames it has
+    done (each pass) to ``progress[j]``. Inside :func:`frame_progress` the hook hears of the
+    frames done while the kernel runs."""
+    work = input_lengths * bp_rows
+    B = len(work)
+    order = np.argsort(-work, kind="stable")
+    k = min(num_threads(), B) if int(work.sum()) >= 20_000 else 1
+    progress = np.zeros(max(k, 1), dtype=np.int64)
+
+    def go():
+        if k <= 1:
+            kernel(order, 0, 1, progress)
+        else:
+            parallel_map(lambda j: kernel(order, j, k, progress), range(k))
+
+    hook = _PROGRESS[-1] if _PROGRESS else None
+    if hook is None:
+        go()
+        return
+    # frames done = the frames of the call times the share of the passes done
+    passes = [1 if chunk_frames(int(t), int(r), itemsize, cells) >= t else 2 for t, r in zip(input_lengths, bp_rows)]
+    steps = int(np.dot(input_lengths, passes)) if B else 0
+    _run_reporting(go, progress, steps, int(input_lengths.sum()), hook)
+
+
+# ---------------------------------------------------------------------------
+# Progress of long searches
+# ---------------------------------------------------------------------------
+
+#: the hooks of the open :func:`frame_progress` contexts (the innermost is called)
+_PROGRESS: list = []
+#: seconds between two reports while a kernel runs
+PROGRESS_INTERVAL = 0.2
+
+
+@contextlib.contextmanager
+def frame_progress(hook: Callable[[int], None]):
+    """Within the context, alignment searches call ``hook(n)`` with the number of frames
+    newly aligned: every :data:`PROGRESS_INTERVAL` seconds while a graph-free kernel runs (the
+    kernel runs on another thread; ``hook`` is called on the caller's), and once per search
+    elsewhere. Over a search the ``n`` sum to its input frames."""
+    _PROGRESS.append(hook)
+    try:
+        yield
+    finally:
+        _PROGRESS.remove(hook)
+
+
+def report_frames(n: int) -> None:
+    """Tells the innermost :func:`frame_progress` hook (if any) that ``n`` frames are done."""
+    if _PROGRESS and n > 0:
+        _PROGRESS[-1](int(n))
+
+
+def _run_reporting(go, progress: np.ndarray, steps: int, frames: int, hook) -> None:
+    errors: list = []
+
+    def target():
+        try:
+            go()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            errors.append(e)
+
+    th = threading.Thread(target=target, name="lightning-gtn-align", daemon=True)
+    th.start()
+    done = 0
+    while th.is_alive():
+        th.join(PROGRESS_INTERVAL)
+        now = min(frames, frames * int(progress.sum()) // max(steps, 1))
+        if now > done:
+            hook(now - done)
+            done = now
+    if errors:
+        raise errors[0]
+    if frames > done:
+        hook(frames - done)

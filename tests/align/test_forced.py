@@ -464,15 +464,17 @@ def peak_mb():
 K.BP_BUDGET = 1 << 20
 T, L = 12000, 3000
 x = torch.zeros(1, T, 2).log_softmax(-1)
-for blank, tokens in ((0, [1] * L), (None, [1, 0] * (L // 2))):
-    forced_align(x[:, :50], [tokens[:10]], [50], blank=blank)  # compiled before measuring
+for blank, tokens, star in ((0, [1] * L, None), (None, [1, 0] * (L // 2), None), (0, [1] * L, -1.0),
+                           (None, [1, 0] * (L // 2), -1.0)):
+    forced_align(x[:, :50], [tokens[:10]], [50], blank=blank, star=star)  # compiled before measuring
     before = peak_mb()
-    al = forced_align(x, [tokens], [T], blank=blank)
+    al = forced_align(x, [tokens], [T], blank=blank, star=star)
     grew = peak_mb() - before
     assert al.labels[0].tolist().count(-1) == 0 and torch.isfinite(al.score).all(), al.score
-    # full backpointers: T * (2L + 1) = 72 MB (CTC) and T * (L + 1) = 36 MB (the chain)
-    print(blank, "grew", grew, "MB", flush=True)
-    assert grew < 16, f"blank={blank}: peak memory grew by {grew:.0f} MB"
+    # full backpointers: T * (2L + 1) = 72 MB (CTC) and T * (L + 1) = 36 MB (the chain), with a
+    # star T * (L + 2) = 36 MB (one byte per gap)
+    print(blank, star, "grew", grew, "MB", flush=True)
+    assert grew < 16, f"blank={blank}, star={star}: peak memory grew by {grew:.0f} MB"
 print("fuzzed")
 """
 
