@@ -311,9 +311,7 @@ def rnnt_cost_grad(
         lam = float(fastemit_lambda)
         cl = float(clamp)
         parallel_map(
-            lambda r0, r1: _grad_rows(
-                g, tg, tl, il, blank, fused, lam, cl, sc, r0, r1, rs, post_b, post_e, logz
-            ),
+            lambda r0, r1: _grad_rows(g, tg, tl, il, blank, fused, lam, cl, sc, r0, r1, rs, post_b, post_e, logz),
             starts,
             ends,
         )

@@ -283,7 +283,9 @@ def transducer_lattice(
     cuts = [round(i * B / pieces) for i in range(pieces + 1)]
 
     def run(e0: int, e1: int) -> None:
-        lattice_examples(e0, e1, planes, d_i, d_j, bnd, sr, bool(need_post), bool(from_end), total, post, path, path_len)
+        lattice_examples(
+            e0, e1, planes, d_i, d_j, bnd, sr, bool(need_post), bool(from_end), total, post, path, path_len
+        )
 
     if B:
         parallel_map(run, cuts[:-1], cuts[1:])
