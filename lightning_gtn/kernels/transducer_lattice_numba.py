@@ -64,9 +64,10 @@ def _plus(acc, v, semiring):
 
 
 @njit(cache=True, nogil=True)
-def _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp):
+def _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, with_post, be, tot, post):
     """``a[i, j]``: the forward variable of node ``(i0 + i, j0 + j)``; in ``MAX``, ``bp[i, j]`` the
-    kind of its best incoming arc (-1: none)."""
+    kind of its best incoming arc (-1: none). ``with_post`` (log semirings, ``be`` the backward
+    variables and ``tot`` the total): the posterior of every arc into the node, on the way."""
     A = di.shape[0]
     for i in range(ni):
         for j in range(nj):
@@ -80,7 +81,12 @@ def _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp):
                     pj = j - dj[k]
                     if pi >= 0 and pj >= 0:
                         v = a[pi, pj] + scores[k][b, i0 + pi, j0 + pj]
-                        if semiring == MAX:
+                        if with_post:
+                            post[k][b, i0 + pi, j0 + pj] = math.exp(v + be[i, j] - tot)
+                        if arg < 0:  # the first incoming arc (the semiring's zero plus v is v)
+                            acc = v
+                            arg = k
+                        elif semiring == MAX:
                             if v > acc:
                                 acc = v
                                 arg = k
@@ -92,8 +98,10 @@ def _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp):
 
 
 @njit(cache=True, nogil=True)
-def _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be):
-    """``be[i, j]``: the log semiring's backward variable of node ``(i0 + i, j0 + j)``."""
+def _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be, with_post, a, tot, post):
+    """``be[i, j]``: the log semiring's backward variable of node ``(i0 + i, j0 + j)``;
+    ``with_post`` (``a`` the forward variables, ``tot`` the total): the posterior of every arc
+    out of the node, on the way."""
     A = di.shape[0]
     for i in range(ni - 1, -1, -1):
         for j in range(nj - 1, -1, -1):
@@ -101,26 +109,22 @@ def _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be):
                 be[i, j] = 0.0
                 continue
             acc = NEG_INF
+            first = True
             for k in range(A):
                 qi = i + di[k]
                 qj = j + dj[k]
                 if qi < ni and qj < nj:
-                    acc = _plus(acc, scores[k][b, i0 + i, j0 + j] + be[qi, qj], semiring)
+                    sc = scores[k][b, i0 + i, j0 + j]
+                    bq = be[qi, qj]
+                    if with_post:
+                        post[k][b, i0 + i, j0 + j] = math.exp(a[i, j] + sc + bq - tot)
+                    v = sc + bq
+                    if first:  # the semiring's zero plus v is v
+                        acc = v
+                        first = False
+                    else:
+                        acc = _plus(acc, v, semiring)
             be[i, j] = acc
-
-
-@njit(cache=True, nogil=True)
-def _posteriors(scores, di, dj, b, i0, j0, ni, nj, a, be, tot, post):
-    """``post[k][b, i, j] = exp(alpha + score + beta - tot)`` for every arc inside the rectangle."""
-    A = di.shape[0]
-    for i in range(ni):
-        for j in range(nj):
-            al = a[i, j]
-            for k in range(A):
-                qi = i + di[k]
-                qj = j + dj[k]
-                if qi < ni and qj < nj:
-                    post[k][b, i0 + i, j0 + j] = math.exp(al + scores[k][b, i0 + i, j0 + j] + be[qi, qj] - tot)
 
 
 @njit(cache=True, nogil=True)
@@ -180,32 +184,27 @@ def lattice_examples(e0, e1, scores, di, dj, bnd, semiring, need_post, from_end,
         if semiring == MAX:
             a = np.empty((ni, nj))
             bp = np.empty((ni, nj), dtype=np.int64)
-            _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp)
+            _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, False, a, 0.0, post)
             tot = a[ni - 1, nj - 1]
             total[b] = tot
             if tot > NEG_INF:
                 _backtrack(di, dj, b, i0, j0, ni, nj, bp, need_post, post, path, path_len)
             continue
         bp = np.empty((1, 1), dtype=np.int64)
-        if from_end:
-            be = np.empty((ni, nj))
-            _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be)
+        a = np.empty((ni, nj))
+        be = np.empty((ni, nj))
+        if from_end:  # beta, then alpha with the posteriors
+            _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be, False, a, 0.0, post)
             tot = be[0, 0]
             total[b] = tot
-            if not need_post or tot == NEG_INF:
-                continue
-            a = np.empty((ni, nj))
-            _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp)
-        else:
-            a = np.empty((ni, nj))
-            _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp)
+            if need_post and tot != NEG_INF:
+                _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, True, be, tot, post)
+        else:  # alpha, then beta with the posteriors
+            _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, False, be, 0.0, post)
             tot = a[ni - 1, nj - 1]
             total[b] = tot
-            if not need_post or tot == NEG_INF:
-                continue
-            be = np.empty((ni, nj))
-            _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be)
-        _posteriors(scores, di, dj, b, i0, j0, ni, nj, a, be, tot, post)
+            if need_post and tot != NEG_INF:
+                _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be, True, a, tot, post)
 
 
 def _as_planes(scores: Sequence[np.ndarray], B: int) -> Tuple[np.ndarray, ...]:

@@ -212,7 +212,9 @@ def test_max_ties_go_to_the_kind_listed_first():
     ],
 )
 def test_bad_arguments_are_named(kw, msg):
-    args = dict(scores=[np.zeros((1, 3, 3)), np.zeros((1, 3, 3))], di=[1, 0], dj=[0, 1], boundary=np.array([[0, 0, 2, 2]]))
+    args = dict(
+        scores=[np.zeros((1, 3, 3)), np.zeros((1, 3, 3))], di=[1, 0], dj=[0, 1], boundary=np.array([[0, 0, 2, 2]])
+    )
     args.update(kw)
     with pytest.raises(ValueError, match=msg):
         transducer_lattice(**args)
