@@ -43,7 +43,7 @@ import torch
 from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
-from .transducer_lattice_numba import LOG, lattice_examples
+from .transducer_lattice_numba import LOG, POST_ALL, POST_NONE, lattice_examples
 
 __all__ = ["lattice_loss", "Arcs"]
 
@@ -85,7 +85,6 @@ def _arc_rows(
     tok_dur,
     tok_didx,
     blank_ids,
-    blank_dur,
     blank_didx,
     sigma,
     normalise,
@@ -301,7 +300,6 @@ def lattice_loss(
             tok_dur,
             tok_didx,
             blank_ids,
-            blank_dur,
             blank_didx,
             sigma,
             normalise,
@@ -324,7 +322,7 @@ def lattice_loss(
     ll = np.empty(B, dtype=np.float64)
     _run(
         lambda e0, e1: lattice_examples(
-            e0, e1, scores, di, dj, bnd, LOG, bool(need_grad), True, ll, posts, _NO_PATH, _NO_LEN
+            e0, e1, scores, di, dj, bnd, LOG, POST_ALL if need_grad else POST_NONE, True, ll, posts, _NO_PATH, _NO_LEN
         ),
         B,
         1,

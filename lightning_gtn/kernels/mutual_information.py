@@ -40,7 +40,7 @@ from torch import Tensor
 from .dense_numba import run_rows
 from .logmath import NEG_INF
 from .rnnt_triton import mutual_information_triton
-from .transducer_lattice_numba import LOG_CHECKED, lattice_examples
+from .transducer_lattice_numba import LOG_CHECKED, POST_ALL, POST_NONE, lattice_examples
 
 __all__ = [
     "check_boundary_values",
@@ -103,7 +103,7 @@ def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
         _MI_DJ[bool(modified)],
         bnd,
         LOG_CHECKED,
-        need_grad,
+        POST_ALL if need_grad else POST_NONE,
         False,
         scores,
         (pxg, pyg),

@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
-from .transducer_lattice_numba import LOG, lattice_examples
+from .transducer_lattice_numba import LOG, POST_ALL, POST_NONE, lattice_examples
 
 __all__ = ["rnnt_cost_grad"]
 
@@ -299,10 +299,13 @@ def rnnt_cost_grad(
     post_b = np.zeros(pshape, dtype=np.float64)
     post_e = np.zeros((B, T + 1, U1) if has_g else pshape, dtype=np.float64)
     scores = (lpb, lpe)
+    post_mode = POST_ALL if has_g else POST_NONE
     posts = (post_b, post_e)
     e0, e1 = _chunks(B, 1)
     parallel_map(
-        lambda a, b: lattice_examples(a, b, scores, _DI, _DJ, bnd, LOG, has_g, True, logz, posts, _NO_PATH, _NO_LEN),
+        lambda a, b: lattice_examples(
+            a, b, scores, _DI, _DJ, bnd, LOG, post_mode, True, logz, posts, _NO_PATH, _NO_LEN
+        ),
         e0,
         e1,
     )

@@ -34,7 +34,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .transducer_lattice_numba import LOG, MAX, lattice_examples
+from .transducer_lattice_numba import LOG, MAX, POST_ALL, POST_MARKED, lattice_examples
 
 __all__ = ["rnnt_viterbi"]
 
@@ -77,7 +77,8 @@ _DJ = np.array([0, 1], dtype=np.int64)
 @njit(cache=True, nogil=True)
 def _batch(x, y, T, U, blank, normalize, frames, tok_logp, tok_post, score, logz):
     """Every example: the node log-probabilities, then the shared lattice twice (the max semiring
-    with its best path, the log semiring with the arc posteriors), then the token rows."""
+    with its best path, the log semiring with the posteriors of that path's arcs), then the token
+    rows."""
     B, Tm, U1 = x.shape[0], x.shape[1], x.shape[2]
     lp_blank = np.full((B, Tm, U1), -np.inf)
     lp_emit = np.full((B, Tm + 1, U1), -np.inf)  # the row T: no token arcs
@@ -93,8 +94,9 @@ def _batch(x, y, T, U, blank, normalize, frames, tok_logp, tok_post, score, logz
     posts = (post_b, post_e)
     path = np.empty((B, Tm + U1, 3), dtype=np.int64)
     path_len = np.zeros(B, dtype=np.int64)
-    lattice_examples(0, B, scores, _DI, _DJ, bnd, MAX, False, False, score, posts, path, path_len)
-    lattice_examples(0, B, scores, _DI, _DJ, bnd, LOG, True, False, logz, posts, path, path_len)
+    # the best path (its arcs marked 1 in posts), then the log semiring's posteriors of those arcs
+    lattice_examples(0, B, scores, _DI, _DJ, bnd, MAX, POST_ALL, False, score, posts, path, path_len)
+    lattice_examples(0, B, scores, _DI, _DJ, bnd, LOG, POST_MARKED, False, logz, posts, path, path_len)
     for b in range(B):
         if score[b] == -np.inf:
             continue

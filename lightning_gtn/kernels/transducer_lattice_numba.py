@@ -41,7 +41,16 @@ from numba import njit
 from ..wfst.parallel import get_num_threads, parallel_map
 from .logmath import log_add, log_add_checked
 
-__all__ = ["LOG", "LOG_CHECKED", "MAX", "lattice_examples", "transducer_lattice"]
+__all__ = [
+    "LOG",
+    "LOG_CHECKED",
+    "MAX",
+    "POST_ALL",
+    "POST_MARKED",
+    "POST_NONE",
+    "lattice_examples",
+    "transducer_lattice",
+]
 
 NEG_INF = -math.inf
 
@@ -51,6 +60,13 @@ LOG = 0
 LOG_CHECKED = 1
 #: the max semiring, with back pointers
 MAX = 2
+#: no posteriors
+POST_NONE = 0
+#: every arc's posterior
+POST_ALL = 1
+#: the posteriors of the arcs marked by a non-zero entry of ``post`` on the way in (in the log
+#: semirings; the max semiring's posteriors mark its best path): the rest is left as it is
+POST_MARKED = 2
 
 _SEMIRINGS = {"log": LOG, "log_checked": LOG_CHECKED, "max": MAX}
 
@@ -67,7 +83,8 @@ def _plus(acc, v, semiring):
 def _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, with_post, be, tot, post):
     """``a[i, j]``: the forward variable of node ``(i0 + i, j0 + j)``; in ``MAX``, ``bp[i, j]`` the
     kind of its best incoming arc (-1: none). ``with_post`` (log semirings, ``be`` the backward
-    variables and ``tot`` the total): the posterior of every arc into the node, on the way."""
+    variables and ``tot`` the total; :data:`POST_ALL` or :data:`POST_MARKED`): the posteriors of
+    the arcs into the node, on the way."""
     A = di.shape[0]
     for i in range(ni):
         for j in range(nj):
@@ -81,7 +98,7 @@ def _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, with_post, be, 
                     pj = j - dj[k]
                     if pi >= 0 and pj >= 0:
                         v = a[pi, pj] + scores[k][b, i0 + pi, j0 + pj]
-                        if with_post:
+                        if with_post == POST_ALL or (with_post == POST_MARKED and post[k][b, i0 + pi, j0 + pj] != 0.0):
                             post[k][b, i0 + pi, j0 + pj] = math.exp(v + be[i, j] - tot)
                         if arg < 0:  # the first incoming arc (the semiring's zero plus v is v)
                             acc = v
@@ -100,8 +117,8 @@ def _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, with_post, be, 
 @njit(cache=True, nogil=True)
 def _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be, with_post, a, tot, post):
     """``be[i, j]``: the log semiring's backward variable of node ``(i0 + i, j0 + j)``;
-    ``with_post`` (``a`` the forward variables, ``tot`` the total): the posterior of every arc
-    out of the node, on the way."""
+    ``with_post`` (``a`` the forward variables, ``tot`` the total; :data:`POST_ALL` or
+    :data:`POST_MARKED`): the posteriors of the arcs out of the node, on the way."""
     A = di.shape[0]
     for i in range(ni - 1, -1, -1):
         for j in range(nj - 1, -1, -1):
@@ -116,7 +133,7 @@ def _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be, with_post, a, tot
                 if qi < ni and qj < nj:
                     sc = scores[k][b, i0 + i, j0 + j]
                     bq = be[qi, qj]
-                    if with_post:
+                    if with_post == POST_ALL or (with_post == POST_MARKED and post[k][b, i0 + i, j0 + j] != 0.0):
                         post[k][b, i0 + i, j0 + j] = math.exp(a[i, j] + sc + bq - tot)
                     v = sc + bq
                     if first:  # the semiring's zero plus v is v
@@ -161,8 +178,10 @@ def lattice_examples(e0, e1, scores, di, dj, bnd, semiring, need_post, from_end,
         di, dj: ``(A,)`` int64 advances of each kind.
         bnd: ``(B, 4)`` int64 ``[i0, j0, i1, j1]`` per example.
         semiring: :data:`LOG`, :data:`LOG_CHECKED` or :data:`MAX`.
-        need_post: write the posteriors into ``post`` (a tuple like ``scores``; only the arcs
-            inside each rectangle are written, the caller zero-fills).
+        need_post: :data:`POST_NONE`, :data:`POST_ALL` (every posterior into ``post``, a tuple
+            like ``scores``; only the arcs inside each rectangle are written, the caller
+            zero-fills) or :data:`POST_MARKED` (only those of the arcs whose ``post`` entry is
+            non-zero: the best path of a max-semiring call, rescored in the log semiring).
         from_end: in the log semirings, the total is the backward variable of the start node
             (else the forward variable of the end node); without posteriors only that direction
             runs.
@@ -184,27 +203,27 @@ def lattice_examples(e0, e1, scores, di, dj, bnd, semiring, need_post, from_end,
         if semiring == MAX:
             a = np.empty((ni, nj))
             bp = np.empty((ni, nj), dtype=np.int64)
-            _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, False, a, 0.0, post)
+            _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, POST_NONE, a, 0.0, post)
             tot = a[ni - 1, nj - 1]
             total[b] = tot
             if tot > NEG_INF:
-                _backtrack(di, dj, b, i0, j0, ni, nj, bp, need_post, post, path, path_len)
+                _backtrack(di, dj, b, i0, j0, ni, nj, bp, need_post != POST_NONE, post, path, path_len)
             continue
         bp = np.empty((1, 1), dtype=np.int64)
         a = np.empty((ni, nj))
         be = np.empty((ni, nj))
         if from_end:  # beta, then alpha with the posteriors
-            _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be, False, a, 0.0, post)
+            _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be, POST_NONE, a, 0.0, post)
             tot = be[0, 0]
             total[b] = tot
-            if need_post and tot != NEG_INF:
-                _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, True, be, tot, post)
+            if need_post != POST_NONE and tot != NEG_INF:
+                _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, need_post, be, tot, post)
         else:  # alpha, then beta with the posteriors
-            _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, False, be, 0.0, post)
+            _forward(scores, di, dj, b, i0, j0, ni, nj, semiring, a, bp, POST_NONE, be, 0.0, post)
             tot = a[ni - 1, nj - 1]
             total[b] = tot
-            if need_post and tot != NEG_INF:
-                _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be, True, a, tot, post)
+            if need_post != POST_NONE and tot != NEG_INF:
+                _backward(scores, di, dj, b, i0, j0, ni, nj, semiring, be, need_post, a, tot, post)
 
 
 def _as_planes(scores: Sequence[np.ndarray], B: int) -> Tuple[np.ndarray, ...]:
@@ -229,6 +248,7 @@ def transducer_lattice(
     semiring: str = "log",
     need_post: bool = True,
     from_end: bool = False,
+    marked: Optional[Sequence[np.ndarray]] = None,
 ) -> Tuple[np.ndarray, Optional[Tuple[np.ndarray, ...]], Optional[np.ndarray]]:
     """The lattice of the module docstring, every argument checked.
 
@@ -242,6 +262,9 @@ def transducer_lattice(
         semiring: ``"log"``, ``"log_checked"`` (two ``+inf`` add to ``+inf``) or ``"max"``.
         need_post: compute the posteriors.
         from_end: the log semirings' total from the backward variables.
+        marked: with ``need_post`` in a log semiring, arrays like ``scores`` (the max semiring's
+            posteriors, say): only the arcs whose entry is non-zero get their posterior, the
+            others keep the entry they have here.
 
     Returns:
         ``(total (B,) float64, posteriors, path)``: the posteriors are a tuple like ``scores`` (in
@@ -275,6 +298,12 @@ def transducer_lattice(
     sr = _SEMIRINGS[semiring]
     total = np.empty(B, dtype=np.float64)
     post = tuple(np.zeros(p.shape if need_post else (1, 1, 1), dtype=p.dtype) for p in planes)
+    mode = POST_ALL if need_post else POST_NONE
+    if marked is not None and need_post and sr != MAX:
+        post = tuple(np.array(m, dtype=p.dtype, order="C") for m, p in zip(marked, planes))
+        if len(post) != A or any(m.shape != p.shape for m, p in zip(post, planes)):
+            raise ValueError("marked must hold one array of each scores plane's shape")
+        mode = POST_MARKED
     L = int((np.where(live, bnd[:, 2] - bnd[:, 0] + bnd[:, 3] - bnd[:, 1], 0)).max()) if B and sr == MAX else 0
     path = np.full((B, max(L, 1), 3) if sr == MAX else (1, 1, 3), -1, dtype=np.int64)
     path_len = np.zeros(max(B, 1), dtype=np.int64)
@@ -282,9 +311,7 @@ def transducer_lattice(
     cuts = [round(i * B / pieces) for i in range(pieces + 1)]
 
     def run(e0: int, e1: int) -> None:
-        lattice_examples(
-            e0, e1, planes, d_i, d_j, bnd, sr, bool(need_post), bool(from_end), total, post, path, path_len
-        )
+        lattice_examples(e0, e1, planes, d_i, d_j, bnd, sr, mode, bool(from_end), total, post, path, path_len)
 
     if B:
         parallel_map(run, cuts[:-1], cuts[1:])

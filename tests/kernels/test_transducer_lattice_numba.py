@@ -224,3 +224,18 @@ def test_enumeration_counts_paths():
     # the brute force itself: lattice paths of a (3, 2) rectangle with unit steps are C(5, 2)
     assert len(_paths([1, 0], [0, 1], 0, 0, 3, 2)) == math.comb(5, 2)
     assert len(list(itertools.islice(_paths([1, 0], [1, 1], 0, 0, 2, 2), 10))) == 1
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_marked_posteriors_rescore_the_best_path(kind):
+    # the max semiring marks its best path; the log semiring then gives only those arcs' posteriors
+    planes, di, dj, bnd = _case(kind, seed=13)
+    _, best, _ = transducer_lattice(planes, di, dj, bnd, "max")
+    _, full, _ = transducer_lattice(planes, di, dj, bnd, "log")
+    _, part, _ = transducer_lattice(planes, di, dj, bnd, "log", marked=best)
+    assert best is not None and full is not None and part is not None
+    for k in range(len(di)):
+        on = best[k] != 0
+        np.testing.assert_array_equal(part[k][on], full[k][on])
+        assert not part[k][~on].any()
+    assert any(b.any() for b in best)
