@@ -73,28 +73,13 @@ def _lse_row(x, lo, hi):
 
 
 @njit(cache=True, nogil=True)
-def _arc_rows(
-    r0,
-    r1,
-    x,
-    targets,
-    tlen,
-    ulen,
-    K,
-    D,
-    tok_dur,
-    tok_didx,
-    blank_ids,
-    blank_didx,
-    sigma,
-    normalise,
-    lz,
-    dz,
-    sc,
-):
+def _arc_rows(r0, r1, ex, K, D, arcs, sigma, normalise, lz, dz, sc):
     """Rows ``r = e * T + t`` in ``[r0, r1)`` with ``t < tlen[e]`` (pass 1): the normalisers
     ``lz``, ``dz`` of each node and the arc scores ``sc[k, e, t, u]``, token arcs first (``-inf``,
-    as initialised, for a token that would land on or after ``T``), then blank arcs."""
+    as initialised, for a token that would land on or after ``T``), then blank arcs. ``ex`` is
+    ``(x, targets, tlen, ulen)``, ``arcs`` the :data:`Arcs`."""
+    x, targets, tlen, ulen = ex
+    tok_dur, tok_didx, blank_ids, _, blank_didx = arcs
     Tmax = x.shape[1]
     NT = tok_dur.shape[0]
     NB = blank_ids.shape[0]
@@ -131,34 +116,15 @@ def _arc_rows(
 
 
 @njit(cache=True, nogil=True)
-def _grad_rows(
-    r0,
-    r1,
-    x,
-    targets,
-    tlen,
-    ulen,
-    K,
-    D,
-    tok_didx,
-    blank_ids,
-    blank_didx,
-    normalise,
-    coef,
-    scale,
-    accumulate,
-    ll,
-    lz,
-    dz,
-    post,
-    grad,
-    lam,
-):
+def _grad_rows(r0, r1, ex, K, D, arcs, normalise, coef, scale, accumulate, ll, lz, dz, post, grad, lam):
     """Rows ``r = e * T + t`` in ``[r0, r1)`` (pass 3): ``grad[e, t] (+)= scale * coef[e] *
     d(-log Z_e)/dx[e, t]`` from the arc posteriors ``post[k, e, t, u]`` (``+=`` with
     ``accumulate``; positions outside the example's lattice are then left alone, else set to 0,
     as are the rows of an example whose total ``ll[e]`` is not finite). ``lam`` is FastEmit's
-    weight: every token arc's share of the gradient is scaled by ``1 + lam``."""
+    weight: every token arc's share of the gradient is scaled by ``1 + lam``. ``ex`` and ``arcs``
+    as for :func:`_arc_rows`."""
+    x, targets, tlen, ulen = ex
+    _, tok_didx, blank_ids, _, blank_didx = arcs
     Tmax = x.shape[1]
     U1max = x.shape[2]
     NT = tok_didx.shape[0]
@@ -287,29 +253,9 @@ def lattice_loss(
     lz = np.zeros((B, T, U1))
     dz = np.zeros((B, T, U1))
     sc = np.full((A, B, T + 1, U1), NEG_INF)
-    _run(
-        lambda r0, r1: _arc_rows(
-            r0,
-            r1,
-            xn,
-            tg,
-            tl,
-            ul,
-            K,
-            D,
-            tok_dur,
-            tok_didx,
-            blank_ids,
-            blank_didx,
-            sigma,
-            normalise,
-            lz,
-            dz,
-            sc,
-        ),
-        B * T,
-        4,
-    )
+    ex = (xn, tg, tl, ul)
+    arcs_c = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in arcs)
+    _run(lambda r0, r1: _arc_rows(r0, r1, ex, K, D, arcs_c, sigma, normalise, lz, dz, sc), B * T, 4)
     # pass 2: the lattice, token arcs (d, 1) then blank arcs (d, 0), ending at (T_b, U_b)
     di = np.ascontiguousarray(np.concatenate([tok_dur, blank_dur]), dtype=np.int64)
     dj = np.concatenate([np.ones(NT, dtype=np.int64), np.zeros(A - NT, dtype=np.int64)])
@@ -336,29 +282,7 @@ def lattice_loss(
         cf = np.ascontiguousarray(coef, dtype=np.float64)
         sc_, acc, lam = float(scale), bool(accumulate), float(fastemit_lambda)
         _run(
-            lambda r0, r1: _grad_rows(
-                r0,
-                r1,
-                xn,
-                tg,
-                tl,
-                ul,
-                K,
-                D,
-                tok_didx,
-                blank_ids,
-                blank_didx,
-                normalise,
-                cf,
-                sc_,
-                acc,
-                ll,
-                lz,
-                dz,
-                post,
-                gn,
-                lam,
-            ),
+            lambda r0, r1: _grad_rows(r0, r1, ex, K, D, arcs_c, normalise, cf, sc_, acc, ll, lz, dz, post, gn, lam),
             B * T,
             4,
         )
