@@ -20,9 +20,17 @@ exactly on ``t + d == T``; a token arc landing on or after ``T`` ends nothing. T
   per positive duration, each adding the duration's log-probability.
 
 :func:`lattice_loss` computes ``-log`` of the total score of the complete paths of every example
-and, in the same pass, its gradient with respect to ``x`` (the log-softmax fused: the normalisers
-of a node are computed once, the gradient is written straight into one buffer, scaled per example
-by the reduction's coefficient). Forward and backward variables are in log space, in float64.
+and, in the same call, its gradient with respect to ``x``, in three passes (the log-softmax fused:
+the normalisers of a node are computed once, the gradient is written straight into one buffer,
+scaled per example by the reduction's coefficient):
+
+1. :func:`_arc_rows` (threads over ``(e, t)`` rows): each node's normalisers and the score of
+   each of its arcs, one ``(T + 1, U + 1)`` plane per arc kind;
+2. the engine's shared lattice, :func:`.transducer_lattice_numba.lattice_examples` (threads over
+   examples): token arcs ``(tok_dur[k], 1)`` then blank arcs ``(blank_dur[k], 0)``, ending at
+   ``(T, U)``; forward and backward variables in log space, in float64; the arc posteriors;
+3. :func:`_grad_rows` (threads over rows): the gradient of each node from its arcs' posteriors
+   (FastEmit scales the token arcs' there).
 """
 
 from __future__ import annotations
@@ -35,11 +43,13 @@ import torch
 from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
-from .logmath import log_add
+from .transducer_lattice_numba import LOG, POST_ALL, POST_NONE, lattice_examples
 
 __all__ = ["lattice_loss", "Arcs"]
 
 NEG_INF = -math.inf
+_NO_PATH = np.zeros((1, 1, 3), dtype=np.int64)  # the max semiring's outputs, unused here
+_NO_LEN = np.zeros(1, dtype=np.int64)
 
 #: ``(tok_dur, tok_didx, blank_ids, blank_dur, blank_didx)``: int64 arrays describing the arcs
 Arcs = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -63,170 +73,126 @@ def _lse_row(x, lo, hi):
 
 
 @njit(cache=True, nogil=True)
-def _lattice_kernel(
-    e0,
-    e1,
-    x,
-    targets,
-    tlen,
-    ulen,
-    K,
-    D,
-    tok_dur,
-    tok_didx,
-    blank_ids,
-    blank_dur,
-    blank_didx,
-    sigma,
-    normalise,
-    coef,
-    scale,
-    need_grad,
-    accumulate,
-    losses,
-    grad,
-    lam,
-):
-    """Examples ``e0 .. e1 - 1``: ``losses[e] (+)= scale * (-log Z_e)`` and, with ``need_grad``,
-    ``grad[e] (+)= scale * coef[e] * d(-log Z_e)/dx[e]`` (``+=`` with ``accumulate``; positions
-    outside the example's lattice are then left alone, else set to 0). ``lam`` is FastEmit's
-    weight: every token arc's share of the gradient is scaled by ``1 + lam``."""
+def _arc_rows(r0, r1, ex, K, D, arcs, sigma, normalise, lz, dz, sc):
+    """Rows ``r = e * T + t`` in ``[r0, r1)`` with ``t < tlen[e]`` (pass 1): the normalisers
+    ``lz``, ``dz`` of each node and the arc scores ``sc[k, e, t, u]``, token arcs first (``-inf``,
+    as initialised, for a token that would land on or after ``T``), then blank arcs. ``ex`` is
+    ``(x, targets, tlen, ulen)``, ``arcs`` the :data:`Arcs`."""
+    x, targets, tlen, ulen = ex
+    tok_dur, tok_didx, blank_ids, _, blank_didx = arcs
     Tmax = x.shape[1]
-    U1max = x.shape[2]
     NT = tok_dur.shape[0]
     NB = blank_ids.shape[0]
-    for e in range(e0, e1):
+    for r in range(r0, r1):
+        e = r // Tmax
+        t = r - e * Tmax
+        T = tlen[e]
+        if t >= T:
+            continue
+        U = ulen[e]
+        for u in range(U + 1):
+            row = x[e, t, u]
+            zl = 0.0
+            zd = 0.0
+            if normalise:
+                zl = _lse_row(row, 0, K)
+                if D > 0:
+                    zd = _lse_row(row, K, K + D)
+            lz[e, t, u] = zl
+            dz[e, t, u] = zd
+            if u < U:
+                base = row[targets[e, u]] - zl - sigma
+                for k in range(NT):
+                    if t + tok_dur[k] < T:
+                        v = base
+                        if tok_didx[k] >= 0:
+                            v += row[K + tok_didx[k]] - zd
+                        sc[k, e, t, u] = v
+            for k in range(NB):
+                v = row[blank_ids[k]] - zl - sigma
+                if blank_didx[k] >= 0:
+                    v += row[K + blank_didx[k]] - zd
+                sc[NT + k, e, t, u] = v
+
+
+@njit(cache=True, nogil=True)
+def _grad_rows(r0, r1, ex, K, D, arcs, normalise, coef, scale, accumulate, ll, lz, dz, post, grad, lam):
+    """Rows ``r = e * T + t`` in ``[r0, r1)`` (pass 3): ``grad[e, t] (+)= scale * coef[e] *
+    d(-log Z_e)/dx[e, t]`` from the arc posteriors ``post[k, e, t, u]`` (``+=`` with
+    ``accumulate``; positions outside the example's lattice are then left alone, else set to 0,
+    as are the rows of an example whose total ``ll[e]`` is not finite). ``lam`` is FastEmit's
+    weight: every token arc's share of the gradient is scaled by ``1 + lam``. ``ex`` and ``arcs``
+    as for :func:`_arc_rows`."""
+    x, targets, tlen, ulen = ex
+    _, tok_didx, blank_ids, _, blank_didx = arcs
+    Tmax = x.shape[1]
+    U1max = x.shape[2]
+    NT = tok_didx.shape[0]
+    NB = blank_ids.shape[0]
+    w_tok = 1.0 + lam
+    for r in range(r0, r1):
+        e = r // Tmax
+        t = r - e * Tmax
         T = tlen[e]
         U = ulen[e]
-        if need_grad and not accumulate:  # the nodes outside the lattice (the lattice's are written below)
-            for t in range(Tmax):
-                for u in range(U1max):
-                    if t >= T or u > U:
-                        grad[e, t, u, :] = 0.0
-        if T <= 0:
-            if accumulate:
-                losses[e] += scale * math.inf
-            else:
-                losses[e] = math.inf
-            continue
-        lz = np.zeros((T, U + 1))  # label normalisers
-        dz = np.zeros((T, U + 1))  # duration normalisers
-        if normalise:
-            for t in range(T):
-                for u in range(U + 1):
-                    row = x[e, t, u]
-                    lz[t, u] = _lse_row(row, 0, K)
-                    if D > 0:
-                        dz[t, u] = _lse_row(row, K, K + D)
-        # arc scores at each node: token arcs (NT), blank arcs (NB)
-        tok = np.full((T, U + 1, max(NT, 1)), NEG_INF)
-        blk = np.full((T, U + 1, max(NB, 1)), NEG_INF)
-        for t in range(T):
-            for u in range(U + 1):
-                row = x[e, t, u]
-                if u < U:
-                    base = row[targets[e, u]] - lz[t, u] - sigma
-                    for k in range(NT):
-                        s = base
-                        if tok_didx[k] >= 0:
-                            s += row[K + tok_didx[k]] - dz[t, u]
-                        tok[t, u, k] = s
-                for k in range(NB):
-                    s = row[blank_ids[k]] - lz[t, u] - sigma
-                    if blank_didx[k] >= 0:
-                        s += row[K + blank_didx[k]] - dz[t, u]
-                    blk[t, u, k] = s
-        # backward variables: beta[t, u] = log of the total score from (t, u) to the end
-        beta = np.full((T, U + 1), NEG_INF)
-        for t in range(T - 1, -1, -1):
-            for u in range(U, -1, -1):
-                acc = NEG_INF
-                if u < U:
-                    for k in range(NT):
-                        t2 = t + tok_dur[k]
-                        if t2 < T:
-                            acc = log_add(acc, tok[t, u, k] + beta[t2, u + 1])
-                for k in range(NB):
-                    t2 = t + blank_dur[k]
-                    if t2 < T:
-                        acc = log_add(acc, blk[t, u, k] + beta[t2, u])
-                    elif t2 == T and u == U:
-                        acc = log_add(acc, blk[t, u, k])
-                beta[t, u] = acc
-        ll = beta[0, 0]
-        if accumulate:
-            losses[e] += scale * (-ll)
-        else:
-            losses[e] = scale * (-ll)
-        if not need_grad:
-            continue
-        if not (ll > NEG_INF and ll < math.inf):
-            if not accumulate:
-                grad[e, :T, : U + 1, :] = 0.0
-            continue
-        # forward variables
-        alpha = np.full((T, U + 1), NEG_INF)
-        alpha[0, 0] = 0.0
-        for t in range(T):
-            for u in range(U + 1):
-                acc = alpha[t, u]
-                if u > 0:
-                    for k in range(NT):
-                        t0 = t - tok_dur[k]
-                        if t0 >= 0:
-                            acc = log_add(acc, alpha[t0, u - 1] + tok[t0, u - 1, k])
-                for k in range(NB):
-                    t0 = t - blank_dur[k]
-                    if t0 >= 0:
-                        acc = log_add(acc, alpha[t0, u] + blk[t0, u, k])
-                alpha[t, u] = acc
+        lle = ll[e]
+        dead = t >= T or not (lle > NEG_INF and lle < math.inf)
         g = scale * coef[e]
-        w_tok = 1.0 + lam
-        for t in range(T):
-            for u in range(U + 1):
-                a = alpha[t, u]
-                gr = grad[e, t, u]
-                if not accumulate:
-                    gr[:] = 0.0
-                if a == NEG_INF:
-                    continue
-                occ = math.exp(a + beta[t, u] - ll)
-                row = x[e, t, u]
-                if lam != 0.0 and u < U:  # FastEmit: the token arcs' posteriors count 1 + lam times
+        for u in range(U1max):
+            gr = grad[e, t, u]
+            if not accumulate:
+                gr[:] = 0.0
+            if dead or u > U:
+                continue
+            occ = 0.0  # the node's occupancy, plus lam times its token arcs' posteriors (FastEmit)
+            if u < U:
+                for k in range(NT):
+                    occ += post[k, e, t, u]
+                if lam != 0.0:
                     for k in range(NT):
-                        t2 = t + tok_dur[k]
-                        if t2 < T:
-                            occ += lam * math.exp(a + tok[t, u, k] + beta[t2, u + 1] - ll)
-                if normalise and occ > 0.0:
-                    lzn = lz[t, u]
-                    for v in range(K):
-                        gr[v] += g * occ * math.exp(row[v] - lzn)
-                    if D > 0:
-                        dzn = dz[t, u]
-                        for i in range(D):
-                            gr[K + i] += g * occ * math.exp(row[K + i] - dzn)
-                if u < U:
-                    y = targets[e, u]
-                    for k in range(NT):
-                        t2 = t + tok_dur[k]
-                        if t2 < T:
-                            p = g * math.exp(a + tok[t, u, k] + beta[t2, u + 1] - ll)
-                            if lam != 0.0:
-                                p *= w_tok
-                            gr[y] -= p
-                            if tok_didx[k] >= 0:
-                                gr[K + tok_didx[k]] -= p
-                for k in range(NB):
-                    t2 = t + blank_dur[k]
-                    if t2 < T:
-                        p = g * math.exp(a + blk[t, u, k] + beta[t2, u] - ll)
-                    elif t2 == T and u == U:
-                        p = g * math.exp(a + blk[t, u, k] - ll)
-                    else:
-                        continue
-                    gr[blank_ids[k]] -= p
-                    if blank_didx[k] >= 0:
-                        gr[K + blank_didx[k]] -= p
+                        occ += lam * post[k, e, t, u]
+            for k in range(NB):
+                occ += post[NT + k, e, t, u]
+            if occ == 0.0:
+                continue
+            row = x[e, t, u]
+            if normalise:
+                lzn = lz[e, t, u]
+                for v in range(K):
+                    gr[v] += g * occ * math.exp(row[v] - lzn)
+                if D > 0:
+                    dzn = dz[e, t, u]
+                    for i in range(D):
+                        gr[K + i] += g * occ * math.exp(row[K + i] - dzn)
+            if u < U:
+                y = targets[e, u]
+                for k in range(NT):
+                    p = g * post[k, e, t, u]
+                    if lam != 0.0:
+                        p *= w_tok
+                    gr[y] -= p
+                    if tok_didx[k] >= 0:
+                        gr[K + tok_didx[k]] -= p
+            for k in range(NB):
+                p = g * post[NT + k, e, t, u]
+                gr[blank_ids[k]] -= p
+                if blank_didx[k] >= 0:
+                    gr[K + blank_didx[k]] -= p
+
+
+def _pieces(n: int, per: int) -> Tuple[list, list]:
+    """``n`` items cut into about ``per`` pieces per thread: ``(starts, ends)``."""
+    pieces = max(1, min(n, get_num_threads() * per))
+    cuts = [round(i * n / pieces) for i in range(pieces + 1)]
+    return cuts[:-1], cuts[1:]
+
+
+def _run(fn, n: int, per: int) -> None:
+    starts, ends = _pieces(n, per)
+    if len(starts) == 1:
+        fn(starts[0], ends[0])
+    else:
+        parallel_map(fn, starts, ends)
 
 
 def lattice_loss(
@@ -276,33 +242,48 @@ def lattice_loss(
     xn = x.numpy()
     gn = grad.numpy()
     tok_dur, tok_didx, blank_ids, blank_dur, blank_didx = arcs
-    args = (
-        xn,
-        np.ascontiguousarray(targets, dtype=np.int64),
-        np.ascontiguousarray(tlen, dtype=np.int64),
-        np.ascontiguousarray(ulen, dtype=np.int64),
-        int(K),
-        int(D),
-        tok_dur,
-        tok_didx,
-        blank_ids,
-        blank_dur,
-        blank_didx,
-        float(sigma),
-        bool(normalise),
-        np.ascontiguousarray(coef, dtype=np.float64),
-        float(scale),
-        bool(need_grad),
-        bool(accumulate),
-        losses,
-        gn,
-        float(fastemit_lambda),
+    B, T, U1 = x.shape[0], x.shape[1], x.shape[2]
+    tg = np.ascontiguousarray(targets, dtype=np.int64)
+    tl = np.ascontiguousarray(tlen, dtype=np.int64)
+    ul = np.ascontiguousarray(ulen, dtype=np.int64)
+    K, D, sigma, normalise = int(K), int(D), float(sigma), bool(normalise)
+    NT = tok_dur.shape[0]
+    A = NT + blank_ids.shape[0]
+    # pass 1: the arc scores, one plane per kind over (T + 1, U + 1) nodes (the row T has no arcs)
+    lz = np.zeros((B, T, U1))
+    dz = np.zeros((B, T, U1))
+    sc = np.full((A, B, T + 1, U1), NEG_INF)
+    ex = (xn, tg, tl, ul)
+    arcs_c = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in arcs)
+    _run(lambda r0, r1: _arc_rows(r0, r1, ex, K, D, arcs_c, sigma, normalise, lz, dz, sc), B * T, 4)
+    # pass 2: the lattice, token arcs (d, 1) then blank arcs (d, 0), ending at (T_b, U_b)
+    di = np.ascontiguousarray(np.concatenate([tok_dur, blank_dur]), dtype=np.int64)
+    dj = np.concatenate([np.ones(NT, dtype=np.int64), np.zeros(A - NT, dtype=np.int64)])
+    bnd = np.zeros((B, 4), dtype=np.int64)
+    bnd[:, 2] = np.where(tl > 0, tl, -1)  # no frame: no path
+    bnd[:, 3] = ul
+    post = np.zeros((A, B, T + 1, U1) if need_grad else (A, 1, 1, 1))
+    scores = tuple(sc[k] for k in range(A))
+    posts = tuple(post[k] for k in range(A))
+    ll = np.empty(B, dtype=np.float64)
+    _run(
+        lambda e0, e1: lattice_examples(
+            e0, e1, scores, di, dj, bnd, LOG, POST_ALL if need_grad else POST_NONE, True, ll, posts, _NO_PATH, _NO_LEN
+        ),
+        B,
+        1,
     )
-    B = x.shape[0]
-    chunks = max(1, min(get_num_threads(), B))
-    cuts = [round(i * B / chunks) for i in range(chunks + 1)]
-    if chunks == 1:
-        _lattice_kernel(0, B, *args)
+    cost = np.where(tl > 0, -ll, math.inf)
+    if accumulate:
+        losses += float(scale) * cost
     else:
-        parallel_map(lambda a, b: _lattice_kernel(a, b, *args), cuts[:-1], cuts[1:])
+        losses[:] = np.where(tl > 0, float(scale) * cost, math.inf)
+    if need_grad:  # pass 3: the gradient rows
+        cf = np.ascontiguousarray(coef, dtype=np.float64)
+        sc_, acc, lam = float(scale), bool(accumulate), float(fastemit_lambda)
+        _run(
+            lambda r0, r1: _grad_rows(r0, r1, ex, K, D, arcs_c, normalise, cf, sc_, acc, ll, lz, dz, post, gn, lam),
+            B * T,
+            4,
+        )
     return losses, (grad if need_grad else None)

@@ -17,9 +17,10 @@ recursion run from the end. An example whose score is ``-inf`` (no path: more sy
 frames in the modified recursion) gets zero gradients; a NaN read inside the rectangle gives a
 NaN score and NaN gradients for that example (values outside the rectangle are never read).
 
-Three implementations with the same results: :func:`mi_numba` (CPU, one compiled loop per
-example, float64 inside, examples shared over the engine's threads), :func:`mi_torch` (any
-device: the torch transducer lattice, one vectorised step per anti-diagonal ``s + t = d``) and the
+Three implementations with the same results: :func:`mi_numba` (CPU: the engine's shared
+transducer lattice, :mod:`.transducer_lattice_numba`, float64 inside, examples shared over the
+engine's threads), :func:`mi_torch` (any device: the torch transducer lattice,
+:mod:`.transducer_lattice_torch`, one vectorised step per anti-diagonal ``s + t = d``) and the
 Triton kernel :func:`~.rnnt_triton.mutual_information_triton` (CUDA: one program per example and
 direction, walking frames, with the same wavefront where a frame does not fit one block);
 :func:`mutual_information` runs the one it is given. The custom op over
@@ -35,12 +36,12 @@ from typing import Tuple
 
 import numpy as np
 import torch
-from numba import njit
 from torch import Tensor
 
 from .dense_numba import run_rows
-from .logmath import NEG_INF, log_add_checked
+from .logmath import NEG_INF
 from .rnnt_triton import mutual_information_triton
+from .transducer_lattice_numba import LOG_CHECKED, POST_ALL, POST_NONE, lattice_examples
 from .transducer_lattice_torch import lattice_posteriors
 
 __all__ = [
@@ -86,70 +87,31 @@ def check_shapes(px: Tensor, py: Tensor, boundary: Tensor) -> None:
 # -- numba ---------------------------------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True)
+_MI_DI = np.array([1, 0], dtype=np.int64)  # px advances the symbol, py the frame
+_MI_DJ = {False: np.array([0, 1], dtype=np.int64), True: np.array([1, 1], dtype=np.int64)}  # modified: px (1, 1)
+_NO_PATH = np.zeros((1, 1, 3), dtype=np.int64)  # the max semiring's outputs, unused here
+_NO_LEN = np.zeros(1, dtype=np.int64)
+
+
 def _mi_rows(e0, e1, px, py, bnd, modified, need_grad, scores, pxg, pyg):
     """Examples ``e0 .. e1 - 1``: ``scores[b]`` and, with ``need_grad``, the occupation
-    probabilities written into the zero-filled ``pxg``, ``pyg`` inside each rectangle."""
-    for b in range(e0, e1):
-        s0 = bnd[b, 0]
-        t0 = bnd[b, 1]
-        ns = bnd[b, 2] - s0 + 1
-        nt = bnd[b, 3] - t0 + 1
-        a = np.empty((ns, nt))
-        for i in range(ns):
-            s = s0 + i
-            for j in range(nt):
-                t = t0 + j
-                if i == 0 and j == 0:
-                    a[0, 0] = 0.0
-                    continue
-                v1 = NEG_INF
-                if i > 0:
-                    if modified:
-                        if j > 0:
-                            v1 = a[i - 1, j - 1] + px[b, s - 1, t - 1]
-                    else:
-                        v1 = a[i - 1, j] + px[b, s - 1, t]
-                v2 = NEG_INF
-                if j > 0:
-                    v2 = a[i, j - 1] + py[b, s, t - 1]
-                a[i, j] = log_add_checked(v1, v2)
-        tot = a[ns - 1, nt - 1]
-        scores[b] = tot
-        if not need_grad or tot == NEG_INF:
-            continue
-        be = np.empty((ns, nt))
-        for i in range(ns - 1, -1, -1):
-            s = s0 + i
-            for j in range(nt - 1, -1, -1):
-                t = t0 + j
-                if i == ns - 1 and j == nt - 1:
-                    be[i, j] = 0.0
-                    continue
-                v1 = NEG_INF
-                if i < ns - 1:
-                    if modified:
-                        if j < nt - 1:
-                            v1 = px[b, s, t] + be[i + 1, j + 1]
-                    else:
-                        v1 = px[b, s, t] + be[i + 1, j]
-                v2 = NEG_INF
-                if j < nt - 1:
-                    v2 = py[b, s, t] + be[i, j + 1]
-                be[i, j] = log_add_checked(v1, v2)
-        for i in range(ns):
-            s = s0 + i
-            for j in range(nt):
-                t = t0 + j
-                al = a[i, j]
-                if i < ns - 1:
-                    if modified:
-                        if j < nt - 1:
-                            pxg[b, s, t] = math.exp(al + px[b, s, t] + be[i + 1, j + 1] - tot)
-                    else:
-                        pxg[b, s, t] = math.exp(al + px[b, s, t] + be[i + 1, j] - tot)
-                if j < nt - 1:
-                    pyg[b, s, t] = math.exp(al + py[b, s, t] + be[i, j + 1] - tot)
+    probabilities written into the zero-filled ``pxg``, ``pyg`` inside each rectangle: the shared
+    lattice (:mod:`.transducer_lattice_numba`) over nodes ``(s, t)``, arc kinds ``px`` then ``py``."""
+    lattice_examples(
+        e0,
+        e1,
+        (px, py),
+        _MI_DI,
+        _MI_DJ[bool(modified)],
+        bnd,
+        LOG_CHECKED,
+        POST_ALL if need_grad else POST_NONE,
+        False,
+        scores,
+        (pxg, pyg),
+        _NO_PATH,
+        _NO_LEN,
+    )
 
 
 @torch.no_grad()

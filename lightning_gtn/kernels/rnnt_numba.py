@@ -7,12 +7,14 @@ Three passes, no ``(B, T, U + 1, V)`` temporary besides the gradient buffer itse
    maximum, ``s = sum_v exp(x[v] - m)``) and the two log-probabilities the lattice reads,
    ``lp_blank`` and ``lp_emit``. When the gradient is wanted, the exponentials ``exp(x[v] - m)``
    are written straight into the gradient buffer (the only exponential per element).
-2. :func:`_lattice` (threads over examples): alpha and beta over the ``(T_b, U_b + 1)`` grid in
-   log space, float64; ``logZ = beta[0, 0]``. Extra memory ``O(B * T * U)``.
+2. the shared lattice, :func:`.transducer_lattice_numba.lattice_examples` (threads over
+   examples): blank arcs ``(1, 0)`` and token arcs ``(0, 1)`` over ``(T_b + 1, U_b + 1)`` nodes
+   in log space, float64; ``logZ = beta[0, 0]`` and, with the gradient, the posteriors of the
+   two arcs of every node. Extra memory ``O(B * T * U)``.
 3. :func:`_grad_rows` (threads over rows) turns the buffer into the gradient in place:
    ``grad[v] = (gamma + lam * p_emit) * softmax[v] - p_blank [v == blank] - (1 + lam) * p_emit [v == y_u]``
    with ``gamma = p_blank + p_emit`` the occupancy of node ``(t, u)`` (``p_blank``, ``p_emit`` the
-   posteriors of its two arcs, from alpha, beta and ``logZ``), ``softmax[v] = exp(x[v] - m) / s``
+   posteriors of its two arcs, from the lattice), ``softmax[v] = exp(x[v] - m) / s``
    and ``lam`` the FastEmit weight (the emit arcs' gradient scaled by ``1 + lam``, as
    NeMo/warprnnt-numba do), then clipped to ``[-clamp, clamp]`` (``clamp > 0``) and multiplied by
    the example's reduction coefficient. Without the fused log-softmax (``fused=False``: the logits
@@ -39,11 +41,15 @@ import numpy as np
 from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
-from .logmath import log_add
+from .transducer_lattice_numba import LOG, POST_ALL, POST_NONE, lattice_examples
 
 __all__ = ["rnnt_cost_grad"]
 
 NEG_INF = -math.inf
+_DI = np.array([1, 0], dtype=np.int64)  # the arc kinds: blank (1, 0), token (0, 1)
+_DJ = np.array([0, 1], dtype=np.int64)
+_NO_PATH = np.zeros((1, 1, 3), dtype=np.int64)  # the max semiring's outputs, unused here
+_NO_LEN = np.zeros(1, dtype=np.int64)
 
 
 # fast-math flags that keep NaN and inf semantics (no "nnan"/"ninf"): reductions vectorise, NaN
@@ -169,39 +175,8 @@ def _normalise_rows(x, g, has_g, tg, tl, il, blank, fused, fast, r0, r1, rs, lpb
                 lpe[b, t, u] = xe - d
 
 
-@njit(cache=True, nogil=True)
-def _lattice(e0, e1, il, tl, lpb, lpe, alpha, beta, logz):
-    """Examples ``e0 .. e1 - 1``: alpha, beta and ``logz[b] = beta[b, 0, 0]`` (-inf when
-    ``il[b] == 0``: no frame to emit the final blank from)."""
-    for b in range(e0, e1):
-        T = il[b]
-        U = tl[b]
-        if T <= 0:
-            logz[b] = NEG_INF
-            continue
-        a = alpha[b]
-        p = lpb[b]
-        q = lpe[b]
-        a[0, 0] = 0.0
-        for u in range(1, U + 1):
-            a[0, u] = a[0, u - 1] + q[0, u - 1]
-        for t in range(1, T):
-            a[t, 0] = a[t - 1, 0] + p[t - 1, 0]
-            for u in range(1, U + 1):
-                a[t, u] = log_add(a[t - 1, u] + p[t - 1, u], a[t, u - 1] + q[t, u - 1])
-        z = beta[b]
-        z[T - 1, U] = p[T - 1, U]
-        for u in range(U - 1, -1, -1):
-            z[T - 1, u] = z[T - 1, u + 1] + q[T - 1, u]
-        for t in range(T - 2, -1, -1):
-            z[t, U] = z[t + 1, U] + p[t, U]
-            for u in range(U - 1, -1, -1):
-                z[t, u] = log_add(z[t + 1, u] + p[t, u], z[t, u + 1] + q[t, u])
-        logz[b] = z[0, 0]
-
-
 @njit(cache=True, nogil=True, fastmath=_FM)
-def _grad_rows(g, tg, tl, il, blank, fused, lam, clamp, scale, r0, r1, rs, lpb, lpe, alpha, beta, logz):
+def _grad_rows(g, tg, tl, il, blank, fused, lam, clamp, scale, r0, r1, rs, post_b, post_e, logz):
     """Rows ``r = b * T + t`` in ``[r0, r1)`` (pass 3): the gradient of example b's cost times
     ``scale[b]`` into ``g[b, t]``, which holds the exponentials of pass 1 where the fused
     log-softmax is on (zeros outside the example's lattice and for examples whose cost is
@@ -224,19 +199,12 @@ def _grad_rows(g, tg, tl, il, blank, fused, lam, clamp, scale, r0, r1, rs, lpb, 
                 for v in range(V):
                     out[v] = 0.0
                 continue
-            a = alpha[b, t, u]
-            if t + 1 < Tb:
-                nb = beta[b, t + 1, u]
-            elif u == Ub:
-                nb = 0.0
-            else:
-                nb = NEG_INF
-            pb = math.exp(a + lpb[b, t, u] + nb - lz)
+            pb = post_b[b, t, u]
             pe = 0.0
             y = 0
             if u < Ub:
                 y = tg[b, u]
-                pe = math.exp(a + lpe[b, t, u] + beta[b, t, u + 1] - lz)
+                pe = post_e[b, t, u]
             sc = 1.0 if clamp > 0.0 else s
             if fused:  # (occupancy + lam * p_emit) * softmax; the occupancy of (t, u) is pb + pe
                 cbuf[0] = (pb + (1.0 + lam) * pe) * sc * rs[b, t, u]
@@ -315,9 +283,7 @@ def rnnt_cost_grad(
         g = np.empty((1, 1, 1, 1), dtype=x.dtype)
     rs = np.zeros((B, T, U1), dtype=np.float64)
     lpb = np.full((B, T, U1), NEG_INF, dtype=np.float64)
-    lpe = np.full((B, T, U1), NEG_INF, dtype=np.float64)
-    alpha = np.full((B, T, U1), NEG_INF, dtype=np.float64)
-    beta = np.full((B, T, U1), NEG_INF, dtype=np.float64)
+    lpe = np.full((B, T + 1, U1), NEG_INF, dtype=np.float64)  # the row T: no token arcs
     logz = np.empty(B, dtype=np.float64)
     starts, ends = _chunks(B * T, 4)
     parallel_map(
@@ -325,16 +291,30 @@ def rnnt_cost_grad(
         starts,
         ends,
     )
+    # the lattice over (T_b + 1, U_b + 1) nodes, blank (1, 0) then token (0, 1); no frame: no path
+    bnd = np.zeros((B, 4), dtype=np.int64)
+    bnd[:, 2] = np.where(il > 0, il, -1)
+    bnd[:, 3] = tl
+    pshape = (B, T, U1) if has_g else (1, 1, 1)
+    post_b = np.zeros(pshape, dtype=np.float64)
+    post_e = np.zeros((B, T + 1, U1) if has_g else pshape, dtype=np.float64)
+    scores = (lpb, lpe)
+    post_mode = POST_ALL if has_g else POST_NONE
+    posts = (post_b, post_e)
     e0, e1 = _chunks(B, 1)
-    parallel_map(lambda a, b: _lattice(a, b, il, tl, lpb, lpe, alpha, beta, logz), e0, e1)
+    parallel_map(
+        lambda a, b: lattice_examples(
+            a, b, scores, _DI, _DJ, bnd, LOG, post_mode, True, logz, posts, _NO_PATH, _NO_LEN
+        ),
+        e0,
+        e1,
+    )
     if has_g:
         sc = np.ones(B, dtype=np.float64) if scale is None else np.ascontiguousarray(scale, dtype=np.float64)
         lam = float(fastemit_lambda)
         cl = float(clamp)
         parallel_map(
-            lambda r0, r1: _grad_rows(
-                g, tg, tl, il, blank, fused, lam, cl, sc, r0, r1, rs, lpb, lpe, alpha, beta, logz
-            ),
+            lambda r0, r1: _grad_rows(g, tg, tl, il, blank, fused, lam, cl, sc, r0, r1, rs, post_b, post_e, logz),
             starts,
             ends,
         )

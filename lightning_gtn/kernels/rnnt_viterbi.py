@@ -19,6 +19,10 @@ log semiring; ``log Z = alpha(T - 1, U) + blank(T - 1, U)`` is minus the RNN-T l
 posterior probability that token ``u`` is emitted at frame ``t`` is
 ``exp(alpha(t, u) + emit(t, u) + beta(t, u + 1) - log Z)``.
 
+Both recursions are the engine's shared lattice (:mod:`.transducer_lattice_numba`: blank arcs
+``(1, 0)``, token arcs ``(0, 1)``, over ``(T + 1, U + 1)`` nodes ending at ``(T, U)``), in the max
+semiring with back pointers and in the log semiring with the arc posteriors.
+
 ``T = 0`` has no path (score ``-inf``, frames ``-1``). :func:`rnnt_viterbi` checks every input
 (shapes, dtypes, ranges, NaN/+inf) before the compiled loops index with them.
 """
@@ -30,7 +34,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .logmath import log_add
+from .transducer_lattice_numba import LOG, MAX, POST_ALL, POST_MARKED, lattice_examples
 
 __all__ = ["rnnt_viterbi"]
 
@@ -66,76 +70,43 @@ def _node_logps(x, y, T, U, blank, normalize, lp_blank, lp_emit):
                 lp_emit[t, u] = x[t, u, y[u]] - z
 
 
-@njit(cache=True, nogil=True)
-def _one(x, y, T, U, blank, normalize, frames, tok_logp, tok_post):
-    """Viterbi, alpha, beta of one example; fills its token rows; returns (score, log Z)."""
-    lp_blank = np.empty((T, U + 1))
-    lp_emit = np.full((T, U + 1), -np.inf)
-    _node_logps(x, y, T, U, blank, normalize, lp_blank, lp_emit)
-    delta = np.full((T, U + 1), -np.inf)
-    alpha = np.full((T, U + 1), -np.inf)
-    delta[0, 0] = 0.0
-    alpha[0, 0] = 0.0
-    for t in range(T):
-        for u in range(U + 1):
-            if t == 0 and u == 0:
-                continue
-            d = -np.inf
-            a = -np.inf
-            if t > 0:
-                d = delta[t - 1, u] + lp_blank[t - 1, u]
-                a = alpha[t - 1, u] + lp_blank[t - 1, u]
-            if u > 0:
-                e = delta[t, u - 1] + lp_emit[t, u - 1]
-                if e > d:
-                    d = e
-                a = log_add(a, alpha[t, u - 1] + lp_emit[t, u - 1])
-            delta[t, u] = d
-            alpha[t, u] = a
-    score = delta[T - 1, U] + lp_blank[T - 1, U]
-    logz = alpha[T - 1, U] + lp_blank[T - 1, U]
-    beta = np.full((T, U + 1), -np.inf)
-    beta[T - 1, U] = lp_blank[T - 1, U]
-    for t in range(T - 1, -1, -1):
-        for u in range(U, -1, -1):
-            if t == T - 1 and u == U:
-                continue
-            b = -np.inf
-            if t < T - 1:
-                b = beta[t + 1, u] + lp_blank[t, u]
-            if u < U:
-                b = log_add(b, beta[t, u + 1] + lp_emit[t, u])
-            beta[t, u] = b
-    if score == -np.inf:
-        return score, logz
-    # backtrack from (T - 1, U): the blank predecessor wins ties
-    t, u = T - 1, U
-    while u > 0:
-        via_blank = -np.inf
-        if t > 0:
-            via_blank = delta[t - 1, u] + lp_blank[t - 1, u]
-        via_emit = delta[t, u - 1] + lp_emit[t, u - 1]
-        if t > 0 and via_blank >= via_emit:
-            t -= 1
-        else:
-            u -= 1
-            frames[u] = t
-            tok_logp[u] = lp_emit[t, u]
-            p = alpha[t, u] + lp_emit[t, u] + beta[t, u + 1] - logz
-            tok_post[u] = min(1.0, math.exp(p)) if logz > -np.inf else 0.0
-    return score, logz
+_DI = np.array([1, 0], dtype=np.int64)  # the arc kinds: blank (1, 0) first (it wins ties), token (0, 1)
+_DJ = np.array([0, 1], dtype=np.int64)
 
 
 @njit(cache=True, nogil=True)
 def _batch(x, y, T, U, blank, normalize, frames, tok_logp, tok_post, score, logz):
-    for b in range(x.shape[0]):
-        if T[b] == 0:
-            score[b] = -np.inf
-            logz[b] = -np.inf
+    """Every example: the node log-probabilities, then the shared lattice twice (the max semiring
+    with its best path, the log semiring with the posteriors of that path's arcs), then the token
+    rows."""
+    B, Tm, U1 = x.shape[0], x.shape[1], x.shape[2]
+    lp_blank = np.full((B, Tm, U1), -np.inf)
+    lp_emit = np.full((B, Tm + 1, U1), -np.inf)  # the row T: no token arcs
+    bnd = np.zeros((B, 4), dtype=np.int64)
+    for b in range(B):
+        bnd[b, 2] = T[b] if T[b] > 0 else -1  # no frame: no path
+        bnd[b, 3] = U[b]
+        if T[b] > 0:
+            _node_logps(x[b], y[b], T[b], U[b], blank, normalize, lp_blank[b], lp_emit[b])
+    scores = (lp_blank, lp_emit)
+    post_b = np.zeros((B, Tm, U1))
+    post_e = np.zeros((B, Tm + 1, U1))
+    posts = (post_b, post_e)
+    path = np.empty((B, Tm + U1, 3), dtype=np.int64)
+    path_len = np.zeros(B, dtype=np.int64)
+    # the best path (its arcs marked 1 in posts), then the log semiring's posteriors of those arcs
+    lattice_examples(0, B, scores, _DI, _DJ, bnd, MAX, POST_ALL, False, score, posts, path, path_len)
+    lattice_examples(0, B, scores, _DI, _DJ, bnd, LOG, POST_MARKED, False, logz, posts, path, path_len)
+    for b in range(B):
+        if score[b] == -np.inf:
             continue
-        s, z = _one(x[b], y[b], T[b], U[b], blank, normalize, frames[b], tok_logp[b], tok_post[b])
-        score[b] = s
-        logz[b] = z
+        for n in range(path_len[b]):
+            if path[b, n, 2] == 1:  # a token arc from (t, u)
+                t = path[b, n, 0]
+                u = path[b, n, 1]
+                frames[b, u] = t
+                tok_logp[b, u] = lp_emit[b, t, u]
+                tok_post[b, u] = min(1.0, post_e[b, t, u]) if logz[b] > -np.inf else 0.0
 
 
 def rnnt_viterbi(
