@@ -36,6 +36,7 @@ ORDER = [
     "bench_rnnt",
     "bench_rnnt_joiner",
     "bench_rnnt_variants",
+    "bench_transducer_torch",
     "bench_pruned",
     "bench_lattice",
     "bench_mmi",
