@@ -238,7 +238,7 @@ class RNNTLoss(RNNTStructuredLoss):
         -> scalar, or ``(B,)`` with ``reduction="none"``.
     """
 
-    vocabulary_arguments = ("blank",)
+    vocabulary_arguments: Tuple[str, ...] = ("blank",)
 
     def __init__(
         self,
@@ -413,7 +413,7 @@ class RNNTJoinerLoss(RNNTStructuredLoss):
         ``reduction="none"``.
     """
 
-    vocabulary_arguments = ("blank",)
+    vocabulary_arguments: Tuple[str, ...] = ("blank",)
     network_methods = JOINER_NETWORK_METHODS
 
     def __init__(
