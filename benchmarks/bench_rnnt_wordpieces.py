@@ -1,7 +1,8 @@
 """The word-piece RNN-T run (``experiment=rnnt_wordpieces``): its batch shapes and its loss memory.
 
-The preset's data (``data=text``, its line length and batch size) and word pieces (learned from
-its training transcripts as a run learns them) give real batches. For the first ``--batches`` of
+The preset's data (``data=text``, its line length and batch size) and word pieces (learned from its
+training transcripts as a run learns them) give real batches; ``--overrides`` measures another
+transducer run instead (``--overrides loss=rnnt data=text``). For the first ``--batches`` of
 them the table lists ``B``, ``T`` (the transducer model's encoder frames), ``U + 1`` (the longest
 target in pieces, plus one) and ``V`` (pieces and the blank), and the bytes the materialised path
 would hold for the joiner output and its gradient, ``B * T * (U + 1) * V * 4 * 2`` (float32; the
@@ -44,7 +45,12 @@ def _compose(overrides):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        return compose("train", overrides=[f"experiment={PRESET}", *overrides])
+        return compose("train", overrides=list(overrides))
+
+
+def _scored(loss, targets, lengths):
+    """The targets the lattice scores: a word-piece loss's pieces, else the targets themselves."""
+    return loss.pieces(targets, lengths) if hasattr(loss, "pieces") else (targets, lengths)
 
 
 def _batch(vocab, batch):
@@ -67,12 +73,12 @@ def _model(model_cfg: dict, feature_dim: int, num_classes: int):
 def _worker(path: str, joiner: str, n: int) -> None:
     import gc
 
-    from lightning_gtn.nn import WordPieceRNNTLoss
+    from lightning_gtn.lightning import build_loss
 
     torch.set_num_threads(1)
     saved = torch.load(path, weights_only=True)
-    loss = WordPieceRNNTLoss(**{**saved["loss"], "joiner": joiner})
-    m = _model(saved["model"], int(saved["inputs"].shape[-1]), loss.num_classes)
+    loss, vocab = build_loss({**saved["loss"], "joiner": joiner}, saved["chars"])
+    m = _model(saved["model"], int(saved["inputs"].shape[-1]), int(loss.num_classes or vocab.num_classes))
     x, xl, tg, tl = (saved[k][:n] for k in ("inputs", "input_lengths", "targets", "target_lengths"))
 
     def step(k: int):
@@ -104,32 +110,38 @@ def main(argv=None) -> str:
     p.add_argument("--batches", type=int, default=10, help="training batches whose shapes are listed (default 10)")
     p.add_argument("--small", type=int, default=8, help="examples of the batch both paths run on (default 8)")
     p.add_argument("--quick", action="store_true", help="3 batches, and a training set of 3 batches")
+    p.add_argument(
+        "--overrides", nargs="*", default=[f"experiment={PRESET}"], help=f"the run (default: experiment={PRESET})"
+    )
     p.add_argument("--worker", nargs=3, metavar=("FILE", "JOINER", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         _worker(args.worker[0], args.worker[1], int(args.worker[2]))
         return ""
+    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from lightning_gtn.lightning import TextLinesDataModule, build_loss
+    from lightning_gtn.lightning import build_loss
 
     torch.set_num_threads(1)
-    cfg = _compose([])
+    cfg = _compose(args.overrides)
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     loss_cfg = OmegaConf.to_container(cfg.loss, resolve=True)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(data_cfg, dict) and isinstance(loss_cfg, dict) and isinstance(model_cfg, dict)
-    data_cfg.pop("_target_")
     batches = 3 if args.quick else max(1, args.batches)
     if args.quick:
         data_cfg["num_train"] = 3 * int(data_cfg["batch_size"])
     load0 = os.getloadavg()
-    dm = TextLinesDataModule(**data_cfg)
+    dm = instantiate(data_cfg)
     dm.setup("fit")
     texts = dm.train_set.texts
     loss, vocab = build_loss(loss_cfg, dm.chars, texts=lambda key: texts)
-    V = int(loss.num_classes)
-    m = _model(model_cfg, dm.feature_dim, V)
+    V = int(loss.num_classes or vocab.num_classes) + int(loss.extra_outputs)
+    resolved = {k: v for k, v in loss_cfg.items() if k != "joiner"}
+    if getattr(loss, "tokens", None) is not None:
+        resolved["tokens"] = list(loss.tokens)  # the learned pieces, as the run has them
+    m = _model(model_cfg, dm.feature_dim, V - int(loss.extra_outputs))
     rows, first = [], None
     for i, batch in enumerate(dm.train_dataloader()):
         if i >= batches:
@@ -137,8 +149,8 @@ def main(argv=None) -> str:
         x, xl, tg, tl = _batch(vocab, batch)
         with torch.no_grad():
             enc, _ = m.encode(x, xl)
-        pieces, _ = loss.pieces(tg, tl)
-        B, T, U1 = int(enc.shape[0]), int(enc.shape[1]), int(pieces.shape[1]) + 1
+        scored, _ = _scored(loss, tg, tl)
+        B, T, U1 = int(enc.shape[0]), int(enc.shape[1]), int(scored.shape[1]) + 1
         rows.append((B, T, U1, B * T * U1 * V * 4 * 2))
         if first is None:
             first = (x, xl, tg, tl)
@@ -147,8 +159,7 @@ def main(argv=None) -> str:
         path = os.path.join(tmp, "batch.pt")
         x, xl, tg, tl = first
         saved = {"inputs": x, "input_lengths": xl, "targets": tg, "target_lengths": tl}
-        loss_args = {"tokens": list(loss.tokens), "graphemes_to_idx": dict(loss.graphemes_to_idx)}
-        torch.save({**saved, "loss": loss_args, "model": model_cfg}, path)
+        torch.save({**saved, "loss": resolved, "chars": "".join(dm.chars), "model": model_cfg}, path)
         B0, n = int(x.shape[0]), min(args.small, int(x.shape[0]))
         full = _run(path, "chunked", B0)
         small = {j: _run(path, j, n) for j in ("chunked", "materialised")}
@@ -157,11 +168,15 @@ def main(argv=None) -> str:
     r0, s0 = rows[0], (n, rows[0][1], rows[0][2])
     small_gib = n * r0[1] * r0[2] * V * 8 / 2**30
     diff = abs(small["chunked"]["loss"] - small["materialised"]["loss"]) / abs(small["materialised"]["loss"])
+    what = (
+        f"{len(loss.tokens)} word pieces learned from {len(texts)} training transcripts, "
+        if hasattr(loss, "pieces")
+        else ""
+    )
     lines = [
-        f"`experiment={PRESET}`: {len(loss.tokens)} word pieces learned from {len(texts)} training transcripts "
-        f"(V = {V} with the blank), data.max_chars={data_cfg['max_chars']}, batch_size={data_cfg['batch_size']}, "
-        f"model.joiner_dim={model_cfg.get('joiner_dim')}; torch threads 1, load average {load0[0]:.1f} -> "
-        f"{load1[0]:.1f} (a shared machine).",
+        f"`{' '.join(args.overrides)}`: {type(loss).__name__}, {what}V = {V} joiner outputs, "
+        f"batch_size={data_cfg['batch_size']}, model.joiner_dim={model_cfg.get('joiner_dim')}; torch threads 1, "
+        f"load average {load0[0]:.1f} -> {load1[0]:.1f} (a shared machine).",
         "",
         "| batch | B | T | U + 1 | V | materialised logits + grad (GiB) |",
         "|---|---:|---:|---:|---:|---:|",
@@ -170,7 +185,7 @@ def main(argv=None) -> str:
     lines += [
         "",
         f"Materialised joiner output + gradient over these batches: median {statistics.median(gib):.2f} GiB, "
-        f"min {min(gib):.2f}, max {max(gib):.2f} (not run at that size).",
+        f"min {min(gib):.2f}, max {max(gib):.2f} (the materialised path runs only on the first {n} examples below).",
         "",
         "Loss step (joint_loss forward + backward), peak resident growth in a fresh process:",
         "",
