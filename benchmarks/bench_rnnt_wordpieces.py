@@ -50,7 +50,7 @@ def _compose(overrides):
 
 def _scored(loss, targets, lengths):
     """The targets the lattice scores: a word-piece loss's pieces, else the targets themselves."""
-    return loss.pieces(targets, lengths) if hasattr(loss, "pieces") else (targets, lengths)
+    return loss.piece_targets(targets, lengths) if hasattr(loss, "piece_targets") else (targets, lengths)
 
 
 def _batch(vocab, batch):
@@ -166,11 +166,11 @@ def main(argv=None) -> str:
     load1 = os.getloadavg()
     gib = [r[3] / 2**30 for r in rows]
     r0, s0 = rows[0], (n, rows[0][1], rows[0][2])
-    small_gib = n * r0[1] * r0[2] * V * 8 / 2**30
+    small_mib = n * r0[1] * r0[2] * V * 8 / 2**20
     diff = abs(small["chunked"]["loss"] - small["materialised"]["loss"]) / abs(small["materialised"]["loss"])
     what = (
         f"{len(loss.tokens)} word pieces learned from {len(texts)} training transcripts, "
-        if hasattr(loss, "pieces")
+        if hasattr(loss, "piece_targets")
         else ""
     )
     lines = [
@@ -189,14 +189,14 @@ def main(argv=None) -> str:
         "",
         "Loss step (joint_loss forward + backward), peak resident growth in a fresh process:",
         "",
-        "| examples (B, T, U + 1) | joiner | logits + grad if materialised (GiB) | peak extra (MiB) | wall (s) |",
+        "| examples (B, T, U + 1) | joiner | logits + grad if materialised (MiB) | peak extra (MiB) | wall (s) |",
         "|---|---|---:|---:|---:|",
-        f"| batch 0 ({r0[0]}, {r0[1]}, {r0[2]}) | chunked | {r0[3] / 2**30:.2f} | {full['extra_mb']:.0f} | "
+        f"| batch 0 ({r0[0]}, {r0[1]}, {r0[2]}) | chunked | {r0[3] / 2**20:.0f} | {full['extra_mb']:.0f} | "
         f"{full['wall']:.1f} |",
     ]
     for j in ("chunked", "materialised"):
         lines.append(
-            f"| first {n} ({s0[0]}, {s0[1]}, {s0[2]}) | {j} | {small_gib:.2f} | {small[j]['extra_mb']:.0f} | "
+            f"| first {n} ({s0[0]}, {s0[1]}, {s0[2]}) | {j} | {small_mib:.0f} | {small[j]['extra_mb']:.0f} | "
             f"{small[j]['wall']:.1f} |"
         )
     ratio = small["chunked"]["extra_mb"] / max(small["materialised"]["extra_mb"], 1e-9)

@@ -104,7 +104,7 @@ class WordPieceRNNTLoss(RNNTLoss):
         :func:`~lightning_gtn.nn.losses.prepare_word_pieces`; ``<run>/word_pieces.txt``)."""
         return prepare_word_pieces(config, context)
 
-    def pieces(self, targets: torch.Tensor, target_lengths: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def piece_targets(self, targets: torch.Tensor, target_lengths: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Grapheme targets ``(B, S)`` and lengths ``(B,)`` -> the piece classes ``(B, U)`` (padded
         with 0) and their lengths ``(B,)``, on the targets' device: each target spelled longest
         piece first."""
@@ -134,8 +134,8 @@ class WordPieceRNNTLoss(RNNTLoss):
         return pieces.to(targets.device), n_out.to(targets.device)
 
     def joint_loss(self, network, encoder_out, encoder_lengths, targets, target_lengths):
-        """:meth:`RNNTLoss.joint_loss` of the GRAPHEME targets spelled in pieces (:meth:`pieces`)."""
-        pieces, lengths = self.pieces(targets, target_lengths)
+        """:meth:`RNNTLoss.joint_loss` of the GRAPHEME targets spelled in pieces (:meth:`piece_targets`)."""
+        pieces, lengths = self.piece_targets(targets, target_lengths)
         return super().joint_loss(network, encoder_out, encoder_lengths, pieces, lengths)
 
     def spell(self, ids: Sequence[int]) -> List[int]:

@@ -38,7 +38,7 @@ def test_pieces_spell_the_targets_longest_first_and_spell_back():
     assert loss.num_classes == len(PIECES) + 1 and loss.target_classes == 4 and loss.blank == 0
     texts = ["abcab", "bbca a", "", "c"]
     targets, lengths = _targets(texts)
-    pieces, n = loss.pieces(targets, lengths)
+    pieces, n = loss.piece_targets(targets, lengths)
     assert n.tolist() == [len(_longest_first(t, PIECES)) for t in texts]
     for b, t in enumerate(texts):
         got = pieces[b, : n[b]].tolist()
@@ -92,11 +92,11 @@ def test_bad_pieces_name_the_argument(tokens, g2i, match):
 def test_bad_targets_name_the_argument():
     loss = WordPieceRNNTLoss(PIECES, G2I)
     with pytest.raises(ValueError, match=r"targets\[1\] holds a grapheme id outside \[0, 4\)"):
-        loss.pieces(torch.tensor([[0, 1], [4, 0]]), torch.tensor([2, 1]))
+        loss.piece_targets(torch.tensor([[0, 1], [4, 0]]), torch.tensor([2, 1]))
     with pytest.raises(ValueError, match=r"target_lengths must be \(B,\) = \(2,\) lengths in \[0, 2\]"):
-        loss.pieces(torch.tensor([[0, 1], [2, 0]]), torch.tensor([3, 1]))
+        loss.piece_targets(torch.tensor([[0, 1], [2, 0]]), torch.tensor([3, 1]))
     with pytest.raises(ValueError, match=r"targets must have shape \(B, S\)"):
-        loss.pieces(torch.tensor([0, 1]), torch.tensor([2]))
+        loss.piece_targets(torch.tensor([0, 1]), torch.tensor([2]))
 
 
 def test_config_learns_pieces_and_a_run_trains_and_decodes(tmp_path):
