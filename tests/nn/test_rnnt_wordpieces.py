@@ -119,3 +119,33 @@ def test_config_learns_pieces_and_a_run_trains_and_decodes(tmp_path):
     preset = _compose(["experiment=rnnt_wordpieces"], tmp_path)
     assert preset.loss._target_ == "lightning_gtn.nn.WordPieceRNNTLoss" and preset.loss.tokens >= 500
     assert preset.loss.joiner == "chunked" and preset.model._target_ == "lightning_gtn.lightning.TransducerModel"
+
+
+def test_the_mixin_decodes_a_network_into_the_pieces_spelling(monkeypatch):
+    """Validation text of a word-piece RNN-T: the network decoder's piece classes, spelled in the
+    vocabulary's graphemes (the decoder is told the loss's own V = len(tokens) + 1)."""
+    from lightning_gtn.lightning import SequenceModule
+    from lightning_gtn.lightning.decoding import NetworkDecoder
+
+    net = {"_target_": "lightning_gtn.lightning.TransducerModel", **SMALL}
+    loss = {"_target_": "lightning_gtn.nn.WordPieceRNNTLoss", "tokens": PIECES}
+    m = SequenceModule(net, loss, CHARS, feature_dim=6)
+    assert m.num_classes == len(PIECES) + 1 and m.net.joiner.out_features == len(PIECES) + 1
+    seen = []
+
+    def decode(self, network, encoder_out, encoder_lengths, loss, num_classes):
+        seen.append(num_classes)
+        return [[6, 4, 5], [3]]  # "abc", " ", "ab"; "c"
+
+    monkeypatch.setattr(NetworkDecoder, "decode", decode)
+    enc, lengths = m.outputs(torch.randn(2, 16, 6), torch.tensor([16, 12]))
+    assert m.decode(enc, lengths) == ["abc ab", "c"] and seen == [len(PIECES) + 1]
+
+
+def test_a_character_lm_is_refused_for_word_pieces_and_the_beam_without_one_is_built():
+    from lightning_gtn.lightning.decoding import NetworkDecoder, build_decoder
+
+    loss, vocab = build_loss({"_target_": "lightning_gtn.nn.WordPieceRNNTLoss", "tokens": PIECES}, CHARS)
+    with pytest.raises(ValueError, match=r"decoder.lm: .*WordPieceRNNTLoss scores its own tokens"):
+        build_decoder({"name": "rnnt_beam", "lm": "train"}, loss, vocab)
+    assert isinstance(build_decoder({"name": "rnnt_beam"}, loss, vocab), NetworkDecoder)
