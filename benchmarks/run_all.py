@@ -35,6 +35,7 @@ ORDER = [
     "bench_stc",
     "bench_rnnt",
     "bench_rnnt_joiner",
+    "bench_rnnt_wordpieces",
     "bench_rnnt_variants",
     "bench_transducer_torch",
     "bench_pruned",

@@ -116,6 +116,7 @@ _add_builtin(
 _add_builtin("lightning_gtn.nn", ["LFMMILoss"], "loss")  # LF-MMI (docs/mmi.md): its denominator travels as data
 _add_builtin("lightning_gtn.nn", ["MultiBlankRNNTLoss", "TDTLoss"], "loss")  # RNN-T variants (docs/rnnt_variants.md)
 _add_builtin("lightning_gtn.nn", ["RNNTJoinerLoss"], "loss")  # RNN-T without the joiner output (docs/rnnt.md)
+_add_builtin("lightning_gtn.nn", ["WordPieceRNNTLoss"], "loss")  # RNN-T over word pieces (docs/rnnt.md)
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning")  # older configs
 _add_builtin("lightning_gtn.nn", ["TargetGraphLoss"], "loss", "lightning_gtn.lightning.losses")
 _add_builtin("lightning_gtn.nn", ["Linear", "ConvTransduce1D"], "module")

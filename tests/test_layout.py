@@ -393,8 +393,9 @@ GENERIC_MODULES = (
     f"{PACKAGE}.lightning.decoding",
     f"{PACKAGE}.align_cli",
 )
-#: Words of loss names that are generic (``TargetGraphLoss``, ``SequenceLoss``, ``ModuleLoss``).
-_GENERIC_WORDS = {"loss", "structured", "module", "graph", "target", "sequence", "blank", "multi"}
+#: Words of loss names that are generic (``TargetGraphLoss``, ``SequenceLoss``, ``ModuleLoss``; the
+#: word of ``WordPieceRNNTLoss``, which the word error rate shares).
+_GENERIC_WORDS = {"loss", "structured", "module", "graph", "target", "sequence", "blank", "multi", "word"}
 #: Constructor parameters every loss shares, Python's own names, and ``viterbi`` (the best path every
 #: loss decodes, not only the word-piece transducer's method of that name) and ``step`` (what ``set_step`` sets).
 _SHARED_PARAMETERS = {"reduction", "zero_infinity", "impl", "args", "kwargs", "module", "viterbi", "step"}

@@ -150,6 +150,27 @@ def test_loss_rnnt_trains_by_chunks_and_an_override_keeps_the_materialised_joine
     assert metrics["global_step"] == 1 and math.isfinite(metrics["train/loss"]) and metrics["val/cer"] >= 0
 
 
+@pytest.mark.parametrize("name", ["tdt", "multiblank"])
+def test_duration_losses_train_by_chunks_and_an_override_keeps_the_materialised_joiner(name, tmp_path):
+    """``loss=tdt`` / ``loss=multiblank`` build their module with ``joiner: chunked`` (the duration
+    joiner losses; test_fast_dev_run_every_loss trains them so); ``loss.joiner=materialised``
+    builds the materialised path, and a run with it still trains."""
+    from lightning_gtn.lightning import TransducerModel
+
+    for override, joiner in ((), "chunked"), (("loss.joiner=materialised",), "materialised"):
+        cfg = _compose([f"loss={name}", *override], tmp_path)
+        assert cfg.loss.joiner == joiner
+        loss, _ = build_loss(cfg.loss, "0123456789 ")
+        assert loss.joiner == joiner
+        net = TransducerModel(8, 12, conv_channels=8, hidden_size=8, extra_outputs=loss.extra_outputs)
+        assert loss.chunked(net) == (joiner == "chunked")
+    with pytest.raises(ValueError, match="joiner must be one of"):
+        build_loss(_compose([f"loss={name}", "loss.joiner=full"], tmp_path).loss, "0123456789 ")
+    cfg = _compose([f"loss={name}", "loss.joiner=materialised", "trainer.fast_dev_run=true", *SMOKE], tmp_path)
+    metrics = run(cfg, output_dir=tmp_path)
+    assert metrics["global_step"] == 1 and math.isfinite(metrics["train/loss"]) and metrics["val/cer"] >= 0
+
+
 def test_bad_configs_name_the_key(tmp_path):
     with pytest.raises(ConfigCompositionException, match="nonexistent"):
         _compose(["trainer.nonexistent=1"], tmp_path)

@@ -581,6 +581,12 @@ def _network_decoder(cfg: dict, name: str, loss, vocabulary=None) -> NetworkDeco
 
         if vocabulary is None:
             raise ValueError("decoder.lm: the LM of rnnt_beam needs the vocabulary (its token texts)")
+        if loss.target_classes is not None:
+            raise ValueError(
+                "decoder.lm: the LM of rnnt_beam reads the vocabulary's characters as the joiner's classes, but "
+                f"{type(loss).__qualname__} scores its own tokens; use decoder=rnnt_beam without an lm, or "
+                "decoder=greedy"
+            )
         blank = int(loss.blank or 0)
         V = int(loss.num_classes) if loss.num_classes is not None else vocabulary.num_classes
         lm = TokenLM(_artefact(cfg, "lm", lm_from_data), _token_texts(vocabulary, blank, V), space=TOKEN_LM_SPACE)

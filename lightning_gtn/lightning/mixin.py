@@ -507,9 +507,10 @@ class StructuredLossMixin:
                     emissions.detach(),
                     emission_lengths,
                     self.structured_loss,
-                    self.vocabulary.num_classes,
+                    self.num_classes,
                 )
-            return [self.vocabulary.decode_tokens(t) for t in ids]
+            spell = self.structured_loss.spell  # token ids -> the vocabulary's (word pieces: graphemes)
+            return [self.vocabulary.decode_tokens(spell(t)) for t in ids]
         if getattr(self, "beam_decoder", None) is not None:
             from .decoding import decode_texts
 

@@ -25,6 +25,7 @@ from .mmi import LFMMILoss
 from .pruned import PrunedRNNTLoss
 from .rnnt import NETWORK_METHODS, RNNTJoinerLoss, RNNTLoss, RNNTStructuredLoss
 from .rnnt_variants import MultiBlankRNNTLoss, TDTLoss
+from .rnnt_wordpieces import WordPieceRNNTLoss
 from .transducer import TransducerLoss
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "RNNTStructuredLoss",
     "RNNTLoss",
     "RNNTJoinerLoss",
+    "WordPieceRNNTLoss",
     "MultiBlankRNNTLoss",
     "TDTLoss",
     "PrunedRNNTLoss",

@@ -32,6 +32,7 @@ from ..core.checks import check_label, check_reduction
 __all__ = [
     "LOSS_TOPOLOGIES",
     "Preparation",
+    "prepare_word_pieces",
     "TextsUnavailable",
     "Decoding",
     "StructuredLoss",
@@ -111,6 +112,57 @@ class Preparation:
             return None
         self.output_dir.mkdir(parents=True, exist_ok=True)
         return self.output_dir / name
+
+
+def prepare_word_pieces(config: Dict[str, Any], context: Preparation) -> Dict[str, Any]:
+    """``config`` (a loss config, not changed in place) with its ``tokens`` resolved: ``<N>`` (an
+    integer) trains N word pieces on the training transcripts
+    (:func:`lightning_gtn.wordpieces.train_word_pieces`), ``<file>`` reads them; either way the
+    characters the transcripts lack are added, the list is written to ``<run>/word_pieces.txt``
+    and put into the config. ``"letters"`` and a list are left as they are.
+
+    Raises:
+        ValueError: naming ``loss.tokens``.
+    """
+    config = dict(config)
+    tokens = config.get("tokens", "letters")
+    pieces = None
+    if isinstance(tokens, bool):
+        raise ValueError(
+            f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file, got {tokens!r}"
+        )
+    if isinstance(tokens, int):
+        from ..wordpieces import train_word_pieces
+
+        texts = context.texts("loss.tokens")
+        try:
+            pieces = train_word_pieces(texts, int(tokens))
+        except ValueError as e:
+            raise ValueError(
+                f"loss.tokens={tokens}: {str(e).replace('num_pieces', 'the number of word pieces')}; "
+                "or loss.tokens=letters"
+            ) from None
+    elif isinstance(tokens, str) and tokens != "letters":
+        from ..wordpieces import load_word_pieces
+
+        if not Path(tokens).is_file():
+            raise ValueError(
+                f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file; no such file: {tokens}"
+            )
+        try:
+            pieces = load_word_pieces(tokens)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"loss.tokens: cannot read word pieces from {tokens}: {e}") from None
+    if pieces is not None:
+        from ..wordpieces import save_word_pieces
+
+        # characters the training transcripts lack still get a token, so every text is spellable
+        pieces = list(pieces) + sorted(set(context.chars) - set(pieces))
+        path = context.path("word_pieces.txt")
+        if path is not None:
+            save_word_pieces(pieces, path)
+        config["tokens"] = list(pieces)
+    return config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +259,12 @@ class StructuredLoss(nn.Module):
         """How the loss's outputs decode (see :class:`Decoding`); ``num_classes`` is the
         vocabulary's class count. This default: frame paths, beam search applies."""
         return Decoding()
+
+    def spell(self, ids: Sequence[int]) -> List[int]:
+        """The target-class ids that the emission-class ids ``ids`` (one decoded sequence, blanks
+        dropped) spell: ``ids`` themselves (this default); a loss with ``target_classes`` whose
+        network is decoded (a word-piece RNN-T loss) gives each token's graphemes."""
+        return [int(i) for i in ids]
 
     def set_step(self, step: int) -> None:
         """Told the global training step before each training batch (the Lightning layer calls it);

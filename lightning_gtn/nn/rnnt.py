@@ -33,7 +33,7 @@ lattice; :class:`RNNTLoss` scores a network offering ``joiner_parameters`` by ch
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -51,6 +51,8 @@ __all__ = [
     "MAX_JOINER_VALUES",
     "NETWORK_METHODS",
     "check_joiner_size",
+    "check_joiner_path",
+    "score_joiner",
 ]
 
 #: how :meth:`RNNTLoss.joint_loss` scores a network's joiner: ``"chunked"`` (the default) with
@@ -86,6 +88,13 @@ def check_joiner_size(B: int, T: int, U1: int, J: int, V: Optional[int], u1_name
             f"{MAX_JOINER_VALUES:,} (lightning_gtn.nn.rnnt.MAX_JOINER_VALUES): T is the encoder's frames, U the "
             "longest target; use shorter utterances or transcripts, a smaller batch, or the pruned loss"
         )
+
+
+def check_joiner_path(joiner: str) -> str:
+    """``joiner`` if it is one of :data:`JOINER_PATHS`, else ValueError naming it."""
+    if joiner not in JOINER_PATHS:
+        raise ValueError(f"joiner must be one of {JOINER_PATHS}, got {joiner!r}")
+    return joiner
 
 
 def joiner_classes(network: Any, encoder_out: torch.Tensor, pred: torch.Tensor) -> int:
@@ -229,7 +238,7 @@ class RNNTLoss(RNNTStructuredLoss):
         -> scalar, or ``(B,)`` with ``reduction="none"``.
     """
 
-    vocabulary_arguments = ("blank",)
+    vocabulary_arguments: Tuple[str, ...] = ("blank",)
 
     def __init__(
         self,
@@ -244,8 +253,7 @@ class RNNTLoss(RNNTStructuredLoss):
     ) -> None:
         super().__init__()
         checks.check_reduction(reduction)
-        if joiner not in JOINER_PATHS:
-            raise ValueError(f"joiner must be one of {JOINER_PATHS}, got {joiner!r}")
+        check_joiner_path(joiner)
         if impl not in (None,) + lgf.RNNT_IMPLS:
             raise ValueError(f"impl must be None or one of {lgf.RNNT_IMPLS}, got {impl!r}")
         if isinstance(blank, bool) or not isinstance(blank, int):
@@ -285,12 +293,7 @@ class RNNTLoss(RNNTStructuredLoss):
         """Whether :meth:`joint_loss` scores ``network`` by chunks (:func:`~lightning_gtn.functional.rnnt_joiner_loss`):
         ``joiner="chunked"``, a network offering ``joiner_parameters``, the fused log-softmax and
         ``impl=None`` (an explicit ``impl`` names a kernel of the materialised logits)."""
-        return (
-            self.joiner == "chunked"
-            and self.fused_log_softmax
-            and self.impl is None
-            and callable(getattr(network, "joiner_parameters", None))
-        )
+        return self.joiner == "chunked" and self.fused_log_softmax and self.impl is None and offers_joiner(network)
 
     def joint_loss(self, network, encoder_out, encoder_lengths, targets, target_lengths):
         """As :meth:`RNNTStructuredLoss.joint_loss`, by chunks where :meth:`chunked` says so: the
@@ -316,6 +319,37 @@ class RNNTLoss(RNNTStructuredLoss):
         )
 
 
+def score_joiner(
+    network: Any,
+    encoder_out: torch.Tensor,
+    targets: torch.Tensor,
+    blank: int,
+    score: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``score(encoder (B, T, J), predictor (B, U + 1, J), weight (V, J), bias (V,))``: a joiner
+    loss (:func:`~lightning_gtn.functional.rnnt_joiner_loss` and the duration ones) of a batch from
+    ``network``'s prediction network over the targets started by ``blank`` (a non-negative id) and
+    its ``joiner_parameters()``. Under autocast the four tensors are cast to autocast's dtype, as
+    its matmuls would, and scored with autocast off (the loss computes half precision in float32)."""
+    if not isinstance(encoder_out, torch.Tensor) or encoder_out.dim() != 3:
+        got = tuple(encoder_out.shape) if isinstance(encoder_out, torch.Tensor) else type(encoder_out).__name__
+        raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
+    pred, _ = network.predict(prepend_blank(targets, int(blank)), None)
+    weight, bias = network.joiner_parameters()
+    device_type = encoder_out.device.type
+    autocast = torch.is_autocast_enabled(device_type)
+    if autocast:
+        dtype = torch.get_autocast_dtype(device_type)
+        encoder_out, pred, weight, bias = (x.to(dtype) for x in (encoder_out, pred, weight, bias))
+    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
+        return score(encoder_out, pred, weight, bias)
+
+
+def offers_joiner(network: Any) -> bool:
+    """Whether ``network`` offers ``joiner_parameters`` (its joiner is ``Linear(tanh(enc + pred))``)."""
+    return callable(getattr(network, "joiner_parameters", None))
+
+
 def joiner_joint_loss(
     loss: Any,
     network: Any,
@@ -325,24 +359,13 @@ def joiner_joint_loss(
     target_lengths: torch.Tensor,
     impl: Optional[str],
 ) -> torch.Tensor:
-    """:func:`lightning_gtn.functional.rnnt_joiner_loss` of a batch from ``network``'s prediction
-    network over the blank-started targets and its ``joiner_parameters()``, with ``loss``'s
-    ``blank`` (a non-negative id), ``clamp``, ``reduction``, ``zero_infinity`` and
-    ``fastemit_lambda``. Under autocast the four tensors are cast to autocast's dtype, as its
-    matmuls would, and scored with autocast off (the loss computes half precision in float32)."""
-    if not isinstance(encoder_out, torch.Tensor) or encoder_out.dim() != 3:
-        got = tuple(encoder_out.shape) if isinstance(encoder_out, torch.Tensor) else type(encoder_out).__name__
-        raise ValueError(f"encoder_out must have shape (B, T, J), got {got}")
-    pred, _ = network.predict(prepend_blank(targets, int(loss.blank)), None)
-    weight, bias = network.joiner_parameters()
-    device_type = encoder_out.device.type
-    autocast = torch.is_autocast_enabled(device_type)
-    if autocast:
-        dtype = torch.get_autocast_dtype(device_type)
-        encoder_out, pred, weight, bias = (x.to(dtype) for x in (encoder_out, pred, weight, bias))
-    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
+    """:func:`lightning_gtn.functional.rnnt_joiner_loss` of a batch from ``network``
+    (:func:`score_joiner`), with ``loss``'s ``blank`` (a non-negative id), ``clamp``,
+    ``reduction``, ``zero_infinity`` and ``fastemit_lambda``."""
+
+    def score(enc, pred, weight, bias):
         return lgf.rnnt_joiner_loss(
-            encoder_out,
+            enc,
             pred,
             weight,
             bias,
@@ -356,6 +379,8 @@ def joiner_joint_loss(
             zero_infinity=loss.zero_infinity,
             impl=impl,
         )
+
+    return score_joiner(network, encoder_out, targets, int(loss.blank), score)
 
 
 #: the transducer network's methods :class:`RNNTJoinerLoss` calls: those of every RNN-T loss and
@@ -388,7 +413,7 @@ class RNNTJoinerLoss(RNNTStructuredLoss):
         ``reduction="none"``.
     """
 
-    vocabulary_arguments = ("blank",)
+    vocabulary_arguments: Tuple[str, ...] = ("blank",)
     network_methods = JOINER_NETWORK_METHODS
 
     def __init__(

@@ -16,7 +16,7 @@ import torch
 from .. import functional as lgf
 from ..core import checks
 from .losses import Decoding
-from .rnnt import RNNTStructuredLoss
+from .rnnt import RNNTStructuredLoss, check_joiner_path, offers_joiner, score_joiner
 
 _NO_BEAM = (
     "the modified beam search decodes the regular RNN-T (one blank, no durations); {name} has durations or "
@@ -49,6 +49,13 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         fastemit_lambda: FastEmit's weight, finite and ``>= 0``: the token arcs' gradient and the
             cost scaled by ``1 + fastemit_lambda``.
         clamp: ``> 0`` clips each example's gradient w.r.t. the logits to ``[-clamp, clamp]``.
+        joiner: how :meth:`joint_loss` (training) scores a network: ``"chunked"`` (the default)
+            with :func:`~lightning_gtn.functional.multiblank_rnnt_joiner_loss`, never holding the
+            ``(B, T, U + 1, V + E)`` joiner output, when the network offers
+            ``joiner_parameters`` (its ``join`` being ``tanh(enc + pred) @ weight.T + bias``) and
+            neither ``fastemit_lambda`` nor ``clamp`` is set; otherwise, and with
+            ``"materialised"``, :meth:`forward` of ``network.join`` over the whole lattice. The
+            same loss and gradients either way (to rounding); :meth:`forward` is unchanged.
 
     Shape:
         ``forward(logits (B, T, U + 1, V), targets (B, U), logit_lengths (B,), target_lengths (B,))``.
@@ -67,8 +74,10 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         impl: Optional[str] = None,
         fastemit_lambda: float = 0.0,
         clamp: float = -1.0,
+        joiner: str = "chunked",
     ) -> None:
         super().__init__()
+        self.joiner = check_joiner_path(joiner)
         # checked once here with a tiny call (the same checks as every forward)
         self.blank = _as_int(blank, "blank")
         self.big_blank_durations: List[int] = [int(d) for d in _checked(big_blank_durations, "big_blank_durations")]
@@ -153,13 +162,39 @@ class MultiBlankRNNTLoss(RNNTStructuredLoss):
         """As :meth:`RNNTStructuredLoss.joint_loss`; ValueError for a negative blank (the
         prediction network starts from it before the joiner gives ``V``)."""
         _check_start_symbol(self, "joint_loss")
-        return super().joint_loss(network, encoder_out, encoder_lengths, targets, target_lengths)
+        if not _chunked(self, network):
+            return super().joint_loss(network, encoder_out, encoder_lengths, targets, target_lengths)
+
+        def score(enc, pred, weight, bias):
+            return lgf.multiblank_rnnt_joiner_loss(
+                enc,
+                pred,
+                weight,
+                bias,
+                targets,
+                encoder_lengths,
+                target_lengths,
+                blank=self._blank,
+                big_blank_durations=self.big_blank_durations,
+                sigma=self.sigma,
+                big_blank_ids=self._ids(int(weight.shape[0])),
+                reduction=self.reduction,
+                zero_infinity=self.zero_infinity,
+                impl=self.impl,
+            )
+
+        return score_joiner(network, encoder_out, targets, self._blank, score)
+
+    def chunked(self, network) -> bool:
+        """Whether :meth:`joint_loss` scores ``network`` by chunks
+        (:func:`~lightning_gtn.functional.multiblank_rnnt_joiner_loss`): see ``joiner``."""
+        return _chunked(self, network)
 
     def extra_repr(self) -> str:
         """The options shown by ``repr``."""
         return (
             f"blank={self.blank}, big_blank_durations={self.big_blank_durations}, sigma={self.sigma}, "
-            f"reduction={self.reduction!r}"
+            f"reduction={self.reduction!r}, joiner={self.joiner!r}"
         )
 
 
@@ -182,6 +217,13 @@ class TDTLoss(RNNTStructuredLoss):
         fastemit_lambda: FastEmit's weight, finite and ``>= 0``: the token arcs' gradient and the
             cost scaled by ``1 + fastemit_lambda``.
         clamp: ``> 0`` clips each example's gradient w.r.t. the logits to ``[-clamp, clamp]``.
+        joiner: how :meth:`joint_loss` (training) scores a network: ``"chunked"`` (the default)
+            with :func:`~lightning_gtn.functional.tdt_joiner_loss`, never holding the
+            ``(B, T, U + 1, V + D)`` joiner output, when the network offers
+            ``joiner_parameters`` (its ``join`` being ``tanh(enc + pred) @ weight.T + bias``) and
+            neither ``fastemit_lambda`` nor ``clamp`` is set; otherwise, and with
+            ``"materialised"``, :meth:`forward` of ``network.join`` over the whole lattice. The
+            same loss and gradients either way (to rounding); :meth:`forward` is unchanged.
 
     Shape:
         ``forward(logits (B, T, U + 1, V + len(durations)), targets (B, U), logit_lengths (B,),
@@ -201,8 +243,10 @@ class TDTLoss(RNNTStructuredLoss):
         impl: Optional[str] = None,
         fastemit_lambda: float = 0.0,
         clamp: float = -1.0,
+        joiner: str = "chunked",
     ) -> None:
         super().__init__()
+        self.joiner = check_joiner_path(joiner)
         self.blank = _as_int(blank, "blank")
         self.durations: List[int] = [int(d) for d in _checked(durations, "durations")]
         self.extra_outputs = len(self.durations)  # one duration logit per duration, after the tokens
@@ -260,14 +304,52 @@ class TDTLoss(RNNTStructuredLoss):
         """As :meth:`RNNTStructuredLoss.joint_loss`; ValueError for a negative blank (the
         prediction network starts from it before the joiner gives ``V``)."""
         _check_start_symbol(self, "joint_loss")
-        return super().joint_loss(network, encoder_out, encoder_lengths, targets, target_lengths)
+        if not _chunked(self, network):
+            return super().joint_loss(network, encoder_out, encoder_lengths, targets, target_lengths)
+        self.check_symbols_per_frame(encoder_lengths, target_lengths)
+
+        def score(enc, pred, weight, bias):
+            return lgf.tdt_joiner_loss(
+                enc,
+                pred,
+                weight,
+                bias,
+                targets,
+                encoder_lengths,
+                target_lengths,
+                blank=self._blank,
+                durations=self.durations,
+                sigma=self.sigma,
+                omega=self.omega,
+                reduction=self.reduction,
+                zero_infinity=self.zero_infinity,
+                impl=self.impl,
+            )
+
+        return score_joiner(network, encoder_out, targets, self._blank, score)
+
+    def chunked(self, network) -> bool:
+        """Whether :meth:`joint_loss` scores ``network`` by chunks
+        (:func:`~lightning_gtn.functional.tdt_joiner_loss`): see ``joiner``."""
+        return _chunked(self, network)
 
     def extra_repr(self) -> str:
         """The options shown by ``repr``."""
         return (
             f"blank={self.blank}, durations={self.durations}, sigma={self.sigma}, omega={self.omega}, "
-            f"reduction={self.reduction!r}"
+            f"reduction={self.reduction!r}, joiner={self.joiner!r}"
         )
+
+
+def _chunked(loss, network) -> bool:
+    """``joiner="chunked"``, a network offering ``joiner_parameters``, and no FastEmit or clamp
+    (the duration joiner losses have neither)."""
+    return (
+        loss.joiner == "chunked"
+        and float(loss.fastemit_lambda) == 0.0
+        and not float(loss.clamp) > 0
+        and offers_joiner(network)
+    )
 
 
 def _as_int(value, name: str) -> int:

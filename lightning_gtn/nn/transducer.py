@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -14,7 +13,7 @@ from torch import nn
 from .. import functional as lgf  # not torch.nn.functional: the engine computes every loss
 from ..core import checks
 from ..wfst import Graph
-from .losses import Decoding, Preparation, StructuredLoss, _check_common
+from .losses import Decoding, Preparation, StructuredLoss, _check_common, prepare_word_pieces
 
 __all__ = ["TransducerLoss", "transitions_to_data", "transitions_from_data", "MAX_DATA_ARCS"]
 
@@ -198,45 +197,7 @@ class TransducerLoss(StructuredLoss):
         Raises:
             ValueError: naming ``loss.tokens`` / ``loss.transitions``.
         """
-        config = dict(config)
-        tokens = config.get("tokens", "letters")
-        pieces = None
-        if isinstance(tokens, bool):
-            raise ValueError(
-                f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file, got {tokens!r}"
-            )
-        if isinstance(tokens, int):
-            from ..wordpieces import train_word_pieces
-
-            texts = context.texts("loss.tokens")
-            try:
-                pieces = train_word_pieces(texts, int(tokens))
-            except ValueError as e:
-                raise ValueError(
-                    f"loss.tokens={tokens}: {str(e).replace('num_pieces', 'the number of word pieces')}; "
-                    "or loss.tokens=letters"
-                ) from None
-        elif isinstance(tokens, str) and tokens != "letters":
-            from ..wordpieces import load_word_pieces
-
-            if not Path(tokens).is_file():
-                raise ValueError(
-                    f"loss.tokens: expected 'letters', a number of word pieces or a word-piece file; "
-                    f"no such file: {tokens}"
-                )
-            try:
-                pieces = load_word_pieces(tokens)
-            except (OSError, ValueError) as e:
-                raise ValueError(f"loss.tokens: cannot read word pieces from {tokens}: {e}") from None
-        if pieces is not None:
-            from ..wordpieces import save_word_pieces
-
-            # characters the training transcripts lack still get a token, so every text is spellable
-            pieces = list(pieces) + sorted(set(context.chars) - set(pieces))
-            path = context.path("word_pieces.txt")
-            if path is not None:
-                save_word_pieces(pieces, path)
-            config["tokens"] = list(pieces)
+        config = prepare_word_pieces(config, context)
         trans = config.get("transitions")
         if isinstance(trans, Mapping) and "format" not in trans:  # a recipe
             from ..wfst.ngram import save_transitions, transitions_graph

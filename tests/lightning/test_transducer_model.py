@@ -11,7 +11,7 @@ import torch
 
 from lightning_gtn import trust
 from lightning_gtn.lightning import DigitLinesDataModule, SequenceModule, TransducerModel
-from lightning_gtn.nn import RNNTLoss
+from lightning_gtn.nn import MultiBlankRNNTLoss, RNNTLoss, TDTLoss
 from lightning_gtn.nn.rnnt import RNNTStructuredLoss
 
 CHARS = "0123456789 "
@@ -409,6 +409,57 @@ def test_joint_loss_chunked_equals_materialised(options):
         torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-7, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **k: TDTLoss(blank=0, durations=[0, 1, 2], **k),
+        lambda **k: TDTLoss(blank=0, durations=[1, 3], sigma=0.05, omega=0.3, reduction="sum", **k),
+        lambda **k: MultiBlankRNNTLoss(blank=0, big_blank_durations=[2, 4], **k),
+        lambda **k: MultiBlankRNNTLoss(blank=0, big_blank_durations=[3], sigma=0.05, reduction="none", **k),
+    ],
+)
+def test_duration_joint_loss_chunked_equals_materialised(make):
+    """TDT and multi-blank RNN-T: joiner="chunked" (the duration joiner losses) gives the loss and
+    every parameter's gradient of joiner="materialised" (the losses of ``network.join``'s output)."""
+    torch.manual_seed(0)
+    chunked, materialised = make(), make(joiner="materialised")
+    m = TransducerModel(6, 5, **{**SMALL, "extra_outputs": chunked.extra_outputs}).double()
+    enc, lengths = torch.randn(3, 8, 12, dtype=torch.float64), torch.tensor([8, 6, 5])
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0], [2, 1, 3]]), torch.tensor([3, 2, 3])
+    assert chunked.chunked(m) and not materialised.chunked(m) and chunked.joiner == "chunked"
+    got, got_grads = _joint_grads(chunked, m, enc, lengths, targets, target_lengths)
+    want, want_grads = _joint_grads(materialised, m, enc, lengths, targets, target_lengths)
+    assert torch.isfinite(want).all() and want.abs().sum() > 0
+    torch.testing.assert_close(got, want, rtol=1e-7, atol=0)
+    assert got_grads.keys() == want_grads.keys() and "joiner.weight" in got_grads
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-7, atol=1e-12, msg=name)
+
+
+def test_duration_joint_loss_falls_back_to_the_materialised_joiner(monkeypatch):
+    """FastEmit or clamp (which the duration joiner losses lack), or a network without
+    ``joiner_parameters``, score ``network.join`` as joiner="materialised" does."""
+    import lightning_gtn.functional as lgf
+
+    torch.manual_seed(0)
+    monkeypatch.setattr(lgf, "tdt_joiner_loss", None)  # never called on these paths
+    monkeypatch.setattr(lgf, "multiblank_rnnt_joiner_loss", None)
+    targets, target_lengths = torch.tensor([[1, 2, 3], [4, 4, 0]]), torch.tensor([3, 2])
+    for cls, kw in ((TDTLoss, dict(durations=[0, 1, 2])), (MultiBlankRNNTLoss, dict(big_blank_durations=[2]))):
+        m = TransducerModel(6, 5, **{**SMALL, "extra_outputs": len(next(iter(kw.values())))})
+        enc, lengths = m.encode(torch.randn(2, 12, 6), torch.tensor([12, 7]))
+        pred, _ = m.predict(torch.tensor([[0, 1, 2, 3], [0, 4, 4, 0]]))
+        logits = m.join(enc[:, :, None], pred[:, None])
+        for options in (dict(fastemit_lambda=0.01), dict(clamp=0.1), dict(joiner="materialised")):
+            loss = cls(blank=0, **kw, **options)
+            assert not loss.chunked(m)
+            got = loss.joint_loss(m, enc, lengths, targets, target_lengths)
+            assert torch.equal(got, loss(logits, targets, lengths, target_lengths))
+        assert not cls(blank=0, **kw).chunked(_NoJoinerParameters())
+        with pytest.raises(ValueError, match=r"joiner must be one of \('chunked', 'materialised'\), got 'full'"):
+            cls(blank=0, joiner="full", **kw)
+
+
 def test_joint_loss_chunked_under_autocast_scores_in_autocast_dtype():
     """bf16-mixed: the chunked path casts the four tensors to bfloat16 (as the joiner's Linear under
     autocast would) and gives the materialised path's dtype and value up to bfloat16 rounding."""
@@ -487,7 +538,7 @@ def test_pruned_joint_loss_bounds_its_lattices(monkeypatch):
 def test_joint_loss_refuses_targets_longer_than_a_loss_can_place_on_the_frames():
     """A loss that places at most one token on a frame (k2's modified lattice, TDT without a zero
     duration) declares it; joint_loss names the example, U and T before the joiner runs."""
-    from lightning_gtn.nn import PrunedRNNTLoss, TDTLoss
+    from lightning_gtn.nn import PrunedRNNTLoss
 
     m = TransducerModel(6, 5, **{**SMALL, "extra_outputs": 2})
     enc, lengths = m.encode(torch.randn(2, 8, 6), torch.tensor([8, 4]))  # T = 4 and 2 frames
