@@ -401,7 +401,8 @@ class RNNTJoinerLoss(RNNTStructuredLoss):
         reduction: ``"none"`` | ``"mean"`` (batch mean, not divided by target lengths) | ``"sum"``.
         zero_infinity: infeasible examples give 0 instead of ``inf``.
         fastemit_lambda: FastEmit regularisation weight (NeMo's meaning), ``>= 0``.
-        impl: None or ``"torch"``.
+        impl: None (the device's default: ``"torch"`` on the CPU, ``"triton"`` on CUDA), or one of
+            ``"torch"`` or ``"triton"``.
 
     A network it trains offers ``joiner_parameters() -> (weight (V, J), bias (V,))`` besides the
     protocol of every RNN-T loss (:data:`JOINER_NETWORK_METHODS`): its ``join(enc, pred)`` must be
@@ -427,8 +428,8 @@ class RNNTJoinerLoss(RNNTStructuredLoss):
     ) -> None:
         super().__init__()
         checks.check_reduction(reduction)
-        if impl not in (None, "torch"):
-            raise ValueError(f"impl must be None or 'torch', got {impl!r}")
+        if impl not in (None, "torch", "triton"):
+            raise ValueError(f"impl must be None, 'torch' or 'triton', got {impl!r}")
         if isinstance(blank, bool) or not isinstance(blank, int):
             raise ValueError(f"blank must be an integer class id (negative: from the end), got {blank!r}")
         self.blank = int(blank)

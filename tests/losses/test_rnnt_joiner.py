@@ -237,7 +237,7 @@ def test_module_joint_loss_equals_rnnt_loss_of_the_network():
     assert "joiner_parameters" in RNNTJoinerLoss.network_methods
     with pytest.raises(ValueError, match=r"RNNTJoinerLoss\(blank=-1\)\.joint_loss needs the blank's class id"):
         RNNTJoinerLoss().joint_loss(net, enc, el, tg, tl)
-    with pytest.raises(ValueError, match="impl must be None or 'torch'"):
+    with pytest.raises(ValueError, match="impl must be None, 'torch' or 'triton'"):
         RNNTJoinerLoss(impl="numba")
 
 
