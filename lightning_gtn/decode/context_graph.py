@@ -1,0 +1,395 @@
+"""Context biasing: an Aho-Corasick automaton over phrases that gives a bonus per matched token.
+
+A :class:`ContextGraph` is built from phrases of token ids (:class:`ContextGraph`) or of words
+(:meth:`ContextGraph.from_phrases`: spelled by a lexicon or by the token texts), and is walked by
+the beam searches beside each hypothesis (:class:`lightning_gtn.decode.BeamSearchDecoder`,
+:func:`lightning_gtn.decode.transducer_beam.modified_beam_search`).
+
+**Symbols.** The automaton reads the token ids ``0..C-1`` and one more symbol, the word boundary
+``C`` (:attr:`ContextGraph.boundary`). A search feeds it the utterance's text as tokens: a
+boundary first, then each token of each word, a boundary at each word's end (a separator token
+after an open word, a word-starting piece such as ``"▁york"`` after an open word, a lexicon word's
+end, the end of the utterance). Separator tokens themselves are not fed. A phrase of words
+``"new york"`` is the symbols ``boundary, n e w, boundary, y o r k, boundary``, so it matches
+whole words only; a phrase of token ids matches wherever those tokens follow each other.
+
+**Bonus (the definition).** Each token of a phrase (not the boundaries) is worth ``score``; the
+worth of a partial match ``m`` (a prefix of some phrase) is ``acc(m) = min(score x tokens(m),
+cap)``, and ``floor(m)`` is the worth of the longest complete phrase that is a prefix of ``m``
+(0 if none). The automaton's state is the longest suffix of what was read that is a phrase prefix
+(since the last failure, see below). Reading a symbol that extends the match moves to the longer
+prefix and earns the difference of ``acc``. Reading one that does not is a failure: the match
+keeps ``floor`` (what its complete phrases earned), gives back the rest, and restarts at the
+longest suffix of the match plus the symbol that is a phrase prefix (the failure link), earning
+that suffix's ``acc``. At the end of the utterance a pending partial match is given back the
+same way (:meth:`ContextGraph.final`). So the total bonus of an utterance is the sum, over the
+failures and the end, of the ``floor`` of the match that ended there; partial matches only lend
+their bonus to the search while they last, which is what keeps a boosted phrase in the beam.
+
+**Cap.** ``cap`` bounds what one match may earn (``acc`` never exceeds it), so a long phrase
+cannot outweigh the acoustics by its length alone; the default is :data:`DEFAULT_CAP_TOKENS`
+tokens' worth (``8 x score``). ``score = 0`` or no phrases gives no bonus at all: the searches then
+score exactly as without a context graph.
+
+**Bounds.** At most :data:`MAX_CONTEXT_PHRASES` phrases, :data:`MAX_PHRASE_SYMBOLS` symbols a
+phrase and :data:`MAX_CONTEXT_STATES` states; more is a ValueError naming the limit.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from ..kernels.context_numba import context_row, context_step
+from .lexicon import Lexicon
+
+__all__ = [
+    "ContextArrays",
+    "ContextGraph",
+    "read_phrases",
+    "MAX_CONTEXT_PHRASES",
+    "MAX_CONTEXT_STATES",
+    "MAX_PHRASE_SYMBOLS",
+    "MAX_SPELLINGS",
+    "DEFAULT_CAP_TOKENS",
+]
+
+#: the most phrases one graph may hold
+MAX_CONTEXT_PHRASES = 100_000
+#: the most states (trie nodes) one graph may hold
+MAX_CONTEXT_STATES = 2_000_000
+#: the most symbols (tokens and word boundaries) one phrase may have
+MAX_PHRASE_SYMBOLS = 512
+#: the most spellings one phrase of words may expand to (the product over its words)
+MAX_SPELLINGS = 64
+#: the default cap is this many tokens' worth of ``score``
+DEFAULT_CAP_TOKENS = 8
+#: the longest phrase file read (bytes)
+MAX_PHRASE_FILE_BYTES = 64 * 2**20
+
+
+class ContextArrays(NamedTuple):
+    """A context graph as flat arrays for compiled searches (see :mod:`lightning_gtn.kernels.context_numba`).
+
+    ``child_offsets`` (N + 1,) int64, ``child_token`` and ``child_node`` int32 (the children of state
+    n, sorted by symbol), ``fail`` (N,) int32, ``acc`` and ``floor`` (N,) float64, ``start`` the state
+    after the first boundary, ``boundary`` the boundary symbol ``C``."""
+
+    child_offsets: np.ndarray
+    child_token: np.ndarray
+    child_node: np.ndarray
+    fail: np.ndarray
+    acc: np.ndarray
+    floor: np.ndarray
+    start: int
+    boundary: int
+
+
+def read_phrases(path) -> list[str]:
+    """The phrases of a text file: one a line, blank lines and lines starting with ``#`` skipped.
+
+    Raises:
+        ValueError: naming the file, if it cannot be read, is over 64 MiB or is not UTF-8.
+    """
+    p = os.fspath(path)
+    try:
+        size = os.path.getsize(p)
+        if size > MAX_PHRASE_FILE_BYTES:
+            raise ValueError(f"{size} bytes, more than {MAX_PHRASE_FILE_BYTES}")
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"context_file: cannot read {p!r}: {e}") from None
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def _number(name: str, v, *, positive: bool = False, allow_none: bool = False) -> Optional[float]:
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0 or positive and v == 0:
+        what = "a positive" if positive else "a non-negative"
+        raise ValueError(f"{name} must be {what} finite number{' or None' if allow_none else ''}, got {v!r}")
+    return float(v)
+
+
+class ContextGraph:
+    """An Aho-Corasick automaton over phrases of token ids, with the bonus of the module docstring.
+
+    Args:
+        phrases: phrases of symbols: each a non-empty sequence of ints in ``[0, num_tokens]``
+            (``num_tokens`` is the word boundary; two boundaries in a row are not allowed).
+            Duplicates are merged.
+        num_tokens: ``C``, the searches' number of token ids.
+        score: the bonus of each matched token (>= 0).
+        cap: the most one match may earn (> 0); None: ``DEFAULT_CAP_TOKENS x score``; ``math.inf``:
+            no cap.
+
+    Raises:
+        ValueError: one line naming the argument (an empty phrase, a symbol out of range, too many
+            phrases, symbols or states).
+
+    Example:
+        >>> g = ContextGraph([[1, 2]], num_tokens=3, score=1.0)
+        >>> s, b1 = g.step(g.start, 1)
+        >>> s, b2 = g.step(s, 2)
+        >>> b1, b2, g.final(s)
+        (1.0, 1.0, 0.0)
+    """
+
+    def __init__(
+        self,
+        phrases: Iterable[Sequence[int]],
+        num_tokens: int,
+        *,
+        score: float = 1.0,
+        cap: Optional[float] = None,
+    ) -> None:
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 1:
+            raise ValueError(f"num_tokens must be a positive integer, got {num_tokens!r}")
+        if num_tokens >= 2**31 - 1:
+            raise ValueError(f"num_tokens must be below 2**31 - 1, got {num_tokens}")
+        C = int(num_tokens)
+        self.num_tokens = C
+        self.boundary = C
+        self.score = float(_number("context_score", score) or 0.0)
+        c = _number("context_cap", cap, positive=True, allow_none=True) if cap != math.inf else math.inf
+        self.cap = DEFAULT_CAP_TOKENS * self.score if c is None else float(c)
+        if isinstance(phrases, (str, bytes)) or not isinstance(phrases, Iterable):
+            raise ValueError("context_phrases must be a list of phrases (lists of token ids)")
+        seqs: list[tuple[int, ...]] = []
+        seen: set[tuple[int, ...]] = set()
+        total = 0
+        for i, p in enumerate(phrases):
+            if i >= MAX_CONTEXT_PHRASES:
+                raise ValueError(f"context_phrases: more than {MAX_CONTEXT_PHRASES} phrases")
+            if isinstance(p, (str, bytes)) or not isinstance(p, Sequence):
+                raise ValueError(f"context_phrases[{i}] must be a list of token ids, got {type(p).__name__}")
+            if len(p) == 0:
+                raise ValueError(f"context_phrases[{i}] is empty")
+            if len(p) > MAX_PHRASE_SYMBOLS:
+                raise ValueError(f"context_phrases[{i}] has {len(p)} symbols, more than {MAX_PHRASE_SYMBOLS}")
+            for a in p:
+                if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= a <= C:
+                    raise ValueError(f"context_phrases[{i}]: token {a!r} out of range [0, {C}] (C={C} is the boundary)")
+            t = tuple(int(a) for a in p)
+            if any(x == C and y == C for x, y in zip(t, t[1:])) or t == (C,):
+                raise ValueError(f"context_phrases[{i}]: a phrase needs a token and no two boundaries in a row")
+            total += len(t)
+            if total >= MAX_CONTEXT_STATES:
+                raise ValueError(f"context_phrases: more than {MAX_CONTEXT_STATES} states (symbols of all phrases)")
+            if t not in seen:
+                seen.add(t)
+                seqs.append(t)
+        self.phrases = seqs
+        self._build()
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    # ------------------------------------------------------------------ construction
+    def _build(self) -> None:
+        C = self.boundary
+        children: list[dict[int, int]] = [{}]
+        ntok = [0]
+        end = [False]
+        for p in self.phrases:
+            n = 0
+            for a in p:
+                nxt = children[n].get(a)
+                if nxt is None:
+                    nxt = len(children)
+                    children[n][a] = nxt
+                    children.append({})
+                    ntok.append(ntok[n] + (a != C))
+                    end.append(False)
+                n = nxt
+            end[n] = True
+        N = len(children)
+        acc = np.minimum(self.score * np.asarray(ntok, dtype=np.float64), self.cap)
+        floor = np.zeros(N, dtype=np.float64)
+        fail = np.zeros(N, dtype=np.int32)
+        order = [0]  # breadth first: a failure link points at a shallower state
+        for n in order:
+            if end[n]:
+                floor[n] = acc[n]
+            for a, m in children[n].items():
+                if n:
+                    f = int(fail[n])
+                    while f and a not in children[f]:
+                        f = int(fail[f])
+                    fail[m] = children[f].get(a, 0)
+                floor[m] = floor[n]  # overwritten above when m itself ends a phrase
+                order.append(m)
+        off = np.zeros(N + 1, dtype=np.int64)
+        toks, nodes = [], []
+        for n in range(N):
+            items = sorted(children[n].items())
+            off[n + 1] = off[n] + len(items)
+            toks.extend(a for a, _ in items)
+            nodes.extend(m for _, m in items)
+        self.arrays = ContextArrays(
+            off,
+            np.asarray(toks, dtype=np.int32),
+            np.asarray(nodes, dtype=np.int32),
+            fail,
+            acc,
+            floor,
+            0,
+            C,
+        )
+        start, _ = context_step(*self.arrays[:6], 0, C)
+        self.arrays = self.arrays._replace(start=int(start))
+        self.start = int(start)
+
+    @property
+    def num_states(self) -> int:
+        return int(self.arrays.fail.shape[0])
+
+    @property
+    def empty(self) -> bool:
+        """True when the graph can give no bonus (no phrase, or ``score`` 0)."""
+        return not self.phrases or self.score == 0.0
+
+    def __len__(self) -> int:
+        return len(self.phrases)
+
+    def __repr__(self) -> str:
+        return f"ContextGraph({len(self.phrases)} phrases, {self.num_states} states, score={self.score}, cap={self.cap})"
+
+    # ------------------------------------------------------------------ walking
+    def step(self, state: int, symbol: int) -> tuple[int, float]:
+        """``(next state, bonus)`` after ``symbol`` (a token id or :attr:`boundary`)."""
+        if not 0 <= symbol <= self.boundary:
+            raise ValueError(f"symbol must be in [0, {self.boundary}], got {symbol}")
+        k, r = context_step(*self.arrays[:6], int(state), int(symbol))
+        return int(k), float(r)
+
+    def final(self, state: int) -> float:
+        """The bonus at the end of the utterance in ``state`` (``floor - acc``: a pending match given back)."""
+        a = self.arrays
+        return float(a.floor[state] - a.acc[state])
+
+    def row(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(next states (C + 1,), bonuses (C + 1,))`` for every symbol from ``state`` (cached)."""
+        hit = self._rows.get(state)
+        if hit is None:
+            if len(self._rows) > 65536:
+                self._rows.clear()
+            hit = self._rows[state] = context_row(*self.arrays[:6], int(state), self.boundary + 1)
+        return hit
+
+    def total(self, symbols: Iterable[int]) -> float:
+        """The bonus of a whole symbol sequence (read from :attr:`start`, :meth:`final` included)."""
+        s, tot = self.start, 0.0
+        for a in symbols:
+            s, r = self.step(s, a)
+            tot += r
+        return tot + self.final(s)
+
+    # ------------------------------------------------------------------ phrases of words
+    @classmethod
+    def from_phrases(
+        cls,
+        phrases: Iterable,
+        tokens: Sequence[Optional[str]],
+        *,
+        score: float = 1.0,
+        cap: Optional[float] = None,
+        lexicon: Optional[Lexicon] = None,
+        word_separator: str = " ",
+        skip: Iterable[int] = (),
+    ) -> "ContextGraph":
+        """A graph of phrases of words (strings) or of token ids (lists of ints).
+
+        A phrase string is split at whitespace into words; each word is spelled by ``lexicon``
+        (every spelling, up to :data:`MAX_SPELLINGS` per phrase) or, without one, by the token
+        texts, longest match first (with word-starting pieces such as ``"▁new"`` when the tokens
+        have them). The phrase is then ``boundary, word 1, boundary, ..., word n, boundary``.
+
+        Args:
+            phrases: strings, lists of token ids, or a mix.
+            tokens: the text of each token id (None or ``""`` for ids that spell nothing: blank).
+            score, cap: see :class:`ContextGraph`.
+            lexicon: spell words by it (a word it lacks is an error), or None.
+            word_separator: the separator's text; a token equal to it is not used in spellings.
+            skip: token ids never used in spellings (blank, ASG's repeat).
+
+        Raises:
+            ValueError: one line: an empty phrase, a word that cannot be spelled, the bounds.
+        """
+        if isinstance(phrases, (str, bytes)) or not isinstance(phrases, Iterable):
+            raise ValueError("context_phrases must be a list of phrases (strings or lists of token ids)")
+        C = len(tokens)
+        spell = _Speller(tokens, lexicon, word_separator, skip)
+        out: list[list[int]] = []
+        for i, p in enumerate(phrases):
+            if isinstance(p, str):
+                words = p.split()
+                if not words:
+                    raise ValueError(f"context_phrases[{i}] is empty")
+                combos: list[list[int]] = [[C]]
+                for w in words:
+                    sp = spell(w, i)
+                    if len(combos) * len(sp) > MAX_SPELLINGS:
+                        raise ValueError(f"context_phrases[{i}]: {p[:60]!r} has more than {MAX_SPELLINGS} spellings")
+                    combos = [c + s + [C] for c in combos for s in sp]
+                out.extend(combos)
+            else:
+                out.append(p)
+            if len(out) > MAX_CONTEXT_PHRASES:
+                raise ValueError(f"context_phrases: more than {MAX_CONTEXT_PHRASES} phrases")
+        return cls(out, C, score=score, cap=cap)
+
+
+class _Speller:
+    """Spells a word as token ids: by a lexicon, or greedily by the token texts."""
+
+    def __init__(self, tokens, lexicon, sep: str, skip) -> None:
+        self.lex = _lexicon_spellings(lexicon) if lexicon is not None else None
+        skip = {int(s) for s in skip}
+        self.of: dict[str, int] = {}
+        for i, t in enumerate(tokens):
+            if isinstance(t, str) and t and t != sep and i not in skip:
+                self.of.setdefault(t, i)
+        self.sep = sep
+        self.longest = max((len(t) for t in self.of), default=0)
+        self.pieces = any(t.startswith(sep) for t in self.of)  # word-starting pieces ("▁new")
+
+    def __call__(self, word: str, i: int) -> list[list[int]]:
+        if self.lex is not None:
+            sp = self.lex.get(word)
+            if not sp:
+                raise ValueError(f"context_phrases[{i}]: word {word[:60]!r} is not in the lexicon")
+            return sp
+        text = self.sep + word if self.pieces else word
+        ids: list[int] = []
+        k = 0
+        while k < len(text):
+            for L in range(min(self.longest, len(text) - k), 0, -1):
+                j = self.of.get(text[k : k + L])
+                if j is not None:
+                    ids.append(j)
+                    k += L
+                    break
+            else:
+                raise ValueError(
+                    f"context_phrases[{i}]: word {word[:60]!r} cannot be spelled by the tokens "
+                    f"(no token for {text[k : k + 8]!r})"
+                )
+        return [ids]
+
+
+def _lexicon_spellings(lex: Lexicon) -> Mapping[str, list[list[int]]]:
+    """word -> its spellings, read back from the lexicon's trie."""
+    out: dict[str, list[list[int]]] = {}
+    stack: list[tuple[int, list[int]]] = [(0, [])]
+    while stack:
+        n, path = stack.pop()
+        for q in range(int(lex.word_offsets[n]), int(lex.word_offsets[n + 1])):
+            out.setdefault(lex.words[int(lex.node_word[q])], []).append(path)
+        for k in range(int(lex.child_offsets[n]), int(lex.child_offsets[n + 1])):
+            stack.append((int(lex.child_node[k]), path + [int(lex.child_token[k])]))
+    return out
