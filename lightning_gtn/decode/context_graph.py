@@ -128,6 +128,10 @@ class ContextGraph:
         score: the bonus of each matched token (>= 0).
         cap: the most one match may earn (> 0); None: ``DEFAULT_CAP_TOKENS x score``; ``math.inf``:
             no cap.
+        token_kind: ``(C,)`` ints for searches that read emitted token ids
+            (:meth:`token_row`): 0 a plain token, 1 a separator (closes an open word), 2 a
+            word-starting piece (closes an open word, then is read); None: all plain.
+            :meth:`from_phrases` sets it from the token texts.
 
     Raises:
         ValueError: one line naming the argument (an empty phrase, a symbol out of range, too many
@@ -148,6 +152,7 @@ class ContextGraph:
         *,
         score: float = 1.0,
         cap: Optional[float] = None,
+        token_kind=None,
     ) -> None:
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 1:
             raise ValueError(f"num_tokens must be a positive integer, got {num_tokens!r}")
@@ -186,8 +191,13 @@ class ContextGraph:
                 seen.add(t)
                 seqs.append(t)
         self.phrases = seqs
+        kind = np.zeros(C, dtype=np.int8) if token_kind is None else np.asarray(token_kind)
+        if kind.shape != (C,) or kind.dtype.kind not in "iu" or (kind.size and (kind.min() < 0 or kind.max() > 2)):
+            raise ValueError(f"token_kind must be ({C},) integers in {{0, 1, 2}}, got {kind.dtype} {kind.shape}")
+        self.token_kind = kind.astype(np.int8)
         self._build()
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._token_rows: dict[tuple[int, bool, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ construction
     def _build(self) -> None:
@@ -281,6 +291,50 @@ class ContextGraph:
             hit = self._rows[state] = context_row(*self.arrays[:6], int(state), self.boundary + 1)
         return hit
 
+    def token_row(self, state: int, open_word: bool, blank: int = -1):
+        """What emitting each token id does, for searches over token ids (the transducer's).
+
+        A separator closes an open word (the boundary), a word-starting piece closes an open word
+        and is then read, any other token is read; ``blank`` (if in range) changes nothing.
+
+        Returns:
+            ``(next states (C,) int64, bonuses (C,) float64, open after (C,) bool)`` (cached).
+        """
+        key = (int(state), bool(open_word), int(blank))
+        hit = self._token_rows.get(key)
+        if hit is not None:
+            return hit
+        C, B = self.num_tokens, self.boundary
+        nxt, bon = self.row(state)
+        nxt, bon = nxt[:C].copy(), bon[:C].copy()
+        opened = np.ones(C, dtype=np.bool_)
+        kind = self.token_kind
+        sep = kind == 1
+        if open_word:
+            s_b, r_b = int(self.row(state)[0][B]), float(self.row(state)[1][B])
+            after_n, after_b = self.row(s_b)
+            starts = kind == 2
+            nxt[starts] = after_n[:C][starts]
+            bon[starts] = r_b + after_b[:C][starts]
+            nxt[sep], bon[sep] = s_b, r_b
+        else:
+            nxt[sep], bon[sep] = state, 0.0
+        opened[sep] = False
+        if 0 <= blank < C:
+            nxt[blank], bon[blank], opened[blank] = state, 0.0, open_word
+        if len(self._token_rows) > 65536:
+            self._token_rows.clear()
+        hit = self._token_rows[key] = (nxt, bon, opened)
+        return hit
+
+    def end_bonus(self, state: int, open_word: bool) -> float:
+        """The bonus at the end of an utterance of a token-id search: the boundary closing an
+        open word, then :meth:`final`."""
+        r = 0.0
+        if open_word:
+            state, r = self.step(state, self.boundary)
+        return r + self.final(state)
+
     def total(self, symbols: Iterable[int]) -> float:
         """The bonus of a whole symbol sequence (read from :attr:`start`, :meth:`final` included)."""
         s, tot = self.start, 0.0
@@ -341,7 +395,11 @@ class ContextGraph:
                 out.append(p)
             if len(out) > MAX_CONTEXT_PHRASES:
                 raise ValueError(f"context_phrases: more than {MAX_CONTEXT_PHRASES} phrases")
-        return cls(out, C, score=score, cap=cap)
+        kind = np.zeros(C, dtype=np.int8)
+        for j, t in enumerate(tokens):
+            if isinstance(t, str) and t:
+                kind[j] = 1 if t == word_separator else 2 if t.startswith(word_separator) else 0
+        return cls(out, C, score=score, cap=cap, token_kind=kind)
 
 
 class _Speller:

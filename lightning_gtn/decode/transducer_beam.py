@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..kernels.logmath import log_add
+from .context_graph import ContextGraph
 from .transducer import MAX_SYMBOLS_PER_FRAME
 
 __all__ = ["MAX_BEAM", "TokenLM", "TransducerHypothesis", "modified_beam_search", "modified_beam_search_nbest"]
@@ -221,8 +222,8 @@ class TransducerHypothesis:
     Attributes:
         tokens: the token ids, blank-free.
         score: the search score: ``log P_am`` (summed over the alignments the beam kept), plus
-            ``lm_weight`` times the LM log-probability (``</s>`` included) and ``length_bonus``
-            per token.
+            ``lm_weight`` times the LM log-probability (``</s>`` included), ``length_bonus``
+            per token and the context graph's bonus (if any).
         lm_score: the LM's natural-log probability of ``tokens`` (``</s>`` included when the LM
             has ``final_score``), unweighted; 0 without an LM.
     """
@@ -236,9 +237,9 @@ _UNKNOWN = object()
 
 
 class _Hyp:
-    __slots__ = ("tokens", "score", "lm_state", "lm_score", "ref", "parent", "new_token")
+    __slots__ = ("tokens", "score", "lm_state", "lm_score", "ref", "parent", "new_token", "ctx")
 
-    def __init__(self, tokens, score, lm_state, lm_score, ref, parent=None, new_token=-1):
+    def __init__(self, tokens, score, lm_state, lm_score, ref, parent=None, new_token=-1, ctx=(0, False)):
         self.tokens = tokens
         self.score = score
         self.lm_state = lm_state
@@ -246,6 +247,7 @@ class _Hyp:
         self.ref = ref  # (object id, row): this hypothesis' prediction output and state
         self.parent = parent  # the parent's ref when a predict call is still due
         self.new_token = new_token
+        self.ctx = ctx  # (context graph state, a word is open)
 
 
 def _check_args(model, encoder_out, encoder_lengths, blank, beam, lm_weight, max_symbols_per_frame, length_bonus):
@@ -299,6 +301,7 @@ def modified_beam_search_nbest(
     max_symbols_per_frame: int = 1,
     length_bonus: float = 0.0,
     nbest: Optional[int] = None,
+    context: Optional[ContextGraph] = None,
 ) -> list[list[TransducerHypothesis]]:
     """Modified beam search (see the module docstring); the ``nbest`` best hypotheses per utterance.
 
@@ -316,6 +319,9 @@ def modified_beam_search_nbest(
             modified beam search).
         length_bonus: added per emitted token (counters the LM's preference for short outputs).
         nbest: hypotheses returned per utterance (default ``beam``), best first.
+        context: context biasing: a :class:`lightning_gtn.decode.context_graph.ContextGraph`
+            over the ``V`` token ids (its ``token_kind`` says which ids separate or start words),
+            walked beside each hypothesis; its bonus is part of ``score``. None: no biasing.
 
     Returns:
         Per utterance a list of :class:`TransducerHypothesis`, best first.
@@ -332,6 +338,9 @@ def modified_beam_search_nbest(
     if isinstance(nbest, bool) or not isinstance(nbest, (int, np.integer)) or nbest < 1:
         raise ValueError(f"nbest must be an integer >= 1, got {nbest!r}")
     lm_weight, length_bonus = float(lm_weight), float(length_bonus)
+    if context is not None and not isinstance(context, ContextGraph):
+        raise ValueError(f"context must be a ContextGraph or None, got {type(context).__name__}")
+    ctx = context if context is not None and not context.empty else None
     B = encoder_out.shape[0]
     dev = encoder_out.device
     use_lm = lm is not None and lm_weight != 0.0
@@ -343,7 +352,8 @@ def modified_beam_search_nbest(
         glm: Optional[_GenericLM] = None
         layout: Any = _UNKNOWN  # the states' batch dimensions (see _state_layout); False: none
         lm0: Any = None
-        hyps: list[list[_Hyp]] = [[_Hyp((), 0.0, None, 0.0, (0, 0))] for _ in range(B)]
+        ctx0 = (ctx.start if ctx is not None else 0, False)
+        hyps: list[list[_Hyp]] = [[_Hyp((), 0.0, None, 0.0, (0, 0), ctx=ctx0)] for _ in range(B)]
         V = -1
         for t in range(int(lengths.max(initial=0))):
             live = [b for b in range(B) if t < lengths[b]]
@@ -363,6 +373,8 @@ def modified_beam_search_nbest(
                     V = int(logp.shape[1])
                     if blank >= V:
                         raise ValueError(f"blank must be in [0, V={V}), got {blank}")
+                    if context is not None and context.num_tokens != V:
+                        raise ValueError(f"context: the graph is over {context.num_tokens} tokens, the joiner has V={V}")
                     if use_lm:
                         glm = _GenericLM(lm, V, blank)
                         lm0 = glm.start_state()
@@ -378,6 +390,10 @@ def modified_beam_search_nbest(
                 if glm is not None:
                     lm_rows = [glm.scores(h.lm_state) for _, h in flat]
                     extra += lm_weight * torch.from_numpy(np.stack([lp for lp, _ in lm_rows]))
+                ctx_rows = None
+                if ctx is not None:  # the context graph's bonus of each token
+                    ctx_rows = [ctx.token_row(*h.ctx, blank) for _, h in flat]
+                    extra += torch.from_numpy(np.stack([bon for _, bon, _ in ctx_rows]))
                 cand = logp + extra + torch.tensor([h.score for _, h in flat], dtype=torch.float64)[:, None]
                 new_active: dict[int, list[_Hyp]] = {}
                 # one top-k for all utterances: row e holds e's done pool, then its candidates
@@ -413,13 +429,20 @@ def modified_beam_search_nbest(
                             continue  # padding
                         parent = flat[pos + i][1]
                         if v == blank:
-                            _merge(keep_done, _Hyp(parent.tokens, sc, parent.lm_state, parent.lm_score, parent.ref))
+                            _merge(
+                                keep_done,
+                                _Hyp(parent.tokens, sc, parent.lm_state, parent.lm_score, parent.ref, ctx=parent.ctx),
+                            )
                             continue
                         lm_state, lm_score = parent.lm_state, parent.lm_score
                         if lm_rows is not None:
                             lp, nx = lm_rows[pos + i]
                             lm_state, lm_score = nx[v], lm_score + float(lp[v])
-                        child = _Hyp(parent.tokens + (v,), sc, lm_state, lm_score, None, parent.ref, v)
+                        hctx = parent.ctx
+                        if ctx_rows is not None:
+                            cn, _, co = ctx_rows[pos + i]
+                            hctx = (int(cn[v]), bool(co[v]))
+                        child = _Hyp(parent.tokens + (v,), sc, lm_state, lm_score, None, parent.ref, v, hctx)
                         _merge(nxt_active if r < M - 1 else keep_done, child)
                     done[b] = keep_done
                     if nxt_active:
@@ -458,6 +481,8 @@ def modified_beam_search_nbest(
             if glm is not None and glm.final is not None:
                 f = float(glm.final(h.lm_state))
                 sc, lms = sc + lm_weight * f, lms + f
+            if ctx is not None:
+                sc += ctx.end_bonus(*h.ctx)
             res.append(TransducerHypothesis(list(h.tokens), sc, lms))
         res.sort(key=lambda x: -x.score)
         out.append(res[:nbest])
@@ -550,6 +575,7 @@ def modified_beam_search(
     lm_weight: float = 0.0,
     max_symbols_per_frame: int = 1,
     length_bonus: float = 0.0,
+    context: Optional[ContextGraph] = None,
 ) -> list[list[int]]:
     """The best hypothesis' token ids (blank-free) per utterance: :func:`modified_beam_search_nbest`
     with ``nbest=1`` (same arguments).
@@ -578,5 +604,6 @@ def modified_beam_search(
         max_symbols_per_frame=max_symbols_per_frame,
         length_bonus=length_bonus,
         nbest=1,
+        context=context,
     )
     return [r[0].tokens if r else [] for r in res]
