@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -256,6 +256,7 @@ class ContextGraph:
 
     @property
     def num_states(self) -> int:
+        """The number of states (trie nodes), the root included."""
         return int(self.arrays.fail.shape[0])
 
     @property
@@ -267,7 +268,9 @@ class ContextGraph:
         return len(self.phrases)
 
     def __repr__(self) -> str:
-        return f"ContextGraph({len(self.phrases)} phrases, {self.num_states} states, score={self.score}, cap={self.cap})"
+        return (
+            f"ContextGraph({len(self.phrases)} phrases, {self.num_states} states, score={self.score}, cap={self.cap})"
+        )
 
     # ------------------------------------------------------------------ walking
     def step(self, state: int, symbol: int) -> tuple[int, float]:
@@ -406,7 +409,7 @@ class _Speller:
     """Spells a word as token ids: by a lexicon, or greedily by the token texts."""
 
     def __init__(self, tokens, lexicon, sep: str, skip) -> None:
-        self.lex = _lexicon_spellings(lexicon) if lexicon is not None else None
+        self.lex = lexicon.spellings() if lexicon is not None else None
         skip = {int(s) for s in skip}
         self.of: dict[str, int] = {}
         for i, t in enumerate(tokens):
@@ -438,16 +441,3 @@ class _Speller:
                     f"(no token for {text[k : k + 8]!r})"
                 )
         return [ids]
-
-
-def _lexicon_spellings(lex: Lexicon) -> Mapping[str, list[list[int]]]:
-    """word -> its spellings, read back from the lexicon's trie."""
-    out: dict[str, list[list[int]]] = {}
-    stack: list[tuple[int, list[int]]] = [(0, [])]
-    while stack:
-        n, path = stack.pop()
-        for q in range(int(lex.word_offsets[n]), int(lex.word_offsets[n + 1])):
-            out.setdefault(lex.words[int(lex.node_word[q])], []).append(path)
-        for k in range(int(lex.child_offsets[n]), int(lex.child_offsets[n + 1])):
-            stack.append((int(lex.child_node[k]), path + [int(lex.child_token[k])]))
-    return out

@@ -374,7 +374,9 @@ def modified_beam_search_nbest(
                     if blank >= V:
                         raise ValueError(f"blank must be in [0, V={V}), got {blank}")
                     if context is not None and context.num_tokens != V:
-                        raise ValueError(f"context: the graph is over {context.num_tokens} tokens, the joiner has V={V}")
+                        raise ValueError(
+                            f"context: the graph is over {context.num_tokens} tokens, the joiner has V={V}"
+                        )
                     if use_lm:
                         glm = _GenericLM(lm, V, blank)
                         lm0 = glm.start_state()

@@ -476,7 +476,23 @@ def beam_kernel(
                             continue
                         lms2 = lms + lp
                     n = _push(
-                        ci, ch, cf, n, h, node2, lm2, c, inw2, eff, -1, cst2, h2, a2, lms2, ext2, a2 + lm_weight * lms2 + ext2
+                        ci,
+                        ch,
+                        cf,
+                        n,
+                        h,
+                        node2,
+                        lm2,
+                        c,
+                        inw2,
+                        eff,
+                        -1,
+                        cst2,
+                        h2,
+                        a2,
+                        lms2,
+                        ext2,
+                        a2 + lm_weight * lms2 + ext2,
                     )
             else:
                 if sep >= 0 and node == 0 and sep != last and allowed[sep] and e[sep] > NEG_INF:
