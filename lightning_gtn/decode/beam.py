@@ -314,7 +314,7 @@ class BeamSearchDecoder:
         self.context = context
         if context is None or context.empty:
             context = ContextGraph([], C)
-        self._ctx = (*context.arrays, not context.empty)
+        self._ctx = context.kernel_arrays()
 
     def _build(self, C: int, hotwords) -> None:
         lex = self.lexicon

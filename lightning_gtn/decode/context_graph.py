@@ -45,7 +45,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ..kernels.context_numba import context_row, context_step
+from ..kernels.context_numba import context_row, context_step, context_table
 from .lexicon import Lexicon
 
 __all__ = [
@@ -69,6 +69,8 @@ MAX_PHRASE_SYMBOLS = 512
 MAX_SPELLINGS = 64
 #: the default cap is this many tokens' worth of ``score``
 DEFAULT_CAP_TOKENS = 8
+#: graphs with at most this many (state, symbol) pairs also get dense tables (one lookup a step)
+MAX_DENSE_ENTRIES = 1 << 21
 #: the longest phrase file read (bytes)
 MAX_PHRASE_FILE_BYTES = 64 * 2**20
 
@@ -234,7 +236,8 @@ class ContextGraph:
                 floor[m] = floor[n]  # overwritten above when m itself ends a phrase
                 order.append(m)
         off = np.zeros(N + 1, dtype=np.int64)
-        toks, nodes = [], []
+        toks: list[int] = []
+        nodes: list[int] = []
         for n in range(N):
             items = sorted(children[n].items())
             off[n + 1] = off[n] + len(items)
@@ -253,6 +256,19 @@ class ContextGraph:
         start, _ = context_step(*self.arrays[:6], 0, C)
         self.arrays = self.arrays._replace(start=int(start))
         self.start = int(start)
+        if N * (C + 1) <= MAX_DENSE_ENTRIES:
+            self.dense: Optional[tuple[np.ndarray, np.ndarray]] = context_table(*self.arrays[:6], C + 1)
+        else:
+            self.dense = None
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def kernel_arrays(self) -> tuple:
+        """What the compiled searches take: the six arrays of :class:`ContextArrays`, the dense
+        tables (empty ``(0, 0)`` arrays when the graph is too large for them), ``start``,
+        ``boundary``, and whether the graph gives any bonus."""
+        a = self.arrays
+        nxt, bon = self.dense if self.dense is not None else (np.zeros((0, 0), np.int64), np.zeros((0, 0)))
+        return (*a[:6], nxt, bon, a.start, a.boundary, not self.empty)
 
     @property
     def num_states(self) -> int:
@@ -330,6 +346,36 @@ class ContextGraph:
         hit = self._token_rows[key] = (nxt, bon, opened)
         return hit
 
+    def token_tables(self, blank: int = -1):
+        """:meth:`token_row` of every state at once, or None when the graph is too large for dense
+        tables: ``(next, bonus, open after)``, each ``(2, N, C)`` indexed ``[open_word, state,
+        token]`` (cached per ``blank``)."""
+        if self.dense is None or 2 * self.num_states * self.num_tokens > 2 * MAX_DENSE_ENTRIES:
+            return None
+        hit = self._tables.get(int(blank))
+        if hit is not None:
+            return hit
+        C, B, N = self.num_tokens, self.boundary, self.num_states
+        dn, db = self.dense
+        states = np.arange(N)
+        nxt = np.empty((2, N, C), dtype=np.int64)
+        bon = np.empty((2, N, C), dtype=np.float64)
+        opened = np.ones((2, N, C), dtype=np.bool_)
+        nxt[:], bon[:] = dn[:, :C], db[:, :C]
+        kind = self.token_kind
+        sep, starts = np.flatnonzero(kind == 1), np.flatnonzero(kind == 2)
+        s_b, r_b = dn[:, B], db[:, B]  # the boundary from each state (an open word closes)
+        nxt[1][:, starts] = dn[s_b][:, starts]
+        bon[1][:, starts] = r_b[:, None] + db[s_b][:, starts]
+        nxt[0][:, sep], bon[0][:, sep] = states[:, None], 0.0
+        nxt[1][:, sep], bon[1][:, sep] = s_b[:, None], r_b[:, None]
+        opened[:, :, sep] = False
+        if 0 <= blank < C:
+            nxt[:, :, blank], bon[:, :, blank] = states[None, :], 0.0
+            opened[0, :, blank], opened[1, :, blank] = False, True
+        hit = self._tables[int(blank)] = (nxt, bon, opened)
+        return hit
+
     def end_bonus(self, state: int, open_word: bool) -> float:
         """The bonus at the end of an utterance of a token-id search: the boundary closing an
         open word, then :meth:`final`."""
@@ -364,7 +410,8 @@ class ContextGraph:
         A phrase string is split at whitespace into words; each word is spelled by ``lexicon``
         (every spelling, up to :data:`MAX_SPELLINGS` per phrase) or, without one, by the token
         texts, longest match first (with word-starting pieces such as ``"▁new"`` when the tokens
-        have them). The phrase is then ``boundary, word 1, boundary, ..., word n, boundary``.
+        have them; a word no piece starts is spelled after the separator token, which the
+        searches read as the boundary). The phrase is then ``boundary, word 1, boundary, ..., word n, boundary``.
 
         Args:
             phrases: strings, lists of token ids, or a mix.
@@ -436,6 +483,9 @@ class _Speller:
                     k += L
                     break
             else:
+                if k == 0 and self.pieces:  # no piece starts the word: the separator then its letters
+                    k = len(self.sep)
+                    continue
                 raise ValueError(
                     f"context_phrases[{i}]: word {word[:60]!r} cannot be spelled by the tokens "
                     f"(no token for {text[k : k + 8]!r})"

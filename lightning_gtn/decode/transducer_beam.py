@@ -394,8 +394,8 @@ def modified_beam_search_nbest(
                     extra += lm_weight * torch.from_numpy(np.stack([lp for lp, _ in lm_rows]))
                 ctx_rows = None
                 if ctx is not None:  # the context graph's bonus of each token
-                    ctx_rows = [ctx.token_row(*h.ctx, blank) for _, h in flat]
-                    extra += torch.from_numpy(np.stack([bon for _, bon, _ in ctx_rows]))
+                    ctx_rows = _context_rows(ctx, [h.ctx for _, h in flat], blank)
+                    extra += torch.from_numpy(ctx_rows[1])
                 cand = logp + extra + torch.tensor([h.score for _, h in flat], dtype=torch.float64)[:, None]
                 new_active: dict[int, list[_Hyp]] = {}
                 # one top-k for all utterances: row e holds e's done pool, then its candidates
@@ -442,8 +442,7 @@ def modified_beam_search_nbest(
                             lm_state, lm_score = nx[v], lm_score + float(lp[v])
                         hctx = parent.ctx
                         if ctx_rows is not None:
-                            cn, _, co = ctx_rows[pos + i]
-                            hctx = (int(cn[v]), bool(co[v]))
+                            hctx = (int(ctx_rows[0][pos + i, v]), bool(ctx_rows[2][pos + i, v]))
                         child = _Hyp(parent.tokens + (v,), sc, lm_state, lm_score, None, parent.ref, v, hctx)
                         _merge(nxt_active if r < M - 1 else keep_done, child)
                     done[b] = keep_done
@@ -489,6 +488,18 @@ def modified_beam_search_nbest(
         res.sort(key=lambda x: -x.score)
         out.append(res[:nbest])
     return out
+
+
+def _context_rows(ctx: ContextGraph, states: list, blank: int) -> tuple:
+    """``(next, bonus, open after)``, each ``(N, V)``: what each token does to each hypothesis'
+    context state ``(state, open word)``; one gather from the graph's dense tables."""
+    tables = ctx.token_tables(blank)
+    if tables is None:
+        rows = [ctx.token_row(s, o, blank) for s, o in states]
+        return tuple(np.stack([r[k] for r in rows]) for k in range(3))
+    st = np.fromiter((s for s, _ in states), dtype=np.int64, count=len(states))
+    op = np.fromiter((o for _, o in states), dtype=np.int64, count=len(states))
+    return tuple(t[op, st] for t in tables)
 
 
 def _state_layout(model, state, N: int, dev) -> Any:

@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .context_numba import context_step
+from .context_numba import context_move
 from .logmath import log_add
 
 NEG_INF = -math.inf
@@ -300,6 +300,8 @@ def beam_kernel(
     cx_fail,
     cx_acc,
     cx_floor,
+    cx_next,
+    cx_bonus,
     cx_start,
     cx_bound,
     has_ctx,
@@ -316,7 +318,8 @@ def beam_kernel(
     included (its tokens, with no word id).
 
     Context biasing (``has_ctx``): the context graph's arrays ``cx_*``
-    (:mod:`lightning_gtn.kernels.context_numba`) are walked beside each hypothesis, from state
+    (:mod:`lightning_gtn.kernels.context_numba`; ``cx_next`` / ``cx_bonus`` its dense tables, or
+    empty) are walked beside each hypothesis, from state
     ``cx_start``: the tokens of each word, then the boundary symbol ``cx_bound`` at each word's end
     (lexicon mode: each word end; lexicon-free: a separator or a word-starting token after an open
     word, and the end); the bonus goes into the extra score.
@@ -442,7 +445,9 @@ def beam_kernel(
                         node2 = 0
                         cst2 = cst
                         if has_ctx:
-                            cst2, rw = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst, cx_bound)
+                            cst2, rw = context_move(
+                                cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cx_next, cx_bonus, cst, cx_bound
+                            )
                             ext2 += rw
                     else:
                         h2 = hist
@@ -455,12 +460,23 @@ def beam_kernel(
                             ext2 += _bonus(wd_off, wd_id, word_extra, cur)
                             open_word = 0
                             if has_ctx:
-                                cst2, rw = context_step(
-                                    cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst2, cx_bound
+                                cst2, rw = context_move(
+                                    cx_off,
+                                    cx_tok,
+                                    cx_node,
+                                    cx_fail,
+                                    cx_acc,
+                                    cx_floor,
+                                    cx_next,
+                                    cx_bonus,
+                                    cst2,
+                                    cx_bound,
                                 )
                                 ext2 += rw
                         if has_ctx:
-                            cst2, rw = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst2, eff)
+                            cst2, rw = context_move(
+                                cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cx_next, cx_bonus, cst2, eff
+                            )
                             ext2 += rw
                         if open_word == 0:
                             ext2 += word_score
@@ -549,7 +565,9 @@ def beam_kernel(
                     cst2 = cst
                     r2 = 0.0
                     if has_ctx:
-                        cst2, r2 = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst, eff)
+                        cst2, r2 = context_move(
+                            cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cx_next, cx_bonus, cst, eff
+                        )
                     if ch_off[m + 1] > ch_off[m] and smear[m] > NEG_INF and (not complete or below[m] <= left):
                         # LM look-ahead: the best word below m, replaced by the real score at the end
                         n = _push(
@@ -574,7 +592,9 @@ def beam_kernel(
                     cst3 = cst2
                     r3 = r2
                     if has_ctx and wd_off[m + 1] > wd_off[m]:  # a word ends: the boundary
-                        cst3, rb = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst2, cx_bound)
+                        cst3, rb = context_move(
+                            cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cx_next, cx_bonus, cst2, cx_bound
+                        )
                         r3 += rb
                     for q in range(wd_off[m], wd_off[m + 1]):
                         w = wd_id[q]
@@ -683,7 +703,9 @@ def beam_kernel(
             hist = _mix(hist, BOUNDARY)
             b = _bonus(wd_off, wd_id, word_extra, hi[h, 0])
             if has_ctx:
-                cst, rw = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst, cx_bound)
+                cst, rw = context_move(
+                    cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cx_next, cx_bonus, cst, cx_bound
+                )
                 b += rw
             ext += b
             tot += b

@@ -89,3 +89,18 @@ def test_bad_context():
         BeamSearchDecoder(TOKENS, blank=0, lexicon={"ab": [[1, 2]]}, context=["ba"])
     with pytest.raises(ValueError, match="C=5"):
         _decoder(context=ContextGraph([[1]], 3))
+
+
+def test_sparse_graph_searches_as_the_dense_one(monkeypatch):
+    import lightning_gtn.decode.context_graph as cg
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 10, len(TOKENS))).astype(np.float32) * 2
+    x -= np.logaddexp.reduce(x, axis=-1, keepdims=True)
+    phrases = ["ab", "b a", "cab", [2, 3, 1]]
+    dense = _decoder(context=phrases, context_score=0.7, nbest=4).decode(x)
+    monkeypatch.setattr(cg, "MAX_DENSE_ENTRIES", 0)
+    dec = _decoder(context=phrases, context_score=0.7, nbest=4)
+    assert dec.context.dense is None
+    sparse = dec.decode(x)
+    assert [[(h.tokens, h.score) for h in u] for u in sparse] == [[(h.tokens, h.score) for h in u] for u in dense]

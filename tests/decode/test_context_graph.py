@@ -3,6 +3,7 @@
 import math
 import random
 
+import numpy as np
 import pytest
 
 from lightning_gtn.decode.context_graph import (
@@ -131,3 +132,23 @@ def test_read_phrases(tmp_path):
     p = tmp_path / "p.txt"
     p.write_text("# boosted\nnew york\n\n  ab \n", encoding="utf-8")
     assert read_phrases(p) == ["new york", "ab"]
+
+
+def test_dense_tables_equal_the_failure_links(monkeypatch):
+    import lightning_gtn.decode.context_graph as cg
+
+    tokens = ["_", "a", "▁b", "b", "▁"]
+    g = ContextGraph.from_phrases(["ab b", [1, 1], "bab"], tokens, score=0.6, cap=1.5, word_separator="▁", skip=[0])
+    nxt, bon = g.dense
+    for s in range(g.num_states):
+        for a in range(g.boundary + 1):
+            assert (int(nxt[s, a]), float(bon[s, a])) == g.step(s, a)
+    tn, tb, to = g.token_tables(blank=0)
+    for s in range(g.num_states):
+        for o in (False, True):
+            rn, rb, ro = g.token_row(s, o, blank=0)
+            assert (tn[int(o), s] == rn).all() and np.allclose(tb[int(o), s], rb) and (to[int(o), s] == ro).all()
+    monkeypatch.setattr(cg, "MAX_DENSE_ENTRIES", 0)
+    sparse = ContextGraph(g.phrases, g.num_tokens, score=0.6, cap=1.5)
+    assert sparse.dense is None and sparse.token_tables() is None
+    assert sparse.kernel_arrays()[6].shape == (0, 0)

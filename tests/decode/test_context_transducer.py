@@ -75,3 +75,18 @@ def test_bad_context():
         modified_beam_search(model, enc, [2], blank=0, context=ContextGraph([[1]], 3))
     with pytest.raises(ValueError, match="ContextGraph"):
         modified_beam_search(model, enc, [2], blank=0, context=["ab"])
+
+
+def test_sparse_graph_searches_as_the_dense_one(monkeypatch):
+    import lightning_gtn.decode.context_graph as cg
+
+    model = ToyTransducer(V=4, seed=5)
+    enc = torch.randn(2, 5, 5, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    lengths = torch.tensor([5, 4])
+    g = ContextGraph.from_phrases(["ab", "b a"], TOKENS, score=0.8, skip=[0])
+    dense = modified_beam_search_nbest(model, enc, lengths, blank=0, beam=3, context=g)
+    monkeypatch.setattr(cg, "MAX_DENSE_ENTRIES", 0)
+    s = ContextGraph.from_phrases(["ab", "b a"], TOKENS, score=0.8, skip=[0])
+    assert s.token_tables(0) is None
+    sparse = modified_beam_search_nbest(model, enc, lengths, blank=0, beam=3, context=s)
+    assert [[(h.tokens, h.score) for h in u] for u in sparse] == [[(h.tokens, h.score) for h in u] for u in dense]
