@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .context_numba import context_move
+from .context_numba import context_step
 from .logmath import log_add
 
 NEG_INF = -math.inf
@@ -328,6 +328,7 @@ def beam_kernel(
     rec_frame, rec_word)``.
     """
     C = em.shape[1]
+    dense = cx_next.shape[0] > 0
     K = C if token_beam <= 0 or token_beam > C else token_beam
     cap = beam_size * per_hyp  # per_hyp: the most candidates one hypothesis makes (host-computed)
     tsize = 1
@@ -445,9 +446,13 @@ def beam_kernel(
                         node2 = 0
                         cst2 = cst
                         if has_ctx:
-                            cst2, rw = context_move(
-                                cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cx_next, cx_bonus, cst, cx_bound
-                            )
+                            if dense:  # one lookup (a call here would pass every array's fields)
+                                rw = cx_bonus[cst, cx_bound]
+                                cst2 = cx_next[cst, cx_bound]
+                            else:
+                                cst2, rw = context_step(
+                                    cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst, cx_bound
+                                )
                             ext2 += rw
                     else:
                         h2 = hist
@@ -460,23 +465,20 @@ def beam_kernel(
                             ext2 += _bonus(wd_off, wd_id, word_extra, cur)
                             open_word = 0
                             if has_ctx:
-                                cst2, rw = context_move(
-                                    cx_off,
-                                    cx_tok,
-                                    cx_node,
-                                    cx_fail,
-                                    cx_acc,
-                                    cx_floor,
-                                    cx_next,
-                                    cx_bonus,
-                                    cst2,
-                                    cx_bound,
-                                )
+                                if dense:  # one lookup (a call here would pass every array's fields)
+                                    rw = cx_bonus[cst2, cx_bound]
+                                    cst2 = cx_next[cst2, cx_bound]
+                                else:
+                                    cst2, rw = context_step(
+                                        cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst2, cx_bound
+                                    )
                                 ext2 += rw
                         if has_ctx:
-                            cst2, rw = context_move(
-                                cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cx_next, cx_bonus, cst2, eff
-                            )
+                            if dense:  # one lookup (a call here would pass every array's fields)
+                                rw = cx_bonus[cst2, eff]
+                                cst2 = cx_next[cst2, eff]
+                            else:
+                                cst2, rw = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst2, eff)
                             ext2 += rw
                         if open_word == 0:
                             ext2 += word_score
@@ -565,9 +567,11 @@ def beam_kernel(
                     cst2 = cst
                     r2 = 0.0
                     if has_ctx:
-                        cst2, r2 = context_move(
-                            cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cx_next, cx_bonus, cst, eff
-                        )
+                        if dense:  # one lookup (a call here would pass every array's fields)
+                            r2 = cx_bonus[cst, eff]
+                            cst2 = cx_next[cst, eff]
+                        else:
+                            cst2, r2 = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst, eff)
                     if ch_off[m + 1] > ch_off[m] and smear[m] > NEG_INF and (not complete or below[m] <= left):
                         # LM look-ahead: the best word below m, replaced by the real score at the end
                         n = _push(
@@ -592,9 +596,11 @@ def beam_kernel(
                     cst3 = cst2
                     r3 = r2
                     if has_ctx and wd_off[m + 1] > wd_off[m]:  # a word ends: the boundary
-                        cst3, rb = context_move(
-                            cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cx_next, cx_bonus, cst2, cx_bound
-                        )
+                        if dense:  # one lookup (a call here would pass every array's fields)
+                            rb = cx_bonus[cst2, cx_bound]
+                            cst3 = cx_next[cst2, cx_bound]
+                        else:
+                            cst3, rb = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst2, cx_bound)
                         r3 += rb
                     for q in range(wd_off[m], wd_off[m + 1]):
                         w = wd_id[q]
@@ -703,9 +709,11 @@ def beam_kernel(
             hist = _mix(hist, BOUNDARY)
             b = _bonus(wd_off, wd_id, word_extra, hi[h, 0])
             if has_ctx:
-                cst, rw = context_move(
-                    cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cx_next, cx_bonus, cst, cx_bound
-                )
+                if dense:  # one lookup (a call here would pass every array's fields)
+                    rw = cx_bonus[cst, cx_bound]
+                    cst = cx_next[cst, cx_bound]
+                else:
+                    cst, rw = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst, cx_bound)
                 b += rw
             ext += b
             tot += b

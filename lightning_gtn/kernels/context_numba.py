@@ -55,15 +55,6 @@ def context_step(c_off, c_tok, c_node, c_fail, c_acc, c_floor, n, a):
     return k, r
 
 
-@njit(cache=True, nogil=True, inline="always")
-def context_move(c_off, c_tok, c_node, c_fail, c_acc, c_floor, c_next, c_bonus, n, a):
-    """:func:`context_step` by one lookup in the dense tables ``c_next`` / ``c_bonus`` (N, C + 1)
-    when they are given (non-empty), else by the failure links."""
-    if c_next.shape[0] > 0:
-        return c_next[n, a], c_bonus[n, a]
-    return context_step(c_off, c_tok, c_node, c_fail, c_acc, c_floor, n, a)
-
-
 @njit(cache=True, nogil=True)
 def context_table(c_off, c_tok, c_node, c_fail, c_acc, c_floor, S):
     """The dense tables ``(next (N, S) int64, bonus (N, S) float64)`` of every state and symbol."""
