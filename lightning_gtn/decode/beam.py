@@ -224,7 +224,7 @@ class BeamSearchDecoder:
         lexicon_free: bool = False,
         transitions=None,
         context=None,
-        context_score: float = 1.0,
+        context_score: float = 0.5,
         context_cap: Optional[float] = None,
         max_work_bytes: int = 1 << 30,
     ) -> None:

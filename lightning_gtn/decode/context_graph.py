@@ -152,7 +152,7 @@ class ContextGraph:
         phrases: Iterable[Sequence[int]],
         num_tokens: int,
         *,
-        score: float = 1.0,
+        score: float = 0.5,
         cap: Optional[float] = None,
         token_kind=None,
     ) -> None:
@@ -399,7 +399,7 @@ class ContextGraph:
         phrases: Iterable,
         tokens: Sequence[Optional[str]],
         *,
-        score: float = 1.0,
+        score: float = 0.5,
         cap: Optional[float] = None,
         lexicon: Optional[Lexicon] = None,
         word_separator: str = " ",

@@ -13,7 +13,7 @@ A decoder config is plain data (``conf/decoder/*.yaml``)::
     lm_method: kneser_ney
     context_phrases: []    # beam, beam_lm, rnnt_beam: phrases (of words) to boost
     context_file: null     # ... or a file of them, one a line
-    context_score: 1.0     # the bonus per matched token
+    context_score: 0.5     # the bonus per matched token
     context_cap: null      # the most one match may earn (null: 8 tokens' worth)
 
 Lexicon and LM travel inside the checkpoint as data. :func:`resolve_decoder` (called by
@@ -88,8 +88,6 @@ DECODER_KEYS = {
     "context_score",
     "context_cap",
 }
-#: the context-biasing keys (see :mod:`lightning_gtn.decode.context_graph`)
-CONTEXT_KEYS = ("context_phrases", "context_file", "context_score", "context_cap")
 
 #: The most lexicon entries (one per spelling of a word) a decoder config may carry.
 MAX_LEXICON_ENTRIES = 1_000_000
@@ -166,11 +164,11 @@ def _context_args(cfg: dict) -> dict:
                 "carries its phrases as decoder.context_phrases, and files it names are not read"
             )
         cfg = _resolve_context(cfg)
-    score, cap = cfg.get("context_score", 1.0), cfg.get("context_cap")
+    score, cap = cfg.get("context_score", 0.5), cfg.get("context_cap")
     for key, v in (("context_score", score), ("context_cap", cap)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise ValueError(f"decoder.{key}: expected a number, got {v!r}")
-    return {"phrases": _phrases(cfg), "score": 1.0 if score is None else float(score), "cap": cap}
+    return {"phrases": _phrases(cfg), "score": 0.5 if score is None else float(score), "cap": cap}
 
 
 def _context_error(e: ValueError) -> ValueError:

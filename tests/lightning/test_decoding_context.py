@@ -61,7 +61,9 @@ def test_rnnt_beam_takes_the_phrases():
         blank = 0
 
     vocab = Vocabulary("0123 ", blank=True)
-    dec = build_decoder({"name": "rnnt_beam", "beam_size": 4, "context_phrases": ["12", "3"]}, Declared(), vocab)
+    dec = build_decoder(
+        {"name": "rnnt_beam", "beam_size": 4, "context_phrases": ["12", "3"], "context_score": 1.0}, Declared(), vocab
+    )
     assert dec.context is not None and dec.context.num_tokens == 6
     torch.manual_seed(1)
     net = TransducerModel(feature_dim=4, num_classes=6, conv_channels=8, hidden_size=8, predictor_dim=8, joiner_dim=8)
