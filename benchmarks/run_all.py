@@ -29,6 +29,7 @@ ORDER = [
     "bench_conv_transduce",
     "bench_align",
     "bench_decode",
+    "bench_word_times",
     "bench_lm",
     "bench_wordpieces",
     "bench_stc",

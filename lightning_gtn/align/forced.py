@@ -29,11 +29,21 @@ from .. import wfst as _wfst
 from ..core import checks
 from ..core.criterion_graphs import cached, compiled_asg_target, compiled_ctc, compiled_force_align, target_key
 from ..core.scoring import unique_graphs
+from ..core.words import length_ranges, separator_ranges, word_records
 from ..kernels.compiled_graphs import GraphBatch, Problem, compile_graph
 from ..kernels.viterbi_paths import ctc_states, viterbi_arcs
 from ..opargs import op_schema
 
-__all__ = ["Alignment", "forced_align", "align_graph", "word_spans", "to_records", "to_json", "to_ctm"]
+__all__ = [
+    "Alignment",
+    "forced_align",
+    "align_graph",
+    "word_spans",
+    "hypotheses_alignment",
+    "to_records",
+    "to_json",
+    "to_ctm",
+]
 
 _NO_TOKEN = -1  # a blank frame or padding
 _STAR = -2  # a frame absorbed by the star
@@ -551,39 +561,118 @@ def word_spans(
     out: List[List[Dict]] = []
     for b, y in enumerate(seqs):
         if word_lengths is not None:
-            wl = [int(n) for n in word_lengths[b]]
-            if any(n < 1 for n in wl) or sum(wl) != len(y):
-                raise ValueError(f"word_lengths[{b}] must be positive and sum to the target length {len(y)}, got {wl}")
-            bounds = np.concatenate([[0], np.cumsum(wl)]).astype(int).tolist()
-            ranges = [(bounds[i], bounds[i + 1]) for i in range(len(wl))]
-        elif word_separator_id is not None:
-            ranges, i0 = [], None
-            for i, v in enumerate(y + [word_separator_id]):
-                if v == word_separator_id:
-                    if i0 is not None:
-                        ranges.append((i0, i))
-                    i0 = None
-                elif i0 is None:
-                    i0 = i
+            ranges = length_ranges(word_lengths[b], len(y), f"word_lengths[{b}]")
         else:
-            ranges = [(i, i + 1) for i in range(len(y))]
-        words = []
-        if ok[b]:
-            for wi, (i0, i1) in enumerate(ranges):
-                frames = [end[b][i] - start[b][i] for i in range(i0, i1)]
-                n = sum(frames)
-                words.append(
-                    {
-                        "word_index": wi,
-                        "start": start[b][i0],
-                        "end": end[b][i1 - 1],
-                        "score": float(sum(tscore[b][i0:i1])),
-                        "confidence": float(sum(c * f for c, f in zip(conf[b][i0:i1], frames)) / max(n, 1)),
-                        "token_range": (i0, i1),
-                    }
-                )
-        out.append(words)
+            ranges = separator_ranges(y, word_separator_id)
+        out.append(word_records(ranges, start[b], end[b], tscore[b], conf[b]) if ok[b] else [])
     return out
+
+
+#: the most frame labels (B x frames) :func:`hypotheses_alignment` allocates
+_MAX_LABEL_CELLS = 1 << 31
+_HYP_FIELDS = ("tokens", "timesteps", "token_ends", "token_scores", "token_confidences", "score", "num_frames")
+
+
+def _is_hypotheses(x) -> bool:
+    if isinstance(x, Alignment) or not isinstance(x, (list, tuple)):
+        return False
+    if not x:
+        return True  # no utterances
+    h = x[0][0] if isinstance(x[0], (list, tuple)) and x[0] else x[0]
+    return all(hasattr(h, f) for f in _HYP_FIELDS)
+
+
+def _best_of(hypotheses) -> list:
+    out = []
+    for b, h in enumerate(hypotheses):
+        if isinstance(h, (list, tuple)):
+            if not h:
+                raise ValueError(f"hypotheses[{b}] is an empty list (one hypothesis or an n-best list per utterance)")
+            h = h[0]
+        if not all(hasattr(h, f) for f in _HYP_FIELDS):
+            raise ValueError(f"hypotheses[{b}] is not a decoder hypothesis (it lacks one of {_HYP_FIELDS})")
+        n, T = len(h.tokens), int(h.num_frames)
+        if T < 0:
+            raise ValueError(f"hypotheses[{b}]: num_frames must be >= 0, got {T}")
+        if any(len(getattr(h, f)) != n for f in _HYP_FIELDS[1:5]):
+            raise ValueError(f"hypotheses[{b}]: its token fields differ in length (fill them with a decoder)")
+        if n and (min(h.timesteps) < 0 or max(h.token_ends) > T):
+            raise ValueError(f"hypotheses[{b}]: token frames outside [0, num_frames={T}]")
+        out.append(h)
+    return out
+
+
+def hypotheses_alignment(hypotheses: Sequence) -> Alignment:
+    """The :class:`Alignment` of decoded hypotheses, one per utterance (or an n-best list per
+    utterance: its first, the best), so that :func:`word_spans` and the writers read them.
+
+    A hypothesis is any decoder result with ``tokens``, ``timesteps``, ``token_ends``,
+    ``token_scores``, ``token_confidences``, ``score`` and ``num_frames``
+    (:class:`lightning_gtn.decode.Hypothesis` of the CTC decoders,
+    :class:`lightning_gtn.decode.transducer_beam.TransducerHypothesis` of the transducer ones).
+    Token spans, scores and confidences are the hypothesis'; ``labels`` holds each token's id on
+    its frames and -1 elsewhere; ``score`` is the search's score (``-inf`` for a beam that died
+    out: no words); the tensors are on the CPU, ``S`` the longest hypothesis.
+    """
+    hyps = _best_of(hypotheses)
+    B = len(hyps)
+    T = max([int(h.num_frames) for h in hyps], default=0)
+    S = max([len(h.tokens) for h in hyps], default=0)
+    if B * T > _MAX_LABEL_CELLS:
+        raise ValueError(
+            f"hypotheses: B={B} x num_frames={T} labels exceed {_MAX_LABEL_CELLS} (the frames table bound)"
+        )
+    labels = torch.full((B, T), _NO_TOKEN, dtype=torch.int64)
+    start = torch.full((B, S), -1, dtype=torch.int64)
+    end = torch.full((B, S), -1, dtype=torch.int64)
+    tscore = torch.zeros(B, S, dtype=torch.float64)
+    conf = torch.zeros(B, S, dtype=torch.float64)
+    for b, h in enumerate(hyps):
+        n = len(h.tokens)
+        if n:
+            start[b, :n] = torch.tensor(h.timesteps, dtype=torch.int64)
+            end[b, :n] = torch.tensor(h.token_ends, dtype=torch.int64)
+            tscore[b, :n] = torch.tensor(h.token_scores, dtype=torch.float64)
+            conf[b, :n] = torch.tensor(h.token_confidences, dtype=torch.float64)
+        for tok, t0, t1 in zip(h.tokens, h.timesteps, h.token_ends):
+            labels[b, t0:t1] = int(tok)
+    return Alignment(
+        labels,
+        start,
+        end,
+        tscore,
+        conf,
+        torch.tensor([float(h.score) for h in hyps], dtype=torch.float64),
+        torch.tensor([int(h.num_frames) for h in hyps], dtype=torch.int64),
+        torch.tensor([len(h.tokens) for h in hyps], dtype=torch.int64),
+    )
+
+
+def _resolve(
+    alignment, targets, word_separator_id, word_lengths
+) -> Tuple[Alignment, List[List[int]], List[List[Dict]]]:
+    """``(alignment, token sequences, words)`` of an :class:`Alignment` and its targets, or of
+    decoder hypotheses (then ``targets`` must be None; their own ``word_spans`` unless a
+    grouping is given)."""
+    if not _is_hypotheses(alignment):
+        if targets is None:
+            raise ValueError("targets: required with an Alignment (None only with decoder hypotheses)")
+        seqs = _seqs_of(alignment, targets)
+        return (
+            alignment,
+            seqs,
+            word_spans(alignment, seqs, word_separator_id=word_separator_id, word_lengths=word_lengths),
+        )
+    if targets is not None:
+        raise ValueError("targets: must be None with decoder hypotheses (their tokens are the targets)")
+    hyps = _best_of(alignment)
+    al = hypotheses_alignment(hyps)
+    seqs = [[int(t) for t in h.tokens] for h in hyps]
+    if word_separator_id is None and word_lengths is None and all(hasattr(h, "word_spans") for h in hyps):
+        words = [[dict(w) for w in h.word_spans] if math.isfinite(h.score) else [] for h in hyps]
+    else:
+        words = word_spans(al, seqs, word_separator_id=word_separator_id, word_lengths=word_lengths)
+    return al, seqs, words
 
 
 def _token_text(tokens, i: int) -> str:
@@ -622,8 +711,8 @@ def _join(tokens, ids: Sequence[int], joiner: str) -> str:
 
 
 def to_records(
-    alignment: Alignment,
-    targets,
+    alignment: Union[Alignment, Sequence],
+    targets=None,
     *,
     frame_shift: float = 0.01,
     tokens: Union[None, Sequence[str], Mapping[int, str]] = None,
@@ -639,8 +728,13 @@ def to_records(
     [{... as word_spans ..., "text", "start_time", "end_time"}], "star_frames" (with star)}``;
     times are seconds (``frame * frame_shift``), end frames and times exclusive.
 
+    Decoder results are written the same way: pass B hypotheses (or B n-best lists, the first
+    of each is written) as ``alignment`` and no ``targets`` (see :func:`hypotheses_alignment`);
+    their words are their own ``word_spans`` unless ``word_separator_id`` or ``word_lengths``
+    regroups them, and ``score`` is the search's score.
+
     Args:
-        alignment, targets: as :func:`word_spans`.
+        alignment, targets: as :func:`word_spans`; or decoder hypotheses and None.
         frame_shift: seconds per frame (positive).
         tokens: text of each token id (a list or a mapping); default the id itself.
         utterance_ids: B names (no white space); default ``utt0, utt1, ...``.
@@ -648,17 +742,16 @@ def to_records(
         joiner: string put between the token texts of a word.
     """
     fs = _check_frame_shift(frame_shift)
-    seqs = _seqs_of(alignment, targets)
+    al, seqs, words = _resolve(alignment, targets, word_separator_id, word_lengths)
     B = len(seqs)
     names = _utt_ids(utterance_ids, B)
-    words = word_spans(alignment, seqs, word_separator_id=word_separator_id, word_lengths=word_lengths)
-    start = alignment.token_start.cpu().tolist()
-    end = alignment.token_end.cpu().tolist()
-    tscore = alignment.token_score.cpu().double().tolist()
-    conf = alignment.token_confidence.cpu().double().tolist()
-    score = alignment.score.cpu().double().tolist()
-    n_frames = alignment.input_lengths.cpu().tolist()
-    star = None if alignment.star_frames is None else alignment.star_frames.cpu()
+    start = al.token_start.cpu().tolist()
+    end = al.token_end.cpu().tolist()
+    tscore = al.token_score.cpu().double().tolist()
+    conf = al.token_confidence.cpu().double().tolist()
+    score = al.score.cpu().double().tolist()
+    n_frames = al.input_lengths.cpu().tolist()
+    star = None if al.star_frames is None else al.star_frames.cpu()
     out = []
     for b, y in enumerate(seqs):
         ok = math.isfinite(score[b])
@@ -703,8 +796,9 @@ def to_records(
     return out
 
 
-def to_json(alignment: Alignment, targets, *, indent: Optional[int] = None, **kwargs) -> str:
-    """The records of :func:`to_records` as a JSON string (keyword arguments as there).
+def to_json(alignment: Union[Alignment, Sequence], targets=None, *, indent: Optional[int] = None, **kwargs) -> str:
+    """The records of :func:`to_records` as a JSON string (arguments as there: an alignment and
+    its targets, or decoder hypotheses).
 
     Example:
         >>> import json, torch
@@ -719,8 +813,8 @@ def to_json(alignment: Alignment, targets, *, indent: Optional[int] = None, **kw
 
 
 def to_ctm(
-    alignment: Alignment,
-    targets,
+    alignment: Union[Alignment, Sequence],
+    targets=None,
     *,
     frame_shift: float = 0.01,
     tokens: Union[None, Sequence[str], Mapping[int, str]] = None,
@@ -732,10 +826,12 @@ def to_ctm(
 ) -> str:
     """Kaldi CTM lines, one per word: ``utt channel start duration word confidence``.
 
-    Start and duration are seconds (3 decimals), confidence is the word's mean per-frame
-    posterior (4 decimals). Infeasible utterances write no lines. Words as
-    :func:`word_spans` (default: one per token); a word's text is its tokens' texts joined
-    by ``joiner`` (spaces inside are replaced by ``_`` to keep the columns).
+    Start and duration are seconds (3 decimals), confidence is the word's ``confidence`` (4
+    decimals): of an alignment its mean per-frame posterior, of decoder hypotheses as their
+    ``word_spans`` define it. Infeasible utterances write no lines. Words as :func:`word_spans`
+    (default: one per token), or the hypotheses' own (see :func:`to_records`); a word's text is
+    its tokens' texts joined by ``joiner`` (spaces inside are replaced by ``_`` to keep the
+    columns).
 
     Returns:
         The lines joined by newlines (with a final newline when not empty).

@@ -13,6 +13,7 @@ from .beam import BeamSearchDecoder, Hypothesis, check_lm_arrays
 from .context_graph import ContextGraph, read_phrases
 from .greedy import DECODER_TOPOLOGIES, greedy_decode
 from .lexicon import Lexicon
+from .timed import greedy_hypotheses
 
 __all__ = [
     "BeamSearchDecoder",
@@ -20,6 +21,7 @@ __all__ = [
     "Hypothesis",
     "Lexicon",
     "greedy_decode",
+    "greedy_hypotheses",
     "check_lm_arrays",
     "read_phrases",
     "DECODER_TOPOLOGIES",

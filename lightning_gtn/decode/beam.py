@@ -11,6 +11,7 @@ import numpy as np
 
 from ..kernels import beam_search_numba
 from ..wfst.parallel import parallel_map
+from . import times
 from .context_graph import ContextGraph
 from .greedy import _as_emissions, _as_lengths, _check_topology
 from .lexicon import Lexicon
@@ -37,6 +38,15 @@ class Hypothesis:
             inside a word at the last frame; or none survived): this is the best survivor, its
             open word spelled from its tokens (then the last of ``words`` is no lexicon word), or
             an empty hypothesis of score ``-inf`` when the beam died out.
+        token_ends: each token's end frame (exclusive): its first frame and the frames after it
+            whose best class is its frame label, up to the next token's first frame.
+        token_scores: the sum of the log-probabilities of each token's frame label over
+            ``[timesteps[i], token_ends[i])``.
+        token_confidences: the mean of their ``exp``: the token's mean per-frame posterior.
+        word_spans: one dict per word of ``words``, as :func:`lightning_gtn.align.forced.word_spans`
+            gives them (``{"word_index", "start", "end", "score", "confidence",
+            "token_range"}``; ``confidence`` the frame-weighted mean of the tokens').
+        num_frames: the utterance's frames.
     """
 
     words: List[str]
@@ -47,6 +57,11 @@ class Hypothesis:
     lm_score: float
     text: str = field(default="")
     fallback: bool = False
+    token_ends: List[int] = field(default_factory=list)
+    token_scores: List[float] = field(default_factory=list)
+    token_confidences: List[float] = field(default_factory=list)
+    word_spans: List[dict] = field(default_factory=list)
+    num_frames: int = 0
 
 
 def check_lm_arrays(a, num_words: Optional[int] = None):
@@ -498,18 +513,19 @@ class BeamSearchDecoder:
                 f"{self.max_work_bytes / 2**20:.0f} MiB: lower beam_size (or raise max_work_bytes)"
             )
         raw = parallel_map(self._decode_one, [x[b] for b in range(B)], [int(n) for n in lens])
-        out = [self._hyps(r) for r in raw]
+        out = [self._hyps(r, x[b], int(lens[b])) for b, r in enumerate(raw)]
         for b, hyps in enumerate(out):
             if not hyps:  # every survivor was inside a word (or none survived): the best of them
-                hyps += self._hyps(self._decode_one(x[b], int(lens[b]), False), fallback=True)[:1]
+                hyps += self._hyps(self._decode_one(x[b], int(lens[b]), False), x[b], int(lens[b]), fallback=True)[:1]
             if not hyps:
                 inf = -math.inf
-                hyps.append(Hypothesis([], [], [], inf, inf, inf, "", fallback=True))
+                hyps.append(Hypothesis([], [], [], inf, inf, inf, "", fallback=True, num_frames=int(lens[b])))
         return out
 
-    def _hyps(self, r, fallback: bool = False) -> List[Hypothesis]:
+    def _hyps(self, r, x: np.ndarray, T: int, fallback: bool = False) -> List[Hypothesis]:
         n_out, out_rec, out_f, rp, rt, rf, rw = r
         out = []
+        runs = times.best_runs(x, T)  # shared by the utterance's hypotheses
         for k in range(n_out):
             toks, frames, wids = [], [], []
             i = int(out_rec[k])
@@ -524,6 +540,7 @@ class BeamSearchDecoder:
             if self.lexicon_free or self.lexicon is None:  # the same: lexicon_free is lexicon is None
                 text = "".join(self.tokens[t] for t in toks)
                 words = [w for w in text.split(self.word_separator) if w]
+                ranges = times.start_ranges(toks, self.sep, self._tok_starts)
             else:
                 words = [self.lexicon.words[w] for w in wids if w >= 0]
                 ends = [i for i, w in enumerate(wids) if w >= 0]
@@ -531,6 +548,11 @@ class BeamSearchDecoder:
                 if open_word:  # a fallback's unfinished word, as spelled
                     words.append(open_word)
                 text = self.word_separator.join(words)
+                ranges = times.lexicon_ranges(toks, wids, self.sep)
             scores = (float(out_f[k, 0]), float(out_f[k, 1]), float(out_f[k, 2]))
-            out.append(Hypothesis(words, toks, frames, *scores, text, fallback))
+            out.append(
+                times.fill_frame_times(
+                    Hypothesis(words, toks, frames, *scores, text, fallback), x, T, ranges, self.repeat, runs
+                )
+            )
         return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -109,21 +109,29 @@ def greedy_decode(
         [[1, 1]]
     """
     x = _as_emissions(emissions)
-    B, T, C = x.shape
-    b, r = _check_topology(topology, C, blank, repeat)
-    lens = _as_lengths(lengths, B, T)
+    b, r = _check_topology(topology, x.shape[2], blank, repeat)
+    lens = _as_lengths(lengths, x.shape[0], x.shape[1])
+    return [seq for seq, _ in _best_paths(x, lens, b, r)]
+
+
+def _best_paths(x: np.ndarray, lens: np.ndarray, b: int, r: int) -> List[Tuple[List[int], List[int]]]:
+    """Per utterance the collapsed best-frame path: ``(tokens, first frame of each token)``."""
+    B, T, _ = x.shape
     best = x.argmax(-1) if T else np.zeros((B, 0), dtype=np.int64)
-    out: List[List[int]] = []
+    out: List[Tuple[List[int], List[int]]] = []
     for i in range(B):
         seq: List[int] = []
+        frames: List[int] = []
         prev = -1
-        for lab in best[i, : lens[i]].tolist():
+        for t, lab in enumerate(best[i, : lens[i]].tolist()):
             if lab != prev and lab != b:
                 if lab == r:
                     if seq:
                         seq.append(seq[-1])
+                        frames.append(t)
                 else:
                     seq.append(lab)
+                    frames.append(t)
             prev = lab
-        out.append(seq)
+        out.append((seq, frames))
     return out

@@ -104,6 +104,14 @@ def greedy_search(
     Returns:
         the label ids of each example (no blanks).
     """
+    args = (max_symbols_per_frame, num_classes, durations, big_blank_durations)
+    return [toks for toks, _, _, _ in _greedy(model, encoder_out, encoder_lengths, blank, *args)]
+
+
+def _greedy(
+    model, encoder_out, encoder_lengths, blank, max_symbols_per_frame, num_classes, durations, big_blank_durations
+):
+    """The greedy search: per example ``(tokens, frames, log-probabilities, durations)``."""
     _check(encoder_out, encoder_lengths, blank, max_symbols_per_frame)
     if durations is not None and big_blank_durations is not None:
         raise ValueError("give durations (TDT) or big_blank_durations (multi-blank), not both")
@@ -116,8 +124,11 @@ def greedy_search(
             raise ValueError(f"{name} must be a non-empty list of integers >= {low}, got {ds}")
     lengths = encoder_lengths.to(device, torch.long)
     hyps: List[List[int]] = [[] for _ in range(B)]
+    frames: List[List[int]] = [[] for _ in range(B)]
+    logps: List[List[float]] = [[] for _ in range(B)]
+    steps: List[List[int]] = [[] for _ in range(B)]
     if B == 0:
-        return hyps
+        return []
     start = torch.full((B, 1), blank, dtype=torch.long, device=device)
     pred, state = model.predict(start, None)
     pred = pred[:, 0]  # (B, J)
@@ -141,10 +152,12 @@ def greedy_search(
             )
         if big_t is not None:
             best = logits.argmax(-1)
+            norm = logits.double().log_softmax(-1)
             is_blank = (best == blank) | (best >= V)
             step = torch.where(best >= V, big_t[(best - V).clamp(min=0, max=len(big) - 1)], 1)  # type: ignore[arg-type]
         else:
             best = logits[:, :V].argmax(-1)
+            norm = logits[:, :V].double().log_softmax(-1)
             is_blank = best == blank
             if dur_t is not None:
                 step = dur_t[logits[:, V:].argmax(-1)]
@@ -157,8 +170,13 @@ def greedy_search(
         step = torch.where(over, 1, step)
         idx = active[emit]
         if idx.numel():
-            for b, k in zip(idx.tolist(), best[emit].tolist()):
+            emit_lp = norm[emit].gather(1, best[emit][:, None])[:, 0].tolist()
+            emit_t, emit_step = t[idx].tolist(), step[emit].tolist()
+            for i, (b, k) in enumerate(zip(idx.tolist(), best[emit].tolist())):
                 hyps[b].append(int(k))
+                frames[b].append(int(emit_t[i]))
+                logps[b].append(float(emit_lp[i]))
+                steps[b].append(int(emit_step[i]))
             new_pred, new_state = model.predict(best[emit][:, None], model.select_state(state, idx))
             pred = pred.index_copy(0, idx, new_pred[:, 0].to(pred.dtype))
             if idx.numel() == B:
@@ -168,4 +186,4 @@ def greedy_search(
         moved = step > 0
         emitted[active] = torch.where(moved, 0, emitted[active] + emit.long())
         t[active] = t[active] + step
-    return hyps
+    return list(zip(hyps, frames, logps, steps))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -40,6 +40,7 @@ import torch
 
 from ..kernels.logmath import log_add
 from .context_graph import ContextGraph
+from .times import token_times
 from .transducer import MAX_SYMBOLS_PER_FRAME
 
 __all__ = ["MAX_BEAM", "TokenLM", "TransducerHypothesis", "modified_beam_search", "modified_beam_search_nbest"]
@@ -226,18 +227,50 @@ class TransducerHypothesis:
             per token and the context graph's bonus (if any).
         lm_score: the LM's natural-log probability of ``tokens`` (``</s>`` included when the LM
             has ``final_score``), unweighted; 0 without an LM.
+        timesteps: the frame at which each token was emitted (non-decreasing), on the best
+            single alignment among those merged into the hypothesis (with a beam wider than all
+            candidates: the Viterbi alignment of ``tokens`` in the search's topology).
+        token_ends: ``timesteps + 1`` (exclusive; a token occupies no frames of its own).
+        token_scores: each token's ``log P_am`` (the joiner's ``log_softmax`` over the ``V``
+            classes) at its emission step.
+        token_confidences: ``exp(token_scores)``, the probability the joiner gave the token there.
+        word_spans: the tokens grouped into words (``word_separator_id``, else one per token) as
+            :func:`lightning_gtn.align.forced.word_spans` does: dicts ``{"word_index", "start",
+            "end", "score", "confidence", "token_range"}``, ``confidence`` the mean of the tokens'.
+        durations: TDT greedy search only: the duration chosen with each token (frames skipped
+            after it, 0 stays on the frame); None otherwise.
+        num_frames: the utterance's frames (``encoder_lengths[b]``).
     """
 
     tokens: list[int]
     score: float
     lm_score: float = 0.0
+    timesteps: list[int] = field(default_factory=list)
+    token_ends: list[int] = field(default_factory=list)
+    token_scores: list[float] = field(default_factory=list)
+    token_confidences: list[float] = field(default_factory=list)
+    word_spans: list[dict] = field(default_factory=list)
+    durations: Optional[list[int]] = None
+    num_frames: int = 0
 
 
 _UNKNOWN = object()
 
 
 class _Hyp:
-    __slots__ = ("tokens", "score", "lm_state", "lm_score", "ref", "parent", "new_token", "ctx")
+    __slots__ = (
+        "tokens",
+        "score",
+        "lm_state",
+        "lm_score",
+        "ref",
+        "parent",
+        "new_token",
+        "frames",
+        "logps",
+        "vit",
+        "ctx",
+    )
 
     def __init__(self, tokens, score, lm_state, lm_score, ref, parent=None, new_token=-1, ctx=(0, False)):
         self.tokens = tokens
@@ -247,6 +280,9 @@ class _Hyp:
         self.ref = ref  # (object id, row): this hypothesis' prediction output and state
         self.parent = parent  # the parent's ref when a predict call is still due
         self.new_token = new_token
+        self.frames: tuple = ()  # the emission frame of each token
+        self.logps: tuple = ()  # each token's log P_am there
+        self.vit = score  # the score of the best single alignment merged in (frames is its)
         self.ctx = ctx  # (context graph state, a word is open)
 
 
@@ -301,6 +337,7 @@ def modified_beam_search_nbest(
     max_symbols_per_frame: int = 1,
     length_bonus: float = 0.0,
     nbest: Optional[int] = None,
+    word_separator_id: Optional[int] = None,
     context: Optional[ContextGraph] = None,
 ) -> list[list[TransducerHypothesis]]:
     """Modified beam search (see the module docstring); the ``nbest`` best hypotheses per utterance.
@@ -319,6 +356,8 @@ def modified_beam_search_nbest(
             modified beam search).
         length_bonus: added per emitted token (counters the LM's preference for short outputs).
         nbest: hypotheses returned per utterance (default ``beam``), best first.
+        word_separator_id: the token that separates words in ``word_spans`` (None: one word
+            per token).
         context: context biasing: a :class:`lightning_gtn.decode.context_graph.ContextGraph`
             over the ``V`` token ids (its ``token_kind`` says which ids separate or start words),
             walked beside each hypothesis; its bonus is part of ``score``. None: no biasing.
@@ -369,6 +408,7 @@ def modified_beam_search_nbest(
                 if logits.dim() != 2 or logits.shape[0] != len(flat):
                     raise ValueError(f"model.join must return (N, V) logits here, got {tuple(logits.shape)}")
                 logp = torch.log_softmax(logits.double(), -1).cpu()
+                logp_np = logp.numpy()
                 if V < 0:
                     V = int(logp.shape[1])
                     if blank >= V:
@@ -431,10 +471,10 @@ def modified_beam_search_nbest(
                             continue  # padding
                         parent = flat[pos + i][1]
                         if v == blank:
-                            _merge(
-                                keep_done,
-                                _Hyp(parent.tokens, sc, parent.lm_state, parent.lm_score, parent.ref, ctx=parent.ctx),
-                            )
+                            kept = _Hyp(parent.tokens, sc, parent.lm_state, parent.lm_score, parent.ref, ctx=parent.ctx)
+                            kept.frames, kept.logps = parent.frames, parent.logps
+                            kept.vit = parent.vit + sc - parent.score
+                            _merge(keep_done, kept)
                             continue
                         lm_state, lm_score = parent.lm_state, parent.lm_score
                         if lm_rows is not None:
@@ -444,6 +484,8 @@ def modified_beam_search_nbest(
                         if ctx_rows is not None:
                             hctx = (int(ctx_rows[0][pos + i, v]), bool(ctx_rows[2][pos + i, v]))
                         child = _Hyp(parent.tokens + (v,), sc, lm_state, lm_score, None, parent.ref, v, hctx)
+                        child.frames, child.logps = parent.frames + (t,), parent.logps + (float(logp_np[pos + i, v]),)
+                        child.vit = parent.vit + sc - parent.score
                         _merge(nxt_active if r < M - 1 else keep_done, child)
                     done[b] = keep_done
                     if nxt_active:
@@ -484,7 +526,9 @@ def modified_beam_search_nbest(
                 sc, lms = sc + lm_weight * f, lms + f
             if ctx is not None:
                 sc += ctx.end_bonus(*h.ctx)
-            res.append(TransducerHypothesis(list(h.tokens), sc, lms))
+            hyp = TransducerHypothesis(list(h.tokens), sc, lms, num_frames=int(lengths[b]))
+            token_times(hyp, list(h.frames), list(h.logps), word_separator_id)
+            res.append(hyp)
         res.sort(key=lambda x: -x.score)
         out.append(res[:nbest])
     return out
@@ -572,6 +616,8 @@ def _merge(pool: dict[tuple, _Hyp], h: _Hyp) -> None:
         pool[h.tokens] = h
         return
     hi, lo = (old.score, h.score) if old.score >= h.score else (h.score, old.score)
+    if h.vit > old.vit:  # the frames of the best single alignment
+        old.frames, old.logps, old.vit = h.frames, h.logps, h.vit
     old.score = log_add(hi, lo)
     if old.ref is None and h.ref is not None:  # keep a computed state when there is one
         old.ref, old.parent, old.new_token = h.ref, None, -1

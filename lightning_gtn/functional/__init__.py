@@ -23,6 +23,7 @@ with :func:`rnnt_forced_align` / :func:`rnnt_align`; see ``docs/rnnt_decoding.md
 from ..align.forced import (
     Alignment,
     forced_align,
+    hypotheses_alignment,
     to_ctm,
     to_json,
     to_records,
@@ -40,6 +41,7 @@ from ..core.criterion_graphs import (
     set_cache_size,
 )
 from ..core.topologies import MMI_TOPOLOGIES, numerator_graph, topology_graph
+from ..decode.timed import greedy_search_hypotheses
 from ..decode.transducer_beam import TokenLM, modified_beam_search, modified_beam_search_nbest
 from ..decode.viterbi import best_paths, collapse, viterbi
 from ..lm.denominator import denominator_graph, token_lm_graph
@@ -127,6 +129,7 @@ __all__ = [
     "Alignment",
     "forced_align",
     "word_spans",
+    "hypotheses_alignment",
     "to_records",
     "to_json",
     "to_ctm",
@@ -136,6 +139,7 @@ __all__ = [
     "plot_rnnt_alignment",
     "modified_beam_search",
     "modified_beam_search_nbest",
+    "greedy_search_hypotheses",
     "TokenLM",
     "denominator_graph",
     "token_lm_graph",
