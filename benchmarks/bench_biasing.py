@@ -49,7 +49,6 @@ def _load(path):
 
 def _frames(model, dm, limit):
     dm.setup("fit")
-    dm.setup("test")
     out, n = [], 0
     with torch.no_grad():
         for loader in (dm.val_dataloader(), dm.test_dataloader()):
@@ -248,6 +247,7 @@ def main(argv=None) -> str:
     p.add_argument("--confuse", type=float, default=0.04, help="synthetic frames: confusable characters")
     p.add_argument("--transducer-lines", type=int, default=300, help="synthetic frames: lines of the transducer")
     p.add_argument("--batch", type=int, default=100, help="transducer: lines a search call")
+    p.add_argument("--only", choices=["ctc", "rnnt"], help="synthetic frames: one of the two searches")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     from lightning_gtn.wfst.parallel import set_num_threads
@@ -262,7 +262,8 @@ def main(argv=None) -> str:
                 nrare[name] = _checkpoint(name, path, args, rows, timing)
     else:
         for name, transducer in (("CTC beam, synthetic frames", False), ("RNN-T beam, synthetic frames", True)):
-            nrare[name] = _synthetic(name, transducer, args, rows, timing)
+            if args.only is None or args.only == ("rnnt" if transducer else "ctc"):
+                nrare[name] = _synthetic(name, transducer, args, rows, timing)
     lines = [
         f"Decoding time with {args.phrases} distractor phrases (word pairs), beam {args.beam}, one thread, "
         f"median of {args.reps} alternated runs:",

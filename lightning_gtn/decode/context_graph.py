@@ -261,6 +261,7 @@ class ContextGraph:
         else:
             self.dense = None
         self._tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._codes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def kernel_arrays(self) -> tuple:
         """What the compiled searches take: the six arrays of :class:`ContextArrays`, the dense
@@ -374,6 +375,22 @@ class ContextGraph:
             nxt[:, :, blank], bon[:, :, blank] = states[None, :], 0.0
             opened[0, :, blank], opened[1, :, blank] = False, True
         hit = self._tables[int(blank)] = (nxt, bon, opened)
+        return hit
+
+    def token_codes(self, blank: int = -1):
+        """:meth:`token_tables` by state code ``2 x state + open_word``: ``(next codes, bonus)``,
+        each ``(2N, C)`` with row ``2 x state + open_word`` (cached per ``blank``), or None."""
+        hit = self._codes.get(int(blank))
+        if hit is not None:
+            return hit
+        t = self.token_tables(blank)
+        if t is None:
+            return None
+        nxt, bon, opened = t
+        N, C = self.num_states, self.num_tokens
+        codes = (2 * nxt + opened).transpose(1, 0, 2).reshape(2 * N, C)
+        hit = (np.ascontiguousarray(codes), np.ascontiguousarray(bon.transpose(1, 0, 2).reshape(2 * N, C)))
+        self._codes[int(blank)] = hit
         return hit
 
     def end_bonus(self, state: int, open_word: bool) -> float:

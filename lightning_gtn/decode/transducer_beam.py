@@ -272,7 +272,7 @@ class _Hyp:
         "ctx",
     )
 
-    def __init__(self, tokens, score, lm_state, lm_score, ref, parent=None, new_token=-1, ctx=(0, False)):
+    def __init__(self, tokens, score, lm_state, lm_score, ref, parent=None, new_token=-1, ctx=0):
         self.tokens = tokens
         self.score = score
         self.lm_state = lm_state
@@ -283,7 +283,7 @@ class _Hyp:
         self.frames: tuple = ()  # the emission frame of each token
         self.logps: tuple = ()  # each token's log P_am there
         self.vit = score  # the score of the best single alignment merged in (frames is its)
-        self.ctx = ctx  # (context graph state, a word is open)
+        self.ctx = ctx  # the context graph's state code: 2 x state + (a word is open)
 
 
 def _check_args(model, encoder_out, encoder_lengths, blank, beam, lm_weight, max_symbols_per_frame, length_bonus):
@@ -391,7 +391,7 @@ def modified_beam_search_nbest(
         glm: Optional[_GenericLM] = None
         layout: Any = _UNKNOWN  # the states' batch dimensions (see _state_layout); False: none
         lm0: Any = None
-        ctx0 = (ctx.start if ctx is not None else 0, False)
+        ctx0 = 2 * ctx.start if ctx is not None else 0
         hyps: list[list[_Hyp]] = [[_Hyp((), 0.0, None, 0.0, (0, 0), ctx=ctx0)] for _ in range(B)]
         V = -1
         for t in range(int(lengths.max(initial=0))):
@@ -436,6 +436,7 @@ def modified_beam_search_nbest(
                 if ctx is not None:  # the context graph's bonus of each token
                     ctx_rows = _context_rows(ctx, [h.ctx for _, h in flat], blank)
                     extra += torch.from_numpy(ctx_rows[1])
+                    ctx_next = ctx_rows[0]
                 cand = logp + extra + torch.tensor([h.score for _, h in flat], dtype=torch.float64)[:, None]
                 new_active: dict[int, list[_Hyp]] = {}
                 # one top-k for all utterances: row e holds e's done pool, then its candidates
@@ -480,9 +481,7 @@ def modified_beam_search_nbest(
                         if lm_rows is not None:
                             lp, nx = lm_rows[pos + i]
                             lm_state, lm_score = nx[v], lm_score + float(lp[v])
-                        hctx = parent.ctx
-                        if ctx_rows is not None:
-                            hctx = (int(ctx_rows[0][pos + i, v]), bool(ctx_rows[2][pos + i, v]))
+                        hctx = parent.ctx if ctx_rows is None else ctx_next[pos + i, v]
                         child = _Hyp(parent.tokens + (v,), sc, lm_state, lm_score, None, parent.ref, v, hctx)
                         child.frames, child.logps = parent.frames + (t,), parent.logps + (float(logp_np[pos + i, v]),)
                         child.vit = parent.vit + sc - parent.score
@@ -525,7 +524,7 @@ def modified_beam_search_nbest(
                 f = float(glm.final(h.lm_state))
                 sc, lms = sc + lm_weight * f, lms + f
             if ctx is not None:
-                sc += ctx.end_bonus(*h.ctx)
+                sc += ctx.end_bonus(int(h.ctx) // 2, bool(h.ctx % 2))
             hyp = TransducerHypothesis(list(h.tokens), sc, lms, num_frames=int(lengths[b]))
             token_times(hyp, list(h.frames), list(h.logps), word_separator_id)
             res.append(hyp)
@@ -534,16 +533,16 @@ def modified_beam_search_nbest(
     return out
 
 
-def _context_rows(ctx: ContextGraph, states: list, blank: int) -> tuple:
-    """``(next, bonus, open after)``, each ``(N, V)``: what each token does to each hypothesis'
-    context state ``(state, open word)``; one gather from the graph's dense tables."""
-    tables = ctx.token_tables(blank)
+def _context_rows(ctx: ContextGraph, codes: list, blank: int) -> tuple:
+    """``(next codes, bonus)``, each ``(N, V)``: what each token does to each hypothesis' context
+    state code (``2 x state + open word``); one gather from the graph's dense tables."""
+    tables = ctx.token_codes(blank)
     if tables is None:
-        rows = [ctx.token_row(s, o, blank) for s, o in states]
-        return tuple(np.stack([r[k] for r in rows]) for k in range(3))
-    st = np.fromiter((s for s, _ in states), dtype=np.int64, count=len(states))
-    op = np.fromiter((o for _, o in states), dtype=np.int64, count=len(states))
-    return tuple(t[op, st] for t in tables)
+        rows = [ctx.token_row(int(c) // 2, bool(c % 2), blank) for c in codes]
+        nxt = np.stack([2 * r[0] + r[2] for r in rows])
+        return nxt, np.stack([r[1] for r in rows])
+    idx = np.fromiter(codes, dtype=np.int64, count=len(codes))
+    return tables[0][idx], tables[1][idx]
 
 
 def _state_layout(model, state, N: int, dev) -> Any:

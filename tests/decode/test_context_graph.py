@@ -152,3 +152,12 @@ def test_dense_tables_equal_the_failure_links(monkeypatch):
     sparse = ContextGraph(g.phrases, g.num_tokens, score=0.6, cap=1.5)
     assert sparse.dense is None and sparse.token_tables() is None
     assert sparse.kernel_arrays()[6].shape == (0, 0)
+
+
+def test_token_codes_are_the_token_tables():
+    g = ContextGraph.from_phrases(["ab b", "ba"], ["_", "a", "▁b", "b", "▁"], score=0.5, word_separator="▁", skip=[0])
+    tn, tb, to = g.token_tables(blank=0)
+    cn, cb = g.token_codes(blank=0)
+    for s in range(g.num_states):
+        for o in (0, 1):
+            assert (cn[2 * s + o] == 2 * tn[o, s] + to[o, s]).all() and (cb[2 * s + o] == tb[o, s]).all()
