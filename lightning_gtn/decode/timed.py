@@ -45,10 +45,11 @@ def greedy_hypotheses(
     path's log-probability (every frame's best score summed), ``lm_score`` is 0.
 
     Words: with ``tokens`` (the C token strings) ``text`` is the tokens' text and ``words`` it
-    split at ``word_separator``, grouped as the lexicon-free :class:`BeamSearchDecoder` groups
-    them (a token equal to the separator separates words, one starting with it begins one);
-    without, ``words`` and ``text`` are empty and ``word_spans`` groups the tokens at
-    ``word_separator_id`` (None: one word per token).
+    split at ``word_separator``, grouped as the lexicon-free
+    :class:`~lightning_gtn.decode.beam.BeamSearchDecoder` groups them (a token equal to the
+    separator separates words, one starting with it begins one); without, ``words`` and
+    ``text`` are empty and ``word_spans`` groups the tokens at ``word_separator_id`` (None: one
+    word per token).
 
     Example:
         >>> import torch
