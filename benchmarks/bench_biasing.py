@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 import torch
+from bench_decode import _wer as word_error_rate  # noqa: E402
 
 from lightning_gtn.lightning.text import TEXT_CHARS, make_sentences
 
@@ -63,18 +64,11 @@ def _frames(model, dm, limit):
 
 def _wer(hyps, refs, drop):
     """Word error rate (%) with the words of ``drop`` removed from both sides."""
-    errs = words = 0
-    for h, r in zip(hyps, refs):
-        h = [w for w in h.split() if w not in drop]
-        r = [w for w in r.split() if w not in drop]
-        d = list(range(len(r) + 1))
-        for i, hw in enumerate(h, 1):
-            prev, d[0] = d[0], i
-            for j, rw in enumerate(r, 1):
-                prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (hw != rw))
-        errs += d[len(r)]
-        words += len(r)
-    return 100.0 * errs / max(words, 1)
+
+    def keep(t):
+        return [w for w in t.split() if w not in drop]
+
+    return word_error_rate([keep(h) for h in hyps], [keep(r) for r in refs])
 
 
 def _recall(hyps, refs, boosted):
