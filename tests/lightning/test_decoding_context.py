@@ -76,3 +76,21 @@ def test_rnnt_beam_takes_the_phrases():
     assert got == want and got != plain
     with pytest.raises(ValueError, match="decoder.context_phrases"):
         build_decoder({"name": "rnnt_beam", "context_phrases": ["9"]}, Declared(), vocab)
+
+
+def test_eval_cli_reads_the_context_file(tmp_path):
+    from lightning_gtn.evaluate import _set_decoder, evaluate, load_model
+    from tests.lightning.test_checkpoint_trust import write_checkpoint
+    from tests.test_train_cli import _compose
+
+    f = tmp_path / "phrases.txt"
+    f.write_text("12 34\n5\n", encoding="utf-8")
+    ckpt = write_checkpoint(tmp_path / "greedy.ckpt")
+    own = ["decoder=beam", "decoder.beam_size=4", f"decoder.context_file={f}", "decoder.context_score=0.5"]
+    common = ["data=digits_small", "data.num_val=4", "num_samples=0", "trainer.enable_progress_bar=false"]
+    cfg = _compose([f"ckpt_path={ckpt}", *common, *own], tmp_path / "e", config_name="eval")
+    model = load_model(ckpt, decoder=None)
+    _set_decoder(cfg, model, None)
+    g = model.beam_decoder.context
+    assert isinstance(g, ContextGraph) and len(g) == 2 and g.score == 0.5
+    assert torch.isfinite(torch.tensor(evaluate(cfg, overrides=own)["val/cer"]))
