@@ -12,6 +12,7 @@ import numpy as np
 from ..kernels import beam_search_numba
 from ..wfst.parallel import parallel_map
 from . import times
+from .context_graph import ContextGraph
 from .greedy import _as_emissions, _as_lengths, _check_topology
 from .lexicon import Lexicon
 
@@ -28,7 +29,8 @@ class Hypothesis:
         words: the words (lexicon mode: lexicon words; lexicon-free: the text split at the separator).
         tokens: the emitted token ids (ASG's repeat token expanded to the token it repeats).
         timesteps: the frame at which each token was first emitted (same length as ``tokens``).
-        score: ``am_score + lm_weight * lm_score + word_score * len(words) + bonuses``.
+        score: ``am_score + lm_weight * lm_score + word_score * len(words) + bonuses`` (hotwords,
+            unk scores, context biasing).
         am_score: acoustic log-score (log-sum over the merged alignments).
         lm_score: natural-log LM probability of the words, ``</s>`` included (0 without an LM).
         text: the words joined by the word separator (lexicon-free: the tokens' text).
@@ -174,6 +176,13 @@ class BeamSearchDecoder:
         transitions: ASG only: the ``(C + 1, C)`` transition scores of the ASG loss
             (``transitions[0, y]`` starts on frame label y, ``transitions[i + 1, j]`` is added when
             frame label i follows frame label j, staying included), as a tensor or array; None: none.
+        context: context biasing (see :mod:`lightning_gtn.decode.context_graph`): a
+            :class:`ContextGraph` over these tokens, or a list of phrases (strings of words,
+            spelled by the lexicon or, lexicon-free, by the token texts; or lists of token ids),
+            or None. The graph reads each word's tokens and a boundary at each word's end; its
+            bonus is part of ``score``.
+        context_score: the bonus per matched token of a ``context`` given as phrases.
+        context_cap: the most one match may earn (None: the graph's default).
         max_work_bytes: the most working memory one utterance may take (its buffers grow with
             ``beam_size``, the tokens and the frames); more is a ValueError, never an allocation.
 
@@ -205,6 +214,8 @@ class BeamSearchDecoder:
     lexicon: Optional[Lexicon]
     lm: Any
     _trans: np.ndarray
+    context: Optional[ContextGraph]
+    _ctx: tuple
 
     def __init__(
         self,
@@ -227,6 +238,9 @@ class BeamSearchDecoder:
         word_separator: str = " ",
         lexicon_free: bool = False,
         transitions=None,
+        context=None,
+        context_score: float = 0.5,
+        context_cap: Optional[float] = None,
         max_work_bytes: int = 1 << 30,
     ) -> None:
         if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
@@ -295,6 +309,27 @@ class BeamSearchDecoder:
                 raise ValueError("transitions must be finite")
             self._trans = np.ascontiguousarray(tr, dtype=np.float64)
         self._build(C, hotwords)
+        self._set_context(context, context_score, context_cap)
+
+    def _set_context(self, context, score, cap) -> None:
+        C = len(self.tokens)
+        if context is not None and not isinstance(context, ContextGraph):
+            skip = [v for v in (self.blank, self.repeat) if v >= 0]
+            context = ContextGraph.from_phrases(
+                context,
+                self.tokens,
+                score=score,
+                cap=cap,
+                lexicon=self.lexicon,
+                word_separator=self.word_separator,
+                skip=skip,
+            )
+        if context is not None and context.num_tokens != C:
+            raise ValueError(f"context: the graph is over {context.num_tokens} tokens, the decoder has C={C}")
+        self.context = context
+        if context is None or context.empty:
+            context = ContextGraph([], C)
+        self._ctx = context.kernel_arrays()
 
     def _build(self, C: int, hotwords) -> None:
         lex = self.lexicon
@@ -416,12 +451,12 @@ class BeamSearchDecoder:
 
     def _work_bytes(self, T: int) -> int:
         """Upper bound of the kernel's buffers for one utterance of T frames (bytes): per candidate
-        its slot, 7 ints, hash, 4 floats and score (112); the merge table (16 per slot); per
-        record 4 ints (32); per hypothesis its 5 ints, hash, 4 floats and the beam cut's heap
-        slot (88)."""
+        its slot, 8 ints, hash, 4 floats and score (120); the merge table (16 per slot); per
+        record 4 ints (32); per hypothesis its 6 ints, hash, 4 floats and the beam cut's heap
+        slot (96)."""
         cap = self.beam_size * self._per_hyp
         tsize = 1 << max(1, (2 * cap - 1).bit_length())
-        return cap * 112 + tsize * 16 + (T * self.beam_size + 1) * 32 + self.beam_size * 88
+        return cap * 120 + tsize * 16 + (T * self.beam_size + 1) * 32 + self.beam_size * 96
 
     def _decode_one(self, x: np.ndarray, T: int, complete: bool = True):
         return beam_search_numba.beam_kernel(
@@ -449,6 +484,7 @@ class BeamSearchDecoder:
             self._trans,
             self._below,
             complete,
+            *self._ctx,
         )
 
     def decode(self, emissions, lengths=None) -> List[List[Hypothesis]]:

@@ -214,6 +214,18 @@ class Lexicon:
         """The number of trie nodes, the root included."""
         return len(self.child_offsets) - 1
 
+    def spellings(self) -> Dict[str, List[List[int]]]:
+        """``{word: [spelling, ...]}`` read back from the trie (each spelling a list of token ids)."""
+        out: Dict[str, List[List[int]]] = {}
+        stack: List[Tuple[int, List[int]]] = [(0, [])]
+        while stack:
+            node, path = stack.pop()
+            for i in range(int(self.word_offsets[node]), int(self.word_offsets[node + 1])):
+                out.setdefault(self.words[int(self.node_word[i])], []).append(path)
+            for i in range(int(self.child_offsets[node]), int(self.child_offsets[node + 1])):
+                stack.append((int(self.child_node[i]), path + [int(self.child_token[i])]))
+        return out
+
     def word_id(self, word: str) -> int:
         """The id of ``word`` (KeyError if it is not in the lexicon)."""
         return self._index[word]

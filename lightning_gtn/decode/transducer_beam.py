@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..kernels.logmath import log_add
+from .context_graph import ContextGraph
 from .times import token_times
 from .transducer import MAX_SYMBOLS_PER_FRAME
 
@@ -222,8 +223,8 @@ class TransducerHypothesis:
     Attributes:
         tokens: the token ids, blank-free.
         score: the search score: ``log P_am`` (summed over the alignments the beam kept), plus
-            ``lm_weight`` times the LM log-probability (``</s>`` included) and ``length_bonus``
-            per token.
+            ``lm_weight`` times the LM log-probability (``</s>`` included), ``length_bonus``
+            per token and the context graph's bonus (if any).
         lm_score: the LM's natural-log probability of ``tokens`` (``</s>`` included when the LM
             has ``final_score``), unweighted; 0 without an LM.
         timesteps: the frame at which each token was emitted (non-decreasing), on the best
@@ -257,9 +258,21 @@ _UNKNOWN = object()
 
 
 class _Hyp:
-    __slots__ = ("tokens", "score", "lm_state", "lm_score", "ref", "parent", "new_token", "frames", "logps", "vit")
+    __slots__ = (
+        "tokens",
+        "score",
+        "lm_state",
+        "lm_score",
+        "ref",
+        "parent",
+        "new_token",
+        "frames",
+        "logps",
+        "vit",
+        "ctx",
+    )
 
-    def __init__(self, tokens, score, lm_state, lm_score, ref, parent=None, new_token=-1):
+    def __init__(self, tokens, score, lm_state, lm_score, ref, parent=None, new_token=-1, ctx=0):
         self.tokens = tokens
         self.score = score
         self.lm_state = lm_state
@@ -270,6 +283,7 @@ class _Hyp:
         self.frames: tuple = ()  # the emission frame of each token
         self.logps: tuple = ()  # each token's log P_am there
         self.vit = score  # the score of the best single alignment merged in (frames is its)
+        self.ctx = ctx  # the context graph's state code: 2 x state + (a word is open)
 
 
 def _check_args(model, encoder_out, encoder_lengths, blank, beam, lm_weight, max_symbols_per_frame, length_bonus):
@@ -324,6 +338,7 @@ def modified_beam_search_nbest(
     length_bonus: float = 0.0,
     nbest: Optional[int] = None,
     word_separator_id: Optional[int] = None,
+    context: Optional[ContextGraph] = None,
 ) -> list[list[TransducerHypothesis]]:
     """Modified beam search (see the module docstring); the ``nbest`` best hypotheses per utterance.
 
@@ -343,6 +358,9 @@ def modified_beam_search_nbest(
         nbest: hypotheses returned per utterance (default ``beam``), best first.
         word_separator_id: the token that separates words in ``word_spans`` (None: one word
             per token).
+        context: context biasing: a :class:`lightning_gtn.decode.context_graph.ContextGraph`
+            over the ``V`` token ids (its ``token_kind`` says which ids separate or start words),
+            walked beside each hypothesis; its bonus is part of ``score``. None: no biasing.
 
     Returns:
         Per utterance a list of :class:`TransducerHypothesis`, best first.
@@ -359,6 +377,9 @@ def modified_beam_search_nbest(
     if isinstance(nbest, bool) or not isinstance(nbest, (int, np.integer)) or nbest < 1:
         raise ValueError(f"nbest must be an integer >= 1, got {nbest!r}")
     lm_weight, length_bonus = float(lm_weight), float(length_bonus)
+    if context is not None and not isinstance(context, ContextGraph):
+        raise ValueError(f"context must be a ContextGraph or None, got {type(context).__name__}")
+    ctx = context if context is not None and not context.empty else None
     B = encoder_out.shape[0]
     dev = encoder_out.device
     use_lm = lm is not None and lm_weight != 0.0
@@ -370,7 +391,8 @@ def modified_beam_search_nbest(
         glm: Optional[_GenericLM] = None
         layout: Any = _UNKNOWN  # the states' batch dimensions (see _state_layout); False: none
         lm0: Any = None
-        hyps: list[list[_Hyp]] = [[_Hyp((), 0.0, None, 0.0, (0, 0))] for _ in range(B)]
+        ctx0 = 2 * ctx.start if ctx is not None else 0
+        hyps: list[list[_Hyp]] = [[_Hyp((), 0.0, None, 0.0, (0, 0), ctx=ctx0)] for _ in range(B)]
         V = -1
         for t in range(int(lengths.max(initial=0))):
             live = [b for b in range(B) if t < lengths[b]]
@@ -391,6 +413,10 @@ def modified_beam_search_nbest(
                     V = int(logp.shape[1])
                     if blank >= V:
                         raise ValueError(f"blank must be in [0, V={V}), got {blank}")
+                    if context is not None and context.num_tokens != V:
+                        raise ValueError(
+                            f"context: the graph is over {context.num_tokens} tokens, the joiner has V={V}"
+                        )
                     if use_lm:
                         glm = _GenericLM(lm, V, blank)
                         lm0 = glm.start_state()
@@ -406,6 +432,11 @@ def modified_beam_search_nbest(
                 if glm is not None:
                     lm_rows = [glm.scores(h.lm_state) for _, h in flat]
                     extra += lm_weight * torch.from_numpy(np.stack([lp for lp, _ in lm_rows]))
+                ctx_rows = None
+                if ctx is not None:  # the context graph's bonus of each token
+                    ctx_rows = _context_rows(ctx, [h.ctx for _, h in flat], blank)
+                    extra += torch.from_numpy(ctx_rows[1])
+                    ctx_next = ctx_rows[0]
                 cand = logp + extra + torch.tensor([h.score for _, h in flat], dtype=torch.float64)[:, None]
                 new_active: dict[int, list[_Hyp]] = {}
                 # one top-k for all utterances: row e holds e's done pool, then its candidates
@@ -441,7 +472,7 @@ def modified_beam_search_nbest(
                             continue  # padding
                         parent = flat[pos + i][1]
                         if v == blank:
-                            kept = _Hyp(parent.tokens, sc, parent.lm_state, parent.lm_score, parent.ref)
+                            kept = _Hyp(parent.tokens, sc, parent.lm_state, parent.lm_score, parent.ref, ctx=parent.ctx)
                             kept.frames, kept.logps = parent.frames, parent.logps
                             kept.vit = parent.vit + sc - parent.score
                             _merge(keep_done, kept)
@@ -450,7 +481,8 @@ def modified_beam_search_nbest(
                         if lm_rows is not None:
                             lp, nx = lm_rows[pos + i]
                             lm_state, lm_score = nx[v], lm_score + float(lp[v])
-                        child = _Hyp(parent.tokens + (v,), sc, lm_state, lm_score, None, parent.ref, v)
+                        hctx = parent.ctx if ctx_rows is None else ctx_next[pos + i, v]
+                        child = _Hyp(parent.tokens + (v,), sc, lm_state, lm_score, None, parent.ref, v, hctx)
                         child.frames, child.logps = parent.frames + (t,), parent.logps + (float(logp_np[pos + i, v]),)
                         child.vit = parent.vit + sc - parent.score
                         _merge(nxt_active if r < M - 1 else keep_done, child)
@@ -491,12 +523,26 @@ def modified_beam_search_nbest(
             if glm is not None and glm.final is not None:
                 f = float(glm.final(h.lm_state))
                 sc, lms = sc + lm_weight * f, lms + f
+            if ctx is not None:
+                sc += ctx.end_bonus(int(h.ctx) // 2, bool(h.ctx % 2))
             hyp = TransducerHypothesis(list(h.tokens), sc, lms, num_frames=int(lengths[b]))
             token_times(hyp, list(h.frames), list(h.logps), word_separator_id)
             res.append(hyp)
         res.sort(key=lambda x: -x.score)
         out.append(res[:nbest])
     return out
+
+
+def _context_rows(ctx: ContextGraph, codes: list, blank: int) -> tuple:
+    """``(next codes, bonus)``, each ``(N, V)``: what each token does to each hypothesis' context
+    state code (``2 x state + open word``); one gather from the graph's dense tables."""
+    tables = ctx.token_codes(blank)
+    if tables is None:
+        rows = [ctx.token_row(int(c) // 2, bool(c % 2), blank) for c in codes]
+        nxt = np.stack([2 * r[0] + r[2] for r in rows])
+        return nxt, np.stack([r[1] for r in rows])
+    idx = np.fromiter(codes, dtype=np.int64, count=len(codes))
+    return tables[0][idx], tables[1][idx]
 
 
 def _state_layout(model, state, N: int, dev) -> Any:
@@ -587,6 +633,7 @@ def modified_beam_search(
     lm_weight: float = 0.0,
     max_symbols_per_frame: int = 1,
     length_bonus: float = 0.0,
+    context: Optional[ContextGraph] = None,
 ) -> list[list[int]]:
     """The best hypothesis' token ids (blank-free) per utterance: :func:`modified_beam_search_nbest`
     with ``nbest=1`` (same arguments).
@@ -615,5 +662,6 @@ def modified_beam_search(
         max_symbols_per_frame=max_symbols_per_frame,
         length_bonus=length_bonus,
         nbest=1,
+        context=context,
     )
     return [r[0].tokens if r else [] for r in res]

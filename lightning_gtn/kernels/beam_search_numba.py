@@ -18,6 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .context_numba import context_step
 from .logmath import log_add
 
 NEG_INF = -math.inf
@@ -165,7 +166,7 @@ def below_kernel(ch_off, ch_node, wd_off, wd_id, word_extra):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _push(ci, ch, cf, n, parent, node, lm, last, inw, tok, word, hist, ac, lms, ext, total):
+def _push(ci, ch, cf, n, parent, node, lm, last, inw, tok, word, ctx, hist, ac, lms, ext, total):
     ci[n, 0] = parent
     ci[n, 1] = node
     ci[n, 2] = lm
@@ -173,6 +174,7 @@ def _push(ci, ch, cf, n, parent, node, lm, last, inw, tok, word, hist, ac, lms, 
     ci[n, 4] = inw
     ci[n, 5] = tok
     ci[n, 6] = word
+    ci[n, 7] = ctx
     ch[n] = hist
     cf[n, 0] = ac
     cf[n, 1] = lms
@@ -183,11 +185,12 @@ def _push(ci, ch, cf, n, parent, node, lm, last, inw, tok, word, hist, ac, lms, 
 
 @njit(cache=True, nogil=True)
 def _merge(ci, ch, cf, n, slot, stamp, gen, uniq):
-    """Log-adds candidates with equal (hist, node, lm, last, inw); returns the count of ``uniq``."""
+    """Log-adds candidates with equal (hist, node, lm, last, inw, context state); returns the count
+    of ``uniq``."""
     mask = slot.shape[0] - 1
     nu = 0
     for i in range(n):
-        h = _mix(_mix(_mix(_mix(ch[i], ci[i, 1]), ci[i, 2]), ci[i, 3]), ci[i, 4])
+        h = _mix(_mix(_mix(_mix(_mix(ch[i], ci[i, 1]), ci[i, 2]), ci[i, 3]), ci[i, 4]), ci[i, 7])
         p = h & mask
         while True:
             if stamp[p] != gen:
@@ -203,11 +206,12 @@ def _merge(ci, ch, cf, n, slot, stamp, gen, uniq):
                 and ci[j, 2] == ci[i, 2]
                 and ci[j, 3] == ci[i, 3]
                 and ci[j, 4] == ci[i, 4]
+                and ci[j, 7] == ci[i, 7]
             ):
                 tot = log_add(cf[j, 3], cf[i, 3])
                 ac = log_add(cf[j, 0], cf[i, 0])
                 if cf[i, 3] > cf[j, 3]:  # the better one keeps its tokens, frames and LM score
-                    for k in range(7):
+                    for k in range(8):
                         ci[j, k] = ci[i, k]
                     cf[j, 1] = cf[i, 1]
                     cf[j, 2] = cf[i, 2]
@@ -290,6 +294,17 @@ def beam_kernel(
     trans,
     below,
     complete,
+    cx_off,
+    cx_tok,
+    cx_node,
+    cx_fail,
+    cx_acc,
+    cx_floor,
+    cx_next,
+    cx_bonus,
+    cx_start,
+    cx_bound,
+    has_ctx,
 ):
     """Decodes one utterance ``em`` (T_max, C) float32 over its first ``T`` frames.
 
@@ -302,10 +317,18 @@ def beam_kernel(
     fallback when no complete hypothesis survives) keeps them all and returns the best, open word
     included (its tokens, with no word id).
 
+    Context biasing (``has_ctx``): the context graph's arrays ``cx_*``
+    (:mod:`lightning_gtn.kernels.context_numba`; ``cx_next`` / ``cx_bonus`` its dense tables, or
+    empty) are walked beside each hypothesis, from state
+    ``cx_start``: the tokens of each word, then the boundary symbol ``cx_bound`` at each word's end
+    (lexicon mode: each word end; lexicon-free: a separator or a word-starting token after an open
+    word, and the end); the bonus goes into the extra score.
+
     Returns ``(n_out, out_rec, out_f (nbest, 3) [total, acoustic, lm], rec_parent, rec_tok,
     rec_frame, rec_word)``.
     """
     C = em.shape[1]
+    dense = cx_next.shape[0] > 0
     K = C if token_beam <= 0 or token_beam > C else token_beam
     cap = beam_size * per_hyp  # per_hyp: the most candidates one hypothesis makes (host-computed)
     tsize = 1
@@ -314,10 +337,10 @@ def beam_kernel(
     slot = np.zeros(tsize, dtype=np.int64)
     stamp = np.zeros(tsize, dtype=np.int64)
     uniq = np.empty(cap, dtype=np.int64)
-    ci = np.empty((cap, 7), dtype=np.int64)
+    ci = np.empty((cap, 8), dtype=np.int64)  # parent, node, lm, last, inw, tok, word, context
     ch = np.empty(cap, dtype=np.int64)
     cf = np.empty((cap, 4), dtype=np.float64)
-    hi = np.empty((beam_size, 5), dtype=np.int64)  # node, lm, last, inw, rec
+    hi = np.empty((beam_size, 6), dtype=np.int64)  # node, lm, last, inw, rec, context
     hh = np.empty(beam_size, dtype=np.int64)
     hf = np.empty((beam_size, 4), dtype=np.float64)  # ac, lms, ext, total
     nrec_cap = T * beam_size + 1
@@ -336,6 +359,7 @@ def beam_kernel(
     hi[0, 2] = -1
     hi[0, 3] = 0
     hi[0, 4] = -1
+    hi[0, 5] = cx_start
     hh[0] = 0
     hf[0, 0] = 0.0
     hf[0, 1] = 0.0
@@ -368,6 +392,7 @@ def beam_kernel(
             last = hi[h, 2]
             inw = hi[h, 3]
             rec = hi[h, 4]
+            cst = hi[h, 5]
             hist = hh[h]
             ac = hf[h, 0]
             lms = hf[h, 1]
@@ -377,7 +402,7 @@ def beam_kernel(
             stay = not (complete and not lexfree and node != 0 and below[node] > left)
             if stay and blank >= 0 and allowed[blank] and e[blank] > NEG_INF:
                 n = _push(
-                    ci, ch, cf, n, h, node, lmst, blank, inw, -1, -1, hist, ac + e[blank], lms, ext, tot + e[blank]
+                    ci, ch, cf, n, h, node, lmst, blank, inw, -1, -1, cst, hist, ac + e[blank], lms, ext, tot + e[blank]
                 )  # (ASG has no blank)
             if stay and last >= 0 and last != blank and allowed[last] and e[last] > NEG_INF:
                 n = _push(
@@ -392,6 +417,7 @@ def beam_kernel(
                     inw,
                     -1,
                     -1,
+                    cst,
                     hist,
                     ac + e[last] + _tr(trans, last, last),
                     lms,
@@ -412,21 +438,48 @@ def beam_kernel(
                     t2 = tot + e[c] + _tr(trans, last, c)
                     if eff == sep:
                         if inw == 0:  # a separator with no open word leaves the text unchanged
-                            n = _push(ci, ch, cf, n, h, node, lmst, c, 0, -1, -1, hist, a2, lms, ext, t2)
+                            n = _push(ci, ch, cf, n, h, node, lmst, c, 0, -1, -1, cst, hist, a2, lms, ext, t2)
                             continue
                         h2 = _mix(hist, BOUNDARY)
                         inw2 = 0
                         ext2 = ext + _bonus(wd_off, wd_id, word_extra, node)  # hotwords (lexicon-free)
                         node2 = 0
+                        cst2 = cst
+                        if has_ctx:
+                            if dense:  # one lookup (a call here would pass every array's fields)
+                                rw = cx_bonus[cst, cx_bound]
+                                cst2 = cx_next[cst, cx_bound]
+                            else:
+                                cst2, rw = context_step(
+                                    cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst, cx_bound
+                                )
+                            ext2 += rw
                     else:
                         h2 = hist
                         ext2 = ext
                         open_word = inw
                         cur = node
+                        cst2 = cst
                         if tok_starts[eff] and open_word != 0:
                             h2 = _mix(h2, BOUNDARY)
                             ext2 += _bonus(wd_off, wd_id, word_extra, cur)
                             open_word = 0
+                            if has_ctx:
+                                if dense:  # one lookup (a call here would pass every array's fields)
+                                    rw = cx_bonus[cst2, cx_bound]
+                                    cst2 = cx_next[cst2, cx_bound]
+                                else:
+                                    cst2, rw = context_step(
+                                        cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst2, cx_bound
+                                    )
+                                ext2 += rw
+                        if has_ctx:
+                            if dense:  # one lookup (a call here would pass every array's fields)
+                                rw = cx_bonus[cst2, eff]
+                                cst2 = cx_next[cst2, eff]
+                            else:
+                                cst2, rw = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst2, eff)
+                            ext2 += rw
                         if open_word == 0:
                             ext2 += word_score
                             cur = 0
@@ -441,7 +494,23 @@ def beam_kernel(
                             continue
                         lms2 = lms + lp
                     n = _push(
-                        ci, ch, cf, n, h, node2, lm2, c, inw2, eff, -1, h2, a2, lms2, ext2, a2 + lm_weight * lms2 + ext2
+                        ci,
+                        ch,
+                        cf,
+                        n,
+                        h,
+                        node2,
+                        lm2,
+                        c,
+                        inw2,
+                        eff,
+                        -1,
+                        cst2,
+                        h2,
+                        a2,
+                        lms2,
+                        ext2,
+                        a2 + lm_weight * lms2 + ext2,
                     )
             else:
                 if sep >= 0 and node == 0 and sep != last and allowed[sep] and e[sep] > NEG_INF:
@@ -457,6 +526,7 @@ def beam_kernel(
                         inw,
                         sep,
                         -1,
+                        cst,
                         hist,
                         ac + e[sep] + _tr(trans, last, sep),
                         lms,
@@ -494,6 +564,14 @@ def beam_kernel(
                     if c == rep and eff == c:
                         continue
                     a2 = ac + e[c] + _tr(trans, last, c)
+                    cst2 = cst
+                    r2 = 0.0
+                    if has_ctx:
+                        if dense:  # one lookup (a call here would pass every array's fields)
+                            r2 = cx_bonus[cst, eff]
+                            cst2 = cx_next[cst, eff]
+                        else:
+                            cst2, r2 = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst, eff)
                     if ch_off[m + 1] > ch_off[m] and smear[m] > NEG_INF and (not complete or below[m] <= left):
                         # LM look-ahead: the best word below m, replaced by the real score at the end
                         n = _push(
@@ -508,12 +586,22 @@ def beam_kernel(
                             0,
                             eff,
                             -1,
+                            cst2,
                             hist,
                             a2,
                             lms,
-                            ext,
-                            tot + (a2 - ac) + smear[m] - smear[node],
+                            ext + r2,
+                            tot + (a2 - ac) + smear[m] - smear[node] + r2,
                         )
+                    cst3 = cst2
+                    r3 = r2
+                    if has_ctx and wd_off[m + 1] > wd_off[m]:  # a word ends: the boundary
+                        if dense:  # one lookup (a call here would pass every array's fields)
+                            rb = cx_bonus[cst2, cx_bound]
+                            cst3 = cx_next[cst2, cx_bound]
+                        else:
+                            cst3, rb = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst2, cx_bound)
+                        r3 += rb
                     for q in range(wd_off[m], wd_off[m + 1]):
                         w = wd_id[q]
                         lm2 = lmst
@@ -525,7 +613,7 @@ def beam_kernel(
                             if not lp > NEG_INF:
                                 continue
                             lms2 = lms + lp
-                        ext2 = ext + word_extra[w]
+                        ext2 = ext + word_extra[w] + r3
                         if not ext2 > NEG_INF:
                             continue
                         n = _push(
@@ -540,6 +628,7 @@ def beam_kernel(
                             0,
                             eff,
                             w,
+                            cst3,
                             _mix(hist, w),
                             a2,
                             lms2,
@@ -598,6 +687,7 @@ def beam_kernel(
             hi[u, 2] = ci[i, 3]
             hi[u, 3] = ci[i, 4]
             hi[u, 4] = r
+            hi[u, 5] = ci[i, 7]
             hh[u] = ch[i]
             hf[u, 0] = cf[i, 0]
             hf[u, 1] = cf[i, 1]
@@ -614,9 +704,21 @@ def beam_kernel(
         lms = hf[h, 1]
         tot = hf[h, 3]
         ext = hf[h, 2]
+        cst = hi[h, 5]
         if lexfree and hi[h, 3] != 0:
             hist = _mix(hist, BOUNDARY)
             b = _bonus(wd_off, wd_id, word_extra, hi[h, 0])
+            if has_ctx:
+                if dense:  # one lookup (a call here would pass every array's fields)
+                    rw = cx_bonus[cst, cx_bound]
+                    cst = cx_next[cst, cx_bound]
+                else:
+                    cst, rw = context_step(cx_off, cx_tok, cx_node, cx_fail, cx_acc, cx_floor, cst, cx_bound)
+                b += rw
+            ext += b
+            tot += b
+        if has_ctx:  # a pending partial match is given back at the end
+            b = cx_floor[cst] - cx_acc[cst]
             ext += b
             tot += b
         if has_lm:
@@ -627,7 +729,7 @@ def beam_kernel(
                 lp = 0.0  # the fallback keeps a hypothesis the LM cannot end
             lms += lp
             tot += lm_weight * lp
-        n = _push(ci, ch, cf, n, hi[h, 4], 0, 0, 0, 0, -1, -1, hist, hf[h, 0], lms, ext, tot)
+        n = _push(ci, ch, cf, n, hi[h, 4], 0, 0, 0, 0, -1, -1, 0, hist, hf[h, 0], lms, ext, tot)
     gen += 1
     nu = _merge(ci, ch, cf, n, slot, stamp, gen, uniq)
     sc = np.empty(nu, dtype=np.float64)

@@ -11,6 +11,10 @@ A decoder config is plain data (``conf/decoder/*.yaml``)::
     lm: train              # beam_lm: "train" (an n-gram estimated on the training transcripts) or an ARPA file
     lm_order: 3
     lm_method: kneser_ney
+    context_phrases: []    # beam, beam_lm, rnnt_beam: phrases (of words) to boost
+    context_file: null     # ... or a file of them, one a line
+    context_score: 0.5     # the bonus per matched token
+    context_cap: null      # the most one match may earn (null: 8 tokens' worth)
 
 Lexicon and LM travel inside the checkpoint as data. :func:`resolve_decoder` (called by
 ``lightning-gtn-train`` and ``lightning-gtn-eval`` on the user's own config) builds ``train``
@@ -79,6 +83,10 @@ DECODER_KEYS = {
     "token_beam",
     "nbest",
     "unk_score",
+    "context_phrases",
+    "context_file",
+    "context_score",
+    "context_cap",
 }
 
 #: The most lexicon entries (one per spelling of a word) a decoder config may carry.
@@ -114,7 +122,58 @@ def _plain(cfg) -> dict | None:
     name = cfg.get("name", "greedy")
     if name not in DECODERS:
         raise ValueError(f"decoder.name: expected one of {DECODERS}, got {name!r}")
+    if name == "greedy" and (cfg.get("context_phrases") or cfg.get("context_file")):
+        raise ValueError(
+            "decoder.context_phrases: context biasing needs a beam search (decoder=beam|beam_lm|rnnt_beam)"
+        )
     return cfg
+
+
+def _resolve_context(cfg: dict) -> dict:
+    """``context_file`` of the user's own config read once: its phrases join ``context_phrases``."""
+    path = cfg.get("context_file")
+    if not path:
+        return cfg
+    from lightning_gtn.decode.context_graph import read_phrases
+
+    if not isinstance(path, str):
+        raise ValueError(f"decoder.context_file: expected a file path, got {path!r}")
+    phrases = list(_phrases(cfg)) + read_phrases(path)
+    return dict(cfg, context_phrases=phrases, context_file=None)
+
+
+def _phrases(cfg: dict) -> list:
+    from lightning_gtn.decode.context_graph import MAX_CONTEXT_PHRASES
+
+    p = cfg.get("context_phrases") or []
+    if isinstance(p, str) or not isinstance(p, (list, tuple)):
+        raise ValueError(f"decoder.context_phrases: expected a list of phrases, got {str(p)[:100]!r}")
+    if len(p) > MAX_CONTEXT_PHRASES:
+        raise ValueError(f"decoder.context_phrases: {len(p)} phrases, more than {MAX_CONTEXT_PHRASES}")
+    return list(p)
+
+
+def _context_args(cfg: dict) -> dict:
+    """The phrases, score and cap of a decoder config (a ``context_file`` left in it is read only
+    when the user trusts that exact path)."""
+    path = cfg.get("context_file")
+    if path:
+        if not isinstance(path, str) or not trust.is_trusted_path(path):
+            raise trust.UntrustedTargetError(
+                f"decoder.context_file: {str(path)[:100]!r} names a file; a decoder config from a checkpoint "
+                "carries its phrases as decoder.context_phrases, and files it names are not read"
+            )
+        cfg = _resolve_context(cfg)
+    score, cap = cfg.get("context_score", 0.5), cfg.get("context_cap")
+    for key, v in (("context_score", score), ("context_cap", cap)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"decoder.{key}: expected a number, got {v!r}")
+    return {"phrases": _phrases(cfg), "score": 0.5 if score is None else float(score), "cap": cap}
+
+
+def _context_error(e: ValueError) -> ValueError:
+    msg = str(e)
+    return ValueError(msg if msg.startswith("decoder.") else f"decoder.{msg}")
 
 
 # ----------------------------------------------------------------------------- artefacts as data
@@ -265,6 +324,8 @@ def resolve_decoder(cfg, train_texts: Callable[[], list], out_dir: str | Path) -
             no words, over the bounds of the module.
     """
     cfg = _plain(cfg)
+    if cfg is not None:
+        cfg = _resolve_context(cfg)
     if cfg is not None and cfg.get("name") == "rnnt_beam":
         return _resolve_token_lm(cfg, train_texts, out_dir)
     if cfg is None or cfg.get("name", "greedy") != "beam_lm":
@@ -343,15 +404,7 @@ def _artefact(cfg: dict, key: str, from_data):
 
 def _trie_spellings(lexicon) -> dict[str, list[list[int]]]:
     """``{word: [spelling, ...]}`` read back from a :class:`lightning_gtn.decode.Lexicon`'s trie."""
-    out: dict[str, list[list[int]]] = {}
-    stack: list[tuple[int, list[int]]] = [(0, [])]
-    while stack:
-        node, path = stack.pop()
-        for i in range(int(lexicon.word_offsets[node]), int(lexicon.word_offsets[node + 1])):
-            out.setdefault(lexicon.words[int(lexicon.node_word[i])], []).append(path)
-        for i in range(int(lexicon.child_offsets[node]), int(lexicon.child_offsets[node + 1])):
-            stack.append((int(lexicon.child_node[i]), path + [int(lexicon.child_token[i])]))
-    return out
+    return lexicon.spellings()
 
 
 def _lexicon(spellings: dict[str, list[list[str]]], topo: dict):
@@ -415,27 +468,36 @@ def build_decoder(cfg, loss, vocabulary):
     from lightning_gtn.decode import BeamSearchDecoder
 
     topo = _topology(loss, vocabulary)
+    ctx = _context_args(cfg)
     common = dict(
         beam_size=int(cfg.get("beam_size", 50)),
         beam_threshold=float(cfg.get("beam_threshold", 25.0)),
         token_beam=cfg.get("token_beam"),
         nbest=int(cfg.get("nbest", 1)),
+        context=ctx["phrases"] or None,
+        context_score=ctx["score"],
+        context_cap=ctx["cap"],
         **topo,
     )
-    if name == "beam":
-        return BeamSearchDecoder(lexicon_free=True, **common)
-    spellings = _artefact(cfg, "lexicon", lexicon_from_data)
-    lm = _artefact(cfg, "lm", lm_from_data)
-    lexicon = _lexicon(spellings, topo)
-    unk = cfg.get("unk_score", -math.inf)
-    return BeamSearchDecoder(
-        lexicon=lexicon,
-        lm=lm,
-        lm_weight=float(cfg.get("lm_weight", 0.5)),
-        word_score=float(cfg.get("word_score", 0.0)),
-        unk_score=float(unk) if unk is not None else -math.inf,
-        **common,
-    )
+    try:
+        if name == "beam":
+            return BeamSearchDecoder(lexicon_free=True, **common)
+        spellings = _artefact(cfg, "lexicon", lexicon_from_data)
+        lm = _artefact(cfg, "lm", lm_from_data)
+        lexicon = _lexicon(spellings, topo)
+        unk = cfg.get("unk_score", -math.inf)
+        return BeamSearchDecoder(
+            lexicon=lexicon,
+            lm=lm,
+            lm_weight=float(cfg.get("lm_weight", 0.5)),
+            word_score=float(cfg.get("word_score", 0.0)),
+            unk_score=float(unk) if unk is not None else -math.inf,
+            **common,
+        )
+    except ValueError as e:
+        if "context_" in str(e):
+            raise _context_error(e) from None
+        raise
 
 
 def decode_texts(decoder, emissions, lengths) -> list[str]:
@@ -456,6 +518,8 @@ class NetworkDecoder:
         lm: a :class:`lightning_gtn.decode.transducer_beam.TokenLM` (a character n-gram seen
             through the token ids) for shallow fusion, or None (``rnnt_beam``).
         lm_weight: its weight.
+        context: a :class:`lightning_gtn.decode.context_graph.ContextGraph` over the token ids
+            for context biasing, or None (``rnnt_beam``).
     """
 
     def __init__(
@@ -465,6 +529,7 @@ class NetworkDecoder:
         beam_size: int = 4,
         lm=None,
         lm_weight: float = 0.0,
+        context=None,
     ):
         if name not in ("greedy", "rnnt_beam"):
             raise ValueError(
@@ -482,6 +547,7 @@ class NetworkDecoder:
         self.beam_size = beam_size
         self.lm = lm
         self.lm_weight = float(lm_weight)
+        self.context = context
         self.lexicon = None
 
     def __repr__(self) -> str:
@@ -511,6 +577,7 @@ class NetworkDecoder:
                 lm=self.lm,
                 lm_weight=self.lm_weight,
                 max_symbols_per_frame=self.max_symbols_per_frame,
+                context=self.context,
             )
         from lightning_gtn.decode.transducer import greedy_search
 
@@ -590,10 +657,26 @@ def _network_decoder(cfg: dict, name: str, loss, vocabulary=None) -> NetworkDeco
         blank = int(loss.blank or 0)
         V = int(loss.num_classes) if loss.num_classes is not None else vocabulary.num_classes
         lm = TokenLM(_artefact(cfg, "lm", lm_from_data), _token_texts(vocabulary, blank, V), space=TOKEN_LM_SPACE)
+    context = None
+    ctx = _context_args(cfg) if name == "rnnt_beam" else {"phrases": []}
+    if ctx["phrases"]:
+        from lightning_gtn.decode.context_graph import ContextGraph
+
+        if vocabulary is None:
+            raise ValueError("decoder.context_phrases: context biasing of rnnt_beam needs the vocabulary")
+        blank = int(loss.blank or 0)
+        V = int(loss.num_classes) if loss.num_classes is not None else vocabulary.num_classes
+        try:
+            context = ContextGraph.from_phrases(
+                ctx["phrases"], _token_texts(vocabulary, blank, V), score=ctx["score"], cap=ctx["cap"], skip=[blank]
+            )
+        except ValueError as e:
+            raise _context_error(e) from None
     return NetworkDecoder(
         name,
         max_symbols_per_frame=cfg.get("max_symbols_per_frame", 3),
         beam_size=cfg.get("beam_size", 4),
         lm=lm,
         lm_weight=float(cfg.get("lm_weight", 0.0)),
+        context=context,
     )
