@@ -30,6 +30,7 @@ ORDER = [
     "bench_align",
     "bench_decode",
     "bench_word_times",
+    "bench_biasing",
     "bench_lm",
     "bench_wordpieces",
     "bench_stc",
