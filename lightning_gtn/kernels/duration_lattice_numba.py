@@ -31,6 +31,10 @@ scaled per example by the reduction's coefficient):
    ``(T, U)``; forward and backward variables in log space, in float64; the arc posteriors;
 3. :func:`_grad_rows` (threads over rows): the gradient of each node from its arcs' posteriors
    (FastEmit scales the token arcs' there).
+
+:func:`lattice_viterbi` runs pass 1, then the shared lattice in the max semiring (the best path,
+from back pointers) and in the log semiring (the posteriors of that path's arcs): forced
+alignment for TDT and multi-blank RNN-T.
 """
 
 from __future__ import annotations
@@ -43,12 +47,12 @@ import torch
 from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
-from .transducer_lattice_numba import LOG, POST_ALL, POST_NONE, lattice_examples
+from .transducer_lattice_numba import LOG, MAX, POST_ALL, POST_MARKED, POST_NONE, lattice_examples
 
-__all__ = ["lattice_loss", "Arcs"]
+__all__ = ["lattice_loss", "lattice_viterbi", "Arcs"]
 
 NEG_INF = -math.inf
-_NO_PATH = np.zeros((1, 1, 3), dtype=np.int64)  # the max semiring's outputs, unused here
+_NO_PATH = np.zeros((1, 1, 3), dtype=np.int64)  # the max semiring's outputs, unused by the loss
 _NO_LEN = np.zeros(1, dtype=np.int64)
 
 #: ``(tok_dur, tok_didx, blank_ids, blank_dur, blank_didx)``: int64 arrays describing the arcs
@@ -195,6 +199,35 @@ def _run(fn, n: int, per: int) -> None:
         parallel_map(fn, starts, ends)
 
 
+def _arc_scores(x: torch.Tensor, targets, tlen, ulen, K: int, D: int, arcs: Arcs, sigma: float, normalise: bool):
+    """Pass 1 over the contiguous CPU tensor ``x``: ``(ex, arcs, lz, dz, sc)``, the kernel's
+    inputs ``ex = (x, targets, tlen, ulen)`` and ``arcs`` as contiguous int64 arrays, the
+    normalisers ``lz``, ``dz`` ``(B, T, U + 1)`` and the arc scores ``sc`` ``(A, B, T + 1, U + 1)``,
+    token arcs first (the row ``T`` has no arcs: ``-inf``)."""
+    xn = x.numpy()
+    B, T, U1 = xn.shape[0], xn.shape[1], xn.shape[2]
+    tg = np.ascontiguousarray(targets, dtype=np.int64)
+    tl = np.ascontiguousarray(tlen, dtype=np.int64)
+    ul = np.ascontiguousarray(ulen, dtype=np.int64)
+    K, D, sigma, normalise = int(K), int(D), float(sigma), bool(normalise)
+    arcs_c = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in arcs)
+    A = arcs_c[0].shape[0] + arcs_c[2].shape[0]
+    lz = np.zeros((B, T, U1))
+    dz = np.zeros((B, T, U1))
+    sc = np.full((A, B, T + 1, U1), NEG_INF)
+    ex = (xn, tg, tl, ul)
+    _run(lambda r0, r1: _arc_rows(r0, r1, ex, K, D, arcs_c, sigma, normalise, lz, dz, sc), B * T, 4)
+    return ex, arcs_c, lz, dz, sc
+
+
+def _bounds(tl: np.ndarray, ul: np.ndarray) -> np.ndarray:
+    """The shared lattice's rectangles: ``(0, 0)`` to ``(T_b, U_b)`` (none without a frame)."""
+    bnd = np.zeros((tl.shape[0], 4), dtype=np.int64)
+    bnd[:, 2] = np.where(tl > 0, tl, -1)  # no frame: no path
+    bnd[:, 3] = ul
+    return bnd
+
+
 def lattice_loss(
     x: torch.Tensor,
     targets: np.ndarray,
@@ -239,29 +272,19 @@ def lattice_loss(
         grad = torch.empty_like(x) if need_grad else x.new_empty((x.shape[0], 1, 1, 1))
     if losses is None:
         losses = np.zeros(x.shape[0], dtype=np.float64)
-    xn = x.numpy()
     gn = grad.numpy()
-    tok_dur, tok_didx, blank_ids, blank_dur, blank_didx = arcs
     B, T, U1 = x.shape[0], x.shape[1], x.shape[2]
-    tg = np.ascontiguousarray(targets, dtype=np.int64)
-    tl = np.ascontiguousarray(tlen, dtype=np.int64)
-    ul = np.ascontiguousarray(ulen, dtype=np.int64)
-    K, D, sigma, normalise = int(K), int(D), float(sigma), bool(normalise)
+    K, D, normalise = int(K), int(D), bool(normalise)
+    # pass 1: the arc scores
+    ex, arcs_c, lz, dz, sc = _arc_scores(x, targets, tlen, ulen, K, D, arcs, sigma, normalise)
+    tok_dur, _, _, blank_dur, _ = arcs_c
+    tl, ul = ex[2], ex[3]
     NT = tok_dur.shape[0]
-    A = NT + blank_ids.shape[0]
-    # pass 1: the arc scores, one plane per kind over (T + 1, U + 1) nodes (the row T has no arcs)
-    lz = np.zeros((B, T, U1))
-    dz = np.zeros((B, T, U1))
-    sc = np.full((A, B, T + 1, U1), NEG_INF)
-    ex = (xn, tg, tl, ul)
-    arcs_c = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in arcs)
-    _run(lambda r0, r1: _arc_rows(r0, r1, ex, K, D, arcs_c, sigma, normalise, lz, dz, sc), B * T, 4)
+    A = sc.shape[0]
     # pass 2: the lattice, token arcs (d, 1) then blank arcs (d, 0), ending at (T_b, U_b)
     di = np.ascontiguousarray(np.concatenate([tok_dur, blank_dur]), dtype=np.int64)
     dj = np.concatenate([np.ones(NT, dtype=np.int64), np.zeros(A - NT, dtype=np.int64)])
-    bnd = np.zeros((B, 4), dtype=np.int64)
-    bnd[:, 2] = np.where(tl > 0, tl, -1)  # no frame: no path
-    bnd[:, 3] = ul
+    bnd = _bounds(tl, ul)
     post = np.zeros((A, B, T + 1, U1) if need_grad else (A, 1, 1, 1))
     scores = tuple(sc[k] for k in range(A))
     posts = tuple(post[k] for k in range(A))
@@ -287,3 +310,76 @@ def lattice_loss(
             4,
         )
     return losses, (grad if need_grad else None)
+
+
+def lattice_viterbi(
+    x: torch.Tensor,
+    targets: np.ndarray,
+    tlen: np.ndarray,
+    ulen: np.ndarray,
+    K: int,
+    D: int,
+    arcs: Arcs,
+    sigma: float,
+    normalise: bool,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The best path of each example through the duration lattice (see the module docstring).
+
+    Pass 1 of :func:`lattice_loss` (the arc scores), then the shared lattice twice: in the max
+    semiring with back pointers (the blank arcs listed first, so a tie goes to a blank: the later
+    emission, as :func:`~.rnnt_viterbi.rnnt_viterbi`), then in the log semiring for the total and
+    the posteriors of the best path's arcs only.
+
+    Args:
+        x, targets, tlen, ulen, K, D, arcs, sigma, normalise: as :func:`lattice_loss`.
+
+    Returns:
+        ``(score (B,), log_z (B,), path (B, L, 4) int64, arc_score (B, L), arc_post (B, L))``:
+        the best path's score (``-inf`` without a path) and the log of the total over all
+        paths; the path's arcs, start first, as rows ``(t, u, kind, duration)`` (``kind`` indexes
+        ``arcs``: ``k < len(tok_dur)`` is token arc ``k``, else blank arc ``k - len(tok_dur)``),
+        padded with -1; each arc's score and its posterior probability (0 past the path).
+    """
+    x = x.detach().contiguous()
+    B, T, U1 = x.shape[0], x.shape[1], x.shape[2]
+    ex, arcs_c, _, _, sc = _arc_scores(x, targets, tlen, ulen, K, D, arcs, sigma, normalise)
+    tok_dur, _, _, blank_dur, _ = arcs_c
+    NT = tok_dur.shape[0]
+    A = sc.shape[0]
+    order = np.concatenate([np.arange(NT, A), np.arange(NT)]).astype(np.int64)  # blanks first
+    di = np.ascontiguousarray(np.concatenate([blank_dur, tok_dur]), dtype=np.int64)
+    dj = np.concatenate([np.zeros(A - NT, dtype=np.int64), np.ones(NT, dtype=np.int64)])
+    bnd = _bounds(ex[2], ex[3])
+    post = np.zeros((A, B, T + 1, U1))
+    scores = tuple(sc[k] for k in order)
+    posts = tuple(post[k] for k in order)
+    L = T + U1  # every arc advances the frame or the label
+    path = np.full((B, L, 3), -1, dtype=np.int64)
+    path_len = np.zeros(B, dtype=np.int64)
+    score = np.empty(B)
+    logz = np.empty(B)
+    _run(
+        lambda e0, e1: lattice_examples(e0, e1, scores, di, dj, bnd, MAX, POST_ALL, False, score, posts, path, path_len),
+        B,
+        1,
+    )
+    _run(
+        lambda e0, e1: lattice_examples(e0, e1, scores, di, dj, bnd, LOG, POST_MARKED, False, logz, posts, path, path_len),
+        B,
+        1,
+    )
+    live = np.arange(L)[None, :] < path_len[:, None]
+    kind = np.where(live, order[np.where(live, path[:, :, 2], 0)], -1)
+    out = np.full((B, L, 4), -1, dtype=np.int64)
+    out[:, :, :2] = np.where(live[:, :, None], path[:, :, :2], -1)
+    out[:, :, 2] = kind
+    durs = np.concatenate([tok_dur, blank_dur])
+    out[:, :, 3] = np.where(live, durs[np.maximum(kind, 0)], -1)
+    bi, ni = np.nonzero(live)
+    k, t, u = kind[bi, ni], out[bi, ni, 0], out[bi, ni, 1]
+    arc_score = np.zeros((B, L))
+    arc_post = np.zeros((B, L))
+    arc_score[bi, ni] = sc[k, bi, t, u]
+    arc_post[bi, ni] = np.where(logz[bi] > NEG_INF, np.minimum(1.0, post[k, bi, t, u]), 0.0)
+    score = np.where(ex[2] > 0, score, NEG_INF)
+    return score, logz, out, arc_score, arc_post
