@@ -17,7 +17,8 @@ backpointers over the same cached graphs; token spans, scores, confidences, an o
 untranscribed stretches), with :func:`word_spans`, :func:`to_json`, :func:`to_ctm` and
 :func:`plot_alignment` for its output; see ``docs/alignment.md``. Transducer (RNN-T) networks
 decode with :func:`modified_beam_search` (optionally fused with a :class:`TokenLM`) and align
-with :func:`rnnt_forced_align` / :func:`rnnt_align`; see ``docs/rnnt_decoding.md``.
+with :func:`rnnt_forced_align` / :func:`rnnt_align` (TDT and multi-blank: :func:`tdt_forced_align`,
+:func:`multiblank_forced_align`); see ``docs/rnnt_decoding.md``.
 """
 
 from ..align.forced import (
@@ -30,7 +31,7 @@ from ..align.forced import (
     word_spans,
 )
 from ..align.plot import plot_alignment
-from ..align.rnnt import rnnt_align, rnnt_forced_align
+from ..align.rnnt import DurationAlignment, multiblank_forced_align, rnnt_align, rnnt_forced_align, tdt_forced_align
 from ..align.rnnt_plot import plot_rnnt_alignment
 from ..core.criterion_graphs import (
     all_paths_graph,
@@ -136,6 +137,9 @@ __all__ = [
     "plot_alignment",
     "rnnt_forced_align",
     "rnnt_align",
+    "tdt_forced_align",
+    "multiblank_forced_align",
+    "DurationAlignment",
     "plot_rnnt_alignment",
     "modified_beam_search",
     "modified_beam_search_nbest",

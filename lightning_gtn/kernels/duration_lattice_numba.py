@@ -359,12 +359,16 @@ def lattice_viterbi(
     score = np.empty(B)
     logz = np.empty(B)
     _run(
-        lambda e0, e1: lattice_examples(e0, e1, scores, di, dj, bnd, MAX, POST_ALL, False, score, posts, path, path_len),
+        lambda e0, e1: lattice_examples(
+            e0, e1, scores, di, dj, bnd, MAX, POST_ALL, False, score, posts, path, path_len
+        ),
         B,
         1,
     )
     _run(
-        lambda e0, e1: lattice_examples(e0, e1, scores, di, dj, bnd, LOG, POST_MARKED, False, logz, posts, path, path_len),
+        lambda e0, e1: lattice_examples(
+            e0, e1, scores, di, dj, bnd, LOG, POST_MARKED, False, logz, posts, path, path_len
+        ),
         B,
         1,
     )
