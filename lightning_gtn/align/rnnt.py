@@ -234,8 +234,9 @@ def _duration_align(
         raise ValueError(f"targets must lie in [0, K={K}) (the label classes) within target_lengths")
     if used.size and np.isin(used, np.asarray(arcs[2])).any():
         raise ValueError(f"targets must not contain a blank class ({sorted(set(arcs[2]))}) within target_lengths")
-    arcs_np = tuple(np.asarray(a, dtype=np.int64) for a in arcs)
-    NT, blank_ids = arcs_np[0].shape[0], arcs_np[2]
+    tok_dur, tok_didx, blank_ids, blank_dur, blank_didx = (np.asarray(a, dtype=np.int64) for a in arcs)
+    arcs_np = (tok_dur, tok_didx, blank_ids, blank_dur, blank_didx)
+    NT = tok_dur.shape[0]
     score, _, path, arc_score, arc_post = lattice_viterbi(
         torch.from_numpy(x_np),
         y_np,
@@ -245,7 +246,7 @@ def _duration_align(
         D,
         arcs_np,
         sigma,
-        fused,  # type: ignore[arg-type]
+        fused,
     )
     Umax = U1 - 1
     frames = np.full((B, Umax), -1, dtype=np.int64)

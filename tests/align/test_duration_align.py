@@ -88,7 +88,7 @@ def _rebuild(al: DurationAlignment, b: int, T: int, U: int):
 
 def _score(arcs, path):
     table = {}
-    for t, u, tok, d in path:
+    for t, u, _, _ in path:
         table.setdefault((t, u), {(a[0], a[1]): a[2] for a in arcs(t, u)})
     return sum(table[(t, u)][(tok, d)] for t, u, tok, d in path)
 
