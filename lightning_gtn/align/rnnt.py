@@ -331,8 +331,10 @@ def tdt_forced_align(
         logit_lengths: ``(B,)`` integer frames, ``0 <= logit_lengths[b] <= T``.
         target_lengths: ``(B,)`` integer tokens, ``0 <= target_lengths[b] <= U``.
         blank: keyword-only; the blank's id among the label classes, ``[-K, K)``.
-        durations: strictly increasing integers ``>= 0`` with one ``>= 1``, as :func:`tdt_loss`.
-        sigma: subtracted from every label log-probability, as :func:`tdt_loss`.
+        durations: strictly increasing integers ``>= 0`` with one ``>= 1``, as
+            :func:`~lightning_gtn.losses.rnnt_variants.tdt_loss`.
+        sigma: subtracted from every label log-probability, as
+            :func:`~lightning_gtn.losses.rnnt_variants.tdt_loss`.
         fused_log_softmax: True: raw scores; False: both groups already are log-probabilities.
 
     Returns:
@@ -379,10 +381,11 @@ def multiblank_forced_align(
         target_lengths: ``(B,)`` integer tokens, ``0 <= target_lengths[b] <= U``.
         blank: keyword-only; the standard blank's id, ``[-V, V)``.
         big_blank_durations: strictly increasing integers ``>= 1`` (may be empty).
-        sigma: subtracted from every log-probability, as :func:`multiblank_rnnt_loss`.
+        sigma: subtracted from every log-probability, as
+            :func:`~lightning_gtn.losses.rnnt_variants.multiblank_rnnt_loss`.
         fused_log_softmax: True: raw scores; False: log-probabilities already.
         big_blank_ids: the class of each big blank; None: ``blank - 1 - i``, as
-            :func:`multiblank_rnnt_loss`.
+            :func:`~lightning_gtn.losses.rnnt_variants.multiblank_rnnt_loss`.
 
     Returns:
         RETURNS
