@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from ..core import checks
-from ..kernels.duration_lattice_numba import lattice_viterbi
-from ..kernels.rnnt_viterbi import _check, rnnt_viterbi
+from ..kernels.duration_lattice_numba import lattice_viterbi, viterbi_inputs
+from ..kernels.rnnt_viterbi import rnnt_viterbi
 from ..losses.rnnt_variants import MULTIBLANK, TDT, DurationLatticeCriterion
 from .forced import Alignment
 
@@ -222,7 +222,7 @@ def _duration_align(
     dev = logits.device
     dt = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
     x = logits.detach().to("cpu", dt)
-    x_np, y_np, tl_np, ul_np, _ = _check(
+    x_np, y_np, tl_np, ul_np, _ = viterbi_inputs(
         x.numpy(),
         _ints(targets, "targets").numpy(),
         _ints(logit_lengths, "logit_lengths").numpy(),

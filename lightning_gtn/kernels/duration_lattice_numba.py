@@ -47,9 +47,10 @@ import torch
 from numba import njit
 
 from ..wfst.parallel import get_num_threads, parallel_map
+from .rnnt_viterbi import _check
 from .transducer_lattice_numba import LOG, MAX, POST_ALL, POST_MARKED, POST_NONE, lattice_examples
 
-__all__ = ["lattice_loss", "lattice_viterbi", "Arcs"]
+__all__ = ["lattice_loss", "lattice_viterbi", "viterbi_inputs", "Arcs"]
 
 NEG_INF = -math.inf
 _NO_PATH = np.zeros((1, 1, 3), dtype=np.int64)  # the max semiring's outputs, unused by the loss
@@ -387,3 +388,10 @@ def lattice_viterbi(
     arc_post[bi, ni] = np.where(logz[bi] > NEG_INF, np.minimum(1.0, post[k, bi, t, u]), 0.0)
     score = np.where(ex[2] > 0, score, NEG_INF)
     return score, logz, out, arc_score, arc_post
+
+
+def viterbi_inputs(logits: np.ndarray, targets, logit_lengths, target_lengths, blank: int):
+    """``(x, targets, logit_lengths, target_lengths, blank)`` checked and made contiguous (int64
+    indices, padding zeroed) as :func:`~.rnnt_viterbi.rnnt_viterbi` checks them: shapes, dtypes,
+    ranges (targets in ``[0, V)``, never ``blank``), NaN/``+inf``; ValueError naming the argument."""
+    return _check(logits, targets, logit_lengths, target_lengths, blank)
