@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_gtn.align.rnnt import DurationAlignment, multiblank_forced_align, rnnt_forced_align
-from lightning_gtn.functional import tdt_forced_align
+from lightning_gtn.functional import tdt_forced_align, to_records
 
 
 def _tdt_arcs(x, y, blank, durations, sigma):
@@ -231,6 +231,8 @@ def test_float32_and_device_copy():
     torch.testing.assert_close(a.score.double(), b.score, rtol=0, atol=1e-5)
     c = a.to("cpu")
     assert isinstance(c, DurationAlignment) and torch.equal(c.blank_duration, a.blank_duration)
+    rec = to_records(a, ys)  # the writers read it as any Alignment
+    assert [t["start_frame"] for t in rec[1]["tokens"]] == a.token_start[1, :1].tolist()
 
 
 _X = torch.zeros(1, 4, 3, 7)
