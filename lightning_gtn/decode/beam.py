@@ -12,7 +12,7 @@ import numpy as np
 from ..kernels import beam_search_numba
 from ..wfst.parallel import parallel_map
 from . import times
-from .context_graph import ContextGraph
+from .context_graph import ContextGraph, token_kinds
 from .greedy import _as_emissions, _as_lengths, _check_topology
 from .lexicon import Lexicon
 
@@ -308,10 +308,40 @@ class BeamSearchDecoder:
             if not np.isfinite(tr).all():
                 raise ValueError("transitions must be finite")
             self._trans = np.ascontiguousarray(tr, dtype=np.float64)
-        self._build(C, hotwords)
-        self._set_context(context, context_score, context_cap)
+        self._build(C)
+        self._set_context(context, context_score, context_cap, self._hotword_phrases(hotwords))
 
-    def _set_context(self, context, score, cap) -> None:
+    def _hotword_phrases(self, hotwords) -> tuple[list[list[int]], list[float]]:
+        """``hotwords`` as context phrases of token ids with their totals: each spelling of each
+        word (the lexicon's, or lexicon-free its one-character tokens) between two boundaries,
+        worth the word's bonus once complete (see :class:`ContextGraph`'s ``totals``)."""
+        if not hotwords:
+            return [], []
+        if not isinstance(hotwords, Mapping):
+            raise ValueError(f"hotwords must be a dict word -> bonus, got {type(hotwords).__name__}")
+        C, lex = len(self.tokens), self.lexicon
+        if lex is None:
+            single = {
+                t: i for i, t in enumerate(self.tokens) if len(t) == 1 and i not in (self.blank, self.repeat, self.sep)
+            }
+            for w in hotwords:
+                if not isinstance(w, str) or not w or self.word_separator in w:
+                    raise ValueError(f"hotwords: {w!r} must be a non-empty word without the separator")
+            lex = Lexicon.from_words(list(hotwords), single)  # raises for a word of other characters
+        spell = lex.spellings()
+        phrases: list[list[int]] = []
+        totals: list[float] = []
+        for w, bonus in hotwords.items():
+            if w not in spell:
+                raise ValueError(f"hotwords: {w!r} is not in the lexicon")
+            if isinstance(bonus, bool) or not isinstance(bonus, numbers.Real) or not math.isfinite(bonus):
+                raise ValueError(f"hotwords[{w!r}] must be a finite number, got {bonus!r}")
+            for sp in spell[w]:
+                phrases.append([C, *sp, C])
+                totals.append(float(bonus))
+        return phrases, totals
+
+    def _set_context(self, context, score, cap, hot: tuple[list[list[int]], list[float]]) -> None:
         C = len(self.tokens)
         if context is not None and not isinstance(context, ContextGraph):
             skip = [v for v in (self.blank, self.repeat) if v >= 0]
@@ -326,12 +356,23 @@ class BeamSearchDecoder:
             )
         if context is not None and context.num_tokens != C:
             raise ValueError(f"context: the graph is over {context.num_tokens} tokens, the decoder has C={C}")
+        if hot[0]:  # hotwords join the context phrases in one graph
+            phrases = list(context.phrases) if context is not None else []
+            totals = list(context.totals) if context is not None else []
+            context = ContextGraph(
+                phrases + hot[0],
+                C,
+                score=context.score if context is not None else 0.0,
+                cap=context.cap if context is not None else None,
+                token_kind=token_kinds(self.tokens, self.word_separator),
+                totals=totals + hot[1],
+            )
         self.context = context
         if context is None or context.empty:
             context = ContextGraph([], C)
         self._ctx = context.kernel_arrays()
 
-    def _build(self, C: int, hotwords) -> None:
+    def _build(self, C: int) -> None:
         lex = self.lexicon
         if lex is not None:
             if lex.max_token >= C:
@@ -352,30 +393,6 @@ class BeamSearchDecoder:
             self._per_hyp = 3 + C
             W = 0
         extra = np.full(W, self.word_score, dtype=np.float64)
-        if lex is None and hotwords:
-            # lexicon-free: a trie of the hotwords' letter spellings, walked beside the text
-            single = {
-                t: i for i, t in enumerate(self.tokens) if len(t) == 1 and i not in (self.blank, self.repeat, self.sep)
-            }
-            if not isinstance(hotwords, Mapping):
-                raise ValueError(f"hotwords must be a dict word -> bonus, got {type(hotwords).__name__}")
-            for w in hotwords:
-                if not isinstance(w, str) or not w or self.word_separator in w:
-                    raise ValueError(f"hotwords: {w!r} must be a non-empty word without the separator")
-            hot = Lexicon.from_words(list(hotwords), single)
-            self._trie = (hot.child_offsets, hot.child_token, hot.child_node, hot.word_offsets, hot.node_word)
-            extra = np.zeros(len(hot.words), dtype=np.float64)
-            for w, bonus in hotwords.items():
-                if not isinstance(bonus, (int, float)) or not math.isfinite(bonus):
-                    raise ValueError(f"hotwords[{w!r}] must be a finite number, got {bonus!r}")
-                extra[hot.word_id(w)] = float(bonus)
-            hotwords = None
-        for w, bonus in (hotwords or {}).items():
-            if lex is None or w not in lex:
-                raise ValueError(f"hotwords: {w!r} is not in the lexicon")
-            if not isinstance(bonus, (int, float)) or not math.isfinite(bonus):
-                raise ValueError(f"hotwords[{w!r}] must be a finite number, got {bonus!r}")
-            extra[lex.word_id(w)] += float(bonus)
         word_lm = np.zeros(W, dtype=np.int32)
         tok_lm = np.zeros(C, dtype=np.int32)
         if self.lm is not None:

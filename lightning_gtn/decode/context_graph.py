@@ -134,6 +134,11 @@ class ContextGraph:
             (:meth:`token_row`): 0 a plain token, 1 a separator (closes an open word), 2 a
             word-starting piece (closes an open word, then is read); None: all plain.
             :meth:`from_phrases` sets it from the token texts.
+        totals: None, or one entry per phrase: None (the phrase earns by ``score`` and ``cap``)
+            or a finite number ``b`` (of any sign): the phrase's own worth, ``b x k / L`` after
+            ``k`` of its ``L`` tokens and exactly ``b`` when complete (no cap). A state on several
+            phrases is worth the largest of their worths there. This is how the decoders'
+            ``hotwords`` (word -> bonus) enter the graph.
 
     Raises:
         ValueError: one line naming the argument (an empty phrase, a symbol out of range, too many
@@ -155,6 +160,7 @@ class ContextGraph:
         score: float = 0.5,
         cap: Optional[float] = None,
         token_kind=None,
+        totals: Optional[Sequence[Optional[float]]] = None,
     ) -> None:
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 1:
             raise ValueError(f"num_tokens must be a positive integer, got {num_tokens!r}")
@@ -169,8 +175,12 @@ class ContextGraph:
         if isinstance(phrases, (str, bytes)) or not isinstance(phrases, Iterable):
             raise ValueError("context_phrases must be a list of phrases (lists of token ids)")
         seqs: list[tuple[int, ...]] = []
-        seen: set[tuple[int, ...]] = set()
+        vals: list[Optional[float]] = []
+        seen: set[tuple[tuple[int, ...], Optional[float]]] = set()
         total = 0
+        phrases = list(phrases) if totals is not None else phrases
+        if totals is not None and (isinstance(totals, (str, bytes)) or len(totals) != len(phrases)):  # type: ignore[arg-type]
+            raise ValueError("totals must have one entry (None or a number) per phrase")
         for i, p in enumerate(phrases):
             if i >= MAX_CONTEXT_PHRASES:
                 raise ValueError(f"context_phrases: more than {MAX_CONTEXT_PHRASES} phrases")
@@ -189,10 +199,17 @@ class ContextGraph:
             total += len(t)
             if total >= MAX_CONTEXT_STATES:
                 raise ValueError(f"context_phrases: more than {MAX_CONTEXT_STATES} states (symbols of all phrases)")
-            if t not in seen:
-                seen.add(t)
+            v = None if totals is None else totals[i]
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+                    raise ValueError(f"totals[{i}] must be None or a finite number, got {v!r}")
+                v = float(v)
+            if (t, v) not in seen:
+                seen.add((t, v))
                 seqs.append(t)
+                vals.append(v)
         self.phrases = seqs
+        self.totals = vals
         kind = np.zeros(C, dtype=np.int8) if token_kind is None else np.asarray(token_kind)
         if kind.shape != (C,) or kind.dtype.kind not in "iu" or (kind.size and (kind.min() < 0 or kind.max() > 2)):
             raise ValueError(f"token_kind must be ({C},) integers in {{0, 1, 2}}, got {kind.dtype} {kind.shape}")
@@ -205,28 +222,36 @@ class ContextGraph:
     def _build(self) -> None:
         C = self.boundary
         children: list[dict[int, int]] = [{}]
-        ntok = [0]
-        end = [False]
-        for p in self.phrases:
+        worth = [0.0]  # the largest worth of a phrase through the state
+        endv: list[Optional[float]] = [None]  # the largest worth of a phrase ending there
+        for p, v in zip(self.phrases, self.totals):
             n = 0
+            L = sum(a != C for a in p)
+            k = 0
             for a in p:
+                k += a != C
+                x = min(self.score * k, self.cap) if v is None else v if k == L else v * k / L
                 nxt = children[n].get(a)
                 if nxt is None:
                     nxt = len(children)
                     children[n][a] = nxt
                     children.append({})
-                    ntok.append(ntok[n] + (a != C))
-                    end.append(False)
+                    worth.append(x)
+                    endv.append(None)
+                else:
+                    worth[nxt] = max(worth[nxt], x)
                 n = nxt
-            end[n] = True
+            e = endv[n]
+            endv[n] = x if e is None else max(e, x)
         N = len(children)
-        acc = np.minimum(self.score * np.asarray(ntok, dtype=np.float64), self.cap)
+        acc = np.asarray(worth, dtype=np.float64)
         floor = np.zeros(N, dtype=np.float64)
         fail = np.zeros(N, dtype=np.int32)
         order = [0]  # breadth first: a failure link points at a shallower state
         for n in order:
-            if end[n]:
-                floor[n] = acc[n]
+            e = endv[n]
+            if e is not None:
+                floor[n] = e
             for a, m in children[n].items():
                 if n:
                     f = int(fail[n])
@@ -279,7 +304,7 @@ class ContextGraph:
     @property
     def empty(self) -> bool:
         """True when the graph can give no bonus (no phrase, or ``score`` 0)."""
-        return not self.phrases or self.score == 0.0
+        return not self.phrases or (self.score == 0.0 and all(not v for v in self.totals))
 
     def __len__(self) -> int:
         return len(self.phrases)
@@ -462,11 +487,17 @@ class ContextGraph:
                 out.append(p)
             if len(out) > MAX_CONTEXT_PHRASES:
                 raise ValueError(f"context_phrases: more than {MAX_CONTEXT_PHRASES} phrases")
-        kind = np.zeros(C, dtype=np.int8)
-        for j, t in enumerate(tokens):
-            if isinstance(t, str) and t:
-                kind[j] = 1 if t == word_separator else 2 if t.startswith(word_separator) else 0
-        return cls(out, C, score=score, cap=cap, token_kind=kind)
+        return cls(out, C, score=score, cap=cap, token_kind=token_kinds(tokens, word_separator))
+
+
+def token_kinds(tokens: Sequence[Optional[str]], word_separator: str) -> np.ndarray:
+    """:class:`ContextGraph`'s ``token_kind`` from the token texts: 1 the separator, 2 a token
+    starting with it (a word-starting piece), 0 any other."""
+    kind = np.zeros(len(tokens), dtype=np.int8)
+    for j, t in enumerate(tokens):
+        if isinstance(t, str) and t:
+            kind[j] = 1 if t == word_separator else 2 if t.startswith(word_separator) else 0
+    return kind
 
 
 class _Speller:

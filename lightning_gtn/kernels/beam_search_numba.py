@@ -1,7 +1,7 @@
 """Numba kernels of the beam search over T o L o G, composed on the fly (one utterance per call).
 
 A hypothesis is ``(word-history hash, trie node, LM state, last frame token, open-word flag)`` with
-its acoustic score, its raw LM log-probability, its extra score (word scores, hotword bonuses, unk
+its acoustic score, its raw LM log-probability, its extra score (word scores, context-graph bonuses, unk
 penalties) and a pointer into a table of token records (parent record, token, frame, word), from
 which the host reads tokens, frames and words back. Each frame expands every hypothesis by blank,
 repeat and new tokens (in lexicon mode only the trie children of its node), merges candidates with
@@ -57,35 +57,6 @@ def lm_score(state, w, st_off, arc_word, arc_logp, arc_next, bo_logp, bo_state):
         s = bo_state[s]
         steps += 1
     return NEG_INF, -1
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _child(ch_off, ch_tok, ch_node, node, tok):
-    """The trie child of ``node`` by ``tok``, or -1 (also for ``node`` -1)."""
-    if node < 0:
-        return -1
-    lo = ch_off[node]
-    end = ch_off[node + 1]
-    hi = end
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ch_tok[mid] < tok:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < end and ch_tok[lo] == tok:
-        return ch_node[lo]
-    return -1
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _bonus(wd_off, wd_id, word_extra, node):
-    """Sum of ``word_extra`` of the words ending at ``node`` (0 for ``node`` -1)."""
-    b = 0.0
-    if node >= 0:
-        for q in range(wd_off[node], wd_off[node + 1]):
-            b += word_extra[wd_id[q]]
-    return b
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -442,8 +413,7 @@ def beam_kernel(
                             continue
                         h2 = _mix(hist, BOUNDARY)
                         inw2 = 0
-                        ext2 = ext + _bonus(wd_off, wd_id, word_extra, node)  # hotwords (lexicon-free)
-                        node2 = 0
+                        ext2 = ext
                         cst2 = cst
                         if has_ctx:
                             if dense:  # one lookup (a call here would pass every array's fields)
@@ -458,11 +428,9 @@ def beam_kernel(
                         h2 = hist
                         ext2 = ext
                         open_word = inw
-                        cur = node
                         cst2 = cst
                         if tok_starts[eff] and open_word != 0:
                             h2 = _mix(h2, BOUNDARY)
-                            ext2 += _bonus(wd_off, wd_id, word_extra, cur)
                             open_word = 0
                             if has_ctx:
                                 if dense:  # one lookup (a call here would pass every array's fields)
@@ -482,8 +450,6 @@ def beam_kernel(
                             ext2 += rw
                         if open_word == 0:
                             ext2 += word_score
-                            cur = 0
-                        node2 = _child(ch_off, ch_tok, ch_node, cur, eff)  # in the hotword trie
                         h2 = _mix(h2, eff)
                         inw2 = 1
                     lm2 = lmst
@@ -499,7 +465,7 @@ def beam_kernel(
                         cf,
                         n,
                         h,
-                        node2,
+                        0,
                         lm2,
                         c,
                         inw2,
@@ -707,7 +673,7 @@ def beam_kernel(
         cst = hi[h, 5]
         if lexfree and hi[h, 3] != 0:
             hist = _mix(hist, BOUNDARY)
-            b = _bonus(wd_off, wd_id, word_extra, hi[h, 0])
+            b = 0.0
             if has_ctx:
                 if dense:  # one lookup (a call here would pass every array's fields)
                     rw = cx_bonus[cst, cx_bound]
