@@ -168,9 +168,16 @@ class BeamSearchDecoder:
         token_min_logp: tokens of a frame below this log-probability are not expanded, except the
             frame's best (pyctcdecode's ``token_min_logp``); None: no such limit.
         nbest: hypotheses returned per utterance.
-        hotwords: word -> bonus added each time the word is emitted (lexicon mode: the words must
-            be in the lexicon; lexicon-free: spelled with the one-character tokens, the bonus is
-            added when the word is closed by a separator or the end).
+        hotwords: word -> bonus (any sign) added each time the word is emitted (lexicon mode:
+            the words must be in the lexicon; lexicon-free: spelled with the one-character
+            tokens, the word closed by a separator, a word-starting token or the end). They are
+            phrases of the context graph (each spelling between two word boundaries) worth
+            ``bonus x k / L`` after ``k`` of the word's ``L`` tokens and exactly ``bonus`` once it
+            is complete, so a returned score carries the bonus once per emitted word, while a
+            partial match earns its share during the search and gives it back if the word is
+            not completed (this changes which hypotheses survive pruning, not returned scores).
+            Lexicon words spelled alike share the bonus. With ``context`` too, both are one graph
+            (a state on several phrases is worth the largest of their worths there).
         word_separator: the string that separates words (lexicon-free text, silence token).
         lexicon_free: decode without a lexicon (required when ``lm`` is given without one).
         transitions: ASG only: the ``(C + 1, C)`` transition scores of the ASG loss

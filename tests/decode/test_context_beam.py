@@ -104,3 +104,48 @@ def test_sparse_graph_searches_as_the_dense_one(monkeypatch):
     assert dec.context.dense is None
     sparse = dec.decode(x)
     assert [[(h.tokens, h.score) for h in u] for u in sparse] == [[(h.tokens, h.score) for h in u] for u in dense]
+
+
+def _by_words(hyps):
+    return {tuple(h.words): h for h in hyps}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("mode", ["lexicon", "lexicon_free"])
+def test_hotword_adds_exactly_its_bonus_per_word(seed, mode):
+    """A hotword (now context phrases with a total) adds its bonus once per emitted word to the
+    final score, as the separate hotword code did: same hypotheses, same acoustic scores."""
+    rng = np.random.default_rng(40 + seed)
+    x = rng.normal(size=(1, 9, len(TOKENS))).astype(np.float32) * 2
+    x -= np.logaddexp.reduce(x, axis=-1, keepdims=True)
+    lex = {"ab": [[1, 2]], "ba": [[2, 1], [2, 2, 1]], "c": [[3]], "abc": [[1, 2, 3]], "b": [[2]], "a": [[1]]}
+    kw = dict(lexicon=lex) if mode == "lexicon" else dict(lexicon_free=True)
+    hot = {"ab": 1.25, "c": -0.75, "abc": 0.4, "a": 0.3, "b": 0.2}
+    wide = dict(beam_size=100000, beam_threshold=float("inf"), nbest=40)
+    plain = _by_words(BeamSearchDecoder(TOKENS, blank=0, **kw, **wide).decode(x)[0])
+    got = BeamSearchDecoder(TOKENS, blank=0, hotwords=hot, **kw, **wide).decode(x)[0]
+    common = [h for h in got if tuple(h.words) in plain]
+    assert len(common) >= 10
+    assert any(w in hot for h in common for w in h.words)
+    for h in common:
+        p = plain[tuple(h.words)]
+        assert h.am_score == pytest.approx(p.am_score, abs=1e-9)
+        assert h.score - p.score == pytest.approx(sum(hot.get(w, 0.0) for w in h.words), abs=1e-9)
+
+
+def test_hotwords_and_context_share_one_graph():
+    """Both given: one graph; a hypothesis' bonus is its hotwords' bonuses plus the phrases' bonus."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(1, 10, len(TOKENS))).astype(np.float32) * 2
+    x -= np.logaddexp.reduce(x, axis=-1, keepdims=True)
+    hot = {"ab": 0.9, "ca": -0.5}
+    phrases = ["b a", "cab"]
+    dec = _decoder(hotwords=hot, context=phrases, context_score=0.6, nbest=8)
+    assert dec.context is not None and len(dec.context) == len(phrases) + len(hot)
+    g = ContextGraph.from_phrases(phrases, TOKENS, score=0.6, skip=[0])
+    seen_hot = False
+    for h in dec.decode(x)[0]:
+        want = sum(hot.get(w, 0.0) for w in h.words) + g.total(_symbols(g, h.text))
+        seen_hot |= any(w in hot for w in h.words)
+        assert h.score - h.am_score == pytest.approx(want, abs=1e-9)
+    assert seen_hot

@@ -161,3 +161,23 @@ def test_token_codes_are_the_token_tables():
     for s in range(g.num_states):
         for o in (0, 1):
             assert (cn[2 * s + o] == 2 * tn[o, s] + to[o, s]).all() and (cb[2 * s + o] == tb[o, s]).all()
+
+
+def test_phrase_totals_earn_in_proportion_and_keep_exactly_their_total():
+    C = 4
+    B = C
+    g = ContextGraph([[B, 1, 2, B], [B, 1, 2, 3, B], [1, 1]], C, score=0.5, cap=0.8, totals=[1.3, -0.6, None])
+    assert g.total([B, 1, 2, B]) == pytest.approx(1.3, abs=1e-12)  # complete: its total (to rounding)
+    assert g.total([B, 1, 2, 3, B]) == pytest.approx(-0.6, abs=1e-12)
+    assert g.total([B, 1, 2]) == pytest.approx(0.0, abs=1e-12)  # partial: given back
+    assert g.total([B, 1, 2, 3]) == pytest.approx(0.0, abs=1e-12)
+    assert g.total([B, 1, 2, B, 1, 2, B]) == pytest.approx(2.6)  # once per occurrence
+    assert g.total([1, 1]) == pytest.approx(0.8)  # the score/cap phrase is unchanged
+    s, r = g.step(g.start, 1)  # on both word phrases: the larger worth, 1.3 x 1/2 (not -0.6 x 1/3)
+    assert r == pytest.approx(0.65)
+    with pytest.raises(ValueError, match="totals"):
+        ContextGraph([[1]], C, totals=[1.0, 2.0])
+    with pytest.raises(ValueError, match=r"totals\[0\]"):
+        ContextGraph([[1]], C, totals=[float("nan")])
+    assert ContextGraph([[1]], C, score=0.0, totals=[0.0]).empty
+    assert not ContextGraph([[1]], C, score=0.0, totals=[-1.0]).empty
