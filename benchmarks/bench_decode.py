@@ -120,7 +120,7 @@ def main(argv=None) -> str:
         LETTERS, blank=0, lexicon=lex, lm=lm, lm_weight=0.5, word_score=0.5, beam_size=beam, beam_threshold=25.0
     )
     add(f"beam {beam} + lexicon ({len(vocab)} words) + {lm_name}", lambda: full.decode(x), words, 1)
-    hot = {w: 2.0 for w in vocab[:30]}  # 30 hotwords worth 2.0 each (through the context graph)
+    hot = {w: 0.5 for w in vocab[:30]}  # 30 hotwords worth 0.5 each (through the context graph)
     free_hot = BeamSearchDecoder(LETTERS, blank=0, beam_size=beam, beam_threshold=10.0, hotwords=hot)
     add(f"beam {beam}, no LM, all tokens, {len(hot)} hotwords", lambda: free_hot.decode(x), words, 1)
     full_hot = BeamSearchDecoder(
