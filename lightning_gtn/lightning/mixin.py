@@ -437,6 +437,11 @@ class StructuredLossMixin:
 
     def _check_emission_network(self) -> None:
         net = getattr(self, "net", None)
+        if net is not None and offers_network(net) and self.reads_network:
+            raise ValueError(
+                f"model.emissions: the loss {type(self.structured_loss).__qualname__} reads the transducer "
+                "network's encoder frames, not emissions: call model.outputs (or model.encode) instead"
+            )
         if net is not None and offers_network(net):
             raise ValueError(
                 f"model: {type(net).__qualname__} is a transducer network, which the RNN-T losses train "

@@ -186,3 +186,26 @@ def test_transducer_network_with_another_loss_is_named_in_library_words():
     # the packaged network losses, read from the configs (a new one joins the list by itself)
     assert {"rnnt", "pruned_rnnt", "tdt", "multiblank"} <= set(names) and "ctc" not in names
     assert names == sorted(names)
+
+
+def test_emissions_of_a_transducer_loss_points_to_outputs():
+    class Net(torch.nn.Module):
+        def encode(self, x, n): ...
+        def predict(self, t, s=None): ...
+        def select_state(self, s, i): ...
+        def join(self, e, p): ...
+
+    class RNNTModule(StructuredLossMixin, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.configure_structured_loss(lnn.RNNTLoss(blank=0), CHARS)
+            self.net = Net()
+
+        def loss_network(self):
+            return self.net
+
+    m = RNNTModule()
+    assert m.reads_network
+    msg = r"the loss RNNTLoss reads the transducer network's encoder frames.*model\.outputs"
+    with pytest.raises(ValueError, match=msg):
+        m.emissions(torch.zeros(1, 4, 8), torch.tensor([4]))
