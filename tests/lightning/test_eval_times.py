@@ -5,9 +5,11 @@ rnnt_beam) checkpoints."""
 import json
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 from lightning_gtn import trust
-from lightning_gtn.evaluate import ConfigError, evaluate
+from lightning_gtn.evaluate import ConfigError, build_datamodule, decode_samples, evaluate, load_model
 from lightning_gtn.lightning import SequenceModule
 from tests._checkpoints import save_module_checkpoint
 from tests.lightning.test_checkpoint_trust import CHARS, write_checkpoint
@@ -38,6 +40,7 @@ def _words_of_ctm(text):
     [("ctc", []), ("ctc", ["decoder=beam", "decoder.beam_size=4"]), ("rnnt", []), ("rnnt", ["decoder=rnnt_beam"])],
 )
 def test_eval_writes_one_row_per_word_inside_the_utterance(tmp_path, kind, decoder):
+    torch.manual_seed(2 if kind == "ctc" else 0)  # untrained networks whose outputs have words (rnnt: ~25)
     ckpt = write_checkpoint(tmp_path / "m.ckpt") if kind == "ctc" else _transducer_checkpoint(tmp_path / "m.ckpt")
     ctm, js = tmp_path / "out.ctm", tmp_path / "out.json"
     over = [f"output_ctm={ctm}", f"output_json={js}", "frame_shift=0.04", *decoder]
@@ -59,6 +62,13 @@ def test_eval_writes_one_row_per_word_inside_the_utterance(tmp_path, kind, decod
         assert [w["text"] for w in r["words"]] == joined.split()
         for t in r["tokens"]:
             assert 0 <= t["start_frame"] < t["end_frame"] <= r["num_frames"]
+    # the words are those of the strings the metrics score (the same decoder, as model.decode)
+    model = load_model(ckpt, **({"decoder": OmegaConf.to_container(cfg.decoder)} if decoder else {}))
+    dm = build_datamodule(cfg.data, model)
+    dm.setup("validate")
+    texts = [hyp for _, hyp in decode_samples(model, dm.val_dataloader(), 3)]
+    assert [[w["text"] for w in r["words"]] for r in records] == [t.split() for t in texts]
+    assert [r["reference"] for r in records] == [ref for ref, _ in decode_samples(model, dm.val_dataloader(), 3)]
     by_utt = {r["utterance"]: r for r in records}
     for (utt, ch, start, dur, text, conf), w in zip(rows, words):
         n = by_utt[utt]["num_frames"]
