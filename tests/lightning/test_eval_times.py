@@ -6,11 +6,12 @@ import json
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from lightning_gtn import trust
-from lightning_gtn.evaluate import ConfigError, build_datamodule, decode_samples, evaluate, load_model
+from lightning_gtn.evaluate import ConfigError, _set_decoder, build_datamodule, decode_samples, evaluate, load_model
 from lightning_gtn.lightning import SequenceModule
+from lightning_gtn.lightning.decoding import lexicon_to_data, lm_to_data
+from lightning_gtn.lm import estimate
 from tests._checkpoints import save_module_checkpoint
 from tests.lightning.test_checkpoint_trust import CHARS, write_checkpoint
 from tests.test_train_cli import _compose
@@ -20,6 +21,8 @@ TRANSDUCER = {
     "_target_": "lightning_gtn.lightning.TransducerModel",
     **dict(conv_channels=8, hidden_size=8, predictor_dim=8, joiner_dim=12, stride=2),
 }
+LEX = lexicon_to_data({w: [list(w)] for w in ("1", "2", "12", "34", "5", "6", "7", "8", "9", "0")})
+LM = lm_to_data(estimate([["12", "34"], ["34", "5"], ["6", "7", "8", "9", "0", "1", "2"]], order=2))
 
 
 def _transducer_checkpoint(path):
@@ -37,11 +40,22 @@ def _words_of_ctm(text):
 
 @pytest.mark.parametrize(
     "kind, decoder",
-    [("ctc", []), ("ctc", ["decoder=beam", "decoder.beam_size=4"]), ("rnnt", []), ("rnnt", ["decoder=rnnt_beam"])],
+    [
+        ("ctc", []),
+        ("ctc", ["decoder=beam", "decoder.beam_size=4"]),
+        ("lexicon", ["decoder=beam_lm", "decoder.beam_size=4", "decoder.word_score=2.0"]),
+        ("rnnt", []),
+        ("rnnt", ["decoder=rnnt_beam"]),
+    ],
 )
 def test_eval_writes_one_row_per_word_inside_the_utterance(tmp_path, kind, decoder):
     torch.manual_seed(2 if kind == "ctc" else 0)  # untrained networks whose outputs have words (rnnt: ~25)
-    ckpt = write_checkpoint(tmp_path / "m.ckpt") if kind == "ctc" else _transducer_checkpoint(tmp_path / "m.ckpt")
+    if kind == "rnnt":
+        ckpt = _transducer_checkpoint(tmp_path / "m.ckpt")
+    elif kind == "lexicon":  # the checkpoint carries the lexicon and LM of its training
+        ckpt = write_checkpoint(tmp_path / "m.ckpt", decoder={"name": "beam_lm", "lexicon": LEX, "lm": LM})
+    else:
+        ckpt = write_checkpoint(tmp_path / "m.ckpt")
     ctm, js = tmp_path / "out.ctm", tmp_path / "out.json"
     over = [f"output_ctm={ctm}", f"output_json={js}", "frame_shift=0.04", *decoder]
     cfg = _compose([f"ckpt_path={ckpt}", *EVAL, *over], tmp_path / "e", config_name="eval")
@@ -58,12 +72,14 @@ def test_eval_writes_one_row_per_word_inside_the_utterance(tmp_path, kind, decod
             assert 0 <= w["start"] < w["end"] <= r["num_frames"], w
             assert 0.0 <= w["confidence"] <= 1.0 + 1e-9
             assert w["text"] and " " not in w["text"] and w["text"] in joined
-        # the words are the decoded text split at its spaces
-        assert [w["text"] for w in r["words"]] == joined.split()
+        # the words are the decoded text split at its spaces (a lexicon's words need none)
+        assert kind == "lexicon" or [w["text"] for w in r["words"]] == joined.split()
         for t in r["tokens"]:
             assert 0 <= t["start_frame"] < t["end_frame"] <= r["num_frames"]
     # the words are those of the strings the metrics score (the same decoder, as model.decode)
-    model = load_model(ckpt, **({"decoder": OmegaConf.to_container(cfg.decoder)} if decoder else {}))
+    model = load_model(ckpt, **({"decoder": None} if decoder else {}))
+    if decoder:  # as the eval sets the command line's (a `train` lexicon / LM: the checkpoint's)
+        _set_decoder(cfg, model, None)
     dm = build_datamodule(cfg.data, model)
     dm.setup("validate")
     texts = [hyp for _, hyp in decode_samples(model, dm.val_dataloader(), 3)]
