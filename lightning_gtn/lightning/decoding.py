@@ -603,7 +603,12 @@ class NetworkDecoder:
                 word_separator_id=word_separator_id,
                 context=self.context,
             )
-            return [h[0] for h in nbest]
+            from lightning_gtn.decode.transducer_beam import TransducerHypothesis
+
+            n = lengths.tolist()  # a beam that died out: no tokens, score -inf (the writers give no words)
+            return [
+                h[0] if h else TransducerHypothesis([], -math.inf, num_frames=int(n[b])) for b, h in enumerate(nbest)
+            ]
         from lightning_gtn.decode.timed import greedy_search_hypotheses
 
         return greedy_search_hypotheses(
@@ -624,33 +629,7 @@ class NetworkDecoder:
         :meth:`~lightning_gtn.nn.StructuredLoss.decoding`, the greedy search's options (how the
         joiner's extra outputs advance frames); ``num_classes`` is ``V``, the vocabulary's classes
         (the joiner's outputs before the extra ones)."""
-        blank = int(loss.blank)
-        lengths = encoder_lengths.to(encoder_out.device)
-        if self.name == "rnnt_beam":
-            from lightning_gtn.decode.transducer_beam import modified_beam_search
-
-            return modified_beam_search(
-                network,
-                encoder_out,
-                lengths,
-                blank=blank,
-                beam=self.beam_size,
-                lm=self.lm,
-                lm_weight=self.lm_weight,
-                max_symbols_per_frame=self.max_symbols_per_frame,
-                context=self.context,
-            )
-        from lightning_gtn.decode.transducer import greedy_search
-
-        return greedy_search(
-            network,
-            encoder_out,
-            lengths,
-            blank=blank,
-            max_symbols_per_frame=self.max_symbols_per_frame,
-            num_classes=int(num_classes),
-            **loss.decoding(int(num_classes)).options,
-        )
+        return [list(h.tokens) for h in self.hypotheses(network, encoder_out, encoder_lengths, loss, num_classes)]
 
 
 #: the LM word of a space in the character LMs of ``rnnt_beam`` (as ``lightning-gtn-lm --chars``)
