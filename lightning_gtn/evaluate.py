@@ -10,6 +10,11 @@ The last line printed is one JSON object: ``{"val/cer": ..., "val/wer": ..., "va
 (``test/...`` with ``split=test``); a non-finite metric is written as ``NaN``/``Infinity`` and makes
 the exit status 1.
 
+``output_ctm=PATH`` / ``output_json=PATH`` write every utterance of the split decoded with token
+and word times and confidences (:func:`lightning_gtn.align.forced.to_ctm` / ``to_json``; times are
+``frame_shift`` seconds per decoded frame), by whichever decoder is configured; only that file is
+written, and a path that is a folder, or in no existing folder, is refused before anything runs.
+
 The checkpoint defines the model: its network, loss and vocabulary are used, and command-line
 overrides of ``model``, ``loss`` or ``optim`` are refused (an error says so) rather than silently
 ignored. The checkpoint is data: its configs may only name registered types of
@@ -47,6 +52,7 @@ __all__ = [
     "read_checkpoint",
     "build_datamodule",
     "decode_samples",
+    "write_timed",
     "check_overrides",
     "MODEL_GROUPS",
 ]
@@ -85,6 +91,75 @@ def decode_samples(model, dataloader, num: int) -> list[tuple[str, str]]:
             if len(out) >= num:
                 break
     return out[:num]
+
+
+#: the eval config keys naming the files of timed hypotheses, and their writer's format
+TIMED_OUTPUTS = ("output_ctm", "output_json")
+
+
+def _output_path(cfg: DictConfig, key: str) -> Path | None:
+    """The file ``cfg.<key>`` names (the user's, from the command line or the eval config), or
+    None; refused when it is a folder or its folder does not exist."""
+    v = cfg.get(key)
+    if v is None or v == "":
+        return None
+    if not isinstance(v, str):
+        raise ConfigError(f"{key}: expected a file path, got {v!r}")
+    path = Path(v).expanduser()
+    if path.is_dir() or v.endswith(("/", "\\")):
+        raise ConfigError(f"{key}: {path} is a folder; name the file to write")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{key}: {path.parent} is not an existing folder (it is not created)")
+    return path
+
+
+def _frame_shift(cfg: DictConfig) -> float:
+    fs = cfg.get("frame_shift", 0.01)
+    if isinstance(fs, bool) or not isinstance(fs, (int, float)) or not (math.isfinite(fs) and fs > 0):
+        raise ConfigError(f"frame_shift: expected a positive number of seconds per decoded frame, got {fs!r}")
+    return float(fs)
+
+
+def write_timed(model, dataloader, *, ctm: Path | None = None, json_path: Path | None = None, **kwargs) -> int:
+    """Decodes every example of ``dataloader`` with ``model``'s decoder as timed hypotheses
+    (:meth:`~lightning_gtn.lightning.mixin.StructuredLossMixin.decode_hypotheses`) and writes them
+    to ``ctm`` (one line per word) and ``json_path`` (one record per utterance, its reference
+    text under ``"reference"``); returns the number of utterances.
+
+    Args:
+        kwargs: ``frame_shift`` and ``prefix`` (utterance ids ``<prefix><index>`` when a batch
+            has no ``"ids"``).
+    """
+    import torch
+
+    from lightning_gtn.align.forced import to_ctm, to_records
+
+    fs, prefix = float(kwargs.get("frame_shift", 0.01)), str(kwargs.get("prefix", "utt"))
+    lines: list[str] = []
+    records: list[dict] = []
+    n = 0
+    model.eval()
+    with torch.no_grad():
+        for batch in dataloader:
+            inputs = batch["inputs"].to(model.device)
+            lengths = batch["input_lengths"].to(model.device)
+            outputs, out_lengths = model.outputs(inputs, lengths)
+            hyps, texts = model.decode_hypotheses(outputs, out_lengths)
+            ids = batch.get("ids") or [f"{prefix}{n + i}" for i in range(len(hyps))]
+            args = dict(frame_shift=fs, tokens=texts, utterance_ids=[str(u) for u in ids])
+            if ctm is not None:
+                lines.append(to_ctm(hyps, **args))
+            if json_path is not None:
+                recs = to_records(hyps, **args)
+                for r, ref in zip(recs, batch["texts"]):
+                    r["reference"] = ref
+                records += recs
+            n += len(hyps)
+    if ctm is not None:
+        ctm.write_text("".join(lines), encoding="utf-8")
+    if json_path is not None:
+        json_path.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    return n
 
 
 def read_checkpoint(ckpt_path) -> dict:
@@ -271,6 +346,10 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
         )
     if cfg.split not in ("val", "test"):
         raise ConfigError(f"split: must be 'val' or 'test', got {cfg.split!r}")
+    outs = {key: _output_path(cfg, key) for key in TIMED_OUTPUTS}
+    if outs["output_ctm"] is not None and outs["output_ctm"] == outs["output_json"]:
+        raise ConfigError(f"output_json: the same file as output_ctm ({outs['output_ctm']})")
+    frame_shift = _frame_shift(cfg)
     own_decoder = any(str(o).lstrip("~+").startswith("decoder") for o in overrides or ())
     # with a decoder on the command line the checkpoint's is not built (an older checkpoint's may
     # name files, which are not read)
@@ -284,7 +363,22 @@ def evaluate(cfg: DictConfig, overrides=None) -> dict:
     run = trainer.validate if cfg.split == "val" else trainer.test
     results = run(model, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in sorted(results[0].items())}
-    if rank_zero_only.rank == 0 and cfg.num_samples > 0:  # type: ignore[attr-defined]  # rank: set by Lightning
+    rank0 = rank_zero_only.rank == 0  # type: ignore[attr-defined]  # rank: set by Lightning
+    if rank0 and any(p is not None for p in outs.values()):
+        datamodule.setup("validate" if cfg.split == "val" else "test")
+        loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
+        try:
+            write_timed(
+                model,
+                loader,
+                ctm=outs["output_ctm"],
+                json_path=outs["output_json"],
+                frame_shift=frame_shift,
+                prefix=f"{cfg.split}",
+            )
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"output_ctm/output_json: {e}") from None
+    if rank0 and cfg.num_samples > 0:
         datamodule.setup("validate" if cfg.split == "val" else "test")
         loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
         print(f"decoded {cfg.split} samples (reference -> hypothesis):")
@@ -334,6 +428,9 @@ usage: lightning-gtn-eval ckpt_path=<file> [key=value ...]
                           data.<key>=<value> sets one of its keys
   trainer=<name>          where to run ({options("trainer")}); trainer.<key>=<value>
   decoder=<name>          replaces the checkpoint's decoder ({options("decoder")})
+  output_ctm=<file>       writes the split's decoded words with times and confidences as CTM
+  output_json=<file>      ... and the tokens and words of each utterance as JSON
+  frame_shift=<seconds>   seconds per decoded frame in those files (default: 0.01)
   trust_modules=[mypkg]   modules whose classes the checkpoint may name, beyond the registered types
   hydra.run.dir=<dir>     the evaluation's folder (default: outputs/eval/<date>/<time>)
 

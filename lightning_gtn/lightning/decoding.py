@@ -56,6 +56,8 @@ __all__ = [
     "resolve_decoder",
     "build_decoder",
     "decode_texts",
+    "best_hypotheses",
+    "greedy_frame_hypotheses",
     "NetworkDecoder",
     "lexicon_to_data",
     "lm_to_data",
@@ -500,6 +502,29 @@ def build_decoder(cfg, loss, vocabulary):
         raise
 
 
+def best_hypotheses(decoder, emissions, lengths) -> list:
+    """The best :class:`lightning_gtn.decode.Hypothesis` of each example (token and word times
+    filled by the search; an utterance the beam returned nothing for gets an empty one of score
+    ``-inf``, which the writers give no words)."""
+    from lightning_gtn.decode.beam import Hypothesis
+
+    lens = lengths.detach().cpu()
+    hyps = decoder.decode(emissions.detach().float().cpu(), lens)
+    inf = -math.inf
+    return [h[0] if h else Hypothesis([], [], [], inf, inf, inf, "", num_frames=int(n)) for h, n in zip(hyps, lens)]
+
+
+def greedy_frame_hypotheses(loss, vocabulary, emissions, lengths) -> tuple[list, list[str]]:
+    """The best-frame path of each example as a :class:`lightning_gtn.decode.Hypothesis` with
+    token and word times (words split at the space), over the tokens, topology and blank the
+    loss declares; and the text of each token id."""
+    from lightning_gtn.decode.timed import greedy_hypotheses
+
+    topo = _topology(loss, vocabulary)
+    hyps = greedy_hypotheses(emissions.detach().float().cpu(), lengths.detach().cpu(), **topo)
+    return hyps, topo["tokens"]
+
+
 def decode_texts(decoder, emissions, lengths) -> list[str]:
     """The best hypothesis' text of each example (words joined by spaces)."""
     hyps = decoder.decode(emissions.detach().float().cpu(), lengths.detach().cpu())
@@ -556,19 +581,16 @@ class NetworkDecoder:
             f"beam_size={self.beam_size}, lm={'yes' if self.lm is not None else None}, lm_weight={self.lm_weight})"
         )
 
-    def decode(self, network, encoder_out, encoder_lengths, loss, num_classes: int) -> list[list[int]]:
-        """Label ids of each example from ``network``'s encoder frames ``(B, T, J)``.
-
-        ``loss`` (one with ``network_methods``) declares the blank and, in its
-        :meth:`~lightning_gtn.nn.StructuredLoss.decoding`, the greedy search's options (how the
-        joiner's extra outputs advance frames); ``num_classes`` is ``V``, the vocabulary's classes
-        (the joiner's outputs before the extra ones)."""
+    def hypotheses(self, network, encoder_out, encoder_lengths, loss, num_classes: int, word_separator_id=None) -> list:
+        """The best :class:`lightning_gtn.decode.transducer_beam.TransducerHypothesis` of each
+        example (arguments as :meth:`decode`), with token times, confidences and ``word_spans``
+        grouped at ``word_separator_id`` (None: one word per token)."""
         blank = int(loss.blank)
         lengths = encoder_lengths.to(encoder_out.device)
         if self.name == "rnnt_beam":
-            from lightning_gtn.decode.transducer_beam import modified_beam_search
+            from lightning_gtn.decode.transducer_beam import modified_beam_search_nbest
 
-            return modified_beam_search(
+            nbest = modified_beam_search_nbest(
                 network,
                 encoder_out,
                 lengths,
@@ -577,19 +599,37 @@ class NetworkDecoder:
                 lm=self.lm,
                 lm_weight=self.lm_weight,
                 max_symbols_per_frame=self.max_symbols_per_frame,
+                nbest=1,
+                word_separator_id=word_separator_id,
                 context=self.context,
             )
-        from lightning_gtn.decode.transducer import greedy_search
+            from lightning_gtn.decode.transducer_beam import TransducerHypothesis
 
-        return greedy_search(
+            n = lengths.tolist()  # a beam that died out: no tokens, score -inf (the writers give no words)
+            return [
+                h[0] if h else TransducerHypothesis([], -math.inf, num_frames=int(n[b])) for b, h in enumerate(nbest)
+            ]
+        from lightning_gtn.decode.timed import greedy_search_hypotheses
+
+        return greedy_search_hypotheses(
             network,
             encoder_out,
             lengths,
             blank=blank,
             max_symbols_per_frame=self.max_symbols_per_frame,
             num_classes=int(num_classes),
+            word_separator_id=word_separator_id,
             **loss.decoding(int(num_classes)).options,
         )
+
+    def decode(self, network, encoder_out, encoder_lengths, loss, num_classes: int) -> list[list[int]]:
+        """Label ids of each example from ``network``'s encoder frames ``(B, T, J)``.
+
+        ``loss`` (one with ``network_methods``) declares the blank and, in its
+        :meth:`~lightning_gtn.nn.StructuredLoss.decoding`, the greedy search's options (how the
+        joiner's extra outputs advance frames); ``num_classes`` is ``V``, the vocabulary's classes
+        (the joiner's outputs before the extra ones)."""
+        return [list(h.tokens) for h in self.hypotheses(network, encoder_out, encoder_lengths, loss, num_classes)]
 
 
 #: the LM word of a space in the character LMs of ``rnnt_beam`` (as ``lightning-gtn-lm --chars``)

@@ -526,6 +526,48 @@ class StructuredLossMixin:
             return [self.vocabulary.decode_tokens(t) for t in ids]
         return [self.vocabulary.decode_path(p) for p in self.viterbi_paths(emissions, emission_lengths)]
 
+    def decode_hypotheses(self, emissions, emission_lengths) -> tuple[list, list[str]]:
+        """The best hypothesis of each example with token and word times and confidences (what
+        :func:`lightning_gtn.align.forced.to_ctm` / ``to_json`` write), from the decoder
+        :meth:`decode` uses, and the text of each token id; words are split at the space (a
+        lexicon decoder's are its words).
+
+        Raises:
+            ValueError: the loss declares no decoding convention the timed searches read.
+        """
+        with torch.no_grad():
+            if self.reads_network:
+                from .decoding import NetworkDecoder
+
+                decoder = getattr(self, "beam_decoder", None)
+                if not isinstance(decoder, NetworkDecoder):
+                    decoder = NetworkDecoder()
+                texts = self._network_token_texts()
+                sep = texts.index(" ") if " " in texts else None
+                hyps = decoder.hypotheses(
+                    self.loss_network(),
+                    emissions.detach(),
+                    emission_lengths,
+                    self.structured_loss,
+                    self.num_classes,
+                    word_separator_id=sep,
+                )
+                return hyps, texts
+            if getattr(self, "beam_decoder", None) is not None:
+                from .decoding import best_hypotheses
+
+                return best_hypotheses(self.beam_decoder, emissions, emission_lengths), list(self.beam_decoder.tokens)
+            from .decoding import greedy_frame_hypotheses
+
+            return greedy_frame_hypotheses(self.structured_loss, self.vocabulary, emissions, emission_lengths)
+
+    def _network_token_texts(self) -> list[str]:
+        """The text of each class the network's joiner emits (its token ids, blank ``""``)."""
+        loss = self.structured_loss
+        V = int(loss.num_classes) if loss.num_classes is not None else int(self.num_classes)
+        blank = int(loss.blank or 0)
+        return ["" if i == blank else self.vocabulary.decode_tokens(loss.spell([i])) for i in range(V)]
+
     # ------------------------------------------------------------------ steps
     def training_step(self, batch, batch_idx):
         """The loss of one batch, logged as ``train/loss``.
