@@ -43,7 +43,14 @@ from .context_graph import ContextGraph
 from .times import token_times
 from .transducer import MAX_SYMBOLS_PER_FRAME
 
-__all__ = ["MAX_BEAM", "TokenLM", "TransducerHypothesis", "modified_beam_search", "modified_beam_search_nbest"]
+__all__ = [
+    "MAX_BEAM",
+    "TokenLM",
+    "TransducerHypothesis",
+    "best_hypotheses",
+    "modified_beam_search",
+    "modified_beam_search_nbest",
+]
 
 #: the widest beam: the hypotheses kept per utterance bound the search's memory and time
 MAX_BEAM = 1 << 16
@@ -665,3 +672,18 @@ def modified_beam_search(
         context=context,
     )
     return [r[0].tokens if r else [] for r in res]
+
+
+def best_hypotheses(nbest: list, num_frames: Sequence[int]) -> list:
+    """The first (best) hypothesis of each utterance's list from :func:`modified_beam_search_nbest`;
+    an utterance whose beam died out (an empty list) gets an empty :class:`TransducerHypothesis`
+    of score ``-inf`` over its ``num_frames[b]`` frames (the writers give it no words).
+
+    Example:
+        >>> h = best_hypotheses([[]], [3])[0]
+        >>> h.tokens, h.score, h.num_frames
+        ([], -inf, 3)
+    """
+    if len(nbest) != len(num_frames):
+        raise ValueError(f"num_frames must give one length per utterance ({len(nbest)}), got {len(num_frames)}")
+    return [h[0] if h else TransducerHypothesis([], -math.inf, num_frames=int(n)) for h, n in zip(nbest, num_frames)]

@@ -603,12 +603,9 @@ class NetworkDecoder:
                 word_separator_id=word_separator_id,
                 context=self.context,
             )
-            from lightning_gtn.decode.transducer_beam import TransducerHypothesis
+            from lightning_gtn.decode.transducer_beam import best_hypotheses
 
-            n = lengths.tolist()  # a beam that died out: no tokens, score -inf (the writers give no words)
-            return [
-                h[0] if h else TransducerHypothesis([], -math.inf, num_frames=int(n[b])) for b, h in enumerate(nbest)
-            ]
+            return best_hypotheses(nbest, lengths.tolist())  # a beam that died out: an empty one
         from lightning_gtn.decode.timed import greedy_search_hypotheses
 
         return greedy_search_hypotheses(
